@@ -1,0 +1,92 @@
+"""Fields shared by every dataset config, the smoke shrinking and the validation of values."""
+import ml_collections
+
+
+def parse_arg(arg: str, allowed) -> str:
+  if arg not in allowed:
+    raise ValueError(f'config argument {arg!r} is not one of {[a for a in allowed if a]} (or none)')
+  return arg
+
+
+def base_config() -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.method = 'f2m'  # 'f2m' or 'baseline' (no noise, no fine-tuning, NCM with raw prototypes)
+  c.seed = 0
+  c.runs = 10  # R: F2M-style draws of the shots (all runs share the base model)
+
+  c.data = ml_collections.ConfigDict()
+  c.data.dataset = ''
+  c.data.source = ''  # 'tfds', 'trainsplit', 'folder', 'synthetic'
+  c.data.protocol = 'draws'  # 'draws' (seeded shots per run) or 'topic' (fixed lists, identical runs)
+  c.data.shots = 5
+  c.data.data_dir = ''  # empty: $F2M_DATA_DIR
+  c.data.tfds_data_dir = ''  # empty: TFDS default (~/tensorflow_datasets)
+  c.data.cache_dir = ''  # empty: $F2M_CACHE_DIR or ~/.cache/f2m_jax
+  c.data.synthetic = ml_collections.ConfigDict(dict(
+      num_base=60, way=5, num_sessions=9, train_per_class=40, test_per_class=20, image_size=32))
+
+  c.model = ml_collections.ConfigDict()
+  c.model.arch = ''
+  c.model.width = 0  # 0: the architecture's standard width
+  c.model.dtype = 'float32'  # compute dtype: 'float32' or 'bfloat16' (params stay float32)
+  c.model.pretrained = ''  # a torchvision .pth state dict (ResNet-18 only)
+
+  c.base = ml_collections.ConfigDict()
+  c.base.steps = 0
+  c.base.sampler = 'balanced'  # 'balanced' (ways x shots, the original's) or 'shuffle'
+  c.base.ways = 16
+  c.base.shots = 16
+  c.base.batch_size = 256  # used by the 'shuffle' sampler
+  c.base.lr = 0.1
+  c.base.classifier_lr = -1.0  # < 0: same as lr
+  c.base.momentum = 0.9
+  c.base.weight_decay = 5e-4
+  c.base.milestones = ()
+  c.base.lr_gamma = 0.1
+  c.base.log_every = 50
+  c.base.checkpoint_every = 500
+
+  c.noise = ml_collections.ConfigDict()
+  c.noise.enabled = True  # FM: flat-minima noise in base training
+  c.noise.num_layers = 4  # K: the last K 3x3 convs form the noise set
+  c.noise.M = 2
+  c.noise.bound = 0.005  # b: noise half-width and clamp box half-width
+  c.noise.distribution = 'uniform'  # or 'grid'
+  c.noise.prototype_fixing = True  # PF
+  c.noise.pf_weight = 1.0  # lambda
+  c.noise.std_weight = 0.0  # gamma (the original hard-codes 2.0)
+  c.noise.shared_trunk = True  # run the unperturbed trunk once per batch
+
+  c.incremental = ml_collections.ConfigDict()
+  c.incremental.finetune = True
+  c.incremental.trainable = 'noise_set'  # or 'all' (all of phi)
+  c.incremental.steps = 6
+  c.incremental.lr = 0.01
+  c.incremental.momentum = 0.9
+  c.incremental.weight_decay = 5e-4
+  c.incremental.clamp = True  # PC
+  c.incremental.distance = 'squared_euclidean'  # or 'euclidean'
+
+  c.eval = ml_collections.ConfigDict()
+  c.eval.normalize_prototypes = True  # PN
+  c.eval.batch_size = 500
+  return c
+
+
+def make_smoke(c: ml_collections.ConfigDict) -> None:
+  """Shrinks a config to a synthetic run of well under a minute on a CPU, same code path: 20 base
+  classes + 8 sessions of 2-way 5-shot, 16x16 images, a width-8 network, 100 base steps, 2 runs."""
+  c.data.source = 'synthetic'
+  c.data.synthetic.update(num_base=20, way=2, num_sessions=9, train_per_class=40, test_per_class=20,
+                          image_size=16)
+  c.model.width = 8
+  c.runs = 2
+  c.base.steps = 100
+  c.base.ways = 10
+  c.base.shots = 8
+  c.base.batch_size = 80
+  c.base.milestones = (80,)
+  c.base.lr_gamma = 0.1
+  c.base.log_every = 10
+  c.base.checkpoint_every = 25
+  c.eval.batch_size = 250

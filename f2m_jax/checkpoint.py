@@ -1,0 +1,96 @@
+"""Orbax checkpoints of a workdir: base train state, the base model, and every run's sessions.
+
+Layout under <workdir>/checkpoints/:
+  base/<step>/           TrainState (params, batch_stats, opt_state, step) every N steps + the last
+  model/0/               the base model phi*: params, batch_stats and the base prototypes
+  run_<r>/<session>/     per run and session t >= 2: fine-tuned params, all prototypes, exemplar
+                         indices and the session's accuracies
+
+Orbax writes each step into a temporary folder and renames it when complete, so a process killed
+while saving leaves the previous checkpoint as the latest one.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Optional
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+
+
+class CheckpointError(RuntimeError):
+  """A checkpoint is missing, truncated or unreadable."""
+
+
+def _manager(directory: str, keep: Optional[int]) -> ocp.CheckpointManager:
+  options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True, enable_async_checkpointing=False)
+  return ocp.CheckpointManager(os.path.abspath(directory), options=options)
+
+
+def _to_numpy(tree):
+  return jax.tree_util.tree_map(np.asarray, tree)
+
+
+class Checkpoints:
+  """Save and restore everything a run produces. `keep` bounds the base train states kept."""
+
+  def __init__(self, workdir: str, keep: int = 3):
+    self.root = os.path.join(workdir, 'checkpoints')
+    self._base = _manager(os.path.join(self.root, 'base'), keep)
+    self._model = _manager(os.path.join(self.root, 'model'), None)
+    self._runs = {}
+
+  def _run(self, run: int) -> ocp.CheckpointManager:
+    if run not in self._runs:
+      self._runs[run] = _manager(os.path.join(self.root, f'run_{run}'), None)
+    return self._runs[run]
+
+  @staticmethod
+  def _restore(manager: ocp.CheckpointManager, step: int, template: Any, what: str):
+    path = os.path.join(str(manager.directory), str(step))
+    try:
+      return manager.restore(step, args=ocp.args.StandardRestore(template))
+    except Exception as e:  # orbax raises many types for truncated or corrupt files
+      raise CheckpointError(
+          f'cannot restore the {what} checkpoint {path}: {type(e).__name__}: {e}. The file is missing, '
+          f'truncated or corrupt. Delete the folder {path} to fall back to the previous checkpoint, '
+          'or start with a new --workdir.') from e
+
+  # Base training state.
+  def latest_base_step(self) -> Optional[int]:
+    return self._base.latest_step()
+
+  def save_base_state(self, step: int, state: Any) -> None:
+    self._base.save(step, args=ocp.args.StandardSave(_to_numpy(state)), force=True)
+
+  def restore_base_state(self, template: Any, step: Optional[int] = None):
+    step = self._base.latest_step() if step is None else step
+    return self._restore(self._base, step, _to_numpy(template), 'base train state')
+
+  # Base model phi* and base prototypes.
+  def has_model(self) -> bool:
+    return self._model.latest_step() is not None
+
+  def save_model(self, params, batch_stats, prototypes: np.ndarray) -> None:
+    item = {'params': params, 'batch_stats': batch_stats, 'prototypes': prototypes}
+    self._model.save(0, args=ocp.args.StandardSave(_to_numpy(item)), force=True)
+
+  def restore_model(self, template) -> dict:
+    if not self.has_model():
+      raise CheckpointError(f'no base model checkpoint in {self._model.directory}')
+    return self._restore(self._model, 0, _to_numpy(template), 'base model')
+
+  # Incremental sessions.
+  def sessions_done(self, run: int) -> list:
+    return sorted(self._run(run).all_steps())
+
+  def save_session(self, run: int, session: int, item: dict) -> None:
+    self._run(run).save(session, args=ocp.args.StandardSave(_to_numpy(item)), force=True)
+
+  def restore_session(self, run: int, session: int, template: dict) -> dict:
+    return self._restore(self._run(run), session, _to_numpy(template), f'run {run} session {session}')
+
+  def close(self) -> None:
+    for m in [self._base, self._model, *self._runs.values()]:
+      m.close()

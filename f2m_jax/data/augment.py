@@ -1,0 +1,65 @@
+"""Training augmentation and normalisation in JAX, driven by explicit PRNG keys (jit-friendly)."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+AUGMENTS = ('crop_flip', 'rrc_flip', 'none')
+
+
+def normalize(images: jax.Array, mean, std) -> jax.Array:
+  """uint8 [N, H, W, C] -> float32, (x / 255 - mean) / std (the original's torchvision Normalize)."""
+  x = images.astype(jnp.float32) / 255.0
+  return (x - jnp.asarray(mean, jnp.float32)) / jnp.asarray(std, jnp.float32)
+
+
+def _flip(key, image):
+  return jnp.where(jax.random.bernoulli(key), image[:, ::-1], image)
+
+
+def _crop_flip_one(key, image, pad: int):
+  """RandomCrop(size, padding=pad) with zero padding, then a horizontal flip with p = 0.5."""
+  h, w, _ = image.shape
+  k1, k2, k3 = jax.random.split(key, 3)
+  padded = jnp.pad(image, ((pad, pad), (pad, pad), (0, 0)))
+  dy = jax.random.randint(k1, (), 0, 2 * pad + 1)
+  dx = jax.random.randint(k2, (), 0, 2 * pad + 1)
+  crop = jax.lax.dynamic_slice(padded, (dy, dx, 0), (h, w, image.shape[2]))
+  return _flip(k3, crop)
+
+
+def _rrc_flip_one(key, image, size: int, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3)):
+  """RandomResizedCrop(size) then a flip. The crop's area fraction and log aspect ratio are drawn
+  uniformly (as torchvision) and clipped to fit the image instead of torchvision's 10 retries."""
+  h, w, _ = image.shape
+  k1, k2, k3, k4, k5 = jax.random.split(key, 5)
+  area = jax.random.uniform(k1, (), minval=scale[0], maxval=scale[1]) * h * w
+  log_r = jax.random.uniform(k2, (), minval=jnp.log(ratio[0]), maxval=jnp.log(ratio[1]))
+  aspect = jnp.exp(log_r)
+  cw = jnp.clip(jnp.sqrt(area * aspect), 1.0, w)
+  ch = jnp.clip(jnp.sqrt(area / aspect), 1.0, h)
+  y0 = jax.random.uniform(k3, ()) * (h - ch)
+  x0 = jax.random.uniform(k4, ()) * (w - cw)
+  scale_yx = jnp.stack([size / ch, size / cw])
+  translate = -jnp.stack([y0, x0]) * scale_yx
+  out = jax.image.scale_and_translate(image, (size, size, image.shape[2]), (0, 1), scale_yx, translate,
+                                      method='linear', antialias=True)
+  return _flip(k5, out)
+
+
+def augment(key: jax.Array, images: jax.Array, kind: str, size: int) -> jax.Array:
+  """Augments a float batch [N, H, W, C] with per-image keys derived from `key`."""
+  keys = jax.random.split(key, images.shape[0])
+  if kind == 'crop_flip':
+    return jax.vmap(lambda k, x: _crop_flip_one(k, x, 4))(keys, images)
+  if kind == 'rrc_flip':
+    return jax.vmap(lambda k, x: _rrc_flip_one(k, x, size))(keys, images)
+  if kind == 'none':
+    return images
+  raise ValueError(f'augment={kind!r} is not one of {AUGMENTS}')
+
+
+def train_inputs(key, images_u8, kind: str, size: int, mean, std) -> jax.Array:
+  """uint8 training images -> augmented, normalised float32 network inputs. Crops pad with black
+  before normalisation, as torchvision's RandomCrop does on the original's PIL images."""
+  return normalize(augment(key, images_u8.astype(jnp.float32), kind, size), mean, std)

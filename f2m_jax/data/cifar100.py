@@ -1,0 +1,200 @@
+"""CIFAR-100 in the TOPIC protocol: 60 base classes, then 8 sessions of 5 classes x 5 shots.
+
+Two sources, both giving a `Benchmark` whose class ids are the official fine labels (already in TOPIC
+session order) and whose `train` is the whole official training set in its official order, so the
+TOPIC index lists apply unchanged:
+  - `load_cifar100_tfds`: official train and test sets from a prepared TFDS `cifar100`.
+  - `load_cifar100_trainsplit`: only the training set (`cifar100_train.npz`); the `trainsplit`
+    protocol holds out 100 training images per class as the test set (see the data README).
+"""
+from __future__ import annotations
+
+import os
+import pathlib
+import re
+from typing import Optional, Sequence
+
+import numpy as np
+
+from f2m_jax.data.index_lists import DATA_DIR_ENV, session_lists
+from f2m_jax.data.types import Benchmark, DataError, Split, check_session_indices, sessions_from_counts
+
+# Normalisation of the original code (0..1 scale).
+MEAN = (0.5071, 0.4866, 0.4409)
+STD = (0.2009, 0.1984, 0.2023)
+IMAGE_SIZE = 32
+AUGMENT = 'crop_flip'
+
+NUM_BASE, WAY, SHOTS, NUM_SESSIONS = 60, 5, 5, 9
+SESSION_CLASSES = sessions_from_counts(NUM_BASE, WAY, NUM_SESSIONS)
+TEST_PER_CLASS = 100  # trainsplit: held-out images per class
+NPZ_NAME = 'cifar100_train.npz'
+TFDS_BATCH = 1000
+
+
+# ---------------------------------------------------------------- TOPIC lists
+
+def read_topic_lists(index_dir) -> tuple:
+  """(base_train, topic_shots): session_1.txt and the session_2..9.txt lists as int64 arrays."""
+  lists = session_lists(index_dir, NUM_SESSIONS)
+  try:
+    arrays = [np.asarray([int(x) for x in lines], np.int64) for lines in lists]
+  except ValueError as e:
+    raise DataError(f'{index_dir}: CIFAR-100 index lists must hold one integer per line ({e})') from e
+  return arrays[0], tuple(arrays[1:])
+
+
+def _check_in_range(index_arrays, n: int):
+  for idx in index_arrays:
+    if idx.size and (idx.min() < 0 or idx.max() >= n):
+      raise DataError(f'index lists point outside the {n} training images')
+
+
+def _benchmark(name: str, train: Split, test: Split, base_train: np.ndarray, shot_pool: np.ndarray,
+               topic_shots: tuple) -> Benchmark:
+  """Builds the Benchmark and checks the TOPIC indices against the labels (catches a wrong order)."""
+  bench = Benchmark(
+      name=name, train=train, test=test, base_train=base_train, session_classes=SESSION_CLASSES,
+      shot_pool=shot_pool, topic_shots=topic_shots, image_size=IMAGE_SIZE, mean=MEAN, std=STD,
+      augment=AUGMENT)
+  _check_in_range((base_train, shot_pool, *topic_shots), len(train))
+  try:
+    if np.any(train.labels[base_train] >= NUM_BASE):
+      raise ValueError('session 1: base training images of novel classes')
+    for t, shots in enumerate(topic_shots, start=2):
+      check_session_indices(bench, shots, t, SHOTS)
+  except ValueError as e:
+    raise DataError(f'the TOPIC lists do not match the CIFAR-100 labels (wrong image order?): {e}') from e
+  return bench
+
+
+# ---------------------------------------------------------------- TFDS source
+
+def _id_number(record_id) -> int:
+  """'train_00012' -> 12 (the record's position in the official file)."""
+  if isinstance(record_id, bytes):
+    record_id = record_id.decode()
+  match = re.search(r'(\d+)$', str(record_id))
+  if match is None:
+    raise DataError(f'CIFAR-100 record id {record_id!r} does not end in an integer')
+  return int(match.group(1))
+
+
+def official_order(ids: Sequence) -> np.ndarray:
+  """The permutation that puts records in official order: sorted by the integer ending each id.
+  Raises DataError unless those integers are exactly 0..N-1."""
+  numbers = np.asarray([_id_number(i) for i in ids], np.int64)
+  order = np.argsort(numbers, kind='stable')
+  if not np.array_equal(numbers[order], np.arange(len(numbers))):
+    raise DataError('CIFAR-100 record ids do not number the images 0..N-1 exactly once')
+  return order
+
+
+def _tfds_help(split: str, data_dir: Optional[str], error: Exception) -> str:
+  where = f' --data_dir={data_dir}' if data_dir else ''
+  return (
+      f'Could not open TFDS cifar100 (split {split!r}, data_dir {data_dir or "default"}): '
+      f'{type(error).__name__}: {error}\n'
+      'Prepare it once in array_record format; this needs TensorFlow and internet:\n'
+      '  pip install tensorflow\n'
+      f'  tfds build cifar100 --file_format=array_record{where}\n'
+      f'Alternative without the official test set: the trainsplit protocol on {NPZ_NAME} '
+      f'(config variant ":trainsplit", file in ${DATA_DIR_ENV}).')
+
+
+def open_tfds_split(split: str, data_dir: Optional[str]):
+  """`tfds.data_source('cifar100', split=...)` (random access, no TensorFlow), with a clear error."""
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top (optional, slow import)
+  try:
+    return tfds.data_source('cifar100', split=split, data_dir=data_dir)
+  except Exception as e:  # tfds raises many types here (ImportError, NotImplementedError, ...)
+    raise DataError(_tfds_help(split, data_dir, e)) from e
+
+
+def read_records(source, desc: str = '', batch_size: int = TFDS_BATCH) -> tuple:
+  """(images uint8 [N, 32, 32, 3], labels int32 [N], ids [N]) in the source's storage order,
+  read in batches with `__getitems__`."""
+  from tqdm.auto import tqdm  # pylint: disable=g-import-not-at-top
+  n = len(source)
+  images, labels, ids = [], [], []
+  with tqdm(total=n, desc=desc, unit='img', disable=None, leave=False) as bar:
+    for start in range(0, n, batch_size):
+      records = source.__getitems__(list(range(start, min(n, start + batch_size))))
+      images.extend(r['image'] for r in records)
+      labels.extend(int(r['label']) for r in records)
+      ids.extend(r['id'] for r in records)
+      bar.update(len(records))
+  images = np.stack(images).astype(np.uint8) if images else np.zeros((0, 32, 32, 3), np.uint8)
+  return images, np.asarray(labels, np.int32), ids
+
+
+def tfds_split(split: str, data_dir: Optional[str]) -> Split:
+  """One TFDS split, reordered into the official file order by record id."""
+  images, labels, ids = read_records(open_tfds_split(split, data_dir), desc=f'cifar100 {split}')
+  order = official_order(ids)
+  return Split(images[order], labels[order])
+
+
+def load_cifar100_tfds(tfds_data_dir: Optional[str], index_dir) -> Benchmark:
+  """Official protocol: train = the 50,000 training images (official order), test = the official
+  10,000 test images, base_train = session_1.txt, shot_pool = every training image of classes >= 60,
+  topic_shots = session_2..9.txt."""
+  train = tfds_split('train', tfds_data_dir)
+  test = tfds_split('test', tfds_data_dir)
+  base_train, topic_shots = read_topic_lists(index_dir)
+  shot_pool = np.flatnonzero(train.labels >= NUM_BASE)
+  return _benchmark('cifar100', train, test, base_train, shot_pool, topic_shots)
+
+
+# ---------------------------------------------------------------- trainsplit source
+
+def default_npz_path(data_dir: Optional[str] = None) -> pathlib.Path:
+  """`<data_dir or $F2M_DATA_DIR>/cifar100_train.npz`."""
+  data_dir = data_dir or os.environ.get(DATA_DIR_ENV)
+  if not data_dir:
+    raise DataError(f'no data folder: set ${DATA_DIR_ENV} (or the config value) to the folder '
+                    f'holding {NPZ_NAME}')
+  return pathlib.Path(data_dir) / NPZ_NAME
+
+
+def load_train_npz(npz_path) -> Split:
+  """The official training set from `cifar100_train.npz` (x_train uint8, y_train fine labels)."""
+  path = pathlib.Path(npz_path)
+  if not path.is_file():
+    raise DataError(f'{path} not found. Point ${DATA_DIR_ENV} (or the config value for the data '
+                    f'folder) at the folder holding {NPZ_NAME}.')
+  with np.load(path) as f:
+    if 'x_train' not in f or 'y_train' not in f:
+      raise DataError(f'{path} must hold arrays x_train and y_train, has {sorted(f.keys())}')
+    return Split(np.asarray(f['x_train'], np.uint8), np.asarray(f['y_train'], np.int32))
+
+
+def trainsplit_test_indices(labels: np.ndarray, shots: np.ndarray,
+                            per_class: int = TEST_PER_CLASS) -> np.ndarray:
+  """For every class c (ascending): the last `per_class` of the sorted indices of c that are not in
+  `shots`. Concatenated class by class."""
+  is_shot = np.zeros(labels.shape[0], bool)
+  is_shot[shots] = True
+  picked = []
+  for c in np.unique(labels):
+    candidates = np.flatnonzero((labels == c) & ~is_shot)
+    if candidates.size < per_class:
+      raise DataError(f'class {c}: only {candidates.size} non-shot images, need {per_class}')
+    picked.append(candidates[-per_class:])
+  return np.concatenate(picked)
+
+
+def load_cifar100_trainsplit(npz_path, index_dir) -> Benchmark:
+  """The `trainsplit` protocol: test = the last 100 non-shot training images of each class,
+  base_train = session_1.txt minus those (400 per class), shot_pool = novel-class training images
+  not in the test set, topic_shots = session_2..9.txt. `train` is all 50,000 images."""
+  train = load_train_npz(npz_path)
+  base_list, topic_shots = read_topic_lists(index_dir)
+  _check_in_range((base_list, *topic_shots), len(train))
+  test_idx = trainsplit_test_indices(train.labels, np.concatenate(topic_shots))
+  is_test = np.zeros(len(train), bool)
+  is_test[test_idx] = True
+  base_train = base_list[~is_test[base_list]]
+  shot_pool = np.flatnonzero(~is_test & (train.labels >= NUM_BASE))
+  test = Split(train.images[test_idx], train.labels[test_idx])
+  return _benchmark('cifar100_trainsplit', train, test, base_train, shot_pool, topic_shots)

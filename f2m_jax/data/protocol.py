@@ -1,0 +1,71 @@
+"""Which images each session trains on: TOPIC fixed lists or F2M's seeded draws (DESIGN.md, sec. 1)."""
+from __future__ import annotations
+
+import numpy as np
+
+from f2m_jax.data.types import Benchmark, check_session_indices
+
+PROTOCOLS = ('topic', 'draws')
+
+
+def session_shots(benchmark: Benchmark, protocol: str, run: int, session: int, shots: int, seed: int) -> np.ndarray:
+  """Indices into `benchmark.train` of the few-shot images of `session` (2..T) in run `run`.
+
+  'topic': the fixed TOPIC list (identical for every run). 'draws': per new class, `shots` images drawn
+  without replacement from the class's pool by an RNG seeded with (seed, run, session); the class
+  order stays fixed, so runs differ only in which shots are drawn.
+  """
+  if not 2 <= session <= benchmark.num_sessions:
+    raise ValueError(f'session must be in [2, {benchmark.num_sessions}], got {session}')
+  if protocol == 'topic':
+    if benchmark.topic_shots is None:
+      raise ValueError(f"protocol 'topic' needs the TOPIC lists, which dataset {benchmark.name!r} lacks; "
+                       "use protocol='draws'")
+    indices = np.asarray(benchmark.topic_shots[session - 2])
+  elif protocol == 'draws':
+    rng = np.random.default_rng([seed, run, session])
+    pool_labels = benchmark.train.labels[benchmark.shot_pool]
+    picks = []
+    for c in benchmark.session_classes[session - 1]:
+      candidates = benchmark.shot_pool[pool_labels == c]
+      if len(candidates) < shots:
+        raise ValueError(f'class {c} has {len(candidates)} images in the shot pool, fewer than shots={shots}')
+      picks.append(np.sort(rng.choice(candidates, shots, replace=False)))
+    indices = np.concatenate(picks)
+  else:
+    raise ValueError(f'protocol={protocol!r} is not one of {PROTOCOLS}')
+  check_session_indices(benchmark, indices, session, shots)
+  return indices
+
+
+def test_indices(benchmark: Benchmark, session: int) -> np.ndarray:
+  """Indices into `benchmark.test` of every test image of the classes seen up to `session`."""
+  return np.flatnonzero(benchmark.test.labels < benchmark.num_seen_classes(session))
+
+
+def balanced_batch(labels: np.ndarray, pool: np.ndarray, ways: int, shots: int, seed: int, step: int) -> np.ndarray:
+  """A class-balanced batch: `ways` distinct classes x `shots` images each, in class-contiguous blocks.
+
+  A pure function of (seed, step), so a resumed run sees the same batches. Mirrors the original's
+  TaskSampler (16 classes x 16 images per batch), which prototype fixing relies on."""
+  rng = np.random.default_rng([seed, step])
+  pool_labels = labels[pool]
+  classes = np.unique(pool_labels)
+  if ways > len(classes):
+    raise ValueError(f'data.ways={ways} exceeds the {len(classes)} base classes')
+  chosen = rng.choice(classes, ways, replace=False)
+  out = []
+  for c in chosen:
+    members = pool[pool_labels == c]
+    out.append(rng.choice(members, shots, replace=len(members) < shots))
+  return np.concatenate(out)
+
+
+def shuffled_batch(pool: np.ndarray, batch: int, seed: int, step: int) -> np.ndarray:
+  """Plain shuffled batches: epoch e is a permutation seeded by (seed, e); a function of (seed, step)."""
+  if batch > len(pool):
+    raise ValueError(f'batch size {batch} exceeds the {len(pool)} base training images')
+  per_epoch = len(pool) // batch  # drop_last, as the original
+  epoch, pos = divmod(step, per_epoch)
+  order = np.random.default_rng([seed, epoch, 7]).permutation(len(pool))
+  return pool[order[pos * batch:(pos + 1) * batch]]

@@ -1,0 +1,42 @@
+"""Choose and load the `Benchmark` a config asks for."""
+from __future__ import annotations
+
+import os
+
+from f2m_jax.data.types import Benchmark
+
+SOURCES = ('tfds', 'trainsplit', 'folder', 'synthetic')
+
+
+def data_dir(config) -> str:
+  """The folder with local data: config.data.data_dir, else $F2M_DATA_DIR, else ''."""
+  return config.data.data_dir or os.environ.get('F2M_DATA_DIR', '')
+
+
+def cache_dir(config) -> str:
+  """Where downloads and converted files go (never into the data folder)."""
+  return (config.data.cache_dir or os.environ.get('F2M_CACHE_DIR', '')
+          or os.path.join(os.path.expanduser('~'), '.cache', 'f2m_jax'))
+
+
+def load_benchmark(config) -> Benchmark:
+  source, dataset = config.data.source, config.data.dataset
+  if source == 'synthetic':
+    from f2m_jax.data.synthetic import make_synthetic
+    s = config.data.synthetic
+    return make_synthetic(seed=config.seed, num_base=s.num_base, way=s.way, num_sessions=s.num_sessions,
+                          train_per_class=s.train_per_class, test_per_class=s.test_per_class,
+                          image_size=s.image_size)
+  if dataset == 'cifar100':
+    from f2m_jax.data import cifar100, index_lists
+    index_dir = index_lists.index_list_dir('cifar100', data_dir(config) or None, cache_dir(config))
+    if source == 'tfds':
+      return cifar100.load_cifar100_tfds(config.data.tfds_data_dir or None, index_dir)
+    if source == 'trainsplit':
+      folder = data_dir(config)
+      if not folder:
+        raise ValueError("data.source='trainsplit' reads cifar100_train.npz from a folder: set F2M_DATA_DIR "
+                         'or --config.data.data_dir')
+      return cifar100.load_cifar100_trainsplit(os.path.join(folder, 'cifar100_train.npz'), index_dir)
+  raise ValueError(f'data.source={source!r} is not available for data.dataset={dataset!r} '
+                   f'(sources: {SOURCES})')

@@ -1,0 +1,97 @@
+"""The in-memory form every data source produces.
+
+A source (TFDS, local arrays, image folders, synthetic) returns one `Benchmark`: all images as uint8
+arrays plus the protocol facts (which classes each session introduces, which training images the base
+session uses, which images may be drawn as shots). Class ids are in session order: the base classes
+are 0..B-1 and session t introduces the next `way` ids, so a label is also the row of its prototype.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional, Sequence
+
+import numpy as np
+
+
+class DataError(Exception):
+  """Data that a source needs is missing or wrong; the message says what to do about it."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Split:
+  """Images and labels of one split. Test images are stored already resized/cropped to the final
+  size, so the evaluation path only normalises them."""
+  images: np.ndarray  # uint8 [N, H, W, 3]
+  labels: np.ndarray  # int32 [N]
+
+  def __post_init__(self):
+    if self.images.ndim != 4 or self.images.dtype != np.uint8:
+      raise ValueError(f'images must be uint8 [N, H, W, C], got {self.images.dtype} {self.images.shape}')
+    if self.labels.shape != (self.images.shape[0],):
+      raise ValueError(f'labels shape {self.labels.shape} does not match {self.images.shape[0]} images')
+
+  def __len__(self) -> int:
+    return int(self.labels.shape[0])
+
+
+@dataclasses.dataclass(frozen=True)
+class Benchmark:
+  """A dataset laid out for incremental few-shot learning.
+
+  Attributes:
+    name: dataset name for results ('cifar100', 'mini_imagenet', 'cub200', 'synthetic').
+    train: every training image that the protocol may use.
+    test: test images of all classes (evaluation selects the seen ones per session).
+    base_train: indices into `train` of the base-session training images.
+    session_classes: the class ids introduced by each session; session_classes[0] = base classes.
+    shot_pool: indices into `train` from which F2M-style draws take the shots of novel classes.
+    topic_shots: for sessions 2..T, the fixed TOPIC shot indices into `train` (None where unknown).
+    image_size: the network's input size (train crops and test images have this size).
+    mean, std: per-channel normalisation on the 0..1 scale.
+    augment: 'crop_flip' (pad 4, random crop, flip: CIFAR) or 'rrc_flip' (random-resized-crop, flip).
+  """
+  name: str
+  train: Split
+  test: Split
+  base_train: np.ndarray
+  session_classes: tuple
+  shot_pool: np.ndarray
+  topic_shots: Optional[tuple]
+  image_size: int
+  mean: tuple
+  std: tuple
+  augment: str
+
+  @property
+  def num_sessions(self) -> int:
+    return len(self.session_classes)
+
+  @property
+  def num_base_classes(self) -> int:
+    return len(self.session_classes[0])
+
+  def num_seen_classes(self, session: int) -> int:
+    """Number of classes seen after `session` (1-based)."""
+    return sum(len(c) for c in self.session_classes[:session])
+
+
+def sessions_from_counts(num_base: int, way: int, num_sessions: int) -> tuple:
+  """Class ids per session for a contiguous class order: (0..B-1), (B..B+way-1), ..."""
+  classes = [tuple(range(num_base))]
+  for t in range(1, num_sessions):
+    start = num_base + (t - 1) * way
+    classes.append(tuple(range(start, start + way)))
+  return tuple(classes)
+
+
+def check_session_indices(benchmark: Benchmark, indices: Sequence[int], session: int, shots: int):
+  """Raises if `indices` are not exactly `shots` training images of each class of `session`."""
+  labels = benchmark.train.labels[np.asarray(indices)]
+  want = benchmark.session_classes[session - 1]
+  for c in want:
+    n = int(np.sum(labels == c))
+    if n != shots:
+      raise ValueError(f'session {session}: class {c} has {n} shots, expected {shots}')
+  extra = set(np.unique(labels).tolist()) - set(want)
+  if extra:
+    raise ValueError(f'session {session}: shots of unexpected classes {sorted(extra)}')

@@ -1,0 +1,115 @@
+"""Embeddings, prototypes, NCM accuracies and the summary statistics of the results table."""
+from __future__ import annotations
+
+from typing import Callable, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from f2m_jax import objectives
+from f2m_jax.data import augment as augment_lib
+from f2m_jax.models import ResNet
+
+
+def make_embed(model: ResNet, mean, std, batch_size: int = 500, first: int = 0,
+               last: Optional[int] = None) -> Callable:
+  """embed(variables, inputs) -> float32 numpy, BN in eval mode, no augmentation, in batches padded
+  to a fixed size so one compiled program serves every call.
+
+  With first=0 the inputs are uint8 images (normalised with mean/std here); otherwise they are the
+  activations entering block `first`. With `last` set the output is the activation before block
+  `last` (the frozen trunk's features) instead of the embedding."""
+
+  @jax.jit
+  def _embed(variables, inputs):
+    x = augment_lib.normalize(inputs, mean, std) if first == 0 else inputs
+    out = model.apply(variables, x, train=False, first=first, last=last)
+    return out if last is not None else out[0]
+
+  def embed(variables, inputs: np.ndarray) -> np.ndarray:
+    out = []
+    for start in range(0, len(inputs), batch_size):
+      chunk = inputs[start:start + batch_size]
+      n = len(chunk)
+      if n < batch_size:
+        chunk = np.concatenate([chunk, np.zeros((batch_size - n,) + chunk.shape[1:], chunk.dtype)])
+      out.append(np.asarray(_embed(variables, chunk))[:n])
+    return np.concatenate(out)
+
+  return embed
+
+
+def prototypes(embeddings: np.ndarray, labels: np.ndarray, classes: Sequence[int]) -> np.ndarray:
+  """Eq. 1 for the given classes: [len(classes), D] means of their embeddings."""
+  out = []
+  for c in classes:
+    members = embeddings[labels == c]
+    if len(members) == 0:
+      raise ValueError(f'no images of class {c} to build its prototype from')
+    out.append(members.mean(axis=0))
+  return np.stack(out).astype(np.float32)
+
+
+def ncm_accuracies(embeddings: np.ndarray, labels: np.ndarray, protos: np.ndarray, num_base: int,
+                   normalize: bool) -> dict:
+  """NCM over all seen classes; returns acc, acc_base, acc_novel (None without novel images) and
+  hm (harmonic mean of base and novel), in percent."""
+  p = objectives.normalize_prototypes(jnp.asarray(protos)) if normalize else jnp.asarray(protos)
+  pred = np.asarray(objectives.ncm_predict(jnp.asarray(embeddings), p))
+  correct = pred == labels
+  base = labels < num_base
+  acc_base = 100.0 * correct[base].mean()
+  acc_novel = 100.0 * correct[~base].mean() if (~base).any() else None
+  return {'acc': 100.0 * correct.mean(), 'acc_base': acc_base, 'acc_novel': acc_novel,
+          'hm': harmonic_mean(acc_base, acc_novel) if acc_novel is not None else None}
+
+
+def harmonic_mean(a: float, b: float) -> float:
+  return 0.0 if a + b == 0 else 2.0 * a * b / (a + b)
+
+
+def summarize(values: Sequence[float]) -> dict:
+  """Mean and 95% interval over runs: 1.96 * std / sqrt(R), population std as the original."""
+  v = np.asarray(values, np.float64)
+  return {'mean': float(v.mean()), 'ci95': float(1.96 * v.std() / np.sqrt(len(v))), 'runs': v.tolist()}
+
+
+def performance_drop(first: Sequence[float], last: Sequence[float]) -> dict:
+  """PD = acc(session 1) - acc(last session), per run, summarised."""
+  s = summarize(np.asarray(first) - np.asarray(last))
+  return {'mean': s['mean'], 'ci95': s['ci95']}
+
+
+def average_accuracy(per_session: np.ndarray) -> dict:
+  """AVG = mean over sessions, per run ([runs, sessions] in), summarised."""
+  s = summarize(np.asarray(per_session).mean(axis=1))
+  return {'mean': s['mean'], 'ci95': s['ci95']}
+
+
+def build_results(dataset: str, method: str, protocol: str, num_classes: Sequence[int],
+                  per_run: Sequence[Sequence[dict]]) -> dict:
+  """The results.json document from per-run, per-session accuracy dicts ([runs][sessions])."""
+  runs = len(per_run)
+  sessions = []
+  for t, n in enumerate(num_classes):
+    entry = {'session': t + 1, 'num_classes': int(n)}
+    for key in ('acc', 'acc_base', 'acc_novel', 'hm'):
+      vals = [per_run[r][t][key] for r in range(runs)]
+      entry[key] = None if any(v is None for v in vals) else summarize(vals)
+    sessions.append(entry)
+  acc = np.asarray([[s['acc'] for s in run] for run in per_run])
+  return {'dataset': dataset, 'method': method, 'protocol': protocol, 'runs': runs, 'sessions': sessions,
+          'pd': performance_drop(acc[:, 0], acc[:, -1]), 'avg': average_accuracy(acc)}
+
+
+def results_rows(results: dict) -> list:
+  """Flat rows (one per session) for results.csv."""
+  rows = []
+  for s in results['sessions']:
+    row = {'session': s['session'], 'num_classes': s['num_classes']}
+    for key in ('acc', 'acc_base', 'acc_novel', 'hm'):
+      row[f'{key}_mean'] = None if s[key] is None else round(s[key]['mean'], 4)
+      row[f'{key}_ci95'] = None if s[key] is None else round(s[key]['ci95'], 4)
+    rows.append(row)
+  return rows

@@ -1,0 +1,86 @@
+"""Incremental sessions t >= 2 (Sec. 4.2, Alg. 1): fine-tune inside the box around phi*.
+
+Only the trainable leaves (the noise set by default) are differentiated and updated: they travel as
+a flat dict {path: array}, everything else is closed over as constants. Each of the E steps is an
+optax update followed by `jnp.clip` to [phi* - b, phi* + b]; BatchNorm stays in eval mode.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Mapping
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from f2m_jax import noise as noise_lib
+from f2m_jax import objectives
+from f2m_jax.data import augment as augment_lib
+from f2m_jax.models import ResNet
+
+
+@dataclasses.dataclass(frozen=True)
+class SessionSettings:
+  model: ResNet
+  trainable_paths: tuple
+  steps: int
+  lr: float
+  momentum: float
+  weight_decay: float
+  bound: float
+  clamp: bool
+  distance: str
+  augment: str
+  image_size: int
+  mean: tuple
+  std: tuple
+
+
+def clip_to_box(trainable: Mapping, anchor: Mapping, bound: float) -> dict:
+  """Sec. 4.2: clamp every trainable element to [phi* - b, phi* + b], phi* being the base model."""
+  return {p: jnp.clip(v, anchor[p] - bound, anchor[p] + bound) for p, v in trainable.items()}
+
+
+def session_loss(trainable, frozen, batch_stats, x, labels, stored, settings: SessionSettings):
+  """Eq. 5 for the current network (BN in eval mode)."""
+  params = noise_lib.unflatten({**frozen, **trainable})
+  emb, _ = settings.model.apply({'params': params, 'batch_stats': batch_stats}, x, train=False)
+  return objectives.metric_loss(emb, labels, stored, settings.distance)
+
+
+def session_optimizer(settings: SessionSettings) -> optax.GradientTransformation:
+  """A fresh SGD (momentum, weight decay) per session, as the original."""
+  return optax.chain(optax.add_decayed_weights(settings.weight_decay),
+                     optax.sgd(settings.lr, momentum=settings.momentum))
+
+
+def make_finetune(settings: SessionSettings) -> Callable:
+  """finetune(params, batch_stats, anchor, images_u8, labels, stored, key) -> (params, losses[E]).
+
+  `anchor` is the flat dict of phi* on the trainable paths; `stored` the [C_seen, D] prototypes
+  (base ones used as given, novel rows replaced by batch means inside the loss)."""
+  tx = session_optimizer(settings)
+  paths = settings.trainable_paths
+
+  def finetune(params, batch_stats, anchor, images, labels, stored, key):
+    flat = noise_lib.flatten(params)
+    trainable = {p: flat[p] for p in paths}
+    frozen = {p: v for p, v in flat.items() if p not in trainable}
+    grad_fn = jax.value_and_grad(session_loss)
+
+    def step(i, carry):
+      trainable, opt_state, losses = carry
+      x = augment_lib.train_inputs(jax.random.fold_in(key, i), images, settings.augment,
+                                   settings.image_size, settings.mean, settings.std)
+      loss, grads = grad_fn(trainable, frozen, batch_stats, x, labels, stored, settings)
+      updates, opt_state = tx.update(grads, opt_state, trainable)
+      trainable = optax.apply_updates(trainable, updates)
+      if settings.clamp:
+        trainable = clip_to_box(trainable, anchor, settings.bound)
+      return trainable, opt_state, losses.at[i].set(loss)
+
+    init = (trainable, tx.init(trainable), jnp.zeros((settings.steps,), jnp.float32))
+    trainable, _, losses = jax.lax.fori_loop(0, settings.steps, step, init)
+    return noise_lib.unflatten({**frozen, **trainable}), losses
+
+  return jax.jit(finetune)

@@ -1,0 +1,70 @@
+"""Every loss of the paper, one pure function per equation (numbers refer to the paper)."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import optax
+
+DISTANCES = ('squared_euclidean', 'euclidean')
+
+
+def cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
+  """Mean softmax cross-entropy over the batch."""
+  return optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), labels).mean()
+
+
+def class_means(embeddings: jax.Array, labels: jax.Array, num_classes: int):
+  """Eq. 1: p_c = mean of the embeddings of class c. Returns (means [C, D], counts [C]); classes
+  absent from `labels` get a zero mean and count 0."""
+  onehot = jax.nn.one_hot(labels, num_classes, dtype=embeddings.dtype)
+  counts = onehot.sum(axis=0)
+  means = (onehot.T @ embeddings) / jnp.maximum(counts, 1.0)[:, None]
+  return means, counts
+
+
+def prototype_fixing(clean: jax.Array, noisy: jax.Array, labels: jax.Array, num_classes: int) -> jax.Array:
+  """Eq. 4 (PF): 1/|C_z| sum_{c in C_z} ||p_c - p_c^j||^2 over the classes C_z present in the batch,
+  with p_c from the clean and p_c^j from the noisy embeddings. Differentiable in both (the original's
+  returned a Python float, so it carried no gradient)."""
+  p, counts = class_means(clean, labels, num_classes)
+  q, _ = class_means(noisy, labels, num_classes)
+  present = (counts > 0).astype(clean.dtype)
+  return jnp.sum(present * jnp.sum((p - q) ** 2, axis=-1)) / jnp.maximum(present.sum(), 1.0)
+
+
+def flat_minima_objective(per_draw: jax.Array, gamma: float) -> jax.Array:
+  """Eq. 3: the mean over the M draws of CE_j + lambda PF_j, plus gamma times their unbiased std
+  (the original hard-codes gamma = 2; the paper has no std term, so gamma defaults to 0)."""
+  loss = jnp.mean(per_draw)
+  if gamma and per_draw.shape[0] > 1:
+    loss = loss + gamma * jnp.std(per_draw, ddof=1)
+  return loss
+
+
+def pairwise_distance(x: jax.Array, prototypes: jax.Array, distance: str) -> jax.Array:
+  """[N, D] x [C, D] -> [N, C] squared Euclidean (the original) or Euclidean distance."""
+  sq = (jnp.sum(x * x, -1, keepdims=True) - 2.0 * x @ prototypes.T + jnp.sum(prototypes ** 2, -1)[None])
+  sq = jnp.maximum(sq, 0.0)
+  if distance == 'squared_euclidean':
+    return sq
+  if distance == 'euclidean':
+    return jnp.sqrt(sq + 1e-12)
+  raise ValueError(f'incremental.distance={distance!r} is not one of {DISTANCES}')
+
+
+def metric_loss(embeddings: jax.Array, labels: jax.Array, stored: jax.Array, distance: str) -> jax.Array:
+  """Eq. 5: softmax over -d(f(x), p_c) for every seen class c. Classes present in the batch use the
+  batch's own mean embedding (with gradient); the others (base classes) use the stored prototypes."""
+  batch_means, counts = class_means(embeddings, labels, stored.shape[0])
+  prototypes = jnp.where((counts > 0)[:, None], batch_means, stored)
+  return cross_entropy(-pairwise_distance(embeddings, prototypes, distance), labels)
+
+
+def normalize_prototypes(prototypes: jax.Array) -> jax.Array:
+  """Prototype normalisation (PN): each prototype scaled to unit L2 norm."""
+  return prototypes / jnp.maximum(jnp.linalg.norm(prototypes, axis=-1, keepdims=True), 1e-12)
+
+
+def ncm_predict(embeddings: jax.Array, prototypes: jax.Array) -> jax.Array:
+  """Nearest class mean: argmin_c ||f(x) - p_c||^2."""
+  return jnp.argmin(pairwise_distance(embeddings, prototypes, 'squared_euclidean'), axis=-1)

@@ -1,0 +1,370 @@
+"""The whole F2M run: base session, base prototypes, R runs of incremental sessions, results.
+
+Every stage checkpoints what it produced, and rerunning on the same workdir continues from there.
+PRNG keys: fold_in(seed, 0) drives base training (then per step), fold_in(seed, 1) the init,
+fold_in(fold_in(fold_in(seed, 2), run), session) the fine-tuning of one session.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+import time
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+from tqdm import tqdm
+
+from f2m_jax import base as base_lib
+from f2m_jax import evaluation
+from f2m_jax import incremental
+from f2m_jax import noise as noise_lib
+from f2m_jax import workdir as workdir_lib
+from f2m_jax.checkpoint import CheckpointError, Checkpoints
+from f2m_jax.data import protocol as protocol_lib
+from f2m_jax.data import sources
+from f2m_jax.data.types import Benchmark
+from f2m_jax.models import ResNet, build_model, noise_set_paths, split_block
+
+METHODS = ('f2m', 'baseline')
+
+
+class TrainingError(RuntimeError):
+  """Training diverged (NaN or inf loss)."""
+
+
+def resolve(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """The effective config: `method=baseline` turns off noise (FM), fine-tuning and PN, and uses the
+  shuffled sampler, as the paper's Baseline. Validates every value."""
+  config = ml_collections.ConfigDict(config.to_dict())
+  if config.method not in METHODS:
+    raise ValueError(f'method={config.method!r} is not one of {METHODS}')
+  if config.method == 'baseline':
+    config.noise.enabled = False
+    config.incremental.finetune = False
+    config.eval.normalize_prototypes = False
+    config.base.sampler = 'shuffle'
+  validate(config)
+  return config
+
+
+def validate(c: ml_collections.ConfigDict) -> None:
+  """Raises ValueError naming the field, its value and what is allowed."""
+  def need(ok, field, value, allowed):
+    if not ok:
+      raise ValueError(f'{field}={value!r} is invalid: {allowed}')
+
+  need(c.noise.M >= 1, 'noise.M', c.noise.M, 'must be >= 1')
+  need(c.noise.bound >= 0, 'noise.bound', c.noise.bound, 'must be >= 0')
+  need(c.noise.distribution in noise_lib.DISTRIBUTIONS, 'noise.distribution', c.noise.distribution,
+       f'allowed: {noise_lib.DISTRIBUTIONS}')
+  need(c.noise.pf_weight >= 0 and c.noise.std_weight >= 0, 'noise.pf_weight/std_weight',
+       (c.noise.pf_weight, c.noise.std_weight), 'must be >= 0')
+  need(c.runs >= 1, 'runs', c.runs, 'must be >= 1')
+  need(c.base.steps >= 1, 'base.steps', c.base.steps, 'must be >= 1')
+  need(c.base.sampler in ('balanced', 'shuffle'), 'base.sampler', c.base.sampler, "'balanced' or 'shuffle'")
+  need(c.base.ways >= 1 and c.base.shots >= 1, 'base.ways/shots', (c.base.ways, c.base.shots), 'must be >= 1')
+  need(c.base.lr > 0, 'base.lr', c.base.lr, 'must be > 0')
+  need(c.base.checkpoint_every >= 1, 'base.checkpoint_every', c.base.checkpoint_every, 'must be >= 1')
+  need(c.incremental.trainable in ('noise_set', 'all'), 'incremental.trainable', c.incremental.trainable,
+       "'noise_set' or 'all'")
+  need(c.incremental.steps >= 0, 'incremental.steps', c.incremental.steps, 'must be >= 0')
+  need(c.incremental.distance in ('squared_euclidean', 'euclidean'), 'incremental.distance',
+       c.incremental.distance, "'squared_euclidean' or 'euclidean'")
+  need(c.data.protocol in protocol_lib.PROTOCOLS, 'data.protocol', c.data.protocol,
+       f'allowed: {protocol_lib.PROTOCOLS}')
+  need(c.data.source in sources.SOURCES, 'data.source', c.data.source, f'allowed: {sources.SOURCES}')
+  need(c.data.shots >= 1, 'data.shots', c.data.shots, 'must be >= 1')
+  need(c.model.dtype in ('float32', 'bfloat16'), 'model.dtype', c.model.dtype, "'float32' or 'bfloat16'")
+  if c.data.source in ('trainsplit', 'folder') and not sources.data_dir(c):
+    raise ValueError(f'data.source={c.data.source!r} needs a data folder: set F2M_DATA_DIR or '
+                     '--config.data.data_dir')
+  if sources.data_dir(c) and not os.path.isdir(sources.data_dir(c)):
+    raise ValueError(f'data folder {sources.data_dir(c)!r} (data.data_dir or F2M_DATA_DIR) does not exist')
+
+
+@dataclasses.dataclass
+class Experiment:
+  """Everything static about a run, built once from the config and the data."""
+  config: ml_collections.ConfigDict
+  bench: Benchmark
+  model: ResNet
+  noise_paths: tuple
+  split: int
+
+  @classmethod
+  def create(cls, config, bench: Benchmark) -> 'Experiment':
+    dtype = jnp.bfloat16 if config.model.dtype == 'bfloat16' else jnp.float32
+    model = build_model(config.model.arch, bench.num_base_classes, config.model.width or None, dtype)
+    paths = tuple(noise_set_paths(model, config.noise.num_layers))
+    return cls(config, bench, model, paths, split_block(model, paths))
+
+  def key(self, *path: int) -> jax.Array:
+    k = jax.random.key(self.config.seed)
+    for p in path:
+      k = jax.random.fold_in(k, p)
+    return k
+
+  def base_objective(self) -> base_lib.BaseObjective:
+    n = self.config.noise
+    return base_lib.BaseObjective(
+        model=self.model, noise_paths=self.noise_paths if n.enabled else (), split=self.split,
+        num_draws=n.M, bound=n.bound, distribution=n.distribution,
+        pf_weight=n.pf_weight if n.prototype_fixing else 0.0, std_weight=n.std_weight,
+        shared_trunk=n.shared_trunk)
+
+  def optimizer(self):
+    b = self.config.base
+    return base_lib.make_optimizer(b.lr, b.momentum, b.weight_decay, b.milestones, b.lr_gamma,
+                                   b.classifier_lr if b.classifier_lr > 0 else None)
+
+  def trainable_paths(self, params) -> tuple:
+    if self.config.incremental.trainable == 'noise_set':
+      return self.noise_paths
+    return tuple(p for p in noise_lib.flatten(params) if p[0] != 'fc')
+
+  def batch_indices(self, step: int) -> np.ndarray:
+    b, bench = self.config.base, self.bench
+    if b.sampler == 'balanced':
+      return protocol_lib.balanced_batch(bench.train.labels, bench.base_train, b.ways, b.shots,
+                                         self.config.seed, step)
+    return protocol_lib.shuffled_batch(bench.base_train, b.batch_size, self.config.seed, step)
+
+  def init_state(self):
+    params = batch_stats = None
+    if self.config.model.pretrained:
+      from f2m_jax.models import torch_import
+      params, batch_stats = torch_import.load_torchvision_resnet18(
+          self.config.model.pretrained, self.model, self.bench.image_size)
+    return base_lib.init_state(self.model, self.key(1), self.bench.image_size, self.optimizer(),
+                               params, batch_stats)
+
+
+def train_base(exp: Experiment, ckpts: Checkpoints, log: workdir_lib.MetricsLog):
+  """Trains session 1 from the latest base checkpoint (or from scratch); returns the final state."""
+  cfg = exp.config.base
+  state = exp.init_state()
+  start = ckpts.latest_base_step()
+  if start is not None:
+    state = ckpts.restore_base_state(state, start)
+    state = jax.tree_util.tree_map(jnp.asarray, state)
+    print(f'resuming base training at step {start}/{cfg.steps}', flush=True)
+  start = start or 0
+  if start >= cfg.steps:
+    return state
+  step_fn = base_lib.make_train_step(exp.base_objective(), exp.optimizer(), exp.bench.augment,
+                                     exp.bench.image_size, exp.bench.mean, exp.bench.std)
+  key = exp.key(0)
+  images, labels = exp.bench.train.images, exp.bench.train.labels
+  bar = tqdm(range(start, cfg.steps), desc='base session', initial=start, total=cfg.steps,
+             file=sys.stdout, mininterval=2.0)
+  window = []
+  t0 = time.time()
+  for step in bar:
+    idx = exp.batch_indices(step)
+    state, metrics = step_fn(state, images[idx], labels[idx], key)
+    metrics = jax.device_get(metrics)
+    if not metrics['finite']:
+      raise TrainingError(f'non-finite loss {metrics["loss"]} at base step {step + 1}; the last good '
+                          f'checkpoint (step {ckpts.latest_base_step()}) is kept')
+    window.append(metrics)
+    done = step + 1
+    if done % cfg.log_every == 0 or done == cfg.steps:
+      avg = {k: float(np.mean([m[k] for m in window])) for k in ('loss', 'ce', 'pf', 'acc', 'ce_clean')}
+      bar.set_postfix(loss=f'{avg["loss"]:.3f}', acc=f'{100 * avg["acc"]:.1f}')
+      log.write(phase='base', step=done, steps_per_s=round(len(window) / (time.time() - t0), 3), **avg)
+      window, t0 = [], time.time()
+    if done % cfg.checkpoint_every == 0 or done == cfg.steps:
+      ckpts.save_base_state(done, state)
+  bar.close()
+  return state
+
+
+def _session_settings(exp: Experiment, trainable_paths) -> incremental.SessionSettings:
+  c = exp.config.incremental
+  return incremental.SessionSettings(
+      model=exp.model, trainable_paths=tuple(trainable_paths), steps=c.steps, lr=c.lr, momentum=c.momentum,
+      weight_decay=c.weight_decay, bound=exp.config.noise.bound, clamp=c.clamp, distance=c.distance,
+      augment=exp.bench.augment, image_size=exp.bench.image_size, mean=exp.bench.mean, std=exp.bench.std)
+
+
+class Evaluator:
+  """Test-set NCM accuracies. When only suffix blocks change after session 1, the frozen trunk's
+  features of the test set are computed once and each evaluation runs only the suffix."""
+
+  def __init__(self, exp: Experiment, base_variables, trainable_paths):
+    self.exp = exp
+    bench, bs = exp.bench, exp.config.eval.batch_size
+    self.first = split_block(exp.model, trainable_paths) if trainable_paths else 0
+    self.embed_full = evaluation.make_embed(exp.model, bench.mean, bench.std, bs)
+    self._trunk = None
+    if 0 < self.first < exp.model.num_blocks and exp.config.incremental.finetune:
+      trunk_fn = evaluation.make_embed(exp.model, bench.mean, bench.std, bs, last=self.first)
+      self._trunk = trunk_fn(base_variables, bench.test.images)
+      self.embed_suffix = evaluation.make_embed(exp.model, None, None, bs, first=self.first)
+    self._static = None
+
+  def embeddings(self, variables, changed: bool) -> np.ndarray:
+    """Embeddings of the whole test set under `variables` (`changed`: differs from phi*)."""
+    if self._trunk is not None and changed:
+      return self.embed_suffix(variables, self._trunk)
+    if changed:
+      return self.embed_full(variables, self.exp.bench.test.images)
+    if self._static is None:
+      self._static = self.embed_full(variables, self.exp.bench.test.images)
+    return self._static
+
+  def accuracies(self, variables, protos: np.ndarray, session: int, changed: bool) -> dict:
+    bench = self.exp.bench
+    idx = protocol_lib.test_indices(bench, session)
+    emb = self.embeddings(variables, changed)[idx]
+    return evaluation.ncm_accuracies(emb, bench.test.labels[idx], protos, bench.num_base_classes,
+                                     self.exp.config.eval.normalize_prototypes)
+
+
+def base_model(exp: Experiment, ckpts: Checkpoints, log, source: Optional[Checkpoints] = None) -> dict:
+  """phi*, its BN statistics and the base prototypes: restored if saved, else trained and saved."""
+  template = exp.init_state()
+  embed = evaluation.make_embed(exp.model, exp.bench.mean, exp.bench.std, exp.config.eval.batch_size)
+  dim = embed({'params': template.params, 'batch_stats': template.batch_stats},
+              exp.bench.train.images[:1]).shape[1]
+  model_template = {'params': template.params, 'batch_stats': template.batch_stats,
+                    'prototypes': np.zeros((exp.bench.num_base_classes, dim), np.float32)}
+  if source is not None:
+    return source.restore_model(model_template)
+  if ckpts.has_model():
+    return ckpts.restore_model(model_template)
+  state = train_base(exp, ckpts, log)
+  variables = {'params': state.params, 'batch_stats': state.batch_stats}
+  bench = exp.bench
+  emb = embed(variables, bench.train.images[bench.base_train])
+  protos = evaluation.prototypes(emb, bench.train.labels[bench.base_train], bench.session_classes[0])
+  ckpts.save_model(state.params, state.batch_stats, protos)
+  return {'params': jax.device_get(state.params), 'batch_stats': jax.device_get(state.batch_stats),
+          'prototypes': protos}
+
+
+def run_sessions(exp: Experiment, model: dict, ckpts: Checkpoints, log, train: bool = True) -> list:
+  """All runs x sessions. Returns per-run lists of per-session accuracy dicts. Sessions already
+  checkpointed are restored; with `train=False` a missing session is an error (evaluation mode)."""
+  cfg, bench = exp.config, exp.bench
+  params, batch_stats, base_protos = model['params'], model['batch_stats'], model['prototypes']
+  paths = exp.trainable_paths(params)
+  anchor = {p: jnp.asarray(v) for p, v in noise_lib.flatten(params).items() if p in set(paths)}
+  finetune = incremental.make_finetune(_session_settings(exp, paths)) if cfg.incremental.finetune else None
+  embed = evaluation.make_embed(exp.model, bench.mean, bench.std, cfg.eval.batch_size)
+  evaluator = Evaluator(exp, {'params': params, 'batch_stats': batch_stats}, paths if finetune else ())
+  base_vars = {'params': params, 'batch_stats': batch_stats}
+  first = evaluator.accuracies(base_vars, base_protos, 1, changed=False)
+  trainable_template = noise_lib.unflatten({p: np.asarray(anchor[p]) for p in paths})
+  per_run = []
+  bar = tqdm(total=cfg.runs * (bench.num_sessions - 1), desc='incremental sessions', file=sys.stdout,
+             mininterval=2.0)
+  for run in range(cfg.runs):
+    run_params, exemplars, protos = params, np.zeros((0,), np.int64), base_protos
+    accs = [first]
+    done = set(ckpts.sessions_done(run))
+    for session in range(2, bench.num_sessions + 1):
+      shots = protocol_lib.session_shots(bench, cfg.data.protocol, run, session, cfg.data.shots, cfg.seed)
+      exemplars = np.concatenate([exemplars, shots])
+      seen = bench.num_seen_classes(session)
+      if session in done:
+        saved = ckpts.restore_session(run, session, {
+            'trainable': trainable_template, 'prototypes': np.zeros((seen, base_protos.shape[1]), np.float32),
+            'exemplars': exemplars, 'accuracy': np.zeros((4,), np.float64)})
+        if not np.array_equal(saved['exemplars'], exemplars):
+          raise CheckpointError(f'run {run} session {session}: saved exemplars differ from the protocol '
+                                '(the data or protocol changed since it was saved)')
+        run_params = _merge(params, saved['trainable'])
+        protos = saved['prototypes']
+        accs.append(_unpack_accuracy(saved['accuracy']))
+        bar.update(1)
+        continue
+      if not train:
+        raise CheckpointError(f'run {run} session {session} has no checkpoint in {ckpts.root}; '
+                              'train first (run without --mode eval)')
+      images, labels = bench.train.images[exemplars], bench.train.labels[exemplars]
+      stored = np.zeros((seen, base_protos.shape[1]), np.float32)
+      stored[:len(base_protos)] = base_protos
+      losses = []
+      if finetune is not None:
+        run_params, losses = finetune(run_params, batch_stats, anchor, images, labels, stored,
+                                      exp.key(2, run, session))
+        run_params = jax.device_get(run_params)
+        losses = np.asarray(losses).tolist()
+      variables = {'params': run_params, 'batch_stats': batch_stats}
+      novel_classes = [c for s in bench.session_classes[1:session] for c in s]
+      novel = evaluation.prototypes(embed(variables, images), labels, novel_classes)
+      protos = np.concatenate([base_protos, novel])
+      acc = evaluator.accuracies(variables, protos, session, changed=finetune is not None)
+      ckpts.save_session(run, session, {
+          'trainable': noise_lib.unflatten({p: v for p, v in noise_lib.flatten(run_params).items()
+                                            if p in set(paths)}),
+          'prototypes': protos, 'exemplars': exemplars, 'accuracy': _pack_accuracy(acc)})
+      log.write(phase='session', run=run, session=session, losses=losses, **acc)
+      accs.append(acc)
+      bar.update(1)
+    per_run.append(accs)
+  bar.close()
+  return per_run
+
+
+def _merge(params, trainable_nested):
+  flat = noise_lib.flatten(params)
+  flat.update(noise_lib.flatten(trainable_nested))
+  return noise_lib.unflatten(flat)
+
+
+def _pack_accuracy(acc: dict) -> np.ndarray:
+  return np.asarray([np.nan if acc[k] is None else acc[k] for k in ('acc', 'acc_base', 'acc_novel', 'hm')],
+                    np.float64)
+
+
+def _unpack_accuracy(a: np.ndarray) -> dict:
+  vals = [None if np.isnan(v) else float(v) for v in np.asarray(a)]
+  return dict(zip(('acc', 'acc_base', 'acc_novel', 'hm'), vals))
+
+
+def run(config: ml_collections.ConfigDict, workdir: str, mode: str = 'train',
+        checkpoint: Optional[str] = None) -> dict:
+  """Trains (or, mode='eval', only restores) and writes results.json / results.csv; returns results."""
+  config = resolve(config)
+  workdir_lib.prepare(workdir, config.to_dict())
+  bench = sources.load_benchmark(config)
+  exp = Experiment.create(config, bench)
+  log = workdir_lib.MetricsLog(workdir)
+  ckpts = Checkpoints(workdir)
+  source = Checkpoints(checkpoint) if checkpoint else None
+  if mode == 'eval' and source is None and not ckpts.has_model():
+    raise CheckpointError(f'{workdir} has no base model checkpoint to evaluate; train first or pass --checkpoint')
+  t0 = time.time()
+  model = base_model(exp, ckpts, log, source)
+  per_run = run_sessions(exp, model, ckpts, log, train=(mode != 'eval'))
+  results = evaluation.build_results(bench.name, config.method, config.data.protocol,
+                                     [bench.num_seen_classes(t) for t in range(1, bench.num_sessions + 1)],
+                                     per_run)
+  wall = round(time.time() - t0, 1)
+  log.write(phase='done', mode=mode, wall_time_s=wall)
+  ckpts.close()
+  write_outputs(workdir, results, mode)
+  return results
+
+
+def write_outputs(workdir: str, results: dict, mode: str) -> None:
+  """results.json/csv. In eval mode an existing results.json is compared, never overwritten: a
+  difference is written to results_eval.json and reported."""
+  path = os.path.join(workdir, 'results.json')
+  if mode == 'eval' and os.path.exists(path):
+    with open(path) as f:
+      saved = json.load(f)
+    if saved == json.loads(json.dumps(results)):
+      print(f'evaluation reproduced {path} exactly', flush=True)
+      return
+    workdir_lib.write_results(workdir, results, evaluation.results_rows(results), name='results_eval')
+    print(f'evaluation differs from {path}; wrote results_eval.json beside it', flush=True)
+    return
+  workdir_lib.write_results(workdir, results, evaluation.results_rows(results))

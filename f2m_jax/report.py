@@ -1,0 +1,426 @@
+"""Gather the `results.json` of several training runs into tables and plots.
+
+    python -m f2m_jax.report W1 W2 ... --out DIR [--reference LABEL_OR_INDEX] [--labels a,b,..]
+                             [--base-novel {last,all}]
+
+Each W is a workdir holding `results.json` or the path of a results file. The report folder DIR
+(created if missing; files in it are overwritten) receives:
+
+  report.md      the main table in the paper's layout (one row per run: accuracy per session as
+                 mean ± ci95, PD, AVG and the gap of the last-session accuracy to the reference row),
+                 a base/novel/HM table, and the list of sources;
+  report.csv     the main table, machine-readable, full precision;
+  accuracy.png   accuracy per session, one line per run with a shaded 95% band;
+  base_novel.png base (solid) and novel (dashed) accuracy per session.
+
+The main table is also printed to stdout. `format_session_table` renders a single results dict as a
+short plain-text table; the training run prints it at the end.
+
+Only the standard library is imported at module level; matplotlib is imported lazily by the plot
+functions and draws on an explicit Agg canvas (no pyplot, no global backend change), so importing
+this module never touches jax or a display.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import json
+import os
+import sys
+from typing import Any, Iterable, Optional, Sequence
+
+RESULTS_NAME = 'results.json'
+TOP_KEYS = ('dataset', 'method', 'protocol', 'runs', 'sessions', 'pd', 'avg')
+SESSION_KEYS = ('session', 'num_classes', 'acc', 'acc_base')
+NULLABLE_SESSION_KEYS = ('acc_novel', 'hm')  # null (or absent) in session 1
+STAT_KEYS = ('mean', 'ci95')
+MISSING = '-'
+
+
+class ResultsError(ValueError):
+  """A results file that is missing, unreadable or not in the expected shape."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+  """One run of the report: its display label, its results dict and where it was read from."""
+  label: str
+  results: dict
+  source: str = ''
+
+
+# ----------------------------------------------------------------------------- loading
+
+
+def results_path(path: str) -> str:
+  """The results file for `path`: `path/results.json` for a directory, else `path` itself."""
+  return os.path.join(path, RESULTS_NAME) if os.path.isdir(path) else path
+
+
+def _check_stat(stat: Any, where: str, file: str) -> None:
+  """Raise ResultsError unless `stat` is a dict with numeric 'mean' and 'ci95'."""
+  if not isinstance(stat, dict):
+    raise ResultsError(f'{file}: {where!r} must be an object with keys {STAT_KEYS}, got {stat!r}')
+  for key in STAT_KEYS:
+    if key not in stat:
+      raise ResultsError(f'{file}: missing key {where + "." + key!r}')
+    value = stat[key]
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+      raise ResultsError(f'{file}: {where + "." + key!r} must be a number, got {value!r}')
+
+
+def validate_results(results: Any, file: str = '<results>') -> dict:
+  """Check that `results` has the results.json shape; return it unchanged.
+
+  Raises ResultsError naming `file` and the dotted path of the first missing or malformed key
+  (e.g. "sessions[2].acc.ci95"). 'config' and 'label' are optional and not checked.
+  """
+  if not isinstance(results, dict):
+    raise ResultsError(f'{file}: top level must be a JSON object, got {type(results).__name__}')
+  for key in TOP_KEYS:
+    if key not in results:
+      raise ResultsError(f'{file}: missing key {key!r}')
+  sessions = results['sessions']
+  if not isinstance(sessions, list) or not sessions:
+    raise ResultsError(f'{file}: \'sessions\' must be a non-empty list')
+  for i, session in enumerate(sessions):
+    where = f'sessions[{i}]'
+    if not isinstance(session, dict):
+      raise ResultsError(f'{file}: {where!r} must be an object')
+    for key in SESSION_KEYS:
+      if key not in session:
+        raise ResultsError(f'{file}: missing key {where + "." + key!r}')
+    if isinstance(session['session'], bool) or not isinstance(session['session'], int):
+      raise ResultsError(f'{file}: {where + ".session"!r} must be an integer')
+    _check_stat(session['acc'], f'{where}.acc', file)
+    _check_stat(session['acc_base'], f'{where}.acc_base', file)
+    for key in NULLABLE_SESSION_KEYS:
+      if session.get(key) is not None:
+        _check_stat(session[key], f'{where}.{key}', file)
+  numbers = [s['session'] for s in sessions]
+  if len(set(numbers)) != len(numbers):
+    raise ResultsError(f'{file}: duplicate session numbers {numbers}')
+  _check_stat(results['pd'], 'pd', file)
+  _check_stat(results['avg'], 'avg', file)
+  return results
+
+
+def load_results(path: str) -> dict:
+  """Read and validate a results.json (a workdir or the file itself); see `validate_results`."""
+  file = results_path(path)
+  if not os.path.isfile(file):
+    raise ResultsError(f'{file}: no such results file')
+  try:
+    with open(file, encoding='utf-8') as f:
+      results = json.load(f)
+  except json.JSONDecodeError as e:
+    raise ResultsError(f'{file}: not valid JSON ({e})') from e
+  return validate_results(results, file)
+
+
+def default_label(results: dict, path: str) -> str:
+  """results' "label" if set, else "<method> <workdir basename>"."""
+  if results.get('label'):
+    return str(results['label'])
+  file = results_path(path)
+  workdir = os.path.dirname(os.path.abspath(file))
+  return f'{results["method"]} {os.path.basename(workdir)}'
+
+
+# ----------------------------------------------------------------------------- table helpers
+
+
+def format_stat(stat: Optional[dict], digits: int = 2) -> str:
+  """'mean ± ci95' with `digits` decimals, or '-' for a missing/null statistic."""
+  if stat is None:
+    return MISSING
+  return f'{stat["mean"]:.{digits}f} ± {stat["ci95"]:.{digits}f}'
+
+
+def session_map(results: dict) -> dict:
+  """{session number: session dict}."""
+  return {s['session']: s for s in results['sessions']}
+
+
+def session_numbers(rows: Sequence[Row]) -> list:
+  """Sorted union of the session numbers of all rows (the table's session columns)."""
+  return sorted({s['session'] for row in rows for s in row.results['sessions']})
+
+
+def last_session(results: dict) -> dict:
+  """The session dict with the highest session number."""
+  return max(results['sessions'], key=lambda s: s['session'])
+
+
+def gap(row: Row, reference: Row) -> float:
+  """Last-session accuracy of `row` minus that of `reference` (each row's own last session)."""
+  return last_session(row.results)['acc']['mean'] - last_session(reference.results)['acc']['mean']
+
+
+def resolve_reference(rows: Sequence[Row], reference: Any = None) -> int:
+  """Index of the reference row: None -> 0; an exact label match; else an integer index
+  (0-based, negative counts from the end). Raises ValueError if nothing matches."""
+  if reference is None:
+    return 0
+  labels = [row.label for row in rows]
+  if isinstance(reference, str) and reference in labels:
+    return labels.index(reference)
+  try:
+    index = int(reference)
+  except (TypeError, ValueError):
+    raise ValueError(f'reference {reference!r} is neither a label {labels} nor an index') from None
+  if not -len(rows) <= index < len(rows):
+    raise ValueError(f'reference index {index} out of range for {len(rows)} rows')
+  return index % len(rows)
+
+
+def _escape(text: str) -> str:
+  """Make `text` safe inside a markdown table cell."""
+  return str(text).replace('|', '\\|').replace('\n', ' ')
+
+
+def markdown_table(header: Sequence[str], body: Iterable[Sequence[str]], align: str = 'r') -> str:
+  """A GitHub markdown table; the first column is left-aligned, the others `align` ('l'/'r')."""
+  rule = [':---'] + ['---:' if align == 'r' else ':---'] * (len(header) - 1)
+  lines = [header, rule] + [list(r) for r in body]
+  return '\n'.join('| ' + ' | '.join(_escape(c) for c in line) + ' |' for line in lines)
+
+
+# ----------------------------------------------------------------------------- tables
+
+
+def format_table(rows: Sequence[Row], reference: Any = 0) -> str:
+  """The main markdown table: label, accuracy per session (mean ± ci95), PD, AVG and gap.
+
+  `reference` is a row index or label (see `resolve_reference`); gap = the row's last-session
+  accuracy minus the reference row's, signed, 2 decimals. Rows with fewer sessions get '-'.
+  """
+  if not rows:
+    raise ValueError('no rows to tabulate')
+  ref = rows[resolve_reference(rows, reference)]
+  numbers = session_numbers(rows)
+  header = ['Method'] + [str(n) for n in numbers] + ['PD', 'AVG', 'gap']
+  body = []
+  for row in rows:
+    by_number = session_map(row.results)
+    cells = [format_stat(by_number[n]['acc']) if n in by_number else MISSING for n in numbers]
+    body.append([row.label] + cells + [format_stat(row.results['pd']),
+                                       format_stat(row.results['avg']), f'{gap(row, ref):+.2f}'])
+  return markdown_table(header, body)
+
+
+def format_base_novel_table(rows: Sequence[Row], all_sessions: bool = False) -> str:
+  """Markdown table of base / novel accuracy and HM: each row's last session, or every session."""
+  header = ['Method', 'Session', 'Classes', 'Acc', 'Base', 'Novel', 'HM']
+  body = []
+  for row in rows:
+    sessions = (sorted(row.results['sessions'], key=lambda s: s['session']) if all_sessions
+                else [last_session(row.results)])
+    for s in sessions:
+      body.append([row.label, str(s['session']), str(s['num_classes']), format_stat(s['acc']),
+                   format_stat(s['acc_base']), format_stat(s.get('acc_novel')),
+                   format_stat(s.get('hm'))])
+  return markdown_table(header, body)
+
+
+def format_session_table(results: dict) -> str:
+  """A short plain-text table of one results dict: per session the number of classes, accuracy,
+  base, novel and HM (mean ± ci95), then PD and AVG. Printed at the end of a training run."""
+  header = ['Session', 'Classes', 'Acc', 'Base', 'Novel', 'HM']
+  lines = [[str(s['session']), str(s['num_classes']), format_stat(s['acc']),
+            format_stat(s['acc_base']), format_stat(s.get('acc_novel')), format_stat(s.get('hm'))]
+           for s in sorted(results['sessions'], key=lambda s: s['session'])]
+  widths = [max(len(r[i]) for r in [header] + lines) for i in range(len(header))]
+  render = lambda r: '  '.join(c.rjust(w) for c, w in zip(r, widths)).rstrip()
+  title = (f'{results.get("label") or results.get("method", "?")} on {results.get("dataset", "?")}'
+           f' ({results.get("protocol", "?")}, {results.get("runs", "?")} runs, mean ± 95% CI, %)')
+  rule = '-' * len(render(header))
+  footer = f'PD  {format_stat(results["pd"])}    AVG  {format_stat(results["avg"])}'
+  return '\n'.join([title, render(header), rule] + [render(r) for r in lines] + [rule, footer])
+
+
+# ----------------------------------------------------------------------------- csv
+
+
+def csv_header(numbers: Sequence[int]) -> list:
+  """CSV column names for the given session numbers."""
+  cols = ['label', 'dataset', 'method', 'protocol', 'runs']
+  for n in numbers:
+    cols += [f's{n}', f's{n}_ci95']
+  return cols + ['pd', 'pd_ci95', 'avg', 'avg_ci95', 'gap']
+
+
+def csv_rows(rows: Sequence[Row], reference: Any = 0) -> list:
+  """The main table as a list of dicts keyed by `csv_header`; missing sessions are ''."""
+  ref = rows[resolve_reference(rows, reference)]
+  numbers = session_numbers(rows)
+  out = []
+  for row in rows:
+    r = row.results
+    record = {'label': row.label, 'dataset': r['dataset'], 'method': r['method'],
+              'protocol': r['protocol'], 'runs': r['runs']}
+    by_number = session_map(r)
+    for n in numbers:
+      acc = by_number[n]['acc'] if n in by_number else None
+      record[f's{n}'] = '' if acc is None else acc['mean']
+      record[f's{n}_ci95'] = '' if acc is None else acc['ci95']
+    record.update(pd=r['pd']['mean'], pd_ci95=r['pd']['ci95'], avg=r['avg']['mean'],
+                  avg_ci95=r['avg']['ci95'], gap=gap(row, ref))
+    out.append(record)
+  return out
+
+
+def write_csv(rows: Sequence[Row], path: str, reference: Any = 0) -> str:
+  """Write the main table to `path` as CSV (full-precision floats); return `path`."""
+  with open(path, 'w', newline='', encoding='utf-8') as f:
+    writer = csv.DictWriter(f, fieldnames=csv_header(session_numbers(rows)))
+    writer.writeheader()
+    writer.writerows(csv_rows(rows, reference))
+  return path
+
+
+# ----------------------------------------------------------------------------- plots
+
+
+def _series(results: dict, key: str) -> tuple:
+  """(session numbers, means, ci95s) of statistic `key`, skipping sessions where it is null."""
+  points = [(s['session'], s[key]['mean'], s[key]['ci95'])
+            for s in sorted(results['sessions'], key=lambda s: s['session']) if s.get(key)]
+  return tuple(list(v) for v in zip(*points)) if points else ([], [], [])
+
+
+def _new_figure(figsize=(7.0, 4.5)):
+  """A matplotlib Figure on the Agg canvas (no pyplot, no global backend change)."""
+  from matplotlib.backends.backend_agg import FigureCanvasAgg
+  from matplotlib.figure import Figure
+  fig = Figure(figsize=figsize)
+  FigureCanvasAgg(fig)
+  return fig
+
+
+def _color(i: int) -> str:
+  """The i-th colour of matplotlib's default cycle."""
+  return f'C{i % 10}'
+
+
+def _finish(fig, ax, rows: Sequence[Row], path: str, title: str) -> str:
+  """Label the axes, add the legend and save the figure as a PNG at `path`; return `path`."""
+  numbers = session_numbers(rows)
+  ax.set_xticks(numbers)
+  ax.set_xlabel('session')
+  ax.set_ylabel('accuracy (%)')
+  ax.set_title(title)
+  ax.grid(alpha=0.3)
+  ax.legend(fontsize='small')
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  return path
+
+
+def plot_accuracy(rows: Sequence[Row], path: str) -> str:
+  """Accuracy per session, one line per row with a shaded mean ± ci95 band; PNG at `path`."""
+  fig = _new_figure()
+  ax = fig.add_subplot()
+  for i, row in enumerate(rows):
+    x, mean, ci = _series(row.results, 'acc')
+    ax.plot(x, mean, marker='o', markersize=3, color=_color(i), label=row.label)
+    ax.fill_between(x, [m - c for m, c in zip(mean, ci)], [m + c for m, c in zip(mean, ci)],
+                    color=_color(i), alpha=0.2, linewidth=0)
+  return _finish(fig, ax, rows, path, 'Accuracy per session (mean ± 95% CI)')
+
+
+def plot_base_novel(rows: Sequence[Row], path: str) -> str:
+  """Base (solid) and novel (dashed) accuracy per session, one colour per row; PNG at `path`."""
+  fig = _new_figure()
+  ax = fig.add_subplot()
+  for i, row in enumerate(rows):
+    for key, style, name in (('acc_base', '-', 'base'), ('acc_novel', '--', 'novel')):
+      x, mean, ci = _series(row.results, key)
+      if not x:
+        continue
+      ax.plot(x, mean, style, marker='o', markersize=3, color=_color(i), label=f'{row.label} {name}')
+      ax.fill_between(x, [m - c for m, c in zip(mean, ci)], [m + c for m, c in zip(mean, ci)],
+                      color=_color(i), alpha=0.12, linewidth=0)
+  return _finish(fig, ax, rows, path, 'Base (solid) and novel (dashed) accuracy')
+
+
+# ----------------------------------------------------------------------------- report
+
+
+def build_rows(paths: Sequence[str], labels: Optional[Sequence[str]] = None) -> list:
+  """Load every path into a Row; `labels` (one per path) override the default labels."""
+  if labels is not None and len(labels) != len(paths):
+    raise ValueError(f'got {len(labels)} labels for {len(paths)} results: {list(labels)}')
+  rows = []
+  for i, path in enumerate(paths):
+    results = load_results(path)
+    label = labels[i] if labels is not None else default_label(results, path)
+    rows.append(Row(label=label, results=results, source=results_path(path)))
+  return rows
+
+
+def format_report(rows: Sequence[Row], reference: Any = 0, all_sessions: bool = False) -> str:
+  """The full report.md text: main table, base/novel table and the list of sources."""
+  ref = rows[resolve_reference(rows, reference)]
+  which = 'every session' if all_sessions else 'last session'
+  sources = [f'- {_escape(r.label)}: `{r.source}` ({r.results["dataset"]}, {r.results["method"]}, '
+             f'{r.results["protocol"]}, {r.results["runs"]} runs)' for r in rows]
+  return '\n'.join([
+      '# F2M report', '',
+      '## Accuracy per session (%, mean ± 95% CI over runs)', '',
+      format_table(rows, reference), '',
+      f'gap: last-session accuracy minus that of the reference row "{_escape(ref.label)}".', '',
+      f'## Base vs novel accuracy ({which})', '',
+      format_base_novel_table(rows, all_sessions), '',
+      '## Sources', '',
+  ] + sources) + '\n'
+
+
+def write_report(rows: Sequence[Row], out: str, reference: Any = 0,
+                 all_sessions: bool = False) -> dict:
+  """Write report.md, report.csv, accuracy.png and base_novel.png into `out` (created if missing,
+  files overwritten); return {name: path}."""
+  os.makedirs(out, exist_ok=True)
+  paths = {name: os.path.join(out, name)
+           for name in ('report.md', 'report.csv', 'accuracy.png', 'base_novel.png')}
+  with open(paths['report.md'], 'w', encoding='utf-8') as f:
+    f.write(format_report(rows, reference, all_sessions))
+  write_csv(rows, paths['report.csv'], reference)
+  plot_accuracy(rows, paths['accuracy.png'])
+  plot_base_novel(rows, paths['base_novel.png'])
+  return paths
+
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+  """Command-line arguments (see the module docstring)."""
+  p = argparse.ArgumentParser(prog='python -m f2m_jax.report',
+                              description='Tabulate and plot the results.json of training runs.')
+  p.add_argument('paths', nargs='+', help='workdirs holding results.json, or results files')
+  p.add_argument('--out', required=True, help='report folder (created if missing)')
+  p.add_argument('--reference', default=None,
+                 help='row whose last-session accuracy the gap column subtracts: a label or a '
+                      '0-based index (default: the first row)')
+  p.add_argument('--labels', default=None, help='comma-separated labels, one per path')
+  p.add_argument('--base-novel', choices=('last', 'all'), default='last',
+                 help='base/novel table for the last session only or for every session')
+  return p.parse_args(argv)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+  """CLI entry point: write the report and print the main table. Returns the exit status."""
+  args = parse_args(argv)
+  labels = [s.strip() for s in args.labels.split(',')] if args.labels is not None else None
+  try:
+    rows = build_rows(args.paths, labels)
+    reference = resolve_reference(rows, args.reference)
+    write_report(rows, args.out, reference, all_sessions=args.base_novel == 'all')
+  except ValueError as e:  # ResultsError included
+    print(f'report: error: {e}', file=sys.stderr)
+    return 2
+  print(format_table(rows, reference))
+  return 0
+
+
+if __name__ == '__main__':
+  sys.exit(main())

@@ -1,0 +1,82 @@
+"""The workdir: config.json, the JSON-lines metrics log and the results files. Nothing a user
+produced is overwritten: a workdir started with another result-relevant config is refused."""
+from __future__ import annotations
+
+import csv
+import json
+import os
+import time
+from typing import Iterable
+
+# Fields that never change what a run computes (paths, logging, batching of evaluation): a workdir
+# may be resumed or evaluated with different values of these.
+NON_RESULT_FIELDS = ('data.data_dir', 'data.tfds_data_dir', 'data.cache_dir', 'base.log_every',
+                     'base.checkpoint_every', 'eval.batch_size', 'checkpoint', 'mode')
+
+
+class WorkdirError(RuntimeError):
+  """The workdir belongs to another config or holds something we must not overwrite."""
+
+
+def flat_items(d: dict, prefix: str = '') -> dict:
+  out = {}
+  for k, v in d.items():
+    key = f'{prefix}{k}'
+    if isinstance(v, dict):
+      out.update(flat_items(v, key + '.'))
+    else:
+      out[key] = list(v) if isinstance(v, tuple) else v
+  return out
+
+
+def config_differences(saved: dict, current: dict, ignore: Iterable[str] = NON_RESULT_FIELDS) -> list:
+  """Dotted names of fields whose values differ (or exist on one side only), ignoring `ignore`."""
+  a, b = flat_items(saved), flat_items(current)
+  return sorted(k for k in set(a) | set(b) if k not in ignore and a.get(k, '<absent>') != b.get(k, '<absent>'))
+
+
+def prepare(workdir: str, config: dict) -> None:
+  """Creates the workdir and config.json, or checks an existing config.json against `config`."""
+  os.makedirs(workdir, exist_ok=True)
+  path = os.path.join(workdir, 'config.json')
+  if os.path.exists(path):
+    with open(path) as f:
+      saved = json.load(f)
+    diff = config_differences(saved, config)
+    if diff:
+      details = '; '.join(f'{k}: saved {flat_items(saved).get(k, "<absent>")!r}, now '
+                          f'{flat_items(config).get(k, "<absent>")!r}' for k in diff)
+      raise WorkdirError(f'{workdir} holds a run of a different config ({details}). Use another --workdir, '
+                         'or pass --checkpoint to start new sessions from its base model.')
+    return
+  atomic_write(path, json.dumps(config, indent=2, sort_keys=True))
+
+
+def atomic_write(path: str, text: str) -> None:
+  tmp = f'{path}.tmp{os.getpid()}'
+  with open(tmp, 'w') as f:
+    f.write(text)
+  os.replace(tmp, path)
+
+
+class MetricsLog:
+  """Appends one JSON object per line to <workdir>/metrics.jsonl."""
+
+  def __init__(self, workdir: str):
+    self.path = os.path.join(workdir, 'metrics.jsonl')
+
+  def write(self, **record) -> None:
+    record = {'time': round(time.time(), 3), **record}
+    with open(self.path, 'a') as f:
+      f.write(json.dumps(record) + '\n')
+
+
+def write_results(workdir: str, results: dict, rows: list, name: str = 'results') -> None:
+  """<name>.json and <name>.csv, each written atomically."""
+  atomic_write(os.path.join(workdir, f'{name}.json'), json.dumps(results, indent=2))
+  tmp = os.path.join(workdir, f'{name}.csv.tmp{os.getpid()}')
+  with open(tmp, 'w', newline='') as f:
+    writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+    writer.writeheader()
+    writer.writerows(rows)
+  os.replace(tmp, os.path.join(workdir, f'{name}.csv'))

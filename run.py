@@ -1,0 +1,28 @@
+"""Entry point: python run.py --config configs/cifar100.py[:arg] --workdir DIR [--mode train|eval].
+
+Kept thin on purpose: it parses flags and hands over to f2m_jax.pipeline.
+"""
+import sys
+
+from absl import app, flags
+from ml_collections import config_flags
+
+_CONFIG = config_flags.DEFINE_config_file('config', None, 'A config file, e.g. configs/cifar100.py:smoke.',
+                                          lock_config=True)
+_WORKDIR = flags.DEFINE_string('workdir', None, 'Folder for config.json, metrics, checkpoints, results.')
+_MODE = flags.DEFINE_enum('mode', 'train', ['train', 'eval', 'bench', 'flatness'],
+                          'train: train and evaluate (resumes); eval: restore checkpoints and recompute results; '
+                          'bench: time steps; flatness: flatness of a base checkpoint.')
+_CHECKPOINT = flags.DEFINE_string('checkpoint', None, 'A workdir whose base model to use instead of training one.')
+flags.mark_flags_as_required(['config', 'workdir'])
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f'unexpected arguments: {argv[1:]}')
+  from f2m_jax import cli
+  return cli.main(_CONFIG.value, _WORKDIR.value, _MODE.value, _CHECKPOINT.value)
+
+
+if __name__ == '__main__':
+  sys.exit(app.run(main))

@@ -1,0 +1,251 @@
+"""CIFAR-100 sources, the TOPIC protocol on the real lists, and finding/fetching the index lists.
+
+Real data: `$F2M_DATA_DIR`, else `../shared/data` beside the checkout; tests needing it skip if absent.
+"""
+import hashlib
+import io
+import os
+import pathlib
+import urllib.error
+import urllib.request
+
+import numpy as np
+import pytest
+
+from f2m_jax.data import cifar100, index_lists
+from f2m_jax.data.types import DataError
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+DATA_DIR = pathlib.Path(os.environ.get('F2M_DATA_DIR') or REPO.parent / 'shared' / 'data').resolve()
+CIFAR_LISTS = DATA_DIR / 'index_list' / 'cifar100'
+NPZ = DATA_DIR / 'cifar100_train.npz'
+
+needs_lists = pytest.mark.skipif(not CIFAR_LISTS.is_dir(), reason=f'no index lists in {DATA_DIR}')
+needs_npz = pytest.mark.skipif(not (NPZ.is_file() and CIFAR_LISTS.is_dir()),
+                               reason=f'no {NPZ.name} / index lists in {DATA_DIR}')
+
+
+# ---------------------------------------------------------------- protocol on the real data
+
+@pytest.fixture(scope='module')
+def train_labels():
+  with np.load(NPZ) as f:
+    return np.asarray(f['y_train'], np.int32)
+
+
+@pytest.fixture(scope='module')
+def trainsplit():
+  return cifar100.load_cifar100_trainsplit(NPZ, CIFAR_LISTS)
+
+
+@needs_npz
+def test_topic_lists_protocol(train_labels):
+  base, shots = cifar100.read_topic_lists(CIFAR_LISTS)
+  assert base.shape == (30000,) and len(np.unique(base)) == 30000
+  assert np.array_equal(np.bincount(train_labels[base], minlength=100)[:60], np.full(60, 500))
+  assert train_labels[base].max() < 60
+  assert len(shots) == 8
+  for t, s in enumerate(shots, start=2):
+    first = 60 + 5 * (t - 2)
+    classes, counts = np.unique(train_labels[s], return_counts=True)
+    assert classes.tolist() == list(range(first, first + 5)) and counts.tolist() == [5] * 5
+
+
+@needs_npz
+def test_trainsplit_protocol(trainsplit, train_labels):
+  b = trainsplit
+  assert len(b.train) == 50000 and b.num_sessions == 9 and b.num_base_classes == 60
+  assert np.array_equal(np.bincount(b.train.labels[b.base_train], minlength=60), np.full(60, 400))
+  assert np.array_equal(np.bincount(b.test.labels, minlength=100), np.full(100, 100))
+  # Test images are training images; find their indices by the rule and check the content matches.
+  shots = np.concatenate(b.topic_shots)
+  test_idx = cifar100.trainsplit_test_indices(train_labels, shots)
+  assert np.array_equal(b.train.images[test_idx], b.test.images)
+  assert np.array_equal(test_idx[:100], np.flatnonzero(train_labels == 0)[-100:])
+  used = np.concatenate([b.base_train, shots, b.shot_pool])
+  assert not np.isin(test_idx, used).any()
+  assert np.isin(shots, b.shot_pool).all()
+  assert np.array_equal(np.bincount(b.train.labels[b.shot_pool], minlength=100)[60:],
+                        np.full(40, 400))
+  assert b.mean == cifar100.MEAN and b.std == cifar100.STD and b.augment == 'crop_flip'
+
+
+def test_missing_npz_error(tmp_path):
+  with pytest.raises(DataError, match='F2M_DATA_DIR') as e:
+    cifar100.load_train_npz(tmp_path / 'cifar100_train.npz')
+  assert str(tmp_path / 'cifar100_train.npz') in str(e.value)
+
+
+def test_trainsplit_test_indices_skip_shots():
+  labels = np.array([0, 1, 0, 1, 0, 1, 0, 1])
+  got = cifar100.trainsplit_test_indices(labels, np.array([6]), per_class=2)
+  assert got.tolist() == [2, 4, 5, 7]
+
+
+# ---------------------------------------------------------------- TFDS path
+
+def test_official_order_from_ids():
+  rng = np.random.default_rng(0)
+  perm = rng.permutation(20)
+  ids = [f'train_{k:05d}' for k in perm]
+  order = cifar100.official_order(ids)
+  assert [ids[i] for i in order] == [f'train_{k:05d}' for k in range(20)]
+  assert cifar100.official_order([b'test_00001', b'test_00000']).tolist() == [1, 0]
+  for bad in (['train_00000', 'train_00002'], ['train_00000', 'train_00000'], ['abc']):
+    with pytest.raises(DataError):
+      cifar100.official_order(bad)
+
+
+@pytest.fixture
+def tfds():
+  tfds = pytest.importorskip('tensorflow_datasets')
+  return tfds
+
+
+def _fix_mock_getitems(monkeypatch):
+  """tfds.testing.mock_data installs `__getitems__` on the mocked reader without binding `self`, so
+  batched reads fail under the mock only; read one by one there."""
+  from tensorflow_datasets.core.data_sources import array_record
+  monkeypatch.setattr(array_record.ArrayRecordDataSource, '__getitems__',
+                      lambda self, keys: [self[k] for k in keys])
+
+
+def test_tfds_mock_data_source(tfds, monkeypatch):
+  _fix_mock_getitems(monkeypatch)
+  with tfds.testing.mock_data(num_examples=7, policy=tfds.testing.MockPolicy.USE_CODE):
+    images, labels, ids = cifar100.read_records(cifar100.open_tfds_split('train', None),
+                                                batch_size=3)
+  assert images.shape == (7, 32, 32, 3) and images.dtype == np.uint8
+  assert labels.shape == (7,) and ((labels >= 0) & (labels < 100)).all() and len(ids) == 7
+
+
+class _ListSource:
+  """A random-access data source over a list of records."""
+
+  def __init__(self, records):
+    self.records = records
+
+  def __len__(self):
+    return len(self.records)
+
+  def __getitem__(self, i):
+    return self.records[i]
+
+  def __getitems__(self, keys):
+    return [self.records[k] for k in keys]
+
+
+def _fake_records(split, n, seed):
+  """Records stored shuffled; official image k has label k % 100 and pixel values encoding k."""
+  records = []
+  for k in np.random.default_rng(seed).permutation(n):
+    image = np.zeros((32, 32, 3), np.uint8)
+    image[..., 0], image[..., 1] = k % 256, k // 256
+    records.append({'id': f'{split}_{k:05d}', 'image': image, 'label': np.int64(k % 100),
+                    'coarse_label': np.int64(0)})
+  return records
+
+
+def _write_tiny_lists(folder, per_class):
+  """TOPIC-shaped lists for fake data where official image k has label k % 100."""
+  folder.mkdir(parents=True)
+  index = lambda c, j: c + 100 * j
+  base = [index(c, j) for c in range(60) for j in range(per_class)]
+  (folder / 'session_1.txt').write_text('\n'.join(map(str, base)) + '\n')
+  for t in range(2, 10):
+    shots = [index(c, j) for c in range(60 + 5 * (t - 2), 65 + 5 * (t - 2)) for j in range(5)]
+    (folder / f'session_{t}.txt').write_text('\n'.join(map(str, shots)) + '\n')
+
+
+def test_tfds_end_to_end_mock(tfds, tmp_path):
+  sizes = {'train': 600, 'test': 200}
+  fake = lambda self, split, **kwargs: _ListSource(_fake_records(split, sizes[split], len(split)))
+  _write_tiny_lists(tmp_path / 'lists', per_class=6)
+  with tfds.testing.mock_data(as_data_source_fn=fake):
+    b = cifar100.load_cifar100_tfds(None, tmp_path / 'lists')
+  k = np.arange(600)
+  assert np.array_equal(b.train.labels, k % 100)
+  assert np.array_equal(b.train.images[:, 0, 0, 0], k % 256)
+  assert np.array_equal(b.train.images[:, 0, 0, 1], k // 256)
+  assert np.array_equal(b.test.labels, np.arange(200) % 100)
+  assert len(b.base_train) == 360 and len(b.topic_shots) == 8
+  assert np.array_equal(b.shot_pool, np.flatnonzero(k % 100 >= 60))
+
+
+def test_tfds_wrong_lists_detected(tfds, tmp_path):
+  fake = lambda self, split, **kwargs: _ListSource(_fake_records(split, 600, 0))
+  _write_tiny_lists(tmp_path / 'lists', per_class=6)
+  (tmp_path / 'lists' / 'session_2.txt').write_text('\n'.join(['1'] * 25))  # class 1, not 60..64
+  with tfds.testing.mock_data(as_data_source_fn=fake):
+    with pytest.raises(DataError, match='TOPIC lists do not match'):
+      cifar100.load_cifar100_tfds(None, tmp_path / 'lists')
+
+
+def test_tfds_not_prepared_error(tfds, monkeypatch):
+  def fail(*args, **kwargs):
+    raise NotImplementedError('not prepared')
+  monkeypatch.setattr(tfds, 'data_source', fail)
+  with pytest.raises(DataError) as e:
+    cifar100.load_cifar100_tfds('/nowhere', CIFAR_LISTS)
+  msg = str(e.value)
+  for part in ('pip install tensorflow', 'tfds build cifar100', 'array_record', 'trainsplit',
+               'cifar100_train.npz', '/nowhere'):
+    assert part in msg
+
+
+# ---------------------------------------------------------------- index lists
+
+@needs_lists
+def test_sha256_table_matches_reference_copy():
+  for dataset, table in index_lists.SHA256.items():
+    folder = DATA_DIR / 'index_list' / dataset
+    assert sorted(p.name for p in folder.iterdir()) == sorted(table)
+    for name, digest in table.items():
+      assert hashlib.sha256((folder / name).read_bytes()).hexdigest() == digest, name
+
+
+@needs_lists
+def test_index_list_found_in_data_dir(monkeypatch, tmp_path):
+  monkeypatch.setenv('F2M_DATA_DIR', str(DATA_DIR))
+  assert index_lists.index_list_dir('cifar100', None, tmp_path / 'cache') == CIFAR_LISTS
+  monkeypatch.delenv('F2M_DATA_DIR')
+  assert index_lists.index_list_dir('cifar100', str(DATA_DIR), tmp_path / 'cache') == CIFAR_LISTS
+  assert not (tmp_path / 'cache').exists()
+  lists = index_lists.session_lists(CIFAR_LISTS, 9)
+  assert [len(x) for x in lists] == [30000] + [25] * 8
+
+
+def _no_network(*args, **kwargs):
+  raise urllib.error.URLError('no network')
+
+
+def test_download_failure_is_clear(monkeypatch, tmp_path):
+  monkeypatch.delenv('F2M_DATA_DIR', raising=False)
+  monkeypatch.setattr(urllib.request, 'urlopen', _no_network)
+  with pytest.raises(DataError) as e:
+    index_lists.index_list_dir('cifar100', str(tmp_path / 'data'), tmp_path / 'cache')
+  msg = str(e.value)
+  for part in (index_lists.file_url('cifar100', 'session_1.txt'), 'session_9.txt',
+               'F2M_DATA_DIR/index_list/cifar100/', str(tmp_path / 'cache'), 'no network'):
+    assert part in msg
+  assert list((tmp_path / 'cache' / 'index_list' / 'cifar100').iterdir()) == []
+
+
+def test_checksum_mismatch_detected(monkeypatch, tmp_path):
+  monkeypatch.setattr(urllib.request, 'urlopen', lambda url, timeout: io.BytesIO(b'1\n2\n'))
+  with pytest.raises(DataError, match='checksum mismatch'):
+    index_lists.download_index_lists('cifar100', tmp_path)
+  assert list(tmp_path.iterdir()) == []
+
+
+@needs_lists
+def test_download_into_cache(monkeypatch, tmp_path):
+  monkeypatch.delenv('F2M_DATA_DIR', raising=False)
+  prefix = index_lists.BASE_URL + '/'
+  serve = lambda url, timeout: io.BytesIO((DATA_DIR / 'index_list' / url[len(prefix):]).read_bytes())
+  monkeypatch.setattr(urllib.request, 'urlopen', serve)
+  got = index_lists.index_list_dir('cub200', None, tmp_path)
+  assert got == tmp_path / 'index_list' / 'cub200'
+  assert sorted(p.name for p in got.iterdir()) == sorted(index_lists.SHA256['cub200'])
+  monkeypatch.setattr(urllib.request, 'urlopen', _no_network)  # now served from the cache
+  assert index_lists.index_list_dir('cub200', None, tmp_path) == got

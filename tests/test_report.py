@@ -1,0 +1,216 @@
+"""Tests for f2m_jax.report on hand-made results.json files with known numbers."""
+from __future__ import annotations
+
+import csv
+import json
+import os
+
+import pytest
+
+from f2m_jax import report
+
+
+def stat(mean, ci95, runs=None):
+  """A statistic dict as results.json stores it."""
+  return {'mean': mean, 'ci95': ci95, 'runs': runs if runs is not None else [mean]}
+
+
+def make_results(method, accs, cis, base_classes=60, way=5, dataset='cifar100', label=None):
+  """A results dict with session accuracies `accs` (± `cis`); base = acc + 10, novel = acc - 20,
+  hm = acc - 15 from session 2 on, PD = first - last, AVG = mean of accs."""
+  sessions = []
+  for i, (a, c) in enumerate(zip(accs, cis)):
+    first = i == 0
+    sessions.append({
+        'session': i + 1, 'num_classes': base_classes + i * way, 'acc': stat(a, c),
+        'acc_base': stat(a + 10, c), 'acc_novel': None if first else stat(a - 20, c * 2),
+        'hm': None if first else stat(a - 15, c * 3)})
+  results = {'dataset': dataset, 'method': method, 'protocol': 'draws', 'runs': 10,
+             'sessions': sessions, 'pd': stat(accs[0] - accs[-1], 0.31),
+             'avg': stat(sum(accs) / len(accs), 0.27), 'config': {'lr': 0.1}}
+  if label is not None:
+    results['label'] = label
+  return results
+
+
+F2M_ACCS = [81.234, 77.5, 73.0, 69.11, 65.0, 62.0, 59.5, 57.25, 55.125]
+BASE_ACCS = [80.0, 75.0, 70.0, 66.0, 62.0, 58.0, 55.0, 52.5, 50.0]
+CUB_ACCS = [77.0, 73.0, 70.0, 67.0, 65.0, 63.0, 61.0, 60.0, 59.0, 58.0, 57.0]
+
+
+def write_workdir(tmp_path, name, results):
+  """Write `results` to tmp_path/name/results.json; return the workdir."""
+  workdir = tmp_path / name
+  workdir.mkdir()
+  (workdir / 'results.json').write_text(json.dumps(results))
+  return str(workdir)
+
+
+@pytest.fixture
+def workdirs(tmp_path):
+  """Three workdirs: f2m (labelled), a baseline (unlabelled) and a CUB run with 11 sessions."""
+  cis = [0.1 * (i + 1) for i in range(11)]
+  return [
+      write_workdir(tmp_path, 'f2m_run', make_results('f2m', F2M_ACCS, cis, label='F2M')),
+      write_workdir(tmp_path, 'base_run', make_results('baseline', BASE_ACCS, cis)),
+      write_workdir(tmp_path, 'cub_run', make_results('f2m', CUB_ACCS, cis, 100, 10, 'cub200')),
+  ]
+
+
+def test_load_results_accepts_workdir_and_file(workdirs):
+  a = report.load_results(workdirs[0])
+  b = report.load_results(os.path.join(workdirs[0], 'results.json'))
+  assert a == b and a['label'] == 'F2M'
+
+
+def test_default_labels(workdirs):
+  rows = report.build_rows(workdirs)
+  assert [r.label for r in rows] == ['F2M', 'baseline base_run', 'f2m cub_run']
+  rows = report.build_rows(workdirs, ['a', 'b', 'c'])
+  assert [r.label for r in rows] == ['a', 'b', 'c']
+  with pytest.raises(ValueError, match='2 labels for 3'):
+    report.build_rows(workdirs, ['a', 'b'])
+
+
+def test_format_table_numbers_and_gap(workdirs):
+  rows = report.build_rows(workdirs)
+  table = report.format_table(rows)
+  lines = table.splitlines()
+  assert lines[0] == '| Method | ' + ' | '.join(str(n) for n in range(1, 12)) + ' | PD | AVG | gap |'
+  f2m, base, cub = lines[2:]
+  # Exact formatting: 2 decimals, half-way cases as Python rounds them.
+  assert '| 81.23 ± 0.10 |' in f2m and '| 77.50 ± 0.20 |' in f2m and '| 69.11 ± 0.40 |' in f2m
+  assert '| 55.12 ± 0.90 |' in f2m  # 55.125 is exact in binary: rounds half-even to 55.12
+  assert f'| {81.234 - 55.125:.2f} ± 0.31 | {sum(F2M_ACCS) / 9:.2f} ± 0.27 |' in f2m
+  # Gap: last-session accuracy minus the first row's (55.125).
+  assert f2m.endswith('| +0.00 |')
+  assert base.endswith(f'| {50.0 - 55.125:+.2f} |') and base.endswith('| -5.12 |')
+  assert cub.endswith('| +1.88 |')  # 57.0 - 55.125 = 1.875 -> +1.88 (half-even)
+  # Runs with 9 sessions are padded with '-' in the CUB run's sessions 10 and 11.
+  cells = lambda line: [c.strip() for c in line.strip('|').split('|')]
+  assert cells(f2m)[10:12] == ['-', '-'] and cells(base)[10:12] == ['-', '-']
+  assert '-' not in cells(cub) and cells(cub)[11] == '57.00 ± 1.10'
+
+
+def test_format_table_reference_by_label_and_index(workdirs):
+  rows = report.build_rows(workdirs, ['f2m', 'base', 'cub'])
+  by_label = report.format_table(rows, 'base').splitlines()
+  by_index = report.format_table(rows, 1).splitlines()
+  assert by_label == by_index
+  assert by_label[2].endswith('| +5.12 |') and by_label[3].endswith('| +0.00 |')
+  assert by_label[4].endswith('| +7.00 |')
+  assert report.resolve_reference(rows, '-1') == 2
+  with pytest.raises(ValueError, match='neither a label'):
+    report.resolve_reference(rows, 'nope')
+  with pytest.raises(ValueError, match='out of range'):
+    report.resolve_reference(rows, 3)
+
+
+def test_base_novel_table(workdirs):
+  rows = report.build_rows(workdirs, ['f2m', 'base', 'cub'])
+  last = report.format_base_novel_table(rows).splitlines()
+  assert len(last) == 2 + 3
+  # f2m last session 9: 100 classes, base 65.12, novel 35.12 ± 1.80, hm 40.12 ± 2.70.
+  assert last[2] == '| f2m | 9 | 100 | 55.12 ± 0.90 | 65.12 ± 0.90 | 35.12 ± 1.80 | 40.12 ± 2.70 |'
+  assert last[4].startswith('| cub | 11 | 200 | 57.00 ± 1.10 |')
+  every = report.format_base_novel_table(rows, all_sessions=True).splitlines()
+  assert len(every) == 2 + 9 + 9 + 11
+  assert every[2] == '| f2m | 1 | 60 | 81.23 ± 0.10 | 91.23 ± 0.10 | - | - |'
+
+
+def test_csv_round_trip(workdirs, tmp_path):
+  rows = report.build_rows(workdirs, ['f2m', 'base', 'cub'])
+  path = report.write_csv(rows, str(tmp_path / 'r.csv'))
+  with open(path, newline='') as f:
+    records = list(csv.DictReader(f))
+    f.seek(0)
+    header = next(csv.reader(f))
+  assert header[:5] == ['label', 'dataset', 'method', 'protocol', 'runs']
+  assert header[5:9] == ['s1', 's1_ci95', 's2', 's2_ci95'] and header[-5:] == [
+      'pd', 'pd_ci95', 'avg', 'avg_ci95', 'gap']
+  assert len(header) == 5 + 2 * 11 + 5
+  f2m, base, cub = records
+  assert (f2m['label'], f2m['dataset'], f2m['method'], f2m['protocol'], int(f2m['runs'])) == (
+      'f2m', 'cifar100', 'f2m', 'draws', 10)
+  assert [float(f2m[f's{n}']) for n in range(1, 10)] == F2M_ACCS
+  assert [float(f2m[f's{n}_ci95']) for n in range(1, 10)] == [0.1 * (i + 1) for i in range(9)]
+  assert f2m['s10'] == '' and f2m['s11_ci95'] == ''
+  assert [float(cub[f's{n}']) for n in range(1, 12)] == CUB_ACCS
+  assert float(f2m['pd']) == 81.234 - 55.125 and float(f2m['pd_ci95']) == 0.31
+  assert float(base['avg']) == sum(BASE_ACCS) / 9 and float(base['avg_ci95']) == 0.27
+  assert float(f2m['gap']) == 0.0
+  assert float(base['gap']) == 50.0 - 55.125
+  assert float(cub['gap']) == 57.0 - 55.125
+
+
+def test_plots_written(workdirs, tmp_path):
+  rows = report.build_rows(workdirs)
+  for fn, name in ((report.plot_accuracy, 'acc.png'), (report.plot_base_novel, 'bn.png')):
+    path = fn(rows, str(tmp_path / name))
+    with open(path, 'rb') as f:
+      data = f.read()
+    assert data.startswith(b'\x89PNG') and len(data) > 1000
+
+
+def test_main_writes_report(workdirs, tmp_path, capsys):
+  out = tmp_path / 'reports' / 'nested'  # created if missing
+  argv = workdirs + ['--out', str(out), '--labels', 'f2m, base,cub', '--reference', 'base']
+  assert report.main(argv) == 0
+  stdout = capsys.readouterr().out
+  assert stdout.strip() == report.format_table(report.build_rows(workdirs, ['f2m', 'base', 'cub']),
+                                               1)
+  assert '| f2m | 81.23 ± 0.10 |' in stdout and stdout.splitlines()[2].endswith('| +5.12 |')
+  for name in ('report.md', 'report.csv', 'accuracy.png', 'base_novel.png'):
+    assert (out / name).stat().st_size > 0
+  md = (out / 'report.md').read_text()
+  assert stdout.strip() in md
+  assert 'reference row "base"' in md and '| cub | 11 | 200 |' in md
+  # Overwriting the report folder's own files is fine.
+  assert report.main(argv + ['--base-novel', 'all']) == 0
+  assert '| cub | 1 | 100 |' in (out / 'report.md').read_text()
+
+
+@pytest.mark.parametrize('mutate, key', [
+    (lambda r: r.pop('pd'), "'pd'"),
+    (lambda r: r['sessions'][2]['acc'].pop('ci95'), "'sessions[2].acc.ci95'"),
+    (lambda r: r['sessions'][0].pop('acc_base'), "'sessions[0].acc_base'"),
+    (lambda r: r['avg'].update(mean='high'), "'avg.mean' must be a number"),
+])
+def test_malformed_results_error(tmp_path, mutate, key):
+  results = make_results('f2m', F2M_ACCS, [0.1] * 9)
+  mutate(results)
+  workdir = write_workdir(tmp_path, 'bad', results)
+  file = os.path.join(workdir, 'results.json')
+  with pytest.raises(report.ResultsError) as info:
+    report.load_results(workdir)
+  assert file in str(info.value) and key in str(info.value)
+
+
+def test_unreadable_results_error(tmp_path, capsys):
+  (tmp_path / 'broken').mkdir()
+  (tmp_path / 'broken' / 'results.json').write_text('{"dataset": ')
+  with pytest.raises(report.ResultsError, match='not valid JSON'):
+    report.load_results(str(tmp_path / 'broken'))
+  with pytest.raises(report.ResultsError, match='no such results file'):
+    report.load_results(str(tmp_path / 'missing'))
+  assert report.main([str(tmp_path / 'broken'), '--out', str(tmp_path / 'out')]) == 2
+  assert 'broken' in capsys.readouterr().err
+
+
+def test_format_session_table():
+  results = make_results('f2m', F2M_ACCS, [0.1 * (i + 1) for i in range(9)], label='F2M')
+  text = report.format_session_table(results)
+  lines = text.splitlines()
+  assert 'F2M on cifar100' in lines[0] and '10 runs' in lines[0]
+  assert lines[1].split() == ['Session', 'Classes', 'Acc', 'Base', 'Novel', 'HM']
+  body = lines[3:12]
+  for i, line in enumerate(body):
+    s = results['sessions'][i]
+    assert line.split()[:2] == [str(i + 1), str(60 + 5 * i)]
+    assert report.format_stat(s['acc']) in line and report.format_stat(s['acc_base']) in line
+    if i == 0:
+      assert line.split()[-2:] == ['-', '-']
+    else:
+      assert report.format_stat(s['acc_novel']) in line and report.format_stat(s['hm']) in line
+  assert '81.23 ± 0.10' in body[0] and '35.12 ± 1.80' in body[8] and '40.12 ± 2.70' in body[8]
+  assert lines[-1] == f'PD  {81.234 - 55.125:.2f} ± 0.31    AVG  {sum(F2M_ACCS) / 9:.2f} ± 0.27'
