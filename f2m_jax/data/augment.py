@@ -13,6 +13,19 @@ def normalize(images: jax.Array, mean, std) -> jax.Array:
   return (x - jnp.asarray(mean, jnp.float32)) / jnp.asarray(std, jnp.float32)
 
 
+def eval_view(images, size: int):
+  """The centre `size` x `size` crop of stored training images (uint8 [N, R, R, 3], R >= size): for
+  miniImageNet (R = 92) and CUB (R = 256) exactly the original's test transform of those images, the
+  view prototypes are computed from. Images already `size` pass through unchanged."""
+  h, w = images.shape[1:3]
+  if (h, w) == (size, size):
+    return images
+  if h < size or w < size:
+    raise ValueError(f'images {h}x{w} are smaller than the view {size}')
+  top, left = int(round((h - size) / 2.0)), int(round((w - size) / 2.0))
+  return images[:, top:top + size, left:left + size]
+
+
 def _flip(key, image):
   return jnp.where(jax.random.bernoulli(key), image[:, ::-1], image)
 

@@ -5,7 +5,8 @@ import os
 
 from f2m_jax.data.types import Benchmark
 
-SOURCES = ('tfds', 'trainsplit', 'folder', 'synthetic')
+SOURCES = ('tfds', 'trainsplit', 'folder', 'fake_folder', 'synthetic')
+FOLDER_DATASETS = ('mini_imagenet', 'cub200')
 
 
 def data_dir(config) -> str:
@@ -38,5 +39,23 @@ def load_benchmark(config) -> Benchmark:
         raise ValueError("data.source='trainsplit' reads cifar100_train.npz from a folder: set F2M_DATA_DIR "
                          'or --config.data.data_dir')
       return cifar100.load_cifar100_trainsplit(os.path.join(folder, 'cifar100_train.npz'), index_dir)
+  if dataset in FOLDER_DATASETS and source in ('folder', 'fake_folder'):
+    return _load_folder_dataset(config, dataset, source)
   raise ValueError(f'data.source={source!r} is not available for data.dataset={dataset!r} '
                    f'(sources: {SOURCES})')
+
+
+def _load_folder_dataset(config, dataset: str, source: str) -> Benchmark:
+  """miniImageNet / CUB-200 from their folder layout: the user's data folder ('folder') or the tiny
+  generated copy in the cache folder ('fake_folder', created on first use). The loaders check the
+  image folder before looking for (or downloading) the index lists, so missing data is named first."""
+  from f2m_jax.data import cub200, mini_imagenet
+  module = {'mini_imagenet': mini_imagenet, 'cub200': cub200}[dataset]
+  load = mini_imagenet.load_mini_imagenet if dataset == 'mini_imagenet' else cub200.load_cub200
+  image_size = int(config.data.get('image_size', 0) or 0) or module.IMAGE_SIZE
+  cache = cache_dir(config)
+  if source == 'fake_folder':
+    from f2m_jax.data import fake_folders
+    root = fake_folders.fake_folder(cache)
+    return load(str(root), root / 'index_list' / dataset, cache, image_size=image_size)
+  return load(data_dir(config), None, cache, image_size=image_size)

@@ -13,7 +13,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 
-class DataError(Exception):
+class DataError(ValueError):
   """Data that a source needs is missing or wrong; the message says what to do about it."""
 
 

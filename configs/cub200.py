@@ -1,0 +1,73 @@
+"""F2M on CUB-200-2011 (100 base classes, 10 sessions of 10-way 5-shot, ResNet-18 from ImageNet weights).
+
+  export F2M_CUB_PRETRAINED=/path/to/resnet18-f37072fd.pth   # torchvision ImageNet weights (needs torch)
+  python run.py --config configs/cub200.py --workdir W          # full protocol; data in $F2M_DATA_DIR
+  python run.py --config configs/cub200.py:smoke --workdir W    # tiny generated folder, < 1 min on a CPU
+
+Data (`f2m_jax/data/cub200.py`): the official archive unpacked as `$F2M_DATA_DIR/CUB_200_2011/`
+(`images/`, `images.txt`, `train_test_split.txt`, `image_class_labels.txt`, `classes.txt`), TOPIC lists
+in `$F2M_DATA_DIR/index_list/cub200` (downloaded into the cache when absent). The first run decodes the
+11,788 JPEGs once into `$F2M_CACHE_DIR` (default ~/.cache/f2m_jax; about 2 GB).
+
+Initialisation: the original starts from the authors' own (unreleased) ImageNet ResNet-18, itself
+trained with F2M noise; we use torchvision's ImageNet ResNet-18 (IMAGENET1K_V1,
+https://download.pytorch.org/models/resnet18-f37072fd.pth), converted by
+`f2m_jax/models/torch_import.py` (PyTorch needed to read it: `pip install torch`). `model.pretrained`
+defaults to `$F2M_CUB_PRETRAINED`, else `$F2M_DATA_DIR/resnet18-f37072fd.pth`;
+`--config.model.pretrained=''` trains from a random init (not a sensible CUB setting).
+
+The original's released settings (notes/original_code.md, section 6): 3,603 base iterations of
+class-balanced batches of 32 classes x 8 images, SGD with lr 1e-3 for the backbone (BN included) and
+1e-2 for the classifier (momentum 0.9, weight decay 5e-4), x 0.1 at 1,800 and 2,700; noise on the last
+K = 8 3x3 convs with half-width b = 0.0001 (its config's 0.0002 / 2), M = 2 draws. Its incremental
+sessions use BaselineModel: no fine-tuning and NCM **without** prototype normalisation; 5 runs of shot
+draws. gamma (std penalty) is 0 as everywhere here (original: 2.0, `--config.noise.std_weight=2.0`).
+
+`smoke`: the same code path on `data.source='fake_folder'` (8 base classes + 10 sessions x 2-way,
+JPEGs generated once into the cache folder), 32x32 crops, a width-8 ResNet-18 from a random init,
+100 base steps, 2 runs.
+"""
+import os
+
+from configs import common
+from configs import mini
+
+PRETRAINED_ENV = 'F2M_CUB_PRETRAINED'
+TORCHVISION_FILE = 'resnet18-f37072fd.pth'
+
+
+def default_pretrained() -> str:
+  """$F2M_CUB_PRETRAINED, else '${F2M_DATA_DIR}/resnet18-f37072fd.pth' (expanded when loaded)."""
+  return os.environ.get(PRETRAINED_ENV) or '${F2M_DATA_DIR}/' + TORCHVISION_FILE
+
+
+def get_config(arg: str = ''):
+  config = common.base_config()
+  config.data.dataset = 'cub200'
+  config.data.source = 'folder'
+  # train: stored 256x256, RandomResizedCrop(224) + flip on the device; test: Resize(256) + CenterCrop(224)
+  config.data.image_size = 224
+  config.model.arch = 'resnet18'
+  config.model.pretrained = default_pretrained()
+  config.noise.num_layers = 8
+  config.noise.bound = 0.0001
+  config.noise.M = 2
+  config.base.steps = 3603
+  config.base.lr = 1e-3
+  config.base.classifier_lr = 1e-2
+  config.base.milestones = (1800, 2700)
+  config.base.lr_gamma = 0.1
+  config.base.ways = 32
+  config.base.shots = 8
+  config.base.checkpoint_every = 200
+  config.incremental.finetune = False
+  config.eval.normalize_prototypes = False
+  config.runs = 5
+
+  variant = common.parse_arg(arg, ('', 'smoke'))
+  if variant == 'smoke':
+    mini.make_folder_smoke(config)
+    config.model.pretrained = ''
+    config.base.lr = 0.05  # from a random init: the backbone needs more than 1e-3 to learn in 100 steps
+    config.base.classifier_lr = 0.1
+  return config
