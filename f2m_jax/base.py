@@ -1,9 +1,10 @@
 """Base session (session 1): the flat-minima objective and a jitted train step (Eq. 3-4, Alg. 1).
 
 `base_loss` is one pure function of (params, batch_stats, images, labels, eps). The M noise draws
-are mapped with `jax.vmap`; with `shared_trunk` the unperturbed trunk (every block before the first
-noised conv) runs once and only the suffix is mapped over the draws. BatchNorm uses batch statistics
-in every pass; the running statistics are updated from the clean pass alone.
+are mapped with `jax.vmap` (or unrolled: `draw_map`); with `shared_trunk` the unperturbed trunk
+(every block before the first noised conv) runs once and only the suffix is mapped over the draws.
+BatchNorm uses batch statistics in every pass; the running statistics are updated from the clean
+pass alone.
 """
 from __future__ import annotations
 
@@ -21,6 +22,17 @@ from f2m_jax.data import augment as augment_lib
 from f2m_jax.models import ResNet
 
 
+DRAW_MAPS = ('vmap', 'unroll')
+
+
+def resolve_draw_map(name: str) -> str:
+  """noise.draw_map: 'auto' is 'unroll' on CPU and 'vmap' elsewhere (the faster one in `--mode bench`:
+  XLA:CPU's grouped convolutions are slow, a GPU runs the vmapped draws best)."""
+  if name == 'auto':
+    return 'unroll' if jax.default_backend() == 'cpu' else 'vmap'
+  return name
+
+
 @flax.struct.dataclass
 class TrainState:
   step: jax.Array
@@ -36,6 +48,9 @@ class BaseObjective:
   noise_paths: the noise set; empty means plain training (no draws).
   split: index of the first block holding a noised conv (the trunk is blocks [0, split)).
   num_draws: M. bound: b. pf_weight: lambda. std_weight: gamma.
+  draw_map: how the M noisy passes are batched: 'vmap' (one pass with a leading draw axis; the
+    convolutions become grouped ones) or 'unroll' (M passes in one program; XLA:CPU runs these
+    several times faster than grouped convolutions).
   """
   model: ResNet
   noise_paths: tuple
@@ -46,6 +61,11 @@ class BaseObjective:
   pf_weight: float
   std_weight: float
   shared_trunk: bool
+  draw_map: str = 'vmap'
+
+  def __post_init__(self):
+    if self.draw_map not in DRAW_MAPS:
+      raise ValueError(f'noise.draw_map={self.draw_map!r} is not one of {DRAW_MAPS}')
 
   @property
   def noisy(self) -> bool:
@@ -81,7 +101,12 @@ def base_loss(params, batch_stats, images, labels, eps, objective: BaseObjective
     pf_j = objectives.prototype_fixing(emb, emb_j, labels, num_classes)
     return ce_j, pf_j
 
-  ce, pf = jax.vmap(noisy_pass)(eps)
+  if objective.draw_map == 'unroll':
+    num_draws = next(iter(eps.values())).shape[0]
+    per_draw = [noisy_pass({p: e[j] for p, e in eps.items()}) for j in range(num_draws)]
+    ce, pf = (jnp.stack(v) for v in zip(*per_draw))
+  else:
+    ce, pf = jax.vmap(noisy_pass)(eps)
   loss = objectives.flat_minima_objective(ce + objective.pf_weight * pf, objective.std_weight)
   metrics.update(loss=loss, ce=ce.mean(), pf=pf.mean())
   return loss, (new_stats, metrics)
@@ -114,11 +139,12 @@ def init_state(model: ResNet, key: jax.Array, image_size: int, tx: optax.Gradien
 
 
 def make_train_step(objective: BaseObjective, tx: optax.GradientTransformation, augment: str,
-                    image_size: int, mean, std) -> Callable:
+                    image_size: int, mean, std, mesh=None) -> Callable:
   """train_step(state, images_u8, labels, key) -> (state, metrics), pure and jitted.
 
   The step's randomness is fold_in(key, state.step): augmentation and noise depend only on
-  (key, step), so a resumed run repeats an uninterrupted one."""
+  (key, step), so a resumed run repeats an uninterrupted one. With a `mesh` (f2m_jax.sharding) the
+  step is one SPMD program over it: state and key replicated, images and labels sharded on axis 0."""
 
   def train_step(state: TrainState, images, labels, key):
     k_aug, k_noise = jax.random.split(jax.random.fold_in(key, state.step))
@@ -132,4 +158,7 @@ def make_train_step(objective: BaseObjective, tx: optax.GradientTransformation, 
     metrics['finite'] = jnp.isfinite(metrics['loss'])
     return TrainState(state.step + 1, params, new_stats, opt_state), metrics
 
+  if mesh is not None:
+    from f2m_jax import sharding
+    return sharding.jit_data_parallel(train_step, mesh)
   return jax.jit(train_step, donate_argnums=(0,))

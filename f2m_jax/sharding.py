@@ -1,0 +1,93 @@
+"""Data parallelism with `jax.sharding` (DESIGN.md, sec. 3): a 1-D 'data' mesh over all devices.
+
+The global batch comes from the config and each device gets `global / num_devices` examples; the
+train state is replicated. The train step is one SPMD program: batch-norm means over axis 0 of a
+batch-sharded array become cross-device reductions, so the statistics (and hence the loss, the
+gradients and the updated parameters) are those of the global batch, whatever the device count.
+
+Multi-host (a TPU pod slice, several GPU machines): every process runs the same program; call
+`maybe_initialize_distributed` before anything touches a device. Each process computes the same
+global batch indices (they are a function of seed and step) and contributes the rows of its own
+devices, so no data is exchanged between hosts.
+"""
+from __future__ import annotations
+
+import os
+from typing import Callable, Optional, Sequence
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+AXIS = 'data'
+
+
+def maybe_initialize_distributed(requested: bool = False) -> bool:
+  """Calls `jax.distributed.initialize()` when the environment asks for multi-host, i.e. when
+  JAX_COORDINATOR_ADDRESS is set (with JAX_NUM_PROCESSES and JAX_PROCESS_ID, unless a cluster
+  manager such as SLURM or a TPU pod provides them) or when `requested` (config `distributed=True`:
+  let JAX detect the cluster). Returns whether it initialized. Must run before any computation."""
+  address = os.environ.get('JAX_COORDINATOR_ADDRESS')
+  if not (address or requested):
+    return False
+  kwargs = {}
+  if address:
+    kwargs['coordinator_address'] = address
+  for env, arg in (('JAX_NUM_PROCESSES', 'num_processes'), ('JAX_PROCESS_ID', 'process_id')):
+    if os.environ.get(env):
+      kwargs[arg] = int(os.environ[env])
+  jax.distributed.initialize(**kwargs)
+  return True
+
+
+def data_mesh(devices: Optional[Sequence[jax.Device]] = None) -> Mesh:
+  """A 1-D mesh named 'data' over `devices` (default: every device of every process)."""
+  devices = jax.devices() if devices is None else list(devices)
+  return Mesh(np.asarray(devices), (AXIS,))
+
+
+def per_device_batch(global_batch: int, mesh: Mesh) -> int:
+  """The per-device batch; a ValueError when the global batch does not split evenly."""
+  n = mesh.size
+  if global_batch % n:
+    raise ValueError(f'the global batch {global_batch} is not divisible by the {n} devices of the mesh; '
+                     'choose a batch size (base.batch_size, or base.ways x base.shots) that is')
+  return global_batch // n
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+  return NamedSharding(mesh, P())
+
+
+def batch_sharded(mesh: Mesh) -> NamedSharding:
+  """Leading axis split over 'data', the rest replicated."""
+  return NamedSharding(mesh, P(AXIS))
+
+
+def _put(x, sharding: NamedSharding) -> jax.Array:
+  """A global array from a host value that every process holds in full."""
+  if isinstance(x, jax.Array) and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+    data = _put(jax.random.key_data(x), sharding)
+    return jax.random.wrap_key_data(data, impl=jax.random.key_impl(x))
+  host = np.asarray(jax.device_get(x))
+  return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+
+
+def replicate(tree, mesh: Mesh):
+  """Every leaf of `tree` (a train state, a PRNG key) replicated on all devices of the mesh."""
+  return jax.tree_util.tree_map(lambda x: _put(x, replicated(mesh)), tree)
+
+
+def shard_batch(mesh: Mesh, *arrays: np.ndarray) -> tuple:
+  """Host batches (the same global batch on every process) split along axis 0 over the mesh."""
+  for a in arrays:
+    per_device_batch(len(a), mesh)
+  return tuple(_put(a, batch_sharded(mesh)) for a in arrays)
+
+
+def jit_data_parallel(step: Callable, mesh: Mesh, num_batch_args: int = 2) -> Callable:
+  """jit of `step(state, *batch, key) -> (state, metrics)` with the state and key replicated, the
+  `num_batch_args` batch arrays sharded on axis 0 and the outputs replicated; the state is donated."""
+  rep, shard = replicated(mesh), batch_sharded(mesh)
+  return jax.jit(step, in_shardings=(rep,) + (shard,) * num_batch_args + (rep,),
+                 out_shardings=(rep, rep), donate_argnums=(0,))

@@ -1,0 +1,121 @@
+"""The shared-trunk objective equals the naive one (whole network under vmap), and the vmapped
+objective equals the per-draw losses computed one draw at a time (DESIGN.md, 'Shape of the computation').
+
+Small networks (width 4-8, 16x16 or 32x32 images, batch 16) keep this to seconds on a CPU.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from f2m_jax import base as base_lib
+from f2m_jax import noise as noise_lib
+from f2m_jax.models import build_model, noise_set_paths, split_block
+
+BATCH, CLASSES = 16, 4
+
+
+def setup(arch: str, width: int, image_size: int, num_layers: int, num_draws: int = 2,
+          std_weight: float = 0.0, dtype=jnp.float32):
+  """(objective, params, batch_stats, images, labels, eps) for a random network and batch."""
+  model = build_model(arch, CLASSES, width, dtype)
+  variables = model.init(jax.random.key(0), jnp.zeros((1, image_size, image_size, 3)), train=False)
+  paths = tuple(noise_set_paths(model, num_layers))
+  objective = base_lib.BaseObjective(model=model, noise_paths=paths, split=split_block(model, paths),
+                                     num_draws=num_draws, bound=0.05, distribution='uniform', pf_weight=1.0,
+                                     std_weight=std_weight, shared_trunk=True)
+  k1, k2 = jax.random.split(jax.random.key(1))
+  images = jax.random.normal(k1, (BATCH, image_size, image_size, 3))
+  labels = jnp.arange(BATCH) % CLASSES
+  eps = noise_lib.sample_noise(k2, variables['params'], paths, num_draws, objective.bound)
+  return objective, variables['params'], variables['batch_stats'], images, labels, eps
+
+
+_value_and_grad = jax.jit(jax.value_and_grad(base_lib.base_loss, has_aux=True), static_argnums=5)
+
+
+def loss_and_grad(objective, params, batch_stats, images, labels, eps):
+  """(loss, new batch_stats, grads wrt params) of base_loss, jitted with the objective static."""
+  (loss, (stats, _)), grads = _value_and_grad(params, batch_stats, images, labels, eps, objective)
+  return loss, stats, grads
+
+
+def assert_trees_close(a, b, rtol=2e-5, scale_tol=1e-5):
+  """Leafwise allclose; the absolute tolerance is scale_tol times the leaf's largest magnitude, since
+  float32 sums in another order differ by that much relative to the largest terms."""
+  flat_a, flat_b = noise_lib.flatten(a), noise_lib.flatten(b)
+  assert flat_a.keys() == flat_b.keys()
+  for path in flat_a:
+    want = np.asarray(flat_b[path])
+    atol = scale_tol * float(np.abs(want).max(initial=0.0)) + 1e-7
+    np.testing.assert_allclose(np.asarray(flat_a[path]), want, rtol=rtol, atol=atol, err_msg='/'.join(path))
+
+
+# Each network and K once; both ways of mapping the draws appear (they are compared directly below).
+CASES = [('resnet20', 8, 16, 4, 'vmap'), ('resnet20', 8, 16, 8, 'unroll'), ('resnet18', 8, 32, 4, 'unroll'),
+         ('resnet18', 8, 32, 8, 'vmap')]
+
+
+@pytest.mark.parametrize('arch,width,size,num_layers,draw_map', CASES)
+def test_shared_trunk_equals_naive(arch, width, size, num_layers, draw_map):
+  objective, params, stats, images, labels, eps = setup(arch, width, size, num_layers)
+  objective = dataclasses.replace(objective, draw_map=draw_map)
+  assert 0 < objective.split < objective.model.num_blocks  # a real trunk/suffix split
+  shared = loss_and_grad(objective, params, stats, images, labels, eps)
+  naive_objective = dataclasses.replace(objective, shared_trunk=False)
+  naive = loss_and_grad(naive_objective, params, stats, images, labels, eps)
+  np.testing.assert_allclose(float(shared[0]), float(naive[0]), rtol=1e-6)
+  assert_trees_close(shared[1], naive[1])  # running statistics: clean pass only, same in both
+  assert_trees_close(shared[2], naive[2])
+  # The gradient reaches the trunk and the noise set (it is not trivially zero).
+  g = noise_lib.flatten(shared[2])
+  assert float(jnp.abs(g[('conv1', 'kernel')]).max()) > 0
+  assert float(jnp.abs(g[objective.noise_paths[-1]]).max()) > 0
+
+
+@pytest.mark.parametrize('std_weight,draw_map', [(0.0, 'vmap'), (2.0, 'vmap'), (2.0, 'unroll')])
+def test_mapped_draws_equal_a_loop_over_draws(std_weight, draw_map):
+  """Eq. 3 with M = 3 draws (vmapped or unrolled) equals the loss and gradient assembled from M
+  one-draw evaluations: mean_j L_j (+ gamma * unbiased std_j L_j, whose gradient is computed by hand)."""
+  m = 3
+  objective, params, stats, images, labels, eps = setup('resnet20', 4, 16, 4, num_draws=m,
+                                                        std_weight=std_weight)
+  objective = dataclasses.replace(objective, draw_map=draw_map)
+  loss, new_stats, grads = loss_and_grad(objective, params, stats, images, labels, eps)
+
+  one = dataclasses.replace(objective, num_draws=1, std_weight=0.0, draw_map='unroll')
+  per_draw = [loss_and_grad(one, params, stats, images, labels, {p: e[j:j + 1] for p, e in eps.items()})
+              for j in range(m)]
+  losses = np.asarray([float(l) for l, _, _ in per_draw], np.float64)
+  mean, std = losses.mean(), losses.std(ddof=1)
+  # d std / d L_j = (L_j - mean) / ((M - 1) std); d mean / d L_j = 1 / M.
+  weights = 1.0 / m + std_weight * (losses - mean) / ((m - 1) * std)
+  want_grads = jax.tree_util.tree_map(lambda *g: sum(w * x for w, x in zip(weights, g)),
+                                      *[g for _, _, g in per_draw])
+  np.testing.assert_allclose(float(loss), mean + std_weight * std, rtol=1e-5)
+  assert_trees_close(grads, want_grads, rtol=1e-4, scale_tol=2e-5)
+  assert_trees_close(new_stats, per_draw[0][1])
+
+
+def test_bfloat16_compute_keeps_float32_state():
+  """model.dtype='bfloat16': a train step runs, the loss is finite and close to float32's, and the
+  parameters, BN statistics and optimizer state stay float32."""
+  from f2m_jax.data import synthetic
+  bench = synthetic.make_synthetic(num_base=CLASSES, way=1, num_sessions=1, train_per_class=4,
+                                   test_per_class=1, image_size=16)
+  tx = base_lib.make_optimizer(0.1, 0.9, 5e-4, (), 0.1)
+  out = {}
+  for dtype in (jnp.float32, jnp.bfloat16):
+    objective = setup('resnet20', 8, 16, 4, dtype=dtype)[0]
+    state = base_lib.init_state(objective.model, jax.random.key(0), 16, tx)
+    step = base_lib.make_train_step(objective, tx, 'crop_flip', 16, bench.mean, bench.std)
+    state, metrics = step(state, bench.train.images, bench.train.labels, jax.random.key(3))
+    out[dtype] = float(metrics['loss'])
+    leaves = jax.tree_util.tree_leaves((state.params, state.batch_stats, state.opt_state))
+    assert all(leaf.dtype == jnp.float32 for leaf in leaves if jnp.issubdtype(leaf.dtype, jnp.floating))
+  assert np.isfinite(out[jnp.bfloat16])
+  np.testing.assert_allclose(out[jnp.bfloat16], out[jnp.float32], rtol=5e-2)

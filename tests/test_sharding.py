@@ -1,0 +1,131 @@
+"""Data parallelism: one train step on 4 (fake CPU) devices equals the step on 1 device, since the
+batch-norm statistics and the gradient are over the global batch; and the bench runs on 4 devices.
+
+The 4 devices exist only if XLA_FLAGS is set before jax is imported, so the checks run in a child
+process (this test process has already imported jax with one device).
+"""
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from f2m_jax import sharding
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+CHILD = textwrap.dedent('''
+    import json, sys
+    import jax, jax.numpy as jnp, numpy as np
+    from f2m_jax import base as base_lib, bench, noise as noise_lib, sharding
+    from f2m_jax.data import synthetic
+    from f2m_jax.models import build_model, noise_set_paths, split_block
+    from configs import cifar100
+
+    out = {'device_count': jax.device_count()}
+    data = synthetic.make_synthetic(num_base=4, way=1, num_sessions=1, train_per_class=2, test_per_class=1,
+                                    image_size=16)  # 8 images, 4 classes
+    model = build_model('resnet20', 4, 4)
+    paths = tuple(noise_set_paths(model, 4))
+    objective = base_lib.BaseObjective(model=model, noise_paths=paths, split=split_block(model, paths),
+                                       num_draws=2, bound=0.05, distribution='uniform', pf_weight=1.0,
+                                       std_weight=0.0, shared_trunk=True)
+    tx = base_lib.make_optimizer(0.1, 0.9, 5e-4, (), 0.1)
+    results = {}
+    for n in (1, 4):
+      mesh = sharding.data_mesh(jax.devices()[:n])
+      step = base_lib.make_train_step(objective, tx, 'crop_flip', 16, data.mean, data.std, mesh=mesh)
+      state, key = sharding.replicate((base_lib.init_state(model, jax.random.key(0), 16, tx),
+                                       jax.random.key(1)), mesh)
+      images, labels = sharding.shard_batch(mesh, data.train.images, data.train.labels)
+      out[f'images_devices_{n}'] = len(images.sharding.device_set)
+      state, metrics = step(state, images, labels, key)
+      out[f'params_devices_{n}'] = len(jax.tree_util.tree_leaves(state.params)[0].sharding.device_set)
+      results[n] = jax.device_get((metrics['loss'], state.params, state.batch_stats))
+    out['loss'] = [float(results[1][0]), float(results[4][0])]
+    diffs = jax.tree_util.tree_map(lambda a, b: float(np.max(np.abs(a - b)) / (np.max(np.abs(b)) + 1e-12)),
+                                   results[1][1:], results[4][1:])
+    out['max_rel_diff'] = max(jax.tree_util.tree_leaves(diffs))
+    try:
+      sharding.per_device_batch(6, sharding.data_mesh())
+      out['indivisible_error'] = None
+    except ValueError as e:
+      out['indivisible_error'] = str(e)
+
+    config = cifar100.get_config('smoke')
+    config.bench.update(M_list=(1,), dtypes=('float32',), warmup=0, iters=1)
+    records = bench.run(config, sys.argv[1])
+    out['bench'] = [(r['variant'], r['M'], r['num_devices'], r['batch']) for r in records]
+    print('RESULT ' + json.dumps(out))
+''')
+
+
+@pytest.fixture(scope='module')
+def child(tmp_path_factory):
+  """Runs CHILD with 4 fake CPU devices; returns its result dict and the bench workdir."""
+  workdir = tmp_path_factory.mktemp('bench')
+  env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=4', JAX_PLATFORMS='cpu',
+             PYTHONPATH=str(REPO))
+  proc = subprocess.run([sys.executable, '-c', CHILD, str(workdir)], cwd=REPO, env=env, capture_output=True,
+                        text=True, timeout=900)
+  assert proc.returncode == 0, proc.stderr[-4000:]
+  line = [l for l in proc.stdout.splitlines() if l.startswith('RESULT ')][-1]
+  return json.loads(line[len('RESULT '):]), workdir
+
+
+def test_four_devices_are_visible(child):
+  out, _ = child
+  assert out['device_count'] == 4
+  assert out['images_devices_4'] == 4 and out['images_devices_1'] == 1
+  assert out['params_devices_4'] == 4  # replicated
+
+
+def test_one_step_on_four_devices_equals_one_device(child):
+  out, _ = child
+  loss_1, loss_4 = out['loss']
+  assert abs(loss_1 - loss_4) <= 1e-5 * abs(loss_1)
+  # Updated params and BN statistics, relative to each leaf's scale: float32 sums in another order
+  # (per-device partial sums, then an all-reduce).
+  assert out['max_rel_diff'] < 1e-4
+
+
+def test_indivisible_global_batch_is_refused(child):
+  out, _ = child
+  assert 'not divisible by the 4 devices' in out['indivisible_error']
+
+
+def test_bench_runs_on_four_devices(child):
+  out, workdir = child
+  variants = [(v, m) for v, m, _, _ in out['bench']]
+  assert variants == [('plain', 0), ('f2m_naive', 1), ('f2m_shared', 1), ('f2m_shared_vmap', 1),
+                      ('incremental_step', None), ('ncm_eval', None), ('ncm_eval_suffix', None)]
+  assert all(n == 4 for _, _, n, _ in out['bench'])
+  records = json.loads((workdir / 'bench.json').read_text())
+  assert set(records[0]) == set(
+      'variant M batch step_ms_median step_ms_min images_per_s compile_s peak_bytes backend device_kind '
+      'num_devices dtype'.split())
+
+
+def test_bench_output_never_overwrites(tmp_path):
+  from f2m_jax import bench
+  assert bench.output_path(str(tmp_path)) == str(tmp_path / 'bench.json')
+  (tmp_path / 'bench.json').write_text('[]')
+  other = bench.output_path(str(tmp_path))
+  assert other != str(tmp_path / 'bench.json') and os.path.basename(other).startswith('bench_')
+
+
+def test_distributed_is_initialized_only_when_asked(monkeypatch):
+  calls = []
+  monkeypatch.setattr(sharding.jax.distributed, 'initialize', lambda **kw: calls.append(kw))
+  monkeypatch.delenv('JAX_COORDINATOR_ADDRESS', raising=False)
+  assert not sharding.maybe_initialize_distributed(False) and calls == []
+  monkeypatch.setenv('JAX_COORDINATOR_ADDRESS', '10.0.0.1:1234')
+  monkeypatch.setenv('JAX_NUM_PROCESSES', '2')
+  monkeypatch.setenv('JAX_PROCESS_ID', '1')
+  assert sharding.maybe_initialize_distributed(False)
+  assert calls == [{'coordinator_address': '10.0.0.1:1234', 'num_processes': 2, 'process_id': 1}]
