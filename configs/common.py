@@ -56,6 +56,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.noise.pf_weight = 1.0  # lambda
   c.noise.std_weight = 0.0  # gamma (the original hard-codes 2.0)
   c.noise.shared_trunk = True  # run the unperturbed trunk once per batch
+  c.noise.draw_map = 'auto'  # 'vmap', 'unroll' (one pass per draw) or 'auto': unroll on CPU, vmap elsewhere
 
   c.incremental = ml_collections.ConfigDict()
   c.incremental.finetune = True
@@ -70,6 +71,26 @@ def base_config() -> ml_collections.ConfigDict:
   c.eval = ml_collections.ConfigDict()
   c.eval.normalize_prototypes = True  # PN
   c.eval.batch_size = 500
+  c.eval.cache_trunk = True  # evaluate fine-tuned suffixes on cached frozen-trunk test features
+
+  c.flatness = ml_collections.ConfigDict()  # --mode flatness (the paper's flatness table)
+  c.flatness.num_draws = 1000
+  c.flatness.chunk = 50  # draws evaluated together under vmap
+  c.flatness.max_images = 0  # 0: every base training / base test image; else a seeded subset
+  c.flatness.bound = -1.0  # < 0: noise.bound
+
+  # Devices: a 1-D data-parallel mesh over all devices (f2m_jax/sharding.py); the global batch above
+  # is split over them. One host with several GPUs or a TPU host: nothing to set. Several hosts: set
+  # JAX_COORDINATOR_ADDRESS (and JAX_NUM_PROCESSES, JAX_PROCESS_ID), or distributed=True where a
+  # cluster manager (SLURM, a TPU pod) lets JAX find its peers; run the same command on every host.
+  c.distributed = False
+
+  c.bench = ml_collections.ConfigDict()  # --mode bench (f2m_jax/bench.py)
+  c.bench.M_list = (1, 2, 4, 8)
+  c.bench.dtypes = ('float32', 'bfloat16')
+  c.bench.warmup = 1
+  c.bench.iters = 5
+  c.bench.batch = 0  # 0: the base-session batch (base.ways x base.shots, or base.batch_size)
   return c
 
 
@@ -90,3 +111,5 @@ def make_smoke(c: ml_collections.ConfigDict) -> None:
   c.base.log_every = 10
   c.base.checkpoint_every = 25
   c.eval.batch_size = 250
+  c.bench.M_list = (1, 2)
+  c.bench.iters = 3

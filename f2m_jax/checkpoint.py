@@ -23,8 +23,9 @@ class CheckpointError(RuntimeError):
   """A checkpoint is missing, truncated or unreadable."""
 
 
-def _manager(directory: str, keep: Optional[int]) -> ocp.CheckpointManager:
-  options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True, enable_async_checkpointing=False)
+def _manager(directory: str, keep: Optional[int], read_only: bool = False) -> ocp.CheckpointManager:
+  options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=not read_only, read_only=read_only,
+                                         enable_async_checkpointing=False)
   return ocp.CheckpointManager(os.path.abspath(directory), options=options)
 
 
@@ -35,16 +36,23 @@ def _to_numpy(tree):
 class Checkpoints:
   """Save and restore everything a run produces. `keep` bounds the base train states kept."""
 
-  def __init__(self, workdir: str, keep: int = 3):
+  def __init__(self, workdir: str, keep: int = 3, read_only: bool = False):
     self.root = os.path.join(workdir, 'checkpoints')
-    self._base = _manager(os.path.join(self.root, 'base'), keep)
-    self._model = _manager(os.path.join(self.root, 'model'), None)
+    if read_only and not os.path.isdir(os.path.join(self.root, 'model')):
+      raise CheckpointError(f'{workdir} has no base model checkpoint ({self.root}/model)')
+    self._read_only = read_only
+    self._base = _manager(os.path.join(self.root, 'base'), keep, read_only)
+    self._model = _manager(os.path.join(self.root, 'model'), None, read_only)
     self._runs = {}
 
   def _run(self, run: int) -> ocp.CheckpointManager:
     if run not in self._runs:
-      self._runs[run] = _manager(os.path.join(self.root, f'run_{run}'), None)
+      self._runs[run] = _manager(os.path.join(self.root, f'run_{run}'), None, self._read_only)
     return self._runs[run]
+
+  def any_sessions(self) -> bool:
+    return os.path.isdir(self.root) and any(n.startswith('run_') and os.listdir(os.path.join(self.root, n))
+                                            for n in os.listdir(self.root))
 
   @staticmethod
   def _restore(manager: ocp.CheckpointManager, step: int, template: Any, what: str):

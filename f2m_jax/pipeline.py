@@ -11,7 +11,7 @@ import json
 import os
 import sys
 import time
-from typing import Optional
+from typing import Callable, Optional
 
 import jax
 import jax.numpy as jnp
@@ -23,8 +23,10 @@ from f2m_jax import base as base_lib
 from f2m_jax import evaluation
 from f2m_jax import incremental
 from f2m_jax import noise as noise_lib
+from f2m_jax import sharding
 from f2m_jax import workdir as workdir_lib
 from f2m_jax.checkpoint import CheckpointError, Checkpoints
+from f2m_jax.data import augment as augment_lib
 from f2m_jax.data import protocol as protocol_lib
 from f2m_jax.data import sources
 from f2m_jax.data.types import Benchmark
@@ -115,7 +117,7 @@ class Experiment:
         model=self.model, noise_paths=self.noise_paths if n.enabled else (), split=self.split,
         num_draws=n.M, bound=n.bound, distribution=n.distribution,
         pf_weight=n.pf_weight if n.prototype_fixing else 0.0, std_weight=n.std_weight,
-        shared_trunk=n.shared_trunk)
+        shared_trunk=n.shared_trunk, draw_map=base_lib.resolve_draw_map(n.draw_map))
 
   def optimizer(self):
     b = self.config.base
@@ -134,18 +136,27 @@ class Experiment:
                                          self.config.seed, step)
     return protocol_lib.shuffled_batch(bench.base_train, b.batch_size, self.config.seed, step)
 
+  def train_view(self, indices) -> np.ndarray:
+    """Training images as prototypes see them: the test transform (a centre crop where the stored
+    images are larger than the network input), no augmentation (Eq. 1, DESIGN.md)."""
+    return augment_lib.eval_view(self.bench.train.images[indices], self.bench.image_size)
+
   def init_state(self):
     params = batch_stats = None
     if self.config.model.pretrained:
       from f2m_jax.models import torch_import
       params, batch_stats = torch_import.load_torchvision_resnet18(
-          self.config.model.pretrained, self.model, self.bench.image_size)
+          self.config.model.pretrained, self.model, self.bench.image_size, key=self.key(1))
     return base_lib.init_state(self.model, self.key(1), self.bench.image_size, self.optimizer(),
                                params, batch_stats)
 
 
-def train_base(exp: Experiment, ckpts: Checkpoints, log: workdir_lib.MetricsLog):
-  """Trains session 1 from the latest base checkpoint (or from scratch); returns the final state."""
+Hook = Optional[Callable[..., None]]
+
+
+def train_base(exp: Experiment, ckpts: Checkpoints, log: workdir_lib.MetricsLog, hook: Hook = None):
+  """Trains session 1 from the latest base checkpoint (or from scratch); returns the final state.
+  `hook('base_step', step=n)` is called after every step (tests use it to interrupt a run)."""
   cfg = exp.config.base
   state = exp.init_state()
   start = ckpts.latest_base_step()
@@ -156,9 +167,10 @@ def train_base(exp: Experiment, ckpts: Checkpoints, log: workdir_lib.MetricsLog)
   start = start or 0
   if start >= cfg.steps:
     return state
+  mesh = sharding.data_mesh()  # data parallel over all devices; the batch is the global batch
   step_fn = base_lib.make_train_step(exp.base_objective(), exp.optimizer(), exp.bench.augment,
-                                     exp.bench.image_size, exp.bench.mean, exp.bench.std)
-  key = exp.key(0)
+                                     exp.bench.image_size, exp.bench.mean, exp.bench.std, mesh=mesh)
+  state, key = sharding.replicate((state, exp.key(0)), mesh)
   images, labels = exp.bench.train.images, exp.bench.train.labels
   bar = tqdm(range(start, cfg.steps), desc='base session', initial=start, total=cfg.steps,
              file=sys.stdout, mininterval=2.0)
@@ -166,7 +178,7 @@ def train_base(exp: Experiment, ckpts: Checkpoints, log: workdir_lib.MetricsLog)
   t0 = time.time()
   for step in bar:
     idx = exp.batch_indices(step)
-    state, metrics = step_fn(state, images[idx], labels[idx], key)
+    state, metrics = step_fn(state, *sharding.shard_batch(mesh, images[idx], labels[idx]), key)
     metrics = jax.device_get(metrics)
     if not metrics['finite']:
       raise TrainingError(f'non-finite loss {metrics["loss"]} at base step {step + 1}; the last good '
@@ -180,6 +192,8 @@ def train_base(exp: Experiment, ckpts: Checkpoints, log: workdir_lib.MetricsLog)
       window, t0 = [], time.time()
     if done % cfg.checkpoint_every == 0 or done == cfg.steps:
       ckpts.save_base_state(done, state)
+    if hook:
+      hook('base_step', step=done)
   bar.close()
   return state
 
@@ -202,7 +216,8 @@ class Evaluator:
     self.first = split_block(exp.model, trainable_paths) if trainable_paths else 0
     self.embed_full = evaluation.make_embed(exp.model, bench.mean, bench.std, bs)
     self._trunk = None
-    if 0 < self.first < exp.model.num_blocks and exp.config.incremental.finetune:
+    cache = exp.config.incremental.finetune and exp.config.eval.cache_trunk  # eval.cache_trunk=False: no cache
+    if cache and 0 < self.first < exp.model.num_blocks:
       trunk_fn = evaluation.make_embed(exp.model, bench.mean, bench.std, bs, last=self.first)
       self._trunk = trunk_fn(base_variables, bench.test.images)
       self.embed_suffix = evaluation.make_embed(exp.model, None, None, bs, first=self.first)
@@ -226,29 +241,31 @@ class Evaluator:
                                      self.exp.config.eval.normalize_prototypes)
 
 
-def base_model(exp: Experiment, ckpts: Checkpoints, log, source: Optional[Checkpoints] = None) -> dict:
+def base_model(exp: Experiment, ckpts: Checkpoints, log, source: Optional[Checkpoints] = None,
+               hook: Hook = None) -> dict:
   """phi*, its BN statistics and the base prototypes: restored if saved, else trained and saved."""
   template = exp.init_state()
   embed = evaluation.make_embed(exp.model, exp.bench.mean, exp.bench.std, exp.config.eval.batch_size)
   dim = embed({'params': template.params, 'batch_stats': template.batch_stats},
-              exp.bench.train.images[:1]).shape[1]
+              exp.train_view(np.arange(1))).shape[1]
   model_template = {'params': template.params, 'batch_stats': template.batch_stats,
                     'prototypes': np.zeros((exp.bench.num_base_classes, dim), np.float32)}
   if source is not None:
     return source.restore_model(model_template)
   if ckpts.has_model():
     return ckpts.restore_model(model_template)
-  state = train_base(exp, ckpts, log)
+  state = train_base(exp, ckpts, log, hook)
   variables = {'params': state.params, 'batch_stats': state.batch_stats}
   bench = exp.bench
-  emb = embed(variables, bench.train.images[bench.base_train])
+  emb = embed(variables, exp.train_view(bench.base_train))
   protos = evaluation.prototypes(emb, bench.train.labels[bench.base_train], bench.session_classes[0])
   ckpts.save_model(state.params, state.batch_stats, protos)
   return {'params': jax.device_get(state.params), 'batch_stats': jax.device_get(state.batch_stats),
           'prototypes': protos}
 
 
-def run_sessions(exp: Experiment, model: dict, ckpts: Checkpoints, log, train: bool = True) -> list:
+def run_sessions(exp: Experiment, model: dict, ckpts: Checkpoints, log, train: bool = True,
+                 hook: Hook = None) -> list:
   """All runs x sessions. Returns per-run lists of per-session accuracy dicts. Sessions already
   checkpointed are restored; with `train=False` a missing session is an error (evaluation mode)."""
   cfg, bench = exp.config, exp.bench
@@ -268,6 +285,10 @@ def run_sessions(exp: Experiment, model: dict, ckpts: Checkpoints, log, train: b
     run_params, exemplars, protos = params, np.zeros((0,), np.int64), base_protos
     accs = [first]
     done = set(ckpts.sessions_done(run))
+    gaps = sorted(set(range(2, max(done, default=1) + 1)) - done)
+    if gaps:
+      raise CheckpointError(f'{ckpts.root}/run_{run}: sessions {sorted(done)} are saved but {gaps} are missing; '
+                            f'restore them or delete the folder run_{run} to recompute that run')
     for session in range(2, bench.num_sessions + 1):
       shots = protocol_lib.session_shots(bench, cfg.data.protocol, run, session, cfg.data.shots, cfg.seed)
       exemplars = np.concatenate([exemplars, shots])
@@ -298,7 +319,7 @@ def run_sessions(exp: Experiment, model: dict, ckpts: Checkpoints, log, train: b
         losses = np.asarray(losses).tolist()
       variables = {'params': run_params, 'batch_stats': batch_stats}
       novel_classes = [c for s in bench.session_classes[1:session] for c in s]
-      novel = evaluation.prototypes(embed(variables, images), labels, novel_classes)
+      novel = evaluation.prototypes(embed(variables, exp.train_view(exemplars)), labels, novel_classes)
       protos = np.concatenate([base_protos, novel])
       acc = evaluator.accuracies(variables, protos, session, changed=finetune is not None)
       ckpts.save_session(run, session, {
@@ -308,6 +329,8 @@ def run_sessions(exp: Experiment, model: dict, ckpts: Checkpoints, log, train: b
       log.write(phase='session', run=run, session=session, losses=losses, **acc)
       accs.append(acc)
       bar.update(1)
+      if hook:
+        hook('session', run=run, session=session)
     per_run.append(accs)
   bar.close()
   return per_run
@@ -330,7 +353,7 @@ def _unpack_accuracy(a: np.ndarray) -> dict:
 
 
 def run(config: ml_collections.ConfigDict, workdir: str, mode: str = 'train',
-        checkpoint: Optional[str] = None) -> dict:
+        checkpoint: Optional[str] = None, hook: Hook = None) -> dict:
   """Trains (or, mode='eval', only restores) and writes results.json / results.csv; returns results."""
   config = resolve(config)
   workdir_lib.prepare(workdir, config.to_dict())
@@ -338,12 +361,13 @@ def run(config: ml_collections.ConfigDict, workdir: str, mode: str = 'train',
   exp = Experiment.create(config, bench)
   log = workdir_lib.MetricsLog(workdir)
   ckpts = Checkpoints(workdir)
-  source = Checkpoints(checkpoint) if checkpoint else None
-  if mode == 'eval' and source is None and not ckpts.has_model():
-    raise CheckpointError(f'{workdir} has no base model checkpoint to evaluate; train first or pass --checkpoint')
+  source = Checkpoints(checkpoint, read_only=True) if checkpoint else None
+  if source is None and not ckpts.has_model() and (mode == 'eval' or ckpts.any_sessions()):
+    raise CheckpointError(f'{ckpts.root}/model has no base model checkpoint (deleted?) although this workdir '
+                          'is meant to hold one; restore it, pass --checkpoint WORKDIR, or use a new --workdir')
   t0 = time.time()
-  model = base_model(exp, ckpts, log, source)
-  per_run = run_sessions(exp, model, ckpts, log, train=(mode != 'eval'))
+  model = base_model(exp, ckpts, log, source, hook)
+  per_run = run_sessions(exp, model, ckpts, log, train=(mode != 'eval'), hook=hook)
   results = evaluation.build_results(bench.name, config.method, config.data.protocol,
                                      [bench.num_seen_classes(t) for t in range(1, bench.num_sessions + 1)],
                                      per_run)
@@ -368,3 +392,38 @@ def write_outputs(workdir: str, results: dict, mode: str) -> None:
     print(f'evaluation differs from {path}; wrote results_eval.json beside it', flush=True)
     return
   workdir_lib.write_results(workdir, results, evaluation.results_rows(results))
+
+
+def run_flatness(config: ml_collections.ConfigDict, workdir: str, checkpoint: Optional[str] = None) -> dict:
+  """--mode flatness: I and sigma^2 of the base loss around the base model of `workdir` (or of
+  `checkpoint`) on the base training images and the base classes' test images; writes flatness.json."""
+  from f2m_jax import flatness
+  config = resolve(config)
+  bench = sources.load_benchmark(config)
+  exp = Experiment.create(config, bench)
+  ckpts = Checkpoints(checkpoint or workdir, read_only=True)
+  model = base_model(exp, ckpts, log=None, source=ckpts)
+  variables = {'params': model['params'], 'batch_stats': model['batch_stats']}
+  f = config.flatness
+  bound = f.bound if f.bound >= 0 else config.noise.bound
+  rng = np.random.default_rng([config.seed, 5])
+  out = {'bound': bound, 'distribution': config.noise.distribution, 'num_layers': config.noise.num_layers,
+         'checkpoint': os.path.abspath(checkpoint or workdir)}
+  test_idx = protocol_lib.test_indices(bench, 1)
+  for name, split, idx in (('train', bench.train, bench.base_train), ('test', bench.test, test_idx)):
+    if f.max_images and len(idx) > f.max_images:
+      idx = np.sort(rng.choice(idx, f.max_images, replace=False))
+    clean, losses = flatness.noisy_losses(
+        exp.model, variables, split.images[idx], split.labels[idx], exp.noise_paths, exp.split, bound,
+        config.noise.distribution, f.num_draws, f.chunk, exp.key(3), bench.mean, bench.std,
+        config.eval.batch_size)
+    out[name] = {**flatness.flatness_stats(clean, losses), 'num_images': int(len(idx))}
+    print(f'flatness on {name} ({len(idx)} images, {f.num_draws} draws): L*={clean:.4f} '
+          f'I={out[name]["I"]:.3e} sigma^2={out[name]["sigma2"]:.3e}', flush=True)
+  os.makedirs(workdir, exist_ok=True)
+  path = os.path.join(workdir, 'flatness.json')
+  if os.path.exists(path):
+    path = os.path.join(workdir, f'flatness_{time.strftime("%Y%m%d-%H%M%S")}.json')
+  workdir_lib.atomic_write(path, json.dumps(out, indent=2))
+  print(f'wrote {path}', flush=True)
+  return out

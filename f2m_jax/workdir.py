@@ -8,10 +8,16 @@ import os
 import time
 from typing import Iterable
 
-# Fields that never change what a run computes (paths, logging, batching of evaluation): a workdir
-# may be resumed or evaluated with different values of these.
+# Fields that never change what a run computes (paths, logging, batching and caching of evaluation,
+# other modes' settings): a workdir may be resumed or evaluated with different values of these. A
+# name ending in '.' covers every field below it.
 NON_RESULT_FIELDS = ('data.data_dir', 'data.tfds_data_dir', 'data.cache_dir', 'base.log_every',
-                     'base.checkpoint_every', 'eval.batch_size', 'checkpoint', 'mode')
+                     'base.checkpoint_every', 'eval.batch_size', 'eval.cache_trunk', 'distributed',
+                     'bench.', 'flatness.')
+
+
+def _ignored(key: str, ignore: Iterable[str]) -> bool:
+  return any(key == i or (i.endswith('.') and key.startswith(i)) for i in ignore)
 
 
 class WorkdirError(RuntimeError):
@@ -32,7 +38,8 @@ def flat_items(d: dict, prefix: str = '') -> dict:
 def config_differences(saved: dict, current: dict, ignore: Iterable[str] = NON_RESULT_FIELDS) -> list:
   """Dotted names of fields whose values differ (or exist on one side only), ignoring `ignore`."""
   a, b = flat_items(saved), flat_items(current)
-  return sorted(k for k in set(a) | set(b) if k not in ignore and a.get(k, '<absent>') != b.get(k, '<absent>'))
+  return sorted(k for k in set(a) | set(b)
+                if not _ignored(k, ignore) and a.get(k, '<absent>') != b.get(k, '<absent>'))
 
 
 def prepare(workdir: str, config: dict) -> None:

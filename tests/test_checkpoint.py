@@ -1,0 +1,174 @@
+"""Checkpoints: bit-exact save/restore, resume after interruption, eval mode, and bad input."""
+import hashlib
+import json
+import os
+import shutil
+
+import jax
+import numpy as np
+import pytest
+
+from f2m_jax import pipeline
+from f2m_jax.checkpoint import CheckpointError, Checkpoints
+from f2m_jax.workdir import WorkdirError
+
+
+def tiny_config():
+  from configs import cifar100
+  c = cifar100.get_config('smoke')
+  c.data.synthetic.num_sessions = 4
+  c.base.steps = 30
+  c.base.checkpoint_every = 10
+  c.base.milestones = (20,)
+  return c
+
+
+class Interrupt(Exception):
+  pass
+
+
+def interrupt_at(event, **where):
+  def hook(name, **info):
+    if name == event and all(info[k] == v for k, v in where.items()):
+      raise Interrupt(f'{name} {info}')
+  return hook
+
+
+def snapshot(workdir):
+  out = {}
+  for root, _, files in os.walk(workdir):
+    for f in files:
+      path = os.path.join(root, f)
+      with open(path, 'rb') as fh:
+        out[os.path.relpath(path, workdir)] = hashlib.sha256(fh.read()).hexdigest()
+  return out
+
+
+@pytest.fixture(scope='module')
+def reference(tmp_path_factory):
+  workdir = str(tmp_path_factory.mktemp('reference'))
+  return workdir, pipeline.run(tiny_config(), workdir)
+
+
+def _leaves_equal(a, b):
+  la, lb = jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)
+  assert len(la) == len(lb) and jax.tree_util.tree_structure(a) == jax.tree_util.tree_structure(b)
+  for x, y in zip(la, lb):
+    x, y = np.asarray(x), np.asarray(y)
+    assert x.dtype == y.dtype and x.shape == y.shape and x.tobytes() == y.tobytes()
+
+
+def test_save_restore_is_bit_identical(tmp_path):
+  config = pipeline.resolve(tiny_config())
+  bench = pipeline.sources.load_benchmark(config)
+  exp = pipeline.Experiment.create(config, bench)
+  state = exp.init_state()
+  step = pipeline.base_lib.make_train_step(exp.base_objective(), exp.optimizer(), bench.augment,
+                                           bench.image_size, bench.mean, bench.std)
+  idx = exp.batch_indices(0)
+  state, _ = step(state, bench.train.images[idx], bench.train.labels[idx], exp.key(0))  # non-zero momentum
+  ckpts = Checkpoints(str(tmp_path))
+  ckpts.save_base_state(1, state)
+  _leaves_equal(jax.device_get(state), ckpts.restore_base_state(exp.init_state(), 1))
+  protos = np.random.default_rng(0).normal(size=(20, 32)).astype(np.float32)
+  ckpts.save_model(state.params, state.batch_stats, protos)
+  template = {'params': state.params, 'batch_stats': state.batch_stats, 'prototypes': np.zeros_like(protos)}
+  _leaves_equal({'params': jax.device_get(state.params), 'batch_stats': jax.device_get(state.batch_stats),
+                 'prototypes': protos}, ckpts.restore_model(template))
+  ckpts.close()
+
+
+def test_resume_after_interrupted_base_training(reference, tmp_path):
+  ref_dir, ref = reference
+  workdir = str(tmp_path / 'w')
+  with pytest.raises(Interrupt):
+    pipeline.run(tiny_config(), workdir, hook=interrupt_at('base_step', step=15))
+  assert Checkpoints(workdir).latest_base_step() == 10
+  assert pipeline.run(tiny_config(), workdir) == ref
+
+
+def test_resume_after_interrupted_sessions(reference, tmp_path):
+  _, ref = reference
+  workdir = str(tmp_path / 'w')
+  with pytest.raises(Interrupt):
+    pipeline.run(tiny_config(), workdir, hook=interrupt_at('session', run=1, session=3))
+  assert Checkpoints(workdir).sessions_done(1) == [2, 3]
+  assert pipeline.run(tiny_config(), workdir) == ref
+
+
+def test_eval_mode_reproduces_results(reference, capsys):
+  ref_dir, ref = reference
+  before = open(os.path.join(ref_dir, 'results.json')).read()
+  assert pipeline.run(tiny_config(), ref_dir, mode='eval') == ref
+  assert 'reproduced' in capsys.readouterr().out
+  assert open(os.path.join(ref_dir, 'results.json')).read() == before
+
+
+def test_new_sessions_from_another_workdirs_base_model(reference, tmp_path):
+  ref_dir, ref = reference
+  config = tiny_config()
+  config.eval.normalize_prototypes = False
+  workdir = str(tmp_path / 'other')
+  results = pipeline.run(config, workdir, checkpoint=ref_dir)
+  assert results != ref  # other incremental settings (raw prototypes) ...
+  assert Checkpoints(workdir).latest_base_step() is None  # ... on the same base model: nothing retrained
+  assert os.listdir(os.path.join(workdir, 'checkpoints', 'run_0'))
+
+
+def _copy(reference, tmp_path):
+  workdir = str(tmp_path / 'copy')
+  shutil.copytree(reference[0], workdir)
+  return workdir
+
+
+@pytest.mark.parametrize('mode', ['train', 'eval'])
+def test_corrupt_checkpoint_is_reported(reference, tmp_path, mode):
+  workdir = _copy(reference, tmp_path)
+  session_dir = os.path.join(workdir, 'checkpoints', 'run_0', '3')
+  for root, _, files in os.walk(session_dir):
+    for f in files:
+      with open(os.path.join(root, f), 'wb') as fh:
+        fh.write(b'garbage')
+  before = snapshot(workdir)
+  with pytest.raises(CheckpointError, match=r'run_0/3.*(corrupt|truncated)'):
+    pipeline.run(tiny_config(), workdir, mode=mode)
+  assert snapshot(workdir) == before
+
+
+def test_deleted_checkpoints_are_reported(reference, tmp_path):
+  workdir = _copy(reference, tmp_path)
+  shutil.rmtree(os.path.join(workdir, 'checkpoints', 'run_1', '2'))
+  before = snapshot(workdir)
+  with pytest.raises(CheckpointError, match=r'run_1.*\[2\] are missing'):
+    pipeline.run(tiny_config(), workdir)
+  assert snapshot(workdir) == before
+  shutil.rmtree(os.path.join(workdir, 'checkpoints', 'model'))
+  with pytest.raises(CheckpointError, match='no base model checkpoint'):
+    pipeline.run(tiny_config(), workdir)
+
+
+def test_changed_config_is_refused_but_eval_only_fields_are_not(reference, tmp_path):
+  workdir = _copy(reference, tmp_path)
+  config = tiny_config()
+  config.incremental.lr = 0.02
+  config.runs = 3
+  before = snapshot(workdir)
+  with pytest.raises(WorkdirError, match=r'incremental.lr: saved 0.01, now 0.02.*runs: saved 2, now 3'):
+    pipeline.run(config, workdir)
+  assert snapshot(workdir) == before
+  config = tiny_config()
+  config.eval.batch_size = 100
+  assert pipeline.run(config, workdir, mode='eval') == reference[1]
+
+
+def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path):
+  config = tiny_config()
+  config.base.lr = 1e12
+  workdir = str(tmp_path / 'nan')
+  with pytest.raises(pipeline.TrainingError, match=r'non-finite loss .* at base step \d+'):
+    pipeline.run(config, workdir)
+  step = Checkpoints(workdir).latest_base_step()
+  if step is not None:
+    restored = Checkpoints(workdir).restore_base_state(pipeline.Experiment.create(
+        pipeline.resolve(config), pipeline.sources.load_benchmark(pipeline.resolve(config))).init_state())
+    assert all(np.all(np.isfinite(x)) for x in jax.tree_util.tree_leaves(restored.params))

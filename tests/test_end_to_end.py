@@ -1,0 +1,72 @@
+"""End to end on the smoke config: results files, learning, and run.py's command line."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO
+from f2m_jax import pipeline
+
+
+@pytest.fixture(scope='module')
+def smoke_run(tmp_path_factory):
+  from configs import cifar100
+  workdir = str(tmp_path_factory.mktemp('smoke'))
+  results = pipeline.run(cifar100.get_config('smoke'), workdir)
+  return workdir, results
+
+
+def test_smoke_results_file_is_valid_and_learns(smoke_run):
+  workdir, results = smoke_run
+  with open(os.path.join(workdir, 'results.json')) as f:
+    saved = json.load(f)
+  assert saved == json.loads(json.dumps(results))
+  assert saved['dataset'] == 'synthetic' and saved['method'] == 'f2m' and saved['runs'] == 2
+  assert [s['session'] for s in saved['sessions']] == list(range(1, 10))
+  assert [s['num_classes'] for s in saved['sessions']] == list(range(20, 37, 2))
+  first = saved['sessions'][0]
+  assert first['acc_novel'] is None and first['hm'] is None
+  assert first['acc']['mean'] > 25.0  # chance is 5% (20 classes)
+  for s in saved['sessions'][1:]:
+    assert len(s['acc']['runs']) == 2 and s['acc_novel'] is not None and s['hm'] is not None
+  assert set(saved['pd']) == {'mean', 'ci95'} and set(saved['avg']) == {'mean', 'ci95'}
+  with open(os.path.join(workdir, 'results.csv')) as f:
+    assert len(f.read().strip().splitlines()) == 10
+  with open(os.path.join(workdir, 'metrics.jsonl')) as f:
+    phases = {json.loads(line)['phase'] for line in f}
+  assert {'base', 'session', 'done'} <= phases
+
+
+def _run_py(*args):
+  return subprocess.run([sys.executable, 'run.py', *args], cwd=REPO, capture_output=True, text=True,
+                        timeout=300)
+
+
+def test_run_py_rejects_bad_values_with_clear_messages(tmp_path):
+  proc = _run_py('--config', 'configs/cifar100.py:smoke', '--workdir', str(tmp_path / 'w'), '--config.noise.M=0')
+  assert proc.returncode == 2 and 'noise.M=0' in proc.stderr and '>= 1' in proc.stderr
+  proc = _run_py('--config', 'configs/cifar100.py:smoke', '--workdir', str(tmp_path / 'w'),
+                 '--config.noise.bound=-1.0')
+  assert proc.returncode == 2 and 'noise.bound=-1.0' in proc.stderr
+  proc = _run_py('--config', 'configs/cifar100.py:smoke', '--workdir', str(tmp_path / 'w'), '--config.noise.MM=3')
+  assert proc.returncode != 0 and 'MM' in proc.stderr
+  proc = _run_py('--config', 'configs/cifar100.py:nope', '--workdir', str(tmp_path / 'w'))
+  assert proc.returncode != 0 and "'nope'" in proc.stderr
+  proc = _run_py('--config', 'configs/cifar100.py:trainsplit', '--workdir', str(tmp_path / 'w'),
+                 '--config.data.data_dir=/no/such/folder')
+  assert proc.returncode == 2 and '/no/such/folder' in proc.stderr
+  assert not os.path.exists(tmp_path / 'w' / 'results.json')
+
+
+def test_workdir_of_another_config_is_refused(smoke_run):
+  from configs import cifar100
+  from f2m_jax.workdir import WorkdirError
+  workdir, _ = smoke_run
+  config = cifar100.get_config('smoke')
+  config.noise.bound = 0.01
+  before = open(os.path.join(workdir, 'results.json')).read()
+  with pytest.raises(WorkdirError, match=r'noise.bound: saved 0.005, now 0.01'):
+    pipeline.run(config, workdir)
+  assert open(os.path.join(workdir, 'results.json')).read() == before

@@ -1,0 +1,68 @@
+"""Noise set, bounded samplers and the b = 0 limit of the base objective."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from f2m_jax import base as base_lib
+from f2m_jax import noise as noise_lib
+from f2m_jax import objectives
+from f2m_jax.models import noise_set_paths, resnet18, resnet20, split_block
+
+
+@pytest.fixture(scope='module')
+def net():
+  model = resnet20(10, width=4)
+  variables = model.init(jax.random.key(0), jnp.zeros((1, 16, 16, 3)), train=False)
+  return model, variables
+
+
+def test_noise_set_is_last_k_3x3_convs():
+  model = resnet20(10)
+  assert noise_set_paths(model, 4) == [('layer3_1', 'conv1', 'kernel'), ('layer3_1', 'conv2', 'kernel'),
+                                       ('layer3_2', 'conv1', 'kernel'), ('layer3_2', 'conv2', 'kernel')]
+  assert split_block(model, noise_set_paths(model, 4)) == 7
+  r18 = resnet18(10)
+  paths = noise_set_paths(r18, 8)
+  assert [p[0] for p in paths] == ['layer3_0'] * 2 + ['layer3_1'] * 2 + ['layer4_0'] * 2 + ['layer4_1'] * 2
+  assert all('downsample' not in p[1] for p in paths)
+  with pytest.raises(ValueError, match='num_layers'):
+    noise_set_paths(model, 0)
+
+
+@pytest.mark.parametrize('distribution', ['uniform', 'grid'])
+def test_noise_bounded_and_only_on_masked_leaves(net, distribution):
+  model, variables = net
+  paths = noise_set_paths(model, 4)
+  b = 0.01
+  eps = noise_lib.sample_noise(jax.random.key(1), variables['params'], paths, 3, b, distribution)
+  assert set(eps) == set(paths)
+  flat = noise_lib.flatten(variables['params'])
+  for p, e in eps.items():
+    assert e.shape == (3,) + flat[p].shape
+    assert float(jnp.max(jnp.abs(e))) <= b
+    assert float(jnp.std(e)) > b / 10  # really random, not all zeros
+  if distribution == 'grid':
+    levels = np.unique(np.round(np.concatenate([np.ravel(e) for e in eps.values()]) / b, 6))
+    assert set(levels.tolist()) <= {-1.0, -0.5, 0.0, 0.5, 1.0}
+    assert len(levels) == 5  # every level occurs (the original never produced one of them)
+  perturbed = noise_lib.flatten(noise_lib.perturb(variables['params'], {p: e[0] for p, e in eps.items()}))
+  for p, v in flat.items():
+    if p in eps:
+      assert not np.array_equal(perturbed[p], v)
+    else:
+      np.testing.assert_array_equal(perturbed[p], v)
+
+
+def test_zero_bound_equals_plain_cross_entropy(net):
+  model, variables = net
+  paths = tuple(noise_set_paths(model, 4))
+  x = jax.random.normal(jax.random.key(2), (12, 16, 16, 3))
+  y = jnp.arange(12) % 4
+  eps = noise_lib.sample_noise(jax.random.key(3), variables['params'], paths, 2, 0.0)
+  for shared in (True, False):
+    obj = base_lib.BaseObjective(model, paths, split_block(model, paths), 2, 0.0, 'uniform', 1.0, 0.0, shared)
+    loss, (_, metrics) = base_lib.base_loss(variables['params'], variables['batch_stats'], x, y, eps, obj)
+    (_, logits), _ = model.apply(variables, x, train=True, mutable=['batch_stats'])
+    np.testing.assert_allclose(loss, objectives.cross_entropy(logits, y), rtol=1e-5)
+    assert float(metrics['pf']) < 1e-10  # zero up to float rounding between the clean and noisy passes

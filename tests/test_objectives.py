@@ -1,0 +1,71 @@
+"""Paper equations on hand-made numbers: PF (Eq. 4), Eq. 3, metric loss (Eq. 5), NCM, PN, PD/AVG/CI."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from f2m_jax import evaluation, objectives
+
+
+def test_class_means_and_prototype_fixing():
+  clean = jnp.array([[0., 0.], [2., 0.], [1., 1.], [5., 5.]])
+  noisy = clean + jnp.array([[1., 0.], [1., 0.], [0., 3.], [0., 0.]])
+  labels = jnp.array([0, 0, 2, 3])
+  means, counts = objectives.class_means(clean, labels, 4)
+  np.testing.assert_allclose(means, [[1, 0], [0, 0], [1, 1], [5, 5]])
+  np.testing.assert_allclose(counts, [2, 0, 1, 1])
+  # class 0 shifts by (1,0): 1; class 2 by (0,3): 9; class 3: 0 -> mean over the 3 present classes.
+  assert float(objectives.prototype_fixing(clean, noisy, labels, 4)) == pytest.approx(10 / 3)
+  grad = jax.grad(lambda n: objectives.prototype_fixing(clean, n, labels, 4))(noisy)
+  assert float(jnp.abs(grad).sum()) > 0  # PF carries gradient (the original's did not)
+
+
+def test_flat_minima_objective_std_term():
+  per_draw = jnp.array([1.0, 3.0])
+  assert float(objectives.flat_minima_objective(per_draw, 0.0)) == pytest.approx(2.0)
+  # unbiased std of {1, 3} is sqrt(2)
+  assert float(objectives.flat_minima_objective(per_draw, 2.0)) == pytest.approx(2.0 + 2 * np.sqrt(2))
+  assert float(objectives.flat_minima_objective(jnp.array([4.0]), 2.0)) == pytest.approx(4.0)
+
+
+def test_metric_loss_uses_batch_means_for_present_classes():
+  emb = jnp.array([[1., 0.], [3., 0.]])
+  labels = jnp.array([1, 1])
+  stored = jnp.array([[0., 0.], [100., 100.]])  # row 1 must be replaced by the batch mean (2, 0)
+  logits = -jnp.array([[1., 1.], [9., 1.]])  # squared distances to (0,0) and (2,0)
+  want = objectives.cross_entropy(logits, labels)
+  np.testing.assert_allclose(objectives.metric_loss(emb, labels, stored, 'squared_euclidean'), want, rtol=1e-6)
+  logits_e = -jnp.sqrt(jnp.array([[1., 1.], [9., 1.]]))
+  np.testing.assert_allclose(objectives.metric_loss(emb, labels, stored, 'euclidean'),
+                             objectives.cross_entropy(logits_e, labels), rtol=1e-5)
+
+
+def test_ncm_with_and_without_prototype_normalisation():
+  protos = np.array([[10., 0.], [0., 1.]])
+  emb = np.array([[1., 1.2], [6., 0.]])
+  labels = np.array([1, 0])
+  # raw: (1,1.2) is nearest to (0,1); normalised (1,0),(0,1): argmax dot -> class 1 too
+  raw = evaluation.ncm_accuracies(emb, labels, protos, num_base=1, normalize=False)
+  assert raw['acc'] == 100.0
+  emb2 = np.array([[3., 2.5]])  # raw: nearest (0,1) (d=9+2.25) vs (10,0) (49+6.25); normalised: cosine -> class 0
+  assert evaluation.ncm_accuracies(emb2, np.array([0]), protos, 1, normalize=False)['acc'] == 0.0
+  assert evaluation.ncm_accuracies(emb2, np.array([0]), protos, 1, normalize=True)['acc'] == 100.0
+  np.testing.assert_allclose(np.linalg.norm(objectives.normalize_prototypes(jnp.asarray(protos)), axis=1), 1.0)
+
+
+def test_breakdown_pd_avg_ci():
+  acc = evaluation.ncm_accuracies(np.array([[0., 1.], [1., 0.], [1., 0.]]), np.array([0, 1, 0]),
+                                  np.array([[1., 0.], [0., 1.]]), num_base=1, normalize=False)
+  # image 0 (class 0) -> class 1 wrong; image 1 (class 1) -> class 0 wrong; image 2 right
+  assert acc['acc'] == pytest.approx(100 / 3)
+  assert acc['acc_base'] == pytest.approx(50.0) and acc['acc_novel'] == 0.0 and acc['hm'] == 0.0
+  s = evaluation.summarize([50.0, 60.0])
+  assert s['mean'] == 55.0 and s['ci95'] == pytest.approx(1.96 * 5.0 / np.sqrt(2))
+  per_run = [[{'acc': 70.0, 'acc_base': 70.0, 'acc_novel': None, 'hm': None},
+              {'acc': 50.0, 'acc_base': 55.0, 'acc_novel': 30.0, 'hm': 2 * 55 * 30 / 85}],
+             [{'acc': 70.0, 'acc_base': 70.0, 'acc_novel': None, 'hm': None},
+              {'acc': 40.0, 'acc_base': 45.0, 'acc_novel': 20.0, 'hm': 2 * 45 * 20 / 65}]]
+  r = evaluation.build_results('d', 'f2m', 'draws', [60, 65], per_run)
+  assert r['pd']['mean'] == pytest.approx(25.0) and r['pd']['ci95'] == pytest.approx(1.96 * 5 / np.sqrt(2))
+  assert r['avg']['mean'] == pytest.approx(57.5)
+  assert r['sessions'][0]['acc_novel'] is None and r['sessions'][1]['acc_novel']['mean'] == 25.0

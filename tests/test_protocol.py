@@ -1,0 +1,57 @@
+"""Session protocols: F2M draws, the class-balanced sampler, the synthetic source."""
+import numpy as np
+import pytest
+
+from f2m_jax.data import protocol
+from f2m_jax.data.synthetic import make_synthetic
+
+
+@pytest.fixture(scope='module')
+def bench():
+  return make_synthetic(seed=0, num_base=10, way=3, num_sessions=4, train_per_class=12, test_per_class=4,
+                        image_size=8)
+
+
+def test_synthetic_is_deterministic_and_shaped(bench):
+  again = make_synthetic(seed=0, num_base=10, way=3, num_sessions=4, train_per_class=12, test_per_class=4,
+                         image_size=8)
+  np.testing.assert_array_equal(bench.train.images, again.train.images)
+  assert bench.train.images.shape == (19 * 12, 8, 8, 3) and bench.test.images.shape == (19 * 4, 8, 8, 3)
+  assert bench.session_classes[0] == tuple(range(10)) and bench.session_classes[3] == (16, 17, 18)
+  assert not np.array_equal(make_synthetic(seed=1, num_base=10, way=3, num_sessions=4, train_per_class=12,
+                                           test_per_class=4, image_size=8).train.images, bench.train.images)
+
+
+def test_draws_are_seeded_per_run_and_session(bench):
+  a = protocol.session_shots(bench, 'draws', run=0, session=2, shots=5, seed=3)
+  assert np.array_equal(a, protocol.session_shots(bench, 'draws', run=0, session=2, shots=5, seed=3))
+  b = protocol.session_shots(bench, 'draws', run=1, session=2, shots=5, seed=3)
+  assert not np.array_equal(a, b)
+  labels = bench.train.labels[a]
+  assert sorted(np.unique(labels).tolist()) == [10, 11, 12] and all(np.sum(labels == c) == 5 for c in (10, 11, 12))
+  with pytest.raises(ValueError, match='TOPIC'):
+    protocol.session_shots(bench, 'topic', 0, 2, 5, 0)
+  with pytest.raises(ValueError, match='session'):
+    protocol.session_shots(bench, 'draws', 0, 5, 5, 0)
+
+
+def test_test_indices_cover_seen_classes(bench):
+  idx = protocol.test_indices(bench, 2)
+  assert set(bench.test.labels[idx].tolist()) == set(range(13))
+
+
+def test_balanced_batch_is_a_function_of_seed_and_step(bench):
+  a = protocol.balanced_batch(bench.train.labels, bench.base_train, ways=4, shots=3, seed=0, step=7)
+  assert np.array_equal(a, protocol.balanced_batch(bench.train.labels, bench.base_train, 4, 3, 0, 7))
+  labels = bench.train.labels[a].reshape(4, 3)
+  assert len(set(labels[:, 0].tolist())) == 4 and np.all(labels == labels[:, :1])  # class-contiguous blocks
+  assert np.all(labels < 10)
+  with pytest.raises(ValueError, match='ways'):
+    protocol.balanced_batch(bench.train.labels, bench.base_train, 11, 3, 0, 0)
+
+
+def test_shuffled_batches_cover_an_epoch(bench):
+  pool = bench.base_train
+  per_epoch = len(pool) // 10
+  seen = np.concatenate([protocol.shuffled_batch(pool, 10, 0, s) for s in range(per_epoch)])
+  assert len(np.unique(seen)) == len(seen) == per_epoch * 10
