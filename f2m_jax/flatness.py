@@ -1,0 +1,71 @@
+"""Flatness of a trained base model (the paper's flatness table): I and sigma^2 of the loss under noise.
+
+For theta*: L* = base loss at theta*, L_i = loss at theta* + eps_i for N bounded draws on the noise
+set; I = mean_i (L_i - L*)^2 and sigma^2 = var_i(L_i). The loss is the linear classifier's mean
+cross-entropy over a dataset, BN in eval mode. The frozen trunk's features are computed once and
+only the noised suffix runs per draw, vmapped over chunks of draws.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from f2m_jax import noise as noise_lib
+from f2m_jax.data.augment import normalize
+from f2m_jax.evaluation import make_embed
+from f2m_jax.models import ResNet
+
+
+def flatness_stats(clean_loss: float, losses) -> dict:
+  """I = mean (L_i - L*)^2 and sigma^2 = var(L_i) (population variance) from the N draws."""
+  losses = np.asarray(losses, np.float64)
+  return {'L_star': float(clean_loss), 'I': float(np.mean((losses - clean_loss) ** 2)),
+          'sigma2': float(np.var(losses)), 'mean_loss': float(losses.mean()), 'num_draws': int(len(losses))}
+
+
+def noisy_losses(model: ResNet, variables, images: np.ndarray, labels: np.ndarray, paths, split: int,
+                 bound: float, distribution: str, num_draws: int, chunk: int, key: jax.Array, mean, std,
+                 batch_size: int = 500) -> tuple:
+  """(L*, [L_1..L_N]) on (images, labels). Draw i uses key fold_in(key, i), whatever the chunking."""
+  trunk = make_embed(model, mean, std, batch_size, last=split)(variables, images) if split > 0 else None
+  inputs = trunk if trunk is not None else images
+
+  def dataset_loss(params):
+    """Mean CE over the whole set under `params`, in batches (a scan, so memory stays bounded)."""
+    n = len(inputs)
+    pad = (-n) % batch_size
+    x = jnp.concatenate([jnp.asarray(inputs), jnp.zeros((pad,) + inputs.shape[1:], inputs.dtype)])
+    y = jnp.concatenate([jnp.asarray(labels), jnp.zeros((pad,), labels.dtype)])
+    w = jnp.concatenate([jnp.ones((n,)), jnp.zeros((pad,))])
+    x = x.reshape((-1, batch_size) + x.shape[1:])
+    y, w = y.reshape(-1, batch_size), w.reshape(-1, batch_size)
+
+    def body(total, batch):
+      xb, yb, wb = batch
+      if split == 0:
+        xb = normalize(xb, mean, std)
+      _, logits = model.apply({'params': params, 'batch_stats': variables['batch_stats']}, xb, train=False,
+                              first=split)
+      ce = -jnp.take_along_axis(jax.nn.log_softmax(logits.astype(jnp.float32)), yb[:, None], 1)[:, 0]
+      return total + jnp.sum(ce * wb), None
+
+    total, _ = jax.lax.scan(body, jnp.zeros(()), (x, y, w))
+    return total / n
+
+  @jax.jit
+  def chunk_losses(keys):
+    def one(k):
+      eps = noise_lib.sample_noise(k, variables['params'], paths, 1, bound, distribution)
+      return dataset_loss(noise_lib.perturb(variables['params'], {p: e[0] for p, e in eps.items()}))
+    return jax.vmap(one)(keys)
+
+  clean = float(jax.jit(dataset_loss)(variables['params']))
+  keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.arange(num_draws))
+  out = []
+  for start in range(0, num_draws, chunk):
+    k = keys[start:start + chunk]
+    if len(k) < chunk:  # pad the last chunk to keep one compiled shape
+      k = jnp.concatenate([k, jnp.repeat(k[-1:], chunk - len(k), axis=0)])
+    out.append(np.asarray(chunk_losses(k))[:min(chunk, num_draws - start)])
+  return clean, np.concatenate(out)

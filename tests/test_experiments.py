@@ -1,0 +1,79 @@
+"""Issue 6 pieces: method and ablation switches, the flatness indicator."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from f2m_jax import base as base_lib
+from f2m_jax import flatness
+from f2m_jax import noise as noise_lib
+from f2m_jax import pipeline
+from f2m_jax.models import noise_set_paths, resnet20, split_block
+
+
+def test_flatness_stats_known_answer():
+  s = flatness.flatness_stats(1.0, [1.0, 2.0, 3.0, 2.0])
+  assert s['I'] == pytest.approx((0 + 1 + 4 + 1) / 4)
+  assert s['sigma2'] == pytest.approx(0.5)  # values 1,2,3,2: mean 2, squared deviations 1,0,1,0
+  assert s['num_draws'] == 4
+
+
+@pytest.fixture(scope='module')
+def tiny():
+  model = resnet20(4, width=4)
+  variables = model.init(jax.random.key(0), jnp.zeros((1, 8, 8, 3)), train=False)
+  rng = np.random.default_rng(0)
+  images = rng.integers(0, 255, (30, 8, 8, 3), dtype=np.uint8)
+  labels = rng.integers(0, 4, 30).astype(np.int32)
+  paths = noise_set_paths(model, 4)
+  return model, variables, images, labels, paths, split_block(model, paths)
+
+
+def test_flatness_zero_bound_and_chunking(tiny):
+  model, variables, images, labels, paths, split = tiny
+  args = (model, variables, images, labels, paths, split)
+  clean, losses = flatness.noisy_losses(*args, 0.0, 'uniform', 5, 2, jax.random.key(1), (0.5,) * 3, (0.25,) * 3,
+                                        batch_size=8)
+  np.testing.assert_allclose(losses, clean, rtol=1e-5)
+  _, a = flatness.noisy_losses(*args, 0.05, 'uniform', 7, 3, jax.random.key(1), (0.5,) * 3, (0.25,) * 3, 8)
+  _, b = flatness.noisy_losses(*args, 0.05, 'uniform', 7, 7, jax.random.key(1), (0.5,) * 3, (0.25,) * 3, 16)
+  np.testing.assert_allclose(a, b, rtol=1e-4)
+  assert np.std(a) > 0
+  # the clean loss equals the plain mean CE of the full network
+  _, logits = model.apply(variables, (images / 255.0 - 0.5) / 0.25, train=False)
+  ce = -jnp.take_along_axis(jax.nn.log_softmax(logits), labels[:, None], 1).mean()
+  np.testing.assert_allclose(clean, ce, rtol=1e-5)
+
+
+def test_fm_off_draws_no_noise(tiny, monkeypatch):
+  model, variables, images, labels, paths, split = tiny
+
+  def forbidden(*a, **k):
+    raise AssertionError('noise drawn with FM off')
+
+  monkeypatch.setattr(noise_lib, 'sample_noise', forbidden)
+  obj = base_lib.BaseObjective(model, (), split, 2, 0.01, 'uniform', 1.0, 0.0, True)
+  tx = base_lib.make_optimizer(0.1, 0.9, 5e-4, (), 0.1)
+  state = base_lib.init_state(model, jax.random.key(0), 8, tx)
+  step = base_lib.make_train_step(obj, tx, 'crop_flip', 8, (0.5,) * 3, (0.25,) * 3)
+  state, metrics = step(state, images[:8], labels[:8], jax.random.key(2))
+  assert float(metrics['loss']) == pytest.approx(float(metrics['ce_clean']))
+
+
+def test_baseline_and_ablation_switches(smoke_config):
+  c = pipeline.resolve(smoke_config)
+  exp = pipeline.Experiment.create(c, pipeline.sources.load_benchmark(c))
+  obj = exp.base_objective()
+  assert obj.noisy and obj.pf_weight == 1.0
+  smoke_config.noise.prototype_fixing = False
+  smoke_config.noise.enabled = False
+  c2 = pipeline.resolve(smoke_config)
+  exp2 = pipeline.Experiment.create(c2, exp.bench)
+  assert not exp2.base_objective().noisy and exp2.base_objective().pf_weight == 0.0
+  smoke_config.method = 'baseline'
+  b = pipeline.resolve(smoke_config)
+  assert (not b.noise.enabled and not b.incremental.finetune and not b.eval.normalize_prototypes
+          and b.base.sampler == 'shuffle')
+  smoke_config.method = 'f2m+'
+  with pytest.raises(ValueError, match="method='f2m\\+'"):
+    pipeline.resolve(smoke_config)
