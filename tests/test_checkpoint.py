@@ -1,6 +1,5 @@
 """Checkpoints: bit-exact save/restore, resume after interruption, eval mode, and bad input."""
 import hashlib
-import json
 import os
 import shutil
 

@@ -31,14 +31,13 @@ from typing import Callable, Optional
 import numpy as np
 
 from f2m_jax.data.index_lists import DATA_DIR_ENV, session_lists
-from f2m_jax.data.mini_imagenet import (AUGMENT, IMAGENET_MEAN, IMAGENET_STD, Protocol, check_shots,
-                                        decode_cached, scaled, sessions_from_lists)
-from f2m_jax.data.types import Benchmark, DataError, Split
+from f2m_jax.data.mini_imagenet import (Protocol, decode_cached, protocol_benchmark, scaled,
+                                        sessions_from_lists)
+from f2m_jax.data.types import Benchmark, DataError
 
 IMAGE_SIZE = 224
 RESIZE = 256  # train: Resize(256) + CenterCrop(256); test: Resize(256) + CenterCrop(224)
 NUM_SESSIONS = 11
-SHOTS = 5
 FOLDER = 'CUB_200_2011'
 META_FILES = ('images.txt', 'train_test_split.txt', 'image_class_labels.txt', 'classes.txt')
 
@@ -160,11 +159,4 @@ def load_cub200(data_dir, index_dir=None, cache_dir=None, image_size: int = IMAG
                                desc='CUB-200 train', how_to_get=HOW_TO_GET, decode=decode)
   test_images = decode_cached([images_dir / f for f in p.test_files], root, folder, 'test', resize,
                               image_size, desc='CUB-200 test', how_to_get=HOW_TO_GET, decode=decode)
-  num_base = len(p.session_classes[0])
-  bench = Benchmark(
-      name='cub200', train=Split(train_images, p.train_labels), test=Split(test_images, p.test_labels),
-      base_train=p.session_indices[0], session_classes=p.session_classes,
-      shot_pool=np.flatnonzero(p.train_labels >= num_base), topic_shots=tuple(p.session_indices[1:]),
-      image_size=image_size, mean=IMAGENET_MEAN, std=IMAGENET_STD, augment=AUGMENT)
-  check_shots(bench, p.session_indices[1:], SHOTS)
-  return bench
+  return protocol_benchmark('cub200', p, train_images, test_images, image_size)

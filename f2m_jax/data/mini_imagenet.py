@@ -197,6 +197,20 @@ def sessions_from_lists(list_labels: Sequence[np.ndarray], num_classes: int, dat
   return tuple(classes)
 
 
+def protocol_benchmark(name: str, p: 'Protocol', train_images: np.ndarray, test_images: np.ndarray,
+                       image_size: int) -> Benchmark:
+  """The Benchmark of a folder dataset (miniImageNet, CUB) from its protocol and decoded images; the
+  TOPIC shot lists are checked against the labels."""
+  num_base = len(p.session_classes[0])
+  bench = Benchmark(
+      name=name, train=Split(train_images, p.train_labels), test=Split(test_images, p.test_labels),
+      base_train=p.session_indices[0], session_classes=p.session_classes,
+      shot_pool=np.flatnonzero(p.train_labels >= num_base), topic_shots=tuple(p.session_indices[1:]),
+      image_size=image_size, mean=IMAGENET_MEAN, std=IMAGENET_STD, augment=AUGMENT)
+  check_shots(bench, p.session_indices[1:], SHOTS)
+  return bench
+
+
 def check_shots(bench: Benchmark, topic_shots: Sequence[np.ndarray], shots: int):
   try:
     for t, idx in enumerate(topic_shots, start=2):
@@ -323,11 +337,4 @@ def load_mini_imagenet(data_dir, index_dir=None, cache_dir=None, image_size: int
                                test_resize, desc='miniImageNet train', how_to_get=HOW_TO_GET, decode=decode)
   test_images = decode_cached([images_dir / f for f in p.test_files], root, folder, 'test', test_resize,
                               image_size, desc='miniImageNet test', how_to_get=HOW_TO_GET, decode=decode)
-  num_base = len(p.session_classes[0])
-  bench = Benchmark(
-      name='mini_imagenet', train=Split(train_images, p.train_labels), test=Split(test_images, p.test_labels),
-      base_train=p.session_indices[0], session_classes=p.session_classes,
-      shot_pool=np.flatnonzero(p.train_labels >= num_base), topic_shots=tuple(p.session_indices[1:]),
-      image_size=image_size, mean=IMAGENET_MEAN, std=IMAGENET_STD, augment=AUGMENT)
-  check_shots(bench, p.session_indices[1:], SHOTS)
-  return bench
+  return protocol_benchmark('mini_imagenet', p, train_images, test_images, image_size)
