@@ -274,15 +274,15 @@ def run_sessions(exp: Experiment, model: dict, ckpts: Checkpoints, log, train: b
   anchor = {p: jnp.asarray(v) for p, v in noise_lib.flatten(params).items() if p in set(paths)}
   finetune = incremental.make_finetune(_session_settings(exp, paths)) if cfg.incremental.finetune else None
   embed = evaluation.make_embed(exp.model, bench.mean, bench.std, cfg.eval.batch_size)
-  evaluator = Evaluator(exp, {'params': params, 'batch_stats': batch_stats}, paths if finetune else ())
   base_vars = {'params': params, 'batch_stats': batch_stats}
+  evaluator = Evaluator(exp, base_vars, paths if finetune else ())
   first = evaluator.accuracies(base_vars, base_protos, 1, changed=False)
   trainable_template = noise_lib.unflatten({p: np.asarray(anchor[p]) for p in paths})
   per_run = []
   bar = tqdm(total=cfg.runs * (bench.num_sessions - 1), desc='incremental sessions', file=sys.stdout,
              mininterval=2.0)
   for run in range(cfg.runs):
-    run_params, exemplars, protos = params, np.zeros((0,), np.int64), base_protos
+    run_params, exemplars = params, np.zeros((0,), np.int64)
     accs = [first]
     done = set(ckpts.sessions_done(run))
     gaps = sorted(set(range(2, max(done, default=1) + 1)) - done)
@@ -301,7 +301,6 @@ def run_sessions(exp: Experiment, model: dict, ckpts: Checkpoints, log, train: b
           raise CheckpointError(f'run {run} session {session}: saved exemplars differ from the protocol '
                                 '(the data or protocol changed since it was saved)')
         run_params = _merge(params, saved['trainable'])
-        protos = saved['prototypes']
         accs.append(_unpack_accuracy(saved['accuracy']))
         bar.update(1)
         continue
