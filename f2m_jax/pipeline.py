@@ -245,9 +245,11 @@ def base_model(exp: Experiment, ckpts: Checkpoints, log, source: Optional[Checkp
                hook: Hook = None) -> dict:
   """phi*, its BN statistics and the base prototypes: restored if saved, else trained and saved."""
   template = exp.init_state()
-  embed = evaluation.make_embed(exp.model, exp.bench.mean, exp.bench.std, exp.config.eval.batch_size)
-  dim = embed({'params': template.params, 'batch_stats': template.batch_stats},
-              exp.train_view(np.arange(1))).shape[1]
+  size = exp.bench.image_size
+  emb_shape = jax.eval_shape(lambda v, x: exp.model.apply(v, x, train=False)[0],
+                             {'params': template.params, 'batch_stats': template.batch_stats},
+                             jax.ShapeDtypeStruct((1, size, size, 3), jnp.float32))
+  dim = emb_shape.shape[1]
   model_template = {'params': template.params, 'batch_stats': template.batch_stats,
                     'prototypes': np.zeros((exp.bench.num_base_classes, dim), np.float32)}
   if source is not None:
@@ -257,6 +259,7 @@ def base_model(exp: Experiment, ckpts: Checkpoints, log, source: Optional[Checkp
   state = train_base(exp, ckpts, log, hook)
   variables = {'params': state.params, 'batch_stats': state.batch_stats}
   bench = exp.bench
+  embed = evaluation.make_embed(exp.model, bench.mean, bench.std, exp.config.eval.batch_size)
   emb = embed(variables, exp.train_view(bench.base_train))
   protos = evaluation.prototypes(emb, bench.train.labels[bench.base_train], bench.session_classes[0])
   ckpts.save_model(state.params, state.batch_stats, protos)
@@ -273,9 +276,9 @@ def run_sessions(exp: Experiment, model: dict, ckpts: Checkpoints, log, train: b
   paths = exp.trainable_paths(params)
   anchor = {p: jnp.asarray(v) for p, v in noise_lib.flatten(params).items() if p in set(paths)}
   finetune = incremental.make_finetune(_session_settings(exp, paths)) if cfg.incremental.finetune else None
-  embed = evaluation.make_embed(exp.model, bench.mean, bench.std, cfg.eval.batch_size)
   base_vars = {'params': params, 'batch_stats': batch_stats}
   evaluator = Evaluator(exp, base_vars, paths if finetune else ())
+  embed = evaluator.embed_full  # the test view of images, shared with the evaluation (one compile)
   first = evaluator.accuracies(base_vars, base_protos, 1, changed=False)
   trainable_template = noise_lib.unflatten({p: np.asarray(anchor[p]) for p in paths})
   per_run = []
