@@ -67,6 +67,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.incremental.weight_decay = 5e-4
   c.incremental.clamp = True  # PC
   c.incremental.distance = 'squared_euclidean'  # or 'euclidean'
+  c.incremental.round_steps = False  # the original's rounding of each SGD step to multiples of b/2
 
   c.eval = ml_collections.ConfigDict()
   c.eval.normalize_prototypes = True  # PN

@@ -34,6 +34,7 @@ class SessionSettings:
   image_size: int
   mean: tuple
   std: tuple
+  round_steps: bool = False
 
 
 def clip_to_box(trainable: Mapping, anchor: Mapping, bound: float) -> dict:
@@ -48,10 +49,27 @@ def session_loss(trainable, frozen, batch_stats, x, labels, stored, settings: Se
   return objectives.metric_loss(emb, labels, stored, settings.distance)
 
 
+def round_gradient(g: jax.Array, lr: float, quantum: float) -> jax.Array:
+  """The original's gradient rounding (not in the paper; notes/original_code.md, Sec. 4.2).
+
+  The raw step lr*g is rounded to a multiple of `quantum` (b/2, the grid noise's spacing), so entries
+  with |lr*g| < quantum/2 do not move at all; if that zeroes the whole tensor, 2*lr*g is rounded
+  instead (once). Returns the gradient whose plain SGD step is that rounded step. Weight decay and
+  momentum act afterwards, as in the original, so the final steps are not exactly on the grid."""
+  q = jnp.round(lr * g / quantum)
+  q = jnp.where(jnp.all(q == 0), jnp.round(2 * lr * g / quantum), q)
+  return q * quantum / lr
+
+
 def session_optimizer(settings: SessionSettings) -> optax.GradientTransformation:
-  """A fresh SGD (momentum, weight decay) per session, as the original."""
-  return optax.chain(optax.add_decayed_weights(settings.weight_decay),
-                     optax.sgd(settings.lr, momentum=settings.momentum))
+  """A fresh SGD (momentum, weight decay) per session, as the original; with `round_steps`, each
+  tensor's gradient is first rounded by `round_gradient` with quantum b/2."""
+  parts = [optax.add_decayed_weights(settings.weight_decay), optax.sgd(settings.lr, momentum=settings.momentum)]
+  if settings.round_steps:
+    quantum = settings.bound / 2
+    parts.insert(0, optax.stateless(lambda g, _: jax.tree.map(
+        lambda x: round_gradient(x, settings.lr, quantum), g)))
+  return optax.chain(*parts)
 
 
 def make_finetune(settings: SessionSettings) -> Callable:

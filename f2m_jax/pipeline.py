@@ -75,6 +75,9 @@ def validate(c: ml_collections.ConfigDict) -> None:
   need(c.incremental.trainable in ('noise_set', 'all'), 'incremental.trainable', c.incremental.trainable,
        "'noise_set' or 'all'")
   need(c.incremental.steps >= 0, 'incremental.steps', c.incremental.steps, 'must be >= 0')
+  need(c.incremental.lr > 0, 'incremental.lr', c.incremental.lr, 'must be > 0')
+  need(not c.incremental.round_steps or c.noise.bound > 0, 'incremental.round_steps', c.incremental.round_steps,
+       f'rounds steps to multiples of noise.bound/2, so it needs noise.bound > 0 (is {c.noise.bound})')
   need(c.incremental.distance in ('squared_euclidean', 'euclidean'), 'incremental.distance',
        c.incremental.distance, "'squared_euclidean' or 'euclidean'")
   need(c.data.protocol in protocol_lib.PROTOCOLS, 'data.protocol', c.data.protocol,
@@ -203,7 +206,8 @@ def _session_settings(exp: Experiment, trainable_paths) -> incremental.SessionSe
   return incremental.SessionSettings(
       model=exp.model, trainable_paths=tuple(trainable_paths), steps=c.steps, lr=c.lr, momentum=c.momentum,
       weight_decay=c.weight_decay, bound=exp.config.noise.bound, clamp=c.clamp, distance=c.distance,
-      augment=exp.bench.augment, image_size=exp.bench.image_size, mean=exp.bench.mean, std=exp.bench.std)
+      augment=exp.bench.augment, image_size=exp.bench.image_size, mean=exp.bench.mean, std=exp.bench.std,
+      round_steps=c.round_steps)
 
 
 class Evaluator:
@@ -374,7 +378,8 @@ def run(config: ml_collections.ConfigDict, workdir: str, mode: str = 'train',
                                      [bench.num_seen_classes(t) for t in range(1, bench.num_sessions + 1)],
                                      per_run)
   wall = round(time.time() - t0, 1)
-  log.write(phase='done', mode=mode, wall_time_s=wall)
+  log.write(phase='done', mode=mode, wall_time_s=wall,
+            base_checkpoint=os.path.abspath(checkpoint) if checkpoint else None)
   ckpts.close()
   write_outputs(workdir, results, mode)
   return results

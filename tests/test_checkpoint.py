@@ -1,5 +1,6 @@
 """Checkpoints: bit-exact save/restore, resume after interruption, eval mode, and bad input."""
 import hashlib
+import json
 import os
 import shutil
 
@@ -112,6 +113,9 @@ def test_new_sessions_from_another_workdirs_base_model(reference, tmp_path):
   assert results != ref  # other incremental settings (raw prototypes) ...
   assert Checkpoints(workdir).latest_base_step() is None  # ... on the same base model: nothing retrained
   assert os.listdir(os.path.join(workdir, 'checkpoints', 'run_0'))
+  with open(os.path.join(workdir, 'metrics.jsonl')) as f:
+    done = [json.loads(line) for line in f if '"done"' in line]
+  assert done[-1]['base_checkpoint'] == os.path.abspath(ref_dir)  # where the base model came from
 
 
 def _copy(reference, tmp_path):

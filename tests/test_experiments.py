@@ -77,3 +77,12 @@ def test_baseline_and_ablation_switches(smoke_config):
   smoke_config.method = 'f2m+'
   with pytest.raises(ValueError, match="method='f2m\\+'"):
     pipeline.resolve(smoke_config)
+
+
+def test_round_steps_needs_a_positive_bound(smoke_config):
+  smoke_config.incremental.round_steps = True
+  smoke_config.noise.bound = 0.0
+  with pytest.raises(ValueError, match='incremental.round_steps=True.*noise.bound > 0'):
+    pipeline.resolve(smoke_config)
+  smoke_config.noise.bound = 0.005
+  assert pipeline.resolve(smoke_config).incremental.round_steps

@@ -60,3 +60,29 @@ def test_without_clamp_leaves_the_box(setup):
 def test_clip_to_box_arithmetic():
   out = incremental.clip_to_box({'w': jnp.array([0.0, 1.2, 0.95])}, {'w': jnp.array([1.0, 1.0, 1.0])}, 0.1)
   np.testing.assert_allclose(out['w'], [0.9, 1.1, 0.95])
+
+
+def test_round_gradient_puts_sgd_steps_on_the_grid():
+  lr, quantum = 0.01, 0.0025
+  g = jnp.array([0.05, 0.2, -0.4, 0.124, -0.126])  # lr*g / quantum = 0.2, 0.8, -1.6, 0.496, -0.504
+  step = lr * incremental.round_gradient(g, lr, quantum)
+  np.testing.assert_allclose(step, [0.0, 0.0025, -0.005, 0.0, -0.0025], atol=1e-9)
+  # every entry rounds to 0 at lr: the original retries once with 2*lr*g (0.4 -> 0, 1.2 -> 1)
+  small = jnp.array([0.05, 0.15])
+  np.testing.assert_allclose(lr * incremental.round_gradient(small, lr, quantum), [0.0, 0.0025], atol=1e-9)
+
+
+def test_round_steps_moves_only_by_multiples_of_half_the_bound(setup):
+  model, variables, images, labels, stored = setup
+  paths = noise_set_paths(model, 4)
+  flat0 = noise_lib.flatten(variables['params'])
+  anchor = {p: flat0[p] for p in paths}
+  settings = _settings(model, paths, 1, clamp=False, lr=0.05)
+  settings = incremental.SessionSettings(**{**settings.__dict__, 'momentum': 0.0, 'weight_decay': 0.0,
+                                            'round_steps': True})
+  params, _ = incremental.make_finetune(settings)(
+      variables['params'], variables['batch_stats'], anchor, images, labels, stored, jax.random.key(1))
+  flat = noise_lib.flatten(params)
+  steps = np.concatenate([np.ravel(np.asarray(flat[p]) - np.asarray(anchor[p])) for p in paths]) / 0.0015
+  np.testing.assert_allclose(steps, np.round(steps), atol=1e-3)  # multiples of b/2 = 0.0015
+  assert 0 < np.count_nonzero(np.round(steps)) < steps.size  # some entries moved, small ones did not
