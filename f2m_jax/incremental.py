@@ -11,6 +11,7 @@ from typing import Callable, Mapping
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from f2m_jax import noise as noise_lib
@@ -42,11 +43,11 @@ def clip_to_box(trainable: Mapping, anchor: Mapping, bound: float) -> dict:
   return {p: jnp.clip(v, anchor[p] - bound, anchor[p] + bound) for p, v in trainable.items()}
 
 
-def session_loss(trainable, frozen, batch_stats, x, labels, stored, settings: SessionSettings):
-  """Eq. 5 for the current network (BN in eval mode)."""
+def session_loss(trainable, frozen, batch_stats, x, labels, stored, num_seen, settings: SessionSettings):
+  """Eq. 5 for the current network (BN in eval mode, so padding rows do not touch the others)."""
   params = noise_lib.unflatten({**frozen, **trainable})
   emb, _ = settings.model.apply({'params': params, 'batch_stats': batch_stats}, x, train=False)
-  return objectives.metric_loss(emb, labels, stored, settings.distance)
+  return objectives.metric_loss(emb, labels, stored, settings.distance, num_seen)
 
 
 def round_gradient(g: jax.Array, lr: float, quantum: float) -> jax.Array:
@@ -72,15 +73,26 @@ def session_optimizer(settings: SessionSettings) -> optax.GradientTransformation
   return optax.chain(*parts)
 
 
-def make_finetune(settings: SessionSettings) -> Callable:
+def pad_rows(x, size: int, value=0):
+  """Pads the leading axis of a host array to `size` rows of `value` (unchanged if already as long)."""
+  x = np.asarray(x)
+  if len(x) >= size:
+    return x
+  return np.concatenate([x, np.full((size - len(x),) + x.shape[1:], value, x.dtype)])
+
+
+def make_finetune(settings: SessionSettings, max_images: int = 0, max_classes: int = 0) -> Callable:
   """finetune(params, batch_stats, anchor, images_u8, labels, stored, key) -> (params, losses[E]).
 
   `anchor` is the flat dict of phi* on the trainable paths; `stored` the [C_seen, D] prototypes
-  (base ones used as given, novel rows replaced by batch means inside the loss)."""
+  (base ones used as given, novel rows replaced by batch means inside the loss). With `max_images`
+  and `max_classes` (the last session's sizes) every session is padded to one shape, so the program
+  compiles once instead of once per session; padding rows and classes take no part in the loss."""
   tx = session_optimizer(settings)
   paths = settings.trainable_paths
 
-  def finetune(params, batch_stats, anchor, images, labels, stored, key):
+  @jax.jit
+  def finetune_padded(params, batch_stats, anchor, images, labels, stored, num_seen, key):
     flat = noise_lib.flatten(params)
     trainable = {p: flat[p] for p in paths}
     frozen = {p: v for p, v in flat.items() if p not in trainable}
@@ -90,7 +102,7 @@ def make_finetune(settings: SessionSettings) -> Callable:
       trainable, opt_state, losses = carry
       x = augment_lib.train_inputs(jax.random.fold_in(key, i), images, settings.augment,
                                    settings.image_size, settings.mean, settings.std)
-      loss, grads = grad_fn(trainable, frozen, batch_stats, x, labels, stored, settings)
+      loss, grads = grad_fn(trainable, frozen, batch_stats, x, labels, stored, num_seen, settings)
       updates, opt_state = tx.update(grads, opt_state, trainable)
       trainable = optax.apply_updates(trainable, updates)
       if settings.clamp:
@@ -104,4 +116,12 @@ def make_finetune(settings: SessionSettings) -> Callable:
     trainable, _, losses = carry
     return noise_lib.unflatten({**frozen, **trainable}), losses
 
-  return jax.jit(finetune)
+  def finetune(params, batch_stats, anchor, images, labels, stored, key):
+    num_seen = jnp.int32(len(stored))
+    if max_images > len(labels) or max_classes > len(stored):
+      images, labels = pad_rows(images, max_images), pad_rows(labels, max_images, -1)
+      stored = pad_rows(stored, max_classes)
+    return finetune_padded(params, batch_stats, anchor, images, labels, stored, num_seen, key)
+
+  finetune.jitted = finetune_padded  # for inspection (tests count its compiled shapes)
+  return finetune

@@ -52,12 +52,21 @@ def pairwise_distance(x: jax.Array, prototypes: jax.Array, distance: str) -> jax
   raise ValueError(f'incremental.distance={distance!r} is not one of {DISTANCES}')
 
 
-def metric_loss(embeddings: jax.Array, labels: jax.Array, stored: jax.Array, distance: str) -> jax.Array:
+def metric_loss(embeddings: jax.Array, labels: jax.Array, stored: jax.Array, distance: str,
+                num_seen=None) -> jax.Array:
   """Eq. 5: softmax over -d(f(x), p_c) for every seen class c. Classes present in the batch use the
-  batch's own mean embedding (with gradient); the others (base classes) use the stored prototypes."""
-  batch_means, counts = class_means(embeddings, labels, stored.shape[0])
+  batch's own mean embedding (with gradient); the others (base classes) use the stored prototypes.
+
+  For one compiled program across sessions the inputs may be padded: rows labelled -1 are ignored,
+  and with `num_seen` (a scalar, may be traced) only the first num_seen rows of `stored` are classes."""
+  batch_means, counts = class_means(embeddings, labels, stored.shape[0])  # label -1: a zero one-hot row
   prototypes = jnp.where((counts > 0)[:, None], batch_means, stored)
-  return cross_entropy(-pairwise_distance(embeddings, prototypes, distance), labels)
+  logits = -pairwise_distance(embeddings, prototypes, distance).astype(jnp.float32)
+  if num_seen is not None:
+    logits = jnp.where(jnp.arange(stored.shape[0]) < num_seen, logits, -jnp.inf)
+  valid = labels >= 0
+  per_row = optax.softmax_cross_entropy_with_integer_labels(logits, jnp.where(valid, labels, 0))
+  return jnp.sum(jnp.where(valid, per_row, 0.0)) / jnp.maximum(valid.sum(), 1)
 
 
 def normalize_prototypes(prototypes: jax.Array) -> jax.Array:

@@ -279,7 +279,11 @@ def run_sessions(exp: Experiment, model: dict, ckpts: Checkpoints, log, train: b
   params, batch_stats, base_protos = model['params'], model['batch_stats'], model['prototypes']
   paths = exp.trainable_paths(params)
   anchor = {p: jnp.asarray(v) for p, v in noise_lib.flatten(params).items() if p in set(paths)}
-  finetune = incremental.make_finetune(_session_settings(exp, paths)) if cfg.incremental.finetune else None
+  finetune = None
+  if cfg.incremental.finetune:  # padded to the last session's sizes: one compile serves every session
+    max_images = cfg.data.shots * sum(len(c) for c in bench.session_classes[1:])
+    finetune = incremental.make_finetune(_session_settings(exp, paths), max_images,
+                                         bench.num_seen_classes(bench.num_sessions))
   base_vars = {'params': params, 'batch_stats': batch_stats}
   evaluator = Evaluator(exp, base_vars, paths if finetune else ())
   embed = evaluator.embed_full  # the test view of images, shared with the evaluation (one compile)

@@ -86,3 +86,25 @@ def test_round_steps_moves_only_by_multiples_of_half_the_bound(setup):
   steps = np.concatenate([np.ravel(np.asarray(flat[p]) - np.asarray(anchor[p])) for p in paths]) / 0.0015
   np.testing.assert_allclose(steps, np.round(steps), atol=1e-3)  # multiples of b/2 = 0.0015
   assert 0 < np.count_nonzero(np.round(steps)) < steps.size  # some entries moved, small ones did not
+
+
+def test_padding_to_the_last_sessions_shape_changes_nothing(setup):
+  model, variables, images, labels, stored = setup
+  paths = noise_set_paths(model, 4)
+  flat0 = noise_lib.flatten(variables['params'])
+  anchor = {p: flat0[p] for p in paths}
+  # one step: later steps amplify float32 rounding (distances ~1e3 enter a softmax), not padding
+  settings = incremental.SessionSettings(**{**_settings(model, paths, 1, lr=0.05).__dict__, 'augment': 'none'})
+  args = (variables['params'], variables['batch_stats'], anchor, images, labels, stored, jax.random.key(1))
+  exact, exact_losses = incremental.make_finetune(settings)(*args)
+  padded_fn = incremental.make_finetune(settings, max_images=25, max_classes=12)
+  padded, padded_losses = padded_fn(*args)
+  np.testing.assert_allclose(padded_losses, exact_losses, atol=5e-5)
+  moved = max(float(np.abs(noise_lib.flatten(exact)[p] - anchor[p]).max()) for p in paths)
+  for p, v in noise_lib.flatten(padded).items():
+    np.testing.assert_allclose(v, noise_lib.flatten(exact)[p], atol=1e-5)
+  assert moved > 1e-3  # the step itself is two orders larger than the tolerance
+  # a smaller session reuses the compiled program
+  padded_fn(variables['params'], variables['batch_stats'], anchor, images[:5], labels[:5], stored[:7],
+            jax.random.key(2))
+  assert padded_fn.jitted._cache_size() == 1
