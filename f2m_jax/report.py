@@ -8,7 +8,8 @@ Each W is a workdir holding `results.json` or the path of a results file. The re
 
   report.md      the main table in the paper's layout (one row per run: accuracy per session as
                  mean ± ci95, PD, AVG and the gap of the last-session accuracy to the reference row),
-                 a base/novel/HM table, and the list of sources;
+                 a base/novel/HM table, the flatness table (I, sigma^2) of the workdirs that hold a
+                 flatness.json from `run.py --mode flatness`, and the list of sources;
   report.csv     the main table, machine-readable, full precision;
   accuracy.png   accuracy per session, one line per run with a shaded 95% band;
   base_novel.png base (solid) and novel (dashed) accuracy per session.
@@ -31,6 +32,7 @@ import sys
 from typing import Any, Iterable, Optional, Sequence
 
 RESULTS_NAME = 'results.json'
+FLATNESS_NAME = 'flatness.json'  # written by `run.py --mode flatness` into the workdir
 TOP_KEYS = ('dataset', 'method', 'protocol', 'runs', 'sessions', 'pd', 'avg')
 SESSION_KEYS = ('session', 'num_classes', 'acc', 'acc_base')
 NULLABLE_SESSION_KEYS = ('acc_novel', 'hm')  # null (or absent) in session 1
@@ -48,6 +50,7 @@ class Row:
   label: str
   results: dict
   source: str = ''
+  flatness: Optional[dict] = None  # the workdir's flatness.json, if it has one
 
 
 # ----------------------------------------------------------------------------- loading
@@ -356,16 +359,46 @@ def build_rows(paths: Sequence[str], labels: Optional[Sequence[str]] = None) -> 
   for i, path in enumerate(paths):
     results = load_results(path)
     label = labels[i] if labels is not None else default_label(results, path)
-    rows.append(Row(label=label, results=results, source=results_path(path)))
+    rows.append(Row(label=label, results=results, source=results_path(path), flatness=load_flatness(path)))
   return rows
 
 
+def load_flatness(path: str) -> Optional[dict]:
+  """The flatness.json beside a workdir's results (None if there is none)."""
+  file = os.path.join(path, FLATNESS_NAME) if os.path.isdir(path) else ''
+  if not os.path.isfile(file):
+    return None
+  try:
+    with open(file, encoding='utf-8') as f:
+      flat = json.load(f)
+    for split in ('train', 'test'):
+      for key in ('I', 'sigma2', 'num_draws', 'num_images'):
+        float(flat[split][key])
+  except (OSError, ValueError, KeyError, TypeError) as e:
+    raise ResultsError(f'{file}: not a flatness file of run.py --mode flatness ({e})') from e
+  return flat
+
+
+def format_flatness_table(rows: Sequence[Row]) -> str:
+  """The paper's flatness table (indicator I and variance sigma^2 on the training and test sets) for
+  the rows whose workdir holds flatness.json; '' if none does."""
+  body = [[_escape(r.label)] + [f'{r.flatness[s][k]:.4g}' for k in ('I', 'sigma2') for s in ('train', 'test')]
+          + [str(r.flatness['train']['num_draws']), f'{r.flatness["bound"]:g}']
+          for r in rows if r.flatness is not None]
+  if not body:
+    return ''
+  header = ['Method', 'I (train)', 'I (test)', 'sigma^2 (train)', 'sigma^2 (test)', 'draws', 'b']
+  return markdown_table(header, body)
+
+
 def format_report(rows: Sequence[Row], reference: Any = 0, all_sessions: bool = False) -> str:
-  """The full report.md text: main table, base/novel table and the list of sources."""
+  """The full report.md text: main table, base/novel table, flatness table (where the workdirs hold
+  flatness.json) and the list of sources."""
   ref = rows[resolve_reference(rows, reference)]
   which = 'every session' if all_sessions else 'last session'
   sources = [f'- {_escape(r.label)}: `{r.source}` ({r.results["dataset"]}, {r.results["method"]}, '
              f'{r.results["protocol"]}, {r.results["runs"]} runs)' for r in rows]
+  flatness = format_flatness_table(rows)
   return '\n'.join([
       '# F2M report', '',
       '## Accuracy per session (%, mean ± 95% CI over runs)', '',
@@ -373,8 +406,8 @@ def format_report(rows: Sequence[Row], reference: Any = 0, all_sessions: bool = 
       f'gap: last-session accuracy minus that of the reference row "{_escape(ref.label)}".', '',
       f'## Base vs novel accuracy ({which})', '',
       format_base_novel_table(rows, all_sessions), '',
-      '## Sources', '',
-  ] + sources) + '\n'
+  ] + (['## Flatness of the base model (base loss over noise draws)', '', flatness, ''] if flatness else [])
+      + ['## Sources', ''] + sources) + '\n'
 
 
 def write_report(rows: Sequence[Row], out: str, reference: Any = 0,

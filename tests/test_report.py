@@ -4,6 +4,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import pathlib
 
 import pytest
 
@@ -169,6 +170,28 @@ def test_main_writes_report(workdirs, tmp_path, capsys):
   assert report.main(argv + ['--base-novel', 'all']) == 0
   assert '| cub | 1 | 100 |' in (out / 'report.md').read_text()
 
+
+def _flatness(i_train, i_test, s_train, s_test):
+  return {'bound': 0.005, 'distribution': 'uniform', 'num_layers': 4, 'checkpoint': '/x',
+          'train': {'L_star': 0.1, 'I': i_train, 'sigma2': s_train, 'mean_loss': 0.3, 'num_draws': 1000,
+                    'num_images': 30000},
+          'test': {'L_star': 0.2, 'I': i_test, 'sigma2': s_test, 'mean_loss': 0.5, 'num_draws': 1000,
+                   'num_images': 6000}}
+
+
+def test_flatness_table_from_workdirs(workdirs, tmp_path):
+  (pathlib.Path(workdirs[0]) / 'flatness.json').write_text(json.dumps(_flatness(0.0506, 0.08, 0.0296, 0.0334)))
+  (pathlib.Path(workdirs[1]) / 'flatness.json').write_text(json.dumps(_flatness(0.2993, 0.4582, 0.1451, 0.2395)))
+  rows = report.build_rows(workdirs, ['F2M', 'Baseline', 'cub'])
+  md = report.format_report(rows)
+  assert '## Flatness' in md
+  assert '| F2M | 0.0506 | 0.08 | 0.0296 | 0.0334 | 1000 | 0.005 |' in md
+  assert '| Baseline | 0.2993 | 0.4582 | 0.1451 | 0.2395 | 1000 | 0.005 |' in md
+  assert '| cub |' not in report.format_flatness_table(rows)  # no flatness.json: no row
+  assert '## Flatness' not in report.format_report(report.build_rows(workdirs[2:]))
+  (pathlib.Path(workdirs[2]) / 'flatness.json').write_text('{"train": {}}')
+  with pytest.raises(report.ResultsError, match='flatness.json'):
+    report.build_rows(workdirs[2:])
 
 @pytest.mark.parametrize('mutate, key', [
     (lambda r: r.pop('pd'), "'pd'"),
