@@ -4,13 +4,18 @@
 #
 #   experiments/cifar100.sh full OUT          # full protocol (TFDS cifar100, 30,003 iterations): a GPU
 #   experiments/cifar100.sh trainsplit OUT    # offline real data ($F2M_DATA_DIR), 3,000 iterations
-#   STEPS=300 DRAWS=100 experiments/cifar100.sh trainsplit OUT   # a reduced budget for a CPU
+#   STEPS=600 DRAWS=250 FLAT_IMAGES=2000 experiments/cifar100.sh trainsplit OUT   # a budget for a CPU
+#   STEPS=30 RUNS=2 experiments/cifar100.sh smoke OUT   # synthetic data: checks the script in minutes
+#
+# STEPS: base iterations (learning rate x lr_gamma at STEPS/2); RUNS: draws of the shots; DRAWS and
+# FLAT_IMAGES: noise draws and images per set of the flatness table (default 1000 and all images).
+# On 2 CPU cores a 600-iteration base session takes about 11 minutes, its 10 x 8 sessions 1-3 minutes.
 #
 # Rows that share a base model reuse its checkpoint (--checkpoint) instead of retraining it.
 # Workdirs are resumable: rerunning the script continues where it stopped.
 set -euo pipefail
-variant=${1:?usage: experiments/cifar100.sh full|trainsplit OUT}
-out=${2:?usage: experiments/cifar100.sh full|trainsplit OUT}
+variant=${1:?usage: experiments/cifar100.sh full|trainsplit|smoke OUT}
+out=${2:?usage: experiments/cifar100.sh full|trainsplit|smoke OUT}
 cfg=configs/cifar100.py
 [ "$variant" = full ] || cfg="$cfg:$variant"
 extra=()
@@ -28,11 +33,14 @@ run() {  # run NAME [overrides...]
 # Main table.
 run f2m
 run baseline --config.method=baseline
-# Ablation table, one row each (FM PF PC PN); the first two rows share a base model without noise.
-run abl_none --config.noise.enabled=False --config.noise.prototype_fixing=False \
-    --config.incremental.clamp=False --config.eval.normalize_prototypes=False
-run abl_pc --checkpoint "$out/abl_none" --config.noise.enabled=False --config.noise.prototype_fixing=False \
+# The authors' code also rounds each fine-tuning step to multiples of b/2 (not in the paper, off by default).
+run f2m_round --checkpoint "$out/f2m" --config.incremental.round_steps=True
+# Ablation table, one row each (FM PF PC PN). The rows without FM fine-tune the Baseline's base model
+# (plain CE, shuffled batches); the others reuse F2M's, except the row without PF, which trains its own.
+ce=(--config.noise.enabled=False --config.noise.prototype_fixing=False --config.base.sampler=shuffle)
+run abl_none --checkpoint "$out/baseline" "${ce[@]}" --config.incremental.clamp=False \
     --config.eval.normalize_prototypes=False
+run abl_pc --checkpoint "$out/baseline" "${ce[@]}" --config.eval.normalize_prototypes=False
 run abl_no_pc --checkpoint "$out/f2m" --config.incremental.clamp=False
 run abl_no_pf --config.noise.prototype_fixing=False
 run abl_no_pn --checkpoint "$out/f2m" --config.eval.normalize_prototypes=False
@@ -43,10 +51,12 @@ done
 # Flatness table (N = 1000 draws unless DRAWS is set).
 for name in f2m baseline; do
   method=f2m; [ "$name" = baseline ] && method=baseline
-  run "$name" --mode flatness --config.method="$method" --config.flatness.num_draws="${DRAWS:-1000}"
+  run "$name" --mode flatness --config.method="$method" --config.flatness.num_draws="${DRAWS:-1000}" \
+      --config.flatness.max_images="${FLAT_IMAGES:-0}"
 done
 
-python -m f2m_jax.report "$out/f2m" "$out/baseline" --labels F2M,Baseline --reference 1 --out "$out/report_main"
+python -m f2m_jax.report "$out/f2m" "$out/baseline" "$out/f2m_round" --labels "F2M,Baseline,F2M (rounded steps)" \
+    --reference 1 --out "$out/report_main"
 python -m f2m_jax.report "$out/abl_none" "$out/abl_pc" "$out/abl_no_pc" "$out/abl_no_pf" "$out/abl_no_pn" "$out/f2m" \
     --labels "-,PC,FM+PF+PN,FM+PC+PN,FM+PF+PC,FM+PF+PC+PN" --reference 5 --out "$out/report_ablation"
 python -m f2m_jax.report "$out"/bound_0.00125 "$out"/bound_0.0025 "$out/f2m" "$out"/bound_0.01 "$out"/bound_0.02 \
