@@ -8,8 +8,8 @@ Each W is a workdir holding `results.json` or the path of a results file. The re
 
   report.md      the main table in the paper's layout (one row per run: accuracy per session as
                  mean ± ci95, PD, AVG and the gap of the last-session accuracy to the reference row),
-                 a base/novel/HM table, the flatness table (I, sigma^2) of the workdirs that hold a
-                 flatness.json from `run.py --mode flatness`, and the list of sources;
+                 a base/novel/HM table, the flatness table (I, sigma^2) from the flatness files that
+                 `run.py --mode flatness` wrote into the workdirs, and the list of sources;
   report.csv     the main table, machine-readable, full precision;
   accuracy.png   accuracy per session, one line per run with a shaded 95% band;
   base_novel.png base (solid) and novel (dashed) accuracy per session.
@@ -50,7 +50,7 @@ class Row:
   label: str
   results: dict
   source: str = ''
-  flatness: Optional[dict] = None  # the workdir's flatness.json, if it has one
+  flatness: tuple = ()  # the workdir's flatness files (run.py --mode flatness), if any
 
 
 # ----------------------------------------------------------------------------- loading
@@ -363,31 +363,38 @@ def build_rows(paths: Sequence[str], labels: Optional[Sequence[str]] = None) -> 
   return rows
 
 
-def load_flatness(path: str) -> Optional[dict]:
-  """The flatness.json beside a workdir's results (None if there is none)."""
-  file = os.path.join(path, FLATNESS_NAME) if os.path.isdir(path) else ''
-  if not os.path.isfile(file):
-    return None
-  try:
-    with open(file, encoding='utf-8') as f:
-      flat = json.load(f)
-    for split in ('train', 'test'):
-      for key in ('I', 'sigma2', 'num_draws', 'num_images'):
-        float(flat[split][key])
-  except (OSError, ValueError, KeyError, TypeError) as e:
-    raise ResultsError(f'{file}: not a flatness file of run.py --mode flatness ({e})') from e
-  return flat
+def load_flatness(path: str) -> tuple:
+  """The flatness files of a workdir: flatness.json, then any flatness_<time>.json that later runs of
+  `--mode flatness` (e.g. at another bound) wrote beside it; () if there are none."""
+  if not os.path.isdir(path):
+    return ()
+  names = [n for n in os.listdir(path)
+           if n == FLATNESS_NAME or (n.startswith('flatness_') and n.endswith('.json'))]
+  out = []
+  for name in sorted(names, key=lambda n: (n != FLATNESS_NAME, n)):
+    file = os.path.join(path, name)
+    try:
+      with open(file, encoding='utf-8') as f:
+        flat = json.load(f)
+      for split in ('train', 'test'):
+        for key in ('I', 'sigma2', 'num_draws', 'num_images'):
+          float(flat[split][key])
+      float(flat['bound'])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+      raise ResultsError(f'{file}: not a flatness file of run.py --mode flatness ({e})') from e
+    out.append(flat)
+  return tuple(out)
 
 
 def format_flatness_table(rows: Sequence[Row]) -> str:
-  """The paper's flatness table (indicator I and variance sigma^2 on the training and test sets) for
-  the rows whose workdir holds flatness.json; '' if none does."""
-  body = [[_escape(r.label)] + [f'{r.flatness[s][k]:.4g}' for k in ('I', 'sigma2') for s in ('train', 'test')]
-          + [str(r.flatness['train']['num_draws']), f'{r.flatness["bound"]:g}']
-          for r in rows if r.flatness is not None]
+  """The paper's flatness table (indicator I and variance sigma^2 on the training and test sets), one
+  line per flatness file of each row; '' if no row has one."""
+  body = [[_escape(r.label), f'{f["bound"]:g}'] + [f'{f[s][k]:.4g}' for k in ('I', 'sigma2') for s in ('train', 'test')]
+          + [str(f['train']['num_draws']), f'{f["train"]["num_images"]} / {f["test"]["num_images"]}']
+          for r in rows for f in r.flatness]
   if not body:
     return ''
-  header = ['Method', 'I (train)', 'I (test)', 'sigma^2 (train)', 'sigma^2 (test)', 'draws', 'b']
+  header = ['Method', 'b', 'I (train)', 'I (test)', 'sigma^2 (train)', 'sigma^2 (test)', 'draws', 'images']
   return markdown_table(header, body)
 
 

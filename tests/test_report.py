@@ -182,12 +182,15 @@ def _flatness(i_train, i_test, s_train, s_test):
 def test_flatness_table_from_workdirs(workdirs, tmp_path):
   (pathlib.Path(workdirs[0]) / 'flatness.json').write_text(json.dumps(_flatness(0.0506, 0.08, 0.0296, 0.0334)))
   (pathlib.Path(workdirs[1]) / 'flatness.json').write_text(json.dumps(_flatness(0.2993, 0.4582, 0.1451, 0.2395)))
+  later = {**_flatness(1.5, 2.5, 0.5, 0.75), 'bound': 0.05}  # a second --mode flatness run at another b
+  (pathlib.Path(workdirs[1]) / 'flatness_20261126-020000.json').write_text(json.dumps(later))
   rows = report.build_rows(workdirs, ['F2M', 'Baseline', 'cub'])
   md = report.format_report(rows)
   assert '## Flatness' in md
-  assert '| F2M | 0.0506 | 0.08 | 0.0296 | 0.0334 | 1000 | 0.005 |' in md
-  assert '| Baseline | 0.2993 | 0.4582 | 0.1451 | 0.2395 | 1000 | 0.005 |' in md
-  assert '| cub |' not in report.format_flatness_table(rows)  # no flatness.json: no row
+  assert '| F2M | 0.005 | 0.0506 | 0.08 | 0.0296 | 0.0334 | 1000 | 30000 / 6000 |' in md
+  assert '| Baseline | 0.005 | 0.2993 | 0.4582 | 0.1451 | 0.2395 | 1000 | 30000 / 6000 |' in md
+  assert md.index('| Baseline | 0.005 |') < md.index('| Baseline | 0.05 | 1.5 | 2.5 | 0.5 | 0.75 |')
+  assert '| cub |' not in report.format_flatness_table(rows)  # no flatness file: no line
   assert '## Flatness' not in report.format_report(report.build_rows(workdirs[2:]))
   (pathlib.Path(workdirs[2]) / 'flatness.json').write_text('{"train": {}}')
   with pytest.raises(report.ResultsError, match='flatness.json'):
