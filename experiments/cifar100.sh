@@ -48,16 +48,17 @@ run abl_no_pn --checkpoint "$out/f2m" --config.eval.normalize_prototypes=False
 for b in 0.00125 0.0025 0.01 0.02 0.04; do
   run "bound_$b" --config.noise.bound="$b"
 done
-# Flatness table (N = 1000 draws unless DRAWS is set).
+# Flatness table (N = 1000 draws unless DRAWS is set), skipped where flatness.json exists.
 for name in f2m baseline; do
   method=f2m; [ "$name" = baseline ] && method=baseline
+  [ -f "$out/$name/flatness.json" ] && continue
   run "$name" --mode flatness --config.method="$method" --config.flatness.num_draws="${DRAWS:-1000}" \
       --config.flatness.max_images="${FLAT_IMAGES:-0}"
 done
 
-python -m f2m_jax.report "$out/f2m" "$out/baseline" "$out/f2m_round" --labels "F2M,Baseline,F2M (rounded steps)" \
+python -m f2m_jax.report "$out/f2m" "$out/baseline" "$out/f2m_round" --labels="F2M,Baseline,F2M (rounded steps)" \
     --reference 1 --out "$out/report_main"
 python -m f2m_jax.report "$out/abl_none" "$out/abl_pc" "$out/abl_no_pc" "$out/abl_no_pf" "$out/abl_no_pn" "$out/f2m" \
-    --labels "-,PC,FM+PF+PN,FM+PC+PN,FM+PF+PC,FM+PF+PC+PN" --reference 5 --out "$out/report_ablation"
+    --labels="-,PC,FM+PF+PN,FM+PC+PN,FM+PF+PC,FM+PF+PC+PN" --reference 5 --out "$out/report_ablation"
 python -m f2m_jax.report "$out"/bound_0.00125 "$out"/bound_0.0025 "$out/f2m" "$out"/bound_0.01 "$out"/bound_0.02 \
-    "$out"/bound_0.04 --labels "b=0.0025,b=0.005,b=0.01,b=0.02,b=0.04,b=0.08" --reference 2 --out "$out/report_bound"
+    "$out"/bound_0.04 --labels="b=0.0025,b=0.005,b=0.01,b=0.02,b=0.04,b=0.08" --reference 2 --out "$out/report_bound"
