@@ -195,8 +195,9 @@ def _incremental_case(exp: pipeline.Experiment) -> Case:
   images = rng.integers(0, 256, (len(labels),) + bench.train.images.shape[1:], dtype=np.uint8)
   stored = rng.normal(size=(bench.num_base_classes + len(novel), exp.model.widths[-1])).astype(np.float32)
   anchor = {p: v for p, v in noise_lib.flatten(state.params).items() if p in set(paths)}
-  args = (state.params, state.batch_stats, anchor, images, labels, stored, jax.random.key(0))
-  return Case('incremental_step', None, len(labels), incremental.make_finetune(settings), args)
+  args = (state.params, state.batch_stats, anchor, images, labels, stored, np.int32(len(stored)),
+          jax.random.key(0))  # the last session fills the padded shape exactly
+  return Case('incremental_step', None, len(labels), incremental.make_finetune(settings).jitted, args)
 
 
 def _ncm_cases(exp: pipeline.Experiment) -> list:
