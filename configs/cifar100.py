@@ -11,6 +11,8 @@ iterations of batch 256, lr 0.1 x 0.01 at 1,500), `smoke`. Any field can be over
 
 Measured (2026-11, one NVIDIA H200, `:trainsplit`, 10 draws; accuracy %, sessions 1 / 9, PD):
 F2M 39.85 / 17.34 +- 0.87, PD 22.51; `--config.method=baseline` 56.28 / 37.66 +- 0.36, PD 18.62.
+On 2 CPU cores with `--config.base.sampler=shuffle`: 57.73 / 30.74 +- 0.60, PD 27.00; adding
+`--config.incremental.round_steps=True` 57.73 / 37.22 +- 0.63, PD 20.52 (experiments/results/).
 `:smoke` on 2 CPU cores: about a minute, session 1 about 50% (chance 5%).
 """
 from configs import common
