@@ -33,10 +33,18 @@ def base_config() -> ml_collections.ConfigDict:
 
   c.base = ml_collections.ConfigDict()
   c.base.steps = 0
-  c.base.sampler = 'balanced'  # 'balanced' (ways x shots, the original's) or 'shuffle'
-  c.base.ways = 16
+  # 'task_epochs' (the original's TaskSampler: per epoch all base classes in a random order, `shots`
+  # images each, class-contiguous, cut into batches of batch_size, remainder dropped), 'balanced'
+  # (per step `ways` random classes x `shots` images) or 'shuffle' (plain shuffled batches)
+  c.base.sampler = 'task_epochs'
+  c.base.ways = 16  # 'balanced' only
   c.base.shots = 16
-  c.base.batch_size = 256  # used by the 'shuffle' sampler
+  c.base.batch_size = 256  # 'task_epochs' and 'shuffle'
+  # Base-model selection on the base classes' *test* images, as the original's train.py: every
+  # select_every steps the linear classifier's accuracy on them is measured and the best model kept.
+  # Off by default (it reads the test set); every output of a run that uses it says so.
+  c.base.select_on_test = False
+  c.base.select_every = 1500
   c.base.lr = 0.1
   c.base.classifier_lr = -1.0  # < 0: same as lr
   c.base.momentum = 0.9
@@ -50,11 +58,22 @@ def base_config() -> ml_collections.ConfigDict:
   c.noise.enabled = True  # FM: flat-minima noise in base training
   c.noise.num_layers = 4  # K: the last K 3x3 convs form the noise set
   c.noise.M = 2
-  c.noise.bound = 0.005  # b: noise half-width and clamp box half-width
-  c.noise.distribution = 'uniform'  # or 'grid'
+  # b: the true noise half-width and the clamp box half-width (the original's config value
+  # bound_value is 2b: its noise and its clamp reach bound_value / 2)
+  c.noise.bound = 0.005
+  # 'discrete_beta' (the original's sampler as it runs: levels {-b, 0, b/2, b}, mean +0.23 b),
+  # 'grid' (the same five levels {-b, -b/2, 0, b/2, b} all reachable, symmetric) or 'uniform' on [-b, b]
+  c.noise.distribution = 'discrete_beta'
   c.noise.prototype_fixing = True  # PF
   c.noise.pf_weight = 1.0  # lambda
-  c.noise.std_weight = 0.0  # gamma (the original hard-codes 2.0)
+  c.noise.pf_gradient = False  # False: PF's value enters the loss without gradient (the original); True: the paper
+  c.noise.std_weight = 2.0  # gamma: + gamma * std over the M noisy losses (the original; the paper has none: 0)
+  # 'all_passes': BN running statistics updated by the clean pass, then by each noisy pass in turn
+  # (the original, 1 + M updates per step); 'clean': by the clean pass only
+  c.noise.bn_updates = 'all_passes'
+  # True: a noised conv's input gradient uses the clean weight, as the original computes it (it
+  # restores p.data before backward); False: the exact gradient at phi + eps
+  c.noise.clean_backward = True
   c.noise.shared_trunk = True  # run the unperturbed trunk once per batch
   c.noise.draw_map = 'auto'  # 'vmap', 'unroll' (one pass per draw) or 'auto': unroll on CPU, vmap elsewhere
 
@@ -67,7 +86,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.incremental.weight_decay = 5e-4
   c.incremental.clamp = True  # PC
   c.incremental.distance = 'squared_euclidean'  # or 'euclidean'
-  c.incremental.round_steps = False  # the original's rounding of each SGD step to multiples of b/2
+  c.incremental.round_steps = True  # the original's rounding of each SGD step to multiples of b/2
 
   c.eval = ml_collections.ConfigDict()
   c.eval.normalize_prototypes = True  # PN

@@ -16,12 +16,14 @@ https://download.pytorch.org/models/resnet18-f37072fd.pth), converted by
 defaults to `$F2M_CUB_PRETRAINED`, else `$F2M_DATA_DIR/resnet18-f37072fd.pth`;
 `--config.model.pretrained=''` trains from a random init (not a sensible CUB setting).
 
-The original's released settings (notes/original_code.md, section 6): 3,603 base iterations of
-class-balanced batches of 32 classes x 8 images, SGD with lr 1e-3 for the backbone (BN included) and
-1e-2 for the classifier (momentum 0.9, weight decay 5e-4), x 0.1 at 1,800 and 2,700; noise on the last
-K = 8 3x3 convs with half-width b = 0.0001 (its config's 0.0002 / 2), M = 2 draws. Its incremental
-sessions use BaselineModel: no fine-tuning and NCM **without** prototype normalisation; 5 runs of shot
-draws. gamma (std penalty) is 0 as everywhere here (original: 2.0, `--config.noise.std_weight=2.0`).
+The original's released settings (notes/original_code.md, section 6), with the same behaviours of
+the authors' code as configs/cifar100.py (DiscreteBeta noise, gamma = 2, PF without gradient, BN
+statistics from every pass, clean-weight backward): 3,603 base iterations of TaskSampler epochs
+(100 classes x 8 images, 3 batches of 256 = 32 classes x 8), SGD with lr 1e-3 for the backbone (BN
+included) and 1e-2 for the classifier (momentum 0.9, weight decay 5e-4), x 0.1 at 1,800 and 2,700;
+noise on the last K = 8 3x3 convs with true half-width b = 0.0001 (its config's bound_value 0.0002),
+M = 2 draws. Its incremental sessions use BaselineModel: no fine-tuning and NCM **without** prototype
+normalisation; 5 runs of shot draws. Not measured here (no CUB data on our machines).
 
 `smoke`: the same code path on `data.source='fake_folder'` (8 base classes + 10 sessions x 2-way,
 JPEGs generated once into the cache folder), 32x32 crops, a width-8 ResNet-18 from a random init,

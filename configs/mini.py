@@ -8,15 +8,18 @@ Data (`f2m_jax/data/mini_imagenet.py`): `$F2M_DATA_DIR/miniimagenet/images/*.jpg
 `$F2M_DATA_DIR/index_list/mini_imagenet` (downloaded into the cache when absent). The first run decodes
 the 60,000 JPEGs once into `$F2M_CACHE_DIR` (default ~/.cache/f2m_jax; about 1.5 GB).
 
-The original's released settings (notes/original_code.md, section 6): 28,503 base iterations of
-class-balanced batches of 16 classes x 16 images, SGD lr 0.1 (momentum 0.9, weight decay 5e-4) x 0.1
-at 15,000 and 21,000; noise on the last K = 8 3x3 convs (layer3 and layer4) with half-width b = 0.008
-(its config's 0.016 / 2), M = 2 draws; prototype normalisation at test; 10 runs of F2M-style shot draws.
+The original's released settings (notes/original_code.md, section 6), with the same behaviours of
+the authors' code as configs/cifar100.py (DiscreteBeta noise, gamma = 2, PF without gradient, BN
+statistics from every pass, clean-weight backward, TaskSampler epochs): 28,503 base iterations of
+TaskSampler epochs (60 classes x 16 images, 3 batches of 256 = 16 classes x 16), SGD lr 0.1
+(momentum 0.9, weight decay 5e-4) x 0.1 at 15,000 and 21,000; noise on the last K = 8 3x3 convs
+(layer3 and layer4) with true half-width b = 0.008 (its config's bound_value 0.016: noise levels
+{-0.008, 0, 0.004, 0.008}), M = 2 draws; prototype normalisation at test; 10 runs of shot draws.
 As in the original's incremental config for miniImageNet, sessions do **not** fine-tune (`fine_tune:
 false`): NCM on the noise-trained embedding. `--config.incremental.finetune=True` fine-tunes the noise
-set as on CIFAR-100 (6 full-batch steps, lr 0.01, clamp to phi* +- b). As everywhere in this project,
-gamma (the std penalty) is 0 (the original hard-codes 2.0: `--config.noise.std_weight=2.0`).
-`--config.data.protocol=topic` uses the fixed TOPIC shots instead of the 10 draws.
+set as on CIFAR-100 (6 full-batch steps, lr 0.01, steps rounded to multiples of b/2 = 0.004, clamp to
+phi* +- 0.008). `--config.data.protocol=topic` uses the fixed TOPIC shots instead of the 10 draws.
+Not measured here (no miniImageNet data on our machines).
 
 `smoke`: the same code path on `data.source='fake_folder'` (8 base classes + 8 sessions x 2-way, JPEGs
 generated once into the cache folder), 32x32 images, a width-8 ResNet-18, 100 base steps, 2 runs.
@@ -54,10 +57,11 @@ def get_config(arg: str = ''):
 
 def make_folder_smoke(config) -> None:
   """`common.make_smoke`, then back onto the folder path: the generated fake folder, 32x32 images, a
-  width-8 ResNet-18 and balanced batches of all 8 fake base classes x 8 images."""
+  width-8 ResNet-18 and batches of all 8 fake base classes x 8 images."""
   common.make_smoke(config)
   config.data.source = 'fake_folder'
   config.data.image_size = 32
   config.model.width = 8
   config.base.ways = 8
   config.base.shots = 8
+  config.base.batch_size = 64

@@ -3,8 +3,8 @@
 `base_loss` is one pure function of (params, batch_stats, images, labels, eps). The M noise draws
 are mapped with `jax.vmap` (or unrolled: `draw_map`); with `shared_trunk` the unperturbed trunk
 (every block before the first noised conv) runs once and only the suffix is mapped over the draws.
-BatchNorm uses batch statistics in every pass; the running statistics are updated from the clean
-pass alone.
+BatchNorm uses batch statistics in every pass; by default the running statistics are updated by the
+clean pass and then by each noisy pass in turn, as in the authors' code (`bn_updates`).
 """
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from f2m_jax import noise as noise_lib
 from f2m_jax import objectives
 from f2m_jax.data import augment as augment_lib
 from f2m_jax.models import ResNet
+from f2m_jax.models.resnet import fold_batch_stats
 
 
 DRAW_MAPS = ('vmap', 'unroll')
@@ -41,13 +42,20 @@ class TrainState:
   opt_state: Any
 
 
+BN_UPDATES = ('all_passes', 'clean')
+
+
 @dataclasses.dataclass(frozen=True)
 class BaseObjective:
   """Static settings of the base objective.
 
+  model: the network; its `clean_backward` decides how noised convs are differentiated.
   noise_paths: the noise set; empty means plain training (no draws).
   split: index of the first block holding a noised conv (the trunk is blocks [0, split)).
-  num_draws: M. bound: b. pf_weight: lambda. std_weight: gamma.
+  num_draws: M. bound: b (the true half-width). pf_weight: lambda. std_weight: gamma.
+  pf_gradient: whether PF is differentiated (the paper) or only its value counts (the authors' code).
+  bn_updates: 'all_passes' (running statistics updated by the clean pass, then by each noisy pass in
+    turn, as the authors' code) or 'clean' (the clean pass only).
   draw_map: how the M noisy passes are batched: 'vmap' (one pass with a leading draw axis; the
     convolutions become grouped ones) or 'unroll' (M passes in one program; XLA:CPU runs these
     several times faster than grouped convolutions).
@@ -62,54 +70,77 @@ class BaseObjective:
   std_weight: float
   shared_trunk: bool
   draw_map: str = 'vmap'
+  pf_gradient: bool = False
+  bn_updates: str = 'all_passes'
 
   def __post_init__(self):
     if self.draw_map not in DRAW_MAPS:
       raise ValueError(f'noise.draw_map={self.draw_map!r} is not one of {DRAW_MAPS}')
+    if self.bn_updates not in BN_UPDATES:
+      raise ValueError(f'noise.bn_updates={self.bn_updates!r} is not one of {BN_UPDATES}')
 
   @property
   def noisy(self) -> bool:
     return bool(self.noise_paths) and self.num_draws > 0
 
 
+def _add(a, b):
+  return jax.tree_util.tree_map(jnp.add, a, b)
+
+
 def base_loss(params, batch_stats, images, labels, eps, objective: BaseObjective):
-  """Eq. 3: L = 1/M sum_j [CE(z; phi + eps_j, psi) + lambda PF_j] + gamma std_j, for eps [M, ...].
+  """Eq. 3 as run: L = 1/M sum_j L_j + gamma std_j(L_j), L_j = CE(z; phi + eps_j, psi) + lambda PF_j,
+  for eps {path: [M, ...]}. The clean pass's CE is not part of L (it gives PF's reference and BN
+  updates), as in the authors' code.
 
   Returns (loss, (new_batch_stats, metrics)). Without noise (objective.noisy False) it is plain CE.
+  Every pass runs on all-zero running statistics, so what it returns is BN_MOMENTUM times its own
+  batch statistics; `fold_batch_stats` then applies the passes' updates in PyTorch's order.
   """
   model = objective.model
   num_classes = model.num_classes
+  zeros = jax.tree_util.tree_map(jnp.zeros_like, batch_stats)
+
+  def run(x, first, last=None, noise=None):
+    variables = {'params': params, 'batch_stats': zeros}
+    if noise is not None:
+      variables['noise'] = noise_lib.collection(noise)
+    out, upd = model.apply(variables, x, train=True, first=first, last=last, mutable=['batch_stats'])
+    return out, upd['batch_stats']
+
   if objective.noisy and objective.shared_trunk:
-    h, upd = model.apply({'params': params, 'batch_stats': batch_stats}, images, train=True,
-                         last=objective.split, mutable=['batch_stats'])
-    inputs, first, stats = h, objective.split, upd['batch_stats']
+    inputs, trunk_update = run(images, 0, objective.split)
+    first = objective.split
   else:
-    inputs, first, stats = images, 0, batch_stats
-  (emb, logits), upd = model.apply({'params': params, 'batch_stats': stats}, inputs, train=True,
-                                   first=first, mutable=['batch_stats'])
-  new_stats = upd['batch_stats']
+    inputs, first, trunk_update = images, 0, zeros
+  (emb, logits), suffix_update = run(inputs, first)
+  clean_update = _add(trunk_update, suffix_update)  # each pass leaves the other's layers at zero
   clean_ce = objectives.cross_entropy(logits, labels)
   metrics = {'acc': jnp.mean(jnp.argmax(logits, -1) == labels), 'ce_clean': clean_ce}
   if not objective.noisy:
     metrics.update(loss=clean_ce, ce=clean_ce, pf=jnp.zeros(()))
-    return clean_ce, (new_stats, metrics)
+    return clean_ce, (fold_batch_stats(batch_stats, [clean_update]), metrics)
 
   def noisy_pass(e):
-    (emb_j, logits_j), _ = model.apply({'params': noise_lib.perturb(params, e), 'batch_stats': batch_stats},
-                                       inputs, train=True, first=first, mutable=['batch_stats'])
+    (emb_j, logits_j), update_j = run(inputs, first, noise=e)
     ce_j = objectives.cross_entropy(logits_j, labels)
     pf_j = objectives.prototype_fixing(emb, emb_j, labels, num_classes)
-    return ce_j, pf_j
+    if not objective.pf_gradient:
+      pf_j = jax.lax.stop_gradient(pf_j)
+    return ce_j, pf_j, _add(trunk_update, update_j)  # a shared trunk saw the same batch M more times
 
+  num_draws = next(iter(eps.values())).shape[0]
   if objective.draw_map == 'unroll':
-    num_draws = next(iter(eps.values())).shape[0]
     per_draw = [noisy_pass({p: e[j] for p, e in eps.items()}) for j in range(num_draws)]
-    ce, pf = (jnp.stack(v) for v in zip(*per_draw))
+    ce, pf = (jnp.stack(v) for v in list(zip(*per_draw))[:2])
+    noisy_updates = [u for _, _, u in per_draw]
   else:
-    ce, pf = jax.vmap(noisy_pass)(eps)
+    ce, pf, stacked = jax.vmap(noisy_pass)(eps)
+    noisy_updates = [jax.tree_util.tree_map(lambda u: u[j], stacked) for j in range(num_draws)]
+  updates = [clean_update] + (noisy_updates if objective.bn_updates == 'all_passes' else [])
   loss = objectives.flat_minima_objective(ce + objective.pf_weight * pf, objective.std_weight)
   metrics.update(loss=loss, ce=ce.mean(), pf=pf.mean())
-  return loss, (new_stats, metrics)
+  return loss, (fold_batch_stats(batch_stats, updates), metrics)
 
 
 def make_optimizer(lr: float, momentum: float, weight_decay: float, milestones: Sequence[int],
@@ -138,6 +169,19 @@ def init_state(model: ResNet, key: jax.Array, image_size: int, tx: optax.Gradien
                     opt_state=tx.init(params))
 
 
+def apply_step(state: TrainState, x, labels, eps, objective: BaseObjective,
+               tx: optax.GradientTransformation):
+  """One update of the clean parameters from network inputs `x` (already augmented and normalised)
+  and the draws `eps` ({path: [M, ...]}, empty without noise): value_and_grad of `base_loss`, then
+  the optimizer. Pure; `make_train_step` jits it behind the augmentation and the sampler."""
+  grad_fn = jax.value_and_grad(base_loss, has_aux=True)
+  (_, (new_stats, metrics)), grads = grad_fn(state.params, state.batch_stats, x, labels, eps, objective)
+  updates, opt_state = tx.update(grads, state.opt_state, state.params)
+  params = optax.apply_updates(state.params, updates)
+  metrics['finite'] = jnp.isfinite(metrics['loss'])
+  return TrainState(state.step + 1, params, new_stats, opt_state), metrics
+
+
 def make_train_step(objective: BaseObjective, tx: optax.GradientTransformation, augment: str,
                     image_size: int, mean, std, mesh=None) -> Callable:
   """train_step(state, images_u8, labels, key) -> (state, metrics), pure and jitted.
@@ -151,12 +195,7 @@ def make_train_step(objective: BaseObjective, tx: optax.GradientTransformation, 
     x = augment_lib.train_inputs(k_aug, images, augment, image_size, mean, std)
     eps = (noise_lib.sample_noise(k_noise, state.params, objective.noise_paths, objective.num_draws,
                                   objective.bound, objective.distribution) if objective.noisy else {})
-    grad_fn = jax.value_and_grad(base_loss, has_aux=True)
-    (_, (new_stats, metrics)), grads = grad_fn(state.params, state.batch_stats, x, labels, eps, objective)
-    updates, opt_state = tx.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
-    metrics['finite'] = jnp.isfinite(metrics['loss'])
-    return TrainState(state.step + 1, params, new_stats, opt_state), metrics
+    return apply_step(state, x, labels, eps, objective, tx)
 
   if mesh is not None:
     from f2m_jax import sharding

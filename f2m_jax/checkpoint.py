@@ -2,6 +2,7 @@
 
 Layout under <workdir>/checkpoints/:
   base/<step>/           TrainState (params, batch_stats, opt_state, step) every N steps + the last
+  base_best/<step>/      with base.select_on_test only: the best model so far on the base test images
   model/0/               the base model phi*: params, batch_stats and the base prototypes
   run_<r>/<session>/     per run and session t >= 2: fine-tuned params, all prototypes, exemplar
                          indices and the session's accuracies
@@ -76,6 +77,29 @@ class Checkpoints:
     step = self._base.latest_step() if step is None else step
     return self._restore(self._base, step, _to_numpy(template), 'base train state')
 
+  # The best base model on the base test images (base.select_on_test).
+  def _best_manager(self) -> Optional[ocp.CheckpointManager]:
+    path = os.path.join(self.root, 'base_best')
+    if self._read_only and not os.path.isdir(path):
+      return None
+    if not hasattr(self, '_best'):
+      self._best = _manager(path, 1, self._read_only)
+    return self._best
+
+  def best_base_step(self) -> Optional[int]:
+    manager = self._best_manager()
+    return None if manager is None else manager.latest_step()
+
+  def save_best_base(self, step: int, params, batch_stats, test_acc: float) -> None:
+    item = {'params': params, 'batch_stats': batch_stats, 'test_acc': np.asarray(test_acc, np.float64)}
+    self._best_manager().save(step, args=ocp.args.StandardSave(_to_numpy(item)), force=True)
+
+  def restore_best_base(self, template: dict) -> dict:
+    """{'params', 'batch_stats', 'test_acc'} of the best model; template: params and batch_stats."""
+    template = {**template, 'test_acc': np.zeros((), np.float64)}
+    manager = self._best_manager()
+    return self._restore(manager, manager.latest_step(), _to_numpy(template), 'best base model')
+
   # Base model phi* and base prototypes.
   def has_model(self) -> bool:
     return self._model.latest_step() is not None
@@ -100,5 +124,5 @@ class Checkpoints:
     return self._restore(self._run(run), session, _to_numpy(template), f'run {run} session {session}')
 
   def close(self) -> None:
-    for m in [self._base, self._model, *self._runs.values()]:
+    for m in [self._base, self._model, *self._runs.values(), *([self._best] if hasattr(self, '_best') else [])]:
       m.close()

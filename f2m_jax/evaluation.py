@@ -13,19 +13,20 @@ from f2m_jax.models import ResNet
 
 
 def make_embed(model: ResNet, mean, std, batch_size: int = 500, first: int = 0,
-               last: Optional[int] = None) -> Callable:
+               last: Optional[int] = None, logits: bool = False) -> Callable:
   """embed(variables, inputs) -> float32 numpy, BN in eval mode, no augmentation, in batches padded
   to a fixed size so one compiled program serves every call.
 
   With first=0 the inputs are uint8 images (normalised with mean/std here); otherwise they are the
   activations entering block `first`. With `last` set the output is the activation before block
-  `last` (the frozen trunk's features) instead of the embedding."""
+  `last` (the frozen trunk's features) instead of the embedding; with `logits` the linear
+  classifier's outputs."""
 
   @jax.jit
   def _embed(variables, inputs):
     x = augment_lib.normalize(inputs, mean, std) if first == 0 else inputs
     out = model.apply(variables, x, train=False, first=first, last=last)
-    return out if last is not None else out[0]
+    return out if last is not None else out[1 if logits else 0]
 
   def embed(variables, inputs: np.ndarray) -> np.ndarray:
     out = []

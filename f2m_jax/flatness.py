@@ -31,8 +31,9 @@ def noisy_losses(model: ResNet, variables, images: np.ndarray, labels: np.ndarra
   trunk = make_embed(model, mean, std, batch_size, last=split)(variables, images) if split > 0 else None
   inputs = trunk if trunk is not None else images
 
-  def dataset_loss(params):
-    """Mean CE over the whole set under `params`, in batches (a scan, so memory stays bounded)."""
+  def dataset_loss(noise):
+    """Mean CE over the whole set with `noise` ({path: array}, or empty) added to the noise set, in
+    batches (a scan, so memory stays bounded)."""
     n = len(inputs)
     pad = (-n) % batch_size
     x = jnp.concatenate([jnp.asarray(inputs), jnp.zeros((pad,) + inputs.shape[1:], inputs.dtype)])
@@ -45,8 +46,8 @@ def noisy_losses(model: ResNet, variables, images: np.ndarray, labels: np.ndarra
       xb, yb, wb = batch
       if split == 0:
         xb = normalize(xb, mean, std)
-      _, logits = model.apply({'params': params, 'batch_stats': variables['batch_stats']}, xb, train=False,
-                              first=split)
+      _, logits = model.apply({'params': variables['params'], 'batch_stats': variables['batch_stats'],
+                               'noise': noise_lib.collection(noise)}, xb, train=False, first=split)
       ce = -jnp.take_along_axis(jax.nn.log_softmax(logits.astype(jnp.float32)), yb[:, None], 1)[:, 0]
       return total + jnp.sum(ce * wb), None
 
@@ -57,10 +58,10 @@ def noisy_losses(model: ResNet, variables, images: np.ndarray, labels: np.ndarra
   def chunk_losses(keys):
     def one(k):
       eps = noise_lib.sample_noise(k, variables['params'], paths, 1, bound, distribution)
-      return dataset_loss(noise_lib.perturb(variables['params'], {p: e[0] for p, e in eps.items()}))
+      return dataset_loss({p: e[0] for p, e in eps.items()})
     return jax.vmap(one)(keys)
 
-  clean = float(jax.jit(dataset_loss)(variables['params']))
+  clean = float(jax.jit(dataset_loss)({}))
   keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.arange(num_draws))
   out = []
   for start in range(0, num_draws, chunk):

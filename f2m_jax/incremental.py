@@ -73,6 +73,20 @@ def session_optimizer(settings: SessionSettings) -> optax.GradientTransformation
   return optax.chain(*parts)
 
 
+def session_step(trainable, opt_state, frozen, batch_stats, anchor, x, labels, stored, num_seen,
+                 settings: SessionSettings, tx: optax.GradientTransformation):
+  """One fine-tuning step on network inputs `x` (augmented, normalised): Eq. 5's gradient on the
+  trainable leaves, the optax update (rounded first with `round_steps`), then the clamp to the box.
+  Returns (trainable, opt_state, loss)."""
+  loss, grads = jax.value_and_grad(session_loss)(trainable, frozen, batch_stats, x, labels, stored, num_seen,
+                                                 settings)
+  updates, opt_state = tx.update(grads, opt_state, trainable)
+  trainable = optax.apply_updates(trainable, updates)
+  if settings.clamp:
+    trainable = clip_to_box(trainable, anchor, settings.bound)
+  return trainable, opt_state, loss
+
+
 def pad_rows(x, size: int, value=0):
   """Pads the leading axis of a host array to `size` rows of `value` (unchanged if already as long)."""
   x = np.asarray(x)
@@ -96,17 +110,13 @@ def make_finetune(settings: SessionSettings, max_images: int = 0, max_classes: i
     flat = noise_lib.flatten(params)
     trainable = {p: flat[p] for p in paths}
     frozen = {p: v for p, v in flat.items() if p not in trainable}
-    grad_fn = jax.value_and_grad(session_loss)
 
     def step(i, carry):
       trainable, opt_state, losses = carry
       x = augment_lib.train_inputs(jax.random.fold_in(key, i), images, settings.augment,
                                    settings.image_size, settings.mean, settings.std)
-      loss, grads = grad_fn(trainable, frozen, batch_stats, x, labels, stored, num_seen, settings)
-      updates, opt_state = tx.update(grads, opt_state, trainable)
-      trainable = optax.apply_updates(trainable, updates)
-      if settings.clamp:
-        trainable = clip_to_box(trainable, anchor, settings.bound)
+      trainable, opt_state, loss = session_step(trainable, opt_state, frozen, batch_stats, anchor, x, labels,
+                                                stored, num_seen, settings, tx)
       return trainable, opt_state, losses.at[i].set(loss)
 
     carry = (trainable, tx.init(trainable), jnp.zeros((settings.steps,), jnp.float32))

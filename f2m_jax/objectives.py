@@ -32,12 +32,36 @@ def prototype_fixing(clean: jax.Array, noisy: jax.Array, labels: jax.Array, num_
   return jnp.sum(present * jnp.sum((p - q) ** 2, axis=-1)) / jnp.maximum(present.sum(), 1.0)
 
 
+@jax.custom_vjp
+def unbiased_std(x: jax.Array) -> jax.Array:
+  """torch.std(x): the unbiased standard deviation of a vector, differentiated as PyTorch does,
+  d std / dx = (x - mean(x)) / ((n - 1) std). Autodiff of the same formula adds the mean's own term,
+  which is zero in exact arithmetic but cancels the rounding of x - mean(x); PyTorch's gradient
+  keeps that rounding, and where the M losses nearly coincide it is a sizeable part of the step
+  (tests/test_torch_fixtures.py holds us to PyTorch's)."""
+  return jnp.std(x, ddof=1)
+
+
+def _unbiased_std_fwd(x):
+  std = jnp.std(x, ddof=1)
+  return std, (x, std)
+
+
+def _unbiased_std_bwd(residuals, g):
+  x, std = residuals
+  n = x.shape[0]
+  return ((2.0 / (n - 1)) * (g / (2.0 * std)) * (x - jnp.mean(x)),)
+
+
+unbiased_std.defvjp(_unbiased_std_fwd, _unbiased_std_bwd)
+
+
 def flat_minima_objective(per_draw: jax.Array, gamma: float) -> jax.Array:
-  """Eq. 3: the mean over the M draws of CE_j + lambda PF_j, plus gamma times their unbiased std
-  (the original hard-codes gamma = 2; the paper has no std term, so gamma defaults to 0)."""
+  """Eq. 3 as run: the mean over the M draws of L_j = CE_j + lambda PF_j, plus gamma times their
+  unbiased std (`unbiased_std`; the authors' code hard-codes gamma = 2, the paper has no such term)."""
   loss = jnp.mean(per_draw)
   if gamma and per_draw.shape[0] > 1:
-    loss = loss + gamma * jnp.std(per_draw, ddof=1)
+    loss = loss + gamma * unbiased_std(per_draw)
   return loss
 
 

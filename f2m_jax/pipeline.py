@@ -33,6 +33,7 @@ from f2m_jax.data.types import Benchmark
 from f2m_jax.models import ResNet, build_model, noise_set_paths, split_block
 
 METHODS = ('f2m', 'baseline')
+SAMPLERS = ('task_epochs', 'balanced', 'shuffle')
 
 
 class TrainingError(RuntimeError):
@@ -50,6 +51,7 @@ def resolve(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     config.incremental.finetune = False
     config.eval.normalize_prototypes = False
     config.base.sampler = 'shuffle'
+    config.incremental.round_steps = False
   validate(config)
   return config
 
@@ -64,11 +66,17 @@ def validate(c: ml_collections.ConfigDict) -> None:
   need(c.noise.bound >= 0, 'noise.bound', c.noise.bound, 'must be >= 0')
   need(c.noise.distribution in noise_lib.DISTRIBUTIONS, 'noise.distribution', c.noise.distribution,
        f'allowed: {noise_lib.DISTRIBUTIONS}')
+  need(c.noise.bn_updates in base_lib.BN_UPDATES, 'noise.bn_updates', c.noise.bn_updates,
+       f'allowed: {base_lib.BN_UPDATES}')
   need(c.noise.pf_weight >= 0 and c.noise.std_weight >= 0, 'noise.pf_weight/std_weight',
        (c.noise.pf_weight, c.noise.std_weight), 'must be >= 0')
   need(c.runs >= 1, 'runs', c.runs, 'must be >= 1')
   need(c.base.steps >= 1, 'base.steps', c.base.steps, 'must be >= 1')
-  need(c.base.sampler in ('balanced', 'shuffle'), 'base.sampler', c.base.sampler, "'balanced' or 'shuffle'")
+  need(c.base.sampler in SAMPLERS, 'base.sampler', c.base.sampler, f'allowed: {SAMPLERS}')
+  if c.base.sampler == 'task_epochs':
+    need(c.base.batch_size % c.base.shots == 0, 'base.batch_size', c.base.batch_size,
+         f'the task_epochs sampler needs a multiple of base.shots={c.base.shots}')
+  need(c.base.select_every >= 1, 'base.select_every', c.base.select_every, 'must be >= 1')
   need(c.base.ways >= 1 and c.base.shots >= 1, 'base.ways/shots', (c.base.ways, c.base.shots), 'must be >= 1')
   need(c.base.lr > 0, 'base.lr', c.base.lr, 'must be > 0')
   need(c.base.checkpoint_every >= 1, 'base.checkpoint_every', c.base.checkpoint_every, 'must be >= 1')
@@ -100,11 +108,13 @@ class Experiment:
   model: ResNet
   noise_paths: tuple
   split: int
+  _epoch: Optional[tuple] = dataclasses.field(default=None, repr=False)  # (epoch, indices) of task_epochs
 
   @classmethod
   def create(cls, config, bench: Benchmark) -> 'Experiment':
     dtype = jnp.bfloat16 if config.model.dtype == 'bfloat16' else jnp.float32
-    model = build_model(config.model.arch, bench.num_base_classes, config.model.width or None, dtype)
+    model = build_model(config.model.arch, bench.num_base_classes, config.model.width or None, dtype,
+                        clean_backward=config.noise.clean_backward)
     paths = tuple(noise_set_paths(model, config.noise.num_layers))
     return cls(config, bench, model, paths, split_block(model, paths))
 
@@ -120,7 +130,8 @@ class Experiment:
         model=self.model, noise_paths=self.noise_paths if n.enabled else (), split=self.split,
         num_draws=n.M, bound=n.bound, distribution=n.distribution,
         pf_weight=n.pf_weight if n.prototype_fixing else 0.0, std_weight=n.std_weight,
-        shared_trunk=n.shared_trunk, draw_map=base_lib.resolve_draw_map(n.draw_map))
+        shared_trunk=n.shared_trunk, draw_map=base_lib.resolve_draw_map(n.draw_map),
+        pf_gradient=n.pf_gradient, bn_updates=n.bn_updates)
 
   def optimizer(self):
     b = self.config.base
@@ -133,7 +144,15 @@ class Experiment:
     return tuple(p for p in noise_lib.flatten(params) if p[0] != 'fc')
 
   def batch_indices(self, step: int) -> np.ndarray:
+    """Indices of base step `step`'s batch: a pure function of (seed, step) for every sampler."""
     b, bench = self.config.base, self.bench
+    if b.sampler == 'task_epochs':
+      per_epoch = protocol_lib.task_epoch_batches(bench.num_base_classes, b.shots, b.batch_size)
+      epoch, pos = divmod(step, per_epoch)
+      if self._epoch is None or self._epoch[0] != epoch:
+        self._epoch = (epoch, protocol_lib.task_epoch(bench.train.labels, bench.base_train, b.shots,
+                                                      self.config.seed, epoch))
+      return self._epoch[1][pos * b.batch_size:(pos + 1) * b.batch_size]
     if b.sampler == 'balanced':
       return protocol_lib.balanced_batch(bench.train.labels, bench.base_train, b.ways, b.shots,
                                          self.config.seed, step)
@@ -175,6 +194,7 @@ def train_base(exp: Experiment, ckpts: Checkpoints, log: workdir_lib.MetricsLog,
                                      exp.bench.image_size, exp.bench.mean, exp.bench.std, mesh=mesh)
   state, key = sharding.replicate((state, exp.key(0)), mesh)
   images, labels = exp.bench.train.images, exp.bench.train.labels
+  select = _TestSetSelector(exp, ckpts, log) if cfg.select_on_test else None
   bar = tqdm(range(start, cfg.steps), desc='base session', initial=start, total=cfg.steps,
              file=sys.stdout, mininterval=2.0)
   window = []
@@ -193,12 +213,50 @@ def train_base(exp: Experiment, ckpts: Checkpoints, log: workdir_lib.MetricsLog,
       bar.set_postfix(loss=f'{avg["loss"]:.3f}', acc=f'{100 * avg["acc"]:.1f}')
       log.write(phase='base', step=done, steps_per_s=round(len(window) / (time.time() - t0), 3), **avg)
       window, t0 = [], time.time()
+    if select and done % cfg.select_every == 0:
+      select(done, state)
     if done % cfg.checkpoint_every == 0 or done == cfg.steps:
       ckpts.save_base_state(done, state)
     if hook:
       hook('base_step', step=done)
   bar.close()
   return state
+
+
+class _TestSetSelector:
+  """base.select_on_test: the original's model selection. Measures the linear classifier's accuracy
+  on the base classes' test images and keeps the best model so far (strictly better replaces it)
+  in the workdir's base_best checkpoint. It reads the test set, so results say so."""
+
+  def __init__(self, exp: Experiment, ckpts: Checkpoints, log):
+    bench = exp.bench
+    self.ckpts, self.log = ckpts, log
+    idx = protocol_lib.test_indices(bench, 1)
+    self.images, self.labels = bench.test.images[idx], bench.test.labels[idx]
+    self.logits = evaluation.make_embed(exp.model, bench.mean, bench.std, exp.config.eval.batch_size, logits=True)
+    self.best = -1.0
+    if ckpts.best_base_step() is not None:
+      self.best = float(ckpts.restore_best_base(
+          {'params': exp.init_state().params, 'batch_stats': exp.init_state().batch_stats})['test_acc'])
+
+  def __call__(self, step: int, state) -> None:
+    variables = {'params': jax.device_get(state.params), 'batch_stats': jax.device_get(state.batch_stats)}
+    acc = 100.0 * float(np.mean(np.argmax(self.logits(variables, self.images), -1) == self.labels))
+    if acc > self.best:
+      self.best = acc
+      self.ckpts.save_best_base(step, variables['params'], variables['batch_stats'], acc)
+    self.log.write(phase='select_on_test', step=step, base_test_acc=acc, best_base_test_acc=self.best,
+                   best_step=self.ckpts.best_base_step())
+
+
+def selection_info(config, ckpts: Checkpoints) -> dict:
+  """How the base model was chosen, for results.json: the last step, or (base.select_on_test) the
+  step with the best base-test accuracy, flagged as reading the test set."""
+  if not config.base.select_on_test:
+    return {'selection': 'last', 'step': int(config.base.steps)}
+  step = ckpts.best_base_step()
+  return {'selection': 'best_base_test_accuracy', 'reads_test_set': True, 'every': int(config.base.select_every),
+          'step': int(step) if step is not None else int(config.base.steps)}
 
 
 def _session_settings(exp: Experiment, trainable_paths) -> incremental.SessionSettings:
@@ -262,12 +320,17 @@ def base_model(exp: Experiment, ckpts: Checkpoints, log, source: Optional[Checkp
     return ckpts.restore_model(model_template)
   state = train_base(exp, ckpts, log, hook)
   variables = {'params': state.params, 'batch_stats': state.batch_stats}
+  if exp.config.base.select_on_test and ckpts.best_base_step() is not None:
+    best = ckpts.restore_best_base({'params': template.params, 'batch_stats': template.batch_stats})
+    variables = {'params': best['params'], 'batch_stats': best['batch_stats']}
+    print(f'base model: step {ckpts.best_base_step()} of {exp.config.base.steps}, chosen on the base TEST '
+          f'images ({float(best["test_acc"]):.2f}%; base.select_on_test reads the test set)', flush=True)
   bench = exp.bench
   embed = evaluation.make_embed(exp.model, bench.mean, bench.std, exp.config.eval.batch_size)
   emb = embed(variables, exp.train_view(bench.base_train))
   protos = evaluation.prototypes(emb, bench.train.labels[bench.base_train], bench.session_classes[0])
-  ckpts.save_model(state.params, state.batch_stats, protos)
-  return {'params': jax.device_get(state.params), 'batch_stats': jax.device_get(state.batch_stats),
+  ckpts.save_model(variables['params'], variables['batch_stats'], protos)
+  return {'params': jax.device_get(variables['params']), 'batch_stats': jax.device_get(variables['batch_stats']),
           'prototypes': protos}
 
 
@@ -381,6 +444,7 @@ def run(config: ml_collections.ConfigDict, workdir: str, mode: str = 'train',
   results = evaluation.build_results(bench.name, config.method, config.data.protocol,
                                      [bench.num_seen_classes(t) for t in range(1, bench.num_sessions + 1)],
                                      per_run)
+  results['base_model'] = selection_info(config, source or ckpts)
   wall = round(time.time() - t0, 1)
   log.write(phase='done', mode=mode, wall_time_s=wall,
             base_checkpoint=os.path.abspath(checkpoint) if checkpoint else None)

@@ -193,6 +193,16 @@ def markdown_table(header: Sequence[str], body: Iterable[Sequence[str]], align: 
 # ----------------------------------------------------------------------------- tables
 
 
+def reads_test_set(results: dict) -> bool:
+  """Whether the run chose its base model on test images (base.select_on_test)."""
+  return bool((results.get('base_model') or {}).get('reads_test_set'))
+
+
+def table_label(row: Row) -> str:
+  """The row's label, marked where its base model was chosen on the test set."""
+  return row.label + (' (base model chosen on test images)' if reads_test_set(row.results) else '')
+
+
 def format_table(rows: Sequence[Row], reference: Any = 0) -> str:
   """The main markdown table: label, accuracy per session (mean ± ci95), PD, AVG and gap.
 
@@ -208,7 +218,7 @@ def format_table(rows: Sequence[Row], reference: Any = 0) -> str:
   for row in rows:
     by_number = session_map(row.results)
     cells = [format_stat(by_number[n]['acc']) if n in by_number else MISSING for n in numbers]
-    body.append([row.label] + cells + [format_stat(row.results['pd']),
+    body.append([table_label(row)] + cells + [format_stat(row.results['pd']),
                                        format_stat(row.results['avg']), f'{gap(row, ref):+.2f}'])
   return markdown_table(header, body)
 
@@ -240,6 +250,9 @@ def format_session_table(results: dict) -> str:
            f' ({results.get("protocol", "?")}, {results.get("runs", "?")} runs, mean ± 95% CI, %)')
   rule = '-' * len(render(header))
   footer = f'PD  {format_stat(results["pd"])}    AVG  {format_stat(results["avg"])}'
+  if reads_test_set(results):
+    footer += (f'\nbase model: step {results["base_model"]["step"]}, chosen on the base classes\' TEST images '
+               '(base.select_on_test)')
   return '\n'.join([title, render(header), rule] + [render(r) for r in lines] + [rule, footer])
 
 
@@ -404,7 +417,9 @@ def format_report(rows: Sequence[Row], reference: Any = 0, all_sessions: bool = 
   ref = rows[resolve_reference(rows, reference)]
   which = 'every session' if all_sessions else 'last session'
   sources = [f'- {_escape(r.label)}: `{r.source}` ({r.results["dataset"]}, {r.results["method"]}, '
-             f'{r.results["protocol"]}, {r.results["runs"]} runs)' for r in rows]
+             f'{r.results["protocol"]}, {r.results["runs"]} runs'
+             + (f'; base model of step {r.results["base_model"]["step"]}, chosen on the base classes\' test '
+                'images' if reads_test_set(r.results) else '') + ')' for r in rows]
   flatness = format_flatness_table(rows)
   return '\n'.join([
       '# F2M report', '',

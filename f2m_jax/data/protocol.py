@@ -61,6 +61,33 @@ def balanced_batch(labels: np.ndarray, pool: np.ndarray, ways: int, shots: int, 
   return np.concatenate(out)
 
 
+def task_epoch(labels: np.ndarray, pool: np.ndarray, shots: int, seed: int, epoch: int) -> np.ndarray:
+  """One epoch of the authors' TaskSampler: every class of the pool in a random order, `shots`
+  images of each drawn without replacement, concatenated class by class. A function of (seed, epoch)."""
+  rng = np.random.default_rng([seed, epoch, 16])
+  pool_labels = labels[pool]
+  classes = np.unique(pool_labels)
+  blocks = []
+  for c in classes[rng.permutation(len(classes))]:
+    members = pool[pool_labels == c]
+    if len(members) < shots:
+      raise ValueError(f'class {c} has {len(members)} base training images, fewer than base.shots={shots}')
+    blocks.append(members[rng.permutation(len(members))[:shots]])
+  return np.concatenate(blocks)
+
+
+def task_epoch_batches(num_classes: int, shots: int, batch: int) -> int:
+  """Batches per TaskSampler epoch: the epoch's num_classes x shots indices cut into `batch`-sized
+  batches, the remainder dropped (the original's DataLoader with drop_last=True)."""
+  if batch % shots:
+    raise ValueError(f'base.batch_size={batch} must be a multiple of base.shots={shots}: each batch is '
+                     'whole blocks of one class (prototype fixing relies on it)')
+  per_epoch = num_classes * shots // batch
+  if per_epoch < 1:
+    raise ValueError(f'base.batch_size={batch} exceeds one epoch of {num_classes} classes x {shots} shots')
+  return per_epoch
+
+
 def shuffled_batch(pool: np.ndarray, batch: int, seed: int, step: int) -> np.ndarray:
   """Plain shuffled batches: epoch e is a permutation seeded by (seed, e); a function of (seed, step)."""
   if batch > len(pool):

@@ -14,16 +14,137 @@ import functools
 from typing import Any, Optional, Sequence
 
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
+from jax import lax
 
 # PyTorch's kaiming_normal_(mode='fan_out', nonlinearity='relu'), the original code's conv init.
 conv_init = nn.initializers.variance_scaling(2.0, 'fan_out', 'normal')
+BN_MOMENTUM = 0.1  # PyTorch's convention: running = (1 - m) * running + m * batch statistic
+BN_EPSILON = 1e-5
 
 
-def _batch_norm(train: bool, dtype: Any, name: str) -> nn.BatchNorm:
-  # PyTorch defaults: momentum 0.1 (flax keeps 0.9 of the old value), eps 1e-5.
-  return nn.BatchNorm(use_running_average=not train, momentum=0.9, epsilon=1e-5,
-                      dtype=dtype, param_dtype=jnp.float32, name=name)
+def _conv(x, kernel, strides, padding, dtype):
+  return lax.conv_general_dilated(x.astype(dtype), kernel.astype(dtype), strides, padding,
+                                  dimension_numbers=('NHWC', 'HWIO', 'NHWC'))
+
+
+def _kernel_grad_by_shifts(x, g, kernel_shape, strides, padding):
+  """d conv(x, k) / dk contracted with g, as one batched matmul per kernel tap. XLA:CPU forms this
+  gradient as a convolution with a spatially large 'kernel' (the output gradient), which it runs
+  several times slower than these matmuls (e.g. 450 vs 170 ms for ResNet-20's first stage at batch
+  256); the result is the same to float rounding (tested)."""
+  kh, kw, cin, cout = kernel_shape
+  n, ho, wo, _ = g.shape
+  sh, sw = strides
+  xp = jnp.pad(x.astype(jnp.float32), ((0, 0), tuple(padding[0]), tuple(padding[1]), (0, 0)))
+  gm = g.astype(jnp.float32).reshape(n, ho * wo, cout)
+  taps = []
+  for i in range(kh):
+    for j in range(kw):
+      xs = lax.slice(xp, (0, i, j, 0), (n, i + (ho - 1) * sh + 1, j + (wo - 1) * sw + 1, cin), (1, sh, sw, 1))
+      taps.append(lax.dot_general(xs.reshape(n, ho * wo, cin), gm, (((1,), (1,)), ((0,), (0,)))).sum(0))
+  return jnp.stack(taps).reshape(kernel_shape)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6))
+def conv2d(x, kernel, eps, strides, padding, dtype, clean_backward):
+  """conv(x, kernel + eps) (eps: the flat-minima noise, or zeros), differentiated in x and kernel.
+
+  clean_backward: the input gradient uses the clean kernel, which is what the authors' PyTorch code
+  computes (notes/original_code.md 1.2): it adds the noise to `p.data`, runs the forward pass and
+  restores `p.data` before backward, so autograd's saved reference to the weight holds the clean
+  values when the input gradient is formed. False: the exact gradient at kernel + eps. The kernel
+  gradient does not depend on the kernel, and eps gets none."""
+  return _conv(x, kernel + eps, strides, padding, dtype)
+
+
+def _conv2d_fwd(x, kernel, eps, strides, padding, dtype, clean_backward):
+  return _conv(x, kernel + eps, strides, padding, dtype), (x, kernel, eps)
+
+
+def _conv2d_bwd(strides, padding, dtype, clean_backward, residuals, g):
+  x, kernel, eps = residuals
+  used = kernel if clean_backward else kernel + eps
+  if jax.default_backend() == 'cpu':
+    _, vjp_x = jax.vjp(lambda x_: _conv(x_, used, strides, padding, dtype), x)
+    gx, = vjp_x(g)
+    gk = _kernel_grad_by_shifts(x.astype(dtype), g, kernel.shape, strides, padding).astype(kernel.dtype)
+  else:
+    _, vjp = jax.vjp(lambda x_, k_: _conv(x_, k_, strides, padding, dtype), x, used)
+    gx, gk = vjp(g)
+  return gx, gk, jnp.zeros_like(eps)
+
+
+conv2d.defvjp(_conv2d_fwd, _conv2d_bwd)
+
+
+class Conv(nn.Module):
+  """A bias-free convolution (NHWC, HWIO kernel named 'kernel', as flax's nn.Conv) that adds the
+  noise of the optional 'noise' collection to its kernel: the flat-minima draws are passed as
+  `{'noise': {...path...: {'kernel': eps}}}` and never mutate the parameters.
+
+  clean_backward: with noise, differentiate as the authors' code does (see `conv2d`); False gives
+    the exact gradient of conv(x, kernel + eps)."""
+  features: int
+  kernel_size: Sequence[int]
+  strides: Sequence[int] = (1, 1)
+  padding: Any = ((1, 1), (1, 1))
+  dtype: Any = jnp.float32
+  clean_backward: bool = True
+
+  @nn.compact
+  def __call__(self, x):
+    shape = tuple(self.kernel_size) + (x.shape[-1], self.features)
+    kernel = self.param('kernel', conv_init, shape, jnp.float32)
+    strides, padding = tuple(self.strides), tuple(tuple(p) for p in self.padding)
+    eps = self.get_variable('noise', 'kernel') if self.has_variable('noise', 'kernel') else jnp.zeros_like(kernel)
+    return conv2d(x, kernel, eps, strides, padding, self.dtype, self.clean_backward)
+
+
+class BatchNorm(nn.Module):
+  """PyTorch's BatchNorm2d: normalises with the biased batch variance, and in training updates the
+  running statistics with momentum BN_MOMENTUM, the running variance from the *unbiased* batch
+  variance (n / (n - 1)). Variables are named as flax's nn.BatchNorm ('scale', 'bias'; 'mean', 'var')."""
+  use_running_average: bool
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x):
+    features = x.shape[-1]
+    scale = self.param('scale', nn.initializers.ones, (features,), jnp.float32)
+    bias = self.param('bias', nn.initializers.zeros, (features,), jnp.float32)
+    ra_mean = self.variable('batch_stats', 'mean', lambda: jnp.zeros((features,), jnp.float32))
+    ra_var = self.variable('batch_stats', 'var', lambda: jnp.ones((features,), jnp.float32))
+    xf = x.astype(jnp.float32)
+    if self.use_running_average:
+      mean, var = ra_mean.value, ra_var.value
+    else:
+      axes = tuple(range(x.ndim - 1))
+      mean = jnp.mean(xf, axes)
+      var = jnp.mean(jnp.square(xf - mean), axes)
+      if not self.is_initializing():
+        n = x.size // features
+        m = BN_MOMENTUM
+        ra_mean.value = (1 - m) * ra_mean.value + m * mean
+        ra_var.value = (1 - m) * ra_var.value + m * var * (n / max(n - 1, 1))
+    y = (xf - mean) * lax.rsqrt(var + BN_EPSILON) * scale + bias
+    return y.astype(self.dtype)
+
+
+def fold_batch_stats(running, updates: Sequence):
+  """PyTorch's running statistics after several train-mode passes in turn.
+
+  Each element of `updates` is the batch_stats a pass returned when it was given all-zero running
+  statistics, i.e. BN_MOMENTUM times its batch statistics; they are applied in order:
+  running <- (1 - m) * running + update."""
+  for u in updates:
+    running = jax.tree_util.tree_map(lambda r, d: (1 - BN_MOMENTUM) * r + d, running, u)
+  return running
+
+
+def _batch_norm(train: bool, dtype: Any, name: str) -> BatchNorm:
+  return BatchNorm(use_running_average=not train, dtype=dtype, name=name)
 
 
 class BasicBlock(nn.Module):
@@ -31,17 +152,18 @@ class BasicBlock(nn.Module):
   features: int
   strides: int = 1
   dtype: Any = jnp.float32
+  clean_backward: bool = True
 
   @nn.compact
   def __call__(self, x, train: bool):
-    conv = functools.partial(nn.Conv, use_bias=False, kernel_init=conv_init, dtype=self.dtype,
-                             param_dtype=jnp.float32)
-    y = conv(self.features, (3, 3), (self.strides, self.strides), padding=((1, 1), (1, 1)), name='conv1')(x)
+    conv = functools.partial(Conv, dtype=self.dtype, clean_backward=self.clean_backward)
+    y = conv(self.features, (3, 3), (self.strides, self.strides), name='conv1')(x)
     y = nn.relu(_batch_norm(train, self.dtype, 'bn1')(y))
-    y = conv(self.features, (3, 3), padding=((1, 1), (1, 1)), name='conv2')(y)
+    y = conv(self.features, (3, 3), name='conv2')(y)
     y = _batch_norm(train, self.dtype, 'bn2')(y)
     if self.strides != 1 or x.shape[-1] != self.features:
-      x = conv(self.features, (1, 1), (self.strides, self.strides), padding='VALID', name='downsample_conv')(x)
+      x = conv(self.features, (1, 1), (self.strides, self.strides), padding=((0, 0), (0, 0)),
+               name='downsample_conv')(x)
       x = _batch_norm(train, self.dtype, 'downsample_bn')(x)
     return nn.relu(x + y)
 
@@ -54,6 +176,7 @@ class ResNet(nn.Module):
     widths: channels per stage.
     stem: 'cifar' (3x3 conv, stride 1) or 'imagenet' (7x7/2 conv and 3x3/2 max-pool).
     num_classes: outputs of the linear classifier (the base classes).
+    clean_backward: how noised convs are differentiated (see `Conv`); the authors' way by default.
   """
   stage_sizes: Sequence[int]
   widths: Sequence[int]
@@ -61,6 +184,7 @@ class ResNet(nn.Module):
   num_classes: int
   stem_width: Optional[int] = None
   dtype: Any = jnp.float32
+  clean_backward: bool = True
 
   @property
   def num_blocks(self) -> int:
@@ -77,12 +201,10 @@ class ResNet(nn.Module):
       x = x.astype(self.dtype)
       stem_width = self.stem_width or self.widths[0]
       if self.stem == 'cifar':
-        x = nn.Conv(stem_width, (3, 3), padding=((1, 1), (1, 1)), use_bias=False, kernel_init=conv_init,
-                    dtype=self.dtype, param_dtype=jnp.float32, name='conv1')(x)
+        x = Conv(stem_width, (3, 3), dtype=self.dtype, clean_backward=self.clean_backward, name='conv1')(x)
         x = nn.relu(_batch_norm(train, self.dtype, 'bn1')(x))
       elif self.stem == 'imagenet':
-        x = nn.Conv(stem_width, (7, 7), (2, 2), padding=((3, 3), (3, 3)), use_bias=False,
-                    kernel_init=conv_init, dtype=self.dtype, param_dtype=jnp.float32, name='conv1')(x)
+        x = Conv(stem_width, (7, 7), (2, 2), ((3, 3), (3, 3)), self.dtype, self.clean_backward, name='conv1')(x)
         x = nn.relu(_batch_norm(train, self.dtype, 'bn1')(x))
         x = nn.max_pool(x, (3, 3), (2, 2), padding=((1, 1), (1, 1)))
       else:
@@ -94,7 +216,7 @@ class ResNet(nn.Module):
       for j in range(n):
         if first <= index < stop:
           strides = 2 if (j == 0 and i > 0) else 1
-          x = BasicBlock(w, strides, self.dtype, name=names[index])(x, train)
+          x = BasicBlock(w, strides, self.dtype, self.clean_backward, name=names[index])(x, train)
         index += 1
     if last is not None:
       return x
@@ -104,24 +226,25 @@ class ResNet(nn.Module):
     return embedding, logits
 
 
-def resnet20(num_classes: int, width: int = 16, dtype: Any = jnp.float32) -> ResNet:
+def resnet20(num_classes: int, width: int = 16, **kwargs) -> ResNet:
   """ResNet-20 for 32x32 images (3 stages x 3 blocks, 16/32/64 channels, 64-d embedding)."""
-  return ResNet((3, 3, 3), (width, 2 * width, 4 * width), 'cifar', num_classes, dtype=dtype)
+  return ResNet((3, 3, 3), (width, 2 * width, 4 * width), 'cifar', num_classes, **kwargs)
 
 
-def resnet18(num_classes: int, width: int = 64, dtype: Any = jnp.float32) -> ResNet:
+def resnet18(num_classes: int, width: int = 64, **kwargs) -> ResNet:
   """torchvision ResNet-18 layout (ImageNet stem, 2-2-2-2 blocks, 512-d embedding)."""
-  return ResNet((2, 2, 2, 2), (width, 2 * width, 4 * width, 8 * width), 'imagenet', num_classes, dtype=dtype)
+  return ResNet((2, 2, 2, 2), (width, 2 * width, 4 * width, 8 * width), 'imagenet', num_classes, **kwargs)
 
 
 ARCHS = {'resnet20': resnet20, 'resnet18': resnet18}
 
 
-def build_model(arch: str, num_classes: int, width: Optional[int] = None, dtype: Any = jnp.float32) -> ResNet:
+def build_model(arch: str, num_classes: int, width: Optional[int] = None, dtype: Any = jnp.float32,
+                clean_backward: bool = True) -> ResNet:
   if arch not in ARCHS:
     raise ValueError(f'model.arch={arch!r} is not one of {sorted(ARCHS)}')
   kwargs = {} if width is None else {'width': width}
-  return ARCHS[arch](num_classes, dtype=dtype, **kwargs)
+  return ARCHS[arch](num_classes, dtype=dtype, clean_backward=clean_backward, **kwargs)
 
 
 def conv3x3_paths(model: ResNet) -> list:
