@@ -27,7 +27,7 @@ def setup(arch: str, width: int, image_size: int, num_layers: int, num_draws: in
   paths = tuple(noise_set_paths(model, num_layers))
   objective = base_lib.BaseObjective(model=model, noise_paths=paths, split=split_block(model, paths),
                                      num_draws=num_draws, bound=0.05, distribution='uniform', pf_weight=1.0,
-                                     std_weight=std_weight, shared_trunk=True)
+                                     std_weight=std_weight, shared_trunk=True, bn_updates='clean')
   k1, k2 = jax.random.split(jax.random.key(1))
   images = jax.random.normal(k1, (BATCH, image_size, image_size, 3))
   labels = jnp.arange(BATCH) % CLASSES
@@ -71,6 +71,11 @@ def test_shared_trunk_equals_naive(arch, width, size, num_layers, draw_map):
   np.testing.assert_allclose(float(shared[0]), float(naive[0]), rtol=1e-6)
   assert_trees_close(shared[1], naive[1])  # running statistics: clean pass only, same in both
   assert_trees_close(shared[2], naive[2])
+  if arch == 'resnet20':  # BN statistics from every pass: the shared trunk counts M + 1 updates too
+    every = [loss_and_grad(dataclasses.replace(o, bn_updates='all_passes'), params, stats, images, labels, eps)[1]
+             for o in (objective, naive_objective)]
+    assert_trees_close(every[0], every[1])
+    assert float(jnp.abs(every[0]['bn1']['mean'] - shared[1]['bn1']['mean']).max()) > 0  # and they differ
   # The gradient reaches the trunk and the noise set (it is not trivially zero).
   g = noise_lib.flatten(shared[2])
   assert float(jnp.abs(g[('conv1', 'kernel')]).max()) > 0

@@ -30,7 +30,7 @@ def test_noise_set_is_last_k_3x3_convs():
     noise_set_paths(model, 0)
 
 
-@pytest.mark.parametrize('distribution', ['uniform', 'grid'])
+@pytest.mark.parametrize('distribution', ['discrete_beta', 'grid', 'uniform'])
 def test_noise_bounded_and_only_on_masked_leaves(net, distribution):
   model, variables = net
   paths = noise_set_paths(model, 4)
@@ -42,16 +42,22 @@ def test_noise_bounded_and_only_on_masked_leaves(net, distribution):
     assert e.shape == (3,) + flat[p].shape
     assert float(jnp.max(jnp.abs(e))) <= b
     assert float(jnp.std(e)) > b / 10  # really random, not all zeros
-  if distribution == 'grid':
-    levels = np.unique(np.round(np.concatenate([np.ravel(e) for e in eps.values()]) / b, 6))
-    assert set(levels.tolist()) <= {-1.0, -0.5, 0.0, 0.5, 1.0}
-    assert len(levels) == 5  # every level occurs (the original never produced one of them)
-  perturbed = noise_lib.flatten(noise_lib.perturb(variables['params'], {p: e[0] for p, e in eps.items()}))
-  for p, v in flat.items():
-    if p in eps:
-      assert not np.array_equal(perturbed[p], v)
+  if distribution != 'uniform':
+    levels = set(np.unique(np.round(np.concatenate([np.ravel(e) for e in eps.values()]) / b, 6)).tolist())
+    if distribution == 'grid':
+      assert levels == {-1.0, -0.5, 0.0, 0.5, 1.0}  # every level occurs
     else:
-      np.testing.assert_array_equal(perturbed[p], v)
+      assert levels == {-1.0, 0.0, 0.5, 1.0}  # the original's relabelling never produces -b/2
+  # The 'noise' collection adds each draw to its conv's kernel and nothing else: the same as
+  # running the network on explicitly perturbed parameters.
+  x = jax.random.normal(jax.random.key(4), (4, 16, 16, 3))
+  draw = {p: e[0] for p, e in eps.items()}
+  with_noise, _ = model.apply({**variables, 'noise': noise_lib.collection(draw)}, x, train=False)
+  perturbed = noise_lib.unflatten({p: v + draw[p] if p in draw else v for p, v in flat.items()})
+  explicit, _ = model.apply({**variables, 'params': perturbed}, x, train=False)
+  clean, _ = model.apply(variables, x, train=False)
+  np.testing.assert_allclose(with_noise, explicit, rtol=1e-5, atol=1e-6)
+  assert float(jnp.abs(with_noise - clean).max()) > 1e-4
 
 
 def test_zero_bound_equals_plain_cross_entropy(net):

@@ -1,0 +1,147 @@
+"""The authors' behaviours as config fields: defaults, the pieces the fixtures do not cover (the
+CPU kernel gradient, the BN fold, the TaskSampler epochs through the pipeline), and the opt-in
+model selection on the test set, which every output must admit to."""
+from __future__ import annotations
+
+import json
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from configs import cifar100, cub200, mini
+from f2m_jax import pipeline
+from f2m_jax.models import resnet
+from f2m_jax.models.resnet import BN_MOMENTUM, fold_batch_stats
+
+
+def test_defaults_are_the_authors_code_and_baseline_turns_them_off():
+  for config in (cifar100.get_config(), mini.get_config(), cub200.get_config()):
+    n = config.noise
+    assert (n.distribution, n.std_weight, n.pf_gradient, n.bn_updates, n.clean_backward, n.M) == (
+        'discrete_beta', 2.0, False, 'all_passes', True, 2)
+    assert config.base.sampler == 'task_epochs' and config.base.batch_size == 256
+    assert config.incremental.round_steps and not config.base.select_on_test
+  assert [c.noise.bound for c in (cifar100.get_config(), mini.get_config(), cub200.get_config())] == [
+      0.005, 0.008, 0.0001]
+  assert (mini.get_config().base.shots, cub200.get_config().base.shots) == (16, 8)
+  base = cifar100.get_config()
+  base.method = 'baseline'
+  resolved = pipeline.resolve(base)
+  assert not resolved.noise.enabled and not resolved.incremental.finetune
+  assert resolved.base.sampler == 'shuffle' and not resolved.incremental.round_steps
+
+
+@pytest.mark.parametrize('kernel,strides,padding,size', [
+    ((3, 3), (1, 1), ((1, 1), (1, 1)), 12), ((3, 3), (2, 2), ((1, 1), (1, 1)), 12),
+    ((1, 1), (2, 2), ((0, 0), (0, 0)), 12), ((7, 7), (2, 2), ((3, 3), (3, 3)), 15)])
+def test_kernel_gradient_by_shifts_equals_autodiff(kernel, strides, padding, size):
+  kx, kk, kg = jax.random.split(jax.random.key(0), 3)
+  x = jax.random.normal(kx, (3, size, size, 5))
+  w = jax.random.normal(kk, kernel + (5, 4))
+  y, vjp = jax.vjp(lambda w_: resnet._conv(x, w_, strides, padding, jnp.float32), w)
+  g = jax.random.normal(kg, y.shape)
+  want, = vjp(g)
+  got = resnet._kernel_grad_by_shifts(x, g, w.shape, strides, padding)
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * float(jnp.abs(want).max()))
+
+
+def test_conv2d_gradients_on_every_backend_path(monkeypatch):
+  """conv2d's custom backward (the CPU kernel gradient, clean or exact input gradient) against plain
+  autodiff of conv(x, w) and of conv(x, w + eps)."""
+  kx, kw, ke = jax.random.split(jax.random.key(1), 3)
+  x = jax.random.normal(kx, (2, 8, 8, 3))
+  w = jax.random.normal(kw, (3, 3, 3, 4))
+  eps = 0.3 * jax.random.normal(ke, w.shape)
+  args = ((1, 1), ((1, 1), (1, 1)), jnp.float32)
+  loss = lambda f: (lambda x_, w_: jnp.sum(jnp.sin(f(x_, w_))))
+  for clean in (True, False):
+    got = jax.grad(loss(lambda x_, w_: resnet.conv2d(x_, w_, eps, *args, clean)), (0, 1))(x, w)
+    exact = jax.grad(loss(lambda x_, w_: resnet._conv(x_, w_ + eps, *args)), (0, 1))(x, w)
+    np.testing.assert_allclose(got[1], exact[1], rtol=1e-5, atol=1e-5)  # the kernel gradient either way
+    if clean:  # the input gradient through the clean kernel, at the noisy forward's output gradient
+      y = resnet._conv(x, w + eps, *args)
+      _, vjp = jax.vjp(lambda x_: resnet._conv(x_, w, *args), x)
+      want_x, = vjp(jnp.cos(y))
+      np.testing.assert_allclose(got[0], want_x, rtol=1e-5, atol=1e-5)
+      assert float(jnp.abs(got[0] - exact[0]).max()) > 1e-2
+    else:
+      np.testing.assert_allclose(got[0], exact[0], rtol=1e-5, atol=1e-5)
+
+
+def test_fold_batch_stats_is_pytorch_running_update_in_turn():
+  running = {'bn': {'mean': jnp.asarray([1.0, -2.0]), 'var': jnp.asarray([0.5, 3.0])}}
+  batch = [{'bn': {'mean': jnp.asarray([0.1 * i, 1.0]), 'var': jnp.asarray([1.0 + i, 2.0])}} for i in range(3)]
+  folded = fold_batch_stats(running, [jax.tree.map(lambda s: BN_MOMENTUM * s, b) for b in batch])
+  want = {k: np.asarray(v) for k, v in running['bn'].items()}
+  for b in batch:  # torch: running = (1 - momentum) * running + momentum * batch statistic
+    want = {k: (1 - BN_MOMENTUM) * want[k] + BN_MOMENTUM * np.asarray(b['bn'][k]) for k in want}
+  for k in want:
+    np.testing.assert_allclose(folded['bn'][k], want[k], rtol=1e-6)
+
+
+def test_task_epoch_batches_through_the_pipeline(smoke_config):
+  """`base.sampler='task_epochs'` in the smoke pipeline: per epoch every base class once, `shots`
+  distinct images each, class-contiguous, a pure function of (seed, step)."""
+  config = pipeline.resolve(smoke_config)
+  from f2m_jax.data import sources
+  bench = sources.load_benchmark(config)
+  exp = pipeline.Experiment.create(config, bench)
+  b = config.base
+  per_epoch = bench.num_base_classes * b.shots // b.batch_size
+  batches = [exp.batch_indices(s) for s in range(2 * per_epoch)]
+  again = pipeline.Experiment.create(config, bench)
+  for s in reversed(range(2 * per_epoch)):  # another order of calls, same batches
+    np.testing.assert_array_equal(again.batch_indices(s), batches[s])
+  labels = bench.train.labels
+  for e in range(2):
+    epoch = np.concatenate(batches[e * per_epoch:(e + 1) * per_epoch])
+    blocks = labels[epoch].reshape(-1, b.shots)
+    assert (blocks == blocks[:, :1]).all()
+    assert len(np.unique(blocks[:, 0])) == len(blocks)
+    assert len(np.unique(epoch)) == len(epoch)
+  assert not np.array_equal(batches[0], batches[per_epoch])
+
+
+def test_select_on_test_is_opt_in_and_every_output_says_so(smoke_config, tmp_path):
+  smoke_config.base.select_on_test = True
+  smoke_config.base.select_every = 25
+  smoke_config.runs = 1
+  workdir = str(tmp_path / 'w')
+  results = pipeline.run(smoke_config, workdir)
+  info = results['base_model']
+  assert info['selection'] == 'best_base_test_accuracy' and info['reads_test_set'] and info['every'] == 25
+  with open(f'{workdir}/results.json') as f:
+    assert json.load(f)['base_model'] == info
+  with open(f'{workdir}/metrics.jsonl') as f:
+    lines = [json.loads(line) for line in f]
+  selections = [m for m in lines if m['phase'] == 'select_on_test']
+  assert [m['step'] for m in selections] == [25, 50, 75, 100]
+  accs = [m['base_test_acc'] for m in selections]
+  best = int(np.argmax(accs))  # the first of equal bests is kept (strictly better replaces)
+  assert info['step'] == selections[best]['step']
+  assert selections[-1]['best_base_test_acc'] == max(accs)
+  # The base model the sessions used is the selected one.
+  from f2m_jax.checkpoint import Checkpoints
+  from f2m_jax.data import sources
+  config = pipeline.resolve(smoke_config)
+  template = pipeline.Experiment.create(config, sources.load_benchmark(config)).init_state()
+  ckpts = Checkpoints(workdir, read_only=True)
+  best = ckpts.restore_best_base({'params': template.params, 'batch_stats': template.batch_stats})
+  model = ckpts.restore_model({'params': template.params, 'batch_stats': template.batch_stats,
+                               'prototypes': np.zeros((20, 32), np.float32)})
+  chex.assert_trees_all_equal(model['params'], best['params'])
+  chex.assert_trees_all_equal(model['batch_stats'], best['batch_stats'])
+  if info['step'] != smoke_config.base.steps:
+    last = ckpts.restore_base_state(template, smoke_config.base.steps)
+    assert not np.array_equal(last.params['fc']['kernel'], best['params']['fc']['kernel'])
+  from f2m_jax import report
+  assert 'TEST images' in report.format_session_table(results)
+  rows = report.build_rows([workdir], ['selected'])
+  assert 'chosen on test images' in report.format_table(rows)
+  assert 'chosen on the base classes\' test images' in report.format_report(rows)
+  # Without the field the result says it used the last step.
+  smoke_config.base.select_on_test = False
+  assert pipeline.selection_info(smoke_config, None) == {'selection': 'last', 'step': smoke_config.base.steps}
