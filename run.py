@@ -25,4 +25,5 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  sys.exit(app.run(main))
+  from f2m_jax.cli import parse_flags
+  sys.exit(app.run(main, flags_parser=parse_flags))

@@ -1,6 +1,10 @@
 """What run.py does per --mode, with user errors turned into one clear message and exit code 2."""
 from __future__ import annotations
 
+import ast
+import difflib
+import importlib.util
+import os
 import sys
 
 from f2m_jax.checkpoint import CheckpointError
@@ -34,3 +38,126 @@ def main(config, workdir: str, mode: str, checkpoint=None) -> int:
   except pipeline.TrainingError as e:
     print(f'training stopped: {e}', file=sys.stderr, flush=True)
     return 3
+
+
+# ----------------------------------------------------------------------------- config overrides
+
+def parse_flags(argv):
+  """run.py's absl flags parser: a bad `--config.FIELD=VALUE` override (unknown field, wrong type,
+  malformed tuple) stops with one line naming the field, the value and what is allowed, exit code 2,
+  before anything is written. Values out of range are caught later by pipeline.validate, also before
+  the workdir is created."""
+  from absl import flags
+  try:
+    rest = flags.FLAGS(argv)
+  except Exception as e:  # flags.Error, or what ml_collections raises while applying an override
+    problem = override_problem(argv) or ' '.join(str(e).split())
+    print(f'error: {problem}', file=sys.stderr, flush=True)
+    sys.exit(2)
+  problem = override_problem(argv)  # some wrong types are accepted silently (an int for a tuple)
+  if problem:
+    print(f'error: {problem}', file=sys.stderr, flush=True)
+    sys.exit(2)
+  return rest
+
+
+def _flag_values(argv, name: str) -> list:
+  """Values of --name=V / --name V in argv, in order."""
+  out = []
+  for i, a in enumerate(argv):
+    if a.startswith(f'--{name}='):
+      out.append(a.split('=', 1)[1])
+    elif a == f'--{name}' and i + 1 < len(argv):
+      out.append(argv[i + 1])
+  return out
+
+
+def _overrides(argv) -> list:
+  """(dotted field, value) of every --config.FIELD=VALUE (or --config.FIELD VALUE) in argv."""
+  out = []
+  for i, a in enumerate(argv):
+    if a.startswith('--config.'):
+      name, sep, value = a[len('--config.'):].partition('=')
+      if not sep:
+        value = argv[i + 1] if i + 1 < len(argv) else ''
+      out.append((name, value))
+  return out
+
+
+def load_config_file(spec: str):
+  """get_config(arg) of `path[:arg]` (the --config flag's value), without overrides."""
+  path, _, arg = spec.partition(':')
+  module_spec = importlib.util.spec_from_file_location('_f2m_config', os.path.abspath(path))
+  module = importlib.util.module_from_spec(module_spec)
+  module_spec.loader.exec_module(module)
+  return module.get_config(arg) if arg else module.get_config()
+
+
+def _fields(config, prefix: str = '') -> dict:
+  out = {}
+  for k, v in config.items():
+    name = f'{prefix}{k}'
+    out[name] = v
+    if hasattr(v, 'items') and not isinstance(v, dict):
+      out.update(_fields(v, name + '.'))
+  return out
+
+
+def _type_problem(current, value: str):
+  """What is wrong with `value` for a field whose default is `current`, or None."""
+  if isinstance(current, bool):
+    if value.lower() not in ('true', 'false', '1', '0'):
+      return 'expects True or False'
+  elif isinstance(current, int):
+    try:
+      int(value)
+    except ValueError:
+      return 'expects an integer'
+  elif isinstance(current, float):
+    try:
+      float(value)
+    except ValueError:
+      return 'expects a number'
+  elif isinstance(current, (tuple, list)):
+    example = '(15000,)' if not current else repr(tuple(current)) if len(current) > 1 else f'({current[0]!r},)'
+    try:
+      parsed = ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+      return f'expects a tuple such as {example}'
+    if not isinstance(parsed, (tuple, list)):
+      return f'expects a tuple such as {example} (a single entry needs the trailing comma)'
+  elif hasattr(current, 'items'):
+    return f'is a group of fields ({", ".join(sorted(current.keys()))}); set one of them'
+  return None
+
+
+def override_problem(argv):
+  """A one-line description of the first bad --config override in argv, or None."""
+  specs = _flag_values(argv, 'config')
+  overrides = _overrides(argv)
+  if not specs or not overrides:
+    return None
+  try:
+    config = load_config_file(specs[-1])
+  except Exception:  # the --config file itself is the problem: absl's own message says so
+    return None
+  fields = _fields(config)
+  for name, value in overrides:
+    if name not in fields:
+      parent, _, leaf = name.rpartition('.')
+      siblings = {k.rpartition('.')[2]: k for k in fields if k.rpartition('.')[0] == parent}
+      close = difflib.get_close_matches(leaf, list(siblings), n=3, cutoff=0.5)
+      if close:
+        hint = 'did you mean ' + ', '.join(f'config.{siblings[c]}' for c in close) + '?'
+      elif siblings:
+        hint = 'the fields there are ' + ', '.join(sorted(siblings))
+      else:
+        groups = [k for k, v in fields.items() if hasattr(v, 'items')]
+        near = difflib.get_close_matches(parent, groups, n=1, cutoff=0.5)
+        hint = f'config.{parent} does not exist either' + (f' (did you mean config.{near[0]}?)' if near else '')
+      return f'unknown config field config.{name} (given {value!r}); {hint}'
+    problem = _type_problem(fields[name], value)
+    if problem:
+      default = '' if hasattr(fields[name], 'items') else f' (default {fields[name]!r})'
+      return f'config.{name}={value!r} is invalid: config.{name} {problem}{default}'
+  return None

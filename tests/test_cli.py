@@ -1,0 +1,42 @@
+"""Bad --config overrides through run.py as a user types them: one line naming the field, the value
+and what is allowed, exit code 2, no traceback, no workdir left behind."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO
+
+CASES = [
+    ('--config.nosuchkey=1', 'unknown config field config.nosuchkey', 'config.noise'),
+    ('--config.noise.nosuch=1', 'unknown config field config.noise.nosuch', 'bound'),
+    ('--config.noise.bond=0.1', 'unknown config field config.noise.bond', 'did you mean config.noise.bound'),
+    ('--config.noize.bound=1', 'config.noize does not exist', 'config.noise'),
+    ('--config.base.milestones=15000', "config.base.milestones='15000' is invalid", 'tuple such as'),
+    ('--config.base.steps=abc', "config.base.steps='abc' is invalid", 'integer'),
+    ('--config.noise.enabled=maybe', "config.noise.enabled='maybe' is invalid", 'True or False'),
+    ('--config.noise.M=-1', 'noise.M=-1 is invalid', 'must be >= 1'),
+    ('--config.noise.distribution=gauss', "noise.distribution='gauss' is invalid", 'discrete_beta'),
+]
+
+
+@pytest.mark.parametrize('override,what,allowed', CASES)
+def test_bad_override_is_one_clear_line(tmp_path, override, what, allowed):
+  workdir = tmp_path / 'w'
+  r = subprocess.run([sys.executable, 'run.py', '--config', 'configs/cifar100.py:smoke', override,
+                      '--workdir', str(workdir)], capture_output=True, text=True, cwd=REPO, timeout=300)
+  lines = [line for line in r.stderr.splitlines() if line.strip()]
+  assert r.returncode == 2, r.stderr
+  assert 'Traceback' not in r.stderr
+  assert len(lines) == 1 and lines[0].startswith('error: '), lines
+  assert what in lines[0] and allowed in lines[0], lines[0]
+  assert not workdir.exists()
+
+
+def test_good_overrides_pass_the_check():
+  from f2m_jax import cli
+  argv = ['run.py', '--config', 'configs/cifar100.py:smoke', '--config.base.milestones=(50,)',
+          '--config.noise.M', '3', '--config.noise.enabled=False', '--config.method=baseline']
+  assert cli.override_problem(argv) is None
