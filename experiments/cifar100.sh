@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The paper's CIFAR-100 experiments as commands: main table (F2M, Baseline), ablation table (FM, PF,
-# PC, PN), bound table (b), flatness table; then one report.
+# PC, PN), bound table (b), flatness table, and the fidelity table (each behaviour of the authors'
+# code switched back to the paper's definition, one at a time); then one report per table.
 #
 #   experiments/cifar100.sh full OUT          # full protocol (TFDS cifar100, 30,003 iterations): a GPU
 #   experiments/cifar100.sh trainsplit OUT    # offline real data ($F2M_DATA_DIR), 3,000 iterations
@@ -8,8 +9,10 @@
 #   STEPS=30 RUNS=2 experiments/cifar100.sh smoke OUT   # synthetic data: checks the script in minutes
 #
 # STEPS: base iterations (learning rate x lr_gamma at STEPS/2); RUNS: draws of the shots; DRAWS and
-# FLAT_IMAGES: noise draws and images per set of the flatness table (default 1000 and all images).
-# On 2 CPU cores a 600-iteration base session takes about 11 minutes, its 10 x 8 sessions 1-3 minutes.
+# FLAT_IMAGES: noise draws and images per set of the flatness table (default 1000 and all images);
+# TABLES: which tables (default "main ablation bound flatness fidelity"; every table needs main).
+# On 2 CPU cores (2026-11) a 600-iteration F2M base session takes about 35 minutes, its 10 x 8
+# sessions about 5.
 #
 # Rows that share a base model reuse its checkpoint (--checkpoint) instead of retraining it.
 # Workdirs are resumable: rerunning the script continues where it stopped.
@@ -23,6 +26,8 @@ if [ -n "${STEPS:-}" ]; then
   extra+=(--config.base.steps="$STEPS" --config.base.milestones="($((STEPS / 2)),)")
 fi
 [ -n "${RUNS:-}" ] && extra+=(--config.runs="$RUNS")
+tables=" ${TABLES:-main ablation bound flatness fidelity} "
+want() { [[ "$tables" == *" $1 "* ]]; }
 
 run() {  # run NAME [overrides...]
   local name=$1; shift
@@ -32,9 +37,22 @@ run() {  # run NAME [overrides...]
 
 # Main table.
 run f2m
-run baseline --config.method=baseline
-# The authors' code also rounds each fine-tuning step to multiples of b/2 (not in the paper, off by default).
-run f2m_round --checkpoint "$out/f2m" --config.incremental.round_steps=True
+want main && run baseline --config.method=baseline
+# Fidelity table: from the defaults (the authors' code), one behaviour back to the paper at a time,
+# then all of them at once (the paper-literal F2M).
+if want fidelity; then
+  run fid_unrounded --checkpoint "$out/f2m" --config.incremental.round_steps=False
+  run fid_bn_clean --config.noise.bn_updates=clean
+  run fid_gamma0 --config.noise.std_weight=0
+  run fid_pf_grad --config.noise.pf_gradient=True
+  run fid_uniform --config.noise.distribution=uniform
+  run fid_exact_grad --config.noise.clean_backward=False
+  run fid_balanced --config.base.sampler=balanced
+  run fid_paper --config.noise.bn_updates=clean --config.noise.std_weight=0 --config.noise.pf_gradient=True \
+      --config.noise.distribution=uniform --config.noise.clean_backward=False --config.base.sampler=balanced \
+      --config.incremental.round_steps=False
+fi
+if want ablation; then
 # Ablation table, one row each (FM PF PC PN). The rows without FM fine-tune the Baseline's base model
 # (plain CE, shuffled batches); the others reuse F2M's, except the row without PF, which trains its own.
 ce=(--config.noise.enabled=False --config.noise.prototype_fixing=False --config.base.sampler=shuffle)
@@ -44,21 +62,27 @@ run abl_pc --checkpoint "$out/baseline" "${ce[@]}" --config.eval.normalize_proto
 run abl_no_pc --checkpoint "$out/f2m" --config.incremental.clamp=False
 run abl_no_pf --config.noise.prototype_fixing=False
 run abl_no_pn --checkpoint "$out/f2m" --config.eval.normalize_prototypes=False
+fi
 # Bound table: the paper's b (its code's config value) is twice our half-width noise.bound.
-for b in 0.00125 0.0025 0.01 0.02 0.04; do
+want bound && for b in 0.00125 0.0025 0.01 0.02 0.04; do
   run "bound_$b" --config.noise.bound="$b"
 done
 # Flatness table (N = 1000 draws unless DRAWS is set), skipped where flatness.json exists.
-for name in f2m baseline; do
+want flatness && for name in f2m baseline; do
   method=f2m; [ "$name" = baseline ] && method=baseline
   [ -f "$out/$name/flatness.json" ] && continue
   run "$name" --mode flatness --config.method="$method" --config.flatness.num_draws="${DRAWS:-1000}" \
       --config.flatness.max_images="${FLAT_IMAGES:-0}"
 done
 
-python -m f2m_jax.report "$out/f2m" "$out/baseline" "$out/f2m_round" --labels="F2M,Baseline,F2M (rounded steps)" \
-    --reference 1 --out "$out/report_main"
-python -m f2m_jax.report "$out/abl_none" "$out/abl_pc" "$out/abl_no_pc" "$out/abl_no_pf" "$out/abl_no_pn" "$out/f2m" \
+want main && python -m f2m_jax.report "$out/f2m" "$out/baseline" --labels="F2M,Baseline" --reference 1 \
+    --out "$out/report_main"
+want fidelity && python -m f2m_jax.report "$out/f2m" "$out"/fid_unrounded "$out"/fid_bn_clean "$out"/fid_gamma0 \
+    "$out"/fid_pf_grad "$out"/fid_uniform "$out"/fid_exact_grad "$out"/fid_balanced "$out"/fid_paper \
+    --labels="F2M (authors' code),unrounded steps,BN stats from the clean pass,gamma 0,PF with gradient,uniform noise,exact gradient,per-step random batches,all paper-literal" \
+    --reference 0 --out "$out/report_fidelity"
+want ablation && python -m f2m_jax.report "$out/abl_none" "$out/abl_pc" "$out/abl_no_pc" "$out/abl_no_pf" "$out/abl_no_pn" "$out/f2m" \
     --labels="-,PC,FM+PF+PN,FM+PC+PN,FM+PF+PC,FM+PF+PC+PN" --reference 5 --out "$out/report_ablation"
-python -m f2m_jax.report "$out"/bound_0.00125 "$out"/bound_0.0025 "$out/f2m" "$out"/bound_0.01 "$out"/bound_0.02 \
+want bound && python -m f2m_jax.report "$out"/bound_0.00125 "$out"/bound_0.0025 "$out/f2m" "$out"/bound_0.01 "$out"/bound_0.02 \
     "$out"/bound_0.04 --labels="b=0.0025,b=0.005,b=0.01,b=0.02,b=0.04,b=0.08" --reference 2 --out "$out/report_bound"
+true

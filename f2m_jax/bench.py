@@ -9,8 +9,8 @@ Variants, for each compute dtype of config.bench.dtypes:
   ncm_eval           NCM predictions for one eval batch of images, and ncm_eval_suffix from cached
                      trunk features (the incremental phase's evaluation).
 Each is compiled once (lower + compile, timed apart); then config.bench.warmup untimed and
-config.bench.iters timed rounds call every variant once each. The records go to W/bench.json
-(never overwriting one: then W/bench_<timestamp>.json).
+config.bench.iters timed rounds call every variant once each. The records go to W/bench.json as
+{'provenance': ..., 'records': [...]} (never overwriting one: then W/bench_<timestamp>.json).
 
 No dataset is read: images are random uint8 of the dataset's size, labels cover the base classes.
 """
@@ -266,7 +266,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> list:
     records.extend(new)
   os.makedirs(workdir, exist_ok=True)
   path = output_path(workdir)
+  from f2m_jax import workdir as workdir_lib
   with open(path, 'w') as f:
-    json.dump(records, f, indent=1)
+    json.dump({'provenance': workdir_lib.provenance(config.to_dict()), 'records': records}, f, indent=1)
   print(f'bench records written to {path}', flush=True)
   return records

@@ -446,6 +446,7 @@ def run(config: ml_collections.ConfigDict, workdir: str, mode: str = 'train',
                                      per_run)
   results['base_model'] = selection_info(config, source or ckpts)
   wall = round(time.time() - t0, 1)
+  results['provenance'] = {**workdir_lib.provenance(config.to_dict()), 'wall_time_s': wall}
   log.write(phase='done', mode=mode, wall_time_s=wall,
             base_checkpoint=os.path.abspath(checkpoint) if checkpoint else None)
   ckpts.close()
@@ -460,7 +461,8 @@ def write_outputs(workdir: str, results: dict, mode: str) -> None:
   if mode == 'eval' and os.path.exists(path):
     with open(path) as f:
       saved = json.load(f)
-    if saved == json.loads(json.dumps(results)):
+    strip = lambda r: {k: v for k, v in r.items() if k != 'provenance'}  # when and where differ, nothing else may
+    if strip(saved) == strip(json.loads(json.dumps(results))):
       print(f'evaluation reproduced {path} exactly', flush=True)
       return
     workdir_lib.write_results(workdir, results, evaluation.results_rows(results), name='results_eval')
@@ -483,7 +485,7 @@ def run_flatness(config: ml_collections.ConfigDict, workdir: str, checkpoint: Op
   bound = f.bound if f.bound >= 0 else config.noise.bound
   rng = np.random.default_rng([config.seed, 5])
   out = {'bound': bound, 'distribution': config.noise.distribution, 'num_layers': config.noise.num_layers,
-         'checkpoint': os.path.abspath(checkpoint or workdir)}
+         'checkpoint': os.path.abspath(checkpoint or workdir), 'provenance': workdir_lib.provenance(config.to_dict())}
   test_idx = protocol_lib.test_indices(bench, 1)
   for name, split, idx in (('train', bench.train, bench.base_train), ('test', bench.test, test_idx)):
     if f.max_images and len(idx) > f.max_images:

@@ -203,6 +203,31 @@ def table_label(row: Row) -> str:
   return row.label + (' (base model chosen on test images)' if reads_test_set(row.results) else '')
 
 
+def budget(results: dict) -> str:
+  """The base budget of a run, from its provenance ('' for results written without one)."""
+  config = (results.get('provenance') or {}).get('config')
+  if not config:
+    return ''
+  b = config['base']
+  batch = b['ways'] * b['shots'] if b['sampler'] == 'balanced' else b['batch_size']
+  text = f'{b["steps"]} steps of {batch} ({b["sampler"]}), lr {b["lr"]:g}'
+  if config['noise']['enabled']:
+    text += f', M={config["noise"]["M"]}, b={config["noise"]["bound"]:g}'
+  return text
+
+
+def hardware(results: dict) -> str:
+  """'N x device kind (backend), jax V, commit C[+dirty]' from the provenance ('' if absent)."""
+  prov = results.get('provenance')
+  if not prov:
+    return ''
+  hw, git = prov['hardware'], prov.get('git') or {}
+  text = f'{hw["num_devices"]} x {hw["device_kind"]} ({hw["backend"]}), jax {prov["versions"]["jax"]}'
+  if git:
+    text += f', commit {git["commit"][:10]}' + ('+dirty' if git['dirty'] else '')
+  return text
+
+
 def format_table(rows: Sequence[Row], reference: Any = 0) -> str:
   """The main markdown table: label, accuracy per session (mean ± ci95), PD, AVG and gap.
 
@@ -264,7 +289,7 @@ def csv_header(numbers: Sequence[int]) -> list:
   cols = ['label', 'dataset', 'method', 'protocol', 'runs']
   for n in numbers:
     cols += [f's{n}', f's{n}_ci95']
-  return cols + ['pd', 'pd_ci95', 'avg', 'avg_ci95', 'gap']
+  return cols + ['pd', 'pd_ci95', 'avg', 'avg_ci95', 'gap', 'budget', 'hardware']
 
 
 def csv_rows(rows: Sequence[Row], reference: Any = 0) -> list:
@@ -282,7 +307,7 @@ def csv_rows(rows: Sequence[Row], reference: Any = 0) -> list:
       record[f's{n}'] = '' if acc is None else acc['mean']
       record[f's{n}_ci95'] = '' if acc is None else acc['ci95']
     record.update(pd=r['pd']['mean'], pd_ci95=r['pd']['ci95'], avg=r['avg']['mean'],
-                  avg_ci95=r['avg']['ci95'], gap=gap(row, ref))
+                  avg_ci95=r['avg']['ci95'], gap=gap(row, ref), budget=budget(r), hardware=hardware(r))
     out.append(record)
   return out
 
@@ -419,7 +444,8 @@ def format_report(rows: Sequence[Row], reference: Any = 0, all_sessions: bool = 
   sources = [f'- {_escape(r.label)}: `{r.source}` ({r.results["dataset"]}, {r.results["method"]}, '
              f'{r.results["protocol"]}, {r.results["runs"]} runs'
              + (f'; base model of step {r.results["base_model"]["step"]}, chosen on the base classes\' test '
-                'images' if reads_test_set(r.results) else '') + ')' for r in rows]
+                'images' if reads_test_set(r.results) else '')
+             + ''.join(f'; {x}' for x in (budget(r.results), hardware(r.results)) if x) + ')' for r in rows]
   flatness = format_flatness_table(rows)
   return '\n'.join([
       '# F2M report', '',

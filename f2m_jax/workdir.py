@@ -59,6 +59,42 @@ def prepare(workdir: str, config: dict) -> None:
   atomic_write(path, json.dumps(config, indent=2, sort_keys=True))
 
 
+def git_state(path: str = None) -> dict:
+  """The project's git commit and whether its tree had uncommitted changes ({} outside a checkout)."""
+  import subprocess
+  root = path or os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  try:
+    commit = subprocess.run(['git', '-C', root, 'rev-parse', 'HEAD'], capture_output=True, text=True,
+                            timeout=10, check=True).stdout.strip()
+    status = subprocess.run(['git', '-C', root, 'status', '--porcelain', '--untracked-files=no'],
+                            capture_output=True, text=True, timeout=10, check=True).stdout
+  except (OSError, subprocess.SubprocessError):
+    return {}
+  return {'commit': commit, 'dirty': bool(status.strip())}
+
+
+def provenance(config: dict) -> dict:
+  """Where a result came from: the effective config, the project's git commit (and whether the tree
+  was dirty), the library versions and the hardware. Written into results.json, flatness.json and
+  bench.json."""
+  import platform
+  import jax
+  import jaxlib
+  import flax
+  import optax
+  device = jax.devices()[0]
+  return {
+      'config': config,
+      'git': git_state(),
+      'versions': {'python': platform.python_version(), 'jax': jax.__version__, 'jaxlib': jaxlib.__version__,
+                   'flax': flax.__version__, 'optax': optax.__version__},
+      'hardware': {'backend': jax.default_backend(), 'device_kind': device.device_kind,
+                   'num_devices': jax.device_count(), 'process_count': jax.process_count(),
+                   'host': platform.node(), 'cpu_count': os.cpu_count()},
+      'time': time.strftime('%Y-%m-%dT%H:%M:%S%z'),
+  }
+
+
 def atomic_write(path: str, text: str) -> None:
   tmp = f'{path}.tmp{os.getpid()}'
   with open(tmp, 'w') as f:

@@ -37,6 +37,16 @@ def test_smoke_results_file_is_valid_and_learns(smoke_run):
   with open(os.path.join(workdir, 'metrics.jsonl')) as f:
     phases = {json.loads(line)['phase'] for line in f}
   assert {'base', 'session', 'done'} <= phases
+  # Where it came from: the effective config, the commit, the versions, the hardware.
+  prov = saved['provenance']
+  assert prov['config']['base']['steps'] == 100 and prov['config']['method'] == 'f2m'
+  assert set(prov['git']) <= {'commit', 'dirty'} and set(prov['versions']) >= {'jax', 'jaxlib'}
+  assert prov['hardware']['backend'] == 'cpu' and prov['hardware']['num_devices'] >= 1
+  assert prov['wall_time_s'] > 0
+  assert saved['base_model'] == {'selection': 'last', 'step': 100}
+  from f2m_jax import report
+  text = report.format_report(report.build_rows([workdir]))
+  assert '100 steps of 80 (task_epochs), lr 0.1, M=2, b=0.005' in text and '(cpu), jax' in text
 
 
 def _run_py(*args):

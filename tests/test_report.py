@@ -127,9 +127,9 @@ def test_csv_round_trip(workdirs, tmp_path):
     f.seek(0)
     header = next(csv.reader(f))
   assert header[:5] == ['label', 'dataset', 'method', 'protocol', 'runs']
-  assert header[5:9] == ['s1', 's1_ci95', 's2', 's2_ci95'] and header[-5:] == [
-      'pd', 'pd_ci95', 'avg', 'avg_ci95', 'gap']
-  assert len(header) == 5 + 2 * 11 + 5
+  assert header[5:9] == ['s1', 's1_ci95', 's2', 's2_ci95'] and header[-7:] == [
+      'pd', 'pd_ci95', 'avg', 'avg_ci95', 'gap', 'budget', 'hardware']
+  assert len(header) == 5 + 2 * 11 + 7
   f2m, base, cub = records
   assert (f2m['label'], f2m['dataset'], f2m['method'], f2m['protocol'], int(f2m['runs'])) == (
       'f2m', 'cifar100', 'f2m', 'draws', 10)

@@ -105,7 +105,9 @@ def test_bench_runs_on_four_devices(child):
   assert variants == [('plain', 0), ('f2m_naive', 1), ('f2m_shared', 1), ('f2m_shared_vmap', 1),
                       ('incremental_step', None), ('ncm_eval', None), ('ncm_eval_suffix', None)]
   assert all(n == 4 for _, _, n, _ in out['bench'])
-  records = json.loads((workdir / 'bench.json').read_text())
+  saved = json.loads((workdir / 'bench.json').read_text())
+  assert saved['provenance']['hardware']['num_devices'] == 4
+  records = saved['records']
   assert set(records[0]) == set(
       'variant M batch step_ms_median step_ms_min images_per_s compile_s peak_bytes backend device_kind '
       'num_devices dtype'.split())
