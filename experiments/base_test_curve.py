@@ -50,7 +50,7 @@ def main() -> None:
   checkpointer = ocp.StandardCheckpointer()
   while True:
     # Read the finished step folders directly (a manager here could tidy the running job's files).
-    finished = os.path.isdir(os.path.join(args.workdir, 'checkpoints', 'model'))
+    finished = os.path.exists(os.path.join(args.workdir, 'checkpoints', 'model', '0', 'commit_success.txt'))
     names = os.listdir(base_dir) if os.path.isdir(base_dir) else []
     steps = sorted(int(n) for n in names if n.isdigit() and
                    os.path.exists(os.path.join(base_dir, n, 'commit_success.txt')) and int(n) not in done)
