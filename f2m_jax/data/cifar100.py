@@ -3,7 +3,10 @@
 Two sources, both giving a `Benchmark` whose class ids are the official fine labels (already in TOPIC
 session order) and whose `train` is the whole official training set in its official order, so the
 TOPIC index lists apply unchanged:
-  - `load_cifar100_tfds`: official train and test sets from a prepared TFDS `cifar100`.
+  - `load_cifar100_tfds`: official train and test sets from a prepared TFDS `cifar100`; where it is
+    not prepared, from the official archive (the one TFDS itself downloads, same size and sha256),
+    downloaded into the cache folder with a progress bar, resumable, and converted once
+    (`official_arrays`).
   - `load_cifar100_trainsplit`: only the training set (`cifar100_train.npz`); the `trainsplit`
     protocol holds out 100 training images per class as the test set (see the data README).
 """
@@ -12,10 +15,13 @@ from __future__ import annotations
 import os
 import pathlib
 import re
+import sys
+import tarfile
 from typing import Optional, Sequence
 
 import numpy as np
 
+from f2m_jax.data import download
 from f2m_jax.data.index_lists import DATA_DIR_ENV, session_lists
 from f2m_jax.data.types import Benchmark, DataError, Split, check_session_indices, sessions_from_counts
 
@@ -30,6 +36,11 @@ SESSION_CLASSES = sessions_from_counts(NUM_BASE, WAY, NUM_SESSIONS)
 TEST_PER_CLASS = 100  # trainsplit: held-out images per class
 NPZ_NAME = 'cifar100_train.npz'
 TFDS_BATCH = 1000
+# The official binary archive, pinned as TFDS pins it (tensorflow_datasets/url_checksums/cifar100.txt).
+ARCHIVE_URL = 'https://www.cs.toronto.edu/~kriz/cifar-100-binary.tar.gz'
+ARCHIVE_SIZE = 168513733
+ARCHIVE_SHA256 = '58a81ae192c23a4be8b1804d68e518ed807d710a4eb253b1f2a199162a40d8ec'
+CONVERTED = 'cifar100_official.npz'
 
 
 # ---------------------------------------------------------------- TOPIC lists
@@ -135,12 +146,63 @@ def tfds_split(split: str, data_dir: Optional[str]) -> Split:
   return Split(images[order], labels[order])
 
 
-def load_cifar100_tfds(tfds_data_dir: Optional[str], index_dir) -> Benchmark:
+def parse_binary(data: bytes) -> Split:
+  """Records of the official binary format (coarse label, fine label, 3 x 32 x 32 planes) -> Split."""
+  record = 2 + 3 * IMAGE_SIZE * IMAGE_SIZE
+  if len(data) % record:
+    raise DataError(f'a CIFAR-100 binary file of {len(data)} bytes is not a whole number of {record}-byte records')
+  rows = np.frombuffer(data, np.uint8).reshape(-1, record)
+  images = rows[:, 2:].reshape(-1, 3, IMAGE_SIZE, IMAGE_SIZE).transpose(0, 2, 3, 1)
+  return Split(np.ascontiguousarray(images), rows[:, 1].astype(np.int32))
+
+
+def official_arrays(cache_dir) -> tuple:
+  """(train, test) Splits in the official order, from `<cache>/cifar100/cifar100_official.npz`;
+  made once from the official archive (ARCHIVE_URL, downloaded to `<cache>/downloads/`, resumable,
+  checked against ARCHIVE_SIZE and ARCHIVE_SHA256, deleted after a successful conversion)."""
+  url, sha256, size = ARCHIVE_URL, ARCHIVE_SHA256, ARCHIVE_SIZE
+  folder = pathlib.Path(cache_dir) / 'cifar100'
+  converted = folder / CONVERTED
+  if not converted.is_file():
+    archive = download.fetch(
+        url, pathlib.Path(cache_dir) / 'downloads' / 'cifar-100-binary.tar.gz', sha256, size,
+        f'CIFAR-100 ({size / 1e6:.0f} MB)',
+        help_text=f'Alternatives: a prepared TFDS cifar100, or the trainsplit protocol on {NPZ_NAME}.')
+    arrays = {}
+    with tarfile.open(archive, 'r:*') as tar:
+      for split in ('train', 'test'):
+        member = tar.extractfile(f'cifar-100-binary/{split}.bin')
+        if member is None:
+          raise DataError(f'{archive} lacks cifar-100-binary/{split}.bin')
+        parsed = parse_binary(member.read())
+        arrays[f'x_{split}'], arrays[f'y_{split}'] = parsed.images, parsed.labels.astype(np.int16)
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / f'.{CONVERTED}.{os.getpid()}.npz'
+    np.savez(tmp, **arrays)
+    os.replace(tmp, converted)
+    os.remove(archive)
+    print(f'converted CIFAR-100 once into {converted}', file=sys.stderr, flush=True)
+  with np.load(converted) as f:
+    return (Split(f['x_train'], f['y_train'].astype(np.int32)), Split(f['x_test'], f['y_test'].astype(np.int32)))
+
+
+def load_cifar100_tfds(tfds_data_dir: Optional[str], index_dir, cache_dir=None) -> Benchmark:
   """Official protocol: train = the 50,000 training images (official order), test = the official
   10,000 test images, base_train = session_1.txt, shot_pool = every training image of classes >= 60,
-  topic_shots = session_2..9.txt."""
-  train = tfds_split('train', tfds_data_dir)
-  test = tfds_split('test', tfds_data_dir)
+  topic_shots = session_2..9.txt. From a prepared TFDS cifar100, else (with a cache folder) from the
+  official archive (`official_arrays`)."""
+  try:
+    train = tfds_split('train', tfds_data_dir)
+    test = tfds_split('test', tfds_data_dir)
+  except DataError as tfds_error:
+    if cache_dir is None:
+      raise
+    print('TFDS cifar100 is not prepared; using the official archive instead (downloaded once into '
+          f'{cache_dir}, {ARCHIVE_SIZE / 1e6:.0f} MB).', file=sys.stderr, flush=True)
+    try:
+      train, test = official_arrays(cache_dir)
+    except DataError as e:
+      raise DataError(f'{e}\n\nTFDS was tried first: {tfds_error}') from e
   base_train, topic_shots = read_topic_lists(index_dir)
   shot_pool = np.flatnonzero(train.labels >= NUM_BASE)
   return _benchmark('cifar100', train, test, base_train, shot_pool, topic_shots)

@@ -32,7 +32,7 @@ def load_benchmark(config) -> Benchmark:
     from f2m_jax.data import cifar100, index_lists
     index_dir = index_lists.index_list_dir('cifar100', data_dir(config) or None, cache_dir(config))
     if source == 'tfds':
-      return cifar100.load_cifar100_tfds(config.data.tfds_data_dir or None, index_dir)
+      return cifar100.load_cifar100_tfds(config.data.tfds_data_dir or None, index_dir, cache_dir(config))
     if source == 'trainsplit':
       folder = data_dir(config)
       if not folder:

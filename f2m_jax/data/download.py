@@ -1,0 +1,91 @@
+"""Resumable downloads with a pinned size and sha256, a progress bar and clear errors.
+
+The file is written to `<dest>.part` and renamed to `dest` only once its size and checksum match,
+so `dest` is always complete. An interrupted download keeps its `.part` file, and the next call
+resumes it (an HTTP Range request; file:// URLs seek), so a rerun of the same command continues.
+"""
+from __future__ import annotations
+
+import hashlib
+import http.client
+import os
+import pathlib
+import urllib.parse
+import urllib.request
+
+from f2m_jax.data.types import DataError
+
+CHUNK = 1 << 20
+TIMEOUT_S = 60
+
+
+def sha256_file(path, chunk: int = CHUNK) -> str:
+  h = hashlib.sha256()
+  with open(path, 'rb') as f:
+    for block in iter(lambda: f.read(chunk), b''):
+      h.update(block)
+  return h.hexdigest()
+
+
+def _open(url: str, offset: int):
+  """(stream, resumed) reading `url` from byte `offset` where the server allows it."""
+  parsed = urllib.parse.urlparse(url)
+  if parsed.scheme == 'file':
+    f = open(urllib.request.url2pathname(parsed.path), 'rb')
+    f.seek(offset)
+    return f, True
+  request = urllib.request.Request(url, headers={'Range': f'bytes={offset}-'} if offset else {})
+  response = urllib.request.urlopen(request, timeout=TIMEOUT_S)
+  return response, offset > 0 and getattr(response, 'status', 200) == 206
+
+
+def fetch(url: str, dest, sha256: str, size: int, what: str, help_text: str = '') -> pathlib.Path:
+  """Downloads `url` to `dest` (skipped when `dest` exists) and checks `size` and `sha256`.
+
+  Raises DataError naming the URL, what went wrong and what to do: a network error or a short
+  read keeps the partial file (rerun to resume); a checksum mismatch deletes it."""
+  from tqdm.auto import tqdm  # pylint: disable=g-import-not-at-top
+  dest = pathlib.Path(dest)
+  if dest.is_file():
+    return dest
+  dest.parent.mkdir(parents=True, exist_ok=True)
+  part = dest.with_name(dest.name + '.part')
+  offset = part.stat().st_size if part.is_file() else 0
+  if offset > size:  # not a prefix of this file: start again
+    part.unlink()
+    offset = 0
+  manual = (f'Or download {url} yourself (sha256 {sha256}) and put it at {dest}.'
+            + (f' {help_text}' if help_text else ''))
+  if offset < size:
+    try:
+      stream, resumed = _open(url, offset)
+    except (OSError, ValueError, http.client.HTTPException) as e:
+      raise DataError(f'could not download {what} from {url}: {e}. Check the connection and rerun '
+                      f'(the download resumes from {offset:,} bytes). {manual}') from e
+    if not resumed:
+      offset = 0
+    try:
+      with stream, open(part, 'ab' if offset else 'wb') as out, tqdm(
+          total=size, initial=offset, unit='B', unit_scale=True, desc=f'downloading {what}',
+          disable=None) as bar:
+        while True:
+          block = stream.read(CHUNK)
+          if not block:
+            break
+          out.write(block)
+          bar.update(len(block))
+    except (OSError, http.client.HTTPException) as e:
+      raise DataError(f'the download of {what} from {url} stopped at {part.stat().st_size:,} of {size:,} '
+                      f'bytes: {e}. Rerun to resume it. {manual}') from e
+  got = part.stat().st_size
+  if got < size:
+    raise DataError(f'the download of {what} from {url} ended at {got:,} of {size:,} bytes (truncated). '
+                    f'Rerun to resume it from {part}. {manual}')
+  digest = sha256_file(part)
+  if got != size or digest != sha256:
+    part.unlink()
+    raise DataError(f'{what} from {url} has the wrong checksum ({got:,} bytes, sha256 {digest}; expected '
+                    f'{size:,} bytes, sha256 {sha256}), so it was deleted. Rerun to download it again; if '
+                    f'this repeats, the file at that address has changed or the network alters it. {manual}')
+  os.replace(part, dest)
+  return dest

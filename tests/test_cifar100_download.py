@@ -1,0 +1,123 @@
+"""CIFAR-100 without manual steps: where TFDS cifar100 is not prepared, the official archive is
+downloaded into the cache (resumable, size and sha256 checked, progress bar), converted once and
+reused. Offline here, so a small archive in the official binary format stands in, served from a
+file:// URL: the whole path, a truncated download resumed, a checksum mismatch, no network."""
+from __future__ import annotations
+
+import hashlib
+import io
+import pathlib
+import tarfile
+
+import numpy as np
+import pytest
+
+from f2m_jax.data import cifar100
+from f2m_jax.data.types import DataError
+
+N_TRAIN, N_TEST = 600, 200
+
+
+def _records(n: int) -> bytes:
+  """Official binary records; image k has fine label k % 100 and pixels encoding k."""
+  out = bytearray()
+  for k in range(n):
+    image = np.zeros((3, 32, 32), np.uint8)
+    image[0], image[1], image[2, 0, 0] = k % 256, k // 256, 7
+    out += bytes([k % 20, k % 100]) + image.tobytes()
+  return bytes(out)
+
+
+def _archive(path: pathlib.Path) -> pathlib.Path:
+  with tarfile.open(path, 'w:gz', compresslevel=1) as tar:
+    for name, n in (('train', N_TRAIN), ('test', N_TEST)):
+      data = _records(n)
+      info = tarfile.TarInfo(f'cifar-100-binary/{name}.bin')
+      info.size = len(data)
+      tar.addfile(info, io.BytesIO(data))
+  return path
+
+
+def _lists(folder: pathlib.Path) -> pathlib.Path:
+  """TOPIC-shaped lists for this fake (6 base images per class; shots of classes 60..99)."""
+  folder.mkdir(parents=True)
+  (folder / 'session_1.txt').write_text('\n'.join(str(c + 100 * j) for c in range(60) for j in range(6)))
+  for t in range(2, 10):
+    classes = range(60 + 5 * (t - 2), 65 + 5 * (t - 2))
+    (folder / f'session_{t}.txt').write_text('\n'.join(str(c + 100 * j) for c in classes for j in range(5)))
+  return folder
+
+
+@pytest.fixture
+def served(tmp_path, monkeypatch):
+  """The fake archive as ARCHIVE_URL (file://) with its size and sha256 pinned, and TFDS failing as
+  where cifar100 is not prepared. Returns (archive path, cache dir, lists dir)."""
+  (tmp_path / 'served').mkdir()
+  archive = _archive(tmp_path / 'served' / 'cifar-100-binary.tar.gz')
+  data = archive.read_bytes()
+  monkeypatch.setattr(cifar100, 'ARCHIVE_URL', archive.as_uri())
+  monkeypatch.setattr(cifar100, 'ARCHIVE_SIZE', len(data))
+  monkeypatch.setattr(cifar100, 'ARCHIVE_SHA256', hashlib.sha256(data).hexdigest())
+
+  def not_prepared(split, data_dir):
+    raise DataError('Could not open TFDS cifar100 (not prepared)')
+  monkeypatch.setattr(cifar100, 'open_tfds_split', not_prepared)
+  return archive, tmp_path / 'cache', _lists(tmp_path / 'lists')
+
+
+def _check(bench):
+  k = np.arange(N_TRAIN)
+  assert np.array_equal(bench.train.labels, k % 100)
+  assert np.array_equal(bench.train.images[:, 5, 5, 0], k % 256)
+  assert np.array_equal(bench.train.images[:, 5, 5, 1], k // 256)
+  assert bench.train.images[0, 0, 0, 2] == 7 and bench.train.images[0, 1, 1, 2] == 0  # planes -> HWC
+  assert np.array_equal(bench.test.labels, np.arange(N_TEST) % 100)
+  assert len(bench.base_train) == 360 and len(bench.topic_shots) == 8
+
+
+def test_downloads_converts_once_and_reuses(served):
+  archive, cache, lists = served
+  _check(cifar100.load_cifar100_tfds(None, lists, cache))
+  assert (cache / 'cifar100' / cifar100.CONVERTED).is_file()
+  assert not list((cache / 'downloads').iterdir())  # the archive is gone once converted
+  archive.unlink()  # no second download: the converted arrays are reused
+  _check(cifar100.load_cifar100_tfds(None, lists, cache))
+
+
+def test_truncated_download_is_kept_and_resumed(served, monkeypatch):
+  archive, cache, lists = served
+  full = archive.read_bytes()
+  short = archive.with_name('short.tar.gz')
+  short.write_bytes(full[:len(full) // 2])
+  monkeypatch.setattr(cifar100, 'ARCHIVE_URL', short.as_uri())
+  with pytest.raises(DataError, match=r'ended at [\d,]+ of [\d,]+ bytes \(truncated\)\. Rerun to resume') as e:
+    cifar100.load_cifar100_tfds(None, lists, cache)
+  assert 'TFDS was tried first' in str(e.value) and 'trainsplit' in str(e.value)
+  part = cache / 'downloads' / 'cifar-100-binary.tar.gz.part'
+  assert part.stat().st_size == len(full) // 2
+  monkeypatch.setattr(cifar100, 'ARCHIVE_URL', archive.as_uri())  # the connection is back: resume
+  _check(cifar100.load_cifar100_tfds(None, lists, cache))
+  assert not part.exists()
+
+
+def test_checksum_mismatch_deletes_and_says_what_to_do(served):
+  archive, cache, lists = served
+  data = bytearray(archive.read_bytes())
+  data[len(data) // 2] ^= 0xFF
+  archive.write_bytes(bytes(data))
+  with pytest.raises(DataError, match='wrong checksum') as e:
+    cifar100.load_cifar100_tfds(None, lists, cache)
+  assert 'Rerun to download it again' in str(e.value) and 'put it at' in str(e.value)
+  assert not (cache / 'downloads' / 'cifar-100-binary.tar.gz.part').exists()
+  assert not (cache / 'cifar100' / cifar100.CONVERTED).exists()
+
+
+def test_no_network_names_the_address_and_the_alternatives(served, monkeypatch, tmp_path):
+  _, cache, lists = served
+  monkeypatch.setattr(cifar100, 'ARCHIVE_URL', (tmp_path / 'nowhere.tar.gz').as_uri())
+  with pytest.raises(DataError) as e:
+    cifar100.load_cifar100_tfds(None, lists, cache)
+  msg = str(e.value)
+  for part in ('could not download CIFAR-100', 'nowhere.tar.gz', 'put it at', str(cache), 'trainsplit',
+               'TFDS was tried first'):
+    assert part in msg, part
