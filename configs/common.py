@@ -104,6 +104,9 @@ def base_config() -> ml_collections.ConfigDict:
   # JAX_COORDINATOR_ADDRESS (and JAX_NUM_PROCESSES, JAX_PROCESS_ID), or distributed=True where a
   # cluster manager (SLURM, a TPU pod) lets JAX find its peers; run the same command on every host.
   c.distributed = False
+  # TensorBoard scalars (base-training curves, each run's sessions) in <workdir>/tensorboard/,
+  # beside metrics.jsonl: `tensorboard --logdir <workdir>`. Costs nothing measurable.
+  c.tensorboard = True
 
   c.bench = ml_collections.ConfigDict()  # --mode bench (f2m_jax/bench.py)
   c.bench.M_list = (1, 2, 4, 8)

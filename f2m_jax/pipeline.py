@@ -432,7 +432,7 @@ def run(config: ml_collections.ConfigDict, workdir: str, mode: str = 'train',
   workdir_lib.prepare(workdir, config.to_dict())
   bench = sources.load_benchmark(config)
   exp = Experiment.create(config, bench)
-  log = workdir_lib.MetricsLog(workdir)
+  log = workdir_lib.MetricsLog(workdir, tensorboard=config.tensorboard)
   ckpts = Checkpoints(workdir)
   source = Checkpoints(checkpoint, read_only=True) if checkpoint else None
   if source is None and not ckpts.has_model() and (mode == 'eval' or ckpts.any_sessions()):
@@ -450,6 +450,7 @@ def run(config: ml_collections.ConfigDict, workdir: str, mode: str = 'train',
   log.write(phase='done', mode=mode, wall_time_s=wall,
             base_checkpoint=os.path.abspath(checkpoint) if checkpoint else None)
   ckpts.close()
+  log.close()
   write_outputs(workdir, results, mode)
   return results
 

@@ -13,7 +13,7 @@ from typing import Iterable
 # name ending in '.' covers every field below it.
 NON_RESULT_FIELDS = ('data.data_dir', 'data.tfds_data_dir', 'data.cache_dir', 'base.log_every',
                      'base.checkpoint_every', 'eval.batch_size', 'eval.cache_trunk', 'distributed',
-                     'bench.', 'flatness.')
+                     'tensorboard', 'bench.', 'flatness.')
 
 
 def _ignored(key: str, ignore: Iterable[str]) -> bool:
@@ -103,15 +103,41 @@ def atomic_write(path: str, text: str) -> None:
 
 
 class MetricsLog:
-  """Appends one JSON object per line to <workdir>/metrics.jsonl."""
+  """Appends one JSON object per line to <workdir>/metrics.jsonl and, with `tensorboard`, writes the
+  same numbers as TensorBoard scalars into <workdir>/tensorboard/ (tensorboardX, no TensorFlow):
+  base training as base/<name> against the step, the test-set selection as select/<name>, and
+  each run's sessions as run_<r>/<name> against the session."""
 
-  def __init__(self, workdir: str):
+  def __init__(self, workdir: str, tensorboard: bool = False):
     self.path = os.path.join(workdir, 'metrics.jsonl')
+    self._tb = None
+    if tensorboard:
+      from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
+      self._tb = SummaryWriter(os.path.join(workdir, 'tensorboard'), flush_secs=30)
 
   def write(self, **record) -> None:
     record = {'time': round(time.time(), 3), **record}
     with open(self.path, 'a') as f:
       f.write(json.dumps(record) + '\n')
+    if self._tb is not None:
+      self._scalars(record)
+
+  def _scalars(self, record: dict) -> None:
+    phase = record.get('phase')
+    if phase == 'session':
+      prefix, step = f'run_{record["run"]}', record['session']
+    elif phase in ('base', 'select_on_test'):
+      prefix, step = {'base': 'base', 'select_on_test': 'select'}[phase], record['step']
+    else:
+      return
+    for name, value in record.items():
+      if name not in ('time', 'phase', 'step', 'run', 'session') and isinstance(value, (int, float)) \
+          and not isinstance(value, bool):
+        self._tb.add_scalar(f'{prefix}/{name}', value, step, walltime=record['time'])
+
+  def close(self) -> None:
+    if self._tb is not None:
+      self._tb.close()
 
 
 def write_results(workdir: str, results: dict, rows: list, name: str = 'results') -> None:

@@ -44,9 +44,34 @@ def test_smoke_results_file_is_valid_and_learns(smoke_run):
   assert prov['hardware']['backend'] == 'cpu' and prov['hardware']['num_devices'] >= 1
   assert prov['wall_time_s'] > 0
   assert saved['base_model'] == {'selection': 'last', 'step': 100}
+  # TensorBoard: the same numbers as event files beside metrics.jsonl.
+  scalars = _tensorboard_scalars(os.path.join(workdir, 'tensorboard'))
+  assert [step for step, _ in scalars['base/loss']] == list(range(10, 101, 10))
+  assert {'base/acc', 'base/ce', 'base/pf', 'base/steps_per_s', 'run_0/acc', 'run_1/acc_base'} <= set(scalars)
+  assert [step for step, _ in scalars['run_1/acc']] == list(range(2, 10))
+  session_acc = {s['session']: s['acc']['runs'][1] for s in saved['sessions'][1:]}
+  assert all(abs(v - session_acc[step]) < 1e-3 for step, v in scalars['run_1/acc'])
   from f2m_jax import report
   text = report.format_report(report.build_rows([workdir]))
   assert '100 steps of 80 (task_epochs), lr 0.1, M=2, b=0.005' in text and '(cpu), jax' in text
+
+
+def _tensorboard_scalars(folder) -> dict:
+  """{tag: [(step, value)]} from the TFRecord-framed event files in `folder`."""
+  import struct
+  from tensorboardX.proto import event_pb2
+  out = {}
+  for name in sorted(os.listdir(folder)):
+    with open(os.path.join(folder, name), 'rb') as f:
+      data = f.read()
+    pos = 0
+    while pos < len(data):
+      (length,) = struct.unpack('<Q', data[pos:pos + 8])
+      event = event_pb2.Event.FromString(data[pos + 12:pos + 12 + length])
+      pos += 12 + length + 4
+      for v in event.summary.value:
+        out.setdefault(v.tag, []).append((event.step, v.simple_value))
+  return out
 
 
 def _run_py(*args):
