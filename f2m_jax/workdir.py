@@ -110,16 +110,14 @@ class MetricsLog:
 
   def __init__(self, workdir: str, tensorboard: bool = False):
     self.path = os.path.join(workdir, 'metrics.jsonl')
-    self._tb = None
-    if tensorboard:
-      from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
-      self._tb = SummaryWriter(os.path.join(workdir, 'tensorboard'), flush_secs=30)
+    self._tb_dir = os.path.join(workdir, 'tensorboard') if tensorboard else None
+    self._tb = None  # opened with the first scalar, so a run that fails before any adds no file
 
   def write(self, **record) -> None:
     record = {'time': round(time.time(), 3), **record}
     with open(self.path, 'a') as f:
       f.write(json.dumps(record) + '\n')
-    if self._tb is not None:
+    if self._tb_dir is not None:
       self._scalars(record)
 
   def _scalars(self, record: dict) -> None:
@@ -130,6 +128,9 @@ class MetricsLog:
       prefix, step = {'base': 'base', 'select_on_test': 'select'}[phase], record['step']
     else:
       return
+    if self._tb is None:
+      from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
+      self._tb = SummaryWriter(self._tb_dir, flush_secs=30)
     for name, value in record.items():
       if name not in ('time', 'phase', 'step', 'run', 'session') and isinstance(value, (int, float)) \
           and not isinstance(value, bool):
