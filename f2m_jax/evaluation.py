@@ -88,9 +88,20 @@ def average_accuracy(per_session: np.ndarray) -> dict:
   return {'mean': s['mean'], 'ci95': s['ci95']}
 
 
+def prototype_norms(prototypes: np.ndarray, num_base: int) -> dict:
+  """The paper's norm table for one run: mean and (population) std of the L2 norms of the base
+  prototypes (the first `num_base` rows) and of the novel ones (the rest; None without any)."""
+  norms = np.linalg.norm(np.asarray(prototypes, np.float64), axis=-1)
+  base, novel = norms[:num_base], norms[num_base:]
+  return {'base_mean': float(base.mean()), 'base_std': float(base.std()),
+          'novel_mean': float(novel.mean()) if novel.size else None,
+          'novel_std': float(novel.std()) if novel.size else None}
+
+
 def build_results(dataset: str, method: str, protocol: str, num_classes: Sequence[int],
-                  per_run: Sequence[Sequence[dict]]) -> dict:
-  """The results.json document from per-run, per-session accuracy dicts ([runs][sessions])."""
+                  per_run: Sequence[Sequence[dict]], norms: Optional[Sequence[dict]] = None) -> dict:
+  """The results.json document from per-run, per-session accuracy dicts ([runs][sessions]) and,
+  optionally, per-run prototype norm statistics after the last session (`prototype_norms`)."""
   runs = len(per_run)
   sessions = []
   for t, n in enumerate(num_classes):
@@ -100,8 +111,12 @@ def build_results(dataset: str, method: str, protocol: str, num_classes: Sequenc
       entry[key] = None if any(v is None for v in vals) else summarize(vals)
     sessions.append(entry)
   acc = np.asarray([[s['acc'] for s in run] for run in per_run])
-  return {'dataset': dataset, 'method': method, 'protocol': protocol, 'runs': runs, 'sessions': sessions,
-          'pd': performance_drop(acc[:, 0], acc[:, -1]), 'avg': average_accuracy(acc)}
+  out = {'dataset': dataset, 'method': method, 'protocol': protocol, 'runs': runs, 'sessions': sessions,
+         'pd': performance_drop(acc[:, 0], acc[:, -1]), 'avg': average_accuracy(acc)}
+  if norms:
+    out['prototype_norms'] = {key: None if any(n[key] is None for n in norms) else summarize([n[key] for n in norms])
+                              for key in norms[0]}
+  return out
 
 
 def results_rows(results: dict) -> list:

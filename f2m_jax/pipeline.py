@@ -337,7 +337,8 @@ def base_model(exp: Experiment, ckpts: Checkpoints, log, source: Optional[Checkp
 def run_sessions(exp: Experiment, model: dict, ckpts: Checkpoints, log, train: bool = True,
                  hook: Hook = None) -> list:
   """All runs x sessions. Returns per-run lists of per-session accuracy dicts. Sessions already
-  checkpointed are restored; with `train=False` a missing session is an error (evaluation mode)."""
+  checkpointed are restored; with `train=False` a missing session is an error (evaluation mode).
+  Also returns, per run, the norm statistics of its prototypes after the last session."""
   cfg, bench = exp.config, exp.bench
   params, batch_stats, base_protos = model['params'], model['batch_stats'], model['prototypes']
   paths = exp.trainable_paths(params)
@@ -352,11 +353,11 @@ def run_sessions(exp: Experiment, model: dict, ckpts: Checkpoints, log, train: b
   embed = evaluator.embed_full  # the test view of images, shared with the evaluation (one compile)
   first = evaluator.accuracies(base_vars, base_protos, 1, changed=False)
   trainable_template = noise_lib.unflatten({p: np.asarray(anchor[p]) for p in paths})
-  per_run = []
+  per_run, norms = [], []
   bar = tqdm(total=cfg.runs * (bench.num_sessions - 1), desc='incremental sessions', file=sys.stdout,
              mininterval=2.0)
   for run in range(cfg.runs):
-    run_params, exemplars = params, np.zeros((0,), np.int64)
+    run_params, exemplars, protos = params, np.zeros((0,), np.int64), base_protos
     accs = [first]
     done = set(ckpts.sessions_done(run))
     gaps = sorted(set(range(2, max(done, default=1) + 1)) - done)
@@ -374,7 +375,7 @@ def run_sessions(exp: Experiment, model: dict, ckpts: Checkpoints, log, train: b
         if not np.array_equal(saved['exemplars'], exemplars):
           raise CheckpointError(f'run {run} session {session}: saved exemplars differ from the protocol '
                                 '(the data or protocol changed since it was saved)')
-        run_params = _merge(params, saved['trainable'])
+        run_params, protos = _merge(params, saved['trainable']), saved['prototypes']
         accs.append(_unpack_accuracy(saved['accuracy']))
         bar.update(1)
         continue
@@ -405,8 +406,9 @@ def run_sessions(exp: Experiment, model: dict, ckpts: Checkpoints, log, train: b
       if hook:
         hook('session', run=run, session=session)
     per_run.append(accs)
+    norms.append(evaluation.prototype_norms(protos, bench.num_base_classes))
   bar.close()
-  return per_run
+  return per_run, norms
 
 
 def _merge(params, trainable_nested):
@@ -440,10 +442,10 @@ def run(config: ml_collections.ConfigDict, workdir: str, mode: str = 'train',
                           'is meant to hold one; restore it, pass --checkpoint WORKDIR, or use a new --workdir')
   t0 = time.time()
   model = base_model(exp, ckpts, log, source, hook)
-  per_run = run_sessions(exp, model, ckpts, log, train=(mode != 'eval'), hook=hook)
+  per_run, norms = run_sessions(exp, model, ckpts, log, train=(mode != 'eval'), hook=hook)
   results = evaluation.build_results(bench.name, config.method, config.data.protocol,
                                      [bench.num_seen_classes(t) for t in range(1, bench.num_sessions + 1)],
-                                     per_run)
+                                     per_run, norms)
   results['base_model'] = selection_info(config, source or ckpts)
   wall = round(time.time() - t0, 1)
   results['provenance'] = {**workdir_lib.provenance(config.to_dict()), 'wall_time_s': wall}

@@ -436,6 +436,20 @@ def format_flatness_table(rows: Sequence[Row]) -> str:
   return markdown_table(header, body)
 
 
+def format_norms_table(rows: Sequence[Row]) -> str:
+  """The paper's norm table: per row the mean and std (over classes) of the L2 norms of the base and
+  the novel prototypes after the last session, each averaged over runs (± 95% CI). '' when no row
+  has them (results written before they were recorded)."""
+  have = [r for r in rows if r.results.get('prototype_norms')]
+  if not have:
+    return ''
+  body = []
+  for r in have:
+    n = r.results['prototype_norms']
+    body.append([_escape(r.label)] + [format_stat(n[k]) for k in ('base_mean', 'base_std', 'novel_mean', 'novel_std')])
+  return markdown_table(['Method', 'base norm mean', 'base norm std', 'novel norm mean', 'novel norm std'], body)
+
+
 def format_report(rows: Sequence[Row], reference: Any = 0, all_sessions: bool = False) -> str:
   """The full report.md text: main table, base/novel table, flatness table (where the workdirs hold
   flatness.json) and the list of sources."""
@@ -447,6 +461,7 @@ def format_report(rows: Sequence[Row], reference: Any = 0, all_sessions: bool = 
                 'images' if reads_test_set(r.results) else '')
              + ''.join(f'; {x}' for x in (budget(r.results), hardware(r.results)) if x) + ')' for r in rows]
   flatness = format_flatness_table(rows)
+  norms = format_norms_table(rows)
   return '\n'.join([
       '# F2M report', '',
       '## Accuracy per session (%, mean ± 95% CI over runs)', '',
@@ -455,6 +470,7 @@ def format_report(rows: Sequence[Row], reference: Any = 0, all_sessions: bool = 
       f'## Base vs novel accuracy ({which})', '',
       format_base_novel_table(rows, all_sessions), '',
   ] + (['## Flatness of the base model (base loss over noise draws)', '', flatness, ''] if flatness else [])
+      + (['## Prototype norms after the last session (L2; mean ± 95% CI over runs)', '', norms, ''] if norms else [])
       + ['## Sources', ''] + sources) + '\n'
 
 

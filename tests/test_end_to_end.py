@@ -44,6 +44,8 @@ def test_smoke_results_file_is_valid_and_learns(smoke_run):
   assert prov['hardware']['backend'] == 'cpu' and prov['hardware']['num_devices'] >= 1
   assert prov['wall_time_s'] > 0
   assert saved['base_model'] == {'selection': 'last', 'step': 100}
+  norms = saved['prototype_norms']  # the paper's norm table, per run after the last session
+  assert len(norms['base_mean']['runs']) == 2 and norms['base_mean']['mean'] > 0 and norms['novel_mean']['mean'] > 0
   # TensorBoard: the same numbers as event files beside metrics.jsonl.
   scalars = _tensorboard_scalars(os.path.join(workdir, 'tensorboard'))
   assert [step for step, _ in scalars['base/loss']] == list(range(10, 101, 10))
