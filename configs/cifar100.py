@@ -7,7 +7,9 @@
 Arguments: none (the original's full budget: 30,003 base iterations, lr 0.1 x 0.01 at 15,000, M=2,
 b=0.005, 10 draws), `trainsplit` (the project's fixed comparison budget on cifar100_train.npz: 3,000
 iterations of batch 256, lr 0.1 x 0.01 at 1,500), `smoke`. Any field can be overridden, e.g.
-`--config.noise.M=4 --config.method=baseline`.
+`--config.noise.M=4 --config.method=baseline`; `--config.data.split=superclass1` (or `superclass2`)
+runs the paper's appendix class splits by superclass (30 base classes, 4 sessions of 5) on either
+source.
 
 Measured (2026-11, one NVIDIA H200, `:trainsplit`, 10 draws; accuracy %, sessions 1 / 9, PD):
 F2M 39.85 / 17.34 +- 0.87, PD 22.51; `--config.method=baseline` 56.28 / 37.66 +- 0.36, PD 18.62.

@@ -92,6 +92,13 @@ def validate(c: ml_collections.ConfigDict) -> None:
        f'allowed: {protocol_lib.PROTOCOLS}')
   need(c.data.source in sources.SOURCES, 'data.source', c.data.source, f'allowed: {sources.SOURCES}')
   need(c.data.shots >= 1, 'data.shots', c.data.shots, 'must be >= 1')
+  if c.data.split:
+    from f2m_jax.data import cifar100
+    need(c.data.split in cifar100.SUPERCLASS_SPLITS and c.data.dataset == 'cifar100'
+         and c.data.source in ('tfds', 'trainsplit'), 'data.split', c.data.split,
+         f'one of {sorted(cifar100.SUPERCLASS_SPLITS)} for CIFAR-100 (tfds or trainsplit source), or empty')
+    need(c.data.protocol == 'draws', 'data.protocol', c.data.protocol,
+         "the superclass splits have no TOPIC lists: use 'draws'")
   need(c.model.dtype in ('float32', 'bfloat16'), 'model.dtype', c.model.dtype, "'float32' or 'bfloat16'")
   if c.data.source in ('trainsplit', 'folder') and not sources.data_dir(c):
     raise ValueError(f'data.source={c.data.source!r} needs a data folder: set F2M_DATA_DIR or '

@@ -260,3 +260,61 @@ def load_cifar100_trainsplit(npz_path, index_dir) -> Benchmark:
   shot_pool = np.flatnonzero(~is_test & (train.labels >= NUM_BASE))
   test = Split(train.images[test_idx], train.labels[test_idx])
   return _benchmark('cifar100_trainsplit', train, test, base_train, shot_pool, topic_shots)
+
+
+# ---------------------------------------------------------------- superclass splits
+
+SUPERCLASS_FILE = pathlib.Path(__file__).with_name('cifar100_superclasses.json')
+# The paper's appendix tables "first" and "second class split": base = 6 superclasses (30 classes),
+# then one superclass (5 classes, 5-way 5-shot) per session, in the paper's order.
+SUPERCLASS_SPLITS = {
+    'superclass1': (('aquatic_mammals', 'fish', 'insects', 'reptiles', 'small_mammals', 'large_carnivores'),
+                    ('vehicles_2', 'flowers', 'food_containers', 'household_furniture')),
+    'superclass2': (('aquatic_mammals', 'fish', 'insects', 'reptiles', 'household_furniture', 'small_mammals'),
+                    ('people', 'vehicles_2', 'flowers', 'food_containers')),
+}
+
+
+def superclasses() -> tuple:
+  """(coarse names [20], fine_to_coarse [100]) from the shipped CIFAR-100 superclass table."""
+  import json  # pylint: disable=g-import-not-at-top
+  with open(SUPERCLASS_FILE) as f:
+    table = json.load(f)
+  return tuple(table['coarse_names']), np.asarray(table['fine_to_coarse'], np.int64)
+
+
+def superclass_order(split: str) -> tuple:
+  """(fine labels in the split's class order, classes per session): each superclass's 5 fine
+  classes in ascending fine-label order, base superclasses first."""
+  if split not in SUPERCLASS_SPLITS:
+    raise ValueError(f'data.split={split!r} is not one of {sorted(SUPERCLASS_SPLITS)} (or empty)')
+  names, fine_to_coarse = superclasses()
+  base, sessions = SUPERCLASS_SPLITS[split]
+  groups = [np.flatnonzero(fine_to_coarse == names.index(n)) for n in base + sessions]
+  base_fine = np.concatenate(groups[:len(base)])
+  return np.concatenate(groups), (len(base_fine),) + tuple(len(g) for g in groups[len(base):])
+
+
+def superclass_split(bench: Benchmark, split: str) -> Benchmark:
+  """The CIFAR-100 benchmark `bench` (official fine labels, from TFDS or trainsplit) relabelled into
+  a superclass split: class ids in the split's order (base 0..29, then 5 per session), training
+  images of the split's classes only (those `bench` may train on: base_train and shot_pool), the
+  test images of its classes. No TOPIC shots: the shots are the F2M-style draws."""
+  order, sizes = superclass_order(split)
+  new_id = np.full(100, -1, np.int64)
+  new_id[order] = np.arange(len(order))
+  train_labels = new_id[bench.train.labels].astype(np.int32)
+  usable = np.zeros(len(bench.train), bool)
+  usable[np.concatenate([bench.base_train, bench.shot_pool])] = True
+  num_base = sizes[0]
+  keep_test = new_id[bench.test.labels] >= 0
+  test = Split(bench.test.images[keep_test], new_id[bench.test.labels[keep_test]].astype(np.int32))
+  classes = [tuple(range(num_base))]
+  for n in sizes[1:]:
+    start = sum(len(c) for c in classes)
+    classes.append(tuple(range(start, start + n)))
+  return Benchmark(
+      name=f'{bench.name}_{split}', train=Split(bench.train.images, train_labels), test=test,
+      base_train=np.flatnonzero(usable & (train_labels >= 0) & (train_labels < num_base)),
+      session_classes=tuple(classes), shot_pool=np.flatnonzero(usable & (train_labels >= num_base)),
+      topic_shots=None, image_size=bench.image_size, mean=bench.mean, std=bench.std, augment=bench.augment)

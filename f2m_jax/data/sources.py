@@ -28,17 +28,19 @@ def load_benchmark(config) -> Benchmark:
     return make_synthetic(seed=config.seed, num_base=s.num_base, way=s.way, num_sessions=s.num_sessions,
                           train_per_class=s.train_per_class, test_per_class=s.test_per_class,
                           image_size=s.image_size)
-  if dataset == 'cifar100':
+  if dataset == 'cifar100' and source in ('tfds', 'trainsplit'):
     from f2m_jax.data import cifar100, index_lists
     index_dir = index_lists.index_list_dir('cifar100', data_dir(config) or None, cache_dir(config))
     if source == 'tfds':
-      return cifar100.load_cifar100_tfds(config.data.tfds_data_dir or None, index_dir, cache_dir(config))
-    if source == 'trainsplit':
+      bench = cifar100.load_cifar100_tfds(config.data.tfds_data_dir or None, index_dir, cache_dir(config))
+    else:
       folder = data_dir(config)
       if not folder:
         raise ValueError("data.source='trainsplit' reads cifar100_train.npz from a folder: set F2M_DATA_DIR "
                          'or --config.data.data_dir')
-      return cifar100.load_cifar100_trainsplit(os.path.join(folder, 'cifar100_train.npz'), index_dir)
+      bench = cifar100.load_cifar100_trainsplit(os.path.join(folder, 'cifar100_train.npz'), index_dir)
+    split = config.data.get('split', '')
+    return cifar100.superclass_split(bench, split) if split else bench
   if dataset in FOLDER_DATASETS and source in ('folder', 'fake_folder'):
     return _load_folder_dataset(config, dataset, source)
   raise ValueError(f'data.source={source!r} is not available for data.dataset={dataset!r} '
