@@ -16,6 +16,13 @@ NON_RESULT_FIELDS = ('data.data_dir', 'data.tfds_data_dir', 'data.cache_dir', 'b
                      'tensorboard', 'bench.', 'flatness.')
 
 
+# Fields added after workdirs were already being written, with the value that reproduces what a run
+# did before the field existed: a saved config.json without the field is compared as if it held this
+# value, so such a workdir resumes unless the current config asks for something else.
+LEGACY_VALUES = {'data.split': '', 'noise.pf_gradient': True, 'noise.bn_updates': 'clean',
+                 'noise.clean_backward': False, 'base.select_on_test': False, 'base.select_every': 1500}
+
+
 def _ignored(key: str, ignore: Iterable[str]) -> bool:
   return any(key == i or (i.endswith('.') and key.startswith(i)) for i in ignore)
 
@@ -38,6 +45,7 @@ def flat_items(d: dict, prefix: str = '') -> dict:
 def config_differences(saved: dict, current: dict, ignore: Iterable[str] = NON_RESULT_FIELDS) -> list:
   """Dotted names of fields whose values differ (or exist on one side only), ignoring `ignore`."""
   a, b = flat_items(saved), flat_items(current)
+  a.update({k: v for k, v in LEGACY_VALUES.items() if k not in a and k in b})
   return sorted(k for k in set(a) | set(b)
                 if not _ignored(k, ignore) and a.get(k, '<absent>') != b.get(k, '<absent>'))
 

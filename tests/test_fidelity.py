@@ -145,3 +145,14 @@ def test_select_on_test_is_opt_in_and_every_output_says_so(smoke_config, tmp_pat
   # Without the field the result says it used the last step.
   smoke_config.base.select_on_test = False
   assert pipeline.selection_info(smoke_config, None) == {'selection': 'last', 'step': smoke_config.base.steps}
+
+
+def test_workdirs_older_than_a_field_resume_only_with_its_old_behaviour():
+  from f2m_jax import workdir
+  current = {'data': {'split': ''}, 'noise': {'pf_gradient': False, 'bn_updates': 'all_passes'}}
+  before_split = {'data': {}, 'noise': {'pf_gradient': False, 'bn_updates': 'all_passes'}}
+  assert workdir.config_differences(before_split, current) == []
+  before_switches = {'data': {}, 'noise': {}}  # written before the authors' behaviours were fields
+  assert workdir.config_differences(before_switches, current) == ['noise.bn_updates', 'noise.pf_gradient']
+  paper = {'data': {'split': ''}, 'noise': {'pf_gradient': True, 'bn_updates': 'clean'}}
+  assert workdir.config_differences(before_switches, paper) == []
