@@ -187,7 +187,8 @@ def _incremental_case(exp: pipeline.Experiment) -> Case:
   bench, shots = exp.bench, exp.config.data.shots
   state = exp.init_state()
   paths = exp.trainable_paths(state.params)
-  settings = pipeline._session_settings(exp, paths)  # pylint: disable=protected-access
+  from f2m_jax.methods import ncm
+  settings = ncm.session_settings(exp, paths)
   settings = dataclasses.replace(settings, steps=1)
   novel = [c for s in bench.session_classes[1:] for c in s]
   labels = np.repeat(np.asarray(novel, np.int32), shots)

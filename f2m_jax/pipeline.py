@@ -1,4 +1,4 @@
-"""The whole F2M run: base session, base prototypes, R runs of incremental sessions, results.
+"""A whole run of any method (f2m_jax/methods): session 1, R runs of the later sessions, results.
 
 Every stage checkpoints what it produced, and rerunning on the same workdir continues from there.
 PRNG keys: fold_in(seed, 0) drives base training (then per step), fold_in(seed, 1) the init,
@@ -21,7 +21,6 @@ from tqdm import tqdm
 
 from f2m_jax import base as base_lib
 from f2m_jax import evaluation
-from f2m_jax import incremental
 from f2m_jax import noise as noise_lib
 from f2m_jax import sharding
 from f2m_jax import workdir as workdir_lib
@@ -32,7 +31,6 @@ from f2m_jax.data import sources
 from f2m_jax.data.types import Benchmark
 from f2m_jax.models import ResNet, build_model, noise_set_paths, split_block
 
-METHODS = ('f2m', 'baseline')
 SAMPLERS = ('task_epochs', 'balanced', 'shuffle')
 
 
@@ -41,17 +39,12 @@ class TrainingError(RuntimeError):
 
 
 def resolve(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-  """The effective config: `method=baseline` turns off noise (FM), fine-tuning and PN, and uses the
-  shuffled sampler, as the paper's Baseline. Validates every value."""
+  """The effective config: the method's own settings (f2m_jax/methods; e.g. `method=baseline` turns
+  off noise, fine-tuning and PN and uses shuffled batches, as the paper's Baseline), then every
+  value validated."""
+  from f2m_jax import methods  # pylint: disable=g-import-not-at-top
   config = ml_collections.ConfigDict(config.to_dict())
-  if config.method not in METHODS:
-    raise ValueError(f'method={config.method!r} is not one of {METHODS}')
-  if config.method == 'baseline':
-    config.noise.enabled = False
-    config.incremental.finetune = False
-    config.eval.normalize_prototypes = False
-    config.base.sampler = 'shuffle'
-    config.incremental.round_steps = False
+  methods.get(config.method).configure(config)
   validate(config)
   return config
 
@@ -266,15 +259,6 @@ def selection_info(config, ckpts: Checkpoints) -> dict:
           'step': int(step) if step is not None else int(config.base.steps)}
 
 
-def _session_settings(exp: Experiment, trainable_paths) -> incremental.SessionSettings:
-  c = exp.config.incremental
-  return incremental.SessionSettings(
-      model=exp.model, trainable_paths=tuple(trainable_paths), steps=c.steps, lr=c.lr, momentum=c.momentum,
-      weight_decay=c.weight_decay, bound=exp.config.noise.bound, clamp=c.clamp, distance=c.distance,
-      augment=exp.bench.augment, image_size=exp.bench.image_size, mean=exp.bench.mean, std=exp.bench.std,
-      round_steps=c.round_steps)
-
-
 class Evaluator:
   """Test-set NCM accuracies. When only suffix blocks change after session 1, the frozen trunk's
   features of the test set are computed once and each evaluation runs only the suffix."""
@@ -341,30 +325,18 @@ def base_model(exp: Experiment, ckpts: Checkpoints, log, source: Optional[Checkp
           'prototypes': protos}
 
 
-def run_sessions(exp: Experiment, model: dict, ckpts: Checkpoints, log, train: bool = True,
-                 hook: Hook = None) -> list:
-  """All runs x sessions. Returns per-run lists of per-session accuracy dicts. Sessions already
-  checkpointed are restored; with `train=False` a missing session is an error (evaluation mode).
-  Also returns, per run, the norm statistics of its prototypes after the last session."""
+def run_sessions(exp: Experiment, runner, ckpts: Checkpoints, log, train: bool = True,
+                 hook: Hook = None) -> tuple:
+  """All runs x sessions for any method (its `runner`, f2m_jax/methods). Returns per-run lists of
+  per-session accuracy dicts and per-run prototype norms (None where the method has none). Sessions
+  already checkpointed are restored; with `train=False` a missing session is an error (eval mode)."""
   cfg, bench = exp.config, exp.bench
-  params, batch_stats, base_protos = model['params'], model['batch_stats'], model['prototypes']
-  paths = exp.trainable_paths(params)
-  anchor = {p: jnp.asarray(v) for p, v in noise_lib.flatten(params).items() if p in set(paths)}
-  finetune = None
-  if cfg.incremental.finetune:  # padded to the last session's sizes: one compile serves every session
-    max_images = cfg.data.shots * sum(len(c) for c in bench.session_classes[1:])
-    finetune = incremental.make_finetune(_session_settings(exp, paths), max_images,
-                                         bench.num_seen_classes(bench.num_sessions))
-  base_vars = {'params': params, 'batch_stats': batch_stats}
-  evaluator = Evaluator(exp, base_vars, paths if finetune else ())
-  embed = evaluator.embed_full  # the test view of images, shared with the evaluation (one compile)
-  first = evaluator.accuracies(base_vars, base_protos, 1, changed=False)
-  trainable_template = noise_lib.unflatten({p: np.asarray(anchor[p]) for p in paths})
+  first = runner.first_accuracies()
   per_run, norms = [], []
   bar = tqdm(total=cfg.runs * (bench.num_sessions - 1), desc='incremental sessions', file=sys.stdout,
              mininterval=2.0)
   for run in range(cfg.runs):
-    run_params, exemplars, protos = params, np.zeros((0,), np.int64), base_protos
+    state, exemplars = runner.start(), np.zeros((0,), np.int64)
     accs = [first]
     done = set(ckpts.sessions_done(run))
     gaps = sorted(set(range(2, max(done, default=1) + 1)) - done)
@@ -374,54 +346,32 @@ def run_sessions(exp: Experiment, model: dict, ckpts: Checkpoints, log, train: b
     for session in range(2, bench.num_sessions + 1):
       shots = protocol_lib.session_shots(bench, cfg.data.protocol, run, session, cfg.data.shots, cfg.seed)
       exemplars = np.concatenate([exemplars, shots])
-      seen = bench.num_seen_classes(session)
       if session in done:
-        saved = ckpts.restore_session(run, session, {
-            'trainable': trainable_template, 'prototypes': np.zeros((seen, base_protos.shape[1]), np.float32),
-            'exemplars': exemplars, 'accuracy': np.zeros((4,), np.float64)})
+        saved = ckpts.restore_session(run, session, {**runner.template(session), 'exemplars': exemplars,
+                                                     'accuracy': np.zeros((4,), np.float64)})
         if not np.array_equal(saved['exemplars'], exemplars):
           raise CheckpointError(f'run {run} session {session}: saved exemplars differ from the protocol '
                                 '(the data or protocol changed since it was saved)')
-        run_params, protos = _merge(params, saved['trainable']), saved['prototypes']
+        state = runner.restore(saved)
         accs.append(_unpack_accuracy(saved['accuracy']))
         bar.update(1)
         continue
       if not train:
         raise CheckpointError(f'run {run} session {session} has no checkpoint in {ckpts.root}; '
                               'train first (run without --mode eval)')
-      images, labels = bench.train.images[exemplars], bench.train.labels[exemplars]
-      stored = np.zeros((seen, base_protos.shape[1]), np.float32)
-      stored[:len(base_protos)] = base_protos
-      losses = []
-      if finetune is not None:
-        run_params, losses = finetune(run_params, batch_stats, anchor, images, labels, stored,
-                                      exp.key(2, run, session))
-        run_params = jax.device_get(run_params)
-        losses = np.asarray(losses).tolist()
-      variables = {'params': run_params, 'batch_stats': batch_stats}
-      novel_classes = [c for s in bench.session_classes[1:session] for c in s]
-      novel = evaluation.prototypes(embed(variables, exp.train_view(exemplars)), labels, novel_classes)
-      protos = np.concatenate([base_protos, novel])
-      acc = evaluator.accuracies(variables, protos, session, changed=finetune is not None)
-      ckpts.save_session(run, session, {
-          'trainable': noise_lib.unflatten({p: v for p, v in noise_lib.flatten(run_params).items()
-                                            if p in set(paths)}),
-          'prototypes': protos, 'exemplars': exemplars, 'accuracy': _pack_accuracy(acc)})
-      log.write(phase='session', run=run, session=session, losses=losses, **acc)
+      state, info = runner.update(state, run, session, exemplars)
+      acc = runner.accuracies(state, session)
+      ckpts.save_session(run, session, {**runner.item(state), 'exemplars': exemplars,
+                                        'accuracy': _pack_accuracy(acc)})
+      log.write(phase='session', run=run, session=session, **info, **acc)
       accs.append(acc)
       bar.update(1)
       if hook:
         hook('session', run=run, session=session)
     per_run.append(accs)
-    norms.append(evaluation.prototype_norms(protos, bench.num_base_classes))
+    norms.append(runner.norms(state))
   bar.close()
   return per_run, norms
-
-
-def _merge(params, trainable_nested):
-  flat = noise_lib.flatten(params)
-  flat.update(noise_lib.flatten(trainable_nested))
-  return noise_lib.unflatten(flat)
 
 
 def _pack_accuracy(acc: dict) -> np.ndarray:
@@ -437,6 +387,7 @@ def _unpack_accuracy(a: np.ndarray) -> dict:
 def run(config: ml_collections.ConfigDict, workdir: str, mode: str = 'train',
         checkpoint: Optional[str] = None, hook: Hook = None) -> dict:
   """Trains (or, mode='eval', only restores) and writes results.json / results.csv; returns results."""
+  from f2m_jax import methods  # pylint: disable=g-import-not-at-top
   config = resolve(config)
   workdir_lib.prepare(workdir, config.to_dict())
   bench = sources.load_benchmark(config)
@@ -448,11 +399,13 @@ def run(config: ml_collections.ConfigDict, workdir: str, mode: str = 'train',
     raise CheckpointError(f'{ckpts.root}/model has no base model checkpoint (deleted?) although this workdir '
                           'is meant to hold one; restore it, pass --checkpoint WORKDIR, or use a new --workdir')
   t0 = time.time()
-  model = base_model(exp, ckpts, log, source, hook)
-  per_run, norms = run_sessions(exp, model, ckpts, log, train=(mode != 'eval'), hook=hook)
+  method = methods.get(config.method)
+  first = method.first_session(exp, ckpts, log, source, hook)
+  runner = method.runner(exp, first, ckpts, source)
+  per_run, norms = run_sessions(exp, runner, ckpts, log, train=(mode != 'eval'), hook=hook)
   results = evaluation.build_results(bench.name, config.method, config.data.protocol,
                                      [bench.num_seen_classes(t) for t in range(1, bench.num_sessions + 1)],
-                                     per_run, norms)
+                                     per_run, norms if all(n is not None for n in norms) else None)
   results['base_model'] = selection_info(config, source or ckpts)
   wall = round(time.time() - t0, 1)
   results['provenance'] = {**workdir_lib.provenance(config.to_dict()), 'wall_time_s': wall}

@@ -1,0 +1,47 @@
+"""Methods plug into the one pipeline (DESIGN.md sec. 3): each supplies how session 1 trains, what a
+later session updates and how a test image is classified; the pipeline (data, protocol, runs,
+checkpoints, results, report) is shared and has no branch on the method.
+
+A `Method` is:
+  configure(config)                         the method's effective config (in place; then validated)
+  first_session(exp, ckpts, log, source, hook) -> dict
+                                            session 1's model, shared by every run, checkpointed as
+                                            the workdir's `model` ({'params', 'batch_stats',
+                                            'prototypes'}); `source` is --checkpoint's workdir
+  runner(exp, first, ckpts, source) -> Runner
+
+and a Runner (built once per pipeline run, holding its compiled functions) has:
+  first_accuracies() -> dict                session 1's accuracies (acc, acc_base, acc_novel, hm)
+  start() -> state                          a run's state before session 2
+  update(state, run, session, exemplars) -> (state, info)
+                                            the session's training; info goes to metrics.jsonl
+  accuracies(state, session) -> dict        test accuracies over all seen classes
+  template(session) -> dict, item(state) -> dict, restore(saved) -> state
+                                            what a session checkpoint holds, and back
+  norms(state) -> dict or None              prototype norms after the last session (NCM methods)
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+
+@dataclasses.dataclass(frozen=True)
+class Method:
+  name: str
+  configure: Callable
+  first_session: Callable
+  runner: Callable
+  description: str = ''
+
+
+def registry() -> dict:
+  from f2m_jax.methods import ncm  # pylint: disable=g-import-not-at-top
+  return {m.name: m for m in (ncm.F2M, ncm.BASELINE)}
+
+
+def get(name: str) -> Method:
+  methods = registry()
+  if name not in methods:
+    raise ValueError(f'method={name!r} is not one of {tuple(methods)}')
+  return methods[name]
