@@ -16,3 +16,9 @@ DATA_DIR = pathlib.Path(os.environ.get('F2M_DATA_DIR') or REPO.parent / 'shared'
 def smoke_config():
   from configs import cifar100
   return cifar100.get_config('smoke')
+
+
+def without_provenance(results: dict) -> dict:
+  """Results minus their provenance (when, where, how long and the config as given): two runs that
+  compute the same thing must agree on everything else."""
+  return {k: v for k, v in results.items() if k != 'provenance'}

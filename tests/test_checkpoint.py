@@ -8,6 +8,7 @@ import jax
 import numpy as np
 import pytest
 
+from conftest import without_provenance
 from f2m_jax import pipeline
 from f2m_jax.checkpoint import CheckpointError, Checkpoints
 from f2m_jax.workdir import WorkdirError
@@ -16,8 +17,7 @@ from f2m_jax.workdir import WorkdirError
 
 def same_results(a: dict, b: dict) -> bool:
   """Equal results; only the provenance (when, how long) may differ between two runs."""
-  strip = lambda r: {k: v for k, v in r.items() if k != 'provenance'}
-  return strip(a) == strip(b)
+  return without_provenance(a) == without_provenance(b)
 
 def tiny_config():
   from configs import cifar100
