@@ -10,7 +10,10 @@ def parse_arg(arg: str, allowed) -> str:
 
 def base_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
-  c.method = 'f2m'  # 'f2m' or 'baseline' (no noise, no fine-tuning, NCM with raw prototypes)
+  # 'f2m', 'baseline' (no noise, no fine-tuning, NCM with raw prototypes), 'joint' (a network from
+  # scratch on all data seen so far, per session) or 'crt' (joint's networks, classifier retrained;
+  # --checkpoint JOINT_WORKDIR); f2m_jax/methods
+  c.method = 'f2m'
   c.seed = 0
   c.runs = 10  # R: F2M-style draws of the shots (all runs share the base model)
 
@@ -91,6 +94,12 @@ def base_config() -> ml_collections.ConfigDict:
   c.incremental.distance = 'squared_euclidean'  # or 'euclidean'
   c.incremental.round_steps = True  # the original's rounding of each SGD step to multiples of b/2
 
+  # method=crt: the classifier's retraining (the original's CIFAR-100 schedule: 17 epochs of
+  # max-class-size x classes samples, lr 0.1 x 0.5 after epochs 8, 12 and 14; 4 images per visit of
+  # a class). method=joint trains every session's network with the base.* budget above.
+  c.crt = ml_collections.ConfigDict(dict(epochs=17, lr=0.1, milestones=(8, 12, 14), lr_gamma=0.5, per_class=4,
+                                         batch_size=256, momentum=0.9, weight_decay=5e-4))
+
   c.eval = ml_collections.ConfigDict()
   c.eval.normalize_prototypes = True  # PN
   c.eval.batch_size = 500
@@ -139,3 +148,4 @@ def make_smoke(c: ml_collections.ConfigDict) -> None:
   c.eval.batch_size = 250
   c.bench.M_list = (1, 2)
   c.bench.iters = 3
+  c.crt.update(epochs=2, milestones=(1,), batch_size=40)

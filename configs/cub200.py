@@ -65,6 +65,7 @@ def get_config(arg: str = ''):
   config.incremental.finetune = False
   config.eval.normalize_prototypes = False
   config.runs = 5
+  config.crt.update(epochs=13, lr=1e-2, milestones=(8,), lr_gamma=0.01)  # the original's CUB cRT
 
   variant = common.parse_arg(arg, ('', 'smoke'))
   if variant == 'smoke':

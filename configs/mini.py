@@ -48,6 +48,7 @@ def get_config(arg: str = ''):
   config.incremental.lr = 0.01
   config.eval.normalize_prototypes = True
   config.runs = 10
+  config.crt.update(epochs=15, milestones=(4, 6, 10), lr_gamma=0.1)  # the original's miniImageNet cRT
 
   variant = common.parse_arg(arg, ('', 'smoke'))
   if variant == 'smoke':

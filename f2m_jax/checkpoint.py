@@ -113,6 +113,11 @@ class Checkpoints:
       raise CheckpointError(f'no base model checkpoint in {self._model.directory}')
     return self._restore(self._model, 0, _to_numpy(template), 'base model')
 
+  # A training of its own per run and session (joint training): train states, the last kept.
+  def training(self, run: int, session: int) -> '_Training':
+    return _Training(self, _manager(os.path.join(self.root, 'training', f'run_{run}_session_{session}'), 1,
+                                    self._read_only), f'run {run} session {session} training')
+
   # Incremental sessions.
   def sessions_done(self, run: int) -> list:
     return sorted(self._run(run).all_steps())
@@ -126,3 +131,26 @@ class Checkpoints:
   def close(self) -> None:
     for m in [self._base, self._model, *self._runs.values(), *([self._best] if hasattr(self, '_best') else [])]:
       m.close()
+
+
+class _Training:
+  """Train states of one per-session training: latest_step(), save(step, state), restore(template)."""
+
+  def __init__(self, owner: Checkpoints, manager: ocp.CheckpointManager, what: str):
+    self._owner, self._manager, self._what = owner, manager, what
+
+  def latest_step(self) -> Optional[int]:
+    return self._manager.latest_step()
+
+  def save(self, step: int, state: Any) -> None:
+    self._manager.save(step, args=ocp.args.StandardSave(_to_numpy(state)), force=True)
+
+  def restore(self, template: Any) -> Any:
+    return self._owner._restore(self._manager, self._manager.latest_step(), _to_numpy(template), self._what)
+
+  def close(self) -> None:
+    self._manager.close()
+
+  def remove(self) -> None:
+    import shutil  # pylint: disable=g-import-not-at-top
+    shutil.rmtree(str(self._manager.directory), ignore_errors=True)

@@ -58,7 +58,12 @@ def ncm_accuracies(embeddings: np.ndarray, labels: np.ndarray, protos: np.ndarra
   hm (harmonic mean of base and novel), in percent."""
   p = objectives.normalize_prototypes(jnp.asarray(protos)) if normalize else jnp.asarray(protos)
   pred = np.asarray(objectives.ncm_predict(jnp.asarray(embeddings), p))
-  correct = pred == labels
+  return accuracies_from_predictions(pred, labels, num_base)
+
+
+def accuracies_from_predictions(pred: np.ndarray, labels: np.ndarray, num_base: int) -> dict:
+  """acc, acc_base, acc_novel (None without novel images) and hm, in percent."""
+  correct = np.asarray(pred) == labels
   base = labels < num_base
   acc_base = 100.0 * correct[base].mean()
   acc_novel = 100.0 * correct[~base].mean() if (~base).any() else None

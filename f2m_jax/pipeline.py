@@ -70,6 +70,8 @@ def validate(c: ml_collections.ConfigDict) -> None:
     need(c.base.batch_size % c.base.shots == 0, 'base.batch_size', c.base.batch_size,
          f'the task_epochs sampler needs a multiple of base.shots={c.base.shots}')
   need(c.base.select_every >= 1, 'base.select_every', c.base.select_every, 'must be >= 1')
+  need(c.crt.epochs >= 1 and c.crt.per_class >= 1 and c.crt.batch_size >= 1 and c.crt.lr > 0, 'crt',
+       dict(c.crt), 'needs epochs, per_class, batch_size >= 1 and lr > 0')
   need(c.base.ways >= 1 and c.base.shots >= 1, 'base.ways/shots', (c.base.ways, c.base.shots), 'must be >= 1')
   need(c.base.lr > 0, 'base.lr', c.base.lr, 'must be > 0')
   need(c.base.checkpoint_every >= 1, 'base.checkpoint_every', c.base.checkpoint_every, 'must be >= 1')
@@ -117,6 +119,10 @@ class Experiment:
                         clean_backward=config.noise.clean_backward)
     paths = tuple(noise_set_paths(model, config.noise.num_layers))
     return cls(config, bench, model, paths, split_block(model, paths))
+
+  def network(self, num_classes: int) -> ResNet:
+    """The config's network with another classifier size (joint training, cRT)."""
+    return self.model.clone(num_classes=num_classes)
 
   def key(self, *path: int) -> jax.Array:
     k = jax.random.key(self.config.seed)
@@ -401,7 +407,7 @@ def run(config: ml_collections.ConfigDict, workdir: str, mode: str = 'train',
   t0 = time.time()
   method = methods.get(config.method)
   first = method.first_session(exp, ckpts, log, source, hook)
-  runner = method.runner(exp, first, ckpts, source)
+  runner = method.runner(exp, first, ckpts, source, log)
   per_run, norms = run_sessions(exp, runner, ckpts, log, train=(mode != 'eval'), hook=hook)
   results = evaluation.build_results(bench.name, config.method, config.data.protocol,
                                      [bench.num_seen_classes(t) for t in range(1, bench.num_sessions + 1)],

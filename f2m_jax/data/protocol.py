@@ -38,6 +38,36 @@ def session_shots(benchmark: Benchmark, protocol: str, run: int, session: int, s
   return indices
 
 
+def class_aware_epoch(labels: np.ndarray, pool: np.ndarray, per_class: int, seed: int, epoch: int,
+                      stream: tuple = ()) -> np.ndarray:
+  """One epoch of cRT's class-aware sampling (the authors' data/class_aware_sampler.py): classes
+  visited in a random order, reshuffled after each pass; each visit takes the next `per_class`
+  images of the class from its own shuffled cycle (reshuffled when used up). An epoch is
+  max-class-size x classes samples. A function of (seed, stream, epoch)."""
+  pool_labels = labels[pool]
+  classes = np.unique(pool_labels)
+  members = [pool[pool_labels == c] for c in classes]
+  length = max(len(m) for m in members) * len(classes)
+  rng = np.random.default_rng([seed, *stream, epoch, 13])
+  cycles = [rng.permutation(m) for m in members]
+  offsets = [0] * len(classes)
+  out, total = [], 0
+  while total < length:
+    for c in rng.permutation(len(classes)):
+      take = []
+      while len(take) < per_class:
+        if offsets[c] == len(cycles[c]):
+          cycles[c], offsets[c] = rng.permutation(members[c]), 0
+        k = min(per_class - len(take), len(cycles[c]) - offsets[c])
+        take.extend(cycles[c][offsets[c]:offsets[c] + k].tolist())
+        offsets[c] += k
+      out.append(take)
+      total += per_class
+      if total >= length:
+        break
+  return np.asarray([i for block in out for i in block][:length], np.int64)
+
+
 def test_indices(benchmark: Benchmark, session: int) -> np.ndarray:
   """Indices into `benchmark.test` of every test image of the classes seen up to `session`."""
   return np.flatnonzero(benchmark.test.labels < benchmark.num_seen_classes(session))
@@ -88,11 +118,12 @@ def task_epoch_batches(num_classes: int, shots: int, batch: int) -> int:
   return per_epoch
 
 
-def shuffled_batch(pool: np.ndarray, batch: int, seed: int, step: int) -> np.ndarray:
-  """Plain shuffled batches: epoch e is a permutation seeded by (seed, e); a function of (seed, step)."""
+def shuffled_batch(pool: np.ndarray, batch: int, seed: int, step: int, stream: tuple = ()) -> np.ndarray:
+  """Plain shuffled batches: epoch e is a permutation seeded by (seed, *stream, e); a function of
+  (seed, stream, step). `stream` tells apart trainings that share a seed (a run's session)."""
   if batch > len(pool):
-    raise ValueError(f'batch size {batch} exceeds the {len(pool)} base training images')
+    raise ValueError(f'batch size {batch} exceeds the {len(pool)} training images')
   per_epoch = len(pool) // batch  # drop_last, as the original
   epoch, pos = divmod(step, per_epoch)
-  order = np.random.default_rng([seed, epoch, 7]).permutation(len(pool))
+  order = np.random.default_rng([seed, *stream, epoch, 7]).permutation(len(pool))
   return pool[order[pos * batch:(pos + 1) * batch]]

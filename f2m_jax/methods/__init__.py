@@ -8,7 +8,7 @@ A `Method` is:
                                             session 1's model, shared by every run, checkpointed as
                                             the workdir's `model` ({'params', 'batch_stats',
                                             'prototypes'}); `source` is --checkpoint's workdir
-  runner(exp, first, ckpts, source) -> Runner
+  runner(exp, first, ckpts, source, log) -> Runner
 
 and a Runner (built once per pipeline run, holding its compiled functions) has:
   first_accuracies() -> dict                session 1's accuracies (acc, acc_base, acc_novel, hm)
@@ -36,8 +36,8 @@ class Method:
 
 
 def registry() -> dict:
-  from f2m_jax.methods import ncm  # pylint: disable=g-import-not-at-top
-  return {m.name: m for m in (ncm.F2M, ncm.BASELINE)}
+  from f2m_jax.methods import joint, ncm  # pylint: disable=g-import-not-at-top
+  return {m.name: m for m in (ncm.F2M, ncm.BASELINE, joint.JOINT, joint.CRT)}
 
 
 def get(name: str) -> Method:

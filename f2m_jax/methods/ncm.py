@@ -53,7 +53,7 @@ class NCMRunner:
   are those of session 1 and never recomputed; after each session the novel prototypes are
   recomputed with the (fine-tuned) network from all shots seen so far."""
 
-  def __init__(self, exp, first: dict, ckpts=None, source=None):
+  def __init__(self, exp, first: dict, ckpts=None, source=None, log=None):
     from f2m_jax.pipeline import Evaluator  # pylint: disable=g-import-not-at-top
     cfg, bench = exp.config, exp.bench
     self.exp = exp

@@ -1,0 +1,243 @@
+"""Joint training and cRT: the paper's approximate upper bound (the gap column of its tables).
+
+joint: for every session t, a network trained from scratch on all base training images plus the
+  shots of sessions 2..t of the run's own draw, with a classifier over all seen classes and
+  shuffled batches (the base.* budget per session); classified by that linear classifier. Session 1
+  (base data only, the same for every run) is trained once.
+crt: per session, the joint network with every layer frozen and its classifier re-initialised and
+  retrained with class-balanced sampling (`crt.per_class` images per randomly cycled class) on the
+  same data (`--checkpoint JOINT_WORKDIR`). BatchNorm stays in eval mode while retraining, so its
+  statistics do not drift (the authors' code leaves BN in train mode and they do).
+
+The authors train joint and cRT once, on the shots of their fixed run `test_3`; here every run
+trains on its own draw, so the intervals cover the draw of the shots as for the other methods.
+"""
+from __future__ import annotations
+
+import sys
+import time
+
+import flax
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from tqdm import tqdm
+
+from f2m_jax import base as base_lib
+from f2m_jax import evaluation
+from f2m_jax import objectives
+from f2m_jax import sharding
+from f2m_jax.checkpoint import CheckpointError
+from f2m_jax.data import augment as augment_lib
+from f2m_jax.data import protocol as protocol_lib
+from f2m_jax.methods import Method, ncm
+
+
+def configure_joint(config) -> None:
+  """Plain CE with shuffled batches in every session; no noise, no fine-tuning, no NCM."""
+  ncm.configure_baseline(config)
+
+
+def linear_accuracies(exp, variables, network, session: int, logits_fn=None) -> dict:
+  """The linear classifier's accuracies on the test images of every class seen up to `session`."""
+  bench = exp.bench
+  idx = protocol_lib.test_indices(bench, session)
+  fn = logits_fn or evaluation.make_embed(network, bench.mean, bench.std, exp.config.eval.batch_size, logits=True)
+  pred = np.argmax(fn(variables, bench.test.images[idx]), -1)
+  return evaluation.accuracies_from_predictions(pred, bench.test.labels[idx], bench.num_base_classes)
+
+
+def _template(network, image_size: int) -> dict:
+  shapes = jax.eval_shape(lambda: network.init(jax.random.key(0), jnp.zeros((1, image_size, image_size, 3)),
+                                               train=False))
+  return {k: jax.tree_util.tree_map(lambda s: np.zeros(s.shape, s.dtype), shapes[k]) for k in ('params', 'batch_stats')}
+
+
+def train_network(exp, network, pool: np.ndarray, key, training, log, desc: str, stream: tuple) -> dict:
+  """A network trained from scratch on `pool` (indices into the training images; labels are the
+  class ids, all below the network's class count) with shuffled batches and the base.* budget,
+  resuming from `training` (a Checkpoints.training manager). Returns {'params', 'batch_stats'}."""
+  cfg, bench = exp.config.base, exp.bench
+  tx = exp.optimizer()
+  state = base_lib.init_state(network, key, bench.image_size, tx)
+  start = training.latest_step()
+  if start is not None:
+    state = jax.tree_util.tree_map(jnp.asarray, training.restore(state))
+  start = start or 0
+  if start < cfg.steps:
+    objective = base_lib.BaseObjective(model=network, noise_paths=(), split=0, num_draws=0, bound=0.0,
+                                       distribution='uniform', pf_weight=0.0, std_weight=0.0, shared_trunk=False)
+    mesh = sharding.data_mesh()
+    step_fn = base_lib.make_train_step(objective, tx, bench.augment, bench.image_size, bench.mean, bench.std,
+                                       mesh=mesh)
+    state, k = sharding.replicate((state, jax.random.fold_in(key, 1)), mesh)
+    images, labels = bench.train.images, bench.train.labels
+    t0, window = time.time(), []
+    for step in tqdm(range(start, cfg.steps), desc=desc, initial=start, total=cfg.steps, file=sys.stdout,
+                     mininterval=2.0, leave=False):
+      idx = protocol_lib.shuffled_batch(pool, cfg.batch_size, exp.config.seed, step, stream)
+      state, metrics = step_fn(state, *sharding.shard_batch(mesh, images[idx], labels[idx]), k)
+      metrics = jax.device_get(metrics)
+      if not metrics['finite']:
+        from f2m_jax.pipeline import TrainingError  # pylint: disable=g-import-not-at-top
+        raise TrainingError(f'non-finite loss {metrics["loss"]} at step {step + 1} of {desc}')
+      window.append(metrics)
+      done = step + 1
+      if done % cfg.log_every == 0 or done == cfg.steps:
+        log.write(phase=desc, step=done, steps_per_s=round(len(window) / (time.time() - t0), 3),
+                  loss=float(np.mean([m['loss'] for m in window])), acc=float(np.mean([m['acc'] for m in window])))
+        window, t0 = [], time.time()
+      if done % cfg.checkpoint_every == 0 or done == cfg.steps:
+        training.save(done, state)
+  return {'params': jax.device_get(state.params), 'batch_stats': jax.device_get(state.batch_stats)}
+
+
+class JointRunner:
+  """State of a run: the variables of the session's network (a classifier over all seen classes)."""
+
+  def __init__(self, exp, first: dict, ckpts, source=None, log=None):
+    self.exp, self.ckpts, self.log = exp, ckpts, log
+    self.first = {'params': first['params'], 'batch_stats': first['batch_stats']}
+    self._logits = {}
+
+  def network(self, session: int):
+    return self.exp.network(self.exp.bench.num_seen_classes(session))
+
+  def logits_fn(self, session: int):
+    seen = self.exp.bench.num_seen_classes(session)
+    if seen not in self._logits:
+      bench = self.exp.bench
+      self._logits[seen] = evaluation.make_embed(self.network(session), bench.mean, bench.std,
+                                                 self.exp.config.eval.batch_size, logits=True)
+    return self._logits[seen]
+
+  def first_accuracies(self) -> dict:
+    return self.accuracies(self.first, 1)
+
+  def start(self):
+    return self.first
+
+  def update(self, state, run: int, session: int, exemplars: np.ndarray):
+    exp = self.exp
+    pool = np.concatenate([exp.bench.base_train, exemplars])
+    training = self.ckpts.training(run, session)
+    try:
+      variables = train_network(exp, self.network(session), pool, exp.key(4, run, session), training, self.log,
+                                f'joint run {run} session {session}', (run, session))
+    finally:
+      training.close()
+    training.remove()  # the session checkpoint keeps the network; its train states are not needed
+    return variables, {'images': int(len(pool))}
+
+  def accuracies(self, state, session: int) -> dict:
+    return linear_accuracies(self.exp, state, self.network(session), session, self.logits_fn(session))
+
+  def template(self, session: int) -> dict:
+    return _template(self.network(session), self.exp.bench.image_size)
+
+  def item(self, state) -> dict:
+    return dict(state)
+
+  def restore(self, saved: dict):
+    return {'params': saved['params'], 'batch_stats': saved['batch_stats']}
+
+  def norms(self, state):
+    return None
+
+
+# ----------------------------------------------------------------------------- cRT
+
+def _reinit_classifier(params, key):
+  """The classifier re-initialised as the original: N(0, 0.001) weights, zero bias."""
+  fc = params['fc']
+  return {**params, 'fc': {'kernel': 1e-3 * jax.random.normal(key, fc['kernel'].shape, fc['kernel'].dtype),
+                           'bias': jnp.zeros_like(fc['bias'])}}
+
+
+def retrain_classifier(exp, network, variables, pool: np.ndarray, key, stream: tuple) -> dict:
+  """cRT: every layer but the classifier frozen (BN in eval mode), the classifier re-initialised and
+  trained with class-aware batches on `pool` under the crt.* schedule (epochs of max-class-size x
+  classes samples, the learning rate times crt.lr_gamma after each epoch of crt.milestones)."""
+  c, bench = exp.config.crt, exp.bench
+  params = _reinit_classifier(variables['params'], key)
+  per_epoch = max(int(np.max(np.bincount(bench.train.labels[pool]))) * len(np.unique(bench.train.labels[pool]))
+                  // c.batch_size, 1)
+  steps = c.epochs * per_epoch
+  schedule = optax.piecewise_constant_schedule(c.lr, {int(m) * per_epoch: c.lr_gamma for m in c.milestones})
+  tx = optax.chain(optax.add_decayed_weights(c.weight_decay), optax.sgd(schedule, momentum=c.momentum))
+  fc = params['fc']
+  frozen = {k: v for k, v in params.items() if k != 'fc'}
+  batch_stats = variables['batch_stats']
+
+  def loss_fn(fc_params, x, labels):
+    _, logits = network.apply({'params': {**frozen, 'fc': fc_params}, 'batch_stats': batch_stats}, x, train=False)
+    return objectives.cross_entropy(logits, labels)
+
+  @jax.jit
+  def step(fc_params, opt_state, images, labels, k):
+    x = augment_lib.train_inputs(k, images, bench.augment, bench.image_size, bench.mean, bench.std)
+    loss, grads = jax.value_and_grad(loss_fn)(fc_params, x, labels)
+    updates, opt_state = tx.update(grads, opt_state, fc_params)
+    return optax.apply_updates(fc_params, updates), opt_state, loss
+
+  opt_state = tx.init(fc)
+  epoch_cache = (None, None)
+  for s in range(steps):
+    epoch, pos = divmod(s, per_epoch)
+    if epoch_cache[0] != epoch:
+      epoch_cache = (epoch, protocol_lib.class_aware_epoch(bench.train.labels, pool, c.per_class, exp.config.seed,
+                                                           epoch, stream))
+    idx = epoch_cache[1][pos * c.batch_size:(pos + 1) * c.batch_size]
+    fc, opt_state, loss = step(fc, opt_state, bench.train.images[idx], bench.train.labels[idx],
+                               jax.random.fold_in(key, s))
+  return {'params': {**frozen, 'fc': jax.device_get(fc)}, 'batch_stats': batch_stats}
+
+
+def _need_source(source):
+  if source is None:
+    raise ValueError('method=crt retrains the classifier of a joint model: pass --checkpoint JOINT_WORKDIR '
+                     '(a workdir of method=joint)')
+
+
+def crt_first_session(exp, ckpts, log, source=None, hook=None) -> dict:
+  """Session 1: the joint workdir's base network with its classifier retrained (saved as this
+  workdir's model, so a rerun reuses it)."""
+  _need_source(source)
+  template = ncm.first_session(exp, ckpts, log, source=source)  # the joint base model (with its prototypes)
+  if ckpts.has_model():
+    return ckpts.restore_model(template)
+  pool = exp.bench.base_train
+  retrained = retrain_classifier(exp, exp.model, template, pool, exp.key(5, 0, 1), (0, 1))
+  ckpts.save_model(retrained['params'], retrained['batch_stats'], template['prototypes'])
+  return {**retrained, 'prototypes': template['prototypes']}
+
+
+class CRTRunner(JointRunner):
+  """Per session: the joint run's network for that session, classifier retrained."""
+
+  def __init__(self, exp, first: dict, ckpts, source=None, log=None):
+    _need_source(source)
+    super().__init__(exp, first, ckpts, source, log)
+    self.source = source
+
+  def update(self, state, run: int, session: int, exemplars: np.ndarray):
+    exp = self.exp
+    if session not in self.source.sessions_done(run):
+      raise CheckpointError(f'the joint workdir ({self.source.root}) has no run {run} session {session}: '
+                            'train it first (or give this run fewer runs or sessions)')
+    saved = self.source.restore_session(run, session, {**self.template(session), 'exemplars': exemplars,
+                                                        'accuracy': np.zeros((4,), np.float64)})
+    if not np.array_equal(saved['exemplars'], exemplars):
+      raise CheckpointError(f'run {run} session {session}: the joint workdir trained on other shots '
+                            '(another seed, protocol or data)')
+    pool = np.concatenate([exp.bench.base_train, exemplars])
+    variables = retrain_classifier(exp, self.network(session), self.restore(saved), pool,
+                                   exp.key(5, run, session), (run, session))
+    return variables, {'images': int(len(pool))}
+
+
+JOINT = Method('joint', configure_joint, ncm.first_session, JointRunner,
+               'from scratch on all data seen so far, every session; linear classifier')
+CRT = Method('crt', configure_joint, crt_first_session, CRTRunner,
+             "joint's networks, classifier retrained class-balanced with the rest frozen")

@@ -1,0 +1,92 @@
+"""Joint training and cRT through the pipeline (the paper's upper bound rows), on a tiny synthetic
+protocol: end to end, resumable, cRT changes only the classifier, and its class-aware sampler."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from conftest import without_provenance
+from f2m_jax import pipeline
+from f2m_jax.checkpoint import Checkpoints
+from f2m_jax.data import protocol
+from f2m_jax.methods import joint as joint_lib
+
+
+def tiny(config, method):
+  config.method = method
+  config.runs = 2
+  config.data.synthetic.update(num_base=6, way=2, num_sessions=3, train_per_class=20, test_per_class=10)
+  config.base.update(steps=12, milestones=(8,), batch_size=24, log_every=4, checkpoint_every=4, shots=4)
+  config.crt.update(epochs=2, milestones=(1,), batch_size=12)
+  return config
+
+
+@pytest.fixture(scope='module')
+def workdirs(tmp_path_factory):
+  from configs import cifar100
+  root = tmp_path_factory.mktemp('upper')
+  joint = pipeline.run(tiny(cifar100.get_config('smoke'), 'joint'), str(root / 'joint'))
+  crt = pipeline.run(tiny(cifar100.get_config('smoke'), 'crt'), str(root / 'crt'), checkpoint=str(root / 'joint'))
+  return root, joint, crt
+
+
+def test_joint_and_crt_end_to_end(workdirs):
+  root, joint, crt = workdirs
+  for results in (joint, crt):
+    assert [s['num_classes'] for s in results['sessions']] == [6, 8, 10]
+    assert len(results['sessions'][2]['acc']['runs']) == 2 and 'prototype_norms' not in results
+  assert joint['method'] == 'joint' and crt['method'] == 'crt'
+  # every run trains on its own draw of the shots: a session's network differs between runs
+  ck = Checkpoints(str(root / 'joint'), read_only=True)
+  assert ck.sessions_done(0) == ck.sessions_done(1) == [2, 3]
+  assert not list((root / 'joint' / 'checkpoints' / 'training').iterdir())  # train states removed once saved
+
+
+def _session(root, name, run, session, runner_exp):
+  ck = Checkpoints(str(root / name), read_only=True)
+  template = joint_lib._template(runner_exp.network(runner_exp.bench.num_seen_classes(session)),
+                                 runner_exp.bench.image_size)
+  exemplars = np.concatenate([protocol.session_shots(runner_exp.bench, 'draws', run, t, 5, 0)
+                              for t in range(2, session + 1)])
+  return ck.restore_session(run, session, {**template, 'exemplars': exemplars, 'accuracy': np.zeros(4)})
+
+
+def test_crt_changes_only_the_classifier(workdirs):
+  from configs import cifar100
+  from f2m_jax import noise as noise_lib
+  from f2m_jax.data import sources
+  root, _, _ = workdirs
+  config = pipeline.resolve(tiny(cifar100.get_config('smoke'), 'joint'))
+  exp = pipeline.Experiment.create(config, sources.load_benchmark(config))
+  a, b = _session(root, 'joint', 1, 3, exp), _session(root, 'crt', 1, 3, exp)
+  fa, fb = noise_lib.flatten(a['params']), noise_lib.flatten(b['params'])
+  for path in fa:
+    if path[0] == 'fc':
+      assert not np.allclose(fa[path], fb[path])
+    else:
+      np.testing.assert_array_equal(fa[path], fb[path])
+  for x, y in zip(noise_lib.flatten(a['batch_stats']).values(), noise_lib.flatten(b['batch_stats']).values()):
+    np.testing.assert_array_equal(x, y)  # BN statistics frozen while the classifier retrains
+
+
+def test_crt_resumes_and_needs_a_joint_workdir(workdirs, tmp_path):
+  from configs import cifar100
+  root, _, crt = workdirs
+  again = pipeline.run(tiny(cifar100.get_config('smoke'), 'crt'), str(root / 'crt'), checkpoint=str(root / 'joint'))
+  assert without_provenance(again) == without_provenance(crt)  # everything restored, nothing retrained
+  with pytest.raises(ValueError, match='--checkpoint JOINT_WORKDIR'):
+    pipeline.run(tiny(cifar100.get_config('smoke'), 'crt'), str(tmp_path / 'alone'))
+
+
+def test_class_aware_sampler_is_balanced():
+  labels = np.repeat(np.arange(6), [30, 30, 5, 30, 12, 30])  # imbalanced, as base + few shots
+  pool = np.arange(len(labels))
+  epoch = protocol.class_aware_epoch(labels, pool, per_class=4, seed=0, epoch=0)
+  assert len(epoch) == 30 * 6
+  counts = np.bincount(labels[epoch], minlength=6)
+  assert counts.max() - counts.min() <= 4  # each visit takes 4 of one class
+  blocks = labels[epoch][:len(epoch) // 4 * 4].reshape(-1, 4)
+  assert (blocks == blocks[:, :1]).all()  # 4 consecutive images of one class per visit
+  # a rare class's 5 images are cycled, each at least 5 times in the epoch
+  assert np.bincount(epoch[labels[epoch] == 2], minlength=len(labels))[labels == 2].min() >= 5
+  np.testing.assert_array_equal(epoch, protocol.class_aware_epoch(labels, pool, 4, 0, 0))
