@@ -10,7 +10,9 @@
 #
 # STEPS: base iterations (learning rate x lr_gamma at STEPS/2); RUNS: draws of the shots; DRAWS and
 # FLAT_IMAGES: noise draws and images per set of the flatness table (default 1000 and all images);
-# TABLES: which tables (default "main ablation bound flatness fidelity"; every table needs main).
+# TABLES: which tables (default "main ablation bound flatness fidelity upper superclass"; every
+# table needs main). upper: joint training and cRT beside F2M and the Baseline, the gap column taken
+# against cRT; superclass: the four methods on the paper's two superclass splits.
 # On 2 CPU cores (2026-11) a 600-iteration F2M base session takes about 35 minutes, its 10 x 8
 # sessions about 5.
 #
@@ -26,7 +28,8 @@ if [ -n "${STEPS:-}" ]; then
   extra+=(--config.base.steps="$STEPS" --config.base.milestones="($((STEPS / 2)),)")
 fi
 [ -n "${RUNS:-}" ] && extra+=(--config.runs="$RUNS")
-tables=" ${TABLES:-main ablation bound flatness fidelity} "
+tables=" ${TABLES:-main ablation bound flatness fidelity upper superclass} "
+[ "$variant" = smoke ] && tables=${tables/ superclass / }  # the splits need real CIFAR-100 classes
 want() { [[ "$tables" == *" $1 "* ]]; }
 
 run() {  # run NAME [overrides...]
@@ -51,6 +54,20 @@ if want fidelity; then
   run fid_paper --config.noise.bn_updates=clean --config.noise.std_weight=0 --config.noise.pf_gradient=True \
       --config.noise.distribution=uniform --config.noise.clean_backward=False --config.base.sampler=balanced \
       --config.incremental.round_steps=False
+fi
+# Upper bound (the paper's joint and cRT rows): one network per session and run, then cRT on them.
+if want upper; then
+  run joint --config.method=joint
+  run crt --config.method=crt --checkpoint "$out/joint"
+fi
+# The paper's appendix class splits by superclass: the four methods on each.
+if want superclass; then
+  for split in superclass1 superclass2; do
+    run "${split}_f2m" --config.data.split=$split
+    run "${split}_baseline" --config.data.split=$split --config.method=baseline
+    run "${split}_joint" --config.data.split=$split --config.method=joint
+    run "${split}_crt" --config.data.split=$split --config.method=crt --checkpoint "$out/${split}_joint"
+  done
 fi
 if want ablation; then
 # Ablation table, one row each (FM PF PC PN). The rows without FM fine-tune the Baseline's base model
@@ -81,6 +98,14 @@ want fidelity && python -m f2m_jax.report "$out/f2m" "$out"/fid_unrounded "$out"
     "$out"/fid_pf_grad "$out"/fid_uniform "$out"/fid_exact_grad "$out"/fid_balanced "$out"/fid_paper \
     --labels="F2M (authors' code),unrounded steps,BN stats from the clean pass,gamma 0,PF with gradient,uniform noise,exact gradient,per-step random batches,all paper-literal" \
     --reference 0 --out "$out/report_fidelity"
+want upper && python -m f2m_jax.report "$out/f2m" "$out/baseline" "$out/joint" "$out/crt" \
+    --labels="F2M,Baseline,joint,cRT" --reference cRT --out "$out/report_upper"
+if want superclass; then
+  for split in superclass1 superclass2; do
+    python -m f2m_jax.report "$out/${split}_f2m" "$out/${split}_baseline" "$out/${split}_joint" "$out/${split}_crt" \
+        --labels="F2M,Baseline,joint,cRT" --reference cRT --out "$out/report_$split"
+  done
+fi
 want ablation && python -m f2m_jax.report "$out/abl_none" "$out/abl_pc" "$out/abl_no_pc" "$out/abl_no_pf" "$out/abl_no_pn" "$out/f2m" \
     --labels="-,PC,FM+PF+PN,FM+PC+PN,FM+PF+PC,FM+PF+PC+PN" --reference 5 --out "$out/report_ablation"
 want bound && python -m f2m_jax.report "$out"/bound_0.00125 "$out"/bound_0.0025 "$out/f2m" "$out"/bound_0.01 "$out"/bound_0.02 \
