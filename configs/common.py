@@ -123,6 +123,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.bench = ml_collections.ConfigDict()  # --mode bench (f2m_jax/bench.py)
   c.bench.M_list = (1, 2, 4, 8)
   c.bench.dtypes = ('float32', 'bfloat16')
+  c.bench.other_draw_map = True  # also time the draw mapping that noise.draw_map does not pick
+  c.bench.backend_defaults = True  # on a CPU: float32, M in (2, 4), unrolled draws only (bench.for_backend)
   c.bench.warmup = 1
   c.bench.iters = 5
   c.bench.batch = 0  # 0: the base-session batch (base.ways x base.shots, or base.batch_size)

@@ -58,7 +58,7 @@ CHILD = textwrap.dedent('''
       out['indivisible_error'] = str(e)
 
     config = cifar100.get_config('smoke')
-    config.bench.update(M_list=(1,), dtypes=('float32',), warmup=0, iters=1)
+    config.bench.update(M_list=(1,), dtypes=('float32',), warmup=0, iters=1, backend_defaults=False)
     records = bench.run(config, sys.argv[1])
     out['bench'] = [(r['variant'], r['M'], r['num_devices'], r['batch']) for r in records]
     print('RESULT ' + json.dumps(out))
@@ -131,3 +131,17 @@ def test_distributed_is_initialized_only_when_asked(monkeypatch):
   monkeypatch.setenv('JAX_PROCESS_ID', '1')
   assert sharding.maybe_initialize_distributed(False)
   assert calls == [{'coordinator_address': '10.0.0.1:1234', 'num_processes': 2, 'process_id': 1}]
+
+
+def test_bench_times_only_what_the_cpu_runs_well():
+  """bench.backend_defaults: on a CPU float32, M in (2, 4), unrolled draws only; a GPU/TPU keeps the
+  config's lists; the field off keeps them on a CPU too."""
+  from configs import cifar100
+  from f2m_jax import bench
+  config = cifar100.get_config()
+  cpu = bench.for_backend(config, 'cpu')
+  assert (cpu.bench.dtypes, cpu.bench.M_list, cpu.bench.other_draw_map) == (('float32',), (2, 4), False)
+  gpu = bench.for_backend(config, 'gpu')
+  assert (gpu.bench.dtypes, gpu.bench.M_list, gpu.bench.other_draw_map) == (('float32', 'bfloat16'), (1, 2, 4, 8), True)
+  config.bench.backend_defaults = False
+  assert bench.for_backend(config, 'cpu').bench.M_list == (1, 2, 4, 8)
