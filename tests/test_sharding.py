@@ -65,12 +65,20 @@ CHILD = textwrap.dedent('''
 ''')
 
 
+# XLA:CPU ends the process when a device reaches a collective 40 s after another: 4 fake devices on a
+# loaded 2-core machine can lag that much (CI failed so), so the waits are raised to what the
+# subprocess timeout allows.
+SLOW_COLLECTIVES = [f'--xla_cpu_{flag}=900' for flag in (
+    'collective_call_terminate_timeout_seconds', 'collective_timeout_seconds',
+    'collective_call_warn_stuck_timeout_seconds')]
+
+
 @pytest.fixture(scope='module')
 def child(tmp_path_factory):
   """Runs CHILD with 4 fake CPU devices; returns its result dict and the bench workdir."""
   workdir = tmp_path_factory.mktemp('bench')
-  env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=4', JAX_PLATFORMS='cpu',
-             PYTHONPATH=str(REPO))
+  env = dict(os.environ, XLA_FLAGS=' '.join(['--xla_force_host_platform_device_count=4'] + SLOW_COLLECTIVES),
+             JAX_PLATFORMS='cpu', PYTHONPATH=str(REPO))
   proc = subprocess.run([sys.executable, '-c', CHILD, str(workdir)], cwd=REPO, env=env, capture_output=True,
                         text=True, timeout=900)
   assert proc.returncode == 0, proc.stderr[-4000:]
