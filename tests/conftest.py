@@ -2,12 +2,19 @@
 import os
 import pathlib
 import sys
+import tempfile
 
 import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
   sys.path.insert(0, str(REPO))
+
+# Many tests compile the same smoke-sized programs (a ResNet-20 F2M step takes 30 s or more to
+# compile on 2 cores); JAX's persistent compilation cache lets every later test, and every run.py
+# subprocess (they inherit the variable), load them instead. Set before jax is imported.
+os.environ.setdefault('JAX_COMPILATION_CACHE_DIR', os.path.join(
+    os.environ.get('F2M_CACHE_DIR') or tempfile.gettempdir(), 'jax_compilation_cache'))
 
 DATA_DIR = pathlib.Path(os.environ.get('F2M_DATA_DIR') or REPO.parent / 'shared' / 'data').resolve()
 
