@@ -24,7 +24,9 @@ import ml_collections  # noqa: E402
 import numpy as np  # noqa: E402
 import orbax.checkpoint as ocp  # noqa: E402
 
+from configs import common  # noqa: E402
 from f2m_jax import evaluation, pipeline  # noqa: E402
+from f2m_jax import workdir as workdir_lib  # noqa: E402
 from f2m_jax.data import protocol, sources  # noqa: E402
 
 
@@ -33,8 +35,8 @@ def main() -> None:
   parser.add_argument('workdir')
   parser.add_argument('--watch', type=float, default=0.0, help='poll every SECONDS until the run ends')
   args = parser.parse_args()
-  with open(os.path.join(args.workdir, 'config.json')) as f:
-    config = pipeline.resolve(ml_collections.ConfigDict(json.load(f)))
+  saved = workdir_lib.saved_config(args.workdir, common.base_config().to_dict())
+  config = pipeline.resolve(ml_collections.ConfigDict(saved))
   bench = sources.load_benchmark(config)
   exp = pipeline.Experiment.create(config, bench)
   template = exp.init_state()

@@ -23,6 +23,11 @@ LEGACY_VALUES = {'data.split': '', 'noise.pf_gradient': True, 'noise.bn_updates'
                  'noise.clean_backward': False, 'base.select_on_test': False, 'base.select_every': 1500}
 
 
+# Sections that one method alone reads: compared only when one of the two configs runs that method
+# (so a workdir written before cRT existed resumes, and cRT's settings never block an F2M resume).
+METHOD_SECTIONS = {'crt.': 'crt'}
+
+
 def _ignored(key: str, ignore: Iterable[str]) -> bool:
   return any(key == i or (i.endswith('.') and key.startswith(i)) for i in ignore)
 
@@ -46,8 +51,28 @@ def config_differences(saved: dict, current: dict, ignore: Iterable[str] = NON_R
   """Dotted names of fields whose values differ (or exist on one side only), ignoring `ignore`."""
   a, b = flat_items(saved), flat_items(current)
   a.update({k: v for k, v in LEGACY_VALUES.items() if k not in a and k in b})
+  methods = {a.get('method'), b.get('method')}
+  ignore = tuple(ignore) + tuple(p for p, m in METHOD_SECTIONS.items() if m not in methods)
   return sorted(k for k in set(a) | set(b)
                 if not _ignored(k, ignore) and a.get(k, '<absent>') != b.get(k, '<absent>'))
+
+
+def saved_config(workdir: str, defaults: dict) -> dict:
+  """W/config.json as a full config: fields added after it was written take their LEGACY_VALUES
+  value where they have one, else the value in `defaults` (a section only another method reads)."""
+  with open(os.path.join(workdir, 'config.json')) as f:
+    saved = json.load(f)
+  items = flat_items(defaults)
+  items.update(LEGACY_VALUES)
+  items.update(flat_items(saved))
+  out = {}
+  for key, value in items.items():
+    *parents, leaf = key.split('.')
+    node = out
+    for p in parents:
+      node = node.setdefault(p, {})
+    node[leaf] = value
+  return out
 
 
 def prepare(workdir: str, config: dict) -> None:

@@ -156,3 +156,23 @@ def test_workdirs_older_than_a_field_resume_only_with_its_old_behaviour():
   assert workdir.config_differences(before_switches, current) == ['noise.bn_updates', 'noise.pf_gradient']
   paper = {'data': {'split': ''}, 'noise': {'pf_gradient': True, 'bn_updates': 'clean'}}
   assert workdir.config_differences(before_switches, paper) == []
+
+
+def test_a_methods_own_section_is_compared_only_for_that_method():
+  from f2m_jax import workdir
+  current = {'method': 'f2m', 'crt': {'lr': 0.1, 'epochs': 17}}
+  assert workdir.config_differences({'method': 'f2m'}, current) == []  # written before cRT existed
+  assert workdir.config_differences({'method': 'f2m', 'crt': {'lr': 0.5, 'epochs': 17}}, current) == []
+  crt = {'method': 'crt', 'crt': {'lr': 0.1, 'epochs': 17}}
+  assert workdir.config_differences({'method': 'crt', 'crt': {'lr': 0.5, 'epochs': 17}}, crt) == ['crt.lr']
+  assert workdir.config_differences({'method': 'f2m'}, crt) == ['crt.epochs', 'crt.lr', 'method']
+
+
+def test_saved_config_fills_fields_added_later(tmp_path):
+  import json
+  from f2m_jax import workdir
+  (tmp_path / 'config.json').write_text(json.dumps({'method': 'f2m', 'noise': {'bound': 0.01}}))
+  defaults = {'method': 'f2m', 'noise': {'bound': 0.005, 'pf_gradient': False}, 'crt': {'lr': 0.1}}
+  assert workdir.saved_config(str(tmp_path), defaults) == {
+      'method': 'f2m', 'noise': {'bound': 0.01, 'pf_gradient': True, 'bn_updates': 'clean', 'clean_backward': False},
+      'crt': {'lr': 0.1}, 'data': {'split': ''}, 'base': {'select_on_test': False, 'select_every': 1500}}
