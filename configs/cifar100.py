@@ -11,10 +11,11 @@ iterations of batch 256, lr 0.1 x 0.01 at 1,500), `smoke`. Any field can be over
 runs the paper's appendix class splits by superclass (30 base classes, 4 sessions of 5) on either
 source.
 
-Measured (2026-11, one NVIDIA H200, `:trainsplit`, 10 draws; accuracy %, sessions 1 / 9, PD):
-F2M 39.85 / 17.34 +- 0.87, PD 22.51; `--config.method=baseline` 56.28 / 37.66 +- 0.36, PD 18.62.
-On 2 CPU cores with `--config.base.sampler=shuffle`: 57.73 / 30.74 +- 0.60, PD 27.00; adding
-`--config.incremental.round_steps=True` 57.73 / 37.22 +- 0.63, PD 20.52 (experiments/results/).
+Measured (`:trainsplit`, 10 draws; accuracy %, sessions 1 / 9, PD; experiments/results/):
+F2M with these defaults (the authors' code as it runs; 2 CPU cores, one core, 2026-11-26)
+46.93 / 31.17 +- 0.21, PD 15.76; the authors' code on the same protocol 46.87 / 31.21 +- 0.22,
+PD 15.65. `--config.method=baseline` (one NVIDIA H200, before the BN convention changed)
+56.28 / 37.66 +- 0.36, PD 18.62; theirs 57.37 / 38.58 +- 0.27.
 `:smoke` on 2 CPU cores: about a minute, session 1 about 50% (chance 5%).
 """
 from configs import common
