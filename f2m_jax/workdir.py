@@ -8,6 +8,8 @@ import os
 import time
 from typing import Iterable
 
+from flax import traverse_util
+
 # Fields that never change what a run computes (paths, logging, batching and caching of evaluation,
 # other modes' settings): a workdir may be resumed or evaluated with different values of these. A
 # name ending in '.' covers every field below it.
@@ -65,14 +67,7 @@ def saved_config(workdir: str, defaults: dict) -> dict:
   items = flat_items(defaults)
   items.update(LEGACY_VALUES)
   items.update(flat_items(saved))
-  out = {}
-  for key, value in items.items():
-    *parents, leaf = key.split('.')
-    node = out
-    for p in parents:
-      node = node.setdefault(p, {})
-    node[leaf] = value
-  return out
+  return traverse_util.unflatten_dict(items, sep='.')
 
 
 def prepare(workdir: str, config: dict) -> None:
