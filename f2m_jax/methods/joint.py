@@ -164,8 +164,8 @@ def retrain_classifier(exp, network, variables, pool: np.ndarray, key, stream: t
   per_epoch = max(int(np.max(np.bincount(bench.train.labels[pool]))) * len(np.unique(bench.train.labels[pool]))
                   // c.batch_size, 1)
   steps = c.epochs * per_epoch
-  schedule = optax.piecewise_constant_schedule(c.lr, {int(m) * per_epoch: c.lr_gamma for m in c.milestones})
-  tx = optax.chain(optax.add_decayed_weights(c.weight_decay), optax.sgd(schedule, momentum=c.momentum))
+  tx = base_lib.make_optimizer(c.lr, c.momentum, c.weight_decay, [int(m) * per_epoch for m in c.milestones],
+                               c.lr_gamma)
   fc = params['fc']
   frozen = {k: v for k, v in params.items() if k != 'fc'}
   batch_stats = variables['batch_stats']
