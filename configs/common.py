@@ -11,8 +11,9 @@ def parse_arg(arg: str, allowed) -> str:
 def base_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   # 'f2m', 'baseline' (no noise, no fine-tuning, NCM with raw prototypes), 'joint' (a network from
-  # scratch on all data seen so far, per session) or 'crt' (joint's networks, classifier retrained;
-  # --checkpoint JOINT_WORKDIR); f2m_jax/methods
+  # scratch on all data seen so far, per session), 'crt' (joint's networks, classifier retrained;
+  # --checkpoint JOINT_WORKDIR) or 'icarl' (exemplar memory, distillation, nearest mean of
+  # exemplars); f2m_jax/methods
   c.method = 'f2m'
   c.seed = 0
   c.runs = 10  # R: F2M-style draws of the shots (all runs share the base model)
@@ -99,6 +100,11 @@ def base_config() -> ml_collections.ConfigDict:
   # a class). method=joint trains every session's network with the base.* budget above.
   c.crt = ml_collections.ConfigDict(dict(epochs=17, lr=0.1, milestones=(8, 12, 14), lr_gamma=0.5, per_class=4,
                                          batch_size=256, momentum=0.9, weight_decay=5e-4))
+  # method=icarl (the authors' re-implementation, CIFAR-100 values): `memory` exemplars per class,
+  # each session `epochs` epochs of shuffled batches over memory + shots (remainder dropped), SGD with
+  # the rate x lr_gamma after each milestone epoch
+  c.icarl = ml_collections.ConfigDict(dict(memory=2, epochs=90, batch_size=120, lr=0.1, milestones=(50, 70),
+                                           lr_gamma=0.1, momentum=0.9, weight_decay=5e-4))
 
   c.eval = ml_collections.ConfigDict()
   c.eval.normalize_prototypes = True  # PN
@@ -151,3 +157,4 @@ def make_smoke(c: ml_collections.ConfigDict) -> None:
   c.bench.M_list = (1, 2)
   c.bench.iters = 3
   c.crt.update(epochs=2, milestones=(1,), batch_size=40)
+  c.icarl.update(epochs=4, milestones=(2,), batch_size=32)

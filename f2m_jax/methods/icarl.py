@@ -1,0 +1,214 @@
+"""iCaRL as the F2M authors re-implemented it for few-shot class-incremental learning (their
+`methods/iCaRL_model.py` and `incremental_procedure_buffer.py`; the paper compares with it in every
+main table).
+
+session 1: the Baseline's base network (plain CE, shuffled batches; pass `--checkpoint BASELINE` to
+  reuse one) and NCM over the means of all base training images; then `icarl.memory` exemplars of
+  every base class chosen by herding.
+session t > 1: the whole network and a classifier over every seen class (the previous one plus new
+  columns, Kaiming-normal fan-out) trained on the memory and the session's shots together: shuffled
+  batches of `icarl.batch_size`, the remainder dropped, `icarl.epochs` epochs, a fresh SGD whose rate
+  is multiplied by lr_gamma after each milestone epoch, BN in train mode. The loss is iCaRL's: sigmoid
+  cross-entropy, averaged over the batch and the seen classes, against targets that are one-hot for
+  the new classes and the previous session's network's sigmoid outputs (on the same augmented
+  images) for the old ones (`distillation_targets`).
+  Classification: nearest mean of exemplars under the new network, with the old classes' means taken
+  over their memory and the new classes' over their shots (raw embeddings, Euclidean: the authors'
+  `p_norm: ~`). Then `icarl.memory` exemplars of each new class by herding among its shots.
+
+The classifier is kept at the size of the last session (columns of unseen classes zero and left out
+of the loss), so one compiled step serves every session.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from f2m_jax import evaluation
+from f2m_jax.data import augment as augment_lib
+from f2m_jax.data import protocol as protocol_lib
+from f2m_jax.methods import Method, joint, ncm
+
+
+def configure_icarl(config) -> None:
+  """The Baseline's base session; NCM over raw means."""
+  ncm.configure_baseline(config)
+
+
+def herding(features: np.ndarray, mean: np.ndarray, m: int) -> np.ndarray:
+  """iCaRL's exemplar selection (Rebuffi et al. 2017, Alg. 4) as the authors run it: m times, the
+  not yet chosen row whose addition brings the chosen rows' mean closest (mean squared difference)
+  to `mean`; the first of equal candidates. Returns the chosen row numbers in order."""
+  if m > len(features):
+    raise ValueError(f'icarl.memory={m} exceeds the {len(features)} images of a class')
+  features = np.asarray(features, np.float64)
+  chosen = []
+  total = np.zeros(features.shape[1], np.float64)
+  for k in range(m):
+    left = np.array([i for i in range(len(features)) if i not in chosen])
+    candidate_means = (features[left] + total) / (k + 1)
+    chosen.append(int(left[np.argmin(np.mean((mean - candidate_means) ** 2, axis=1))]))
+    total += features[chosen[-1]]
+  return np.asarray(chosen, np.int64)
+
+
+def distillation_targets(labels: jax.Array, former_logits: jax.Array, num_old, num_classes: int) -> jax.Array:
+  """iCaRL's targets: one-hot over `num_classes` columns, the first `num_old` of which are replaced
+  by the previous network's sigmoid outputs (its knowledge of the old classes)."""
+  onehot = jax.nn.one_hot(labels, num_classes)
+  return jnp.where(jnp.arange(num_classes) < num_old, jax.nn.sigmoid(former_logits), onehot)
+
+
+def masked_sigmoid_cross_entropy(logits: jax.Array, targets: jax.Array, num_seen) -> jax.Array:
+  """PyTorch's BCEWithLogitsLoss (mean) over the first `num_seen` columns only."""
+  mask = (jnp.arange(logits.shape[-1]) < num_seen).astype(logits.dtype)
+  per_entry = optax.sigmoid_binary_cross_entropy(logits, targets)
+  return jnp.sum(per_entry * mask) / (logits.shape[0] * jnp.sum(mask))
+
+
+def learning_rate(step: int, per_epoch: int, lr: float, milestones: Sequence[int], gamma: float) -> float:
+  """The rate of (0-based) step `step`: lr times gamma for every milestone epoch reached."""
+  return lr * gamma ** sum(step >= int(m) * per_epoch for m in milestones)
+
+
+def new_columns(key, params: dict, start: int, stop: int) -> dict:
+  """params with classifier columns [start, stop) initialised as the authors' new classifier
+  columns: kaiming_normal_(mode='fan_out') of an [embedding, classes] matrix, N(0, 2 / embedding)."""
+  kernel, bias = params['fc']['kernel'], params['fc']['bias']
+  dim = kernel.shape[0]
+  fresh = jnp.sqrt(2.0 / dim) * jax.random.normal(key, (dim, stop - start), kernel.dtype)
+  return {**params, 'fc': {'kernel': jnp.asarray(kernel).at[:, start:stop].set(fresh),
+                           'bias': jnp.asarray(bias).at[start:stop].set(0.0)}}
+
+
+def pad_classifier(params: dict, num_classes: int) -> dict:
+  kernel, bias = np.asarray(params['fc']['kernel']), np.asarray(params['fc']['bias'])
+  extra = num_classes - kernel.shape[1]
+  return {**params, 'fc': {'kernel': np.pad(kernel, ((0, 0), (0, extra))), 'bias': np.pad(bias, (0, extra))}}
+
+
+def make_session_step(network, momentum: float, weight_decay: float, augment: str, image_size: int, mean, std):
+  """step(params, batch_stats, trace, former, images_u8, labels, key, lr, num_old, num_seen) ->
+  (params, batch_stats, trace, loss): one SGD step (PyTorch's: weight decay into the gradient,
+  heavy-ball momentum) of iCaRL's loss, BN in train mode; `former` is the previous session's
+  network ({'params', 'batch_stats'}, eval mode). Jitted once for every session."""
+  tx = optax.chain(optax.add_decayed_weights(weight_decay), optax.trace(decay=momentum))
+
+  @jax.jit
+  def step(params, batch_stats, trace, former, images, labels, key, lr, num_old, num_seen):
+    x = augment_lib.train_inputs(key, images, augment, image_size, mean, std)
+    _, former_logits = network.apply(former, x, train=False)
+    targets = distillation_targets(labels, former_logits, num_old, former_logits.shape[-1])
+
+    def loss_fn(p):
+      (_, logits), new = network.apply({'params': p, 'batch_stats': batch_stats}, x, train=True,
+                                       mutable=['batch_stats'])
+      return masked_sigmoid_cross_entropy(logits, targets, num_seen), new['batch_stats']
+
+    (loss, new_stats), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+    updates, trace = tx.update(grads, trace, params)
+    params = jax.tree_util.tree_map(lambda p, u: p - lr * u, params, updates)
+    return params, new_stats, trace, loss
+
+  return step, tx
+
+
+class ICaRLRunner:
+  """State of a run: {'params', 'batch_stats'} of the current network (classifier padded to every
+  class of the protocol), 'memory' (indices of the exemplars of every class learned before the
+  current session, in class order) and 'prototypes' (the means NCM uses, one per seen class)."""
+
+  def __init__(self, exp, first: dict, ckpts=None, source=None, log=None):
+    cfg, bench = exp.config.icarl, exp.bench
+    self.exp, self.cfg = exp, cfg
+    self.total = bench.num_seen_classes(bench.num_sessions)
+    self.network = exp.network(self.total)
+    self.first = {'params': pad_classifier(first['params'], self.total), 'batch_stats': first['batch_stats'],
+                  'prototypes': np.asarray(first['prototypes'])}
+    self.embed = evaluation.make_embed(self.network, bench.mean, bench.std, exp.config.eval.batch_size)
+    self.step, self.tx = make_session_step(self.network, cfg.momentum, cfg.weight_decay, bench.augment,
+                                           bench.image_size, bench.mean, bench.std)
+    variables = {'params': self.first['params'], 'batch_stats': self.first['batch_stats']}
+    self.base_memory = self.select(variables, bench.base_train, bench.session_classes[0],
+                                   self.first['prototypes'])
+
+  def select(self, variables, pool: np.ndarray, classes: Sequence[int], means: np.ndarray) -> np.ndarray:
+    """`icarl.memory` exemplars of each class by herding towards its mean under `variables`."""
+    emb = self.embed(variables, self.exp.train_view(pool))
+    labels = self.exp.bench.train.labels[pool]
+    picks = []
+    for c, mean in zip(classes, means):
+      members = np.flatnonzero(labels == c)
+      picks.append(pool[members[herding(emb[members], mean, min(self.cfg.memory, len(members)))]])
+    return np.concatenate(picks)
+
+  def first_accuracies(self) -> dict:
+    return self.accuracies(self.first, 1)
+
+  def start(self):
+    return {**self.first, 'memory': self.base_memory}
+
+  def update(self, state, run: int, session: int, exemplars: np.ndarray):
+    exp, bench, cfg = self.exp, self.exp.bench, self.cfg
+    num_old, num_seen = bench.num_seen_classes(session - 1), bench.num_seen_classes(session)
+    classes = bench.session_classes[session - 1]
+    shots = exemplars[np.isin(bench.train.labels[exemplars], classes)]
+    pool = np.concatenate([state['memory'], shots])
+    if cfg.batch_size > len(pool):
+      raise ValueError(f'icarl.batch_size={cfg.batch_size} exceeds the {len(pool)} images of run {run} '
+                       f'session {session} (memory and shots); the last batch of an epoch is dropped')
+    per_epoch = len(pool) // cfg.batch_size
+    key = exp.key(6, run, session)
+    former = {'params': state['params'], 'batch_stats': state['batch_stats']}
+    params = new_columns(jax.random.fold_in(key, 0), state['params'], num_old, num_seen)
+    batch_stats, trace = state['batch_stats'], self.tx.init(params)
+    losses = []
+    for s in range(cfg.epochs * per_epoch):
+      idx = protocol_lib.shuffled_batch(pool, cfg.batch_size, exp.config.seed, s, (6, run, session))
+      lr = learning_rate(s, per_epoch, cfg.lr, cfg.milestones, cfg.lr_gamma)
+      params, batch_stats, trace, loss = self.step(params, batch_stats, trace, former, bench.train.images[idx],
+                                                   bench.train.labels[idx], jax.random.fold_in(key, s + 1),
+                                                   np.float32(lr), num_old, num_seen)
+      losses.append(float(loss))
+    if not np.all(np.isfinite(losses)):
+      from f2m_jax.pipeline import TrainingError  # pylint: disable=g-import-not-at-top
+      raise TrainingError(f'non-finite iCaRL loss in run {run} session {session}: {losses}')
+    variables = {'params': jax.device_get(params), 'batch_stats': jax.device_get(batch_stats)}
+    emb = self.embed(variables, exp.train_view(pool))
+    protos = evaluation.prototypes(emb, bench.train.labels[pool], range(num_seen))
+    memory = np.concatenate([state['memory'], self.select(variables, shots, classes, protos[num_old:])])
+    return {**variables, 'memory': memory, 'prototypes': protos}, {'losses': losses, 'images': int(len(pool))}
+
+  def accuracies(self, state, session: int) -> dict:
+    bench = self.exp.bench
+    idx = protocol_lib.test_indices(bench, session)
+    emb = self.embed({'params': state['params'], 'batch_stats': state['batch_stats']}, bench.test.images[idx])
+    return evaluation.ncm_accuracies(emb, bench.test.labels[idx], state['prototypes'], bench.num_base_classes,
+                                     self.exp.config.eval.normalize_prototypes)
+
+  def template(self, session: int) -> dict:
+    bench = self.exp.bench
+    per_novel = min(self.cfg.memory, self.exp.config.data.shots)
+    novel = bench.num_seen_classes(session) - bench.num_base_classes
+    memory = np.zeros((len(self.base_memory) + novel * per_novel,), np.int64)
+    dim = self.first['prototypes'].shape[1]
+    return {**joint._template(self.network, bench.image_size), 'memory': memory,
+            'prototypes': np.zeros((bench.num_seen_classes(session), dim), np.float32)}
+
+  def item(self, state) -> dict:
+    return dict(state)
+
+  def restore(self, saved: dict):
+    return {k: saved[k] for k in ('params', 'batch_stats', 'memory', 'prototypes')}
+
+  def norms(self, state) -> dict:
+    return evaluation.prototype_norms(state['prototypes'], self.exp.bench.num_base_classes)
+
+
+ICARL = Method('icarl', configure_icarl, ncm.first_session, ICaRLRunner,
+               "the Baseline's base; whole network on memory + shots with iCaRL's distillation; "
+               'nearest mean of exemplars')
