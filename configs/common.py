@@ -12,8 +12,9 @@ def base_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   # 'f2m', 'baseline' (no noise, no fine-tuning, NCM with raw prototypes), 'joint' (a network from
   # scratch on all data seen so far, per session), 'crt' (joint's networks, classifier retrained;
-  # --checkpoint JOINT_WORKDIR) or 'icarl' (exemplar memory, distillation, nearest mean of
-  # exemplars); f2m_jax/methods
+  # --checkpoint JOINT_WORKDIR), 'icarl' (exemplar memory, distillation, nearest mean of
+  # exemplars) or 'fsll' (small-magnitude tensors fine-tuned with triplet + prototype losses);
+  # f2m_jax/methods
   c.method = 'f2m'
   c.seed = 0
   c.runs = 10  # R: F2M-style draws of the shots (all runs share the base model)
@@ -105,6 +106,12 @@ def base_config() -> ml_collections.ConfigDict:
   # the rate x lr_gamma after each milestone epoch
   c.icarl = ml_collections.ConfigDict(dict(memory=2, epochs=90, batch_size=120, lr=0.1, milestones=(50, 70),
                                            lr_gamma=0.1, momentum=0.9, weight_decay=5e-4))
+  # method=fsll (the authors' re-implementation, CIFAR-100 values): tensors with max |value| <=
+  # threshold fine-tuned for `epochs` TaskSampler epochs (way x shots per batch); loss = triplet +
+  # pn_weight x prototype loss (cosine, scale omega) + reg_weight x L1 drift, the drift without
+  # gradient as their code adds it (reg_gradient=True: with). Their milestone (160 steps) is never reached.
+  c.fsll = ml_collections.ConfigDict(dict(threshold=0.4, epochs=15, lr=1e-3, momentum=0.9, weight_decay=5e-4,
+                                          margin=0.0, pn_weight=1.0, omega=1.0, reg_weight=5.0, reg_gradient=False))
 
   c.eval = ml_collections.ConfigDict()
   c.eval.normalize_prototypes = True  # PN

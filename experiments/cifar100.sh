@@ -12,7 +12,8 @@
 # FLAT_IMAGES: noise draws and images per set of the flatness table (default 1000 and all images);
 # TABLES: which tables (default "main ablation bound flatness fidelity upper superclass"; every
 # table needs main). upper: joint training and cRT beside F2M and the Baseline, the gap column taken
-# against cRT; superclass: the four methods on the paper's two superclass splits.
+# against cRT; superclass: the four methods on the paper's two superclass splits; compared: the
+# paper's compared methods (iCaRL, FSLL) on the Baseline's base model.
 # On 2 CPU cores (2026-11) a 600-iteration F2M base session takes about 35 minutes, its 10 x 8
 # sessions about 5.
 #
@@ -28,7 +29,7 @@ if [ -n "${STEPS:-}" ]; then
   extra+=(--config.base.steps="$STEPS" --config.base.milestones="($((STEPS / 2)),)")
 fi
 [ -n "${RUNS:-}" ] && extra+=(--config.runs="$RUNS")
-tables=" ${TABLES:-main ablation bound flatness fidelity upper superclass} "
+tables=" ${TABLES:-main ablation bound flatness fidelity upper superclass compared} "
 [ "$variant" = smoke ] && tables=${tables/ superclass / }  # the splits need real CIFAR-100 classes
 want() { [[ "$tables" == *" $1 "* ]]; }
 
@@ -59,6 +60,11 @@ fi
 if want upper; then
   run joint --config.method=joint
   run crt --config.method=crt --checkpoint "$out/joint"
+fi
+# The paper's compared methods, each on the Baseline's base model (as the authors ran them).
+if want compared; then
+  run icarl --config.method=icarl --checkpoint "$out/baseline"
+  run fsll --config.method=fsll --checkpoint "$out/baseline"
 fi
 # The paper's appendix class splits by superclass: the four methods on each.
 if want superclass; then
@@ -98,6 +104,8 @@ want fidelity && python -m f2m_jax.report "$out/f2m" "$out"/fid_unrounded "$out"
     "$out"/fid_pf_grad "$out"/fid_uniform "$out"/fid_exact_grad "$out"/fid_balanced "$out"/fid_paper \
     --labels="F2M (authors' code),unrounded steps,BN stats from the clean pass,gamma 0,PF with gradient,uniform noise,exact gradient,per-step random batches,all paper-literal" \
     --reference 0 --out "$out/report_fidelity"
+want compared && python -m f2m_jax.report "$out/f2m" "$out/baseline" "$out/icarl" "$out/fsll" \
+    --labels="F2M,Baseline,iCaRL,FSLL" --reference 0 --out "$out/report_compared"
 want upper && python -m f2m_jax.report "$out/f2m" "$out/baseline" "$out/joint" "$out/crt" \
     --labels="F2M,Baseline,joint,cRT" --reference cRT --out "$out/report_upper"
 if want superclass; then

@@ -74,6 +74,8 @@ def validate(c: ml_collections.ConfigDict) -> None:
        dict(c.crt), 'needs epochs, per_class, batch_size >= 1 and lr > 0')
   need(c.icarl.memory >= 1 and c.icarl.epochs >= 1 and c.icarl.batch_size >= 1 and c.icarl.lr > 0, 'icarl',
        dict(c.icarl), 'needs memory, epochs, batch_size >= 1 and lr > 0')
+  need(c.fsll.epochs >= 1 and c.fsll.lr > 0 and c.fsll.threshold >= 0, 'fsll', dict(c.fsll),
+       'needs epochs >= 1, lr > 0 and threshold >= 0')
   need(c.base.ways >= 1 and c.base.shots >= 1, 'base.ways/shots', (c.base.ways, c.base.shots), 'must be >= 1')
   need(c.base.lr > 0, 'base.lr', c.base.lr, 'must be > 0')
   need(c.base.checkpoint_every >= 1, 'base.checkpoint_every', c.base.checkpoint_every, 'must be >= 1')

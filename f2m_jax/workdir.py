@@ -26,8 +26,8 @@ LEGACY_VALUES = {'data.split': '', 'noise.pf_gradient': True, 'noise.bn_updates'
 
 
 # Sections that one method alone reads: compared only when one of the two configs runs that method
-# (so a workdir written before cRT or iCaRL existed resumes, and their settings never block an F2M resume).
-METHOD_SECTIONS = {'crt.': 'crt', 'icarl.': 'icarl'}
+# (so a workdir written before cRT, iCaRL or FSLL existed resumes, and their settings never block an F2M resume).
+METHOD_SECTIONS = {'crt.': 'crt', 'icarl.': 'icarl', 'fsll.': 'fsll'}
 
 
 def _ignored(key: str, ignore: Iterable[str]) -> bool:

@@ -91,10 +91,12 @@ def balanced_batch(labels: np.ndarray, pool: np.ndarray, ways: int, shots: int, 
   return np.concatenate(out)
 
 
-def task_epoch(labels: np.ndarray, pool: np.ndarray, shots: int, seed: int, epoch: int) -> np.ndarray:
+def task_epoch(labels: np.ndarray, pool: np.ndarray, shots: int, seed: int, epoch: int,
+               stream: tuple = ()) -> np.ndarray:
   """One epoch of the authors' TaskSampler: every class of the pool in a random order, `shots`
-  images of each drawn without replacement, concatenated class by class. A function of (seed, epoch)."""
-  rng = np.random.default_rng([seed, epoch, 16])
+  images of each drawn without replacement, concatenated class by class. A function of (seed, stream,
+  epoch); `stream` tells apart samplers that share a seed (a run's session)."""
+  rng = np.random.default_rng([seed, *stream, epoch, 16])
   pool_labels = labels[pool]
   classes = np.unique(pool_labels)
   blocks = []

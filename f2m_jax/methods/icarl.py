@@ -184,11 +184,7 @@ class ICaRLRunner:
     return {**variables, 'memory': memory, 'prototypes': protos}, {'losses': losses, 'images': int(len(pool))}
 
   def accuracies(self, state, session: int) -> dict:
-    bench = self.exp.bench
-    idx = protocol_lib.test_indices(bench, session)
-    emb = self.embed({'params': state['params'], 'batch_stats': state['batch_stats']}, bench.test.images[idx])
-    return evaluation.ncm_accuracies(emb, bench.test.labels[idx], state['prototypes'], bench.num_base_classes,
-                                     self.exp.config.eval.normalize_prototypes)
+    return ncm.nearest_mean_accuracies(self.exp, self.embed, state, session)
 
   def template(self, session: int) -> dict:
     bench = self.exp.bench

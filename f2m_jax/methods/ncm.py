@@ -12,6 +12,7 @@ import numpy as np
 from f2m_jax import evaluation
 from f2m_jax import incremental
 from f2m_jax import noise as noise_lib
+from f2m_jax.data import protocol as protocol_lib
 from f2m_jax.methods import Method
 
 
@@ -40,6 +41,16 @@ def session_settings(exp, trainable_paths) -> incremental.SessionSettings:
       weight_decay=c.weight_decay, bound=exp.config.noise.bound, clamp=c.clamp, distance=c.distance,
       augment=exp.bench.augment, image_size=exp.bench.image_size, mean=exp.bench.mean, std=exp.bench.std,
       round_steps=c.round_steps)
+
+
+def nearest_mean_accuracies(exp, embed, state: dict, session: int) -> dict:
+  """NCM accuracies of a whole network that changes every session (state: {'params', 'batch_stats',
+  'prototypes'}): the seen classes' test images embedded anew with `embed`."""
+  bench = exp.bench
+  idx = protocol_lib.test_indices(bench, session)
+  emb = embed({'params': state['params'], 'batch_stats': state['batch_stats']}, bench.test.images[idx])
+  return evaluation.ncm_accuracies(emb, bench.test.labels[idx], state['prototypes'], bench.num_base_classes,
+                                   exp.config.eval.normalize_prototypes)
 
 
 def merge(params, trainable_nested):

@@ -1,0 +1,192 @@
+"""FSLL (few-shot lifelong learning, Mazumder et al. 2021) as the F2M authors re-implemented it
+(their `methods/FSLL_model.py`, `incremental_procedure.py` and the FSLL YAMLs, read 2026-11).
+
+session 1: the Baseline's base network (`--checkpoint BASELINE` reuses one), NCM over raw means.
+session t > 1, starting from the previous session's network of the run:
+  - the trainable set is every parameter tensor outside the classifier whose largest |value| is at
+    most `fsll.threshold` (`selected_paths`; the rest are frozen), chosen anew each session;
+  - training data: every shot of the novel classes seen so far (the exemplars F2M keeps: 5 per novel
+    class, none of the base classes), in TaskSampler epochs of `way` classes x `shots` images per
+    batch, `fsll.epochs` epochs, SGD (lr, momentum, weight decay) with BN in train mode;
+  - loss: the triplet loss without hard mining (`triplet_no_hard_mining`), plus the prototype loss
+    (`prototype_loss`: cross-entropy of negative cosine distances to the batch's class means and the
+    base prototypes), plus the L1 distance of the trainable tensors to the previous network's
+    (`parameter_drift`) times `fsll.reg_weight`. The authors' code adds that last term as a Python
+    float (`.item()`), so it has no gradient: `fsll.reg_gradient=False` (the default) does the same,
+    True gives it its gradient as FSLL's paper intends;
+  - prototypes of every novel class seen so far recomputed with the new network from its shots; the
+    base prototypes kept; NCM over raw prototypes, Euclidean.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from f2m_jax import evaluation
+from f2m_jax import noise as noise_lib
+from f2m_jax import objectives
+from f2m_jax.data import augment as augment_lib
+from f2m_jax.data import protocol as protocol_lib
+from f2m_jax.methods import Method, joint, ncm
+
+
+def configure_fsll(config) -> None:
+  """The Baseline's base session; NCM over raw means."""
+  ncm.configure_baseline(config)
+
+
+def selected_paths(params, threshold: float) -> tuple:
+  """The tensors FSLL fine-tunes: outside the classifier, largest |value| at most `threshold`."""
+  return tuple(p for p, v in noise_lib.flatten(params).items()
+               if p[0] != 'fc' and float(np.max(np.abs(np.asarray(v)))) <= threshold)
+
+
+def pairwise_euclidean(x: jax.Array) -> jax.Array:
+  """sqrt(max(|a|^2 + |b|^2 - 2 a.b, 1e-12)), the authors' form (a pair with itself is 1e-6, not 0)."""
+  sq = jnp.sum(x * x, axis=1)
+  return jnp.sqrt(jnp.maximum(sq[:, None] + sq[None, :] - 2.0 * x @ x.T, 1e-12))
+
+
+def triplet_no_hard_mining(emb: jax.Array, labels: jax.Array, num_instances: int, margin: float = 0.0):
+  """Their TripletLossNoHardMining: for each anchor, the 2nd..num_instances-th images of its class
+  and the 2nd..num_instances-th of the other classes, in batch order, paired position by position;
+  the margin ranking loss mean(max(0, d(anchor, positive) - d(anchor, negative) + margin))."""
+  dist = pairwise_euclidean(emb)
+  same = labels[:, None] == labels[None, :]
+
+  def nth(mask):  # [n, num_instances - 1]: the distance to the 2nd, 3rd, ... member of `mask` per row
+    rank = jnp.cumsum(mask, axis=1) - 1
+    return jnp.stack([jnp.sum(jnp.where(mask & (rank == r), dist, 0.0), axis=1) for r in range(1, num_instances)],
+                     axis=1)
+
+  return jnp.mean(jnp.maximum(nth(same) - nth(~same) + margin, 0.0))
+
+
+def prototype_loss(emb: jax.Array, base_prototypes: jax.Array, ways: int, shots: int, omega: float = 1.0):
+  """Their IncrementalPTFixPNLoss (use_cosine): the batch is `ways` blocks of `shots` images; logits
+  are -omega x cosine distance to [the blocks' means, the base prototypes]; cross-entropy with each
+  image's own block as its class."""
+  means = emb.reshape(ways, shots, -1).mean(axis=1)
+  candidates = jnp.concatenate([means, base_prototypes])
+  unit = lambda v: v / jnp.maximum(jnp.linalg.norm(v, axis=-1, keepdims=True), 1e-8)
+  logits = -omega * (1.0 - unit(emb) @ unit(candidates).T)
+  return objectives.cross_entropy(logits, jnp.repeat(jnp.arange(ways), shots))
+
+
+def parameter_drift(trainable: dict, former: dict) -> jax.Array:
+  """Their IncrementalNetworkFixLoss: the L1 distance to the previous network, averaged over tensors."""
+  return sum(jnp.sum(jnp.abs(trainable[p] - former[p])) for p in trainable) / max(len(trainable), 1)
+
+
+def session_loss(emb, labels, base_prototypes, trainable: dict, former: dict, ways: int, shots: int, cfg):
+  """FSLL's session loss on the batch's embeddings `emb` (ways blocks of shots images): triplet +
+  pn_weight x prototype loss + reg_weight x drift (without gradient unless cfg.reg_gradient)."""
+  drift = parameter_drift(trainable, former)
+  if not cfg.reg_gradient:
+    drift = jax.lax.stop_gradient(drift)
+  return (triplet_no_hard_mining(emb, labels, shots, cfg.margin)
+          + cfg.pn_weight * prototype_loss(emb, base_prototypes, ways, shots, cfg.omega) + cfg.reg_weight * drift)
+
+
+class FSLLRunner:
+  """State of a run: {'params', 'batch_stats'} of the current network and 'prototypes' (base ones
+  from session 1, then the novel classes' under the current network)."""
+
+  def __init__(self, exp, first: dict, ckpts=None, source=None, log=None):
+    bench = exp.bench
+    self.exp, self.cfg = exp, exp.config.fsll
+    self.first = {'params': first['params'], 'batch_stats': first['batch_stats'],
+                  'prototypes': np.asarray(first['prototypes'])}
+    self.embed = evaluation.make_embed(exp.model, bench.mean, bench.std, exp.config.eval.batch_size)
+    self.ways = len(bench.session_classes[1])
+    self._steps = {}
+
+  def make_step(self, paths: tuple):
+    """step(params, batch_stats, opt_state, former, base_prototypes, images_u8, labels, key) for the
+    trainable `paths` (jitted; one compile per distinct set)."""
+    if paths in self._steps:
+      return self._steps[paths]
+    cfg, bench, model = self.cfg, self.exp.bench, self.exp.model
+    tx = optax.chain(optax.add_decayed_weights(cfg.weight_decay), optax.sgd(cfg.lr, momentum=cfg.momentum))
+    shots = self.exp.config.data.shots
+
+    @jax.jit
+    def step(params, batch_stats, opt_state, former, base_prototypes, images, labels, key):
+      flat = noise_lib.flatten(params)
+      trainable = {p: flat[p] for p in paths}
+      frozen = {p: v for p, v in flat.items() if p not in trainable}
+      x = augment_lib.train_inputs(key, images, bench.augment, bench.image_size, bench.mean, bench.std)
+
+      def loss_fn(tr):
+        (emb, _), new = model.apply({'params': noise_lib.unflatten({**frozen, **tr}), 'batch_stats': batch_stats},
+                                    x, train=True, mutable=['batch_stats'])
+        return session_loss(emb, labels, base_prototypes, tr, former, self.ways, shots, cfg), new['batch_stats']
+
+      (loss, new_stats), grads = jax.value_and_grad(loss_fn, has_aux=True)(trainable)
+      updates, opt_state = tx.update(grads, opt_state, trainable)
+      trainable = optax.apply_updates(trainable, updates)
+      return noise_lib.unflatten({**frozen, **trainable}), new_stats, opt_state, loss
+
+    self._steps[paths] = (step, tx)
+    return step, tx
+
+  def first_accuracies(self) -> dict:
+    return self.accuracies(self.first, 1)
+
+  def start(self):
+    return dict(self.first)
+
+  def update(self, state, run: int, session: int, exemplars: np.ndarray):
+    exp, bench, cfg = self.exp, self.exp.bench, self.cfg
+    shots = exp.config.data.shots
+    labels = bench.train.labels
+    paths = selected_paths(state['params'], cfg.threshold)
+    step, tx = self.make_step(paths)
+    flat = noise_lib.flatten(state['params'])
+    former = {p: jnp.asarray(flat[p]) for p in paths}
+    params, batch_stats = state['params'], state['batch_stats']
+    opt_state = tx.init(former)
+    base = jnp.asarray(self.first['prototypes'])
+    per_epoch = protocol_lib.task_epoch_batches(len(np.unique(labels[exemplars])), shots, self.ways * shots)
+    key = exp.key(7, run, session)
+    losses = []
+    for epoch in range(cfg.epochs):
+      order = protocol_lib.task_epoch(labels, exemplars, shots, exp.config.seed, epoch, (7, run, session))
+      for pos in range(per_epoch):
+        idx = order[pos * self.ways * shots:(pos + 1) * self.ways * shots]
+        params, batch_stats, opt_state, loss = step(params, batch_stats, opt_state, former, base,
+                                                    bench.train.images[idx], labels[idx],
+                                                    jax.random.fold_in(key, len(losses)))
+        losses.append(float(loss))
+    if not np.all(np.isfinite(losses)):
+      from f2m_jax.pipeline import TrainingError  # pylint: disable=g-import-not-at-top
+      raise TrainingError(f'non-finite FSLL loss in run {run} session {session}: {losses}')
+    variables = {'params': jax.device_get(params), 'batch_stats': jax.device_get(batch_stats)}
+    novel_classes = [c for s in bench.session_classes[1:session] for c in s]
+    novel = evaluation.prototypes(self.embed(variables, exp.train_view(exemplars)), labels[exemplars], novel_classes)
+    protos = np.concatenate([self.first['prototypes'], novel])
+    return {**variables, 'prototypes': protos}, {'losses': losses, 'trainable': len(paths)}
+
+  def accuracies(self, state, session: int) -> dict:
+    return ncm.nearest_mean_accuracies(self.exp, self.embed, state, session)
+
+  def template(self, session: int) -> dict:
+    bench = self.exp.bench
+    return {**joint._template(self.exp.model, bench.image_size),
+            'prototypes': np.zeros((bench.num_seen_classes(session), self.first['prototypes'].shape[1]), np.float32)}
+
+  def item(self, state) -> dict:
+    return dict(state)
+
+  def restore(self, saved: dict):
+    return {k: saved[k] for k in ('params', 'batch_stats', 'prototypes')}
+
+  def norms(self, state) -> dict:
+    return evaluation.prototype_norms(state['prototypes'], self.exp.bench.num_base_classes)
+
+
+FSLL = Method('fsll', configure_fsll, ncm.first_session, FSLLRunner,
+              "the Baseline's base; small-magnitude tensors fine-tuned on the novel shots with triplet + "
+              'prototype losses; NCM')

@@ -1,0 +1,135 @@
+"""FSLL (f2m_jax/methods/fsll.py): its parts against transcriptions of the authors' losses and
+hand-made cases, then the method end to end on a tiny synthetic protocol, resumed to the same results."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+
+from conftest import without_provenance
+from f2m_jax import noise as noise_lib
+from f2m_jax import pipeline
+from f2m_jax.checkpoint import Checkpoints
+from f2m_jax.data import protocol
+from f2m_jax.methods import fsll
+
+
+def authors_triplet(emb: np.ndarray, labels: np.ndarray, num_instances: int, margin: float = 0.0) -> float:
+  """Their TripletLossNoHardMining.forward, transcribed (torch ops as numpy)."""
+  n = len(emb)
+  sq = (emb ** 2).sum(axis=1, keepdims=True)
+  dist = np.sqrt(np.clip(sq + sq.T - 2 * emb @ emb.T, 1e-12, None))
+  mask = labels[None, :] == labels[:, None]
+  ap, an = [], []
+  for i in range(n):
+    for j in range(num_instances - 1):
+      ap.append(dist[i][mask[i]][j + 1])
+      an.append(dist[i][~mask[i]][j + 1])
+  return float(np.mean(np.maximum(0.0, -(np.array(an) - np.array(ap)) + margin)))
+
+
+def test_triplet_equals_the_authors_loop():
+  rng = np.random.default_rng(0)
+  labels = np.repeat(np.arange(5), 5)  # the TaskSampler's class-contiguous batch
+  for order in (np.arange(25), rng.permutation(25)):  # and any order
+    for margin in (0.0, 0.3):
+      emb = rng.normal(size=(25, 8)).astype(np.float32)
+      got = fsll.triplet_no_hard_mining(jnp.asarray(emb[order]), jnp.asarray(labels[order]), 5, margin)
+      np.testing.assert_allclose(got, authors_triplet(emb[order].astype(np.float64), labels[order], 5, margin),
+                                 rtol=1e-4)
+
+
+def test_prototype_loss_equals_the_naive_formula():
+  rng = np.random.default_rng(1)
+  emb, base = rng.normal(size=(10, 6)), rng.normal(size=(4, 6))
+  means = emb.reshape(2, 5, 6).mean(axis=1)
+  cands = np.concatenate([means, base])
+  cos = (emb / np.linalg.norm(emb, axis=1, keepdims=True)) @ (cands / np.linalg.norm(cands, axis=1, keepdims=True)).T
+  logits = -2.0 * (1 - cos)
+  logp = logits - np.log(np.exp(logits).sum(axis=1, keepdims=True))
+  naive = -np.mean(logp[np.arange(10), np.repeat([0, 1], 5)])
+  got = fsll.prototype_loss(jnp.asarray(emb, jnp.float32), jnp.asarray(base, jnp.float32), 2, 5, omega=2.0)
+  np.testing.assert_allclose(got, naive, rtol=1e-5)
+
+
+def test_selected_paths_by_largest_magnitude():
+  params = {'conv1': {'kernel': np.array([0.1, -0.39])}, 'bn1': {'scale': np.array([1.0, 0.2])},
+            'layer1_0': {'conv1': {'kernel': np.array([-0.5])}}, 'fc': {'kernel': np.array([0.01])}}
+  assert fsll.selected_paths(params, 0.4) == (('conv1', 'kernel'),)
+  assert set(fsll.selected_paths(params, 1.0)) == {('conv1', 'kernel'), ('bn1', 'scale'),
+                                                   ('layer1_0', 'conv1', 'kernel')}
+
+
+@pytest.mark.parametrize('with_gradient', [False, True])
+def test_drift_has_a_gradient_only_when_asked(with_gradient):
+  cfg = ml_collections.ConfigDict(dict(margin=0.0, pn_weight=1.0, omega=1.0, reg_weight=5.0,
+                                       reg_gradient=with_gradient))
+  rng = np.random.default_rng(2)
+  emb, base = jnp.asarray(rng.normal(size=(10, 4)), jnp.float32), jnp.asarray(rng.normal(size=(3, 4)), jnp.float32)
+  labels = jnp.repeat(jnp.arange(2), 5)
+  former = {('a',): jnp.zeros(3), ('b',): jnp.zeros(2)}
+  trainable = {('a',): jnp.array([1.0, -2.0, 0.5]), ('b',): jnp.array([0.25, 0.0])}
+  loss, grads = jax.value_and_grad(lambda t: fsll.session_loss(emb, labels, base, t, former, 2, 5, cfg))(trainable)
+  rest = fsll.triplet_no_hard_mining(emb, labels, 5) + fsll.prototype_loss(emb, base, 2, 5)
+  np.testing.assert_allclose(loss, rest + 5.0 * (3.5 + 0.25) / 2, rtol=1e-5)  # the value counts either way
+  want = 5.0 / 2 * np.sign(np.asarray(trainable[('a',)])) if with_gradient else np.zeros(3)
+  np.testing.assert_allclose(grads[('a',)], want, atol=1e-6)
+
+
+def tiny(config):
+  config.method = 'fsll'
+  config.runs = 2
+  config.data.synthetic.update(num_base=6, way=2, num_sessions=3, train_per_class=20, test_per_class=10)
+  config.base.update(steps=40, milestones=(30,), batch_size=24, log_every=10, checkpoint_every=20)
+  config.fsll.update(epochs=3, threshold=0.3)
+  return config
+
+
+class Interrupt(Exception):
+  pass
+
+
+@pytest.fixture(scope='module')
+def fsll_run(tmp_path_factory):
+  from configs import cifar100
+  root = tmp_path_factory.mktemp('fsll')
+  return root, pipeline.run(tiny(cifar100.get_config('smoke')), str(root / 'full'))
+
+
+def test_fsll_end_to_end_changes_only_the_selected_tensors(fsll_run):
+  from configs import cifar100
+  from f2m_jax.data import sources
+  root, results = fsll_run
+  assert results['method'] == 'fsll' and [s['num_classes'] for s in results['sessions']] == [6, 8, 10]
+  assert results['sessions'][0]['acc']['mean'] > 3 * 100 / 6
+  config = pipeline.resolve(tiny(cifar100.get_config('smoke')))
+  exp = pipeline.Experiment.create(config, sources.load_benchmark(config))
+  ck = Checkpoints(str(root / 'full'), read_only=True)
+  state = exp.init_state()
+  base = ck.restore_model({'params': state.params, 'batch_stats': state.batch_stats,
+                           'prototypes': np.zeros((6, 32), np.float32)})
+  runner = fsll.FSLLRunner(exp, base)
+  shots = protocol.session_shots(exp.bench, 'draws', 0, 2, 5, 0)
+  saved = ck.restore_session(0, 2, {**runner.template(2), 'exemplars': shots, 'accuracy': np.zeros(4)})
+  chosen = set(fsll.selected_paths(base['params'], 0.3))
+  assert chosen and len(chosen) < len(noise_lib.flatten(base['params']))
+  before, after = noise_lib.flatten(base['params']), noise_lib.flatten(saved['params'])
+  for path in before:
+    assert np.array_equal(before[path], after[path]) != (path in chosen), path
+  np.testing.assert_array_equal(saved['prototypes'][:6], base['prototypes'])  # base prototypes kept
+
+
+def test_fsll_resumes_to_the_same_results(fsll_run, tmp_path):
+  from configs import cifar100
+  _, results = fsll_run
+
+  def stop(phase, run=None, session=None, **_):
+    if phase == 'session' and (run, session) == (0, 3):
+      raise Interrupt
+
+  with pytest.raises(Interrupt):
+    pipeline.run(tiny(cifar100.get_config('smoke')), str(tmp_path / 'w'), hook=stop)
+  again = pipeline.run(tiny(cifar100.get_config('smoke')), str(tmp_path / 'w'))
+  assert without_provenance(again) == without_provenance(results)
