@@ -141,6 +141,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.bench.warmup = 1
   c.bench.iters = 5
   c.bench.batch = 0  # 0: the base-session batch (base.ways x base.shots, or base.batch_size)
+  # Whole runs of F2M and the Baseline through the pipeline (0 steps: none): base steps/s, the
+  # incremental phase's wall time, compile time. On a CPU (backend_defaults) at most 10 steps, 1 run.
+  c.bench.whole_run_steps = 1000
+  c.bench.whole_run_runs = 10
   return c
 
 

@@ -9,8 +9,16 @@ Variants, for each compute dtype of config.bench.dtypes:
   ncm_eval           NCM predictions for one eval batch of images, and ncm_eval_suffix from cached
                      trunk features (the incremental phase's evaluation).
 Each is compiled once (lower + compile, timed apart); then config.bench.warmup untimed and
-config.bench.iters timed rounds call every variant once each. The records go to W/bench.json as
-{'provenance': ..., 'records': [...]} (never overwriting one: then W/bench_<timestamp>.json).
+config.bench.iters timed rounds call every variant once each.
+
+Whole runs (`whole_run`), for F2M and the Baseline: the pipeline's own base loop and incremental
+sessions, as run.py runs them (host batches, one dispatch per step, checkpoints), for
+config.bench.whole_run_steps base steps and config.bench.whole_run_runs runs of sessions: the first
+step's time (compile included), base steps/s after it, the base phase and the incremental phase
+(and that phase after its first session, i.e. without compiles).
+
+The records go to W/bench.json as {'provenance': ..., 'records': [...], 'whole_runs': [...]} (never
+overwriting one: then W/bench_<timestamp>.json).
 
 No dataset is read: images are random uint8 of the dataset's size, labels cover the base classes.
 """
@@ -255,8 +263,59 @@ def output_path(workdir: str) -> str:
   return path
 
 
+def whole_run(config: ml_collections.ConfigDict, method: str, steps: int, runs: int) -> dict:
+  """Times `method` end to end through the pipeline on random data of the config's shapes: `steps`
+  base steps (no LR milestone) and `runs` runs of every incremental session, in a temporary workdir."""
+  import tempfile  # pylint: disable=g-import-not-at-top
+  from f2m_jax import methods, workdir as workdir_lib  # pylint: disable=g-import-not-at-top
+  from f2m_jax.checkpoint import Checkpoints  # pylint: disable=g-import-not-at-top
+  cfg = ml_collections.ConfigDict(config.to_dict())
+  cfg.method, cfg.runs, cfg.tensorboard, cfg.model.pretrained = method, runs, False, ''
+  cfg.base.update(steps=steps, milestones=(), log_every=steps, checkpoint_every=steps, select_on_test=False)
+  cfg = pipeline.resolve(cfg)
+  s = dataset_shapes(cfg)
+  num_classes = s['num_base'] + s['way'] * (s['num_sessions'] - 1)
+  per_class = max(cfg.base.shots, cfg.data.shots, -(-base_batch(cfg) // s['num_base']))
+  bench = random_benchmark(cfg, num_classes * per_class, num_classes * 10)
+  exp = pipeline.Experiment.create(cfg, bench)
+  stamps = {}
+
+  def hook(phase, step=None, **_):
+    stamps.setdefault(phase, []).append(time.perf_counter())
+
+  with tempfile.TemporaryDirectory() as tmp:
+    ckpts, log = Checkpoints(tmp), workdir_lib.MetricsLog(tmp)
+    t0 = time.perf_counter()
+    m = methods.get(method)
+    first = m.first_session(exp, ckpts, log, None, hook)
+    t1 = time.perf_counter()
+    pipeline.run_sessions(exp, m.runner(exp, first, ckpts, None, log), ckpts, log, hook=hook)
+    t2 = time.perf_counter()
+    ckpts.close()
+  base_steps, sessions = stamps['base_step'], stamps['session']
+  return dict(method=method, steps=steps, runs=runs, batch=base_batch(cfg),
+              first_step_s=round(base_steps[0] - t0, 2),
+              base_steps_per_s=round((steps - 1) / (base_steps[-1] - base_steps[0]), 2) if steps > 1 else None,
+              base_phase_s=round(t1 - t0, 2), incremental_s=round(t2 - t1, 2),
+              incremental_after_first_session_s=round(sessions[-1] - sessions[0], 2),
+              sessions=len(sessions), backend=jax.default_backend(), device_kind=jax.devices()[0].device_kind,
+              num_devices=jax.device_count())
+
+
+def format_whole_runs(rows: Sequence[dict]) -> str:
+  lines = [f"{'whole run':<10} {'steps':>6} {'runs':>4} {'1st step s':>10} {'steps/s':>8} {'base s':>8} "
+           f"{'sessions s':>10} {'w/o 1st':>8}"]
+  for r in rows:
+    rate = '-' if r['base_steps_per_s'] is None else f"{r['base_steps_per_s']:.2f}"
+    lines.append(f"{r['method']:<10} {r['steps']:>6} {r['runs']:>4} {r['first_step_s']:>10.1f} {rate:>8} "
+                 f"{r['base_phase_s']:>8.1f} {r['incremental_s']:>10.1f} "
+                 f"{r['incremental_after_first_session_s']:>8.1f}")
+  return '\n'.join(lines)
+
+
 CPU_DTYPES = ('float32',)
 CPU_M_LIST = (2, 4)
+CPU_WHOLE_RUN = dict(steps=10, runs=1)  # an F2M step of the full config takes seconds on a CPU
 
 
 def for_backend(config: ml_collections.ConfigDict, backend: str) -> ml_collections.ConfigDict:
@@ -270,6 +329,8 @@ def for_backend(config: ml_collections.ConfigDict, backend: str) -> ml_collectio
     config.bench.dtypes = tuple(d for d in config.bench.dtypes if d in CPU_DTYPES) or CPU_DTYPES
     config.bench.M_list = tuple(m for m in config.bench.M_list if m in CPU_M_LIST) or CPU_M_LIST
     config.bench.other_draw_map = False
+    config.bench.whole_run_steps = min(config.bench.whole_run_steps, CPU_WHOLE_RUN['steps'])
+    config.bench.whole_run_runs = min(config.bench.whole_run_runs, CPU_WHOLE_RUN['runs'])
   return config
 
 
@@ -285,10 +346,16 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> list:
     new = bench_dtype(config, dtype, mesh)
     print(format_table(new), flush=True)
     records.extend(new)
+  whole = []
+  if config.bench.whole_run_steps > 0:
+    whole = [whole_run(config, m, config.bench.whole_run_steps, config.bench.whole_run_runs)
+             for m in ('f2m', 'baseline')]
+    print(format_whole_runs(whole), flush=True)
   os.makedirs(workdir, exist_ok=True)
   path = output_path(workdir)
   from f2m_jax import workdir as workdir_lib
   with open(path, 'w') as f:
-    json.dump({'provenance': workdir_lib.provenance(config.to_dict()), 'records': records}, f, indent=1)
+    json.dump({'provenance': workdir_lib.provenance(config.to_dict()), 'records': records, 'whole_runs': whole},
+              f, indent=1)
   print(f'bench records written to {path}', flush=True)
   return records

@@ -107,3 +107,18 @@ def test_workdir_of_another_config_is_refused(smoke_run):
   with pytest.raises(WorkdirError, match=r'noise.bound: saved 0.005, now 0.01'):
     pipeline.run(config, workdir)
   assert open(os.path.join(workdir, 'results.json')).read() == before
+
+
+def test_bench_whole_runs_time_the_pipeline(smoke_run, smoke_config):
+  """--mode bench's whole runs: F2M and the Baseline through the pipeline's own loops (the smoke
+  programs, loaded from the compilation cache the run above filled)."""
+  from f2m_jax import bench
+  rows = [bench.whole_run(smoke_config, m, 4, 1) for m in ('f2m', 'baseline')]
+  for r in rows:
+    assert (r['steps'], r['runs'], r['sessions'], r['batch']) == (4, 1, 8, 80)
+    assert r['base_steps_per_s'] > 0 and r['first_step_s'] > 0
+    assert r['base_phase_s'] >= r['first_step_s'] and r['incremental_s'] >= r['incremental_after_first_session_s'] > 0
+  table = bench.format_whole_runs(rows).splitlines()
+  assert len(table) == 3 and table[1].startswith('f2m') and table[2].startswith('baseline')
+  assert bench.for_backend(smoke_config, 'cpu').bench.whole_run_steps == bench.CPU_WHOLE_RUN['steps']
+  assert bench.for_backend(smoke_config, 'gpu').bench.whole_run_steps == 1000

@@ -59,7 +59,8 @@ CHILD = textwrap.dedent('''
 
     config = cifar100.get_config('smoke')
     config.bench.update(M_list=(1,), dtypes=('float32',), warmup=0, iters=1, backend_defaults=False,
-                    other_draw_map=False)  # vmapped draws compile for minutes on a CPU
+                    other_draw_map=False,  # vmapped draws compile for minutes on a CPU
+                    whole_run_steps=0)  # whole runs: tests/test_end_to_end.py
     records = bench.run(config, sys.argv[1])
     out['bench'] = [(r['variant'], r['M'], r['num_devices'], r['batch']) for r in records]
     print('RESULT ' + json.dumps(out))
