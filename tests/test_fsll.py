@@ -8,7 +8,7 @@ import ml_collections
 import numpy as np
 import pytest
 
-from conftest import without_provenance
+from conftest import resumed_after_interruption, tiny_protocol, without_provenance
 from f2m_jax import noise as noise_lib
 from f2m_jax import pipeline
 from f2m_jax.checkpoint import Checkpoints
@@ -79,16 +79,9 @@ def test_drift_has_a_gradient_only_when_asked(with_gradient):
 
 
 def tiny(config):
-  config.method = 'fsll'
-  config.runs = 2
-  config.data.synthetic.update(num_base=6, way=2, num_sessions=3, train_per_class=20, test_per_class=10)
-  config.base.update(steps=40, milestones=(30,), batch_size=24, log_every=10, checkpoint_every=20)
+  config = tiny_protocol(config, 'fsll')
   config.fsll.update(epochs=3, threshold=0.3)
   return config
-
-
-class Interrupt(Exception):
-  pass
 
 
 @pytest.fixture(scope='module')
@@ -124,12 +117,5 @@ def test_fsll_end_to_end_changes_only_the_selected_tensors(fsll_run):
 def test_fsll_resumes_to_the_same_results(fsll_run, tmp_path):
   from configs import cifar100
   _, results = fsll_run
-
-  def stop(phase, run=None, session=None, **_):
-    if phase == 'session' and (run, session) == (0, 3):
-      raise Interrupt
-
-  with pytest.raises(Interrupt):
-    pipeline.run(tiny(cifar100.get_config('smoke')), str(tmp_path / 'w'), hook=stop)
-  again = pipeline.run(tiny(cifar100.get_config('smoke')), str(tmp_path / 'w'))
+  again = resumed_after_interruption(lambda: tiny(cifar100.get_config('smoke')), str(tmp_path / 'w'), 0, 3)
   assert without_provenance(again) == without_provenance(results)

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import without_provenance
+from conftest import resumed_after_interruption, tiny_protocol, without_provenance
 from f2m_jax import pipeline
 from f2m_jax.checkpoint import Checkpoints
 from f2m_jax.data import protocol
@@ -80,16 +80,9 @@ def test_new_columns_initialise_only_the_new_classes():
 
 
 def tiny(config):
-  config.method = 'icarl'
-  config.runs = 2
-  config.data.synthetic.update(num_base=6, way=2, num_sessions=3, train_per_class=20, test_per_class=10)
-  config.base.update(steps=40, milestones=(30,), batch_size=24, log_every=10, checkpoint_every=20)
+  config = tiny_protocol(config, 'icarl')
   config.icarl.update(epochs=3, milestones=(2,), batch_size=8)
   return config
-
-
-class Interrupt(Exception):
-  pass
 
 
 @pytest.fixture(scope='module')
@@ -133,12 +126,5 @@ def _model_template(exp):
 def test_icarl_resumes_to_the_same_results(icarl_run, tmp_path):
   from configs import cifar100
   _, results = icarl_run
-
-  def stop(phase, run=None, session=None, **_):
-    if phase == 'session' and (run, session) == (1, 2):
-      raise Interrupt
-
-  with pytest.raises(Interrupt):
-    pipeline.run(tiny(cifar100.get_config('smoke')), str(tmp_path / 'w'), hook=stop)
-  again = pipeline.run(tiny(cifar100.get_config('smoke')), str(tmp_path / 'w'))
+  again = resumed_after_interruption(lambda: tiny(cifar100.get_config('smoke')), str(tmp_path / 'w'), 1, 2)
   assert without_provenance(again) == without_provenance(results)

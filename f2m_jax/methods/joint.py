@@ -17,7 +17,6 @@ from __future__ import annotations
 import sys
 import time
 
-import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
