@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from f2m_jax import base as base_lib
 from f2m_jax import evaluation
 from f2m_jax import noise as noise_lib
 from f2m_jax import objectives
@@ -109,7 +110,7 @@ class FSLLRunner:
     if paths in self._steps:
       return self._steps[paths]
     cfg, bench, model = self.cfg, self.exp.bench, self.exp.model
-    tx = optax.chain(optax.add_decayed_weights(cfg.weight_decay), optax.sgd(cfg.lr, momentum=cfg.momentum))
+    tx = base_lib.make_optimizer(cfg.lr, cfg.momentum, cfg.weight_decay, (), 1.0)  # no milestone
     shots = self.exp.config.data.shots
 
     @jax.jit
