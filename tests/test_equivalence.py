@@ -55,9 +55,10 @@ def assert_trees_close(a, b, rtol=2e-5, scale_tol=1e-5):
     np.testing.assert_allclose(np.asarray(flat_a[path]), want, rtol=rtol, atol=atol, err_msg='/'.join(path))
 
 
-# Each network and K once; both ways of mapping the draws appear (they are compared directly below).
-CASES = [('resnet20', 8, 16, 4, 'vmap'), ('resnet20', 8, 16, 8, 'unroll'), ('resnet18', 8, 32, 4, 'unroll'),
-         ('resnet18', 8, 32, 8, 'vmap')]
+# Each network once, with a deep (K = 8) and a shallow (K = 4) noise set, and each way of mapping the
+# draws once (the two are compared with each other directly below). Every case costs two compiles of
+# a few tens of seconds on 2 cores, so the grid is not crossed.
+CASES = [('resnet20', 8, 16, 8, 'vmap'), ('resnet18', 8, 32, 4, 'unroll')]
 
 
 @pytest.mark.parametrize('arch,width,size,num_layers,draw_map', CASES)
@@ -82,7 +83,7 @@ def test_shared_trunk_equals_naive(arch, width, size, num_layers, draw_map):
   assert float(jnp.abs(g[objective.noise_paths[-1]]).max()) > 0
 
 
-@pytest.mark.parametrize('std_weight,draw_map', [(0.0, 'vmap'), (2.0, 'vmap'), (2.0, 'unroll')])
+@pytest.mark.parametrize('std_weight,draw_map', [(0.0, 'unroll'), (2.0, 'vmap')])
 def test_mapped_draws_equal_a_loop_over_draws(std_weight, draw_map):
   """Eq. 3 with M = 3 draws (vmapped or unrolled) equals the loss and gradient assembled from M
   one-draw evaluations: mean_j L_j (+ gamma * unbiased std_j L_j, whose gradient is computed by hand)."""

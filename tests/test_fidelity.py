@@ -109,6 +109,7 @@ def test_select_on_test_is_opt_in_and_every_output_says_so(smoke_config, tmp_pat
   smoke_config.base.select_on_test = True
   smoke_config.base.select_every = 25
   smoke_config.runs = 1
+  smoke_config.data.synthetic.num_sessions = 2  # the base model is what is checked
   workdir = str(tmp_path / 'w')
   results = pipeline.run(smoke_config, workdir)
   info = results['base_model']

@@ -220,6 +220,8 @@ def test_smoke_config_end_to_end(name, sessions, tmp_path):
   config = importlib.import_module(f'configs.{name}').get_config('smoke')
   assert config.data.source == 'fake_folder'
   config.data.cache_dir = str(tmp_path / 'cache')
+  config.runs = 1  # the smoke run shortened: the code path is the same, the compiles dominate
+  config.base.update(steps=40, milestones=(30,), checkpoint_every=20)
   pipeline.run(config, str(tmp_path / 'work'))
   with open(tmp_path / 'work' / 'results.json') as f:
     results = json.load(f)
