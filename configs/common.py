@@ -13,7 +13,8 @@ def base_config() -> ml_collections.ConfigDict:
   # 'f2m', 'baseline' (no noise, no fine-tuning, NCM with raw prototypes), 'joint' (a network from
   # scratch on all data seen so far, per session), 'crt' (joint's networks, classifier retrained;
   # --checkpoint JOINT_WORKDIR), 'icarl' (exemplar memory, distillation, nearest mean of
-  # exemplars) or 'fsll' (small-magnitude tensors fine-tuned with triplet + prototype losses);
+  # exemplars), 'rebalance' (LUCIR: cosine classifier, less-forget and margin-ranking losses) or
+  # 'fsll' (small-magnitude tensors fine-tuned with triplet + prototype losses);
   # f2m_jax/methods
   c.method = 'f2m'
   c.seed = 0
@@ -38,6 +39,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.width = 0  # 0: the architecture's standard width
   c.model.dtype = 'float32'  # compute dtype: 'float32' or 'bfloat16' (params stay float32)
   c.model.pretrained = ''  # a torchvision .pth state dict (ResNet-18 only)
+  c.model.head = 'linear'  # or 'cosine' (LUCIR's classifier: method=rebalance sets it)
 
   c.base = ml_collections.ConfigDict()
   c.base.steps = 0
@@ -106,6 +108,12 @@ def base_config() -> ml_collections.ConfigDict:
   # the rate x lr_gamma after each milestone epoch
   c.icarl = ml_collections.ConfigDict(dict(memory=2, epochs=90, batch_size=120, lr=0.1, milestones=(50, 70),
                                            lr_gamma=0.1, momentum=0.9, weight_decay=5e-4))
+  # method=rebalance (LUCIR; the authors' repository has no config for it): iCaRL's memory and session
+  # schedule above, with LUCIR's published loss settings: less-forget weight lambda_base x
+  # sqrt(old / new classes), margin ranking against the K highest new-class cosines with `margin`
+  c.rebalance = ml_collections.ConfigDict(dict(memory=2, epochs=90, batch_size=120, lr=0.1, milestones=(50, 70),
+                                               lr_gamma=0.1, momentum=0.9, weight_decay=5e-4, lambda_base=5.0,
+                                               K=2, margin=0.5, weight=1.0))
   # method=fsll (the authors' re-implementation, CIFAR-100 values): tensors with max |value| <=
   # threshold fine-tuned for `epochs` TaskSampler epochs (way x shots per batch); loss = triplet +
   # pn_weight x prototype loss (cosine, scale omega) + reg_weight x L1 drift, the drift without
@@ -169,3 +177,4 @@ def make_smoke(c: ml_collections.ConfigDict) -> None:
   c.bench.iters = 3
   c.crt.update(epochs=2, milestones=(1,), batch_size=40)
   c.icarl.update(epochs=4, milestones=(2,), batch_size=32)
+  c.rebalance.update(epochs=4, milestones=(2,), batch_size=32)

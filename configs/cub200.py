@@ -67,6 +67,7 @@ def get_config(arg: str = ''):
   config.runs = 5
   config.crt.update(epochs=13, lr=1e-2, milestones=(8,), lr_gamma=0.01)  # the original's CUB cRT
   config.icarl.lr = 1e-2  # the original's iCaRL sessions on miniImageNet and CUB
+  config.rebalance.lr = 1e-2  # its schedule is iCaRL's (no Rebalance config in the original)
   config.fsll.update(threshold=0.15, lr=5e-4, epochs=10)  # the original's CUB FSLL
 
   variant = common.parse_arg(arg, ('', 'smoke'))

@@ -13,7 +13,7 @@
 # TABLES: which tables (default "main ablation bound flatness fidelity upper superclass"; every
 # table needs main). upper: joint training and cRT beside F2M and the Baseline, the gap column taken
 # against cRT; superclass: the four methods on the paper's two superclass splits; compared: the
-# paper's compared methods (iCaRL, FSLL) on the Baseline's base model.
+# paper's compared methods (iCaRL and FSLL on the Baseline's base model, Rebalance on its own).
 # On 2 CPU cores (2026-11) a 600-iteration F2M base session takes about 35 minutes, its 10 x 8
 # sessions about 5.
 #
@@ -61,10 +61,12 @@ if want upper; then
   run joint --config.method=joint
   run crt --config.method=crt --checkpoint "$out/joint"
 fi
-# The paper's compared methods, each on the Baseline's base model (as the authors ran them).
+# The paper's compared methods: iCaRL and FSLL on the Baseline's base model (as the authors ran them),
+# Rebalance on its own (a cosine classifier).
 if want compared; then
   run icarl --config.method=icarl --checkpoint "$out/baseline"
   run fsll --config.method=fsll --checkpoint "$out/baseline"
+  run rebalance --config.method=rebalance  # its own base (cosine classifier)
 fi
 # The paper's appendix class splits by superclass: the four methods on each.
 if want superclass; then
@@ -104,8 +106,8 @@ want fidelity && python -m f2m_jax.report "$out/f2m" "$out"/fid_unrounded "$out"
     "$out"/fid_pf_grad "$out"/fid_uniform "$out"/fid_exact_grad "$out"/fid_balanced "$out"/fid_paper \
     --labels="F2M (authors' code),unrounded steps,BN stats from the clean pass,gamma 0,PF with gradient,uniform noise,exact gradient,per-step random batches,all paper-literal" \
     --reference 0 --out "$out/report_fidelity"
-want compared && python -m f2m_jax.report "$out/f2m" "$out/baseline" "$out/icarl" "$out/fsll" \
-    --labels="F2M,Baseline,iCaRL,FSLL" --reference 0 --out "$out/report_compared"
+want compared && python -m f2m_jax.report "$out/f2m" "$out/baseline" "$out/icarl" "$out/fsll" "$out/rebalance" \
+    --labels="F2M,Baseline,iCaRL,FSLL,Rebalance" --reference 0 --out "$out/report_compared"
 want upper && python -m f2m_jax.report "$out/f2m" "$out/baseline" "$out/joint" "$out/crt" \
     --labels="F2M,Baseline,joint,cRT" --reference cRT --out "$out/report_upper"
 if want superclass; then

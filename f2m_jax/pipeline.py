@@ -29,7 +29,7 @@ from f2m_jax.data import augment as augment_lib
 from f2m_jax.data import protocol as protocol_lib
 from f2m_jax.data import sources
 from f2m_jax.data.types import Benchmark
-from f2m_jax.models import ResNet, build_model, noise_set_paths, split_block
+from f2m_jax.models import HEADS, ResNet, build_model, noise_set_paths, split_block
 
 SAMPLERS = ('task_epochs', 'balanced', 'shuffle')
 
@@ -74,6 +74,10 @@ def validate(c: ml_collections.ConfigDict) -> None:
        dict(c.crt), 'needs epochs, per_class, batch_size >= 1 and lr > 0')
   need(c.icarl.memory >= 1 and c.icarl.epochs >= 1 and c.icarl.batch_size >= 1 and c.icarl.lr > 0, 'icarl',
        dict(c.icarl), 'needs memory, epochs, batch_size >= 1 and lr > 0')
+  r = c.rebalance
+  need(r.memory >= 1 and r.epochs >= 1 and r.batch_size >= 1 and r.lr > 0 and r.K >= 1 and r.margin >= 0
+       and r.lambda_base >= 0 and r.weight >= 0, 'rebalance', dict(r),
+       'needs memory, epochs, batch_size, K >= 1, lr > 0, margin, lambda_base, weight >= 0')
   need(c.fsll.epochs >= 1 and c.fsll.lr > 0 and c.fsll.threshold >= 0, 'fsll', dict(c.fsll),
        'needs epochs >= 1, lr > 0 and threshold >= 0')
   need(c.base.ways >= 1 and c.base.shots >= 1, 'base.ways/shots', (c.base.ways, c.base.shots), 'must be >= 1')
@@ -99,6 +103,7 @@ def validate(c: ml_collections.ConfigDict) -> None:
     need(c.data.protocol == 'draws', 'data.protocol', c.data.protocol,
          "the superclass splits have no TOPIC lists: use 'draws'")
   need(c.model.dtype in ('float32', 'bfloat16'), 'model.dtype', c.model.dtype, "'float32' or 'bfloat16'")
+  need(c.model.head in HEADS, 'model.head', c.model.head, f'allowed: {HEADS}')
   if c.data.source in ('trainsplit', 'folder') and not sources.data_dir(c):
     raise ValueError(f'data.source={c.data.source!r} needs a data folder: set F2M_DATA_DIR or '
                      '--config.data.data_dir')
@@ -120,7 +125,7 @@ class Experiment:
   def create(cls, config, bench: Benchmark) -> 'Experiment':
     dtype = jnp.bfloat16 if config.model.dtype == 'bfloat16' else jnp.float32
     model = build_model(config.model.arch, bench.num_base_classes, config.model.width or None, dtype,
-                        clean_backward=config.noise.clean_backward)
+                        clean_backward=config.noise.clean_backward, head=config.model.head)
     paths = tuple(noise_set_paths(model, config.noise.num_layers))
     return cls(config, bench, model, paths, split_block(model, paths))
 

@@ -22,12 +22,13 @@ NON_RESULT_FIELDS = ('data.data_dir', 'data.tfds_data_dir', 'data.cache_dir', 'b
 # did before the field existed: a saved config.json without the field is compared as if it held this
 # value, so such a workdir resumes unless the current config asks for something else.
 LEGACY_VALUES = {'data.split': '', 'noise.pf_gradient': True, 'noise.bn_updates': 'clean',
-                 'noise.clean_backward': False, 'base.select_on_test': False, 'base.select_every': 1500}
+                 'noise.clean_backward': False, 'base.select_on_test': False, 'base.select_every': 1500,
+                 'model.head': 'linear'}
 
 
 # Sections that one method alone reads: compared only when one of the two configs runs that method
-# (so a workdir written before cRT, iCaRL or FSLL existed resumes, and their settings never block an F2M resume).
-METHOD_SECTIONS = {'crt.': 'crt', 'icarl.': 'icarl', 'fsll.': 'fsll'}
+# (so a workdir written before cRT, iCaRL, FSLL or Rebalance existed resumes, and their settings never block an F2M resume).
+METHOD_SECTIONS = {'crt.': 'crt', 'icarl.': 'icarl', 'fsll.': 'fsll', 'rebalance.': 'rebalance'}
 
 
 def _ignored(key: str, ignore: Iterable[str]) -> bool:

@@ -36,8 +36,9 @@ class Method:
 
 
 def registry() -> dict:
-  from f2m_jax.methods import fsll, icarl, joint, ncm  # pylint: disable=g-import-not-at-top
-  return {m.name: m for m in (ncm.F2M, ncm.BASELINE, joint.JOINT, joint.CRT, icarl.ICARL, fsll.FSLL)}
+  from f2m_jax.methods import fsll, icarl, joint, ncm, rebalance  # pylint: disable=g-import-not-at-top
+  return {m.name: m for m in (ncm.F2M, ncm.BASELINE, joint.JOINT, joint.CRT, icarl.ICARL, rebalance.REBALANCE,
+                              fsll.FSLL)}
 
 
 def get(name: str) -> Method:

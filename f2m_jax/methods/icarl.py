@@ -86,9 +86,13 @@ def new_columns(key, params: dict, start: int, stop: int) -> dict:
 
 
 def pad_classifier(params: dict, num_classes: int) -> dict:
-  kernel, bias = np.asarray(params['fc']['kernel']), np.asarray(params['fc']['bias'])
-  extra = num_classes - kernel.shape[1]
-  return {**params, 'fc': {'kernel': np.pad(kernel, ((0, 0), (0, extra))), 'bias': np.pad(bias, (0, extra))}}
+  """params with the classifier widened to `num_classes` zero columns (kernel, and bias if any)."""
+  fc = dict(params['fc'])
+  extra = num_classes - fc['kernel'].shape[1]
+  fc['kernel'] = np.pad(np.asarray(fc['kernel']), ((0, 0), (0, extra)))
+  if 'bias' in fc:
+    fc['bias'] = np.pad(np.asarray(fc['bias']), (0, extra))
+  return {**params, 'fc': fc}
 
 
 def make_session_step(network, momentum: float, weight_decay: float, augment: str, image_size: int, mean, std):
@@ -120,21 +124,31 @@ def make_session_step(network, momentum: float, weight_decay: float, augment: st
 class ICaRLRunner:
   """State of a run: {'params', 'batch_stats'} of the current network (classifier padded to every
   class of the protocol), 'memory' (indices of the exemplars of every class learned before the
-  current session, in class order) and 'prototypes' (the means NCM uses, one per seen class)."""
+  current session, in class order) and 'prototypes' (the means NCM uses, one per seen class).
+
+  A subclass (Rebalance) changes the config section, the session's step and the new columns' init."""
+  section = 'icarl'
 
   def __init__(self, exp, first: dict, ckpts=None, source=None, log=None):
-    cfg, bench = exp.config.icarl, exp.bench
+    cfg, bench = exp.config[self.section], exp.bench
     self.exp, self.cfg = exp, cfg
     self.total = bench.num_seen_classes(bench.num_sessions)
     self.network = exp.network(self.total)
     self.first = {'params': pad_classifier(first['params'], self.total), 'batch_stats': first['batch_stats'],
                   'prototypes': np.asarray(first['prototypes'])}
     self.embed = evaluation.make_embed(self.network, bench.mean, bench.std, exp.config.eval.batch_size)
-    self.step, self.tx = make_session_step(self.network, cfg.momentum, cfg.weight_decay, bench.augment,
-                                           bench.image_size, bench.mean, bench.std)
+    self.step, self.tx = self.make_step()
     variables = {'params': self.first['params'], 'batch_stats': self.first['batch_stats']}
     self.base_memory = self.select(variables, bench.base_train, bench.session_classes[0],
                                    self.first['prototypes'])
+
+  def make_step(self):
+    bench = self.exp.bench
+    return make_session_step(self.network, self.cfg.momentum, self.cfg.weight_decay, bench.augment,
+                             bench.image_size, bench.mean, bench.std)
+
+  def new_columns(self, key, params: dict, start: int, stop: int) -> dict:
+    return new_columns(key, params, start, stop)
 
   def select(self, variables, pool: np.ndarray, classes: Sequence[int], means: np.ndarray) -> np.ndarray:
     """`icarl.memory` exemplars of each class by herding towards its mean under `variables`."""
@@ -159,12 +173,12 @@ class ICaRLRunner:
     shots = exemplars[np.isin(bench.train.labels[exemplars], classes)]
     pool = np.concatenate([state['memory'], shots])
     if cfg.batch_size > len(pool):
-      raise ValueError(f'icarl.batch_size={cfg.batch_size} exceeds the {len(pool)} images of run {run} '
+      raise ValueError(f'{self.section}.batch_size={cfg.batch_size} exceeds the {len(pool)} images of run {run} '
                        f'session {session} (memory and shots); the last batch of an epoch is dropped')
     per_epoch = len(pool) // cfg.batch_size
     key = exp.key(6, run, session)
     former = {'params': state['params'], 'batch_stats': state['batch_stats']}
-    params = new_columns(jax.random.fold_in(key, 0), state['params'], num_old, num_seen)
+    params = self.new_columns(jax.random.fold_in(key, 0), state['params'], num_old, num_seen)
     batch_stats, trace = state['batch_stats'], self.tx.init(params)
     losses = []
     for s in range(cfg.epochs * per_epoch):
@@ -176,7 +190,7 @@ class ICaRLRunner:
       losses.append(float(loss))
     if not np.all(np.isfinite(losses)):
       from f2m_jax.pipeline import TrainingError  # pylint: disable=g-import-not-at-top
-      raise TrainingError(f'non-finite iCaRL loss in run {run} session {session}: {losses}')
+      raise TrainingError(f'non-finite {self.section} loss in run {run} session {session}: {losses}')
     variables = {'params': jax.device_get(params), 'batch_stats': jax.device_get(batch_stats)}
     emb = self.embed(variables, exp.train_view(pool))
     protos = evaluation.prototypes(emb, bench.train.labels[pool], range(num_seen))

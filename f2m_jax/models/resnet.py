@@ -16,6 +16,7 @@ from typing import Any, Optional, Sequence
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 # PyTorch's kaiming_normal_(mode='fan_out', nonlinearity='relu'), the original code's conv init.
@@ -188,8 +189,9 @@ class ResNet(nn.Module):
     stage_sizes: BasicBlocks per stage.
     widths: channels per stage.
     stem: 'cifar' (3x3 conv, stride 1) or 'imagenet' (7x7/2 conv and 3x3/2 max-pool).
-    num_classes: outputs of the linear classifier (the base classes).
+    num_classes: outputs of the classifier (the base classes).
     clean_backward: how noised convs are differentiated (see `Conv`); the authors' way by default.
+    head: 'linear' (Dense `fc`) or 'cosine' (`CosineClassifier`: LUCIR's, for method=rebalance).
   """
   stage_sizes: Sequence[int]
   widths: Sequence[int]
@@ -198,6 +200,7 @@ class ResNet(nn.Module):
   stem_width: Optional[int] = None
   dtype: Any = jnp.float32
   clean_backward: bool = True
+  head: str = 'linear'
 
   @property
   def num_blocks(self) -> int:
@@ -234,9 +237,45 @@ class ResNet(nn.Module):
     if last is not None:
       return x
     embedding = jnp.mean(x, axis=(1, 2)).astype(jnp.float32)
-    logits = nn.Dense(self.num_classes, kernel_init=nn.initializers.normal(1e-3),
-                      bias_init=nn.initializers.zeros, name='fc')(embedding)
+    if self.head == 'linear':
+      logits = nn.Dense(self.num_classes, kernel_init=nn.initializers.normal(1e-3),
+                        bias_init=nn.initializers.zeros, name='fc')(embedding)
+    elif self.head == 'cosine':
+      logits = CosineClassifier(self.num_classes, name='fc')(embedding)
+    else:
+      raise ValueError(f"model.head must be one of {HEADS}, got {self.head!r}")
     return embedding, logits
+
+
+HEADS = ('linear', 'cosine')
+
+
+def cosine_scores(embedding: jax.Array, kernel: jax.Array) -> jax.Array:
+  """cos(embedding, each column of kernel [dim, classes]); PyTorch's F.normalize (norms clipped at
+  1e-12) on both sides. The clip is taken on the squared norm, so that an all-zero column (a class not
+  seen yet) has a zero gradient, not NaN."""
+  def unit(x, axis):
+    return x / jnp.sqrt(jnp.maximum(jnp.sum(x * x, axis=axis, keepdims=True), 1e-24))
+  return unit(embedding, -1) @ unit(kernel, 0)
+
+
+def uniform_columns(key, shape, dtype=jnp.float32):
+  """The cosine classifier's init (LUCIR's, and the F2M authors' Rebalance): U(-1/sqrt(dim), 1/sqrt(dim))
+  for a [dim, classes] kernel."""
+  bound = 1.0 / np.sqrt(shape[0])
+  return jax.random.uniform(key, shape, dtype, -bound, bound)
+
+
+class CosineClassifier(nn.Module):
+  """LUCIR's cosine-normalised classifier: logits = sigma * cos(embedding, w_c), with the scale
+  sigma learned (initialised to 1). Params: `kernel` [dim, classes] and scalar `sigma`."""
+  num_classes: int
+
+  @nn.compact
+  def __call__(self, embedding):
+    kernel = self.param('kernel', uniform_columns, (embedding.shape[-1], self.num_classes))
+    sigma = self.param('sigma', nn.initializers.ones, ())
+    return sigma * cosine_scores(embedding, kernel)
 
 
 def resnet20(num_classes: int, width: int = 16, **kwargs) -> ResNet:
@@ -253,11 +292,13 @@ ARCHS = {'resnet20': resnet20, 'resnet18': resnet18}
 
 
 def build_model(arch: str, num_classes: int, width: Optional[int] = None, dtype: Any = jnp.float32,
-                clean_backward: bool = True) -> ResNet:
+                clean_backward: bool = True, head: str = 'linear') -> ResNet:
   if arch not in ARCHS:
     raise ValueError(f'model.arch={arch!r} is not one of {sorted(ARCHS)}')
+  if head not in HEADS:
+    raise ValueError(f'model.head={head!r} is not one of {HEADS}')
   kwargs = {} if width is None else {'width': width}
-  return ARCHS[arch](num_classes, dtype=dtype, clean_backward=clean_backward, **kwargs)
+  return ARCHS[arch](num_classes, dtype=dtype, clean_backward=clean_backward, head=head, **kwargs)
 
 
 def conv3x3_paths(model: ResNet) -> list:

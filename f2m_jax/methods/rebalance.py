@@ -1,0 +1,149 @@
+"""Rebalance (LUCIR: Hou et al., "Learning a Unified Classifier Incrementally via Rebalancing", CVPR
+2019) as the F2M authors re-implemented it for few-shot class-incremental learning (their
+`methods/Rebalance_model.py` on `incremental_procedure_buffer.py`, a subclass of their iCaRL; the
+paper compares with it in every main table).
+
+session 1: a network whose classifier is cosine-normalised with a learned scale (`model.head='cosine'`:
+  logits = sigma * cos(f(x), w_c)), trained by plain cross-entropy on shuffled batches, the Baseline's
+  schedule otherwise. Its base model is its own: a Baseline workdir (linear classifier) cannot be
+  passed as --checkpoint. NCM over the means of all base training images; then `rebalance.memory`
+  exemplars of every base class by herding (iCaRL's).
+session t > 1: the whole network and the classifier trained on the memory and the session's shots
+  together (shuffled batches of `rebalance.batch_size`, the remainder dropped, `rebalance.epochs`
+  epochs, a fresh SGD x lr_gamma after each milestone epoch, BN in train mode). The new classes'
+  columns start from U(-1/sqrt(d), 1/sqrt(d)); the old classes' columns are frozen (the authors keep
+  them out of the optimizer, as LUCIR does); sigma is trained. The loss is LUCIR's three terms:
+    cross-entropy of sigma * cos over the seen classes
+  + less-forget: lambda_base * sqrt(old / novel classes) * mean(1 - cos(f_prev(x), f(x)))
+    (`less_forget`, the previous session's network in eval mode on the same augmented images)
+  + inter-class separation: margin ranking of each old-class image's ground-truth cosine against the
+    K highest novel-class cosines (`inter_class_separation`).
+  Classification: nearest mean of exemplars as iCaRL (raw embeddings, Euclidean). Then
+  `rebalance.memory` exemplars of each new class by herding among its shots.
+
+Not in the authors' code, so not here: LUCIR's class-balanced fine-tuning of the classifier after
+each session. Their repository has no configuration file for Rebalance, so its settings are LUCIR's
+published ones (lambda_base 5, K 2, margin 0.5) on the authors' iCaRL session schedule (`c.rebalance`
+in configs/common.py); none was chosen on data here.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from f2m_jax.data import augment as augment_lib
+from f2m_jax.methods import Method, icarl, ncm
+from f2m_jax.models import cosine_scores, uniform_columns
+
+
+def configure_rebalance(config) -> None:
+  """The Baseline's base session with LUCIR's cosine classifier; NCM over raw means."""
+  ncm.configure_baseline(config)
+  config.model.head = 'cosine'
+
+
+def adaptive_weight(lambda_base: float, num_old, num_novel):
+  """LUCIR's less-forget weight lambda_base * sqrt(|old classes| / |new classes|) (their LessForget's
+  `cur_lambda`)."""
+  return lambda_base * jnp.sqrt(num_old / num_novel)
+
+
+def less_forget(former_features: jax.Array, features: jax.Array, weight) -> jax.Array:
+  """weight * PyTorch's CosineEmbeddingLoss with target 1: the mean over the batch of 1 - cos(f_prev,
+  f), with its 1e-12 added to each squared norm."""
+  dot = jnp.sum(former_features * features, axis=-1)
+  norms = (jnp.sum(former_features ** 2, axis=-1) + 1e-12) * (jnp.sum(features ** 2, axis=-1) + 1e-12)
+  return weight * jnp.mean(1.0 - dot / jnp.sqrt(norms))
+
+
+def inter_class_separation(cos: jax.Array, labels: jax.Array, num_old, num_seen, k: int, margin: float,
+                           weight: float) -> jax.Array:
+  """LUCIR's margin ranking loss (their InterClassSeparation): for each image of an old class (label <
+  num_old), its ground-truth cosine against each of the k highest cosines of the new classes (columns
+  num_old..num_seen-1): weight * mean over those pairs of max(0, margin - (gt - novel)); 0 when the
+  batch has no old-class image."""
+  columns = jnp.arange(cos.shape[-1])
+  novel = jnp.where((columns >= num_old) & (columns < num_seen), cos, -1e4)  # cosines are >= -1
+  top = jax.lax.top_k(novel, k)[0]
+  gt = jnp.take_along_axis(cos, labels[:, None], axis=1)
+  old = (labels < num_old).astype(cos.dtype)[:, None]
+  hinge = jnp.maximum(0.0, margin - (gt - top)) * old
+  return weight * jnp.sum(hinge) / jnp.maximum(k * jnp.sum(old), 1.0)
+
+
+def masked_cross_entropy(logits: jax.Array, labels: jax.Array, num_seen) -> jax.Array:
+  """Softmax cross-entropy (batch mean) over the first `num_seen` columns only."""
+  logits = jnp.where(jnp.arange(logits.shape[-1]) < num_seen, logits, -1e9)
+  return jnp.mean(optax.softmax_cross_entropy_with_integer_labels(logits, labels))
+
+
+def session_loss(params, batch_stats, former_features, x, labels, network, num_old, num_seen, cfg):
+  """(LUCIR's loss of one batch, (new BN statistics, {'ce', 'less_forget', 'separation'}))."""
+  (features, _), new = network.apply({'params': params, 'batch_stats': batch_stats}, x, train=True,
+                                     mutable=['batch_stats'])
+  cos = cosine_scores(features, params['fc']['kernel'])
+  terms = {'ce': masked_cross_entropy(params['fc']['sigma'] * cos, labels, num_seen),
+           'less_forget': less_forget(former_features, features,
+                                      adaptive_weight(cfg.lambda_base, num_old, num_seen - num_old)),
+           'separation': inter_class_separation(cos, labels, num_old, num_seen, cfg.K, cfg.margin, cfg.weight)}
+  return sum(terms.values()), (new['batch_stats'], terms)
+
+
+def frozen_columns(updates: dict, num_old, num_seen) -> dict:
+  """updates with the classifier's columns outside [num_old, num_seen) zeroed: the old classes'
+  columns stay as they were, and so do the unseen ones."""
+  kernel = updates['fc']['kernel']
+  columns = jnp.arange(kernel.shape[-1])
+  kernel = jnp.where((columns >= num_old) & (columns < num_seen), kernel, jnp.zeros_like(kernel))
+  return {**updates, 'fc': {**updates['fc'], 'kernel': kernel}}
+
+
+def make_session_step(network, cfg, augment: str, image_size: int, mean, std):
+  """step(params, batch_stats, trace, former, images_u8, labels, key, lr, num_old, num_seen) ->
+  (params, batch_stats, trace, loss): one SGD step (PyTorch's) of LUCIR's loss; the same signature
+  as iCaRL's, jitted once for every session."""
+  tx = optax.chain(optax.add_decayed_weights(cfg.weight_decay), optax.trace(decay=cfg.momentum))
+
+  @jax.jit
+  def step(params, batch_stats, trace, former, images, labels, key, lr, num_old, num_seen):
+    x = augment_lib.train_inputs(key, images, augment, image_size, mean, std)
+    former_features, _ = network.apply(former, x, train=False)
+    (loss, (new_stats, _)), grads = jax.value_and_grad(session_loss, has_aux=True)(
+        params, batch_stats, former_features, x, labels, network, num_old, num_seen, cfg)
+    updates, trace = tx.update(grads, trace, params)
+    updates = frozen_columns(updates, num_old, num_seen)
+    params = jax.tree_util.tree_map(lambda p, u: p - lr * u, params, updates)
+    return params, new_stats, trace, loss
+
+  return step, tx
+
+
+def new_columns(key, params: dict, start: int, stop: int) -> dict:
+  """params with classifier columns [start, stop) drawn as the authors' new cosine-classifier rows."""
+  kernel = jnp.asarray(params['fc']['kernel'])
+  fresh = uniform_columns(key, (kernel.shape[0], stop - start), kernel.dtype)
+  return {**params, 'fc': {**params['fc'], 'kernel': kernel.at[:, start:stop].set(fresh)}}
+
+
+class RebalanceRunner(icarl.ICaRLRunner):
+  """iCaRL's runner (memory, herding, NCM, checkpoints) with LUCIR's step and classifier columns."""
+  section = 'rebalance'
+
+  def __init__(self, exp, first: dict, *args, **kwargs):
+    way = min(len(c) for c in exp.bench.session_classes[1:])
+    if exp.config.rebalance.K > way:
+      raise ValueError(f'rebalance.K={exp.config.rebalance.K} exceeds the {way} new classes of a session')
+    super().__init__(exp, first, *args, **kwargs)
+
+  def make_step(self):
+    bench = self.exp.bench
+    return make_session_step(self.network, self.cfg, bench.augment, bench.image_size, bench.mean, bench.std)
+
+  def new_columns(self, key, params: dict, start: int, stop: int) -> dict:
+    return new_columns(key, params, start, stop)
+
+
+REBALANCE = Method('rebalance', configure_rebalance, ncm.first_session, RebalanceRunner,
+                   "LUCIR's cosine classifier base; whole network on memory + shots with less-forget and "
+                   'margin-ranking losses, old columns frozen; nearest mean of exemplars')

@@ -1,0 +1,141 @@
+"""Rebalance / LUCIR (f2m_jax/methods/rebalance.py): the cosine classifier, the less-forget and
+inter-class separation terms against transcriptions of the authors' PyTorch losses (numpy for torch),
+then the method end to end on a tiny synthetic protocol: the old classes' columns stay frozen."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from conftest import tiny_protocol
+from f2m_jax import pipeline
+from f2m_jax.checkpoint import Checkpoints
+from f2m_jax.methods import rebalance
+from f2m_jax.models import build_model, uniform_columns
+
+
+def test_cosine_classifier_logits_and_init():
+  model = build_model('resnet20', 5, 4, head='cosine')
+  x = jax.random.normal(jax.random.key(0), (3, 16, 16, 3))
+  variables = model.init(jax.random.key(1), x, train=False)
+  fc = variables['params']['fc']
+  assert set(fc) == {'kernel', 'sigma'} and float(fc['sigma']) == 1.0
+  params = {**variables['params'], 'fc': {'kernel': fc['kernel'], 'sigma': jnp.float32(3.0)}}
+  embedding, logits = model.apply({**variables, 'params': params}, x, train=False)
+  e, w = np.asarray(embedding, np.float64), np.asarray(fc['kernel'], np.float64)
+  want = 3.0 * (e / np.linalg.norm(e, axis=1, keepdims=True)) @ (w / np.linalg.norm(w, axis=0, keepdims=True))
+  np.testing.assert_allclose(logits, want, rtol=1e-5, atol=1e-6)
+  wide = np.asarray(uniform_columns(jax.random.key(2), (64, 5000)))
+  assert np.abs(wide).max() <= 1 / 8 and abs(wide.std() / (1 / 8 / np.sqrt(3)) - 1) < 0.01  # U(-1/sqrt(64), ..)
+
+
+def test_less_forget_is_the_authors_cosine_embedding_loss():
+  rng = np.random.default_rng(0)
+  former, current = rng.normal(size=(6, 10)), rng.normal(size=(6, 10))
+  # torch.nn.CosineEmbeddingLoss()(former, current, ones): mean(1 - cos), eps 1e-12 on squared norms
+  cos = (former * current).sum(1) / np.sqrt(((former ** 2).sum(1) + 1e-12) * ((current ** 2).sum(1) + 1e-12))
+  weight = rebalance.adaptive_weight(5.0, 60, 5)
+  np.testing.assert_allclose(weight, 5.0 * np.sqrt(12.0), rtol=1e-6)
+  np.testing.assert_allclose(rebalance.less_forget(jnp.asarray(former, jnp.float32), jnp.asarray(current, jnp.float32),
+                                                   weight), weight * np.mean(1 - cos), rtol=1e-5)
+  same = jnp.asarray(former, jnp.float32)
+  assert abs(float(rebalance.less_forget(same, 2 * same, 1.0))) < 1e-6  # the norm does not matter
+
+
+def authors_separation(scores: np.ndarray, labels: np.ndarray, num_old: int, k: int, margin: float,
+                       weight: float) -> float:
+  """Their InterClassSeparation.forward, transcribed: every column from num_old on is a new class."""
+  gt = scores[np.arange(len(labels)), labels]
+  top = -np.sort(-scores[:, num_old:], axis=1)[:, :k]
+  hard = labels < num_old
+  if not hard.any():
+    return 0.0
+  pairs = np.repeat(gt[hard][:, None], k, axis=1).reshape(-1), top[hard].reshape(-1)
+  return weight * np.mean(np.maximum(0.0, -(pairs[0] - pairs[1]) + margin))  # MarginRankingLoss, y = 1
+
+
+def test_inter_class_separation_equals_the_authors():
+  rng = np.random.default_rng(1)
+  scores = rng.uniform(-1, 1, size=(8, 9))
+  labels = np.array([0, 5, 2, 6, 7, 1, 3, 4])
+  for num_old, k in ((5, 2), (6, 3), (7, 1)):
+    want = authors_separation(scores, labels, num_old, k, 0.5, 1.5)
+    got = rebalance.inter_class_separation(jnp.asarray(scores, jnp.float32), jnp.asarray(labels), num_old, 9,
+                                           k, 0.5, 1.5)
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+  # columns past num_seen (classes not seen yet) are no candidates: the same as cutting them off
+  padded = np.concatenate([scores, np.full((8, 3), 0.99)], axis=1)
+  got = rebalance.inter_class_separation(jnp.asarray(padded, jnp.float32), jnp.asarray(labels), 5, 9, 2, 0.5, 1.0)
+  np.testing.assert_allclose(got, authors_separation(scores, labels, 5, 2, 0.5, 1.0), rtol=1e-5)
+  # no image of an old class: 0
+  assert float(rebalance.inter_class_separation(jnp.asarray(scores, jnp.float32), jnp.asarray(labels), 0, 9,
+                                                2, 0.5, 1.0)) == 0.0
+
+
+def test_masked_cross_entropy_ignores_unseen_columns():
+  logits = jnp.asarray(np.random.default_rng(2).normal(size=(4, 7)), jnp.float32)
+  labels = jnp.array([0, 1, 4, 2])
+  cut = np.asarray(logits)[:, :5]
+  want = np.mean(np.log(np.exp(cut).sum(1)) - cut[np.arange(4), np.asarray(labels)])
+  np.testing.assert_allclose(rebalance.masked_cross_entropy(logits, labels, 5), want, rtol=1e-5)
+
+
+def tiny(config):
+  config = tiny_protocol(config, 'rebalance')
+  config.rebalance.update(epochs=3, milestones=(2,), batch_size=8)
+  return config
+
+
+@pytest.fixture(scope='module')
+def rebalance_run(tmp_path_factory):
+  from configs import cifar100
+  root = tmp_path_factory.mktemp('rebalance')
+  return root, pipeline.run(tiny(cifar100.get_config('smoke')), str(root / 'full'))
+
+
+def test_rebalance_end_to_end_keeps_old_columns(rebalance_run):
+  from configs import cifar100
+  from f2m_jax.data import protocol, sources
+  root, results = rebalance_run
+  assert results['method'] == 'rebalance'
+  assert [s['num_classes'] for s in results['sessions']] == [6, 8, 10]
+  assert results['sessions'][0]['acc']['mean'] > 3 * 100 / 6  # far above chance on the base classes
+  config = pipeline.resolve(tiny(cifar100.get_config('smoke')))
+  assert config.model.head == 'cosine'
+  exp = pipeline.Experiment.create(config, sources.load_benchmark(config))
+  ck = Checkpoints(str(root / 'full'), read_only=True)
+  state = exp.init_state()
+  first = ck.restore_model({'params': state.params, 'batch_stats': state.batch_stats,
+                            'prototypes': np.zeros((6, 32), np.float32)})
+  runner = rebalance.RebalanceRunner(exp, first)
+  for run in range(2):
+    shots = [protocol.session_shots(exp.bench, 'draws', run, t, 5, 0) for t in (2, 3)]
+    saved = [ck.restore_session(run, t, {**runner.template(t), 'exemplars': np.concatenate(shots[:t - 1]),
+                                         'accuracy': np.zeros(t + 1)}) for t in (2, 3)]
+    kernels = [np.asarray(first['params']['fc']['kernel'])] + [s['params']['fc']['kernel'] for s in saved]
+    np.testing.assert_array_equal(kernels[1][:, :6], kernels[0])  # the base columns, frozen in session 2
+    np.testing.assert_array_equal(kernels[2][:, :8], kernels[1][:, :8])  # and session 2's in session 3
+    assert not np.array_equal(kernels[2][:, 8:], 0) and np.all(kernels[1][:, 8:] == 0)  # unseen: still zero
+    assert saved[1]['params']['fc']['sigma'] != first['params']['fc']['sigma']  # the scale is trained
+    assert np.bincount(exp.bench.train.labels[saved[1]['memory']], minlength=10).tolist() == [2] * 10
+
+
+def test_k_larger_than_a_session_is_refused():
+  from configs import cifar100
+  from f2m_jax.data import sources
+  config = tiny(cifar100.get_config('smoke'))
+  config.rebalance.K = 3  # sessions of 2 new classes
+  config = pipeline.resolve(config)
+  exp = pipeline.Experiment.create(config, sources.load_benchmark(config))
+  with pytest.raises(ValueError, match='rebalance.K=3 exceeds the 2 new classes'):
+    rebalance.RebalanceRunner(exp, first=None)
+
+
+def test_zero_columns_have_finite_gradients():
+  """A class not seen yet has an all-zero column, left out of the loss: its gradient is 0, not NaN
+  (the gradient of a norm at 0 is)."""
+  from f2m_jax.models import cosine_scores
+  kernel = jnp.zeros((4, 3)).at[:, 0].set(jnp.arange(1.0, 5.0))
+  grad = jax.grad(lambda w: jnp.sum(cosine_scores(jnp.ones((2, 4)), w)[:, 0]))(kernel)
+  assert np.isfinite(np.asarray(grad)).all() and np.all(np.asarray(grad)[:, 1:] == 0)
