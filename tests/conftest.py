@@ -1,9 +1,11 @@
 """Shared test setup: repo root on sys.path (for `configs`), the real data folder, the smoke config."""
+import dataclasses
 import os
 import pathlib
 import sys
 import tempfile
 
+import numpy as np
 import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -31,14 +33,47 @@ def without_provenance(results: dict) -> dict:
   return {k: v for k, v in results.items() if k != 'provenance'}
 
 
-def tiny_protocol(config, method: str):
+def tiny_protocol(method: str, **section):
   """The smoke config shrunk further for methods that train per session: 6 base classes and 2
-  sessions of 2-way 5-shot, 2 runs, 40 base steps."""
+  sessions of 2-way 5-shot, 2 runs, 40 base steps; `section` updates config[method]."""
+  from configs import cifar100  # pylint: disable=g-import-not-at-top
+  config = cifar100.get_config('smoke')
   config.method = method
   config.runs = 2
   config.data.synthetic.update(num_base=6, way=2, num_sessions=3, train_per_class=20, test_per_class=10)
   config.base.update(steps=40, milestones=(30,), batch_size=24, log_every=10, checkpoint_every=20)
+  config[method].update(section)
   return config
+
+
+@dataclasses.dataclass
+class TinyRun:
+  results: dict
+  exp: object  # pipeline.Experiment of the config
+  ckpts: object  # the workdir's Checkpoints, read-only
+  first: dict  # session 1's model: {'params', 'batch_stats', 'prototypes'}
+
+
+def tiny_method_run(tmp_path_factory, make_config) -> TinyRun:
+  """pipeline.run(make_config()) of a tiny_protocol in a fresh folder, with the checks every such
+  run passes (its method, sessions of 6, 8 and 10 classes, session 1 far above chance), and what
+  the tests read back from it."""
+  from f2m_jax import pipeline  # pylint: disable=g-import-not-at-top
+  from f2m_jax.checkpoint import Checkpoints  # pylint: disable=g-import-not-at-top
+  from f2m_jax.data import sources  # pylint: disable=g-import-not-at-top
+  config = make_config()
+  workdir = str(tmp_path_factory.mktemp(config.method) / 'full')
+  results = pipeline.run(config, workdir)
+  assert results['method'] == config.method
+  assert [s['num_classes'] for s in results['sessions']] == [6, 8, 10]
+  assert results['sessions'][0]['acc']['mean'] > 3 * 100 / 6  # far above chance on the base classes
+  config = pipeline.resolve(make_config())
+  exp = pipeline.Experiment.create(config, sources.load_benchmark(config))
+  ckpts = Checkpoints(workdir, read_only=True)
+  state = exp.init_state()
+  first = ckpts.restore_model({'params': state.params, 'batch_stats': state.batch_stats,
+                               'prototypes': np.zeros((6, 32), np.float32)})
+  return TinyRun(results, exp, ckpts, first)
 
 
 class Interrupt(Exception):

@@ -8,10 +8,8 @@ import ml_collections
 import numpy as np
 import pytest
 
-from conftest import resumed_after_interruption, tiny_protocol, without_provenance
+from conftest import resumed_after_interruption, tiny_method_run, tiny_protocol, without_provenance
 from f2m_jax import noise as noise_lib
-from f2m_jax import pipeline
-from f2m_jax.checkpoint import Checkpoints
 from f2m_jax.data import protocol
 from f2m_jax.methods import fsll
 
@@ -78,31 +76,17 @@ def test_drift_has_a_gradient_only_when_asked(with_gradient):
   np.testing.assert_allclose(grads[('a',)], want, atol=1e-6)
 
 
-def tiny(config):
-  config = tiny_protocol(config, 'fsll')
-  config.fsll.update(epochs=3, threshold=0.3)
-  return config
+def tiny():
+  return tiny_protocol('fsll', epochs=3, threshold=0.3)
 
 
 @pytest.fixture(scope='module')
 def fsll_run(tmp_path_factory):
-  from configs import cifar100
-  root = tmp_path_factory.mktemp('fsll')
-  return root, pipeline.run(tiny(cifar100.get_config('smoke')), str(root / 'full'))
+  return tiny_method_run(tmp_path_factory, tiny)
 
 
 def test_fsll_end_to_end_changes_only_the_selected_tensors(fsll_run):
-  from configs import cifar100
-  from f2m_jax.data import sources
-  root, results = fsll_run
-  assert results['method'] == 'fsll' and [s['num_classes'] for s in results['sessions']] == [6, 8, 10]
-  assert results['sessions'][0]['acc']['mean'] > 3 * 100 / 6
-  config = pipeline.resolve(tiny(cifar100.get_config('smoke')))
-  exp = pipeline.Experiment.create(config, sources.load_benchmark(config))
-  ck = Checkpoints(str(root / 'full'), read_only=True)
-  state = exp.init_state()
-  base = ck.restore_model({'params': state.params, 'batch_stats': state.batch_stats,
-                           'prototypes': np.zeros((6, 32), np.float32)})
+  exp, ck, base = fsll_run.exp, fsll_run.ckpts, fsll_run.first
   runner = fsll.FSLLRunner(exp, base)
   shots = protocol.session_shots(exp.bench, 'draws', 0, 2, 5, 0)
   saved = ck.restore_session(0, 2, {**runner.template(2), 'exemplars': shots, 'accuracy': np.zeros(4)})
@@ -115,7 +99,5 @@ def test_fsll_end_to_end_changes_only_the_selected_tensors(fsll_run):
 
 
 def test_fsll_resumes_to_the_same_results(fsll_run, tmp_path):
-  from configs import cifar100
-  _, results = fsll_run
-  again = resumed_after_interruption(lambda: tiny(cifar100.get_config('smoke')), str(tmp_path / 'w'), 0, 3)
-  assert without_provenance(again) == without_provenance(results)
+  again = resumed_after_interruption(tiny, str(tmp_path / 'w'), 0, 3)
+  assert without_provenance(again) == without_provenance(fsll_run.results)

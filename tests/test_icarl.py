@@ -8,9 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import resumed_after_interruption, tiny_protocol, without_provenance
-from f2m_jax import pipeline
-from f2m_jax.checkpoint import Checkpoints
+from conftest import resumed_after_interruption, tiny_method_run, tiny_protocol, without_provenance
 from f2m_jax.data import protocol
 from f2m_jax.methods import icarl
 
@@ -79,31 +77,19 @@ def test_new_columns_initialise_only_the_new_classes():
   assert abs(np.std(big['fc']['kernel']) / np.sqrt(2 / 64) - 1) < 0.02  # kaiming_normal_, fan_out = 64
 
 
-def tiny(config):
-  config = tiny_protocol(config, 'icarl')
-  config.icarl.update(epochs=3, milestones=(2,), batch_size=8)
-  return config
+def tiny():
+  return tiny_protocol('icarl', epochs=3, milestones=(2,), batch_size=8)
 
 
 @pytest.fixture(scope='module')
 def icarl_run(tmp_path_factory):
-  from configs import cifar100
-  root = tmp_path_factory.mktemp('icarl')
-  return root, pipeline.run(tiny(cifar100.get_config('smoke')), str(root / 'full'))
+  return tiny_method_run(tmp_path_factory, tiny)
 
 
 def test_icarl_end_to_end(icarl_run):
-  from configs import cifar100
-  from f2m_jax.data import sources
-  root, results = icarl_run
-  assert results['method'] == 'icarl'
-  assert [s['num_classes'] for s in results['sessions']] == [6, 8, 10]
-  assert results['sessions'][0]['acc']['mean'] > 3 * 100 / 6  # far above chance on the base classes
-  config = pipeline.resolve(tiny(cifar100.get_config('smoke')))
-  exp = pipeline.Experiment.create(config, sources.load_benchmark(config))
+  exp, ck = icarl_run.exp, icarl_run.ckpts
   bench = exp.bench
-  ck = Checkpoints(str(root / 'full'), read_only=True)
-  runner = icarl.ICaRLRunner(exp, ck.restore_model(_model_template(exp)))
+  runner = icarl.ICaRLRunner(exp, icarl_run.first)
   for run in range(2):
     shots = [protocol.session_shots(bench, 'draws', run, t, 5, 0) for t in (2, 3)]
     saved = ck.restore_session(run, 3, {**runner.template(3), 'exemplars': np.concatenate(shots),
@@ -118,13 +104,6 @@ def test_icarl_end_to_end(icarl_run):
     assert saved['prototypes'].shape == (10, 32) and np.isfinite(saved['params']['fc']['kernel']).all()
 
 
-def _model_template(exp):
-  state = exp.init_state()
-  return {'params': state.params, 'batch_stats': state.batch_stats, 'prototypes': np.zeros((6, 32), np.float32)}
-
-
 def test_icarl_resumes_to_the_same_results(icarl_run, tmp_path):
-  from configs import cifar100
-  _, results = icarl_run
-  again = resumed_after_interruption(lambda: tiny(cifar100.get_config('smoke')), str(tmp_path / 'w'), 1, 2)
-  assert without_provenance(again) == without_provenance(results)
+  again = resumed_after_interruption(tiny, str(tmp_path / 'w'), 1, 2)
+  assert without_provenance(again) == without_provenance(icarl_run.results)

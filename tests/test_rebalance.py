@@ -8,9 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import tiny_protocol
+from conftest import tiny_method_run, tiny_protocol
 from f2m_jax import pipeline
-from f2m_jax.checkpoint import Checkpoints
 from f2m_jax.methods import rebalance
 from f2m_jax.models import build_model, uniform_columns
 
@@ -81,33 +80,19 @@ def test_masked_cross_entropy_ignores_unseen_columns():
   np.testing.assert_allclose(rebalance.masked_cross_entropy(logits, labels, 5), want, rtol=1e-5)
 
 
-def tiny(config):
-  config = tiny_protocol(config, 'rebalance')
-  config.rebalance.update(epochs=3, milestones=(2,), batch_size=8)
-  return config
+def tiny():
+  return tiny_protocol('rebalance', epochs=3, milestones=(2,), batch_size=8)
 
 
 @pytest.fixture(scope='module')
 def rebalance_run(tmp_path_factory):
-  from configs import cifar100
-  root = tmp_path_factory.mktemp('rebalance')
-  return root, pipeline.run(tiny(cifar100.get_config('smoke')), str(root / 'full'))
+  return tiny_method_run(tmp_path_factory, tiny)
 
 
 def test_rebalance_end_to_end_keeps_old_columns(rebalance_run):
-  from configs import cifar100
-  from f2m_jax.data import protocol, sources
-  root, results = rebalance_run
-  assert results['method'] == 'rebalance'
-  assert [s['num_classes'] for s in results['sessions']] == [6, 8, 10]
-  assert results['sessions'][0]['acc']['mean'] > 3 * 100 / 6  # far above chance on the base classes
-  config = pipeline.resolve(tiny(cifar100.get_config('smoke')))
-  assert config.model.head == 'cosine'
-  exp = pipeline.Experiment.create(config, sources.load_benchmark(config))
-  ck = Checkpoints(str(root / 'full'), read_only=True)
-  state = exp.init_state()
-  first = ck.restore_model({'params': state.params, 'batch_stats': state.batch_stats,
-                            'prototypes': np.zeros((6, 32), np.float32)})
+  from f2m_jax.data import protocol
+  exp, ck, first = rebalance_run.exp, rebalance_run.ckpts, rebalance_run.first
+  assert exp.config.model.head == 'cosine'
   runner = rebalance.RebalanceRunner(exp, first)
   for run in range(2):
     shots = [protocol.session_shots(exp.bench, 'draws', run, t, 5, 0) for t in (2, 3)]
@@ -122,9 +107,8 @@ def test_rebalance_end_to_end_keeps_old_columns(rebalance_run):
 
 
 def test_k_larger_than_a_session_is_refused():
-  from configs import cifar100
   from f2m_jax.data import sources
-  config = tiny(cifar100.get_config('smoke'))
+  config = tiny()
   config.rebalance.K = 3  # sessions of 2 new classes
   config = pipeline.resolve(config)
   exp = pipeline.Experiment.create(config, sources.load_benchmark(config))

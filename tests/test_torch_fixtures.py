@@ -18,7 +18,6 @@ import pathlib
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
 from scipy import stats
 
