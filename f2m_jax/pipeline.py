@@ -399,11 +399,31 @@ def _unpack_accuracy(a: np.ndarray) -> dict:
   return dict(zip(('acc', 'acc_base', 'acc_novel', 'hm'), vals))
 
 
+NETWORK_FIELDS = ('model.arch', 'model.width', 'model.head')
+
+
+def check_source_network(checkpoint: str, config: ml_collections.ConfigDict) -> None:
+  """--checkpoint W must hold the network this config builds (W's config.json, fields added since
+  read as their legacy values): else a clear error instead of orbax's tree mismatch."""
+  path = os.path.join(checkpoint, 'config.json')
+  if not os.path.exists(path):
+    return  # a folder of checkpoints alone: restoring will tell
+  saved = workdir_lib.flat_items(workdir_lib.saved_config(checkpoint, config.to_dict()))
+  ours = workdir_lib.flat_items(config.to_dict())
+  diff = [f'{k}={saved.get(k)!r} there, {ours[k]!r} here' for k in NETWORK_FIELDS if saved.get(k) != ours[k]]
+  if diff:
+    raise CheckpointError(f'--checkpoint {checkpoint} holds another network than method={config.method} builds '
+                          f'({"; ".join(diff)}); pass a workdir trained with the same network, or none (the '
+                          'base session is then trained here)')
+
+
 def run(config: ml_collections.ConfigDict, workdir: str, mode: str = 'train',
         checkpoint: Optional[str] = None, hook: Hook = None) -> dict:
   """Trains (or, mode='eval', only restores) and writes results.json / results.csv; returns results."""
   from f2m_jax import methods  # pylint: disable=g-import-not-at-top
   config = resolve(config)
+  if checkpoint:
+    check_source_network(checkpoint, config)
   workdir_lib.prepare(workdir, config.to_dict())
   bench = sources.load_benchmark(config)
   exp = Experiment.create(config, bench)

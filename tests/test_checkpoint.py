@@ -124,6 +124,16 @@ def test_new_sessions_from_another_workdirs_base_model(reference, tmp_path):
   assert done[-1]['base_checkpoint'] == os.path.abspath(ref_dir)  # where the base model came from
 
 
+def test_checkpoint_of_another_network_is_refused_before_anything_is_written(reference, tmp_path):
+  ref_dir, _ = reference
+  config = tiny_config()
+  config.method = 'rebalance'  # a cosine classifier: the reference holds a linear one
+  workdir = tmp_path / 'other'
+  with pytest.raises(CheckpointError, match="model.head='linear' there, 'cosine' here"):
+    pipeline.run(config, str(workdir), checkpoint=ref_dir)
+  assert not workdir.exists()
+
+
 def _copy(reference, tmp_path):
   workdir = str(tmp_path / 'copy')
   shutil.copytree(reference[0], workdir)
