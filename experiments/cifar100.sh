@@ -13,7 +13,9 @@
 # TABLES: which tables (default "main ablation bound flatness fidelity upper superclass"; every
 # table needs main). upper: joint training and cRT beside F2M and the Baseline, the gap column taken
 # against cRT; superclass: the four methods on the paper's two superclass splits; compared: the
-# paper's compared methods (iCaRL and FSLL on the Baseline's base model, Rebalance on its own).
+# paper's compared methods (iCaRL and FSLL on the Baseline's base model, Rebalance on its own) and,
+# on real data, the appendix's check of iCaRL and Rebalance in plain class-incremental learning
+# (configs/cifar100_incremental.py: 50 base classes + 5 sessions of 10, 20 exemplars per class).
 # On 2 CPU cores (2026-11) a 600-iteration F2M base session takes about 35 minutes, its 10 x 8
 # sessions about 5.
 #
@@ -67,6 +69,13 @@ if want compared; then
   run icarl --config.method=icarl --checkpoint "$out/baseline"
   run fsll --config.method=fsll --checkpoint "$out/baseline"
   run rebalance --config.method=rebalance  # its own base (cosine classifier)
+  if [ "$variant" != smoke ]; then
+    ci=configs/cifar100_incremental.py; [ "$variant" = full ] || ci="$ci:$variant"
+    for m in icarl rebalance; do
+      echo "=== ci_$m"
+      python run.py --config "$ci" --workdir "$out/ci_$m" "${extra[@]}" --config.method=$m
+    done
+  fi
 fi
 # The paper's appendix class splits by superclass: the four methods on each.
 if want superclass; then
@@ -108,6 +117,8 @@ want fidelity && python -m f2m_jax.report "$out/f2m" "$out"/fid_unrounded "$out"
     --reference 0 --out "$out/report_fidelity"
 want compared && python -m f2m_jax.report "$out/f2m" "$out/baseline" "$out/icarl" "$out/fsll" "$out/rebalance" \
     --labels="F2M,Baseline,iCaRL,FSLL,Rebalance" --reference 0 --out "$out/report_compared"
+want compared && [ "$variant" != smoke ] && python -m f2m_jax.report "$out/ci_icarl" "$out/ci_rebalance" \
+    --labels="iCaRL,Rebalance" --reference 0 --out "$out/report_class_incremental"
 want upper && python -m f2m_jax.report "$out/f2m" "$out/baseline" "$out/joint" "$out/crt" \
     --labels="F2M,Baseline,joint,cRT" --reference cRT --out "$out/report_upper"
 if want superclass; then

@@ -97,11 +97,11 @@ def validate(c: ml_collections.ConfigDict) -> None:
   need(c.data.shots >= 1, 'data.shots', c.data.shots, 'must be >= 1')
   if c.data.split:
     from f2m_jax.data import cifar100
-    need(c.data.split in cifar100.SUPERCLASS_SPLITS and c.data.dataset == 'cifar100'
+    need(c.data.split in cifar100.SPLITS and c.data.dataset == 'cifar100'
          and c.data.source in ('tfds', 'trainsplit'), 'data.split', c.data.split,
-         f'one of {sorted(cifar100.SUPERCLASS_SPLITS)} for CIFAR-100 (tfds or trainsplit source), or empty')
+         f'one of {sorted(cifar100.SPLITS)} for CIFAR-100 (tfds or trainsplit source), or empty')
     need(c.data.protocol == 'draws', 'data.protocol', c.data.protocol,
-         "the superclass splits have no TOPIC lists: use 'draws'")
+         "the class splits have no TOPIC lists: use 'draws'")
   need(c.model.dtype in ('float32', 'bfloat16'), 'model.dtype', c.model.dtype, "'float32' or 'bfloat16'")
   need(c.model.head in HEADS, 'model.head', c.model.head, f'allowed: {HEADS}')
   if c.data.source in ('trainsplit', 'folder') and not sources.data_dir(c):

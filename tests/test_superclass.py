@@ -72,7 +72,7 @@ def _check(bench: Benchmark, split: str, per_class: int, test_per_class: int):
 @pytest.mark.parametrize('split', ['superclass1', 'superclass2'])
 def test_split_of_the_tfds_shaped_benchmark(split):
   bench = _official_like()
-  new = cifar100.superclass_split(bench, split)
+  new = cifar100.class_split(bench, split)
   order = _check(new, split, per_class=8, test_per_class=3)
   # relabelled, not reordered: image k keeps its pixels, its label is its class's place in the order
   k = np.flatnonzero(bench.train.labels == order[31])[0]
@@ -83,7 +83,7 @@ def test_split_of_the_tfds_shaped_benchmark(split):
 @pytest.mark.parametrize('split', ['superclass1', 'superclass2'])
 def test_split_of_the_trainsplit_benchmark(split):
   bench = cifar100.load_cifar100_trainsplit(DATA_DIR / 'cifar100_train.npz', DATA_DIR / 'index_list' / 'cifar100')
-  new = cifar100.superclass_split(bench, split)
+  new = cifar100.class_split(bench, split)
   _check(new, split, per_class=400, test_per_class=100)
   # no held-out test image is ever a training image, for base or novel classes
   test_pixels = {new.test.images[i].tobytes() for i in range(0, len(new.test), 7)}

@@ -295,12 +295,42 @@ def superclass_order(split: str) -> tuple:
   return np.concatenate(groups), (len(base_fine),) + tuple(len(g) for g in groups[len(base):])
 
 
-def superclass_split(bench: Benchmark, split: str) -> Benchmark:
+# ---------------------------------------------------------------- class-incremental split
+
+# Plain class-incremental learning as the LUCIR paper runs it on CIFAR-100 (the check the F2M
+# appendix uses for its iCaRL and Rebalance): iCaRL's class order (NumPy's legacy RNG seeded with
+# 1993 shuffling 0..99), the first 50 classes as the base session, then 5 sessions of 10 classes
+# that bring every training image of their classes (`data.shots` = the images per class: 400 on
+# trainsplit, 500 on tfds).
+CLASS_INCREMENTAL_SPLITS = {'incremental50': (50, 10, 1993)}
+SPLITS = tuple(SUPERCLASS_SPLITS) + tuple(CLASS_INCREMENTAL_SPLITS)
+
+
+def class_incremental_order(split: str) -> tuple:
+  """(fine labels in the split's class order, classes per session)."""
+  if split not in CLASS_INCREMENTAL_SPLITS:
+    raise ValueError(f'data.split={split!r} is not one of {sorted(CLASS_INCREMENTAL_SPLITS)}')
+  base, way, seed = CLASS_INCREMENTAL_SPLITS[split]
+  order = np.random.RandomState(seed).permutation(100)
+  return order, (base,) + (way,) * ((100 - base) // way)
+
+
+def split_order(split: str) -> tuple:
+  """(fine labels in class order, classes per session) of any split in SPLITS."""
+  if split in CLASS_INCREMENTAL_SPLITS:
+    return class_incremental_order(split)
+  if split in SUPERCLASS_SPLITS:
+    return superclass_order(split)
+  raise ValueError(f'data.split={split!r} is not one of {sorted(SPLITS)} (or empty)')
+
+
+def class_split(bench: Benchmark, split: str) -> Benchmark:
   """The CIFAR-100 benchmark `bench` (official fine labels, from TFDS or trainsplit) relabelled into
-  a superclass split: class ids in the split's order (base 0..29, then 5 per session), training
-  images of the split's classes only (those `bench` may train on: base_train and shot_pool), the
-  test images of its classes. No TOPIC shots: the shots are the F2M-style draws."""
-  order, sizes = superclass_order(split)
+  `split` (a superclass or class-incremental split): class ids in the split's order (base first,
+  then each session's), training images of the split's classes only (those `bench` may train on:
+  base_train and shot_pool), the test images of its classes. No TOPIC shots: the shots are the
+  F2M-style draws."""
+  order, sizes = split_order(split)
   new_id = np.full(100, -1, np.int64)
   new_id[order] = np.arange(len(order))
   train_labels = new_id[bench.train.labels].astype(np.int32)

@@ -40,7 +40,7 @@ def load_benchmark(config) -> Benchmark:
                          'or --config.data.data_dir')
       bench = cifar100.load_cifar100_trainsplit(os.path.join(folder, 'cifar100_train.npz'), index_dir)
     split = config.data.get('split', '')
-    return cifar100.superclass_split(bench, split) if split else bench
+    return cifar100.class_split(bench, split) if split else bench
   if dataset in FOLDER_DATASETS and source in ('folder', 'fake_folder'):
     return _load_folder_dataset(config, dataset, source)
   raise ValueError(f'data.source={source!r} is not available for data.dataset={dataset!r} '
