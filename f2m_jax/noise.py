@@ -6,6 +6,7 @@ draw is a small dict over the noise-set paths only; the model receives it as its
 """
 from __future__ import annotations
 
+import functools
 from typing import Mapping, Sequence
 
 import jax
@@ -42,17 +43,32 @@ def _uniform(key, shape, b):
   return jax.random.uniform(key, shape, minval=-b, maxval=b)
 
 
+FIFTHS = (0.2, 0.4, 0.6, 0.8)  # the upper ends of the first four fifths of [0, 1]
+
+
+@functools.lru_cache(maxsize=None)
+def fifth_cdfs() -> np.ndarray:
+  """P(u <= 0.2), P(u <= 0.4), P(u <= 0.6), P(u <= 0.8) for u ~ Beta(alpha, beta), for every pair
+  (alpha, beta) of BETA_SHAPES: float32 [7, 7, 4]."""
+  from scipy import stats  # pylint: disable=g-import-not-at-top
+  shapes = np.asarray(BETA_SHAPES, np.float64)
+  edges = np.asarray(FIFTHS, np.float64)
+  return stats.beta.cdf(edges[None, None, :], shapes[:, None, None], shapes[None, :, None]).astype(np.float32)
+
+
 def _beta_grid(key, shape, b, relabel):
   """u ~ Beta(alpha, beta) per element, alpha and beta drawn uniformly from BETA_SHAPES once per call
-  (per layer and draw); u's fifth of [0, 1] (upper ends inclusive, as the original's <=) is mapped
-  through `relabel` to one of GRID_LEVELS * b."""
+  (per layer and draw); u's fifth of [0, 1] is mapped through `relabel` to one of GRID_LEVELS * b.
+
+  Only u's fifth matters, so it is drawn directly, by inverting the fifths' cumulative probabilities
+  under Beta(alpha, beta) (`fifth_cdfs`) at a uniform number: the same law as binning a Beta draw,
+  without the Beta draw's rejection loops (about 150 times faster on a CPU; on an H200 those loops
+  had doubled the F2M step)."""
   ka, kb, ku = jax.random.split(key, 3)
-  shapes = jnp.asarray(BETA_SHAPES, jnp.float32)
-  alpha = shapes[jax.random.randint(ka, (), 0, len(BETA_SHAPES))]
-  beta = shapes[jax.random.randint(kb, (), 0, len(BETA_SHAPES))]
-  u = jax.random.beta(ku, alpha, beta, shape, jnp.float32)
-  anchors = jnp.asarray([0.2, 0.4, 0.6, 0.8], jnp.float32)
-  fifth = jnp.sum(u[..., None] > anchors, axis=-1)
+  cdf = jnp.asarray(fifth_cdfs())[jax.random.randint(ka, (), 0, len(BETA_SHAPES)),
+                                  jax.random.randint(kb, (), 0, len(BETA_SHAPES))]
+  u = jax.random.uniform(ku, shape, jnp.float32)
+  fifth = jnp.sum(u[..., None] > cdf, axis=-1)
   levels = jnp.asarray(GRID_LEVELS, jnp.float32)[jnp.asarray(relabel)]
   return levels[fifth] * b
 
@@ -75,15 +91,12 @@ _SAMPLERS = {'discrete_beta': _discrete_beta, 'grid': _grid, 'uniform': _uniform
 def level_probabilities(distribution: str) -> np.ndarray:
   """Exact probabilities of GRID_LEVELS under a Beta-grid sampler, averaged over the 49 equally
   likely (alpha, beta) pairs (for tests and documentation)."""
-  from scipy import stats
   relabel = {'discrete_beta': DISCRETE_BETA_RELABEL, 'grid': SYMMETRIC_RELABEL}[distribution]
-  edges = np.linspace(0.0, 1.0, 6)
+  cdfs = np.asarray(fifth_cdfs(), np.float64).reshape(-1, len(FIFTHS))
+  fifths = np.diff(np.concatenate([np.zeros((len(cdfs), 1)), cdfs, np.ones((len(cdfs), 1))], axis=1), axis=1)
   probs = np.zeros(len(GRID_LEVELS))
-  for a in BETA_SHAPES:
-    for c in BETA_SHAPES:
-      fifths = np.diff(stats.beta.cdf(edges, a, c))
-      np.add.at(probs, list(relabel), fifths)
-  return probs / len(BETA_SHAPES) ** 2
+  np.add.at(probs, list(relabel), fifths.mean(axis=0))
+  return probs
 
 
 def sample_noise(key: jax.Array, params, paths: Sequence[tuple], num_draws: int, bound: float,

@@ -30,6 +30,40 @@ def test_noise_set_is_last_k_3x3_convs():
     noise_set_paths(model, 0)
 
 
+def _fifth_probs(cdfs):
+  """[..., 4] cumulative probabilities -> [..., 5] probabilities of the fifths."""
+  shape = cdfs.shape[:-1] + (1,)
+  return np.diff(np.concatenate([np.zeros(shape), np.asarray(cdfs, np.float64), np.ones(shape)], axis=-1), axis=-1)
+
+
+def test_beta_grid_is_a_binned_beta_draw_with_one_pair_per_layer_and_draw():
+  """The Beta grids draw each element's fifth of [0, 1] by inverting the fifths' Beta CDF: per
+  (alpha, beta) pair that is the law of a binned Beta draw (against jax.random.beta's own samples,
+  what the sampler drew before), and all elements of one layer in one draw share one pair."""
+  from scipy import stats
+  cdfs = noise_lib.fifth_cdfs()
+  assert cdfs.shape == (7, 7, 4) and (np.diff(cdfs, axis=-1) >= 0).all()
+  n = 20000
+  for i, j in [(0, 6), (3, 3), (6, 0), (1, 4)]:
+    u = np.asarray(jax.random.beta(jax.random.key(7 * i + j), noise_lib.BETA_SHAPES[i], noise_lib.BETA_SHAPES[j], (n,)))
+    binned = np.bincount(np.sum(u[:, None] > np.asarray(noise_lib.FIFTHS), axis=1), minlength=5)
+    probs = _fifth_probs(cdfs[i, j])
+    keep = probs * n > 5  # chi-square needs expected counts; the rest must be (nearly) empty
+    assert stats.chisquare(binned[keep], probs[keep] * n * binned[keep].sum() / (probs[keep] * n).sum()).pvalue > 1e-4
+    assert binned[~keep].sum() <= 10
+  # 'grid' maps fifth k to level k: each draw's level frequencies are one pair's, within 5 standard
+  # errors, and not the average over the pairs
+  eps = noise_lib.sample_noise(jax.random.key(3), {'w': jnp.zeros((n,))}, [('w',)], 6, 1.0, 'grid')
+  pairs = _fifth_probs(cdfs.reshape(49, 4))
+  best = []
+  for e in np.asarray(eps[('w',)]):
+    freq = np.bincount(np.rint(2 * e).astype(int) + 2, minlength=5) / n
+    gaps = np.abs(freq[None] - pairs).max(axis=1)
+    assert gaps.min() < 5 * 0.5 / np.sqrt(n)
+    best.append(int(gaps.argmin()))
+  assert len(set(best)) > 1
+
+
 @pytest.mark.parametrize('distribution', ['discrete_beta', 'grid', 'uniform'])
 def test_noise_bounded_and_only_on_masked_leaves(net, distribution):
   model, variables = net
