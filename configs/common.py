@@ -25,8 +25,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.data.source = ''  # 'tfds', 'trainsplit', 'folder', 'synthetic'
   c.data.protocol = 'draws'  # 'draws' (seeded shots per run) or 'topic' (fixed lists, identical runs)
   c.data.shots = 5
-  # CIFAR-100 only: '' (60 base classes + 8 sessions, TOPIC order) or the paper's appendix class
-  # splits 'superclass1' / 'superclass2' (6 base superclasses + 4 sessions of one superclass; draws only)
+  # CIFAR-100 only: '' (60 base classes + 8 sessions, TOPIC order), the paper's appendix class
+  # splits 'superclass1' / 'superclass2' (6 base superclasses + 4 sessions of one superclass; draws
+  # only) or 'incremental50' (plain class-incremental: configs/cifar100_incremental.py)
   c.data.split = ''
   c.data.data_dir = ''  # empty: $F2M_DATA_DIR
   c.data.tfds_data_dir = ''  # empty: TFDS default (~/tensorflow_datasets)

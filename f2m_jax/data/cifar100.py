@@ -298,7 +298,7 @@ def superclass_order(split: str) -> tuple:
 # ---------------------------------------------------------------- class-incremental split
 
 # Plain class-incremental learning as the LUCIR paper runs it on CIFAR-100 (the check the F2M
-# appendix uses for its iCaRL and Rebalance): iCaRL's class order (NumPy's legacy RNG seeded with
+# appendix uses for its iCaRL and Rebalance): LUCIR's class order (NumPy's legacy RNG seeded with
 # 1993 shuffling 0..99), the first 50 classes as the base session, then 5 sessions of 10 classes
 # that bring every training image of their classes (`data.shots` = the images per class: 400 on
 # trainsplit, 500 on tfds).
