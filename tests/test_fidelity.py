@@ -49,15 +49,21 @@ def test_kernel_gradient_by_shifts_equals_autodiff(kernel, strides, padding, siz
 
 
 def test_conv2d_gradients_on_every_backend_path(monkeypatch):
-  """conv2d's custom backward (the CPU kernel gradient, clean or exact input gradient) against plain
-  autodiff of conv(x, w) and of conv(x, w + eps)."""
+  """conv2d's custom backward (on a CPU the im2col kernel gradient for large output gradients, XLA's
+  for small ones; clean or exact input gradient) against plain autodiff of conv(x, w) and of
+  conv(x, w + eps)."""
+  by_shifts = resnet._kernel_grad_by_shifts
   kx, kw, ke = jax.random.split(jax.random.key(1), 3)
   x = jax.random.normal(kx, (2, 8, 8, 3))
   w = jax.random.normal(kw, (3, 3, 3, 4))
   eps = 0.3 * jax.random.normal(ke, w.shape)
   args = ((1, 1), ((1, 1), (1, 1)), jnp.float32)
   loss = lambda f: (lambda x_, w_: jnp.sum(jnp.sin(f(x_, w_))))
-  for clean in (True, False):
+  shifts = []
+  monkeypatch.setattr(resnet, '_kernel_grad_by_shifts', lambda *a: shifts.append(1) or by_shifts(*a))
+  for clean, min_bytes in ((True, 0), (False, 0), (True, 1 << 40), (False, 1 << 40)):
+    monkeypatch.setattr(resnet, 'KERNEL_GRAD_MIN_BYTES', min_bytes)
+    shifts.clear()
     got = jax.grad(loss(lambda x_, w_: resnet.conv2d(x_, w_, eps, *args, clean)), (0, 1))(x, w)
     exact = jax.grad(loss(lambda x_, w_: resnet._conv(x_, w_ + eps, *args)), (0, 1))(x, w)
     np.testing.assert_allclose(got[1], exact[1], rtol=1e-5, atol=1e-5)  # the kernel gradient either way
@@ -69,6 +75,7 @@ def test_conv2d_gradients_on_every_backend_path(monkeypatch):
       assert float(jnp.abs(got[0] - exact[0]).max()) > 1e-2
     else:
       np.testing.assert_allclose(got[0], exact[0], rtol=1e-5, atol=1e-5)
+    assert bool(shifts) == (jax.default_backend() == 'cpu' and min_bytes == 0)  # the path taken
 
 
 def test_fold_batch_stats_is_pytorch_running_update_in_turn():

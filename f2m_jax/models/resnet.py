@@ -31,6 +31,10 @@ def _conv(x, kernel, strides, padding, dtype):
 
 
 KERNEL_GRAD_BLOCK_BYTES = 2 << 20  # im2col block per scan step: stays in cache on this CPU
+# Output gradients smaller than this take XLA's own kernel gradient: there it is about as fast
+# (a smoke-sized ResNet-20 F2M step ran 101 ms against 92 ms) and compiles faster (11.6 s against
+# 19.2 s on 2 cores). Every conv of the CIFAR-100, miniImageNet and CUB configs is above it.
+KERNEL_GRAD_MIN_BYTES = 1 << 20
 
 
 def _kernel_grad_by_shifts(x, g, kernel_shape, strides, padding):
@@ -80,7 +84,7 @@ def _conv2d_fwd(x, kernel, eps, strides, padding, dtype, clean_backward):
 def _conv2d_bwd(strides, padding, dtype, clean_backward, residuals, g):
   x, kernel, eps = residuals
   used = kernel if clean_backward else kernel + eps
-  if jax.default_backend() == 'cpu':
+  if jax.default_backend() == 'cpu' and g.size * 4 >= KERNEL_GRAD_MIN_BYTES:
     _, vjp_x = jax.vjp(lambda x_: _conv(x_, used, strides, padding, dtype), x)
     gx, = vjp_x(g)
     gk = _kernel_grad_by_shifts(x.astype(dtype), g, kernel.shape, strides, padding).astype(kernel.dtype)
