@@ -95,26 +95,38 @@ def pad_classifier(params: dict, num_classes: int) -> dict:
   return {**params, 'fc': fc}
 
 
-def make_session_step(network, momentum: float, weight_decay: float, augment: str, image_size: int, mean, std):
+def icarl_loss(network):
+  """loss(params, batch_stats, former_out, x, labels, num_old, num_seen) -> (loss, new BN statistics):
+  iCaRL's sigmoid cross-entropy against `distillation_targets` from the previous network's logits
+  (`former_out` = its (embedding, logits) on the same inputs), BN in train mode."""
+  def loss(params, batch_stats, former_out, x, labels, num_old, num_seen):
+    former_logits = former_out[1]
+    targets = distillation_targets(labels, former_logits, num_old, former_logits.shape[-1])
+    (_, logits), new = network.apply({'params': params, 'batch_stats': batch_stats}, x, train=True,
+                                     mutable=['batch_stats'])
+    return masked_sigmoid_cross_entropy(logits, targets, num_seen), new['batch_stats']
+  return loss
+
+
+def make_session_step(network, loss_fn, momentum: float, weight_decay: float, augment: str, image_size: int,
+                      mean, std, mask_updates=None):
   """step(params, batch_stats, trace, former, images_u8, labels, key, lr, num_old, num_seen) ->
   (params, batch_stats, trace, loss): one SGD step (PyTorch's: weight decay into the gradient,
-  heavy-ball momentum) of iCaRL's loss, BN in train mode; `former` is the previous session's
-  network ({'params', 'batch_stats'}, eval mode). Jitted once for every session."""
+  heavy-ball momentum) of `loss_fn` (as `icarl_loss` returns it); `former` is the previous session's
+  network ({'params', 'batch_stats'}), run in eval mode on the same augmented images.
+  `mask_updates(updates, num_old, num_seen)`, if given, edits the updates before they are applied
+  (Rebalance freezes columns so). Jitted once for every session."""
   tx = optax.chain(optax.add_decayed_weights(weight_decay), optax.trace(decay=momentum))
 
   @jax.jit
   def step(params, batch_stats, trace, former, images, labels, key, lr, num_old, num_seen):
     x = augment_lib.train_inputs(key, images, augment, image_size, mean, std)
-    _, former_logits = network.apply(former, x, train=False)
-    targets = distillation_targets(labels, former_logits, num_old, former_logits.shape[-1])
-
-    def loss_fn(p):
-      (_, logits), new = network.apply({'params': p, 'batch_stats': batch_stats}, x, train=True,
-                                       mutable=['batch_stats'])
-      return masked_sigmoid_cross_entropy(logits, targets, num_seen), new['batch_stats']
-
-    (loss, new_stats), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+    former_out = network.apply(former, x, train=False)
+    (loss, new_stats), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+        params, batch_stats, former_out, x, labels, num_old, num_seen)
     updates, trace = tx.update(grads, trace, params)
+    if mask_updates is not None:
+      updates = mask_updates(updates, num_old, num_seen)
     params = jax.tree_util.tree_map(lambda p, u: p - lr * u, params, updates)
     return params, new_stats, trace, loss
 
@@ -144,8 +156,8 @@ class ICaRLRunner:
 
   def make_step(self):
     bench = self.exp.bench
-    return make_session_step(self.network, self.cfg.momentum, self.cfg.weight_decay, bench.augment,
-                             bench.image_size, bench.mean, bench.std)
+    return make_session_step(self.network, icarl_loss(self.network), self.cfg.momentum, self.cfg.weight_decay,
+                             bench.augment, bench.image_size, bench.mean, bench.std)
 
   def new_columns(self, key, params: dict, start: int, stop: int) -> dict:
     return new_columns(key, params, start, stop)

@@ -32,7 +32,6 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from f2m_jax.data import augment as augment_lib
 from f2m_jax.methods import Method, icarl, ncm
 from f2m_jax.models import cosine_scores, uniform_columns
 
@@ -99,26 +98,6 @@ def frozen_columns(updates: dict, num_old, num_seen) -> dict:
   return {**updates, 'fc': {**updates['fc'], 'kernel': kernel}}
 
 
-def make_session_step(network, cfg, augment: str, image_size: int, mean, std):
-  """step(params, batch_stats, trace, former, images_u8, labels, key, lr, num_old, num_seen) ->
-  (params, batch_stats, trace, loss): one SGD step (PyTorch's) of LUCIR's loss; the same signature
-  as iCaRL's, jitted once for every session."""
-  tx = optax.chain(optax.add_decayed_weights(cfg.weight_decay), optax.trace(decay=cfg.momentum))
-
-  @jax.jit
-  def step(params, batch_stats, trace, former, images, labels, key, lr, num_old, num_seen):
-    x = augment_lib.train_inputs(key, images, augment, image_size, mean, std)
-    former_features, _ = network.apply(former, x, train=False)
-    (loss, (new_stats, _)), grads = jax.value_and_grad(session_loss, has_aux=True)(
-        params, batch_stats, former_features, x, labels, network, num_old, num_seen, cfg)
-    updates, trace = tx.update(grads, trace, params)
-    updates = frozen_columns(updates, num_old, num_seen)
-    params = jax.tree_util.tree_map(lambda p, u: p - lr * u, params, updates)
-    return params, new_stats, trace, loss
-
-  return step, tx
-
-
 def new_columns(key, params: dict, start: int, stop: int) -> dict:
   """params with classifier columns [start, stop) drawn as the authors' new cosine-classifier rows."""
   kernel = jnp.asarray(params['fc']['kernel'])
@@ -137,8 +116,15 @@ class RebalanceRunner(icarl.ICaRLRunner):
     super().__init__(exp, first, *args, **kwargs)
 
   def make_step(self):
-    bench = self.exp.bench
-    return make_session_step(self.network, self.cfg, bench.augment, bench.image_size, bench.mean, bench.std)
+    bench, network, cfg = self.exp.bench, self.network, self.cfg
+
+    def loss(params, batch_stats, former_out, x, labels, num_old, num_seen):
+      value, (new_stats, _) = session_loss(params, batch_stats, former_out[0], x, labels, network, num_old,
+                                           num_seen, cfg)
+      return value, new_stats
+
+    return icarl.make_session_step(network, loss, cfg.momentum, cfg.weight_decay, bench.augment, bench.image_size,
+                                   bench.mean, bench.std, mask_updates=frozen_columns)
 
   def new_columns(self, key, params: dict, start: int, stop: int) -> dict:
     return new_columns(key, params, start, stop)
