@@ -11,7 +11,8 @@ iterations of batch 256, lr 0.1 x 0.01 at 1,500), `smoke`. Any field can be over
 runs the paper's appendix class splits by superclass (30 base classes, 4 sessions of 5) on either
 source.
 
-Measured (`:trainsplit`, 10 draws; accuracy %, sessions 1 / 9, PD; experiments/results/):
+Measured (`:trainsplit`, 10 draws; accuracy %, sessions 1 / 9, PD; experiments/results/; before
+b93533d, whose DiscreteBeta sampler draws the same law from another random stream):
 F2M with these defaults (the authors' code as it runs; 2 CPU cores, one core, 2026-11-26)
 46.93 / 31.17 +- 0.21, PD 15.76; the authors' code on the same protocol 46.87 / 31.21 +- 0.22,
 PD 15.65. `--config.method=baseline` (same CPU) 56.85 / 38.43 +- 0.33, PD 18.42; theirs
