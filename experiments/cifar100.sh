@@ -10,6 +10,8 @@
 #
 # STEPS: base iterations (learning rate x lr_gamma at STEPS/2); RUNS: draws of the shots; DRAWS and
 # FLAT_IMAGES: noise draws and images per set of the flatness table (default 1000 and all images);
+# SPLITS: which superclass splits (default "superclass1 superclass2"); OVERRIDES: more --config.*
+# flags for every run (e.g. a shorter cRT schedule, below);
 # TABLES: which tables (default "main ablation bound flatness fidelity upper superclass"; every
 # table needs main). upper: joint training and cRT beside F2M and the Baseline, the gap column taken
 # against cRT; superclass: the four methods on the paper's two superclass splits; compared: the
@@ -17,7 +19,10 @@
 # on real data, the appendix's check of iCaRL and Rebalance in plain class-incremental learning
 # (configs/cifar100_incremental.py: 50 base classes + 5 sessions of 10, 20 exemplars per class).
 # On 2 CPU cores (2026-11) a 600-iteration F2M base session takes about 35 minutes, its 10 x 8
-# sessions about 5.
+# sessions about 5. Joint training is the costly row (a network per session and run); the budget
+# measured on the CPU for the superclass splits, one split per core (about 100 minutes each):
+#   TABLES=superclass SPLITS=superclass1 STEPS=100 RUNS=2 \
+#     OVERRIDES="--config.crt.epochs=4 --config.crt.milestones=(2,3)" experiments/cifar100.sh trainsplit OUT
 #
 # Rows that share a base model reuse its checkpoint (--checkpoint) instead of retraining it.
 # Workdirs are resumable: rerunning the script continues where it stopped.
@@ -31,6 +36,8 @@ if [ -n "${STEPS:-}" ]; then
   extra+=(--config.base.steps="$STEPS" --config.base.milestones="($((STEPS / 2)),)")
 fi
 [ -n "${RUNS:-}" ] && extra+=(--config.runs="$RUNS")
+read -r -a more <<< "${OVERRIDES:-}"
+extra+=(${more[@]+"${more[@]}"})
 tables=" ${TABLES:-main ablation bound flatness fidelity upper superclass compared} "
 [ "$variant" = smoke ] && tables=${tables/ superclass / }  # the splits need real CIFAR-100 classes
 want() { [[ "$tables" == *" $1 "* ]]; }
@@ -41,8 +48,8 @@ run() {  # run NAME [overrides...]
   python run.py --config "$cfg" --workdir "$out/$name" "${extra[@]}" "$@"
 }
 
-# Main table.
-run f2m
+# Main table (F2M's run is the base model of most other tables; the superclass table alone skips it).
+[ "${tables// /}" = superclass ] || run f2m
 want main && run baseline --config.method=baseline
 # Fidelity table: from the defaults (the authors' code), one behaviour back to the paper at a time,
 # then all of them at once (the paper-literal F2M).
@@ -79,7 +86,7 @@ if want compared; then
 fi
 # The paper's appendix class splits by superclass: the four methods on each.
 if want superclass; then
-  for split in superclass1 superclass2; do
+  for split in ${SPLITS:-superclass1 superclass2}; do
     run "${split}_f2m" --config.data.split=$split
     run "${split}_baseline" --config.data.split=$split --config.method=baseline
     run "${split}_joint" --config.data.split=$split --config.method=joint
@@ -122,7 +129,7 @@ want compared && [ "$variant" != smoke ] && python -m f2m_jax.report "$out/ci_ic
 want upper && python -m f2m_jax.report "$out/f2m" "$out/baseline" "$out/joint" "$out/crt" \
     --labels="F2M,Baseline,joint,cRT" --reference cRT --out "$out/report_upper"
 if want superclass; then
-  for split in superclass1 superclass2; do
+  for split in ${SPLITS:-superclass1 superclass2}; do
     python -m f2m_jax.report "$out/${split}_f2m" "$out/${split}_baseline" "$out/${split}_joint" "$out/${split}_crt" \
         --labels="F2M,Baseline,joint,cRT" --reference cRT --out "$out/report_$split"
   done
