@@ -62,6 +62,11 @@ def base_config() -> ml_collections.ConfigDict:
   c.base.weight_decay = 5e-4
   c.base.milestones = ()
   c.base.lr_gamma = 0.1
+  # Where the training images live and how many steps one dispatch runs (pipeline.data_placement):
+  # 'auto' keeps them on a GPU/TPU when they fit (CIFAR-100, miniImageNet, CUB all do) and runs
+  # steps_per_call (0: 1 on a CPU, 20 elsewhere) steps per call with lax.scan; 'host' or 'device' force it.
+  c.base.data_placement = 'auto'
+  c.base.steps_per_call = 0
   c.base.log_every = 50
   c.base.checkpoint_every = 500
 

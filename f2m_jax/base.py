@@ -182,13 +182,9 @@ def apply_step(state: TrainState, x, labels, eps, objective: BaseObjective,
   return TrainState(state.step + 1, params, new_stats, opt_state), metrics
 
 
-def make_train_step(objective: BaseObjective, tx: optax.GradientTransformation, augment: str,
-                    image_size: int, mean, std, mesh=None) -> Callable:
-  """train_step(state, images_u8, labels, key) -> (state, metrics), pure and jitted.
-
-  The step's randomness is fold_in(key, state.step): augmentation and noise depend only on
-  (key, step), so a resumed run repeats an uninterrupted one. With a `mesh` (f2m_jax.sharding) the
-  step is one SPMD program over it: state and key replicated, images and labels sharded on axis 0."""
+def _step_fn(objective: BaseObjective, tx: optax.GradientTransformation, augment: str, image_size: int,
+             mean, std) -> Callable:
+  """The unjitted train step on a uint8 batch: augmentation and noise from fold_in(key, state.step)."""
 
   def train_step(state: TrainState, images, labels, key):
     k_aug, k_noise = jax.random.split(jax.random.fold_in(key, state.step))
@@ -197,7 +193,43 @@ def make_train_step(objective: BaseObjective, tx: optax.GradientTransformation, 
                                   objective.bound, objective.distribution) if objective.noisy else {})
     return apply_step(state, x, labels, eps, objective, tx)
 
+  return train_step
+
+
+def make_train_step(objective: BaseObjective, tx: optax.GradientTransformation, augment: str,
+                    image_size: int, mean, std, mesh=None) -> Callable:
+  """train_step(state, images_u8, labels, key) -> (state, metrics), pure and jitted.
+
+  The step's randomness is fold_in(key, state.step): augmentation and noise depend only on
+  (key, step), so a resumed run repeats an uninterrupted one. With a `mesh` (f2m_jax.sharding) the
+  step is one SPMD program over it: state and key replicated, images and labels sharded on axis 0."""
+  train_step = _step_fn(objective, tx, augment, image_size, mean, std)
   if mesh is not None:
     from f2m_jax import sharding
     return sharding.jit_data_parallel(train_step, mesh)
   return jax.jit(train_step, donate_argnums=(0,))
+
+
+def make_multi_step(objective: BaseObjective, tx: optax.GradientTransformation, augment: str,
+                    image_size: int, mean, std, mesh=None) -> Callable:
+  """multi_step(state, images_u8, labels, indices [N, B], key) -> (state, metrics of [N]).
+
+  N train steps in one dispatch (`lax.scan`), each on the batch images[indices[i]] gathered on the
+  device from the whole training set held there (uint8, replicated over a mesh; the indices are
+  sharded along the batch axis). Step i is exactly `make_train_step`'s step on the same batch, so
+  N scanned steps equal N single steps (tests/test_speed.py); the metrics of every step come back."""
+  train_step = _step_fn(objective, tx, augment, image_size, mean, std)
+
+  def multi_step(state: TrainState, images, labels, indices, key):
+    def body(state, idx):
+      return train_step(state, jnp.take(images, idx, axis=0), jnp.take(labels, idx, axis=0), key)
+    return jax.lax.scan(body, state, indices)
+
+  if mesh is not None:
+    from jax.sharding import NamedSharding, PartitionSpec
+    from f2m_jax import sharding
+    rep = sharding.replicated(mesh)
+    rows = NamedSharding(mesh, PartitionSpec(None, sharding.AXIS))
+    return jax.jit(multi_step, in_shardings=(rep, rep, rep, rows, rep), out_shardings=(rep, rep),
+                   donate_argnums=(0,))
+  return jax.jit(multi_step, donate_argnums=(0,))

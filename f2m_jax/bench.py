@@ -12,9 +12,10 @@ Each is compiled once (lower + compile, timed apart); then config.bench.warmup u
 config.bench.iters timed rounds call every variant once each.
 
 Whole runs (`whole_run`), for F2M and the Baseline: the pipeline's own base loop and incremental
-sessions, as run.py runs them (host batches, one dispatch per step, checkpoints), for
+sessions, as run.py runs them (on a GPU/TPU the images held on the device and base.steps_per_call
+steps scanned per dispatch; on a CPU host batches, one step per dispatch; checkpoints), for
 config.bench.whole_run_steps base steps and config.bench.whole_run_runs runs of sessions: the first
-step's time (compile included), base steps/s after it, the base phase and the incremental phase
+call's time (compile included), base steps/s after it, the base phase and the incremental phase
 (and that phase after its first session, i.e. without compiles).
 
 The records go to W/bench.json as {'provenance': ..., 'records': [...], 'whole_runs': [...]} (never
@@ -293,9 +294,14 @@ def whole_run(config: ml_collections.ConfigDict, method: str, steps: int, runs: 
     t2 = time.perf_counter()
     ckpts.close()
   base_steps, sessions = stamps['base_step'], stamps['session']
+  # Steps come back a call at a time (base.steps_per_call on an accelerator): the rate is timed from
+  # the end of the first call, which includes the compile.
+  on_device, per_call = pipeline.data_placement(cfg, bench.train.images.nbytes)
   return dict(method=method, steps=steps, runs=runs, batch=base_batch(cfg),
-              first_step_s=round(base_steps[0] - t0, 2),
-              base_steps_per_s=round((steps - 1) / (base_steps[-1] - base_steps[0]), 2) if steps > 1 else None,
+              data_on_device=on_device, steps_per_call=per_call,
+              first_step_s=round(base_steps[per_call - 1] - t0, 2),
+              base_steps_per_s=(round((steps - per_call) / (base_steps[-1] - base_steps[per_call - 1]), 2)
+                                if steps > per_call else None),
               base_phase_s=round(t1 - t0, 2), incremental_s=round(t2 - t1, 2),
               incremental_after_first_session_s=round(sessions[-1] - sessions[0], 2),
               sessions=len(sessions), backend=jax.default_backend(), device_kind=jax.devices()[0].device_kind,
@@ -303,11 +309,12 @@ def whole_run(config: ml_collections.ConfigDict, method: str, steps: int, runs: 
 
 
 def format_whole_runs(rows: Sequence[dict]) -> str:
-  lines = [f"{'whole run':<10} {'steps':>6} {'runs':>4} {'1st step s':>10} {'steps/s':>8} {'base s':>8} "
-           f"{'sessions s':>10} {'w/o 1st':>8}"]
+  lines = [f"{'whole run':<10} {'steps':>6} {'/call':>5} {'runs':>4} {'1st call s':>10} {'steps/s':>8} "
+           f"{'base s':>8} {'sessions s':>10} {'w/o 1st':>8}"]
   for r in rows:
     rate = '-' if r['base_steps_per_s'] is None else f"{r['base_steps_per_s']:.2f}"
-    lines.append(f"{r['method']:<10} {r['steps']:>6} {r['runs']:>4} {r['first_step_s']:>10.1f} {rate:>8} "
+    lines.append(f"{r['method']:<10} {r['steps']:>6} {r['steps_per_call']:>5} {r['runs']:>4} "
+                 f"{r['first_step_s']:>10.1f} {rate:>8} "
                  f"{r['base_phase_s']:>8.1f} {r['incremental_s']:>10.1f} "
                  f"{r['incremental_after_first_session_s']:>8.1f}")
   return '\n'.join(lines)

@@ -85,6 +85,12 @@ def shard_batch(mesh: Mesh, *arrays: np.ndarray) -> tuple:
   return tuple(_put(a, batch_sharded(mesh)) for a in arrays)
 
 
+def shard_rows(mesh: Mesh, indices: np.ndarray) -> jax.Array:
+  """[N, B] batch indices (N steps of a global batch B) split along B over the mesh."""
+  per_device_batch(indices.shape[1], mesh)
+  return _put(indices, NamedSharding(mesh, P(None, AXIS)))
+
+
 def jit_data_parallel(step: Callable, mesh: Mesh, num_batch_args: int = 2) -> Callable:
   """jit of `step(state, *batch, key) -> (state, metrics)` with the state and key replicated, the
   `num_batch_args` batch arrays sharded on axis 0 and the outputs replicated; the state is donated."""

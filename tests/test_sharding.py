@@ -1,5 +1,6 @@
 """Data parallelism: one train step on 4 (fake CPU) devices equals the step on 1 device, since the
-batch-norm statistics and the gradient are over the global batch.
+batch-norm statistics and the gradient are over the global batch; two steps scanned in one call on
+the 4 devices (the accelerator path) equal two single steps there.
 
 The bench is not run on the 4 fake devices here: in CI (a loaded 2-core machine, another test worker
 beside it) that child once stalled in the bench past its 900 s limit, after the step checks had
@@ -54,6 +55,23 @@ CHILD = textwrap.dedent('''
     diffs = jax.tree_util.tree_map(lambda a, b: float(np.max(np.abs(a - b)) / (np.max(np.abs(b)) + 1e-12)),
                                    results[1][1:], results[4][1:])
     out['max_rel_diff'] = max(jax.tree_util.tree_leaves(diffs))
+    # The accelerator path on 4 devices: images replicated, 2 steps scanned in one call with the
+    # indices split over the devices, against 2 single steps on 4 devices.
+    mesh = sharding.data_mesh()
+    single = base_lib.make_train_step(objective, tx, 'crop_flip', 16, data.mean, data.std, mesh=mesh)
+    multi = base_lib.make_multi_step(objective, tx, 'crop_flip', 16, data.mean, data.std, mesh=mesh)
+    init = lambda: sharding.replicate((base_lib.init_state(model, jax.random.key(0), 16, tx), jax.random.key(1)), mesh)
+    indices = np.stack([np.arange(8), np.arange(8)[::-1]]).astype(np.int32)
+    state, key = init()
+    for idx in indices:
+      state, _ = single(state, *sharding.shard_batch(mesh, data.train.images[idx], data.train.labels[idx]), key)
+    scanned, key = init()
+    scanned, _ = multi(scanned, *sharding.replicate((data.train.images, data.train.labels), mesh),
+                       sharding.shard_rows(mesh, indices), key)
+    diffs = jax.tree_util.tree_map(lambda a, b: float(np.max(np.abs(a - b)) / (np.max(np.abs(b)) + 1e-12)),
+                                   jax.device_get((scanned.params, scanned.batch_stats)),
+                                   jax.device_get((state.params, state.batch_stats)))
+    out['scanned_max_rel_diff'] = max(jax.tree_util.tree_leaves(diffs))
     try:
       sharding.per_device_batch(6, sharding.data_mesh())
       out['indivisible_error'] = None
@@ -96,6 +114,10 @@ def test_one_step_on_four_devices_equals_one_device(out):
   # Updated params and BN statistics, relative to each leaf's scale: float32 sums in another order
   # (per-device partial sums, then an all-reduce).
   assert out['max_rel_diff'] < 1e-4
+
+
+def test_scanned_steps_on_four_devices_equal_single_steps(out):
+  assert out['scanned_max_rel_diff'] < 1e-4
 
 
 def test_indivisible_global_batch_is_refused(out):
