@@ -103,6 +103,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.incremental.clamp = True  # PC
   c.incremental.distance = 'squared_euclidean'  # or 'euclidean'
   c.incremental.round_steps = True  # the original's rounding of each SGD step to multiples of b/2
+  # How many runs one call fine-tunes together, mapped over a run axis (pipeline.parallel_runs):
+  # 0 is 1 on a CPU (its mapped convolutions are slower than one run at a time) and all runs elsewhere.
+  c.incremental.parallel_runs = 0
 
   # method=crt: the classifier's retraining (the original's CIFAR-100 schedule: 17 epochs of
   # max-class-size x classes samples, lr 0.1 x 0.5 after epochs 8, 12 and 14; 4 images per visit of

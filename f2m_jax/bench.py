@@ -14,8 +14,8 @@ config.bench.iters timed rounds call every variant once each.
 Whole runs (`whole_run`), for F2M and the Baseline: the pipeline's own base loop and incremental
 sessions, as run.py runs them (on a GPU/TPU the images held on the device and base.steps_per_call
 steps scanned per dispatch; on a CPU host batches, one step per dispatch; checkpoints), for
-config.bench.whole_run_steps base steps and config.bench.whole_run_runs runs of sessions: the first
-call's time (compile included), base steps/s after it, the base phase and the incremental phase
+config.bench.whole_run_steps base steps and config.bench.whole_run_runs runs of sessions (on a GPU/TPU
+all runs of a session fine-tuned in one call, incremental.parallel_runs): the first call's time (compile included), base steps/s after it, the base phase and the incremental phase
 (and that phase after its first session, i.e. without compiles).
 
 The records go to W/bench.json as {'provenance': ..., 'records': [...], 'whole_runs': [...]} (never
@@ -298,7 +298,7 @@ def whole_run(config: ml_collections.ConfigDict, method: str, steps: int, runs: 
   # the end of the first call, which includes the compile.
   on_device, per_call = pipeline.data_placement(cfg, bench.train.images.nbytes)
   return dict(method=method, steps=steps, runs=runs, batch=base_batch(cfg),
-              data_on_device=on_device, steps_per_call=per_call,
+              data_on_device=on_device, steps_per_call=per_call, parallel_runs=pipeline.parallel_runs(cfg),
               first_step_s=round(base_steps[per_call - 1] - t0, 2),
               base_steps_per_s=(round((steps - per_call) / (base_steps[-1] - base_steps[per_call - 1]), 2)
                                 if steps > per_call else None),

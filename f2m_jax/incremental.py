@@ -95,43 +95,80 @@ def pad_rows(x, size: int, value=0):
   return np.concatenate([x, np.full((size - len(x),) + x.shape[1:], value, x.dtype)])
 
 
+def _finetune_steps(trainable, frozen, batch_stats, anchor, images, labels, stored, num_seen, key,
+                    settings: SessionSettings, tx: optax.GradientTransformation):
+  """The E steps of a session on flat dicts: returns (trainable, losses[E])."""
+
+  def step(i, carry):
+    trainable, opt_state, losses = carry
+    x = augment_lib.train_inputs(jax.random.fold_in(key, i), images, settings.augment,
+                                 settings.image_size, settings.mean, settings.std)
+    trainable, opt_state, loss = session_step(trainable, opt_state, frozen, batch_stats, anchor, x, labels,
+                                              stored, num_seen, settings, tx)
+    return trainable, opt_state, losses.at[i].set(loss)
+
+  carry = (trainable, tx.init(trainable), jnp.zeros((settings.steps,), jnp.float32))
+  # A Python loop (E is small): under XLA:CPU a lax.fori_loop ran these steps up to 20x slower.
+  for i in range(settings.steps):
+    carry = step(i, carry)
+  trainable, _, losses = carry
+  return trainable, losses
+
+
 def make_finetune(settings: SessionSettings, max_images: int = 0, max_classes: int = 0) -> Callable:
   """finetune(params, batch_stats, anchor, images_u8, labels, stored, key) -> (params, losses[E]).
 
   `anchor` is the flat dict of phi* on the trainable paths; `stored` the [C_seen, D] prototypes
   (base ones used as given, novel rows replaced by batch means inside the loss). With `max_images`
   and `max_classes` (the last session's sizes) every session is padded to one shape, so the program
-  compiles once instead of once per session; padding rows and classes take no part in the loss."""
+  compiles once instead of once per session; padding rows and classes take no part in the loss.
+
+  finetune.runs(params_list, batch_stats, anchor, images_list, labels_list, stored, keys) ->
+  (params_list, losses[R, E]) fine-tunes R runs of one session at once, `jax.vmap` over the run axis
+  (the runs share phi*, the frozen leaves and `stored`; each has its own shots, key and trainable
+  leaves): one dispatch instead of R, for accelerators (on XLA:CPU the mapped convolutions with a
+  kernel per run become grouped ones, slower than R calls)."""
   tx = session_optimizer(settings)
   paths = settings.trainable_paths
 
+  def split(params):
+    flat = noise_lib.flatten(params)
+    return {p: flat[p] for p in paths}, {p: v for p, v in flat.items() if p not in set(paths)}
+
   @jax.jit
   def finetune_padded(params, batch_stats, anchor, images, labels, stored, num_seen, key):
-    flat = noise_lib.flatten(params)
-    trainable = {p: flat[p] for p in paths}
-    frozen = {p: v for p, v in flat.items() if p not in trainable}
-
-    def step(i, carry):
-      trainable, opt_state, losses = carry
-      x = augment_lib.train_inputs(jax.random.fold_in(key, i), images, settings.augment,
-                                   settings.image_size, settings.mean, settings.std)
-      trainable, opt_state, loss = session_step(trainable, opt_state, frozen, batch_stats, anchor, x, labels,
-                                                stored, num_seen, settings, tx)
-      return trainable, opt_state, losses.at[i].set(loss)
-
-    carry = (trainable, tx.init(trainable), jnp.zeros((settings.steps,), jnp.float32))
-    # A Python loop (E is small): under XLA:CPU a lax.fori_loop ran these steps up to 20x slower.
-    for i in range(settings.steps):
-      carry = step(i, carry)
-    trainable, _, losses = carry
+    trainable, frozen = split(params)
+    trainable, losses = _finetune_steps(trainable, frozen, batch_stats, anchor, images, labels, stored, num_seen,
+                                        key, settings, tx)
     return noise_lib.unflatten({**frozen, **trainable}), losses
 
-  def finetune(params, batch_stats, anchor, images, labels, stored, key):
-    num_seen = jnp.int32(len(stored))
+  @jax.jit
+  def finetune_runs_padded(trainables, frozen, batch_stats, anchor, images, labels, stored, num_seen, keys):
+    one = lambda t, x, y, k: _finetune_steps(t, frozen, batch_stats, anchor, x, y, stored, num_seen, k, settings, tx)
+    return jax.vmap(one)(trainables, images, labels, keys)
+
+  def pad(images, labels, stored):
     if max_images > len(labels) or max_classes > len(stored):
       images, labels = pad_rows(images, max_images), pad_rows(labels, max_images, -1)
       stored = pad_rows(stored, max_classes)
-    return finetune_padded(params, batch_stats, anchor, images, labels, stored, num_seen, key)
+    return images, labels, stored
+
+  def finetune(params, batch_stats, anchor, images, labels, stored, key):
+    num_seen = jnp.int32(len(stored))
+    return finetune_padded(params, batch_stats, anchor, *pad(images, labels, stored), num_seen, key)
+
+  def runs(params_list, batch_stats, anchor, images_list, labels_list, stored, keys):
+    num_seen = jnp.int32(len(stored))
+    padded = [pad(x, y, stored) for x, y in zip(images_list, labels_list)]
+    trainables = [split(p)[0] for p in params_list]
+    stacked = jax.tree_util.tree_map(lambda *v: jnp.stack(v), *trainables)
+    _, frozen = split(params_list[0])
+    out, losses = finetune_runs_padded(stacked, frozen, batch_stats, anchor, np.stack([x for x, _, _ in padded]),
+                                       np.stack([y for _, y, _ in padded]), padded[0][2], num_seen, jnp.stack(keys))
+    out = jax.device_get(out)
+    return [noise_lib.unflatten({**split(p)[1], **{q: v[r] for q, v in out.items()}})
+            for r, p in enumerate(params_list)], losses
 
   finetune.jitted = finetune_padded  # for inspection (tests count its compiled shapes)
+  finetune.runs = runs
   return finetune

@@ -85,6 +85,8 @@ def validate(c: ml_collections.ConfigDict) -> None:
   need(c.base.lr > 0, 'base.lr', c.base.lr, 'must be > 0')
   need(c.base.data_placement in ('auto', 'host', 'device'), 'base.data_placement', c.base.data_placement,
        "'auto', 'host' or 'device'")
+  need(c.incremental.parallel_runs >= 0, 'incremental.parallel_runs', c.incremental.parallel_runs,
+       'must be >= 0 (0: automatic)')
   need(c.base.steps_per_call >= 0, 'base.steps_per_call', c.base.steps_per_call, 'must be >= 0 (0: automatic)')
   need(c.base.checkpoint_every >= 1, 'base.checkpoint_every', c.base.checkpoint_every, 'must be >= 1')
   need(c.incremental.trainable in ('noise_set', 'all'), 'incremental.trainable', c.incremental.trainable,
@@ -385,53 +387,74 @@ def base_model(exp: Experiment, ckpts: Checkpoints, log, source: Optional[Checkp
           'prototypes': protos}
 
 
+def parallel_runs(config) -> int:
+  """How many runs one call updates in a session (incremental.parallel_runs; 0: 1 on a CPU, where
+  mapping runs turns their convolutions into slower grouped ones, and all runs elsewhere)."""
+  n = config.incremental.parallel_runs or (1 if jax.default_backend() == 'cpu' else config.runs)
+  return max(1, min(n, config.runs))
+
+
 def run_sessions(exp: Experiment, runner, ckpts: Checkpoints, log, train: bool = True,
                  hook: Hook = None) -> tuple:
-  """All runs x sessions for any method (its `runner`, f2m_jax/methods). Returns per-run lists of
-  per-session accuracy dicts and per-run prototype norms (None where the method has none). Sessions
-  already checkpointed are restored; with `train=False` a missing session is an error (eval mode)."""
+  """All runs x sessions for any method (its `runner`, f2m_jax/methods), session by session, the runs
+  in fixed groups of `parallel_runs` updated by one `runner.update_runs` call; each run and session
+  is checkpointed on its own. A group where only some runs still need the session is recomputed
+  whole (only those are saved), so a resumed run computes every session in the same program as an
+  uninterrupted one. Returns per-run lists of per-session accuracy dicts and
+  per-run prototype norms (None where the method has none). Sessions already checkpointed are
+  restored; with `train=False` a missing session is an error (eval mode)."""
   cfg, bench = exp.config, exp.bench
   first = runner.first_accuracies()
-  per_run, norms = [], []
+  runs = range(cfg.runs)
+  done = {run: set(ckpts.sessions_done(run)) for run in runs}
+  for run in runs:
+    gaps = sorted(set(range(2, max(done[run], default=1) + 1)) - done[run])
+    if gaps:
+      raise CheckpointError(f'{ckpts.root}/run_{run}: sessions {sorted(done[run])} are saved but {gaps} are missing; '
+                            f'restore them or delete the folder run_{run} to recompute that run')
+  states = [runner.start() for _ in runs]
+  exemplars = [np.zeros((0,), np.int64) for _ in runs]
+  accs = [[first] for _ in runs]
+  per_call = parallel_runs(cfg)
   bar = tqdm(total=cfg.runs * (bench.num_sessions - 1), desc='incremental sessions', file=sys.stdout,
              mininterval=2.0)
-  for run in range(cfg.runs):
-    state, exemplars = runner.start(), np.zeros((0,), np.int64)
-    accs = [first]
-    done = set(ckpts.sessions_done(run))
-    gaps = sorted(set(range(2, max(done, default=1) + 1)) - done)
-    if gaps:
-      raise CheckpointError(f'{ckpts.root}/run_{run}: sessions {sorted(done)} are saved but {gaps} are missing; '
-                            f'restore them or delete the folder run_{run} to recompute that run')
-    for session in range(2, bench.num_sessions + 1):
+  for session in range(2, bench.num_sessions + 1):
+    before, todo = list(states), []
+    for run in runs:
       shots = protocol_lib.session_shots(bench, cfg.data.protocol, run, session, cfg.data.shots, cfg.seed)
-      exemplars = np.concatenate([exemplars, shots])
-      if session in done:
-        saved = ckpts.restore_session(run, session, {**runner.template(session), 'exemplars': exemplars,
-                                                     'accuracy': np.zeros((4,), np.float64)})
-        if not np.array_equal(saved['exemplars'], exemplars):
-          raise CheckpointError(f'run {run} session {session}: saved exemplars differ from the protocol '
-                                '(the data or protocol changed since it was saved)')
-        state = runner.restore(saved)
-        accs.append(_unpack_accuracy(saved['accuracy']))
-        bar.update(1)
+      exemplars[run] = np.concatenate([exemplars[run], shots])
+      if session not in done[run]:
+        todo.append(run)
         continue
-      if not train:
-        raise CheckpointError(f'run {run} session {session} has no checkpoint in {ckpts.root}; '
-                              'train first (run without --mode eval)')
-      state, info = runner.update(state, run, session, exemplars)
-      acc = runner.accuracies(state, session)
-      ckpts.save_session(run, session, {**runner.item(state), 'exemplars': exemplars,
-                                        'accuracy': _pack_accuracy(acc)})
-      log.write(phase='session', run=run, session=session, **info, **acc)
-      accs.append(acc)
+      saved = ckpts.restore_session(run, session, {**runner.template(session), 'exemplars': exemplars[run],
+                                                   'accuracy': np.zeros((4,), np.float64)})
+      if not np.array_equal(saved['exemplars'], exemplars[run]):
+        raise CheckpointError(f'run {run} session {session}: saved exemplars differ from the protocol '
+                              '(the data or protocol changed since it was saved)')
+      states[run] = runner.restore(saved)
+      accs[run].append(_unpack_accuracy(saved['accuracy']))
       bar.update(1)
-      if hook:
-        hook('session', run=run, session=session)
-    per_run.append(accs)
-    norms.append(runner.norms(state))
+    if todo and not train:
+      raise CheckpointError(f'run {todo[0]} session {session} has no checkpoint in {ckpts.root}; '
+                            'train first (run without --mode eval)')
+    for group in (list(runs[i:i + per_call]) for i in range(0, cfg.runs, per_call)):
+      if not set(group) & set(todo):
+        continue
+      updated = runner.update_runs([before[r] for r in group], group, session, [exemplars[r] for r in group])
+      for run, (state, info) in zip(group, updated):
+        if run not in todo:
+          continue  # restored above; recomputed only as part of its group
+        states[run] = state
+        acc = runner.accuracies(state, session)
+        ckpts.save_session(run, session, {**runner.item(state), 'exemplars': exemplars[run],
+                                          'accuracy': _pack_accuracy(acc)})
+        log.write(phase='session', run=run, session=session, **info, **acc)
+        accs[run].append(acc)
+        bar.update(1)
+        if hook:
+          hook('session', run=run, session=session)
   bar.close()
-  return per_run, norms
+  return accs, [runner.norms(state) for state in states]
 
 
 def _pack_accuracy(acc: dict) -> np.ndarray:

@@ -14,8 +14,9 @@ from flax import traverse_util
 # other modes' settings): a workdir may be resumed or evaluated with different values of these. A
 # name ending in '.' covers every field below it.
 NON_RESULT_FIELDS = ('data.data_dir', 'data.tfds_data_dir', 'data.cache_dir', 'base.log_every',
-                     'base.checkpoint_every', 'base.data_placement', 'base.steps_per_call', 'eval.batch_size',
-                     'eval.cache_trunk', 'distributed', 'tensorboard', 'bench.', 'flatness.')
+                     'base.checkpoint_every', 'base.data_placement', 'base.steps_per_call',
+                     'incremental.parallel_runs', 'eval.batch_size', 'eval.cache_trunk', 'distributed',
+                     'tensorboard', 'bench.', 'flatness.')
 
 
 # Fields added after workdirs were already being written, with the value that reproduces what a run

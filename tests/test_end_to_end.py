@@ -120,7 +120,7 @@ def test_bench_whole_runs_time_the_pipeline(smoke_run, smoke_config):
     assert r['base_phase_s'] >= r['first_step_s'] and r['incremental_s'] >= r['incremental_after_first_session_s'] > 0
   table = bench.format_whole_runs(rows).splitlines()
   assert len(table) == 3 and table[1].startswith('f2m') and table[2].startswith('baseline')
-  assert [(r['data_on_device'], r['steps_per_call']) for r in rows] == [(False, 1)] * 2  # the CPU's default
+  assert [(r['data_on_device'], r['steps_per_call'], r['parallel_runs']) for r in rows] == [(False, 1, 1)] * 2
   smoke_config.base.update(data_placement='device', steps_per_call=2)  # the accelerators' path, 2 calls
   scanned = bench.whole_run(smoke_config, 'baseline', 4, 1)
   assert (scanned['data_on_device'], scanned['steps_per_call']) == (True, 2) and scanned['base_steps_per_s'] > 0

@@ -19,6 +19,10 @@ and a Runner (built once per pipeline run, holding its compiled functions) has:
   template(session) -> dict, item(state) -> dict, restore(saved) -> state
                                             what a session checkpoint holds, and back
   norms(state) -> dict or None              prototype norms after the last session (NCM methods)
+  update_runs(states, runs, session, exemplars) -> [(state, info)]
+                                            `update` for several runs of one session; `Runner`'s
+                                            default updates them one by one, a method may map them
+                                            together (F2M: jax.vmap over the runs)
 """
 from __future__ import annotations
 
@@ -33,6 +37,13 @@ class Method:
   first_session: Callable
   runner: Callable
   description: str = ''
+
+
+class Runner:
+  """Base of every runner: the default `update_runs`."""
+
+  def update_runs(self, states: list, runs: list, session: int, exemplars: list) -> list:
+    return [self.update(s, r, session, e) for s, r, e in zip(states, runs, exemplars)]
 
 
 def registry() -> dict:

@@ -30,7 +30,7 @@ from f2m_jax import noise as noise_lib
 from f2m_jax import objectives
 from f2m_jax.data import augment as augment_lib
 from f2m_jax.data import protocol as protocol_lib
-from f2m_jax.methods import Method, joint, ncm
+from f2m_jax.methods import Method, Runner, joint, ncm
 
 
 def configure_fsll(config) -> None:
@@ -91,7 +91,7 @@ def session_loss(emb, labels, base_prototypes, trainable: dict, former: dict, wa
           + cfg.pn_weight * prototype_loss(emb, base_prototypes, ways, shots, cfg.omega) + cfg.reg_weight * drift)
 
 
-class FSLLRunner:
+class FSLLRunner(Runner):
   """State of a run: {'params', 'batch_stats'} of the current network and 'prototypes' (base ones
   from session 1, then the novel classes' under the current network)."""
 

@@ -31,7 +31,7 @@ import optax
 from f2m_jax import evaluation
 from f2m_jax.data import augment as augment_lib
 from f2m_jax.data import protocol as protocol_lib
-from f2m_jax.methods import Method, joint, ncm
+from f2m_jax.methods import Method, Runner, joint, ncm
 
 
 def configure_icarl(config) -> None:
@@ -133,7 +133,7 @@ def make_session_step(network, loss_fn, momentum: float, weight_decay: float, au
   return step, tx
 
 
-class ICaRLRunner:
+class ICaRLRunner(Runner):
   """State of a run: {'params', 'batch_stats'} of the current network (classifier padded to every
   class of the protocol), 'memory' (indices of the exemplars of every class learned before the
   current session, in class order) and 'prototypes' (the means NCM uses, one per seen class).

@@ -30,7 +30,7 @@ from f2m_jax import sharding
 from f2m_jax.checkpoint import CheckpointError
 from f2m_jax.data import augment as augment_lib
 from f2m_jax.data import protocol as protocol_lib
-from f2m_jax.methods import Method, ncm
+from f2m_jax.methods import Method, Runner, ncm
 
 
 def configure_joint(config) -> None:
@@ -92,7 +92,7 @@ def train_network(exp, network, pool: np.ndarray, key, training, log, desc: str,
   return {'params': jax.device_get(state.params), 'batch_stats': jax.device_get(state.batch_stats)}
 
 
-class JointRunner:
+class JointRunner(Runner):
   """State of a run: the variables of the session's network (a classifier over all seen classes)."""
 
   def __init__(self, exp, first: dict, ckpts, source=None, log=None):

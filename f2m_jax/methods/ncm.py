@@ -13,7 +13,7 @@ from f2m_jax import evaluation
 from f2m_jax import incremental
 from f2m_jax import noise as noise_lib
 from f2m_jax.data import protocol as protocol_lib
-from f2m_jax.methods import Method
+from f2m_jax.methods import Method, Runner
 
 
 def configure_f2m(config) -> None:
@@ -59,7 +59,7 @@ def merge(params, trainable_nested):
   return noise_lib.unflatten(flat)
 
 
-class NCMRunner:
+class NCMRunner(Runner):
   """State of a run: (the network's params, the prototypes of every seen class). Base prototypes
   are those of session 1 and never recomputed; after each session the novel prototypes are
   recomputed with the (fine-tuned) network from all shots seen so far."""
@@ -87,23 +87,41 @@ class NCMRunner:
   def start(self):
     return self.params, self.base_protos
 
-  def update(self, state, run: int, session: int, exemplars: np.ndarray):
-    exp, bench = self.exp, self.exp.bench
-    run_params, _ = state
-    seen = bench.num_seen_classes(session)
-    images, labels = bench.train.images[exemplars], bench.train.labels[exemplars]
-    stored = np.zeros((seen, self.base_protos.shape[1]), np.float32)
+  def _stored(self, session: int) -> np.ndarray:
+    """Eq. 5's prototypes: the base ones, zero rows for the novel classes (batch means in the loss)."""
+    stored = np.zeros((self.exp.bench.num_seen_classes(session), self.base_protos.shape[1]), np.float32)
     stored[:len(self.base_protos)] = self.base_protos
-    losses = []
-    if self.finetune is not None:
-      run_params, losses = self.finetune(run_params, self.batch_stats, self.anchor, images, labels, stored,
-                                         exp.key(2, run, session))
-      run_params = jax.device_get(run_params)
-      losses = np.asarray(losses).tolist()
+    return stored
+
+  def _finish(self, run_params, session: int, exemplars: np.ndarray, losses) -> tuple:
+    """(state, info) after the fine-tuning: the novel prototypes from all shots seen so far."""
+    bench = self.exp.bench
     variables = {'params': run_params, 'batch_stats': self.batch_stats}
     novel_classes = [c for s in bench.session_classes[1:session] for c in s]
-    novel = evaluation.prototypes(self.embed(variables, exp.train_view(exemplars)), labels, novel_classes)
-    return (run_params, np.concatenate([self.base_protos, novel])), {'losses': losses}
+    novel = evaluation.prototypes(self.embed(variables, self.exp.train_view(exemplars)),
+                                  bench.train.labels[exemplars], novel_classes)
+    return (run_params, np.concatenate([self.base_protos, novel])), {'losses': np.asarray(losses).tolist()}
+
+  def update(self, state, run: int, session: int, exemplars: np.ndarray):
+    exp, bench = self.exp, self.exp.bench
+    run_params, losses = state[0], []
+    if self.finetune is not None:
+      run_params, losses = self.finetune(run_params, self.batch_stats, self.anchor, bench.train.images[exemplars],
+                                         bench.train.labels[exemplars], self._stored(session),
+                                         exp.key(2, run, session))
+      run_params = jax.device_get(run_params)
+    return self._finish(run_params, session, exemplars, losses)
+
+  def update_runs(self, states: list, runs: list, session: int, exemplars: list) -> list:
+    """The runs' fine-tuning in one call mapped over the runs (`make_finetune`'s `runs`)."""
+    if self.finetune is None or len(runs) == 1:
+      return super().update_runs(states, runs, session, exemplars)
+    exp, bench = self.exp, self.exp.bench
+    params, losses = self.finetune.runs([s[0] for s in states], self.batch_stats, self.anchor,
+                                        [bench.train.images[e] for e in exemplars],
+                                        [bench.train.labels[e] for e in exemplars], self._stored(session),
+                                        [exp.key(2, r, session) for r in runs])
+    return [self._finish(p, session, e, l) for p, e, l in zip(params, exemplars, np.asarray(losses))]
 
   def accuracies(self, state, session: int) -> dict:
     run_params, protos = state
