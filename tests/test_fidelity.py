@@ -115,6 +115,7 @@ def test_task_epoch_batches_through_the_pipeline(smoke_config):
 def test_select_on_test_is_opt_in_and_every_output_says_so(smoke_config, tmp_path):
   smoke_config.base.select_on_test = True
   smoke_config.base.select_every = 25
+  smoke_config.method = 'baseline'  # the selection is the base loop's, the same for every method
   smoke_config.runs = 1
   smoke_config.data.synthetic.num_sessions = 2  # the base model is what is checked
   workdir = str(tmp_path / 'w')

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Issue 15's GPU targets in one call (about 6 minutes on an H200; prepared on the CPU with STEPS=20):
+#   1. --mode bench, the per-step table for F2M's default (M = 2, float32) and the whole runs
+#      (1,000 base steps of F2M and the Baseline through the pipeline, 10 runs of sessions);
+#   2. a whole CIFAR-100 F2M run of the full protocol's shapes on `trainsplit` (STEPS base
+#      iterations, default 30,003, then 10 x 8 sessions): its base steps/s, incremental phase and
+#      wall time, from its metrics.jsonl.
+# Targets: base steps/s >= 95% of the bench's device-only F2M rate; incremental phase < 15 s after
+# compilation; the whole run < 3 minutes.
+#
+#   F2M_DATA_DIR=... experiments/gpu_targets.sh OUT
+#   STEPS=20 RUNS=1 experiments/gpu_targets.sh OUT   # the CPU check of this script
+set -euo pipefail
+out=${1:?usage: experiments/gpu_targets.sh OUT}
+steps=${STEPS:-30003}
+runs=${RUNS:-10}
+mkdir -p "$out"
+bench_extra=()
+[ -n "${STEPS:-}" ] && bench_extra+=(--config.bench.whole_run_steps="$steps")
+[ -n "${RUNS:-}" ] && bench_extra+=(--config.bench.whole_run_runs="$runs")
+python run.py --config configs/cifar100.py:trainsplit --mode bench --workdir "$out/bench" \
+    --config.bench.M_list='(2,)' --config.bench.dtypes="('float32',)" ${bench_extra[@]+"${bench_extra[@]}"} \
+    2>&1 | tee "$out/bench.log"
+time python run.py --config configs/cifar100.py:trainsplit --workdir "$out/f2m_full" \
+    --config.base.steps="$steps" --config.base.milestones="($((steps / 2)),)" --config.runs="$runs" \
+    > "$out/f2m_full.log" 2>&1
+python - "$out/f2m_full" <<'EOF'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1] + '/metrics.jsonl')]
+base = [r for r in rows if r.get('phase') == 'base']
+sessions = [r for r in rows if r.get('phase') == 'session']
+done = [r for r in rows if r.get('phase') == 'done'][-1]
+rates = [r['steps_per_s'] for r in base[1:]] or [base[-1]['steps_per_s']]  # the first window compiles
+first_session = min(r['time'] for r in sessions)
+print(json.dumps({'base_steps_per_s_median': sorted(rates)[len(rates) // 2],
+                  'base_end_to_first_session_end_s': round(first_session - base[-1]['time'], 1),
+                  'sessions_after_the_first_s': round(max(r['time'] for r in sessions) - first_session, 1),
+                  'sessions': len(sessions), 'wall_time_s': done['wall_time_s']}))
+EOF
