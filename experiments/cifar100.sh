@@ -20,9 +20,10 @@
 # (configs/cifar100_incremental.py: 50 base classes + 5 sessions of 10, 20 exemplars per class).
 # On 2 CPU cores (2026-11) a 600-iteration F2M base session takes about 35 minutes, its 10 x 8
 # sessions about 5. Joint training is the costly row (a network per session and run); the budget
-# measured on the CPU for the superclass splits, one split per core (about 100 minutes each):
+# measured on the CPU for the superclass splits (experiments/results section 11), one split per core,
+# about 2 hours each with other work on the machine:
 #   TABLES=superclass SPLITS=superclass1 STEPS=100 RUNS=2 \
-#     OVERRIDES="--config.crt.epochs=4 --config.crt.milestones=(2,3)" experiments/cifar100.sh trainsplit OUT
+#     OVERRIDES="--config.crt.epochs=2 --config.crt.milestones=(1,)" experiments/cifar100.sh trainsplit OUT
 #
 # Rows that share a base model reuse its checkpoint (--checkpoint) instead of retraining it.
 # Workdirs are resumable: rerunning the script continues where it stopped.
