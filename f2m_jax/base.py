@@ -226,10 +226,8 @@ def make_multi_step(objective: BaseObjective, tx: optax.GradientTransformation, 
     return jax.lax.scan(body, state, indices)
 
   if mesh is not None:
-    from jax.sharding import NamedSharding, PartitionSpec
     from f2m_jax import sharding
     rep = sharding.replicated(mesh)
-    rows = NamedSharding(mesh, PartitionSpec(None, sharding.AXIS))
-    return jax.jit(multi_step, in_shardings=(rep, rep, rep, rows, rep), out_shardings=(rep, rep),
-                   donate_argnums=(0,))
+    return jax.jit(multi_step, in_shardings=(rep, rep, rep, sharding.rows_sharded(mesh), rep),
+                   out_shardings=(rep, rep), donate_argnums=(0,))
   return jax.jit(multi_step, donate_argnums=(0,))

@@ -15,8 +15,9 @@ Whole runs (`whole_run`), for F2M and the Baseline: the pipeline's own base loop
 sessions, as run.py runs them (on a GPU/TPU the images held on the device and base.steps_per_call
 steps scanned per dispatch; on a CPU host batches, one step per dispatch; checkpoints), for
 config.bench.whole_run_steps base steps and config.bench.whole_run_runs runs of sessions (on a GPU/TPU
-all runs of a session fine-tuned in one call, incremental.parallel_runs): the first call's time (compile included), base steps/s after it, the base phase and the incremental phase
-(and that phase after its first session, i.e. without compiles).
+all runs of a session fine-tuned in one call, incremental.parallel_runs): the first call's time
+(compile included), base steps/s after it, the base phase and the incremental phase (and that
+phase after its first session, i.e. without compiles).
 
 The records go to W/bench.json as {'provenance': ..., 'records': [...], 'whole_runs': [...]} (never
 overwriting one: then W/bench_<timestamp>.json).

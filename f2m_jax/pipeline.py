@@ -227,9 +227,9 @@ def train_base(exp: Experiment, ckpts: Checkpoints, log: workdir_lib.MetricsLog,
   t0 = time.time()
   # Calls end at multiples of per_call (which divides the logging, checkpoint and selection
   # intervals), also after a resume with another per_call, so those always see a call's end state.
-  ends = sorted({min(cfg.steps, (s // per_call + 1) * per_call) for s in range(start, cfg.steps)})
-  for first, last in zip([start] + ends[:-1], ends):
-    n = last - first
+  first = start
+  while first < cfg.steps:
+    n = min(cfg.steps, (first // per_call + 1) * per_call) - first
     if on_device:
       indices = np.stack([exp.batch_indices(s) for s in range(first, first + n)]).astype(np.int32)
       state, metrics = multi_fn(state, images_dev, labels_dev, sharding.shard_rows(mesh, indices), key)
@@ -258,6 +258,7 @@ def train_base(exp: Experiment, ckpts: Checkpoints, log: workdir_lib.MetricsLog,
         ckpts.save_base_state(done, state)
       if hook:
         hook('base_step', step=done)
+    first += n
   bar.close()
   return state
 
@@ -400,9 +401,9 @@ def run_sessions(exp: Experiment, runner, ckpts: Checkpoints, log, train: bool =
   in fixed groups of `parallel_runs` updated by one `runner.update_runs` call; each run and session
   is checkpointed on its own. A group where only some runs still need the session is recomputed
   whole (only those are saved), so a resumed run computes every session in the same program as an
-  uninterrupted one. Returns per-run lists of per-session accuracy dicts and
-  per-run prototype norms (None where the method has none). Sessions already checkpointed are
-  restored; with `train=False` a missing session is an error (eval mode)."""
+  uninterrupted one. Returns per-run lists of per-session accuracy dicts and per-run prototype
+  norms (None where the method has none). Sessions already checkpointed are restored; with
+  `train=False` a missing session is an error (eval mode)."""
   cfg, bench = exp.config, exp.bench
   first = runner.first_accuracies()
   runs = range(cfg.runs)

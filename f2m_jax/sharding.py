@@ -64,6 +64,11 @@ def batch_sharded(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, P(AXIS))
 
 
+def rows_sharded(mesh: Mesh) -> NamedSharding:
+  """[N, B] per-step batch indices: the batch axis B split over 'data', the step axis whole."""
+  return NamedSharding(mesh, P(None, AXIS))
+
+
 def _put(x, sharding: NamedSharding) -> jax.Array:
   """A global array from a host value that every process holds in full."""
   if isinstance(x, jax.Array) and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
@@ -88,7 +93,7 @@ def shard_batch(mesh: Mesh, *arrays: np.ndarray) -> tuple:
 def shard_rows(mesh: Mesh, indices: np.ndarray) -> jax.Array:
   """[N, B] batch indices (N steps of a global batch B) split along B over the mesh."""
   per_device_batch(indices.shape[1], mesh)
-  return _put(indices, NamedSharding(mesh, P(None, AXIS)))
+  return _put(indices, rows_sharded(mesh))
 
 
 def jit_data_parallel(step: Callable, mesh: Mesh, num_batch_args: int = 2) -> Callable:
