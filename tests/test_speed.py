@@ -34,17 +34,17 @@ def _smooth(config):
   return config
 
 
-def _max_rel_diff(a, b) -> float:
-  """Largest difference of two pytrees, relative to each leaf's largest magnitude."""
-  return max(float(np.abs(np.float64(x) - np.float64(y)).max() / (np.abs(np.float64(y)).max() + 1e-12))
-             for x, y in zip(jax.tree_util.tree_leaves(jax.device_get(a)), jax.tree_util.tree_leaves(jax.device_get(b))))
-
-
 def _rel_norm_diff(a, b) -> float:
   """|a - b| / |b| over all leaves of two pytrees together."""
   flat = lambda t: np.concatenate([np.ravel(np.float64(v)) for v in jax.tree_util.tree_leaves(jax.device_get(t))])
   x, y = flat(a), flat(b)
   return float(np.linalg.norm(x - y) / np.linalg.norm(y))
+
+
+def _moved(state, init) -> tuple:
+  """How far the parameters and BN statistics moved from `init`."""
+  return jax.tree_util.tree_map(lambda a, b: np.float64(a) - np.float64(b), jax.device_get(
+      (state.params, state.batch_stats)), jax.device_get((init.params, init.batch_stats)))
 
 
 def test_scanned_steps_equal_single_steps(smoke_config):
@@ -56,7 +56,7 @@ def test_scanned_steps_equal_single_steps(smoke_config):
   key, n, per_call = exp.key(0), 8, 2
   indices = np.stack([exp.batch_indices(s) for s in range(n)]).astype(np.int32)
   images, labels = jnp.asarray(bench.train.images), jnp.asarray(bench.train.labels)
-  one, scanned = exp.init_state(), exp.init_state()
+  init, one, scanned = exp.init_state(), exp.init_state(), exp.init_state()  # the steps donate the state
   for call in range(n // per_call):
     steps = range(call * per_call, (call + 1) * per_call)
     singles = []
@@ -66,7 +66,11 @@ def test_scanned_steps_equal_single_steps(smoke_config):
     scanned, metrics = multi(scanned, images, labels, jnp.asarray(indices[steps.start:steps.stop]), key)
     metrics = jax.device_get(metrics)
     assert int(scanned.step) == steps.stop
-    assert _max_rel_diff(scanned, one) < 1e-4, f'after step {steps.stop}'
+    # Relative to how far the model moved (measured: 2e-6 with two XLA threads; 1.2e-4 with one,
+    # where other reduction orders leave the near-zero BN biases 0.3% apart; a wrong batch or a
+    # skipped step is off by order 1).
+    for a, b in zip(_moved(scanned, init), _moved(one, init)):
+      assert _rel_norm_diff(a, b) < 1e-3, f'after step {steps.stop}'
     for k in ('loss', 'ce', 'pf', 'acc', 'ce_clean'):
       assert metrics[k].shape == (per_call,)
       np.testing.assert_allclose(metrics[k], [m[k] for m in singles], rtol=1e-5, atol=1e-6)
