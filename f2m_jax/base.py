@@ -169,6 +169,11 @@ def init_state(model: ResNet, key: jax.Array, image_size: int, tx: optax.Gradien
                     opt_state=tx.init(params))
 
 
+def all_finite(tree) -> jax.Array:
+  """True when every float in `tree` is finite (a scalar bool array)."""
+  return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree_util.tree_leaves(tree)]))
+
+
 def apply_step(state: TrainState, x, labels, eps, objective: BaseObjective,
                tx: optax.GradientTransformation):
   """One update of the clean parameters from network inputs `x` (already augmented and normalised)
@@ -178,7 +183,8 @@ def apply_step(state: TrainState, x, labels, eps, objective: BaseObjective,
   (_, (new_stats, metrics)), grads = grad_fn(state.params, state.batch_stats, x, labels, eps, objective)
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
-  metrics['finite'] = jnp.isfinite(metrics['loss'])
+  # A finite loss can still take an update to inf: the step is good only if what it saves is finite.
+  metrics['finite'] = jnp.isfinite(metrics['loss']) & all_finite((params, new_stats))
   return TrainState(state.step + 1, params, new_stats, opt_state), metrics
 
 

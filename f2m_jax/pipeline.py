@@ -241,8 +241,8 @@ def train_base(exp: Experiment, ckpts: Checkpoints, log: workdir_lib.MetricsLog,
       per_step = [jax.device_get(metrics)]
     for i, metrics in enumerate(per_step):
       if not metrics['finite']:
-        raise TrainingError(f'non-finite loss {metrics["loss"]} at base step {first + i + 1}; the last good '
-                            f'checkpoint (step {ckpts.latest_base_step()}) is kept')
+        raise TrainingError(f'non-finite loss or parameters (loss {metrics["loss"]}) at base step '
+                            f'{first + i + 1}; the last good checkpoint (step {ckpts.latest_base_step()}) is kept')
     bar.update(n)
     for i, metrics in enumerate(per_step):  # logging, selection and checkpoints fall on call boundaries
       window.append(metrics)

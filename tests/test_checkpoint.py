@@ -1,4 +1,5 @@
-"""Checkpoints: bit-exact save/restore, resume after interruption, eval mode, and bad input."""
+"""Checkpoints: bit-exact save/restore, resume after interruption, eval mode, and bad input (the NaN
+stop and its last good checkpoint: tests/test_speed.py, on both data paths)."""
 import hashlib
 import json
 import os
@@ -179,15 +180,3 @@ def test_changed_config_is_refused_but_eval_only_fields_are_not(reference, tmp_p
   config.eval.batch_size = 100
   assert same_results(pipeline.run(config, workdir, mode='eval'), reference[1])
 
-
-def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path):
-  config = tiny_config()
-  config.base.lr = 1e12
-  workdir = str(tmp_path / 'nan')
-  with pytest.raises(pipeline.TrainingError, match=r'non-finite loss .* at base step \d+'):
-    pipeline.run(config, workdir)
-  step = Checkpoints(workdir).latest_base_step()
-  if step is not None:
-    restored = Checkpoints(workdir).restore_base_state(pipeline.Experiment.create(
-        pipeline.resolve(config), pipeline.sources.load_benchmark(pipeline.resolve(config))).init_state())
-    assert all(np.all(np.isfinite(x)) for x in jax.tree_util.tree_leaves(restored.params))

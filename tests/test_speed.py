@@ -150,12 +150,21 @@ def test_device_path_resumes_exactly(runs, tmp_path):
   assert without_provenance(pipeline.run(_tiny('device', 5), workdir)) == without_provenance(runs['device'][1])
 
 
-def test_nan_stop_names_the_same_step(tmp_path):
-  steps = []
+def test_nan_stop_names_the_same_step_and_keeps_the_last_good_checkpoint(tmp_path):
+  steps = {}
   for placement in ('host', 'device'):
     config = _tiny(placement, 5)
-    config.base.update(lr=1e12, steps_per_call=4, log_every=20, checkpoint_every=20)  # diverges in a few steps
-    with pytest.raises(pipeline.TrainingError, match=r'at base step (\d+);') as e:
+    config.base.update(lr=1e3, steps_per_call=4, log_every=20, checkpoint_every=20)  # diverges at step 6
+    if placement == 'host':
+      config.base.checkpoint_every = 2  # a checkpoint before the divergence
+    with pytest.raises(pipeline.TrainingError, match=r'non-finite loss or parameters .* at base step (\d+);') as e:
       pipeline.run(config, str(tmp_path / placement))
-    steps.append(str(e.value).split('base step ')[1].split(';')[0])
-  assert steps[0] == steps[1] and int(steps[0]) % 4  # a step inside one of the device path's calls
+    steps[placement] = int(str(e.value).split('base step ')[1].split(';')[0])
+  assert steps['host'] == steps['device'] and steps['host'] % 4  # a step inside one of the device path's calls
+  # The host run's last checkpoint is the last one before the divergence, and finite.
+  ckpts = Checkpoints(str(tmp_path / 'host'), read_only=True)
+  last = ckpts.latest_base_step()
+  assert last is not None and steps['host'] - 2 <= last < steps['host']
+  config = pipeline.resolve(_tiny('host', 5))
+  state = ckpts.restore_base_state(pipeline.Experiment.create(config, sources.load_benchmark(config)).init_state(), last)
+  assert all(np.isfinite(x).all() for x in jax.tree_util.tree_leaves(jax.device_get(state.params)))

@@ -80,7 +80,7 @@ def train_network(exp, network, pool: np.ndarray, key, training, log, desc: str,
       metrics = jax.device_get(metrics)
       if not metrics['finite']:
         from f2m_jax.pipeline import TrainingError  # pylint: disable=g-import-not-at-top
-        raise TrainingError(f'non-finite loss {metrics["loss"]} at step {step + 1} of {desc}')
+        raise TrainingError(f'non-finite loss or parameters (loss {metrics["loss"]}) at step {step + 1} of {desc}')
       window.append(metrics)
       done = step + 1
       if done % cfg.log_every == 0 or done == cfg.steps:
