@@ -134,11 +134,19 @@ def default_label(results: dict, path: str) -> str:
 # ----------------------------------------------------------------------------- table helpers
 
 
-def format_stat(stat: Optional[dict], digits: int = 2) -> str:
-  """'mean ± ci95' with `digits` decimals, or '-' for a missing/null statistic."""
+def format_stat(stat: Optional[dict], digits: int = 2, interval: bool = True) -> str:
+  """'mean ± ci95' with `digits` decimals ('mean' alone without an interval), or '-' for a
+  missing/null statistic."""
   if stat is None:
     return MISSING
+  if not interval:
+    return f'{stat["mean"]:.{digits}f}'
   return f'{stat["mean"]:.{digits}f} ± {stat["ci95"]:.{digits}f}'
+
+
+def has_interval(results: dict) -> bool:
+  """Whether the statistics rest on several runs: one run has no interval (its ci95 is written as 0)."""
+  return results.get('runs', 2) > 1
 
 
 def session_map(results: dict) -> dict:
@@ -200,7 +208,8 @@ def reads_test_set(results: dict) -> bool:
 
 def table_label(row: Row) -> str:
   """The row's label, marked where its base model was chosen on the test set."""
-  return row.label + (' (base model chosen on test images)' if reads_test_set(row.results) else '')
+  return (row.label + ('' if has_interval(row.results) else ' (1 run, no interval)')
+          + (' (base model chosen on test images)' if reads_test_set(row.results) else ''))
 
 
 def budget(results: dict) -> str:
@@ -241,10 +250,10 @@ def format_table(rows: Sequence[Row], reference: Any = 0) -> str:
   header = ['Method'] + [str(n) for n in numbers] + ['PD', 'AVG', 'gap']
   body = []
   for row in rows:
-    by_number = session_map(row.results)
-    cells = [format_stat(by_number[n]['acc']) if n in by_number else MISSING for n in numbers]
-    body.append([table_label(row)] + cells + [format_stat(row.results['pd']),
-                                       format_stat(row.results['avg']), f'{gap(row, ref):+.2f}'])
+    by_number, ci = session_map(row.results), has_interval(row.results)
+    cells = [format_stat(by_number[n]['acc'], interval=ci) if n in by_number else MISSING for n in numbers]
+    body.append([table_label(row)] + cells + [format_stat(row.results['pd'], interval=ci),
+                                       format_stat(row.results['avg'], interval=ci), f'{gap(row, ref):+.2f}'])
   return markdown_table(header, body)
 
 
@@ -255,10 +264,10 @@ def format_base_novel_table(rows: Sequence[Row], all_sessions: bool = False) -> 
   for row in rows:
     sessions = (sorted(row.results['sessions'], key=lambda s: s['session']) if all_sessions
                 else [last_session(row.results)])
+    ci = has_interval(row.results)
     for s in sessions:
-      body.append([row.label, str(s['session']), str(s['num_classes']), format_stat(s['acc']),
-                   format_stat(s['acc_base']), format_stat(s.get('acc_novel')),
-                   format_stat(s.get('hm'))])
+      body.append([row.label, str(s['session']), str(s['num_classes'])] + [
+          format_stat(s.get(k), interval=ci) for k in ('acc', 'acc_base', 'acc_novel', 'hm')])
   return markdown_table(header, body)
 
 
@@ -266,15 +275,17 @@ def format_session_table(results: dict) -> str:
   """A short plain-text table of one results dict: per session the number of classes, accuracy,
   base, novel and HM (mean ± ci95), then PD and AVG. Printed at the end of a training run."""
   header = ['Session', 'Classes', 'Acc', 'Base', 'Novel', 'HM']
-  lines = [[str(s['session']), str(s['num_classes']), format_stat(s['acc']),
-            format_stat(s['acc_base']), format_stat(s.get('acc_novel')), format_stat(s.get('hm'))]
+  ci = has_interval(results)
+  lines = [[str(s['session']), str(s['num_classes'])] + [format_stat(s.get(k), interval=ci)
+                                                         for k in ('acc', 'acc_base', 'acc_novel', 'hm')]
            for s in sorted(results['sessions'], key=lambda s: s['session'])]
   widths = [max(len(r[i]) for r in [header] + lines) for i in range(len(header))]
   render = lambda r: '  '.join(c.rjust(w) for c, w in zip(r, widths)).rstrip()
   title = (f'{results.get("label") or results.get("method", "?")} on {results.get("dataset", "?")}'
-           f' ({results.get("protocol", "?")}, {results.get("runs", "?")} runs, mean ± 95% CI, %)')
+           f' ({results.get("protocol", "?")}, {results.get("runs", "?")} runs, '
+           f'{"mean ± 95% CI" if ci else "no interval"}, %)')
   rule = '-' * len(render(header))
-  footer = f'PD  {format_stat(results["pd"])}    AVG  {format_stat(results["avg"])}'
+  footer = f'PD  {format_stat(results["pd"], interval=ci)}    AVG  {format_stat(results["avg"], interval=ci)}'
   if reads_test_set(results):
     footer += (f'\nbase model: step {results["base_model"]["step"]}, chosen on the base classes\' TEST images '
                '(base.select_on_test)')
@@ -305,9 +316,10 @@ def csv_rows(rows: Sequence[Row], reference: Any = 0) -> list:
     for n in numbers:
       acc = by_number[n]['acc'] if n in by_number else None
       record[f's{n}'] = '' if acc is None else acc['mean']
-      record[f's{n}_ci95'] = '' if acc is None else acc['ci95']
-    record.update(pd=r['pd']['mean'], pd_ci95=r['pd']['ci95'], avg=r['avg']['mean'],
-                  avg_ci95=r['avg']['ci95'], gap=gap(row, ref), budget=budget(r), hardware=hardware(r))
+      record[f's{n}_ci95'] = '' if acc is None or not has_interval(r) else acc['ci95']
+    ci95 = lambda stat: stat['ci95'] if has_interval(r) else ''  # one run: no interval
+    record.update(pd=r['pd']['mean'], pd_ci95=ci95(r['pd']), avg=r['avg']['mean'],
+                  avg_ci95=ci95(r['avg']), gap=gap(row, ref), budget=budget(r), hardware=hardware(r))
     out.append(record)
   return out
 
@@ -446,7 +458,8 @@ def format_norms_table(rows: Sequence[Row]) -> str:
   body = []
   for r in have:
     n = r.results['prototype_norms']
-    body.append([_escape(r.label)] + [format_stat(n[k]) for k in ('base_mean', 'base_std', 'novel_mean', 'novel_std')])
+    body.append([_escape(r.label)] + [format_stat(n[k], interval=has_interval(r.results))
+                                              for k in ('base_mean', 'base_std', 'novel_mean', 'novel_std')])
   return markdown_table(['Method', 'base norm mean', 'base norm std', 'novel norm mean', 'novel norm std'], body)
 
 

@@ -240,3 +240,19 @@ def test_format_session_table():
       assert report.format_stat(s['acc_novel']) in line and report.format_stat(s['hm']) in line
   assert '81.23 ± 0.10' in body[0] and '35.12 ± 1.80' in body[8] and '40.12 ± 2.70' in body[8]
   assert lines[-1] == f'PD  {81.234 - 55.125:.2f} ± 0.31    AVG  {sum(F2M_ACCS) / 9:.2f} ± 0.27'
+
+
+def test_one_run_shows_no_interval(tmp_path, workdirs):
+  """A single run's ci95 is stored as 0; the report shows its means without '±' and says so, and the
+  CSV leaves its interval columns empty, so that 0 never reads as 'no spread'."""
+  one = make_results('joint', BASE_ACCS, [0.0] * 9)
+  one['runs'] = 1
+  rows = report.build_rows([workdirs[0], write_workdir(tmp_path, 'one_run', one)], labels=['F2M', 'joint'])
+  table = report.format_table(rows).splitlines()
+  f2m_line, joint_line = table[2], table[3]
+  assert '81.23 ± 0.10' in f2m_line and '±' not in joint_line
+  assert joint_line.startswith('| joint (1 run, no interval) | 80.00 | 75.00 |')
+  assert '±' not in report.format_session_table(one) and 'no interval' in report.format_session_table(one)
+  record = report.csv_rows(rows)[1]
+  assert record['s1'] == 80.0 and record['s1_ci95'] == '' and record['pd_ci95'] == ''
+  assert report.csv_rows(rows)[0]['s1_ci95'] == 0.1
