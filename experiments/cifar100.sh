@@ -24,6 +24,8 @@
 # about 2 hours each with other work on the machine:
 #   TABLES=superclass SPLITS=superclass1 STEPS=100 RUNS=2 \
 #     OVERRIDES="--config.crt.epochs=2 --config.crt.milestones=(1,)" experiments/cifar100.sh trainsplit OUT
+# On the main split the upper table at that budget took joint 58 minutes for one draw (1 + 8 networks)
+# and cRT 28 (section 12; experiments/results/cpu_100_upper/commands.sh ran it with RUNS=1 for both).
 #
 # Rows that share a base model reuse its checkpoint (--checkpoint) instead of retraining it.
 # Workdirs are resumable: rerunning the script continues where it stopped.
