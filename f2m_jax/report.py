@@ -313,11 +313,11 @@ def csv_rows(rows: Sequence[Row], reference: Any = 0) -> list:
     record = {'label': row.label, 'dataset': r['dataset'], 'method': r['method'],
               'protocol': r['protocol'], 'runs': r['runs']}
     by_number = session_map(r)
+    ci95 = lambda stat: '' if stat is None or not has_interval(r) else stat['ci95']  # one run: no interval
     for n in numbers:
       acc = by_number[n]['acc'] if n in by_number else None
       record[f's{n}'] = '' if acc is None else acc['mean']
-      record[f's{n}_ci95'] = '' if acc is None or not has_interval(r) else acc['ci95']
-    ci95 = lambda stat: stat['ci95'] if has_interval(r) else ''  # one run: no interval
+      record[f's{n}_ci95'] = ci95(acc)
     record.update(pd=r['pd']['mean'], pd_ci95=ci95(r['pd']), avg=r['avg']['mean'],
                   avg_ci95=ci95(r['avg']), gap=gap(row, ref), budget=budget(r), hardware=hardware(r))
     out.append(record)
