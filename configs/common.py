@@ -67,6 +67,9 @@ def base_config() -> ml_collections.ConfigDict:
   # steps_per_call (0: 1 on a CPU, 20 elsewhere) steps per call with lax.scan; 'host' or 'device' force it.
   c.base.data_placement = 'auto'
   c.base.steps_per_call = 0
+  # Calls whose host work (batch indices; the gathered images on the host path) a background thread
+  # prepares and puts on the device ahead of the training loop (f2m_jax/prefetch.py); 0: none.
+  c.base.prefetch = 2
   c.base.log_every = 50
   c.base.checkpoint_every = 500
 

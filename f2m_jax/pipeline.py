@@ -6,6 +6,7 @@ fold_in(fold_in(fold_in(seed, 2), run), session) the fine-tuning of one session.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -23,6 +24,7 @@ from tqdm import tqdm
 from f2m_jax import base as base_lib
 from f2m_jax import evaluation
 from f2m_jax import noise as noise_lib
+from f2m_jax import prefetch as prefetch_lib
 from f2m_jax import sharding
 from f2m_jax import workdir as workdir_lib
 from f2m_jax.checkpoint import CheckpointError, Checkpoints
@@ -88,6 +90,7 @@ def validate(c: ml_collections.ConfigDict) -> None:
   need(c.incremental.parallel_runs >= 0, 'incremental.parallel_runs', c.incremental.parallel_runs,
        'must be >= 0 (0: automatic)')
   need(c.base.steps_per_call >= 0, 'base.steps_per_call', c.base.steps_per_call, 'must be >= 0 (0: automatic)')
+  need(c.base.prefetch >= 0, 'base.prefetch', c.base.prefetch, 'must be >= 0 (0: no background thread)')
   need(c.base.checkpoint_every >= 1, 'base.checkpoint_every', c.base.checkpoint_every, 'must be >= 1')
   need(c.incremental.trainable in ('noise_set', 'all'), 'incremental.trainable', c.incremental.trainable,
        "'noise_set' or 'all'")
@@ -216,39 +219,45 @@ def train_base(exp: Experiment, ckpts: Checkpoints, log: workdir_lib.MetricsLog,
   args = (exp.base_objective(), exp.optimizer(), exp.bench.augment, exp.bench.image_size, exp.bench.mean,
           exp.bench.std)
   if on_device:  # the training images live on the device; each call runs `per_call` steps
-    multi_fn = base_lib.make_multi_step(*args, mesh=mesh)
-    images_dev, labels_dev = sharding.replicate((images, labels), mesh)
+    step_fn = base_lib.make_multi_step(*args, mesh=mesh)
+    data = sharding.replicate((images, labels), mesh)
   else:
     step_fn = base_lib.make_train_step(*args, mesh=mesh)
+    data = ()
+
+  def host_part(call):  # the host's share of a call, done ahead by `prefetch`: indices (and images)
+    first, n = call
+    if on_device:
+      indices = np.stack([exp.batch_indices(s) for s in range(first, first + n)]).astype(np.int32)
+      return (sharding.shard_rows(mesh, indices),)
+    idx = exp.batch_indices(first)
+    return sharding.shard_batch(mesh, images[idx], labels[idx])
+
   state, key = sharding.replicate((state, exp.key(0)), mesh)
   select = _TestSetSelector(exp, ckpts, log) if cfg.select_on_test else None
   bar = tqdm(total=cfg.steps, desc='base session', initial=start, file=sys.stdout, mininterval=2.0)
-  window = []
-  t0 = time.time()
-  # Calls end at multiples of per_call (which divides the logging, checkpoint and selection
-  # intervals), also after a resume with another per_call, so those always see a call's end state.
-  first = start
-  while first < cfg.steps:
-    n = min(cfg.steps, (first // per_call + 1) * per_call) - first
-    if on_device:
-      indices = np.stack([exp.batch_indices(s) for s in range(first, first + n)]).astype(np.int32)
-      state, metrics = multi_fn(state, images_dev, labels_dev, sharding.shard_rows(mesh, indices), key)
-      metrics = jax.device_get(metrics)
-      per_step = [{k: v[i] for k, v in metrics.items()} for i in range(n)]
-    else:
-      idx = exp.batch_indices(first)
-      state, metrics = step_fn(state, *sharding.shard_batch(mesh, images[idx], labels[idx]), key)
-      per_step = [jax.device_get(metrics)]
-    for i, metrics in enumerate(per_step):
-      if not metrics['finite']:
-        raise TrainingError(f'non-finite loss or parameters (loss {metrics["loss"]}) at base step '
+  window, t0 = [], time.time()
+
+  def needs_state(done: int) -> bool:  # a call ending at step `done` is followed by a save or a selection
+    return done % cfg.checkpoint_every == 0 or (select is not None and done % cfg.select_every == 0)
+
+  def finish(first: int, metrics, state=None):
+    """Reads a call's metrics (waiting for it), stops on a non-finite step, then logs; `state` is the
+    state after the call, given when the call ends where a checkpoint or selection needs it."""
+    nonlocal window, t0
+    metrics = jax.device_get(metrics)
+    per_step = [{k: v[i] for k, v in metrics.items()} for i in range(len(metrics['finite']))] if on_device \
+        else [metrics]
+    for i, m in enumerate(per_step):
+      if not m['finite']:
+        raise TrainingError(f'non-finite loss or parameters (loss {m["loss"]}) at base step '
                             f'{first + i + 1}; the last good checkpoint (step {ckpts.latest_base_step()}) is kept')
-    bar.update(n)
-    for i, metrics in enumerate(per_step):  # logging, selection and checkpoints fall on call boundaries
-      window.append(metrics)
+    bar.update(len(per_step))
+    for i, m in enumerate(per_step):  # logging, selection and checkpoints fall on call boundaries
+      window.append(m)
       done = first + i + 1
       if done % cfg.log_every == 0 or done == cfg.steps:
-        avg = {k: float(np.mean([m[k] for m in window])) for k in ('loss', 'ce', 'pf', 'acc', 'ce_clean')}
+        avg = {k: float(np.mean([w[k] for w in window])) for k in ('loss', 'ce', 'pf', 'acc', 'ce_clean')}
         bar.set_postfix(loss=f'{avg["loss"]:.3f}', acc=f'{100 * avg["acc"]:.1f}')
         log.write(phase='base', step=done, steps_per_s=round(len(window) / (time.time() - t0), 3), **avg)
         window, t0 = [], time.time()
@@ -258,9 +267,33 @@ def train_base(exp: Experiment, ckpts: Checkpoints, log: workdir_lib.MetricsLog,
         ckpts.save_base_state(done, state)
       if hook:
         hook('base_step', step=done)
-    first += n
+
+  # Each call is dispatched before the previous call's metrics are read (the device never waits for
+  # the host's logging), unless the previous call ends where its state must be saved first: the
+  # next call donates that state.
+  calls = call_spans(start, cfg.steps, per_call)
+  pending = None  # (first step, metrics) of the call dispatched last
+  with contextlib.closing(prefetch_lib.prefetch(host_part, calls, cfg.prefetch)) as batches:
+    for (first, _), batch in zip(calls, batches):
+      if pending and needs_state(first):
+        finish(*pending, state=state)
+        pending = None
+      state, metrics = step_fn(state, *data, *batch, key)
+      if pending:
+        finish(*pending)
+      pending = (first, metrics)
+  if pending:
+    finish(*pending, state=state)
   bar.close()
   return state
+
+
+def call_spans(start: int, steps: int, per_call: int) -> list:
+  """(first step, number of steps) of each call from `start` to `steps`: calls end at multiples of
+  per_call (which divides the logging, checkpoint and selection intervals), also after a resume with
+  another per_call, so those always see a call's end state."""
+  ends = list(range((start // per_call + 1) * per_call, steps, per_call)) + [steps]
+  return [(first, end - first) for first, end in zip([start] + ends[:-1], ends)]
 
 
 def data_placement(config, images_nbytes: int) -> tuple:

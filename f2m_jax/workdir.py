@@ -14,7 +14,7 @@ from flax import traverse_util
 # other modes' settings): a workdir may be resumed or evaluated with different values of these. A
 # name ending in '.' covers every field below it.
 NON_RESULT_FIELDS = ('data.data_dir', 'data.tfds_data_dir', 'data.cache_dir', 'base.log_every',
-                     'base.checkpoint_every', 'base.data_placement', 'base.steps_per_call',
+                     'base.checkpoint_every', 'base.data_placement', 'base.steps_per_call', 'base.prefetch',
                      'incremental.parallel_runs', 'eval.batch_size', 'eval.cache_trunk', 'distributed',
                      'tensorboard', 'bench.', 'flatness.')
 

@@ -93,6 +93,13 @@ def test_placement_and_steps_per_call():
     pipeline.validate(config)
 
 
+def test_calls_end_on_multiples_of_steps_per_call():
+  assert pipeline.call_spans(0, 20, 5) == [(0, 5), (5, 5), (10, 5), (15, 5)]
+  assert pipeline.call_spans(12, 22, 5) == [(12, 3), (15, 5), (20, 2)]  # resumed at 12; 22 is no multiple
+  assert pipeline.call_spans(19, 20, 5) == [(19, 1)]
+  assert pipeline.call_spans(0, 3, 1) == [(0, 1), (1, 1), (2, 1)]
+
+
 def _tiny(placement: str, per_call: int):
   from configs import cifar100
   config = _smooth(cifar100.get_config('smoke'))
