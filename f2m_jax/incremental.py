@@ -115,7 +115,7 @@ def _finetune_steps(trainable, frozen, batch_stats, anchor, images, labels, stor
   return trainable, losses
 
 
-def make_finetune(settings: SessionSettings, max_images: int = 0, max_classes: int = 0) -> Callable:
+def make_finetune(settings: SessionSettings, max_images: int = 0, max_classes: int = 0, mesh=None) -> Callable:
   """finetune(params, batch_stats, anchor, images_u8, labels, stored, key) -> (params, losses[E]).
 
   `anchor` is the flat dict of phi* on the trainable paths; `stored` the [C_seen, D] prototypes
@@ -127,7 +127,10 @@ def make_finetune(settings: SessionSettings, max_images: int = 0, max_classes: i
   (params_list, losses[R, E]) fine-tunes R runs of one session at once, `jax.vmap` over the run axis
   (the runs share phi*, the frozen leaves and `stored`; each has its own shots, key and trainable
   leaves): one dispatch instead of R, for accelerators (on XLA:CPU the mapped convolutions with a
-  kernel per run become grouped ones, slower than R calls)."""
+  kernel per run become grouped ones, slower than R calls). With a `mesh` (f2m_jax.sharding) of
+  several devices the run axis is split over them, each device fine-tuning its share of the runs;
+  a group is padded to a multiple of the device count with copies of its last run, whose results
+  are dropped."""
   tx = session_optimizer(settings)
   paths = settings.trainable_paths
 
@@ -142,10 +145,19 @@ def make_finetune(settings: SessionSettings, max_images: int = 0, max_classes: i
                                         key, settings, tx)
     return noise_lib.unflatten({**frozen, **trainable}), losses
 
-  @jax.jit
   def finetune_runs_padded(trainables, frozen, batch_stats, anchor, images, labels, stored, num_seen, keys):
     one = lambda t, x, y, k: _finetune_steps(t, frozen, batch_stats, anchor, x, y, stored, num_seen, k, settings, tx)
     return jax.vmap(one)(trainables, images, labels, keys)
+
+  devices = 1 if mesh is None else mesh.size
+  if devices > 1:
+    from f2m_jax import sharding  # pylint: disable=g-import-not-at-top
+    runs_axis, rep = sharding.batch_sharded(mesh), sharding.replicated(mesh)
+    finetune_runs_padded = jax.jit(finetune_runs_padded, in_shardings=(runs_axis, rep, rep, rep, runs_axis, runs_axis,
+                                                                       rep, rep, runs_axis),
+                                   out_shardings=(runs_axis, runs_axis))
+  else:
+    finetune_runs_padded = jax.jit(finetune_runs_padded)
 
   def pad(images, labels, stored):
     if max_images > len(labels) or max_classes > len(stored):
@@ -161,13 +173,15 @@ def make_finetune(settings: SessionSettings, max_images: int = 0, max_classes: i
     num_seen = jnp.int32(len(stored))
     padded = [pad(x, y, stored) for x, y in zip(images_list, labels_list)]
     trainables = [split(p)[0] for p in params_list]
-    stacked = jax.tree_util.tree_map(lambda *v: jnp.stack(v), *trainables)
+    fill = -len(params_list) % devices  # copies of the last run, so the devices split the runs evenly
+    stack = lambda values, fn=np.stack: fn(list(values) + [values[-1]] * fill)
+    stacked = jax.tree_util.tree_map(lambda *v: stack(v, jnp.stack), *trainables)
     _, frozen = split(params_list[0])
-    out, losses = finetune_runs_padded(stacked, frozen, batch_stats, anchor, np.stack([x for x, _, _ in padded]),
-                                       np.stack([y for _, y, _ in padded]), padded[0][2], num_seen, jnp.stack(keys))
-    out = jax.device_get(out)
+    out, losses = finetune_runs_padded(stacked, frozen, batch_stats, anchor, stack([x for x, _, _ in padded]),
+                                       stack([y for _, y, _ in padded]), padded[0][2], num_seen, stack(keys, jnp.stack))
+    out, losses = jax.device_get((out, losses))
     return [noise_lib.unflatten({**split(p)[1], **{q: v[r] for q, v in out.items()}})
-            for r, p in enumerate(params_list)], losses
+            for r, p in enumerate(params_list)], losses[:len(params_list)]
 
   finetune.jitted = finetune_padded  # for inspection (tests count its compiled shapes)
   finetune.runs = runs

@@ -1,4 +1,5 @@
-"""Data parallelism with `jax.sharding` (DESIGN.md, sec. 3): a 1-D 'data' mesh over all devices.
+"""Data parallelism with `jax.sharding` (DESIGN.md, sec. 3): a 1-D 'data' mesh over all devices
+(and the run axis of F2M's parallel fine-tuning split over one process's devices: `runs_mesh`).
 
 The global batch comes from the config and each device gets `global / num_devices` examples; the
 train state is replicated. The train step is one SPMD program: batch-norm means over axis 0 of a
@@ -44,6 +45,12 @@ def data_mesh(devices: Optional[Sequence[jax.Device]] = None) -> Mesh:
   """A 1-D mesh named 'data' over `devices` (default: every device of every process)."""
   devices = jax.devices() if devices is None else list(devices)
   return Mesh(np.asarray(devices), (AXIS,))
+
+
+def runs_mesh() -> Optional[Mesh]:
+  """The mesh that independent runs are split over (F2M's fine-tuning of a group of runs): this
+  process's devices when it has several (every process computes all runs), else None."""
+  return data_mesh(jax.local_devices()) if jax.local_device_count() > 1 else None
 
 
 def per_device_batch(global_batch: int, mesh: Mesh) -> int:

@@ -12,6 +12,7 @@ import numpy as np
 from f2m_jax import evaluation
 from f2m_jax import incremental
 from f2m_jax import noise as noise_lib
+from f2m_jax import sharding
 from f2m_jax.data import protocol as protocol_lib
 from f2m_jax.methods import Method, Runner
 
@@ -75,7 +76,7 @@ class NCMRunner(Runner):
     if cfg.incremental.finetune:  # padded to the last session's sizes: one compile serves every session
       max_images = cfg.data.shots * sum(len(c) for c in bench.session_classes[1:])
       self.finetune = incremental.make_finetune(session_settings(exp, self.paths), max_images,
-                                                bench.num_seen_classes(bench.num_sessions))
+                                                bench.num_seen_classes(bench.num_sessions), sharding.runs_mesh())
     self.base_vars = {'params': self.params, 'batch_stats': self.batch_stats}
     self.evaluator = Evaluator(exp, self.base_vars, self.paths if self.finetune else ())
     self.embed = self.evaluator.embed_full  # the test view of images, shared with the evaluation (one compile)
@@ -113,7 +114,8 @@ class NCMRunner(Runner):
     return self._finish(run_params, session, exemplars, losses)
 
   def update_runs(self, states: list, runs: list, session: int, exemplars: list) -> list:
-    """The runs' fine-tuning in one call mapped over the runs (`make_finetune`'s `runs`)."""
+    """The runs' fine-tuning in one call mapped over the runs (`make_finetune`'s `runs`), split over
+    this process's devices when it has several."""
     if self.finetune is None or len(runs) == 1:
       return super().update_runs(states, runs, session, exemplars)
     exp, bench = self.exp, self.exp.bench
