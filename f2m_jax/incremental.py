@@ -16,6 +16,7 @@ import optax
 
 from f2m_jax import noise as noise_lib
 from f2m_jax import objectives
+from f2m_jax import sharding
 from f2m_jax.data import augment as augment_lib
 from f2m_jax.models import ResNet
 
@@ -151,7 +152,6 @@ def make_finetune(settings: SessionSettings, max_images: int = 0, max_classes: i
 
   devices = 1 if mesh is None else mesh.size
   if devices > 1:
-    from f2m_jax import sharding  # pylint: disable=g-import-not-at-top
     runs_axis, rep = sharding.batch_sharded(mesh), sharding.replicated(mesh)
     finetune_runs_padded = jax.jit(finetune_runs_padded, in_shardings=(runs_axis, rep, rep, rep, runs_axis, runs_axis,
                                                                        rep, rep, runs_axis),
