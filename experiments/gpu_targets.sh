@@ -5,6 +5,8 @@
 #   2. a whole CIFAR-100 F2M run of the full protocol's shapes on `trainsplit` (STEPS base
 #      iterations, default 30,003, then 10 x 8 sessions): its base steps/s, incremental phase and
 #      wall time, from its metrics.jsonl.
+#   3. the bench's whole runs again through the host data path (base.data_placement=host: batches
+#      gathered on the host by the prefetch thread, as for datasets too large for the device).
 # Targets: base steps/s >= 95% of the bench's device-only F2M rate; incremental phase < 15 s after
 # compilation; the whole run < 3 minutes.
 #
@@ -37,3 +39,6 @@ print(json.dumps({'base_steps_per_s_median': sorted(rates)[len(rates) // 2],
                   'sessions_after_the_first_s': round(max(r['time'] for r in sessions) - first_session, 1),
                   'sessions': len(sessions), 'wall_time_s': done['wall_time_s']}))
 EOF
+python run.py --config configs/cifar100.py:trainsplit --mode bench --workdir "$out/bench_host" \
+    --config.base.data_placement=host --config.bench.M_list='(2,)' --config.bench.dtypes="('float32',)" \
+    --config.bench.iters=1 ${bench_extra[@]+"${bench_extra[@]}"} 2>&1 | tee "$out/bench_host.log"
