@@ -267,13 +267,15 @@ def output_path(workdir: str) -> str:
 
 def whole_run(config: ml_collections.ConfigDict, method: str, steps: int, runs: int) -> dict:
   """Times `method` end to end through the pipeline on random data of the config's shapes: `steps`
-  base steps (no LR milestone) and `runs` runs of every incremental session, in a temporary workdir."""
+  base steps and `runs` runs of every incremental session, in a temporary workdir. The config's LR
+  schedule is kept (it does not change a step's time): its train step is then the program a real run
+  of the config compiles, so either finds the other's in JAX's compilation cache."""
   import tempfile  # pylint: disable=g-import-not-at-top
   from f2m_jax import methods, workdir as workdir_lib  # pylint: disable=g-import-not-at-top
   from f2m_jax.checkpoint import Checkpoints  # pylint: disable=g-import-not-at-top
   cfg = ml_collections.ConfigDict(config.to_dict())
   cfg.method, cfg.runs, cfg.tensorboard, cfg.model.pretrained = method, runs, False, ''
-  cfg.base.update(steps=steps, milestones=(), log_every=steps, checkpoint_every=steps, select_on_test=False)
+  cfg.base.update(steps=steps, log_every=steps, checkpoint_every=steps, select_on_test=False)
   cfg = pipeline.resolve(cfg)
   s = dataset_shapes(cfg)
   num_classes = s['num_base'] + s['way'] * (s['num_sessions'] - 1)
