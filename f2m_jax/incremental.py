@@ -174,11 +174,12 @@ def make_finetune(settings: SessionSettings, max_images: int = 0, max_classes: i
     padded = [pad(x, y, stored) for x, y in zip(images_list, labels_list)]
     trainables = [split(p)[0] for p in params_list]
     fill = -len(params_list) % devices  # copies of the last run, so the devices split the runs evenly
-    stack = lambda values, fn=np.stack: fn(list(values) + [values[-1]] * fill)
-    stacked = jax.tree_util.tree_map(lambda *v: stack(v, jnp.stack), *trainables)
+    filled = lambda values: list(values) + [values[-1]] * fill
+    stacked = jax.tree_util.tree_map(lambda *v: jnp.stack(filled(v)), *trainables)
     _, frozen = split(params_list[0])
-    out, losses = finetune_runs_padded(stacked, frozen, batch_stats, anchor, stack([x for x, _, _ in padded]),
-                                       stack([y for _, y, _ in padded]), padded[0][2], num_seen, stack(keys, jnp.stack))
+    out, losses = finetune_runs_padded(stacked, frozen, batch_stats, anchor, np.stack(filled([x for x, _, _ in padded])),
+                                       np.stack(filled([y for _, y, _ in padded])), padded[0][2], num_seen,
+                                       jnp.stack(filled(keys)))
     out, losses = jax.device_get((out, losses))
     return [noise_lib.unflatten({**split(p)[1], **{q: v[r] for q, v in out.items()}})
             for r, p in enumerate(params_list)], losses[:len(params_list)]

@@ -125,11 +125,11 @@ RUNS_CHILD = textwrap.dedent('''
     alone = [finetune(variables['params'], variables['batch_stats'], anchor, x, y, stored, k)
              for x, y, k in zip(images, labels, keys)]
     # Each run's difference to its run alone, relative to how far the run alone moved from phi*.
-    flat = lambda params: np.concatenate([np.ravel(noise_lib.flatten(params)[p]) for p in paths])
+    trained = lambda params: np.concatenate([np.ravel(noise_lib.flatten(params)[p]) for p in paths])
     start = np.concatenate([np.ravel(anchor[p]) for p in paths])
     out = {'mesh_size': mesh.size, 'losses_shape': list(np.shape(losses)),
            'losses': [np.asarray(losses).tolist(), [np.asarray(l).tolist() for _, l in alone]],
-           'diff_over_move': [float(np.linalg.norm(flat(t) - flat(a)) / np.linalg.norm(flat(a) - start))
+           'diff_over_move': [float(np.linalg.norm(trained(t) - trained(a)) / np.linalg.norm(trained(a) - start))
                               for t, (a, _) in zip(together, alone)]}
     print('RESULT ' + json.dumps(out))
 ''')
