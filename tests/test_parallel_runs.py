@@ -14,7 +14,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from conftest import without_provenance
+from conftest import without_provenance, xla_flags
 from f2m_jax import pipeline
 from f2m_jax.checkpoint import Checkpoints
 
@@ -138,7 +138,7 @@ RUNS_CHILD = textwrap.dedent('''
 def test_runs_split_over_four_devices_equal_runs_one_by_one():
   """make_finetune's runs with a 4-device mesh (`sharding.runs_mesh`): 3 runs padded to 4, one per
   device, against each run alone on one device."""
-  env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=4', JAX_PLATFORMS='cpu',
+  env = dict(os.environ, XLA_FLAGS=xla_flags('--xla_force_host_platform_device_count=4'), JAX_PLATFORMS='cpu',
              PYTHONPATH=str(pathlib.Path(__file__).resolve().parents[1]))
   proc = subprocess.run([sys.executable, '-c', RUNS_CHILD], env=env, capture_output=True, text=True, timeout=900)
   assert proc.returncode == 0, proc.stderr[-4000:]

@@ -20,6 +20,7 @@ import textwrap
 
 import pytest
 
+from conftest import xla_flags
 from f2m_jax import sharding
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -92,7 +93,7 @@ SLOW_COLLECTIVES = [f'--xla_cpu_{flag}=900' for flag in (
 @pytest.fixture(scope='module')
 def out():
   """Runs CHILD with 4 fake CPU devices; returns its result dict."""
-  env = dict(os.environ, XLA_FLAGS=' '.join(['--xla_force_host_platform_device_count=4'] + SLOW_COLLECTIVES),
+  env = dict(os.environ, XLA_FLAGS=xla_flags('--xla_force_host_platform_device_count=4', *SLOW_COLLECTIVES),
              JAX_PLATFORMS='cpu', PYTHONPATH=str(REPO))
   proc = subprocess.run([sys.executable, '-c', CHILD], cwd=REPO, env=env, capture_output=True,
                         text=True, timeout=900)
