@@ -19,11 +19,13 @@ os.environ.setdefault('JAX_COMPILATION_CACHE_DIR', os.path.join(
     os.environ.get('F2M_CACHE_DIR') or tempfile.gettempdir(), 'jax_compilation_cache'))
 
 # Tests compile with XLA's optimisation level 1 instead of the default 2, unless XLA_FLAGS names a
-# level: on this 2-core machine a ResNet-20 F2M step compiles in 20 s instead of 24-28 s and runs as
-# fast (115-135 ms either way); the programs compute the same thing and differ by float rounding
-# (1e-8 of a parameter after one step). Compiles are over half of the suite's time: 860 s against
-# 981 s for the whole suite. Child processes inherit it (use `xla_flags` to add to it).
-TEST_XLA_FLAGS = '--xla_backend_optimization_level=1'
+# level, and without XLA:CPU's concurrency-optimised scheduler. Measured on this 2-core machine, one
+# process per core: a ResNet-20 F2M step compiles in about 18 s instead of 24-28 s, and its step
+# takes 88-92 ms without the scheduler against 114-125 ms with it (the same loss after 30 steps).
+# Level 1 computes the same thing as level 2, rounded otherwise (1e-8 of a parameter after one
+# step). Compiles are over half of the suite's time: 811 s with both, 860 s with level 1 alone,
+# 981 s with neither. Child processes inherit them (`xla_flags` adds to them).
+TEST_XLA_FLAGS = '--xla_backend_optimization_level=1 --xla_cpu_enable_concurrency_optimized_scheduler=false'
 if '--xla_backend_optimization_level' not in os.environ.get('XLA_FLAGS', ''):
   os.environ['XLA_FLAGS'] = f"{os.environ.get('XLA_FLAGS', '')} {TEST_XLA_FLAGS}".strip()
 
