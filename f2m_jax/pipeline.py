@@ -210,14 +210,27 @@ def train_base(exp: Experiment, ckpts: Checkpoints, log: workdir_lib.MetricsLog,
     state = ckpts.restore_base_state(state, start)
     state = jax.tree_util.tree_map(jnp.asarray, state)
     print(f'resuming base training at step {start}/{cfg.steps}', flush=True)
-  start = start or 0
+  select = _TestSetSelector(exp, ckpts, log) if cfg.select_on_test else None
+  return train_steps(exp, exp.base_objective(), state, start or 0, exp.batch_indices, ckpts.save_base_state,
+                     log, exp.key(0), phase='base', title='base session', keep_bar=True, select=select, hook=hook)
+
+
+def train_steps(exp: Experiment, objective, state, start: int, batch_indices: Callable, save: Callable, log,
+                key, phase: str, title: str, keep_bar: bool = False, select: Optional[Callable] = None,
+                hook: Hook = None):
+  """Steps `start`..base.steps of `objective` from `state` (of `start` steps), with the base.* budget
+  (optimizer, logging and checkpoint intervals, data path, prefetch); returns the final state.
+  `batch_indices(step)` indexes the training images; `save(step, state)` at every checkpoint step and
+  the last, `select(step, state)` every base.select_every steps; metrics go to `log` under `phase`,
+  progress to a bar named `title`; a non-finite step raises TrainingError naming it. The base
+  session's loop, and joint's (f2m_jax/methods/joint.py)."""
+  cfg = exp.config.base
   if start >= cfg.steps:
     return state
   mesh = sharding.data_mesh()  # data parallel over all devices; the batch is the global batch
   images, labels = exp.bench.train.images, exp.bench.train.labels
   on_device, per_call = data_placement(exp.config, images.nbytes)
-  args = (exp.base_objective(), exp.optimizer(), exp.bench.augment, exp.bench.image_size, exp.bench.mean,
-          exp.bench.std)
+  args = (objective, exp.optimizer(), exp.bench.augment, exp.bench.image_size, exp.bench.mean, exp.bench.std)
   if on_device:  # the training images live on the device; each call runs `per_call` steps
     step_fn = base_lib.make_multi_step(*args, mesh=mesh)
     data = sharding.replicate((images, labels), mesh)
@@ -228,15 +241,14 @@ def train_base(exp: Experiment, ckpts: Checkpoints, log: workdir_lib.MetricsLog,
   def host_part(call):  # the host's share of a call, done ahead by `prefetch`: indices (and images)
     first, n = call
     if on_device:
-      indices = np.stack([exp.batch_indices(s) for s in range(first, first + n)]).astype(np.int32)
+      indices = np.stack([batch_indices(s) for s in range(first, first + n)]).astype(np.int32)
       return (sharding.shard_rows(mesh, indices),)
-    idx = exp.batch_indices(first)
+    idx = batch_indices(first)
     return sharding.shard_batch(mesh, images[idx], labels[idx])
 
-  state, key = sharding.replicate((state, exp.key(0)), mesh)
-  select = _TestSetSelector(exp, ckpts, log) if cfg.select_on_test else None
-  bar = tqdm(total=cfg.steps, desc='base session', initial=start, file=sys.stdout, mininterval=2.0)
-  window, t0 = [], time.time()
+  state, key = sharding.replicate((state, key), mesh)
+  bar = tqdm(total=cfg.steps, desc=title, initial=start, file=sys.stdout, mininterval=2.0, leave=keep_bar)
+  window, t0, saved = [], time.time(), (start or None)
 
   def needs_state(done: int) -> bool:  # a call ending at step `done` is followed by a save or a selection
     return done % cfg.checkpoint_every == 0 or (select is not None and done % cfg.select_every == 0)
@@ -244,14 +256,14 @@ def train_base(exp: Experiment, ckpts: Checkpoints, log: workdir_lib.MetricsLog,
   def finish(first: int, metrics, state=None):
     """Reads a call's metrics (waiting for it), stops on a non-finite step, then logs; `state` is the
     state after the call, given when the call ends where a checkpoint or selection needs it."""
-    nonlocal window, t0
+    nonlocal window, t0, saved
     metrics = jax.device_get(metrics)
     per_step = [{k: v[i] for k, v in metrics.items()} for i in range(len(metrics['finite']))] if on_device \
         else [metrics]
     for i, m in enumerate(per_step):
       if not m['finite']:
-        raise TrainingError(f'non-finite loss or parameters (loss {m["loss"]}) at base step '
-                            f'{first + i + 1}; the last good checkpoint (step {ckpts.latest_base_step()}) is kept')
+        raise TrainingError(f'non-finite loss or parameters (loss {m["loss"]}) at {phase} step '
+                            f'{first + i + 1}; the last good checkpoint (step {saved}) is kept')
     bar.update(len(per_step))
     for i, m in enumerate(per_step):  # logging, selection and checkpoints fall on call boundaries
       window.append(m)
@@ -259,12 +271,13 @@ def train_base(exp: Experiment, ckpts: Checkpoints, log: workdir_lib.MetricsLog,
       if done % cfg.log_every == 0 or done == cfg.steps:
         avg = {k: float(np.mean([w[k] for w in window])) for k in ('loss', 'ce', 'pf', 'acc', 'ce_clean')}
         bar.set_postfix(loss=f'{avg["loss"]:.3f}', acc=f'{100 * avg["acc"]:.1f}')
-        log.write(phase='base', step=done, steps_per_s=round(len(window) / (time.time() - t0), 3), **avg)
+        log.write(phase=phase, step=done, steps_per_s=round(len(window) / (time.time() - t0), 3), **avg)
         window, t0 = [], time.time()
       if select and done % cfg.select_every == 0:
         select(done, state)
       if done % cfg.checkpoint_every == 0 or done == cfg.steps:
-        ckpts.save_base_state(done, state)
+        save(done, state)
+        saved = done
       if hook:
         hook('base_step', step=done)
 

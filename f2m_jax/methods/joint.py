@@ -14,19 +14,14 @@ trains on its own draw, so the intervals cover the draw of the shots as for the 
 """
 from __future__ import annotations
 
-import sys
-import time
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from tqdm import tqdm
 
 from f2m_jax import base as base_lib
 from f2m_jax import evaluation
 from f2m_jax import objectives
-from f2m_jax import sharding
 from f2m_jax.checkpoint import CheckpointError
 from f2m_jax.data import augment as augment_lib
 from f2m_jax.data import protocol as protocol_lib
@@ -56,39 +51,20 @@ def _template(network, image_size: int) -> dict:
 def train_network(exp, network, pool: np.ndarray, key, training, log, desc: str, stream: tuple) -> dict:
   """A network trained from scratch on `pool` (indices into the training images; labels are the
   class ids, all below the network's class count) with shuffled batches and the base.* budget,
-  resuming from `training` (a Checkpoints.training manager). Returns {'params', 'batch_stats'}."""
-  cfg, bench = exp.config.base, exp.bench
-  tx = exp.optimizer()
-  state = base_lib.init_state(network, key, bench.image_size, tx)
+  through the base session's loop, resuming from `training` (a Checkpoints.training manager).
+  Returns {'params', 'batch_stats'}."""
+  from f2m_jax import pipeline  # pylint: disable=g-import-not-at-top  (pipeline imports the methods)
+  cfg = exp.config.base
+  state = base_lib.init_state(network, key, exp.bench.image_size, exp.optimizer())
   start = training.latest_step()
   if start is not None:
     state = jax.tree_util.tree_map(jnp.asarray, training.restore(state))
-  start = start or 0
-  if start < cfg.steps:
-    objective = base_lib.BaseObjective(model=network, noise_paths=(), split=0, num_draws=0, bound=0.0,
-                                       distribution='uniform', pf_weight=0.0, std_weight=0.0, shared_trunk=False)
-    mesh = sharding.data_mesh()
-    step_fn = base_lib.make_train_step(objective, tx, bench.augment, bench.image_size, bench.mean, bench.std,
-                                       mesh=mesh)
-    state, k = sharding.replicate((state, jax.random.fold_in(key, 1)), mesh)
-    images, labels = bench.train.images, bench.train.labels
-    t0, window = time.time(), []
-    for step in tqdm(range(start, cfg.steps), desc=desc, initial=start, total=cfg.steps, file=sys.stdout,
-                     mininterval=2.0, leave=False):
-      idx = protocol_lib.shuffled_batch(pool, cfg.batch_size, exp.config.seed, step, stream)
-      state, metrics = step_fn(state, *sharding.shard_batch(mesh, images[idx], labels[idx]), k)
-      metrics = jax.device_get(metrics)
-      if not metrics['finite']:
-        from f2m_jax.pipeline import TrainingError  # pylint: disable=g-import-not-at-top
-        raise TrainingError(f'non-finite loss or parameters (loss {metrics["loss"]}) at step {step + 1} of {desc}')
-      window.append(metrics)
-      done = step + 1
-      if done % cfg.log_every == 0 or done == cfg.steps:
-        log.write(phase=desc, step=done, steps_per_s=round(len(window) / (time.time() - t0), 3),
-                  loss=float(np.mean([m['loss'] for m in window])), acc=float(np.mean([m['acc'] for m in window])))
-        window, t0 = [], time.time()
-      if done % cfg.checkpoint_every == 0 or done == cfg.steps:
-        training.save(done, state)
+  objective = base_lib.BaseObjective(model=network, noise_paths=(), split=0, num_draws=0, bound=0.0,
+                                     distribution='uniform', pf_weight=0.0, std_weight=0.0, shared_trunk=False)
+  state = pipeline.train_steps(
+      exp, objective, state, start or 0, lambda step: protocol_lib.shuffled_batch(
+          pool, cfg.batch_size, exp.config.seed, step, stream), training.save, log, jax.random.fold_in(key, 1),
+      phase=desc, title=desc)
   return {'params': jax.device_get(state.params), 'batch_stats': jax.device_get(state.batch_stats)}
 
 
