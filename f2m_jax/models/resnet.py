@@ -31,9 +31,10 @@ def _conv(x, kernel, strides, padding, dtype):
 
 
 KERNEL_GRAD_BLOCK_BYTES = 2 << 20  # im2col block per scan step: stays in cache on this CPU
-# Output gradients smaller than this take XLA's own kernel gradient: there it is about as fast
-# (a smoke-sized ResNet-20 F2M step ran 101 ms against 92 ms) and compiles faster (11.6 s against
-# 19.2 s on 2 cores). Every conv of the CIFAR-100, miniImageNet and CUB configs is above it.
+# Output gradients smaller than this take the convolution form (`_kernel_grad_eigen`, XLA's own outside
+# loops): there it is about as fast (a smoke-sized ResNet-20 F2M step ran 101 ms against 92 ms) and
+# compiles faster (11.6 s against 19.2 s on 2 cores). Every conv of the CIFAR-100, miniImageNet and
+# CUB configs is above it.
 KERNEL_GRAD_MIN_BYTES = 1 << 20
 
 
@@ -65,6 +66,54 @@ def _kernel_grad_by_shifts(x, g, kernel_shape, strides, padding):
   return acc.reshape(kernel_shape)
 
 
+def _input_grad_eigen(g, kernel, x_shape, strides, padding):
+  """d conv(x, kernel) / dx contracted with g (float32), written as the convolution XLA:CPU's Eigen
+  kernels run: g dilated by the strides, convolved with the flipped kernel, its in/out axes swapped.
+
+  XLA's own transpose of the convolution takes this form only where XLA:CPU rewrites it, which it
+  does outside loops but not inside a lax.scan (the device path's scanned steps; the incremental
+  sessions' loops): there it ran 6-13x slower (a 3x3 conv at batch 80, 16 px, 16 channels: 64 ms
+  against 5 ms for 3 steps). Bit-identical to XLA's form outside loops (tests/test_fidelity.py).
+  The padding is jax's own for this transpose."""
+  kh, kw = kernel.shape[:2]
+  flipped = jnp.transpose(jnp.flip(kernel, (0, 1)), (0, 1, 3, 2))
+  pads = []
+  for size, k, s, (lo, _), out in zip(x_shape[1:3], (kh, kw), strides, padding, g.shape[1:3]):
+    before = k - 1 - lo
+    pads.append((before, size + k - 1 - ((out - 1) * s + 1) - before))
+  return lax.conv_general_dilated(g, flipped, (1, 1), pads, lhs_dilation=strides,
+                                  dimension_numbers=('NHWC', 'HWIO', 'NHWC'))
+
+
+def _kernel_grad_eigen(x, g, kernel_shape, strides, padding):
+  """d conv(x, k) / dk contracted with g (float32) as the convolution XLA:CPU's Eigen kernels run:
+  the batch axis as the contracted feature axis (x as [cin, H, W, n], g as an [Ho, Wo, n, cout]
+  kernel dilated by the strides). Outside loops XLA rewrites its own transpose into this form
+  (bit-identical, tests/test_fidelity.py); inside a lax.scan it does not and ran 30-60x slower."""
+  kh, kw = kernel_shape[:2]
+  out = lax.conv_general_dilated(jnp.transpose(x, (3, 1, 2, 0)), jnp.transpose(g, (1, 2, 0, 3)), (1, 1),
+                                 padding, rhs_dilation=strides, dimension_numbers=('NHWC', 'HWIO', 'NHWC'))
+  return jnp.transpose(out[:, :kh, :kw, :], (1, 2, 0, 3))
+
+
+def _cpu_conv_grads(x, kernel, g, strides, padding, dtype):
+  """(d x, d kernel) of conv(x, kernel) contracted with g on XLA:CPU: in float32 the Eigen forms
+  above (fast inside loops too), the kernel gradient of large output gradients by im2col blocks;
+  other compute dtypes through XLA's own transposes."""
+  float32 = jnp.dtype(dtype) == jnp.float32
+  if float32:
+    gx = _input_grad_eigen(g, kernel, x.shape, strides, padding)
+  else:
+    gx, = jax.vjp(lambda x_: _conv(x_, kernel, strides, padding, dtype), x)[1](g)
+  if g.size * 4 >= KERNEL_GRAD_MIN_BYTES:
+    gk = _kernel_grad_by_shifts(x.astype(dtype), g, kernel.shape, strides, padding).astype(kernel.dtype)
+  elif float32:
+    gk = _kernel_grad_eigen(x, g, kernel.shape, strides, padding)
+  else:
+    gk, = jax.vjp(lambda k_: _conv(x, k_, strides, padding, dtype), kernel)[1](g)
+  return gx, gk
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6))
 def conv2d(x, kernel, eps, strides, padding, dtype, clean_backward):
   """conv(x, kernel + eps) (eps: the flat-minima noise, or zeros), differentiated in x and kernel.
@@ -84,10 +133,8 @@ def _conv2d_fwd(x, kernel, eps, strides, padding, dtype, clean_backward):
 def _conv2d_bwd(strides, padding, dtype, clean_backward, residuals, g):
   x, kernel, eps = residuals
   used = kernel if clean_backward else kernel + eps
-  if jax.default_backend() == 'cpu' and g.size * 4 >= KERNEL_GRAD_MIN_BYTES:
-    _, vjp_x = jax.vjp(lambda x_: _conv(x_, used, strides, padding, dtype), x)
-    gx, = vjp_x(g)
-    gk = _kernel_grad_by_shifts(x.astype(dtype), g, kernel.shape, strides, padding).astype(kernel.dtype)
+  if jax.default_backend() == 'cpu':
+    gx, gk = _cpu_conv_grads(x, used, g, strides, padding, dtype)
   else:
     _, vjp = jax.vjp(lambda x_, k_: _conv(x_, k_, strides, padding, dtype), x, used)
     gx, gk = vjp(g)
