@@ -71,9 +71,9 @@ def _input_grad_eigen(g, kernel, x_shape, strides, padding):
   kernels run: g dilated by the strides, convolved with the flipped kernel, its in/out axes swapped.
 
   XLA's own transpose of the convolution takes this form only where XLA:CPU rewrites it, which it
-  does outside loops but not inside a lax.scan (the device path's scanned steps; the incremental
-  sessions' loops): there it ran 6-13x slower (a 3x3 conv at batch 80, 16 px, 16 channels: 64 ms
-  against 5 ms for 3 steps). Bit-identical to XLA's form outside loops (tests/test_fidelity.py).
+  does outside loops but not inside a lax.scan (the device path's scanned base steps): there it ran
+  6-13x slower (a 3x3 conv at batch 80, 16 px, 16 channels: 64 ms against 5 ms for 3 steps).
+  Bit-identical to XLA's form outside loops (tests/test_fidelity.py).
   The padding is jax's own for this transpose."""
   kh, kw = kernel.shape[:2]
   flipped = jnp.transpose(jnp.flip(kernel, (0, 1)), (0, 1, 3, 2))
