@@ -4,6 +4,7 @@ model selection on the test set, which every output must admit to."""
 from __future__ import annotations
 
 import json
+import re
 
 import chex
 import jax
@@ -72,6 +73,22 @@ def test_eigen_form_gradients_equal_xlas_bit_for_bit(kernel, strides, padding, s
     if jax.default_backend() == 'cpu':
       np.testing.assert_array_equal(a, b)
     np.testing.assert_allclose(c[1], b, rtol=1e-5, atol=1e-5 * float(jnp.abs(b).max()))
+
+
+@pytest.mark.skipif(jax.default_backend() != 'cpu', reason='a property of XLA:CPU programs')
+@pytest.mark.parametrize('kernel,strides,padding,size', CONV_SHAPES)
+def test_scanned_conv2d_gradients_compile_to_eigen_form_convolutions(kernel, strides, padding, size):
+  """Inside a lax.scan (the device path's scanned steps) every convolution of conv2d's gradient is
+  in the b01f_01io->b01f form XLA:CPU's Eigen kernels run; XLA's own transposes stay in other forms
+  there (f01b_i01o->01bf for the kernel gradient) and run 6-60x slower. Checked on the compiled
+  program, so a change back to XLA's transposes fails here, not only in a benchmark."""
+  x = jnp.ones((4, size, size, 6))
+  w = jnp.ones(kernel + (6, 5))
+  loss = lambda x_, w_: jnp.sum(resnet.conv2d(x_, w_, jnp.zeros_like(w_), strides, padding, jnp.float32, True) ** 2)
+  grads = lambda x, w: jax.lax.scan(lambda c, _: (c, jax.grad(loss, (0, 1))(x, w)), 0, None, length=2)[1]
+  hlo = jax.jit(grads).lower(x, w).compile().as_text()
+  labels = re.findall(r'= f32\[[^\]]*\]\S* convolution\(.*?dim_labels=([^,\s]+)', hlo)
+  assert len(labels) == 3 and set(labels) == {'b01f_01io->b01f'}, labels  # forward, input and kernel gradient
 
 
 def test_conv2d_gradients_on_every_backend_path(monkeypatch):
