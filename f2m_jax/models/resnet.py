@@ -25,9 +25,11 @@ BN_MOMENTUM = 0.1  # PyTorch's convention: running = (1 - m) * running + m * bat
 BN_EPSILON = 1e-5
 
 
+LAYOUT = ('NHWC', 'HWIO', 'NHWC')  # images, kernels, outputs: the forward and the CPU backward's convs
+
+
 def _conv(x, kernel, strides, padding, dtype):
-  return lax.conv_general_dilated(x.astype(dtype), kernel.astype(dtype), strides, padding,
-                                  dimension_numbers=('NHWC', 'HWIO', 'NHWC'))
+  return lax.conv_general_dilated(x.astype(dtype), kernel.astype(dtype), strides, padding, dimension_numbers=LAYOUT)
 
 
 KERNEL_GRAD_BLOCK_BYTES = 2 << 20  # im2col block per scan step: stays in cache on this CPU
@@ -81,8 +83,7 @@ def _input_grad_eigen(g, kernel, x_shape, strides, padding):
   for size, k, s, (lo, _), out in zip(x_shape[1:3], (kh, kw), strides, padding, g.shape[1:3]):
     before = k - 1 - lo
     pads.append((before, size + k - 1 - ((out - 1) * s + 1) - before))
-  return lax.conv_general_dilated(g, flipped, (1, 1), pads, lhs_dilation=strides,
-                                  dimension_numbers=('NHWC', 'HWIO', 'NHWC'))
+  return lax.conv_general_dilated(g, flipped, (1, 1), pads, lhs_dilation=strides, dimension_numbers=LAYOUT)
 
 
 def _kernel_grad_eigen(x, g, kernel_shape, strides, padding):
@@ -92,7 +93,7 @@ def _kernel_grad_eigen(x, g, kernel_shape, strides, padding):
   (bit-identical, tests/test_fidelity.py); inside a lax.scan it does not and ran 30-60x slower."""
   kh, kw = kernel_shape[:2]
   out = lax.conv_general_dilated(jnp.transpose(x, (3, 1, 2, 0)), jnp.transpose(g, (1, 2, 0, 3)), (1, 1),
-                                 padding, rhs_dilation=strides, dimension_numbers=('NHWC', 'HWIO', 'NHWC'))
+                                 padding, rhs_dilation=strides, dimension_numbers=LAYOUT)
   return jnp.transpose(out[:, :kh, :kw, :], (1, 2, 0, 3))
 
 
