@@ -276,7 +276,7 @@ def whole_run(config: ml_collections.ConfigDict, method: str, steps: int, runs: 
   cfg = ml_collections.ConfigDict(config.to_dict())
   cfg.method, cfg.runs, cfg.tensorboard, cfg.model.pretrained = method, runs, False, ''
   cfg.base.update(steps=steps, log_every=steps, checkpoint_every=steps, select_on_test=False)
-  cfg = pipeline.resolve(cfg)
+  cfg = pipeline.resolve(cfg, reads_data=False)
   s = dataset_shapes(cfg)
   num_classes = s['num_base'] + s['way'] * (s['num_sessions'] - 1)
   per_class = max(cfg.base.shots, cfg.data.shots, -(-base_batch(cfg) // s['num_base']))

@@ -41,14 +41,17 @@ class TrainingError(RuntimeError):
   """Training diverged (NaN or inf loss)."""
 
 
-def resolve(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+def resolve(config: ml_collections.ConfigDict, reads_data: bool = True) -> ml_collections.ConfigDict:
   """The effective config: the method's own settings (f2m_jax/methods; e.g. `method=baseline` turns
   off noise, fine-tuning and PN and uses shuffled batches, as the paper's Baseline), then every
-  value validated."""
+  value validated, and (`reads_data`) the data folder it will read checked before anything is
+  written. The bench's whole runs pass False: they train on random data of the config's shapes."""
   from f2m_jax import methods  # pylint: disable=g-import-not-at-top
   config = ml_collections.ConfigDict(config.to_dict())
   methods.get(config.method).configure(config)
   validate(config)
+  if reads_data:
+    check_data_folder(config)
   return config
 
 
@@ -113,6 +116,10 @@ def validate(c: ml_collections.ConfigDict) -> None:
          "the class splits have no TOPIC lists: use 'draws'")
   need(c.model.dtype in ('float32', 'bfloat16'), 'model.dtype', c.model.dtype, "'float32' or 'bfloat16'")
   need(c.model.head in HEADS, 'model.head', c.model.head, f'allowed: {HEADS}')
+
+
+def check_data_folder(c: ml_collections.ConfigDict) -> None:
+  """Raises ValueError where the config's source reads a data folder that is unset or missing."""
   if c.data.source in ('trainsplit', 'folder') and not sources.data_dir(c):
     raise ValueError(f'data.source={c.data.source!r} needs a data folder: set F2M_DATA_DIR or '
                      '--config.data.data_dir')

@@ -126,3 +126,14 @@ def test_bench_whole_runs_time_the_pipeline(smoke_run, smoke_config):
   assert [(r['data_on_device'], r['steps_per_call'], r['parallel_runs']) for r in rows] == [(False, 1, 1), (True, 2, 1)]
   assert bench.for_backend(smoke_config, 'cpu').bench.whole_run_steps == bench.CPU_WHOLE_RUN['steps']
   assert bench.for_backend(smoke_config, 'gpu').bench.whole_run_steps == 1000
+
+
+def test_bench_whole_runs_need_no_data_folder(monkeypatch):
+  """The whole runs train on random data of the config's shapes, so a dataset config without its data
+  folder (here trainsplit, F2M_DATA_DIR unset) resolves for them; training itself still refuses it."""
+  from configs import cifar100
+  monkeypatch.delenv('F2M_DATA_DIR', raising=False)
+  config = cifar100.get_config('trainsplit')
+  with pytest.raises(ValueError, match="data.source='trainsplit' needs a data folder"):
+    pipeline.resolve(config)
+  assert pipeline.resolve(config, reads_data=False).data.source == 'trainsplit'
