@@ -98,6 +98,10 @@ def normalize_prototypes(prototypes: jax.Array) -> jax.Array:
   return prototypes / jnp.maximum(jnp.linalg.norm(prototypes, axis=-1, keepdims=True), 1e-12)
 
 
-def ncm_predict(embeddings: jax.Array, prototypes: jax.Array) -> jax.Array:
-  """Nearest class mean: argmin_c ||f(x) - p_c||^2."""
-  return jnp.argmin(pairwise_distance(embeddings, prototypes, 'squared_euclidean'), axis=-1)
+def ncm_predict(embeddings: jax.Array, prototypes: jax.Array, num_classes=None) -> jax.Array:
+  """Nearest class mean: argmin_c ||f(x) - p_c||^2. With `num_classes` (may be traced) only the first
+  num_classes rows of `prototypes` are classes; the rest are padding."""
+  d = pairwise_distance(embeddings, prototypes, 'squared_euclidean')
+  if num_classes is not None:
+    d = jnp.where(jnp.arange(prototypes.shape[0]) < num_classes, d, jnp.inf)
+  return jnp.argmin(d, axis=-1)

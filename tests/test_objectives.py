@@ -72,6 +72,25 @@ def test_ncm_with_and_without_prototype_normalisation():
   np.testing.assert_allclose(np.linalg.norm(objectives.normalize_prototypes(jnp.asarray(protos)), axis=1), 1.0)
 
 
+@pytest.mark.parametrize('normalize', [False, True])
+def test_padded_ncm_equals_unpadded_and_compiles_once(normalize):
+  """Padded to the benchmark's (test images, classes), every session's NCM gives the predictions of
+  its own shapes (padded classes never win, even where real distances are large) in one program."""
+  rng = np.random.default_rng(0)
+  protos = rng.normal(size=(12, 8)).astype(np.float32) * 5
+  emb = rng.normal(size=(300, 8)).astype(np.float32) * 0.1  # nearer the zero padding than any class
+  labels = rng.integers(0, 12, 300)
+  sessions = []
+  for rows, classes in ((100, 6), (200, 9), (300, 12)):
+    mine = labels[:rows] < classes
+    sessions.append((emb[:rows][mine], labels[:rows][mine], protos[:classes], 4, normalize))
+  before = evaluation._ncm_predict._cache_size()
+  padded = [evaluation.ncm_accuracies(*args, pad_to=(300, 12)) for args in sessions]
+  assert evaluation._ncm_predict._cache_size() - before <= 1  # unpadded, each session compiles anew
+  assert padded == [evaluation.ncm_accuracies(*args) for args in sessions]
+  assert all(0 < p['acc'] < 100 for p in padded)
+
+
 def test_breakdown_pd_avg_ci():
   acc = evaluation.ncm_accuracies(np.array([[0., 1.], [1., 0.], [1., 0.]]), np.array([0, 1, 0]),
                                   np.array([[1., 0.], [0., 1.]]), num_base=1, normalize=False)
