@@ -247,9 +247,10 @@ def train_steps(exp: Experiment, objective, state, start: int, batch_indices: Ca
 
   def host_part(call):  # the host's share of a call, done ahead by `prefetch`: indices (and images)
     first, n = call
-    if on_device:
-      indices = np.stack([batch_indices(s) for s in range(first, first + n)]).astype(np.int32)
-      return (sharding.shard_rows(mesh, indices),)
+    if on_device:  # a shorter call is padded to per_call rows (repeating its last), which do not count
+      rows = [batch_indices(s) for s in range(first, first + n)]
+      indices = np.stack(rows + rows[-1:] * (per_call - n)).astype(np.int32)
+      return sharding.shard_rows(mesh, indices), np.int32(n)
     idx = batch_indices(first)
     return sharding.shard_batch(mesh, images[idx], labels[idx])
 
@@ -260,13 +261,13 @@ def train_steps(exp: Experiment, objective, state, start: int, batch_indices: Ca
   def needs_state(done: int) -> bool:  # a call ending at step `done` is followed by a save or a selection
     return done % cfg.checkpoint_every == 0 or (select is not None and done % cfg.select_every == 0)
 
-  def finish(first: int, metrics, state=None):
-    """Reads a call's metrics (waiting for it), stops on a non-finite step, then logs; `state` is the
-    state after the call, given when the call ends where a checkpoint or selection needs it."""
+  def finish(first: int, n: int, metrics, state=None):
+    """Reads the metrics of a call of `n` steps (waiting for it), stops on a non-finite step, then
+    logs; `state` is the state after the call, given when the call ends where a checkpoint or
+    selection needs it."""
     nonlocal window, t0, saved
     metrics = jax.device_get(metrics)
-    per_step = [{k: v[i] for k, v in metrics.items()} for i in range(len(metrics['finite']))] if on_device \
-        else [metrics]
+    per_step = [{k: v[i] for k, v in metrics.items()} for i in range(n)] if on_device else [metrics]
     for i, m in enumerate(per_step):
       if not m['finite']:
         raise TrainingError(f'non-finite loss or parameters (loss {m["loss"]}) at {phase} step '
@@ -292,16 +293,16 @@ def train_steps(exp: Experiment, objective, state, start: int, batch_indices: Ca
   # the host's logging), unless the previous call ends where its state must be saved first: the
   # next call donates that state.
   calls = call_spans(start, cfg.steps, per_call)
-  pending = None  # (first step, metrics) of the call dispatched last
+  pending = None  # (first step, steps, metrics) of the call dispatched last
   with contextlib.closing(prefetch_lib.prefetch(host_part, calls, cfg.prefetch)) as batches:
-    for (first, _), batch in zip(calls, batches):
+    for (first, n), batch in zip(calls, batches):
       if pending and needs_state(first):
         finish(*pending, state=state)
         pending = None
       state, metrics = step_fn(state, *data, *batch, key)
       if pending:
         finish(*pending)
-      pending = (first, metrics)
+      pending = (first, n, metrics)
   if pending:
     finish(*pending, state=state)
   bar.close()

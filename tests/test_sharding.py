@@ -67,7 +67,7 @@ CHILD = textwrap.dedent('''
       state, _ = single(state, *sharding.shard_batch(mesh, data.train.images[idx], data.train.labels[idx]), key)
     scanned, key = init()
     scanned, _ = multi(scanned, *sharding.replicate((data.train.images, data.train.labels), mesh),
-                       sharding.shard_rows(mesh, indices), key)
+                       sharding.shard_rows(mesh, indices), np.int32(2), key)
     diffs = jax.tree_util.tree_map(lambda a, b: float(np.max(np.abs(a - b)) / (np.max(np.abs(b)) + 1e-12)),
                                    jax.device_get((scanned.params, scanned.batch_stats)),
                                    jax.device_get((state.params, state.batch_stats)))
