@@ -558,18 +558,21 @@ def run(config: ml_collections.ConfigDict, workdir: str, mode: str = 'train',
                           'is meant to hold one; restore it, pass --checkpoint WORKDIR, or use a new --workdir')
   t0 = time.time()
   method = methods.get(config.method)
-  first = method.first_session(exp, ckpts, log, source, hook)
-  runner = method.runner(exp, first, ckpts, source, log)
-  per_run, norms = run_sessions(exp, runner, ckpts, log, train=(mode != 'eval'), hook=hook)
+  try:
+    first = method.first_session(exp, ckpts, log, source, hook)
+    runner = method.runner(exp, first, ckpts, source, log)
+    per_run, norms = run_sessions(exp, runner, ckpts, log, train=(mode != 'eval'), hook=hook)
+    base_info = selection_info(config, source or ckpts)
+  finally:
+    ckpts.close()  # also when stopped: the checkpoints written in the background are completed
   results = evaluation.build_results(bench.name, config.method, config.data.protocol,
                                      [bench.num_seen_classes(t) for t in range(1, bench.num_sessions + 1)],
                                      per_run, norms if all(n is not None for n in norms) else None)
-  results['base_model'] = selection_info(config, source or ckpts)
+  results['base_model'] = base_info
   wall = round(time.time() - t0, 1)
   results['provenance'] = {**workdir_lib.provenance(config.to_dict()), 'wall_time_s': wall}
   log.write(phase='done', mode=mode, wall_time_s=wall,
             base_checkpoint=os.path.abspath(checkpoint) if checkpoint else None)
-  ckpts.close()
   log.close()
   write_outputs(workdir, results, mode)
   return results
