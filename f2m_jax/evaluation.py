@@ -5,7 +5,6 @@ import functools
 from typing import Callable, Optional, Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from f2m_jax import objectives
