@@ -270,8 +270,9 @@ def train_steps(exp: Experiment, objective, state, start: int, batch_indices: Ca
     per_step = [{k: v[i] for k, v in metrics.items()} for i in range(n)] if on_device else [metrics]
     for i, m in enumerate(per_step):
       if not m['finite']:
+        kept = f'the last good checkpoint (step {saved}) is kept' if saved else 'no checkpoint was saved yet'
         raise TrainingError(f'non-finite loss or parameters (loss {m["loss"]}) at {phase} step '
-                            f'{first + i + 1}; the last good checkpoint (step {saved}) is kept')
+                            f'{first + i + 1}; {kept}')
     bar.update(len(per_step))
     for i, m in enumerate(per_step):  # logging, selection and checkpoints fall on call boundaries
       window.append(m)

@@ -162,7 +162,7 @@ def test_device_path_resumes_exactly(runs, tmp_path):
 
 
 def test_nan_stop_names_the_same_step_and_keeps_the_last_good_checkpoint(tmp_path):
-  steps = {}
+  steps, messages = {}, {}
   for placement in ('host', 'device'):
     config = _tiny(placement, 5)
     config.base.update(lr=1e3, steps_per_call=4, log_every=20, checkpoint_every=20)  # diverges at step 6
@@ -171,11 +171,14 @@ def test_nan_stop_names_the_same_step_and_keeps_the_last_good_checkpoint(tmp_pat
     with pytest.raises(pipeline.TrainingError, match=r'non-finite loss or parameters .* at base step (\d+);') as e:
       pipeline.run(config, str(tmp_path / placement))
     steps[placement] = int(str(e.value).split('base step ')[1].split(';')[0])
+    messages[placement] = str(e.value)
   assert steps['host'] == steps['device'] and steps['host'] % 4  # a step inside one of the device path's calls
+  assert messages['device'].endswith('; no checkpoint was saved yet')
   # The host run's last checkpoint is the last one before the divergence, and finite.
   ckpts = Checkpoints(str(tmp_path / 'host'), read_only=True)
   last = ckpts.latest_base_step()
   assert last is not None and steps['host'] - 2 <= last < steps['host']
+  assert messages['host'].endswith(f'; the last good checkpoint (step {last}) is kept')
   config = pipeline.resolve(_tiny('host', 5))
   state = ckpts.restore_base_state(pipeline.Experiment.create(config, sources.load_benchmark(config)).init_state(), last)
   assert all(np.isfinite(x).all() for x in jax.tree_util.tree_leaves(jax.device_get(state.params)))
