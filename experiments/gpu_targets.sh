@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Issue 15's GPU targets in one call (about 6 minutes on an H200; prepared on the CPU with STEPS=20):
+# Issue 15's GPU targets (on one H200: bench and host steps 248 s, the full run 269 s; prepared on the
+# CPU with STEPS=20; results of 2026-11-27 in experiments/results/h200_gpu_targets/):
 #   1. --mode bench, the per-step table for F2M's default (M = 2, float32) and the whole runs
 #      (1,000 base steps of F2M and the Baseline through the pipeline, 10 runs of sessions);
 #   2. a whole CIFAR-100 F2M run of the full protocol's shapes on `trainsplit` (STEPS base
@@ -10,7 +11,8 @@
 # Targets: base steps/s >= 95% of the bench's device-only F2M rate; incremental phase < 15 s after
 # compilation; the whole run < 3 minutes.
 #
-# PARTS picks the steps (default all three: "bench full host"); only `full` reads data. PYTHON names
+# PARTS picks the steps (default all three: "bench full host"); only `full` reads data (where a
+# machine's transfers are capped, experiments/device_data.py takes it there in parts). PYTHON names
 # the interpreter (default python3).
 #
 #   F2M_DATA_DIR=... experiments/gpu_targets.sh OUT
