@@ -19,6 +19,8 @@ def main(config, workdir: str, mode: str, checkpoint=None) -> int:
   from f2m_jax import pipeline, report, sharding
   try:
     sharding.maybe_initialize_distributed(config.get('distributed', False))
+    if mode != 'bench':
+      enable_compilation_cache(config)
     if mode in ('train', 'eval'):
       results = pipeline.run(config, workdir, mode=mode, checkpoint=checkpoint)
       print(report.format_session_table(results), flush=True)
@@ -38,6 +40,21 @@ def main(config, workdir: str, mode: str, checkpoint=None) -> int:
   except pipeline.TrainingError as e:
     print(f'training stopped: {e}', file=sys.stderr, flush=True)
     return 3
+
+
+def enable_compilation_cache(config):
+  """Turns on JAX's persistent compilation cache in <cache folder>/jax_compilation_cache where
+  config.compilation_cache asks for it; returns the folder in use (one already set, e.g. through
+  JAX_COMPILATION_CACHE_DIR, is kept), or None."""
+  import jax
+  from f2m_jax.data import sources
+  if jax.config.jax_compilation_cache_dir:
+    return jax.config.jax_compilation_cache_dir
+  if not config.get('compilation_cache', False):
+    return None
+  path = os.path.join(sources.cache_dir(config), 'jax_compilation_cache')
+  jax.config.update('jax_compilation_cache_dir', path)
+  return path
 
 
 # ----------------------------------------------------------------------------- config overrides
