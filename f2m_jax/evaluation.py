@@ -8,6 +8,7 @@ import jax
 import numpy as np
 
 from f2m_jax import objectives
+from f2m_jax.incremental import pad_rows
 from f2m_jax.data import augment as augment_lib
 from f2m_jax.data.types import Benchmark
 from f2m_jax.models import ResNet
@@ -64,10 +65,6 @@ def eval_shapes(bench: Benchmark) -> tuple:
   return len(bench.test.labels), bench.num_seen_classes(bench.num_sessions)
 
 
-def _pad(x: np.ndarray, size: int) -> np.ndarray:
-  return np.concatenate([x, np.zeros((size - len(x),) + x.shape[1:], x.dtype)]) if size > len(x) else x
-
-
 def ncm_accuracies(embeddings: np.ndarray, labels: np.ndarray, protos: np.ndarray, num_base: int,
                    normalize: bool, pad_to: Optional[tuple] = None) -> dict:
   """NCM over all seen classes; returns acc, acc_base, acc_novel (None without novel images) and
@@ -77,7 +74,7 @@ def ncm_accuracies(embeddings: np.ndarray, labels: np.ndarray, protos: np.ndarra
   a session on an H200)."""
   embeddings, protos = np.asarray(embeddings, np.float32), np.asarray(protos, np.float32)
   rows, classes = pad_to or (len(embeddings), len(protos))
-  pred = _ncm_predict(_pad(embeddings, rows), _pad(protos, classes), np.int32(len(protos)), normalize)
+  pred = _ncm_predict(pad_rows(embeddings, rows), pad_rows(protos, classes), np.int32(len(protos)), normalize)
   return accuracies_from_predictions(np.asarray(pred)[:len(embeddings)], labels, num_base)
 
 
