@@ -28,6 +28,7 @@ from f2m_jax import prefetch as prefetch_lib
 from f2m_jax import sharding
 from f2m_jax import workdir as workdir_lib
 from f2m_jax.checkpoint import CheckpointError, Checkpoints
+from f2m_jax.incremental import pad_rows
 from f2m_jax.data import augment as augment_lib
 from f2m_jax.data import protocol as protocol_lib
 from f2m_jax.data import sources
@@ -247,10 +248,9 @@ def train_steps(exp: Experiment, objective, state, start: int, batch_indices: Ca
 
   def host_part(call):  # the host's share of a call, done ahead by `prefetch`: indices (and images)
     first, n = call
-    if on_device:  # a shorter call is padded to per_call rows (repeating its last), which do not count
-      rows = [batch_indices(s) for s in range(first, first + n)]
-      indices = np.stack(rows + rows[-1:] * (per_call - n)).astype(np.int32)
-      return sharding.shard_rows(mesh, indices), np.int32(n)
+    if on_device:  # a shorter call is padded to per_call rows (image 0's batches), which do not count
+      indices = np.stack([batch_indices(s) for s in range(first, first + n)]).astype(np.int32)
+      return sharding.shard_rows(mesh, pad_rows(indices, per_call)), np.int32(n)
     idx = batch_indices(first)
     return sharding.shard_batch(mesh, images[idx], labels[idx])
 
