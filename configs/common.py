@@ -158,6 +158,11 @@ def base_config() -> ml_collections.ConfigDict:
   # JAX_COMPILATION_CACHE_DIR, where set, is used instead. --mode bench never turns it on (it times
   # compiling).
   c.compilation_cache = True
+  # Compile the incremental sessions' programs (fine-tuning, embeddings, NCM) from their shapes in a
+  # background thread while session 1 trains (f2m_jax/programs.py), instead of at the first session:
+  # 'auto' (on where the backend is no CPU, whose cores the base steps already use), 'on', 'off'.
+  # The same programs, so results are identical.
+  c.compile_ahead = 'auto'
 
   c.bench = ml_collections.ConfigDict()  # --mode bench (f2m_jax/bench.py)
   c.bench.M_list = (1, 2, 4, 8)

@@ -40,6 +40,7 @@ def make_embed(model: ResNet, mean, std, batch_size: int = 500, first: int = 0,
       out.append(np.asarray(_embed(variables, chunk))[:n])
     return np.concatenate(out)
 
+  embed.jitted = _embed  # compiled ahead from shapes (f2m_jax/programs.py)
   return embed
 
 

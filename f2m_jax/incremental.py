@@ -186,6 +186,7 @@ def make_finetune(settings: SessionSettings, max_images: int = 0, max_classes: i
     return [noise_lib.unflatten({**split(p)[1], **{q: v[r] for q, v in out.items()}})
             for r, p in enumerate(params_list)], losses[:len(params_list)]
 
-  finetune.jitted = finetune_padded  # for inspection (tests count its compiled shapes)
+  finetune.jitted = finetune_padded  # for inspection (tests count its compiled shapes) and compiling ahead
+  finetune.runs_jitted = finetune_runs_padded
   finetune.runs = runs
   return finetune

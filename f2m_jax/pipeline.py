@@ -25,6 +25,7 @@ from f2m_jax import base as base_lib
 from f2m_jax import evaluation
 from f2m_jax import noise as noise_lib
 from f2m_jax import prefetch as prefetch_lib
+from f2m_jax import programs as programs_lib
 from f2m_jax import sharding
 from f2m_jax import workdir as workdir_lib
 from f2m_jax.checkpoint import CheckpointError, Checkpoints
@@ -117,6 +118,7 @@ def validate(c: ml_collections.ConfigDict) -> None:
          "the class splits have no TOPIC lists: use 'draws'")
   need(c.model.dtype in ('float32', 'bfloat16'), 'model.dtype', c.model.dtype, "'float32' or 'bfloat16'")
   need(c.model.head in HEADS, 'model.head', c.model.head, f'allowed: {HEADS}')
+  need(c.compile_ahead in programs_lib.MODES, 'compile_ahead', c.compile_ahead, f'allowed: {programs_lib.MODES}')
 
 
 def check_data_folder(c: ml_collections.ConfigDict) -> None:
@@ -137,6 +139,8 @@ class Experiment:
   noise_paths: tuple
   split: int
   _epoch: Optional[tuple] = dataclasses.field(default=None, repr=False)  # (epoch, indices) of task_epochs
+  # The jitted programs after session 1, one each per run, compiled ahead while it trains (programs.py).
+  programs: programs_lib.Programs = dataclasses.field(default_factory=programs_lib.Programs, repr=False)
 
   @classmethod
   def create(cls, config, bench: Benchmark) -> 'Experiment':
@@ -377,22 +381,36 @@ def selection_info(config, ckpts: Checkpoints) -> dict:
           'step': int(step) if step is not None else int(config.base.steps)}
 
 
+def embed_spec(exp: Experiment, first: int = 0, last: Optional[int] = None) -> tuple:
+  """(name, build) of the run's one program (exp.programs) for `evaluation.make_embed`'s test-view
+  embedding from pixels (the defaults), the trunk's features before block `last`, or the suffix's
+  embedding from the features entering block `first`."""
+  bench, bs = exp.bench, exp.config.eval.batch_size
+  mean, std = (bench.mean, bench.std) if first == 0 else (None, None)
+  return ('embed', first, last), lambda: evaluation.make_embed(exp.model, mean, std, bs, first=first, last=last)
+
+
 class Evaluator:
   """Test-set NCM accuracies. When only suffix blocks change after session 1, the frozen trunk's
   features of the test set are computed once and each evaluation runs only the suffix."""
 
   def __init__(self, exp: Experiment, base_variables, trainable_paths):
     self.exp = exp
-    bench, bs = exp.bench, exp.config.eval.batch_size
-    self.first = split_block(exp.model, trainable_paths) if trainable_paths else 0
-    self.embed_full = evaluation.make_embed(exp.model, bench.mean, bench.std, bs)
+    self.embed_full = exp.programs.get(*embed_spec(exp))
     self._trunk = None
-    cache = exp.config.incremental.finetune and exp.config.eval.cache_trunk  # eval.cache_trunk=False: no cache
-    if cache and 0 < self.first < exp.model.num_blocks:
-      trunk_fn = evaluation.make_embed(exp.model, bench.mean, bench.std, bs, last=self.first)
-      self._trunk = trunk_fn(base_variables, bench.test.images)
-      self.embed_suffix = evaluation.make_embed(exp.model, None, None, bs, first=self.first)
+    block = self.trunk_block(exp, trainable_paths)
+    if block:
+      self._trunk = exp.programs.get(*embed_spec(exp, last=block))(base_variables, exp.bench.test.images)
+      self.embed_suffix = exp.programs.get(*embed_spec(exp, first=block))
     self._static = None
+
+  @staticmethod
+  def trunk_block(exp: Experiment, trainable_paths) -> int:
+    """The first block that `trainable_paths` change, where the test set's features are cached
+    before it (fine-tuning on, eval.cache_trunk); 0 for no cache."""
+    first = split_block(exp.model, trainable_paths) if trainable_paths else 0
+    cache = exp.config.incremental.finetune and exp.config.eval.cache_trunk  # eval.cache_trunk=False: no cache
+    return first if cache and 0 < first < exp.model.num_blocks else 0
 
   def embeddings(self, variables, changed: bool) -> np.ndarray:
     """Embeddings of the whole test set under `variables` (`changed`: differs from phi*)."""
@@ -428,19 +446,18 @@ def base_model(exp: Experiment, ckpts: Checkpoints, log, source: Optional[Checkp
   if ckpts.has_model():
     return ckpts.restore_model(model_template)
   state = train_base(exp, ckpts, log, hook)
-  variables = {'params': state.params, 'batch_stats': state.batch_stats}
+  variables = jax.device_get({'params': state.params, 'batch_stats': state.batch_stats})  # host arrays,
+  # as every later stage passes them (one compiled embedding program for all)
   if exp.config.base.select_on_test and ckpts.best_base_step() is not None:
     best = ckpts.restore_best_base({'params': template.params, 'batch_stats': template.batch_stats})
     variables = {'params': best['params'], 'batch_stats': best['batch_stats']}
     print(f'base model: step {ckpts.best_base_step()} of {exp.config.base.steps}, chosen on the base TEST '
           f'images ({float(best["test_acc"]):.2f}%; base.select_on_test reads the test set)', flush=True)
   bench = exp.bench
-  embed = evaluation.make_embed(exp.model, bench.mean, bench.std, exp.config.eval.batch_size)
-  emb = embed(variables, exp.train_view(bench.base_train))
+  emb = exp.programs.get(*embed_spec(exp))(variables, exp.train_view(bench.base_train))
   protos = evaluation.prototypes(emb, bench.train.labels[bench.base_train], bench.session_classes[0])
   ckpts.save_model(variables['params'], variables['batch_stats'], protos)
-  return {'params': jax.device_get(variables['params']), 'batch_stats': jax.device_get(variables['batch_stats']),
-          'prototypes': protos}
+  return {'params': variables['params'], 'batch_stats': variables['batch_stats'], 'prototypes': protos}
 
 
 def parallel_runs(config) -> int:
@@ -559,12 +576,16 @@ def run(config: ml_collections.ConfigDict, workdir: str, mode: str = 'train',
                           'is meant to hold one; restore it, pass --checkpoint WORKDIR, or use a new --workdir')
   t0 = time.time()
   method = methods.get(config.method)
+  if method.compile_ahead and programs_lib.enabled(config.compile_ahead):
+    exp.programs.compile_ahead(method.compile_ahead(exp))  # in the background while session 1 trains
   try:
     first = method.first_session(exp, ckpts, log, source, hook)
+    report_compile_ahead(exp.programs.wait(), log)
     runner = method.runner(exp, first, ckpts, source, log)
     per_run, norms = run_sessions(exp, runner, ckpts, log, train=(mode != 'eval'), hook=hook)
     base_info = selection_info(config, source or ckpts)
   finally:
+    exp.programs.close()
     ckpts.close()  # also when stopped: the checkpoints written in the background are completed
   results = evaluation.build_results(bench.name, config.method, config.data.protocol,
                                      [bench.num_seen_classes(t) for t in range(1, bench.num_sessions + 1)],
@@ -577,6 +598,17 @@ def run(config: ml_collections.ConfigDict, workdir: str, mode: str = 'train',
   log.close()
   write_outputs(workdir, results, mode)
   return results
+
+
+def report_compile_ahead(done: Optional[dict], log) -> None:
+  """Prints and logs (phase 'compile_ahead') what the background compiles did, once the later
+  stages need their programs: `waited_s` is the part of their compiling that was not hidden."""
+  if done is None:
+    return
+  print(f'compiled ahead: {done["programs"]} programs, {done["compile_s"]} s in the background; waited '
+        f'{done["waited_s"]} s for them' + (f'; failed (compiled at first call): {done["failed"]}'
+                                             if done['failed'] else ''), flush=True)
+  log.write(phase='compile_ahead', **done)
 
 
 def write_outputs(workdir: str, results: dict, mode: str) -> None:

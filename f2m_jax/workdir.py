@@ -16,7 +16,7 @@ from flax import traverse_util
 NON_RESULT_FIELDS = ('data.data_dir', 'data.tfds_data_dir', 'data.cache_dir', 'base.log_every',
                      'base.checkpoint_every', 'base.data_placement', 'base.steps_per_call', 'base.prefetch',
                      'incremental.parallel_runs', 'eval.batch_size', 'eval.cache_trunk', 'distributed',
-                     'tensorboard', 'compilation_cache', 'bench.', 'flatness.')
+                     'tensorboard', 'compilation_cache', 'compile_ahead', 'bench.', 'flatness.')
 
 
 # Fields added after workdirs were already being written, with the value that reproduces what a run

@@ -9,6 +9,9 @@ A `Method` is:
                                             the workdir's `model` ({'params', 'batch_stats',
                                             'prototypes'}); `source` is --checkpoint's workdir
   runner(exp, first, ckpts, source, log) -> Runner
+  compile_ahead(exp) -> [plan]              optional: the programs its runner's first session calls,
+                                            as f2m_jax/programs.py plans from shapes alone, compiled
+                                            in the background while session 1 trains
 
 and a Runner (built once per pipeline run, holding its compiled functions) has:
   first_accuracies() -> dict                session 1's accuracies (acc, acc_base, acc_novel, hm)
@@ -27,7 +30,7 @@ and a Runner (built once per pipeline run, holding its compiled functions) has:
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from typing import Callable, Optional
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,6 +40,7 @@ class Method:
   first_session: Callable
   runner: Callable
   description: str = ''
+  compile_ahead: Optional[Callable] = None
 
 
 class Runner:

@@ -54,6 +54,71 @@ def nearest_mean_accuracies(exp, embed, state: dict, session: int) -> dict:
                                    exp.config.eval.normalize_prototypes, pad_to=evaluation.eval_shapes(bench))
 
 
+def finetune_sizes(exp) -> tuple:
+  """(images, classes) every session's fine-tuning is padded to: the last session's."""
+  bench = exp.bench
+  return exp.config.data.shots * sum(len(c) for c in bench.session_classes[1:]), bench.num_seen_classes(bench.num_sessions)
+
+
+def finetune_spec(exp, paths) -> tuple:
+  """(name, build) of the run's one fine-tuning program (exp.programs), padded to `finetune_sizes`
+  so that one compile serves every session."""
+  return ('finetune', tuple(paths)), lambda: incremental.make_finetune(session_settings(exp, paths), *finetune_sizes(exp),
+                                                                      sharding.runs_mesh())
+
+
+def compile_ahead(exp) -> list:
+  """The plans (f2m_jax/programs.py) of what NCMRunner's first session compiles, from shapes alone:
+  the test-view embedding (base prototypes, test images, shots), the frozen trunk and the suffix
+  (eval.cache_trunk), the fine-tuning of one run or of each size of run group, and NCM."""
+  from f2m_jax import pipeline  # pylint: disable=g-import-not-at-top
+  cfg, bench = exp.config, exp.bench
+  sds = jax.ShapeDtypeStruct
+  state = jax.eval_shape(exp.init_state)
+  params, stats = state.params, state.batch_stats
+  variables = {'params': params, 'batch_stats': stats}
+  bs = cfg.eval.batch_size
+  rows_of = lambda images, rows=bs: sds((rows,) + images.shape[1:], images.dtype)  # a batch of `images`
+  test_view = rows_of(bench.test.images)
+  embed = pipeline.embed_spec(exp)  # the test view of the base images (prototypes), test images and shots
+  views = {rows_of(bench.test.images), rows_of(exp.train_view(bench.base_train[:1]))}
+  plans = [(*embed, lambda f, v=v: f.jitted.lower(variables, v)) for v in views]
+  one_image = sds((1,) + test_view.shape[1:], jnp.float32)
+  dim = jax.eval_shape(lambda v, x: exp.model.apply(v, x, train=False)[0], variables, one_image).shape[1]
+  paths = exp.trainable_paths(params) if cfg.incremental.finetune else ()
+  block = pipeline.Evaluator.trunk_block(exp, paths)
+  if block:
+    feats = jax.eval_shape(lambda v, x: exp.model.apply(v, x, train=False, last=block), variables, one_image)
+    plans.append((*pipeline.embed_spec(exp, last=block), lambda f: f.jitted.lower(variables, test_view)))
+    plans.append((*pipeline.embed_spec(exp, first=block), lambda f: f.jitted.lower(variables, rows_of(feats))))
+  if cfg.incremental.finetune:
+    name, build = finetune_spec(exp, paths)
+    max_images, max_classes = finetune_sizes(exp)
+    flat = noise_lib.flatten(params)
+    trainable = {p: flat[p] for p in paths}
+    frozen = {p: v for p, v in flat.items() if p not in set(paths)}
+    labels = jax.dtypes.canonicalize_dtype(bench.train.labels.dtype)
+    shots, stored = rows_of(bench.train.images, max_images), sds((max_classes, dim), np.float32)
+    key, num_seen = jax.eval_shape(lambda: exp.key(0)), sds((), np.int32)
+    per_call, mesh = pipeline.parallel_runs(cfg), sharding.runs_mesh()
+    for size in sorted({min(per_call, cfg.runs - i) for i in range(0, cfg.runs, per_call)}):
+      if size == 1:  # Runner.update: one run a call
+        lower = lambda f: f.jitted.lower(params, stats, trainable, shots, sds((max_images,), labels), stored,
+                                         num_seen, key)
+      else:  # finetune.runs: the group filled to a multiple of the devices
+        r = size + (-size % (mesh.size if mesh is not None else 1))
+        stack = lambda x, r=r: sds((r,) + x.shape, x.dtype)
+        lower = lambda f, stack=stack: f.runs_jitted.lower(
+            {p: stack(v) for p, v in trainable.items()}, frozen, stats, trainable,
+            stack(shots), stack(sds((max_images,), labels)), stored, num_seen, stack(key))
+      plans.append((name, build, lower))
+  rows, classes = evaluation.eval_shapes(bench)
+  plans.append(('ncm', lambda: evaluation._ncm_predict,  # pylint: disable=protected-access
+                lambda f: f.lower(sds((rows, dim), np.float32), sds((classes, dim), np.float32), sds((), np.int32),
+                                  cfg.eval.normalize_prototypes)))  # positional, as ncm_accuracies calls it
+  return plans
+
+
 def merge(params, trainable_nested):
   flat = noise_lib.flatten(params)
   flat.update(noise_lib.flatten(trainable_nested))
@@ -67,16 +132,12 @@ class NCMRunner(Runner):
 
   def __init__(self, exp, first: dict, ckpts=None, source=None, log=None):
     from f2m_jax.pipeline import Evaluator  # pylint: disable=g-import-not-at-top
-    cfg, bench = exp.config, exp.bench
+    cfg = exp.config
     self.exp = exp
     self.params, self.batch_stats, self.base_protos = first['params'], first['batch_stats'], first['prototypes']
     self.paths = exp.trainable_paths(self.params)
     self.anchor = {p: jnp.asarray(v) for p, v in noise_lib.flatten(self.params).items() if p in set(self.paths)}
-    self.finetune = None
-    if cfg.incremental.finetune:  # padded to the last session's sizes: one compile serves every session
-      max_images = cfg.data.shots * sum(len(c) for c in bench.session_classes[1:])
-      self.finetune = incremental.make_finetune(session_settings(exp, self.paths), max_images,
-                                                bench.num_seen_classes(bench.num_sessions), sharding.runs_mesh())
+    self.finetune = exp.programs.get(*finetune_spec(exp, self.paths)) if cfg.incremental.finetune else None
     self.base_vars = {'params': self.params, 'batch_stats': self.batch_stats}
     self.evaluator = Evaluator(exp, self.base_vars, self.paths if self.finetune else ())
     self.embed = self.evaluator.embed_full  # the test view of images, shared with the evaluation (one compile)
@@ -149,6 +210,6 @@ class NCMRunner(Runner):
 
 
 F2M = Method('f2m', configure_f2m, first_session, NCMRunner,
-             'flat-minima base training; fine-tuning of the noise set inside the box; NCM with PN')
+             'flat-minima base training; fine-tuning of the noise set inside the box; NCM with PN', compile_ahead)
 BASELINE = Method('baseline', configure_baseline, first_session, NCMRunner,
-                  'plain CE, shuffled batches; no fine-tuning; NCM with raw prototypes')
+                  'plain CE, shuffled batches; no fine-tuning; NCM with raw prototypes', compile_ahead)

@@ -1,0 +1,100 @@
+"""Compiling the sessions' programs ahead, in a background thread while session 1 trains
+(f2m_jax/programs.py): after base training the main thread compiles none of them, and the results
+are those of compiling them at their first call."""
+import json
+import os
+import threading
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from conftest import without_provenance
+from f2m_jax import evaluation
+from f2m_jax import pipeline
+from f2m_jax import programs as programs_lib
+
+SESSION_PROGRAMS = ('jit(_embed)', 'jit(finetune_padded)', 'jit(finetune_runs_padded)', 'jit(_ncm_predict)')
+
+
+class MainThreadCompiles:
+  """The names of the programs the main thread compiles while `on` (a program found in the
+  persistent compilation cache counts too: it goes through the same compile call)."""
+
+  def __init__(self):
+    self.on, self.names = True, []
+
+  def __call__(self, event, duration, **kw):
+    del duration
+    if event == '/jax/core/compile/backend_compile_duration' and self.on and threading.current_thread().name == 'MainThread':
+      self.names.append(kw.get('fun_name'))
+
+  def __enter__(self):
+    jax.monitoring.register_event_duration_secs_listener(self)
+    return self
+
+  def __exit__(self, *exc):
+    jax.monitoring.unregister_event_duration_listener(self)
+
+
+def _run_counting_compiles(config, workdir):
+  """pipeline.run, and the session programs the main thread compiled after the last base step."""
+  evaluation._ncm_predict.clear_cache()  # module-level: an earlier run in this process compiled it
+  with MainThreadCompiles() as compiles:
+    compiles.on = False
+
+    def hook(kind, **kw):
+      if kind == 'base_step' and kw['step'] == config.base.steps:
+        compiles.on = True
+
+    results = pipeline.run(config, workdir, hook=hook)
+  return results, sorted(set(compiles.names) & set(SESSION_PROGRAMS))
+
+
+@pytest.mark.parametrize('parallel_runs', [1, 2])  # Runner.update one run a call; finetune.runs over the runs
+def test_compiled_ahead_the_sessions_compile_nothing_and_results_are_unchanged(smoke_config, tmp_path, parallel_runs):
+  smoke_config.base.steps = 10
+  smoke_config.incremental.parallel_runs = parallel_runs
+  smoke_config.compile_ahead = 'off'
+  off, compiled_off = _run_counting_compiles(smoke_config, str(tmp_path / 'off'))
+  smoke_config.compile_ahead = 'on'
+  on, compiled_on = _run_counting_compiles(smoke_config, str(tmp_path / 'on'))
+  finetune = 'jit(finetune_padded)' if parallel_runs == 1 else 'jit(finetune_runs_padded)'
+  assert compiled_off == sorted(['jit(_embed)', finetune, 'jit(_ncm_predict)'])  # what compiling ahead takes away
+  assert compiled_on == []
+  assert without_provenance(on) == without_provenance(off)
+  with open(os.path.join(tmp_path, 'on', 'metrics.jsonl')) as f:
+    ahead = [json.loads(line) for line in f if '"compile_ahead"' in line]
+  # the test-view embedding, the frozen trunk, the suffix, the fine-tuning, NCM
+  assert len(ahead) == 1 and ahead[0]['programs'] == 5 and ahead[0]['failed'] == []
+
+
+def test_programs_are_built_once_and_get_waits_for_their_compile():
+  programs = programs_lib.Programs()
+  built = []
+
+  def build():
+    built.append(1)
+    return jax.jit(lambda x: jnp.sin(x) * 2)
+
+  x = jax.ShapeDtypeStruct((3,), jnp.float32)
+  programs.compile_ahead([('f', build, lambda f: f.lower(x)),
+                          ('bad', build, lambda f: f.lower(jax.ShapeDtypeStruct((3,), jnp.float32), 'no such arg'))])
+  with MainThreadCompiles() as compiles:
+    f = programs.get('f', build)  # waits for its compile
+    np.testing.assert_allclose(f(np.ones(3, np.float32)), 2 * np.sin(np.ones(3)), rtol=1e-6)
+  assert compiles.names == []  # the call found the program compiled ahead
+  assert programs.get('bad', build) is not f  # another name, another program
+  done = programs.wait()
+  assert len(built) == 2 and done['programs'] == 1
+  assert len(done['failed']) == 1 and done['failed'][0].startswith('bad: TypeError')  # reported, not raised
+  programs.close()
+
+
+def test_compile_ahead_modes(smoke_config):
+  assert programs_lib.enabled('on') and not programs_lib.enabled('off')
+  assert programs_lib.enabled('auto') == (jax.default_backend() != 'cpu')
+  smoke_config.compile_ahead = 'yes'
+  with pytest.raises(ValueError, match="compile_ahead='yes' is invalid: allowed: \\('auto', 'on', 'off'\\)"):
+    pipeline.resolve(smoke_config)
