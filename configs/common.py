@@ -159,9 +159,9 @@ def base_config() -> ml_collections.ConfigDict:
   # compiling).
   c.compilation_cache = True
   # Compile the incremental sessions' programs (fine-tuning, embeddings, NCM) from their shapes in a
-  # background thread while session 1 trains (f2m_jax/programs.py), instead of at the first session:
-  # 'auto' (on where the backend is no CPU, whose cores the base steps already use), 'on', 'off'.
-  # The same programs, so results are identical.
+  # background thread while session 1 trains (f2m_jax/programs.py; from its first step on), instead
+  # of at the first session: 'auto' (on where the backend is no CPU, whose cores the base steps
+  # already use), 'on', 'off'. The same programs, so results are identical.
   c.compile_ahead = 'auto'
 
   c.bench = ml_collections.ConfigDict()  # --mode bench (f2m_jax/bench.py)

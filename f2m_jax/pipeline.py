@@ -576,8 +576,7 @@ def run(config: ml_collections.ConfigDict, workdir: str, mode: str = 'train',
                           'is meant to hold one; restore it, pass --checkpoint WORKDIR, or use a new --workdir')
   t0 = time.time()
   method = methods.get(config.method)
-  if method.compile_ahead and programs_lib.enabled(config.compile_ahead):
-    exp.programs.compile_ahead(method.compile_ahead(exp))  # in the background while session 1 trains
+  hook = compiling_ahead(exp, method, hook)
   try:
     first = method.first_session(exp, ckpts, log, source, hook)
     report_compile_ahead(exp.programs.wait(), log)
@@ -598,6 +597,25 @@ def run(config: ml_collections.ConfigDict, workdir: str, mode: str = 'train',
   log.close()
   write_outputs(workdir, results, mode)
   return results
+
+
+def compiling_ahead(exp: Experiment, method, hook: Hook) -> Hook:
+  """`hook`, and (config.compile_ahead) at the first base step, once the base step's own program
+  has compiled, the start of compiling the method's session programs in the background while the
+  rest of session 1 trains (f2m_jax/programs.py). Without base training (a restored model) nothing
+  is compiled ahead: there is nothing to overlap."""
+  if not (method.compile_ahead and programs_lib.enabled(exp.config.compile_ahead)):
+    return hook
+  started = []
+
+  def start_then(kind, **kw):
+    if kind == 'base_step' and not started:
+      started.append(True)
+      exp.programs.compile_ahead(lambda: method.compile_ahead(exp))
+    if hook:
+      hook(kind, **kw)
+
+  return start_then
 
 
 def report_compile_ahead(done: Optional[dict], log) -> None:

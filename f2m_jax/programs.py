@@ -6,7 +6,8 @@ XLA compiles a jitted function at its first call with new shapes. The incrementa
 minutes of base training during which the host mostly waits for the accelerator: on an H200 the
 full-budget CIFAR-100 run spent 22.6 s from its last base step to its first session's end. Their
 shapes are known before training starts, so `Programs.compile_ahead` lowers and compiles them from
-abstract arguments (`jax.ShapeDtypeStruct`) in a background thread; a jitted function keeps the
+abstract arguments (`jax.ShapeDtypeStruct`) in a background thread, started once the base step's
+own program has compiled (`pipeline.compiling_ahead`); a jitted function keeps the
 executable that `.lower(...).compile()` built for those shapes, so the first real call does not
 compile again. The programs and their results are the same; only when they compile changes. A
 failed compile ahead is reported and left to the first call.
@@ -58,10 +59,16 @@ class Programs:
       future.result()
     return program
 
-  def compile_ahead(self, plans: Sequence[Plan]) -> None:
-    """Compiles `plans` one after another in a background thread; `get` and `wait` wait for them."""
+  def compile_ahead(self, plans: Callable[[], Sequence[Plan]]) -> None:
+    """Compiles the programs that `plans()` lists one after another in a background thread; `get`
+    and `wait` wait for them. A failure to list them is reported by `wait`, not raised."""
     self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix='compile_ahead')
     self._started = time.time()
+    try:
+      plans = plans()
+    except Exception as e:  # pylint: disable=broad-except
+      self.failed.append(('listing the programs', f'{type(e).__name__}: {e}'))
+      return
     for name, build, lower in plans:
       self._pending.setdefault(name, []).append(self._executor.submit(self._compile, name, build, lower))
 

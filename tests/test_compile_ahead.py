@@ -79,8 +79,8 @@ def test_programs_are_built_once_and_get_waits_for_their_compile():
     return jax.jit(lambda x: jnp.sin(x) * 2)
 
   x = jax.ShapeDtypeStruct((3,), jnp.float32)
-  programs.compile_ahead([('f', build, lambda f: f.lower(x)),
-                          ('bad', build, lambda f: f.lower(jax.ShapeDtypeStruct((3,), jnp.float32), 'no such arg'))])
+  programs.compile_ahead(lambda: [('f', build, lambda f: f.lower(x)),
+                                  ('bad', build, lambda f: f.lower(x, 'no such arg'))])
   with MainThreadCompiles() as compiles:
     f = programs.get('f', build)  # waits for its compile
     np.testing.assert_allclose(f(np.ones(3, np.float32)), 2 * np.sin(np.ones(3)), rtol=1e-6)
@@ -90,6 +90,10 @@ def test_programs_are_built_once_and_get_waits_for_their_compile():
   assert len(built) == 2 and done['programs'] == 1
   assert len(done['failed']) == 1 and done['failed'][0].startswith('bad: TypeError')  # reported, not raised
   programs.close()
+  unlisted = programs_lib.Programs()
+  unlisted.compile_ahead(lambda: 1 / 0)
+  assert unlisted.wait()['failed'] == ['listing the programs: ZeroDivisionError: division by zero']
+  unlisted.close()
 
 
 def test_compile_ahead_modes(smoke_config):
