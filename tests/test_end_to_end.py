@@ -83,22 +83,26 @@ def _run_py(*args):
 
 
 def test_runs_use_a_persistent_compilation_cache_in_the_cache_folder(tmp_path):
-  """config.compilation_cache puts JAX's persistent cache in <cache folder>/jax_compilation_cache;
-  a folder JAX was already given (JAX_COMPILATION_CACHE_DIR) is kept; False leaves it off. In fresh
-  processes: the tests' own process has its cache set by conftest.py."""
+  """config.compilation_cache puts JAX's persistent cache in <cache folder>/jax_compilation_cache,
+  for programs of any compile time unless JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS says otherwise;
+  a folder JAX was already given (JAX_COMPILATION_CACHE_DIR) is kept with JAX's settings; False
+  leaves it off. In fresh processes: the tests' own process has its cache set by conftest.py."""
   script = ('import sys; from configs import cifar100; from f2m_jax import cli; c = cifar100.get_config("smoke"); '
             'c.data.cache_dir = sys.argv[1]; c.compilation_cache = sys.argv[2] == "1"; '
-            'print(cli.enable_compilation_cache(c)); import jax; print(jax.config.jax_compilation_cache_dir)')
-  env = {k: v for k, v in os.environ.items() if k != 'JAX_COMPILATION_CACHE_DIR'}
+            'print(cli.enable_compilation_cache(c)); import jax; print(jax.config.jax_compilation_cache_dir); '
+            'print(jax.config.jax_persistent_cache_min_compile_time_secs)')
+  env = {k: v for k, v in os.environ.items()
+         if k not in ('JAX_COMPILATION_CACHE_DIR', 'JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS')}
   def run(on, **extra):
     proc = subprocess.run([sys.executable, '-c', script, str(tmp_path), on], cwd=REPO, capture_output=True,
                           text=True, timeout=120, env={**env, **extra})
     assert proc.returncode == 0, proc.stderr
     return proc.stdout.split()
   folder = str(tmp_path / 'jax_compilation_cache')
-  assert run('1') == [folder, folder]
-  assert run('0') == ['None', 'None']
-  assert run('1', JAX_COMPILATION_CACHE_DIR=str(tmp_path / 'own')) == [str(tmp_path / 'own')] * 2
+  assert run('1') == [folder, folder, '0.0']
+  assert run('1', JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='2') == [folder, folder, '2.0']
+  assert run('0') == ['None', 'None', '1.0']
+  assert run('1', JAX_COMPILATION_CACHE_DIR=str(tmp_path / 'own')) == [str(tmp_path / 'own')] * 2 + ['1.0']
 
 
 def test_run_py_rejects_bad_values_with_clear_messages(tmp_path):
