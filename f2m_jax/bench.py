@@ -15,9 +15,10 @@ Whole runs (`whole_run`), for F2M and the Baseline: the pipeline's own base loop
 sessions, as run.py runs them (on a GPU/TPU the images held on the device and base.steps_per_call
 steps scanned per dispatch; on a CPU host batches, one step per dispatch; checkpoints), for
 config.bench.whole_run_steps base steps and config.bench.whole_run_runs runs of sessions (on a GPU/TPU
-all runs of a session fine-tuned in one call, incremental.parallel_runs): the first call's time
+all runs of a session fine-tuned in one call, incremental.parallel_runs; the sessions' programs
+compiled ahead during base training where config.compile_ahead says so): the first call's time
 (compile included), base steps/s after it, the base phase and the incremental phase (and that
-phase after its first session, i.e. without compiles).
+phase after its first session, i.e. without compiles), and what was compiled ahead.
 
 The records go to W/bench.json as {'provenance': ..., 'records': [...], 'whole_runs': [...]} (never
 overwriting one: then W/bench_<timestamp>.json).
@@ -291,10 +292,13 @@ def whole_run(config: ml_collections.ConfigDict, method: str, steps: int, runs: 
     ckpts, log = Checkpoints(tmp), workdir_lib.MetricsLog(tmp)
     t0 = time.perf_counter()
     m = methods.get(method)
-    first = m.first_session(exp, ckpts, log, None, hook)
+    run_hook = pipeline.compiling_ahead(exp, m, hook)  # as pipeline.run: config.compile_ahead
+    first = m.first_session(exp, ckpts, log, None, run_hook)
     t1 = time.perf_counter()
-    pipeline.run_sessions(exp, m.runner(exp, first, ckpts, None, log), ckpts, log, hook=hook)
+    ahead = exp.programs.wait()  # any wait for the programs compiled ahead counts in the sessions
+    pipeline.run_sessions(exp, m.runner(exp, first, ckpts, None, log), ckpts, log, hook=run_hook)
     t2 = time.perf_counter()
+    exp.programs.close()
     ckpts.close()
   base_steps, sessions = stamps['base_step'], stamps['session']
   # Steps come back a call at a time (base.steps_per_call on an accelerator): the rate is timed from
@@ -307,8 +311,8 @@ def whole_run(config: ml_collections.ConfigDict, method: str, steps: int, runs: 
                                 if steps > per_call else None),
               base_phase_s=round(t1 - t0, 2), incremental_s=round(t2 - t1, 2),
               incremental_after_first_session_s=round(sessions[-1] - sessions[0], 2),
-              sessions=len(sessions), backend=jax.default_backend(), device_kind=jax.devices()[0].device_kind,
-              num_devices=jax.device_count())
+              sessions=len(sessions), compile_ahead=ahead, backend=jax.default_backend(),
+              device_kind=jax.devices()[0].device_kind, num_devices=jax.device_count())
 
 
 def format_whole_runs(rows: Sequence[dict]) -> str:

@@ -139,7 +139,10 @@ def test_bench_whole_runs_time_the_pipeline(smoke_run, smoke_config):
   from f2m_jax import bench
   device = ml_collections.ConfigDict(smoke_config.to_dict())
   device.base.update(data_placement='device', steps_per_call=2)  # the accelerators' path: 2 calls of 2
+  device.compile_ahead = 'on'  # as 'auto' there
   rows = [bench.whole_run(smoke_config, 'f2m', 4, 1), bench.whole_run(device, 'baseline', 4, 1)]
+  assert rows[0]['compile_ahead'] is None  # 'auto' on a CPU
+  assert rows[1]['compile_ahead']['programs'] == 2 and rows[1]['compile_ahead']['failed'] == []  # embedding, NCM
   for r in rows:
     assert (r['steps'], r['runs'], r['sessions'], r['batch']) == (4, 1, 8, 80)
     assert r['base_steps_per_s'] > 0 and r['first_step_s'] > 0
