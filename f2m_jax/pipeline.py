@@ -199,6 +199,16 @@ class Experiment:
     images are larger than the network input), no augmentation (Eq. 1, DESIGN.md)."""
     return augment_lib.eval_view(self.bench.train.images[indices], self.bench.image_size)
 
+  def state_shapes(self):
+    """The train state's shapes and dtypes (jax.ShapeDtypeStruct), without running the init."""
+    return jax.eval_shape(lambda: base_lib.init_state(self.model, self.key(1), self.bench.image_size,
+                                                      self.optimizer()))
+
+  def state_template(self):
+    """Host zeros of the train state's shapes, to restore checkpoints into: the init runs op by op and
+    compiled for 11 s at ResNet-20's shapes on the 2-core CPU before a restore could start."""
+    return jax.tree_util.tree_map(lambda s: np.zeros(s.shape, s.dtype), self.state_shapes())
+
   def init_state(self):
     params = batch_stats = None
     if self.config.model.pretrained:
@@ -216,12 +226,13 @@ def train_base(exp: Experiment, ckpts: Checkpoints, log: workdir_lib.MetricsLog,
   """Trains session 1 from the latest base checkpoint (or from scratch); returns the final state.
   `hook('base_step', step=n)` is called after every step (tests use it to interrupt a run)."""
   cfg = exp.config.base
-  state = exp.init_state()
   start = ckpts.latest_base_step()
   if start is not None:
-    state = ckpts.restore_base_state(state, start)
+    state = ckpts.restore_base_state(exp.state_template(), start)
     state = jax.tree_util.tree_map(jnp.asarray, state)
     print(f'resuming base training at step {start}/{cfg.steps}', flush=True)
+  else:
+    state = exp.init_state()
   select = _TestSetSelector(exp, ckpts, log) if cfg.select_on_test else None
   return train_steps(exp, exp.base_objective(), state, start or 0, exp.batch_indices, ckpts.save_base_state,
                      log, exp.key(0), phase='base', title='base session', keep_bar=True, select=select, hook=hook)
@@ -358,8 +369,9 @@ class _TestSetSelector:
     self.logits = evaluation.make_embed(exp.model, bench.mean, bench.std, exp.config.eval.batch_size, logits=True)
     self.best = -1.0
     if ckpts.best_base_step() is not None:
+      template = exp.state_template()
       self.best = float(ckpts.restore_best_base(
-          {'params': exp.init_state().params, 'batch_stats': exp.init_state().batch_stats})['test_acc'])
+          {'params': template.params, 'batch_stats': template.batch_stats})['test_acc'])
 
   def __call__(self, step: int, state) -> None:
     variables = {'params': jax.device_get(state.params), 'batch_stats': jax.device_get(state.batch_stats)}
@@ -433,7 +445,7 @@ class Evaluator:
 def base_model(exp: Experiment, ckpts: Checkpoints, log, source: Optional[Checkpoints] = None,
                hook: Hook = None) -> dict:
   """phi*, its BN statistics and the base prototypes: restored if saved, else trained and saved."""
-  template = exp.init_state()
+  template = exp.state_template()
   size = exp.bench.image_size
   emb_shape = jax.eval_shape(lambda v, x: exp.model.apply(v, x, train=False)[0],
                              {'params': template.params, 'batch_stats': template.batch_stats},

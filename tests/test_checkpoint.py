@@ -76,7 +76,7 @@ def test_save_restore_is_bit_identical(tmp_path):
   state, _ = step(state, bench.train.images[idx], bench.train.labels[idx], exp.key(0))  # non-zero momentum
   ckpts = Checkpoints(str(tmp_path))
   ckpts.save_base_state(1, state)
-  _leaves_equal(jax.device_get(state), ckpts.restore_base_state(exp.init_state(), 1))
+  _leaves_equal(jax.device_get(state), ckpts.restore_base_state(exp.state_template(), 1))  # zeros of the shapes
   protos = np.random.default_rng(0).normal(size=(20, 32)).astype(np.float32)
   ckpts.save_model(state.params, state.batch_stats, protos)
   template = {'params': state.params, 'batch_stats': state.batch_stats, 'prototypes': np.zeros_like(protos)}
@@ -92,6 +92,20 @@ def test_resume_after_interrupted_base_training(reference, tmp_path):
     pipeline.run(tiny_config(), workdir, hook=interrupt_at('base_step', step=15))
   assert Checkpoints(workdir).latest_base_step() == 10
   assert same_results(pipeline.run(tiny_config(), workdir), ref)
+
+
+def test_resume_with_test_set_selection_keeps_the_best_so_far(tmp_path):
+  """base.select_on_test resumed after the best model was saved: the selector restores the best
+  accuracy so far, and the run ends as an uninterrupted one."""
+  config = tiny_config()
+  config.base.update(select_on_test=True, select_every=10)
+  config.runs = 1
+  whole = pipeline.run(config, str(tmp_path / 'whole'))
+  workdir = str(tmp_path / 'w')
+  with pytest.raises(Interrupt):
+    pipeline.run(config, workdir, hook=interrupt_at('base_step', step=25))
+  assert Checkpoints(workdir).best_base_step() in (10, 20)
+  assert same_results(pipeline.run(config, workdir), whole)
 
 
 def test_resume_after_interrupted_sessions(reference, tmp_path):

@@ -74,7 +74,7 @@ def compile_ahead(exp) -> list:
   from f2m_jax import pipeline  # pylint: disable=g-import-not-at-top
   cfg, bench = exp.config, exp.bench
   sds = jax.ShapeDtypeStruct
-  state = jax.eval_shape(exp.init_state)
+  state = exp.state_shapes()
   params, stats = state.params, state.batch_stats
   variables = {'params': params, 'batch_stats': stats}
   bs = cfg.eval.batch_size
