@@ -209,6 +209,13 @@ class Experiment:
     compiled for 11 s at ResNet-20's shapes on the 2-core CPU before a restore could start."""
     return jax.tree_util.tree_map(lambda s: np.zeros(s.shape, s.dtype), self.state_shapes())
 
+  def embedding_dim(self) -> int:
+    """D, the size of the network's embedding (prototypes are [classes, D]), from shapes alone."""
+    shapes, size = self.state_shapes(), self.bench.image_size
+    return jax.eval_shape(lambda v, x: self.model.apply(v, x, train=False)[0],
+                          {'params': shapes.params, 'batch_stats': shapes.batch_stats},
+                          jax.ShapeDtypeStruct((1, size, size, 3), jnp.float32)).shape[1]
+
   def init_state(self):
     params = batch_stats = None
     if self.config.model.pretrained:
@@ -446,13 +453,8 @@ def base_model(exp: Experiment, ckpts: Checkpoints, log, source: Optional[Checkp
                hook: Hook = None) -> dict:
   """phi*, its BN statistics and the base prototypes: restored if saved, else trained and saved."""
   template = exp.state_template()
-  size = exp.bench.image_size
-  emb_shape = jax.eval_shape(lambda v, x: exp.model.apply(v, x, train=False)[0],
-                             {'params': template.params, 'batch_stats': template.batch_stats},
-                             jax.ShapeDtypeStruct((1, size, size, 3), jnp.float32))
-  dim = emb_shape.shape[1]
   model_template = {'params': template.params, 'batch_stats': template.batch_stats,
-                    'prototypes': np.zeros((exp.bench.num_base_classes, dim), np.float32)}
+                    'prototypes': np.zeros((exp.bench.num_base_classes, exp.embedding_dim()), np.float32)}
   if source is not None:
     return source.restore_model(model_template)
   if ckpts.has_model():

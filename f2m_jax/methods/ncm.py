@@ -81,14 +81,14 @@ def compile_ahead(exp) -> list:
   rows_of = lambda images, rows=bs: sds((rows,) + images.shape[1:], images.dtype)  # a batch of `images`
   test_view = rows_of(bench.test.images)
   embed = pipeline.embed_spec(exp)  # the test view of the base images (prototypes), test images and shots
-  views = {rows_of(bench.test.images), rows_of(exp.train_view(bench.base_train[:1]))}
+  views = {test_view, rows_of(exp.train_view(bench.base_train[:1]))}
   plans = [(*embed, lambda f, v=v: f.jitted.lower(variables, v)) for v in views]
-  one_image = sds((1,) + test_view.shape[1:], jnp.float32)
-  dim = jax.eval_shape(lambda v, x: exp.model.apply(v, x, train=False)[0], variables, one_image).shape[1]
+  dim = exp.embedding_dim()
   paths = exp.trainable_paths(params) if cfg.incremental.finetune else ()
   block = pipeline.Evaluator.trunk_block(exp, paths)
   if block:
-    feats = jax.eval_shape(lambda v, x: exp.model.apply(v, x, train=False, last=block), variables, one_image)
+    feats = jax.eval_shape(lambda v, x: exp.model.apply(v, x, train=False, last=block), variables,
+                           sds((1,) + test_view.shape[1:], jnp.float32))
     plans.append((*pipeline.embed_spec(exp, last=block), lambda f: f.jitted.lower(variables, test_view)))
     plans.append((*pipeline.embed_spec(exp, first=block), lambda f: f.jitted.lower(variables, rows_of(feats))))
   if cfg.incremental.finetune:
