@@ -10,7 +10,8 @@ DISTANCES = ('squared_euclidean', 'euclidean')
 
 def cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
   """Mean softmax cross-entropy over the batch."""
-  return optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), labels).mean()
+  logits = logits.astype(jnp.promote_types(logits.dtype, jnp.float32))  # bfloat16 -> float32; float64 stays
+  return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
 
 
 def class_means(embeddings: jax.Array, labels: jax.Array, num_classes: int):
@@ -85,7 +86,8 @@ def metric_loss(embeddings: jax.Array, labels: jax.Array, stored: jax.Array, dis
   and with `num_seen` (a scalar, may be traced) only the first num_seen rows of `stored` are classes."""
   batch_means, counts = class_means(embeddings, labels, stored.shape[0])  # label -1: a zero one-hot row
   prototypes = jnp.where((counts > 0)[:, None], batch_means, stored)
-  logits = -pairwise_distance(embeddings, prototypes, distance).astype(jnp.float32)
+  d = pairwise_distance(embeddings, prototypes, distance)
+  logits = -d.astype(jnp.promote_types(d.dtype, jnp.float32))
   if num_seen is not None:
     logits = jnp.where(jnp.arange(stored.shape[0]) < num_seen, logits, -jnp.inf)
   valid = labels >= 0

@@ -81,7 +81,11 @@ def test_masked_cross_entropy_ignores_unseen_columns():
 
 
 def tiny():
-  return tiny_protocol('rebalance', epochs=3, milestones=(2,), batch_size=8)
+  """Rebalance's own base session (cosine classifier) learns more slowly than the linear one: 80 base
+  steps instead of 40 (seed 0: 48% -> 58% of the base classes' test images, seed 1: 70% -> 85%)."""
+  config = tiny_protocol('rebalance', epochs=3, milestones=(2,), batch_size=8)
+  config.base.update(steps=80, milestones=(60,))
+  return config
 
 
 @pytest.fixture(scope='module')

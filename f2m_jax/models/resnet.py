@@ -25,6 +25,12 @@ BN_MOMENTUM = 0.1  # PyTorch's convention: running = (1 - m) * running + m * bat
 BN_EPSILON = 1e-5
 
 
+def accumulation_dtype(dtype) -> Any:
+  """The dtype statistics, embeddings and gradient sums use: float32 for float32 and bfloat16 compute,
+  float64 for float64 (the equivalence tests run the whole network in float64)."""
+  return jnp.promote_types(dtype, jnp.float32)
+
+
 LAYOUT = ('NHWC', 'HWIO', 'NHWC')  # images, kernels, outputs: the forward and the CPU backward's convs
 
 
@@ -51,11 +57,12 @@ def _kernel_grad_by_shifts(x, g, kernel_shape, strides, padding):
   kh, kw, cin, cout = kernel_shape
   n, ho, wo, _ = g.shape
   sh, sw = strides
+  acc_dtype = accumulation_dtype(x.dtype)
   per_image = ho * wo * kh * kw * cin * 4
   chunk = max([d for d in range(1, n + 1) if n % d == 0 and d * per_image <= KERNEL_GRAD_BLOCK_BYTES] or [1])
-  xp = jnp.pad(x.astype(jnp.float32), ((0, 0), tuple(padding[0]), tuple(padding[1]), (0, 0)))
+  xp = jnp.pad(x.astype(acc_dtype), ((0, 0), tuple(padding[0]), tuple(padding[1]), (0, 0)))
   xp = xp.reshape((n // chunk, chunk) + xp.shape[1:])
-  gb = g.astype(jnp.float32).reshape(n // chunk, chunk * ho * wo, cout)
+  gb = g.astype(acc_dtype).reshape(n // chunk, chunk * ho * wo, cout)
 
   def block(acc, inputs):
     xc, gc = inputs
@@ -64,7 +71,7 @@ def _kernel_grad_by_shifts(x, g, kernel_shape, strides, padding):
     patches = jnp.concatenate(taps, axis=-1).reshape(chunk * ho * wo, kh * kw * cin)
     return acc + patches.T @ gc, None
 
-  acc, _ = lax.scan(block, jnp.zeros((kh * kw * cin, cout), jnp.float32), (xp, gb))
+  acc, _ = lax.scan(block, jnp.zeros((kh * kw * cin, cout), acc_dtype), (xp, gb))
   return acc.reshape(kernel_shape)
 
 
@@ -182,7 +189,7 @@ class BatchNorm(nn.Module):
     bias = self.param('bias', nn.initializers.zeros, (features,), jnp.float32)
     ra_mean = self.variable('batch_stats', 'mean', lambda: jnp.zeros((features,), jnp.float32))
     ra_var = self.variable('batch_stats', 'var', lambda: jnp.ones((features,), jnp.float32))
-    xf = x.astype(jnp.float32)
+    xf = x.astype(accumulation_dtype(self.dtype))
     if self.use_running_average:
       mean, var = ra_mean.value, ra_var.value
     else:
@@ -288,7 +295,7 @@ class ResNet(nn.Module):
         index += 1
     if last is not None:
       return x
-    embedding = jnp.mean(x, axis=(1, 2)).astype(jnp.float32)
+    embedding = jnp.mean(x, axis=(1, 2)).astype(accumulation_dtype(self.dtype))
     if self.head == 'linear':
       logits = nn.Dense(self.num_classes, kernel_init=nn.initializers.normal(1e-3),
                         bias_init=nn.initializers.zeros, name='fc')(embedding)
