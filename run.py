@@ -1,11 +1,13 @@
 """Entry point: python run.py --config configs/cifar100.py[:arg] --workdir DIR [--mode train|eval].
 
-Kept thin on purpose: it parses flags and hands over to f2m_jax.pipeline.
+Kept thin on purpose: it parses flags and hands over to f2m_jax.cli (which calls f2m_jax.pipeline).
 """
 import sys
 
 from absl import app, flags
 from ml_collections import config_flags
+
+from f2m_jax import cli
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'A config file, e.g. configs/cifar100.py:smoke.',
                                           lock_config=True)
@@ -20,10 +22,8 @@ flags.mark_flags_as_required(['config', 'workdir'])
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
-  from f2m_jax import cli
   return cli.main(_CONFIG.value, _WORKDIR.value, _MODE.value, _CHECKPOINT.value)
 
 
 if __name__ == '__main__':
-  from f2m_jax.cli import parse_flags
-  sys.exit(app.run(main, flags_parser=parse_flags))
+  sys.exit(app.run(main, flags_parser=cli.parse_flags))

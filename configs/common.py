@@ -1,5 +1,8 @@
-"""Fields shared by every dataset config, the smoke shrinking and the validation of values."""
+"""Fields shared by every dataset config and the smoke shrinking (values are checked by
+f2m_jax/validation.py and each method's `validate` when a run starts)."""
 import ml_collections
+
+from f2m_jax import registry
 
 
 def parse_arg(arg: str, allowed) -> str:
@@ -15,7 +18,7 @@ def base_config() -> ml_collections.ConfigDict:
   # --checkpoint JOINT_WORKDIR), 'icarl' (exemplar memory, distillation, nearest mean of
   # exemplars), 'rebalance' (LUCIR: cosine classifier, less-forget and margin-ranking losses) or
   # 'fsll' (small-magnitude tensors fine-tuned with triplet + prototype losses);
-  # f2m_jax/methods
+  # f2m_jax/methods, listed in f2m_jax/registry.py
   c.method = 'f2m'
   c.seed = 0
   c.runs = 10  # R: F2M-style draws of the shots (all runs share the base model)
@@ -62,7 +65,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.base.weight_decay = 5e-4
   c.base.milestones = ()
   c.base.lr_gamma = 0.1
-  # Where the training images live and how many steps one dispatch runs (pipeline.data_placement):
+  # Where the training images live and how many steps one dispatch runs (f2m_jax/train_loop.py: data_placement):
   # 'auto' keeps them on a GPU/TPU when they fit (CIFAR-100, miniImageNet, CUB all do) and runs
   # steps_per_call (0: 1 on a CPU, 20 elsewhere) steps per call with lax.scan; 'host' or 'device' force it.
   c.base.data_placement = 'auto'
@@ -106,32 +109,14 @@ def base_config() -> ml_collections.ConfigDict:
   c.incremental.clamp = True  # PC
   c.incremental.distance = 'squared_euclidean'  # or 'euclidean'
   c.incremental.round_steps = True  # the original's rounding of each SGD step to multiples of b/2
-  # How many runs one call fine-tunes together, mapped over a run axis (pipeline.parallel_runs):
+  # How many runs one call fine-tunes together, mapped over a run axis (f2m_jax/sessions.py: parallel_runs):
   # 0 is 1 on a CPU (its mapped convolutions are slower than one run at a time) and all runs elsewhere.
   c.incremental.parallel_runs = 0
 
-  # method=crt: the classifier's retraining (the original's CIFAR-100 schedule: 17 epochs of
-  # max-class-size x classes samples, lr 0.1 x 0.5 after epochs 8, 12 and 14; 4 images per visit of
-  # a class). method=joint trains every session's network with the base.* budget above.
-  c.crt = ml_collections.ConfigDict(dict(epochs=17, lr=0.1, milestones=(8, 12, 14), lr_gamma=0.5, per_class=4,
-                                         batch_size=256, momentum=0.9, weight_decay=5e-4))
-  # method=icarl (the authors' re-implementation, CIFAR-100 values): `memory` exemplars per class,
-  # each session `epochs` epochs of shuffled batches over memory + shots (remainder dropped), SGD with
-  # the rate x lr_gamma after each milestone epoch
-  c.icarl = ml_collections.ConfigDict(dict(memory=2, epochs=90, batch_size=120, lr=0.1, milestones=(50, 70),
-                                           lr_gamma=0.1, momentum=0.9, weight_decay=5e-4))
-  # method=rebalance (LUCIR; the authors' repository has no config for it): iCaRL's memory and session
-  # schedule above, with LUCIR's published loss settings: less-forget weight lambda_base x
-  # sqrt(old / new classes), margin ranking against the K highest new-class cosines with `margin`
-  c.rebalance = ml_collections.ConfigDict(dict(memory=2, epochs=90, batch_size=120, lr=0.1, milestones=(50, 70),
-                                               lr_gamma=0.1, momentum=0.9, weight_decay=5e-4, lambda_base=5.0,
-                                               K=2, margin=0.5, weight=1.0))
-  # method=fsll (the authors' re-implementation, CIFAR-100 values): tensors with max |value| <=
-  # threshold fine-tuned for `epochs` TaskSampler epochs (way x shots per batch); loss = triplet +
-  # pn_weight x prototype loss (cosine, scale omega) + reg_weight x L1 drift, the drift without
-  # gradient as their code adds it (reg_gradient=True: with). Their milestone (160 steps) is never reached.
-  c.fsll = ml_collections.ConfigDict(dict(threshold=0.4, epochs=15, lr=1e-3, momentum=0.9, weight_decay=5e-4,
-                                          margin=0.0, pn_weight=1.0, omega=1.0, reg_weight=5.0, reg_gradient=False))
+  # Each method's own section (crt, icarl, rebalance, fsll): its defaults come from its module
+  # (f2m_jax/methods/*.py, `Method.defaults`), listed by f2m_jax/registry.py.
+  for section, values in registry.config_sections().items():
+    c[section] = ml_collections.ConfigDict(values)
 
   c.eval = ml_collections.ConfigDict()
   c.eval.normalize_prototypes = True  # PN
@@ -198,6 +183,5 @@ def make_smoke(c: ml_collections.ConfigDict) -> None:
   c.eval.batch_size = 250
   c.bench.M_list = (1, 2)
   c.bench.iters = 3
-  c.crt.update(epochs=2, milestones=(1,), batch_size=40)
-  c.icarl.update(epochs=4, milestones=(2,), batch_size=32)
-  c.rebalance.update(epochs=4, milestones=(2,), batch_size=32)
+  for section, values in registry.smoke_overrides().items():
+    c[section].update(values)

@@ -26,6 +26,7 @@ import orbax.checkpoint as ocp  # noqa: E402
 
 from configs import common  # noqa: E402
 from f2m_jax import evaluation, pipeline  # noqa: E402
+from f2m_jax import experiment as experiment_lib  # noqa: E402
 from f2m_jax import workdir as workdir_lib  # noqa: E402
 from f2m_jax.data import protocol, sources  # noqa: E402
 
@@ -38,7 +39,7 @@ def main() -> None:
   saved = workdir_lib.saved_config(args.workdir, common.base_config().to_dict())
   config = pipeline.resolve(ml_collections.ConfigDict(saved))
   bench = sources.load_benchmark(config)
-  exp = pipeline.Experiment.create(config, bench)
+  exp = experiment_lib.Experiment.create(config, bench)
   template = exp.init_state()
   idx = protocol.test_indices(bench, 1)
   images, labels = bench.test.images[idx], bench.test.labels[idx]

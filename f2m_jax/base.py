@@ -18,6 +18,7 @@ import optax
 
 from f2m_jax import noise as noise_lib
 from f2m_jax import objectives
+from f2m_jax import sharding
 from f2m_jax.data import augment as augment_lib
 from f2m_jax.models import ResNet
 from f2m_jax.models.resnet import fold_batch_stats
@@ -211,7 +212,6 @@ def make_train_step(objective: BaseObjective, tx: optax.GradientTransformation, 
   step is one SPMD program over it: state and key replicated, images and labels sharded on axis 0."""
   train_step = _step_fn(objective, tx, augment, image_size, mean, std)
   if mesh is not None:
-    from f2m_jax import sharding
     return sharding.jit_data_parallel(train_step, mesh)
   return jax.jit(train_step, donate_argnums=(0,))
 
@@ -238,7 +238,6 @@ def make_multi_step(objective: BaseObjective, tx: optax.GradientTransformation, 
     return jax.lax.scan(body, state, (jnp.arange(indices.shape[0]), indices))
 
   if mesh is not None:
-    from f2m_jax import sharding
     rep = sharding.replicated(mesh)
     return jax.jit(multi_step, in_shardings=(rep, rep, rep, sharding.rows_sharded(mesh), rep, rep),
                    out_shardings=(rep, rep), donate_argnums=(0,))

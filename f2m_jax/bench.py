@@ -31,6 +31,7 @@ import dataclasses
 import json
 import os
 import statistics
+import tempfile
 import time
 from typing import Callable, Optional, Sequence
 
@@ -43,11 +44,18 @@ from f2m_jax import incremental
 from f2m_jax import noise as noise_lib
 from f2m_jax import objectives
 from f2m_jax import pipeline
+from f2m_jax import registry
 from f2m_jax import sharding
+from f2m_jax import workdir as workdir_lib
+from f2m_jax.checkpoint import Checkpoints
+from f2m_jax.experiment import Experiment
+from f2m_jax.methods import ncm
+from f2m_jax.sessions import parallel_runs, run_sessions
+from f2m_jax.train_loop import data_placement
 from f2m_jax.data import augment as augment_lib
 from f2m_jax.data.types import Benchmark, Split, sessions_from_counts
 
-# What a bench needs of each dataset (sec. 1 of DESIGN.md): image size, base classes, sessions, way,
+# What a bench needs of each dataset (docs/method.md, 'The problem'): image size, base classes, sessions, way,
 # training augmentation. data.image_size (if a config sets it) overrides the size.
 DATASET_SHAPES = {
     'cifar100': dict(image_size=32, num_base=60, num_sessions=9, way=5, augment='crop_flip'),
@@ -161,13 +169,13 @@ def bench_dtype(config: ml_collections.ConfigDict, dtype: str, mesh) -> list:
   batch = base_batch(config)
   sharding.per_device_batch(batch, mesh)
   bench = random_benchmark(config, batch, config.eval.batch_size)
-  exp = pipeline.Experiment.create(config, bench)
+  exp = Experiment.create(config, bench)
   cases = _base_step_cases(exp, batch, mesh) + [_incremental_case(exp)] + _ncm_cases(exp)
   timings = time_cases(cases, config.bench.warmup, config.bench.iters)
   return [_record(c, dtype, t) for c, t in zip(cases, timings)]
 
 
-def _base_step_cases(exp: pipeline.Experiment, batch: int, mesh) -> list:
+def _base_step_cases(exp: Experiment, batch: int, mesh) -> list:
   """The plain step, then per M: naive and shared trunk (the config's draw_map), and the shared
   trunk with the other draw_map."""
   bench, num_base = exp.bench, exp.bench.num_base_classes
@@ -194,12 +202,11 @@ def _base_step_cases(exp: pipeline.Experiment, batch: int, mesh) -> list:
   return cases
 
 
-def _incremental_case(exp: pipeline.Experiment) -> Case:
+def _incremental_case(exp: Experiment) -> Case:
   """One fine-tune step of the last (largest) incremental session: all novel exemplars so far."""
   bench, shots = exp.bench, exp.config.data.shots
   state = exp.init_state()
   paths = exp.trainable_paths(state.params)
-  from f2m_jax.methods import ncm
   settings = ncm.session_settings(exp, paths)
   settings = dataclasses.replace(settings, steps=1)
   novel = [c for s in bench.session_classes[1:] for c in s]
@@ -213,7 +220,7 @@ def _incremental_case(exp: pipeline.Experiment) -> Case:
   return Case('incremental_step', None, len(labels), incremental.make_finetune(settings).jitted, args)
 
 
-def _ncm_cases(exp: pipeline.Experiment) -> list:
+def _ncm_cases(exp: Experiment) -> list:
   """NCM predictions for one eval batch: from images, and from cached trunk features (suffix only)."""
   bench, model, split = exp.bench, exp.model, exp.split
   state = exp.init_state()
@@ -271,9 +278,6 @@ def whole_run(config: ml_collections.ConfigDict, method: str, steps: int, runs: 
   base steps and `runs` runs of every incremental session, in a temporary workdir. The config's LR
   schedule is kept (it does not change a step's time): its train step is then the program a real run
   of the config compiles, so either finds the other's in JAX's compilation cache."""
-  import tempfile  # pylint: disable=g-import-not-at-top
-  from f2m_jax import methods, workdir as workdir_lib  # pylint: disable=g-import-not-at-top
-  from f2m_jax.checkpoint import Checkpoints  # pylint: disable=g-import-not-at-top
   cfg = ml_collections.ConfigDict(config.to_dict())
   cfg.method, cfg.runs, cfg.tensorboard, cfg.model.pretrained = method, runs, False, ''
   cfg.base.update(steps=steps, log_every=steps, checkpoint_every=steps, select_on_test=False)
@@ -282,7 +286,7 @@ def whole_run(config: ml_collections.ConfigDict, method: str, steps: int, runs: 
   num_classes = s['num_base'] + s['way'] * (s['num_sessions'] - 1)
   per_class = max(cfg.base.shots, cfg.data.shots, -(-base_batch(cfg) // s['num_base']))
   bench = random_benchmark(cfg, num_classes * per_class, num_classes * 10)
-  exp = pipeline.Experiment.create(cfg, bench)
+  exp = Experiment.create(cfg, bench)
   stamps = {}
 
   def hook(phase, step=None, **_):
@@ -291,21 +295,21 @@ def whole_run(config: ml_collections.ConfigDict, method: str, steps: int, runs: 
   with tempfile.TemporaryDirectory() as tmp:
     ckpts, log = Checkpoints(tmp), workdir_lib.MetricsLog(tmp)
     t0 = time.perf_counter()
-    m = methods.get(method)
+    m = registry.get(method)
     run_hook = pipeline.compiling_ahead(exp, m, hook)  # as pipeline.run: config.compile_ahead
     first = m.first_session(exp, ckpts, log, None, run_hook)
     t1 = time.perf_counter()
     ahead = exp.programs.wait()  # any wait for the programs compiled ahead counts in the sessions
-    pipeline.run_sessions(exp, m.runner(exp, first, ckpts, None, log), ckpts, log, hook=run_hook)
+    run_sessions(exp, m.runner(exp, first, ckpts, None, log), ckpts, log, hook=run_hook)
     t2 = time.perf_counter()
     exp.programs.close()
     ckpts.close()
   base_steps, sessions = stamps['base_step'], stamps['session']
   # Steps come back a call at a time (base.steps_per_call on an accelerator): the rate is timed from
   # the end of the first call, which includes the compile.
-  on_device, per_call = pipeline.data_placement(cfg, bench.train.images.nbytes)
+  on_device, per_call = data_placement(cfg, bench.train.images.nbytes)
   return dict(method=method, steps=steps, runs=runs, batch=base_batch(cfg),
-              data_on_device=on_device, steps_per_call=per_call, parallel_runs=pipeline.parallel_runs(cfg),
+              data_on_device=on_device, steps_per_call=per_call, parallel_runs=parallel_runs(cfg),
               first_step_s=round(base_steps[per_call - 1] - t0, 2),
               base_steps_per_s=(round((steps - per_call) / (base_steps[-1] - base_steps[per_call - 1]), 2)
                                 if steps > per_call else None),
@@ -367,7 +371,6 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> list:
     print(format_whole_runs(whole), flush=True)
   os.makedirs(workdir, exist_ok=True)
   path = output_path(workdir)
-  from f2m_jax import workdir as workdir_lib
   with open(path, 'w') as f:
     json.dump({'provenance': workdir_lib.provenance(config.to_dict()), 'records': records, 'whole_runs': whole},
               f, indent=1)

@@ -7,16 +7,24 @@ import importlib.util
 import os
 import sys
 
+import jax
+from absl import flags
+from absl import logging
+
+from f2m_jax import bench
+from f2m_jax import pipeline
+from f2m_jax import report
+from f2m_jax import sharding
 from f2m_jax.checkpoint import CheckpointError
+from f2m_jax.data import sources
+from f2m_jax.experiment import TrainingError
 from f2m_jax.workdir import WorkdirError
 
 USER_ERRORS = (ValueError, FileNotFoundError, CheckpointError, WorkdirError)
 
 
 def main(config, workdir: str, mode: str, checkpoint=None) -> int:
-  from absl import logging
   logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
-  from f2m_jax import pipeline, report, sharding
   try:
     sharding.maybe_initialize_distributed(config.get('distributed', False))
     if mode != 'bench':
@@ -30,14 +38,13 @@ def main(config, workdir: str, mode: str, checkpoint=None) -> int:
       pipeline.run_flatness(config, workdir, checkpoint)
       return 0
     if mode == 'bench':
-      from f2m_jax import bench
       bench.run(config, workdir)
       return 0
     raise ValueError(f'--mode {mode} is not implemented yet')
   except USER_ERRORS as e:
     print(f'error: {e}', file=sys.stderr, flush=True)
     return 2
-  except pipeline.TrainingError as e:
+  except TrainingError as e:
     print(f'training stopped: {e}', file=sys.stderr, flush=True)
     return 3
 
@@ -48,8 +55,6 @@ def enable_compilation_cache(config):
   keeps only those of 1 s or more; JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS, where set, wins):
   the smoke run's repeats took 24.0-29.2 s instead of 31.8-33.4 s. Returns the folder in use (one
   already set, e.g. through JAX_COMPILATION_CACHE_DIR, is kept with JAX's settings), or None."""
-  import jax
-  from f2m_jax.data import sources
   if jax.config.jax_compilation_cache_dir:
     return jax.config.jax_compilation_cache_dir
   if not config.get('compilation_cache', False):
@@ -66,9 +71,8 @@ def enable_compilation_cache(config):
 def parse_flags(argv):
   """run.py's absl flags parser: a bad `--config.FIELD=VALUE` override (unknown field, wrong type,
   malformed tuple) stops with one line naming the field, the value and what is allowed, exit code 2,
-  before anything is written. Values out of range are caught later by pipeline.validate, also before
+  before anything is written. Values out of range are caught later by f2m_jax/validation.py, also before
   the workdir is created."""
-  from absl import flags
   try:
     rest = flags.FLAGS(argv)
   except Exception as e:  # flags.Error, or what ml_collections raises while applying an override

@@ -56,7 +56,9 @@ def prototypes(embeddings: np.ndarray, labels: np.ndarray, classes: Sequence[int
 
 
 @functools.partial(jax.jit, static_argnames='normalize')
-def _ncm_predict(embeddings, protos, num_classes, normalize: bool):
+def ncm_predict_padded(embeddings, protos, num_classes, normalize: bool):
+  """NCM predictions (PN first when `normalize`) where only the first `num_classes` rows of `protos`
+  are classes: one compiled program for every session padded to the same shapes."""
   p = objectives.normalize_prototypes(protos) if normalize else protos
   return objectives.ncm_predict(embeddings, p, num_classes)
 
@@ -75,7 +77,7 @@ def ncm_accuracies(embeddings: np.ndarray, labels: np.ndarray, protos: np.ndarra
   a session on an H200)."""
   embeddings, protos = np.asarray(embeddings, np.float32), np.asarray(protos, np.float32)
   rows, classes = pad_to or (len(embeddings), len(protos))
-  pred = _ncm_predict(pad_rows(embeddings, rows), pad_rows(protos, classes), np.int32(len(protos)), normalize)
+  pred = ncm_predict_padded(pad_rows(embeddings, rows), pad_rows(protos, classes), np.int32(len(protos)), normalize)
   return accuracies_from_predictions(np.asarray(pred)[:len(embeddings)], labels, num_base)
 
 

@@ -52,7 +52,7 @@ def session_loss(trainable, frozen, batch_stats, x, labels, stored, num_seen, se
 
 
 def round_gradient(g: jax.Array, lr: float, quantum: float) -> jax.Array:
-  """The original's gradient rounding (not in the paper; notes/original_code.md, Sec. 4.2).
+  """The original's gradient rounding (not in the paper; docs/method.md, 'Incremental sessions').
 
   The raw step lr*g is rounded to a multiple of `quantum` (b/2, the grid noise's spacing), so entries
   with |lr*g| < quantum/2 do not move at all; if that zeroes the whole tensor, 2*lr*g is rounded

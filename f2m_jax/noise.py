@@ -1,4 +1,4 @@
-"""The noise set and its bounded samplers (DESIGN.md, 'Noise set' and 'Bounded noise').
+"""The noise set and its bounded samplers (docs/method.md, 'The model and the noise set', 'Bounded noise').
 
 Parameters are handled as flat dicts {path: array} (flax.traverse_util.flatten_dict), so a noise
 draw is a small dict over the noise-set paths only; the model receives it as its 'noise' collection
@@ -15,7 +15,7 @@ import numpy as np
 from flax import traverse_util
 
 DISTRIBUTIONS = ('discrete_beta', 'grid', 'uniform')
-# The original's Beta shape parameters, drawn per layer and per draw (notes/original_code.md 1.2).
+# The original's Beta shape parameters, drawn per layer and per draw (docs/method.md, 'Bounded noise').
 BETA_SHAPES = (0.3, 0.5, 1.0, 2.0, 3.0, 4.0, 5.0)
 GRID_LEVELS = (-1.0, -0.5, 0.0, 0.5, 1.0)  # times the half-width b
 # The original's bins are the equal fifths of [0, 1], labelled in place one after another, so the
@@ -74,7 +74,7 @@ def _beta_grid(key, shape, b, relabel):
 
 
 def _discrete_beta(key, shape, b):
-  """The authors' DiscreteBeta sampler as it runs (notes/original_code.md 1.2), in our units: their
+  """The authors' DiscreteBeta sampler as it runs (docs/method.md, 'Bounded noise'), in our units: their
   support {-1, -1/2, 0, 1/2, 1} x b_cfg/2 is GRID_LEVELS x b with b = b_cfg/2 the true half-width;
   their bin relabelling means -b/2 is never drawn and the mean is positive (about +0.24 b)."""
   return _beta_grid(key, shape, b, DISCRETE_BETA_RELABEL)

@@ -1,4 +1,4 @@
-"""Data parallelism with `jax.sharding` (DESIGN.md, sec. 3): a 1-D 'data' mesh over all devices
+"""Data parallelism with `jax.sharding` (docs/performance.md, 'Devices and hosts'): a 1-D 'data' mesh over all devices
 (and the run axis of F2M's parallel fine-tuning split over one process's devices: `runs_mesh`).
 
 The global batch comes from the config and each device gets `global / num_devices` examples; the

@@ -6,7 +6,7 @@ import csv
 import json
 import os
 import time
-from typing import Iterable
+from typing import Iterable, Optional
 
 from flax import traverse_util
 
@@ -25,11 +25,6 @@ NON_RESULT_FIELDS = ('data.data_dir', 'data.tfds_data_dir', 'data.cache_dir', 'b
 LEGACY_VALUES = {'data.split': '', 'noise.pf_gradient': True, 'noise.bn_updates': 'clean',
                  'noise.clean_backward': False, 'base.select_on_test': False, 'base.select_every': 1500,
                  'model.head': 'linear'}
-
-
-# Sections that one method alone reads: compared only when one of the two configs runs that method
-# (so a workdir written before cRT, iCaRL, FSLL or Rebalance existed resumes, and their settings never block an F2M resume).
-METHOD_SECTIONS = {'crt.': 'crt', 'icarl.': 'icarl', 'fsll.': 'fsll', 'rebalance.': 'rebalance'}
 
 
 def _ignored(key: str, ignore: Iterable[str]) -> bool:
@@ -51,12 +46,16 @@ def flat_items(d: dict, prefix: str = '') -> dict:
   return out
 
 
-def config_differences(saved: dict, current: dict, ignore: Iterable[str] = NON_RESULT_FIELDS) -> list:
-  """Dotted names of fields whose values differ (or exist on one side only), ignoring `ignore`."""
+def config_differences(saved: dict, current: dict, ignore: Iterable[str] = NON_RESULT_FIELDS,
+                       method_sections: Optional[dict] = None) -> list:
+  """Dotted names of fields whose values differ (or exist on one side only), ignoring `ignore`.
+  `method_sections` ({section: method}, f2m_jax/registry.py) names the sections one method alone
+  reads: they are compared only when one of the two configs runs that method (so a workdir written
+  before a method existed resumes, and its settings never block another method's resume)."""
   a, b = flat_items(saved), flat_items(current)
   a.update({k: v for k, v in LEGACY_VALUES.items() if k not in a and k in b})
   methods = {a.get('method'), b.get('method')}
-  ignore = tuple(ignore) + tuple(p for p, m in METHOD_SECTIONS.items() if m not in methods)
+  ignore = tuple(ignore) + tuple(f'{s}.' for s, m in (method_sections or {}).items() if m not in methods)
   return sorted(k for k in set(a) | set(b)
                 if not _ignored(k, ignore) and a.get(k, '<absent>') != b.get(k, '<absent>'))
 
@@ -72,14 +71,15 @@ def saved_config(workdir: str, defaults: dict) -> dict:
   return traverse_util.unflatten_dict(items, sep='.')
 
 
-def prepare(workdir: str, config: dict) -> None:
-  """Creates the workdir and config.json, or checks an existing config.json against `config`."""
+def prepare(workdir: str, config: dict, method_sections: Optional[dict] = None) -> None:
+  """Creates the workdir and config.json, or checks an existing config.json against `config`
+  (`method_sections`: as `config_differences`)."""
   os.makedirs(workdir, exist_ok=True)
   path = os.path.join(workdir, 'config.json')
   if os.path.exists(path):
     with open(path) as f:
       saved = json.load(f)
-    diff = config_differences(saved, config)
+    diff = config_differences(saved, config, method_sections=method_sections)
     if diff:
       details = '; '.join(f'{k}: saved {flat_items(saved).get(k, "<absent>")!r}, now '
                           f'{flat_items(config).get(k, "<absent>")!r}' for k in diff)

@@ -70,7 +70,7 @@ def tiny_protocol(method: str, **section):
 @dataclasses.dataclass
 class TinyRun:
   results: dict
-  exp: object  # pipeline.Experiment of the config
+  exp: object  # experiment_lib.Experiment of the config
   ckpts: object  # the workdir's Checkpoints, read-only
   first: dict  # session 1's model: {'params', 'batch_stats', 'prototypes'}
 
@@ -79,6 +79,7 @@ def tiny_method_run(tmp_path_factory, make_config) -> TinyRun:
   """pipeline.run(make_config()) of a tiny_protocol in a fresh folder, with the checks every such
   run passes (its method, sessions of 6, 8 and 10 classes, session 1 far above chance), and what
   the tests read back from it."""
+  from f2m_jax import experiment as experiment_lib  # pylint: disable=g-import-not-at-top
   from f2m_jax import pipeline  # pylint: disable=g-import-not-at-top
   from f2m_jax.checkpoint import Checkpoints  # pylint: disable=g-import-not-at-top
   from f2m_jax.data import sources  # pylint: disable=g-import-not-at-top
@@ -89,7 +90,7 @@ def tiny_method_run(tmp_path_factory, make_config) -> TinyRun:
   assert [s['num_classes'] for s in results['sessions']] == [6, 8, 10]
   assert far_above_chance(results['sessions'][0]['acc']['mean'], images=60, classes=6)  # the base classes' test set
   config = pipeline.resolve(make_config())
-  exp = pipeline.Experiment.create(config, sources.load_benchmark(config))
+  exp = experiment_lib.Experiment.create(config, sources.load_benchmark(config))
   ckpts = Checkpoints(workdir, read_only=True)
   state = exp.init_state()
   first = ckpts.restore_model({'params': state.params, 'batch_stats': state.batch_stats,

@@ -10,7 +10,10 @@ import numpy as np
 import pytest
 
 from conftest import without_provenance
+from f2m_jax import base as base_lib
+from f2m_jax import experiment as experiment_lib
 from f2m_jax import pipeline
+from f2m_jax.data import sources
 from f2m_jax.checkpoint import CheckpointError, Checkpoints
 from f2m_jax.workdir import WorkdirError
 
@@ -67,10 +70,10 @@ def _leaves_equal(a, b):
 
 def test_save_restore_is_bit_identical(tmp_path):
   config = pipeline.resolve(tiny_config())
-  bench = pipeline.sources.load_benchmark(config)
-  exp = pipeline.Experiment.create(config, bench)
+  bench = sources.load_benchmark(config)
+  exp = experiment_lib.Experiment.create(config, bench)
   state = exp.init_state()
-  step = pipeline.base_lib.make_train_step(exp.base_objective(), exp.optimizer(), bench.augment,
+  step = base_lib.make_train_step(exp.base_objective(), exp.optimizer(), bench.augment,
                                            bench.image_size, bench.mean, bench.std)
   idx = exp.batch_indices(0)
   state, _ = step(state, bench.train.images[idx], bench.train.labels[idx], exp.key(0))  # non-zero momentum

@@ -15,7 +15,7 @@ from f2m_jax import evaluation
 from f2m_jax import pipeline
 from f2m_jax import programs as programs_lib
 
-SESSION_PROGRAMS = ('jit(_embed)', 'jit(finetune_padded)', 'jit(finetune_runs_padded)', 'jit(_ncm_predict)')
+SESSION_PROGRAMS = ('jit(_embed)', 'jit(finetune_padded)', 'jit(finetune_runs_padded)', 'jit(ncm_predict_padded)')
 
 
 class MainThreadCompiles:
@@ -40,7 +40,7 @@ class MainThreadCompiles:
 
 def _run_counting_compiles(config, workdir):
   """pipeline.run, and the session programs the main thread compiled after the last base step."""
-  evaluation._ncm_predict.clear_cache()  # module-level: an earlier run in this process compiled it
+  evaluation.ncm_predict_padded.clear_cache()  # module-level: an earlier run in this process compiled it
   with MainThreadCompiles() as compiles:
     compiles.on = False
 
@@ -61,7 +61,7 @@ def test_compiled_ahead_the_sessions_compile_nothing_and_results_are_unchanged(s
   smoke_config.compile_ahead = 'on'
   on, compiled_on = _run_counting_compiles(smoke_config, str(tmp_path / 'on'))
   finetune = 'jit(finetune_padded)' if parallel_runs == 1 else 'jit(finetune_runs_padded)'
-  assert compiled_off == sorted(['jit(_embed)', finetune, 'jit(_ncm_predict)'])  # what compiling ahead takes away
+  assert compiled_off == sorted(['jit(_embed)', finetune, 'jit(ncm_predict_padded)'])  # what compiling ahead takes away
   assert compiled_on == []
   assert without_provenance(on) == without_provenance(off)
   with open(os.path.join(tmp_path, 'on', 'metrics.jsonl')) as f:

@@ -7,7 +7,9 @@ import pytest
 from f2m_jax import base as base_lib
 from f2m_jax import flatness
 from f2m_jax import noise as noise_lib
+from f2m_jax import experiment as experiment_lib
 from f2m_jax import pipeline
+from f2m_jax.data import sources
 from f2m_jax.models import noise_set_paths, resnet20, split_block
 
 
@@ -62,13 +64,13 @@ def test_fm_off_draws_no_noise(tiny, monkeypatch):
 
 def test_baseline_and_ablation_switches(smoke_config):
   c = pipeline.resolve(smoke_config)
-  exp = pipeline.Experiment.create(c, pipeline.sources.load_benchmark(c))
+  exp = experiment_lib.Experiment.create(c, sources.load_benchmark(c))
   obj = exp.base_objective()
   assert obj.noisy and obj.pf_weight == 1.0
   smoke_config.noise.prototype_fixing = False
   smoke_config.noise.enabled = False
   c2 = pipeline.resolve(smoke_config)
-  exp2 = pipeline.Experiment.create(c2, exp.bench)
+  exp2 = experiment_lib.Experiment.create(c2, exp.bench)
   assert not exp2.base_objective().noisy and exp2.base_objective().pf_weight == 0.0
   smoke_config.method = 'baseline'
   b = pipeline.resolve(smoke_config)

@@ -13,7 +13,10 @@ import numpy as np
 import pytest
 
 from configs import cifar100, cub200, mini
+from f2m_jax import experiment as experiment_lib
 from f2m_jax import pipeline
+from f2m_jax import registry
+from f2m_jax import train_loop
 from f2m_jax.models import resnet
 from f2m_jax.models.resnet import BN_MOMENTUM, fold_batch_stats
 
@@ -138,11 +141,11 @@ def test_task_epoch_batches_through_the_pipeline(smoke_config):
   config = pipeline.resolve(smoke_config)
   from f2m_jax.data import sources
   bench = sources.load_benchmark(config)
-  exp = pipeline.Experiment.create(config, bench)
+  exp = experiment_lib.Experiment.create(config, bench)
   b = config.base
   per_epoch = bench.num_base_classes * b.shots // b.batch_size
   batches = [exp.batch_indices(s) for s in range(2 * per_epoch)]
-  again = pipeline.Experiment.create(config, bench)
+  again = experiment_lib.Experiment.create(config, bench)
   for s in reversed(range(2 * per_epoch)):  # another order of calls, same batches
     np.testing.assert_array_equal(again.batch_indices(s), batches[s])
   labels = bench.train.labels
@@ -179,7 +182,7 @@ def test_select_on_test_is_opt_in_and_every_output_says_so(smoke_config, tmp_pat
   from f2m_jax.checkpoint import Checkpoints
   from f2m_jax.data import sources
   config = pipeline.resolve(smoke_config)
-  template = pipeline.Experiment.create(config, sources.load_benchmark(config)).init_state()
+  template = experiment_lib.Experiment.create(config, sources.load_benchmark(config)).init_state()
   ckpts = Checkpoints(workdir, read_only=True)
   best = ckpts.restore_best_base({'params': template.params, 'batch_stats': template.batch_stats})
   model = ckpts.restore_model({'params': template.params, 'batch_stats': template.batch_stats,
@@ -196,7 +199,7 @@ def test_select_on_test_is_opt_in_and_every_output_says_so(smoke_config, tmp_pat
   assert 'chosen on the base classes\' test images' in report.format_report(rows)
   # Without the field the result says it used the last step.
   smoke_config.base.select_on_test = False
-  assert pipeline.selection_info(smoke_config, None) == {'selection': 'last', 'step': smoke_config.base.steps}
+  assert train_loop.selection_info(smoke_config, None) == {'selection': 'last', 'step': smoke_config.base.steps}
 
 
 def test_workdirs_older_than_a_field_resume_only_with_its_old_behaviour():
@@ -212,12 +215,15 @@ def test_workdirs_older_than_a_field_resume_only_with_its_old_behaviour():
 
 def test_a_methods_own_section_is_compared_only_for_that_method():
   from f2m_jax import workdir
+  sections = registry.method_sections()
+  assert sections['crt'] == 'crt'
+  differences = lambda saved, now: workdir.config_differences(saved, now, method_sections=sections)
   current = {'method': 'f2m', 'crt': {'lr': 0.1, 'epochs': 17}}
-  assert workdir.config_differences({'method': 'f2m'}, current) == []  # written before cRT existed
-  assert workdir.config_differences({'method': 'f2m', 'crt': {'lr': 0.5, 'epochs': 17}}, current) == []
+  assert differences({'method': 'f2m'}, current) == []  # written before cRT existed
+  assert differences({'method': 'f2m', 'crt': {'lr': 0.5, 'epochs': 17}}, current) == []
   crt = {'method': 'crt', 'crt': {'lr': 0.1, 'epochs': 17}}
-  assert workdir.config_differences({'method': 'crt', 'crt': {'lr': 0.5, 'epochs': 17}}, crt) == ['crt.lr']
-  assert workdir.config_differences({'method': 'f2m'}, crt) == ['crt.epochs', 'crt.lr', 'method']
+  assert differences({'method': 'crt', 'crt': {'lr': 0.5, 'epochs': 17}}, crt) == ['crt.lr']
+  assert differences({'method': 'f2m'}, crt) == ['crt.epochs', 'crt.lr', 'method']
 
 
 def test_saved_config_fills_fields_added_later(tmp_path):

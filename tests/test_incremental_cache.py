@@ -9,6 +9,8 @@ import numpy as np
 
 from conftest import without_provenance
 from f2m_jax import noise as noise_lib
+from f2m_jax import evaluator
+from f2m_jax import experiment as experiment_lib
 from f2m_jax import pipeline
 from f2m_jax.data import sources
 
@@ -24,14 +26,14 @@ def small_config(smoke_config, cache: bool):
 
 def test_cached_suffix_embeddings_equal_full_network(smoke_config):
   config = pipeline.resolve(small_config(smoke_config, True))
-  exp = pipeline.Experiment.create(config, sources.load_benchmark(config))
+  exp = experiment_lib.Experiment.create(config, sources.load_benchmark(config))
   state = exp.init_state()
   base = {'params': state.params, 'batch_stats': state.batch_stats}
   paths = exp.trainable_paths(state.params)
-  cached = pipeline.Evaluator(exp, base, paths)
+  cached = evaluator.Evaluator(exp, base, paths)
   assert cached._trunk is not None  # pylint: disable=protected-access
   config.eval.cache_trunk = False
-  full = pipeline.Evaluator(exp, base, paths)
+  full = evaluator.Evaluator(exp, base, paths)
   assert full._trunk is None  # pylint: disable=protected-access
   # A fine-tuned network: every noise-set kernel moved.
   flat = noise_lib.flatten(state.params)

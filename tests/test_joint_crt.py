@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from conftest import without_provenance
+from f2m_jax import experiment as experiment_lib
 from f2m_jax import pipeline
 from f2m_jax.checkpoint import Checkpoints
 from f2m_jax.data import protocol
@@ -44,8 +45,7 @@ def test_joint_and_crt_end_to_end(workdirs):
 
 def _session(root, name, run, session, runner_exp):
   ck = Checkpoints(str(root / name), read_only=True)
-  template = joint_lib._template(runner_exp.network(runner_exp.bench.num_seen_classes(session)),
-                                 runner_exp.bench.image_size)
+  template = runner_exp.variables_template(runner_exp.network(runner_exp.bench.num_seen_classes(session)))
   exemplars = np.concatenate([protocol.session_shots(runner_exp.bench, 'draws', run, t, 5, 0)
                               for t in range(2, session + 1)])
   return ck.restore_session(run, session, {**template, 'exemplars': exemplars, 'accuracy': np.zeros(4)})
@@ -57,7 +57,7 @@ def test_crt_changes_only_the_classifier(workdirs):
   from f2m_jax.data import sources
   root, _, _ = workdirs
   config = pipeline.resolve(tiny(cifar100.get_config('smoke'), 'joint'))
-  exp = pipeline.Experiment.create(config, sources.load_benchmark(config))
+  exp = experiment_lib.Experiment.create(config, sources.load_benchmark(config))
   a, b = _session(root, 'joint', 1, 3, exp), _session(root, 'crt', 1, 3, exp)
   fa, fb = noise_lib.flatten(a['params']), noise_lib.flatten(b['params'])
   for path in fa:

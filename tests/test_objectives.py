@@ -84,9 +84,9 @@ def test_padded_ncm_equals_unpadded_and_compiles_once(normalize):
   for rows, classes in ((100, 6), (200, 9), (300, 12)):
     mine = labels[:rows] < classes
     sessions.append((emb[:rows][mine], labels[:rows][mine], protos[:classes], 4, normalize))
-  before = evaluation._ncm_predict._cache_size()
+  before = evaluation.ncm_predict_padded._cache_size()
   padded = [evaluation.ncm_accuracies(*args, pad_to=(300, 12)) for args in sessions]
-  assert evaluation._ncm_predict._cache_size() - before <= 1  # unpadded, each session compiles anew
+  assert evaluation.ncm_predict_padded._cache_size() - before <= 1  # unpadded, each session compiles anew
   assert padded == [evaluation.ncm_accuracies(*args) for args in sessions]
   assert all(0 < p['acc'] < 100 for p in padded)
 

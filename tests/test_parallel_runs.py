@@ -16,6 +16,8 @@ import pytest
 
 from conftest import without_provenance, xla_flags
 from f2m_jax import pipeline
+from f2m_jax import sessions
+from f2m_jax import validation
 from f2m_jax.checkpoint import Checkpoints
 
 
@@ -33,14 +35,14 @@ def _runs_config(parallel: int):
 
 def test_parallel_runs_setting():
   config = _runs_config(0)
-  assert pipeline.parallel_runs(config) == 1  # the CPU's default: one run a call
+  assert sessions.parallel_runs(config) == 1  # the CPU's default: one run a call
   config.incremental.parallel_runs = 2
-  assert pipeline.parallel_runs(config) == 2
+  assert sessions.parallel_runs(config) == 2
   config.incremental.parallel_runs = 50
-  assert pipeline.parallel_runs(config) == 3  # at most the runs
+  assert sessions.parallel_runs(config) == 3  # at most the runs
   config.incremental.parallel_runs = -1
   with pytest.raises(ValueError, match=r'incremental.parallel_runs=-1.*>= 0'):
-    pipeline.validate(config)
+    validation.validate(config)
 
 
 @pytest.fixture(scope='module')

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from conftest import tiny_method_run, tiny_protocol
+from f2m_jax import experiment as experiment_lib
 from f2m_jax import pipeline
 from f2m_jax.methods import rebalance
 from f2m_jax.models import build_model, uniform_columns
@@ -115,7 +116,7 @@ def test_k_larger_than_a_session_is_refused():
   config = tiny()
   config.rebalance.K = 3  # sessions of 2 new classes
   config = pipeline.resolve(config)
-  exp = pipeline.Experiment.create(config, sources.load_benchmark(config))
+  exp = experiment_lib.Experiment.create(config, sources.load_benchmark(config))
   with pytest.raises(ValueError, match='rebalance.K=3 exceeds the 2 new classes'):
     rebalance.RebalanceRunner(exp, first=None)
 

@@ -26,7 +26,10 @@ import pytest
 
 from conftest import without_provenance
 from f2m_jax import base as base_lib
+from f2m_jax import experiment as experiment_lib
 from f2m_jax import pipeline
+from f2m_jax import train_loop
+from f2m_jax import validation
 from f2m_jax.checkpoint import Checkpoints
 from f2m_jax.data import sources
 
@@ -52,7 +55,7 @@ def _moved(state, init) -> tuple:
 
 def test_scanned_steps_equal_single_steps(smoke_config):
   config = pipeline.resolve(_smooth(smoke_config))
-  exp = pipeline.Experiment.create(config, sources.load_benchmark(config))
+  exp = experiment_lib.Experiment.create(config, sources.load_benchmark(config))
   bench = exp.bench
   args = (exp.base_objective(), exp.optimizer(), bench.augment, bench.image_size, bench.mean, bench.std)
   single, multi = base_lib.make_train_step(*args), base_lib.make_multi_step(*args)
@@ -60,7 +63,7 @@ def test_scanned_steps_equal_single_steps(smoke_config):
   indices = np.stack([exp.batch_indices(s) for s in range(n)] + [exp.batch_indices(0)]).astype(np.int32)
   images, labels = jnp.asarray(bench.train.images), jnp.asarray(bench.train.labels)
   init, one, scanned = exp.init_state(), exp.init_state(), exp.init_state()  # the steps donate the state
-  for first, steps in pipeline.call_spans(0, n, per_call):
+  for first, steps in train_loop.call_spans(0, n, per_call):
     singles = []
     for s in range(first, first + steps):
       one, m = single(one, bench.train.images[indices[s]], bench.train.labels[indices[s]], key)
@@ -84,24 +87,24 @@ def test_scanned_steps_equal_single_steps(smoke_config):
 def test_placement_and_steps_per_call():
   from configs import cifar100
   config = cifar100.get_config()
-  assert pipeline.data_placement(config, 150 << 20) == (False, 1)  # this CPU: host batches, one step a call
+  assert train_loop.data_placement(config, 150 << 20) == (False, 1)  # this CPU: host batches, one step a call
   config.base.update(data_placement='device', steps_per_call=12, log_every=50, checkpoint_every=500)
-  assert pipeline.data_placement(config, 150 << 20) == (True, 2)  # 12 reduced to divide 50 and 500
+  assert train_loop.data_placement(config, 150 << 20) == (True, 2)  # 12 reduced to divide 50 and 500
   config.base.steps_per_call = 0
-  assert pipeline.data_placement(config, 150 << 20) == (True, 1)  # the CPU's default, 1
+  assert train_loop.data_placement(config, 150 << 20) == (True, 1)  # the CPU's default, 1
   config.base.data_placement = 'host'
   config.base.steps_per_call = 10
-  assert pipeline.data_placement(config, 150 << 20) == (False, 1)  # host batches: one step a call
+  assert train_loop.data_placement(config, 150 << 20) == (False, 1)  # host batches: one step a call
   config.base.data_placement = 'gpu'
   with pytest.raises(ValueError, match=r"base.data_placement='gpu'.*'auto', 'host' or 'device'"):
-    pipeline.validate(config)
+    validation.validate(config)
 
 
 def test_calls_end_on_multiples_of_steps_per_call():
-  assert pipeline.call_spans(0, 20, 5) == [(0, 5), (5, 5), (10, 5), (15, 5)]
-  assert pipeline.call_spans(12, 22, 5) == [(12, 3), (15, 5), (20, 2)]  # resumed at 12; 22 is no multiple
-  assert pipeline.call_spans(19, 20, 5) == [(19, 1)]
-  assert pipeline.call_spans(0, 3, 1) == [(0, 1), (1, 1), (2, 1)]
+  assert train_loop.call_spans(0, 20, 5) == [(0, 5), (5, 5), (10, 5), (15, 5)]
+  assert train_loop.call_spans(12, 22, 5) == [(12, 3), (15, 5), (20, 2)]  # resumed at 12; 22 is no multiple
+  assert train_loop.call_spans(19, 20, 5) == [(19, 1)]
+  assert train_loop.call_spans(0, 3, 1) == [(0, 1), (1, 1), (2, 1)]
 
 
 def _tiny(placement: str, per_call: int):
@@ -129,7 +132,7 @@ def runs(tmp_path_factory):
 
 def _final_base_state(workdir: str, placement: str):
   config = pipeline.resolve(_tiny(placement, 5))
-  exp = pipeline.Experiment.create(config, sources.load_benchmark(config))
+  exp = experiment_lib.Experiment.create(config, sources.load_benchmark(config))
   ckpts = Checkpoints(workdir, read_only=True)
   return ckpts.restore_base_state(exp.init_state(), config.base.steps)
 
@@ -168,7 +171,7 @@ def test_nan_stop_names_the_same_step_and_keeps_the_last_good_checkpoint(tmp_pat
     config.base.update(lr=1e3, steps_per_call=4, log_every=20, checkpoint_every=20)  # diverges at step 6
     if placement == 'host':
       config.base.checkpoint_every = 2  # a checkpoint before the divergence
-    with pytest.raises(pipeline.TrainingError, match=r'non-finite loss or parameters .* at base step (\d+);') as e:
+    with pytest.raises(experiment_lib.TrainingError, match=r'non-finite loss or parameters .* at base step (\d+);') as e:
       pipeline.run(config, str(tmp_path / placement))
     steps[placement] = int(str(e.value).split('base step ')[1].split(';')[0])
     messages[placement] = str(e.value)
@@ -180,5 +183,5 @@ def test_nan_stop_names_the_same_step_and_keeps_the_last_good_checkpoint(tmp_pat
   assert last is not None and steps['host'] - 2 <= last < steps['host']
   assert messages['host'].endswith(f'; the last good checkpoint (step {last}) is kept')
   config = pipeline.resolve(_tiny('host', 5))
-  state = ckpts.restore_base_state(pipeline.Experiment.create(config, sources.load_benchmark(config)).init_state(), last)
+  state = ckpts.restore_base_state(experiment_lib.Experiment.create(config, sources.load_benchmark(config)).init_state(), last)
   assert all(np.isfinite(x).all() for x in jax.tree_util.tree_leaves(jax.device_get(state.params)))

@@ -30,6 +30,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
+from f2m_jax.data import index_lists
 from f2m_jax.data.index_lists import DATA_DIR_ENV, session_lists
 from f2m_jax.data.mini_imagenet import (Protocol, decode_cached, protocol_benchmark, scaled,
                                         sessions_from_lists)
@@ -145,7 +146,6 @@ def load_cub200(data_dir, index_dir=None, cache_dir=None, image_size: int = IMAG
   official class id - 1; base_train = session_1.txt; topic_shots = session_2..11.txt; shot_pool =
   training images of the novel classes. `index_dir` None: `index_lists.index_list_dir('cub200', ...)`.
   `decode` replaces `mini_imagenet.decode_file` (tests)."""
-  from f2m_jax.data import index_lists  # pylint: disable=g-import-not-at-top
   root = check_layout(data_dir)
   cache_dir = pathlib.Path(cache_dir) if cache_dir else index_lists.default_cache_dir()
   if index_dir is None:

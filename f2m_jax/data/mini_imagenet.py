@@ -36,6 +36,7 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
+from f2m_jax.data import index_lists
 from f2m_jax.data.index_lists import DATA_DIR_ENV, session_lists
 from f2m_jax.data.types import Benchmark, DataError, Split, check_session_indices
 
@@ -323,7 +324,6 @@ def load_mini_imagenet(data_dir, index_dir=None, cache_dir=None, image_size: int
   session_2..9.txt; shot_pool = training images of the novel classes; test = test.csv.
   `index_dir` None: found (or downloaded into the cache) by `index_lists.index_list_dir`.
   `cache_dir` None: `index_lists.default_cache_dir()`. `decode` replaces `decode_file` (tests)."""
-  from f2m_jax.data import index_lists  # pylint: disable=g-import-not-at-top
   images_dir = check_layout(data_dir)
   root = pathlib.Path(data_dir)
   cache_dir = pathlib.Path(cache_dir) if cache_dir else index_lists.default_cache_dir()

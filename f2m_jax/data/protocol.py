@@ -1,4 +1,4 @@
-"""Which images each session trains on: TOPIC fixed lists or F2M's seeded draws (DESIGN.md, sec. 1)."""
+"""Which images each session trains on: TOPIC fixed lists or F2M's seeded draws (docs/data.md, 'Protocols')."""
 from __future__ import annotations
 
 import numpy as np

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import os
 
+from f2m_jax.data import cifar100, cub200, fake_folders, index_lists, mini_imagenet
+from f2m_jax.data.synthetic import make_synthetic
 from f2m_jax.data.types import Benchmark
 
 SOURCES = ('tfds', 'trainsplit', 'folder', 'fake_folder', 'synthetic')
@@ -23,13 +25,11 @@ def cache_dir(config) -> str:
 def load_benchmark(config) -> Benchmark:
   source, dataset = config.data.source, config.data.dataset
   if source == 'synthetic':
-    from f2m_jax.data.synthetic import make_synthetic
     s = config.data.synthetic
     return make_synthetic(seed=config.seed, num_base=s.num_base, way=s.way, num_sessions=s.num_sessions,
                           train_per_class=s.train_per_class, test_per_class=s.test_per_class,
                           image_size=s.image_size)
   if dataset == 'cifar100' and source in ('tfds', 'trainsplit'):
-    from f2m_jax.data import cifar100, index_lists
     index_dir = index_lists.index_list_dir('cifar100', data_dir(config) or None, cache_dir(config))
     if source == 'tfds':
       bench = cifar100.load_cifar100_tfds(config.data.tfds_data_dir or None, index_dir, cache_dir(config))
@@ -51,13 +51,11 @@ def _load_folder_dataset(config, dataset: str, source: str) -> Benchmark:
   """miniImageNet / CUB-200 from their folder layout: the user's data folder ('folder') or the tiny
   generated copy in the cache folder ('fake_folder', created on first use). The loaders check the
   image folder before looking for (or downloading) the index lists, so missing data is named first."""
-  from f2m_jax.data import cub200, mini_imagenet
   module = {'mini_imagenet': mini_imagenet, 'cub200': cub200}[dataset]
   load = mini_imagenet.load_mini_imagenet if dataset == 'mini_imagenet' else cub200.load_cub200
   image_size = int(config.data.get('image_size', 0) or 0) or module.IMAGE_SIZE
   cache = cache_dir(config)
   if source == 'fake_folder':
-    from f2m_jax.data import fake_folders
     root = fake_folders.fake_folder(cache)
     return load(str(root), root / 'index_list' / dataset, cache, image_size=image_size)
   return load(data_dir(config), None, cache, image_size=image_size)

@@ -1,6 +1,9 @@
-"""Methods plug into the one pipeline (DESIGN.md sec. 3): each supplies how session 1 trains, what a
-later session updates and how a test image is classified; the pipeline (data, protocol, runs,
-checkpoints, results, report) is shared and has no branch on the method.
+"""The interface every method implements. Methods plug into the one pipeline: each supplies how session
+1 trains, what a later session updates and how a test image is classified; the pipeline (data,
+protocol, runs, checkpoints, results, report) is shared and has no branch on the method. A method
+lives in a module of its own here, may use f2m_jax.methods.common (what several methods share) and
+the layers below (f2m_jax.experiment, train_loop, evaluator, ...), never the pipeline, the registry
+or another method's private names; f2m_jax/registry.py lists it (docs/development.md: adding one).
 
 A `Method` is:
   configure(config)                         the method's effective config (in place; then validated)
@@ -12,6 +15,13 @@ A `Method` is:
   compile_ahead(exp) -> [plan]              optional: the programs its runner's first session calls,
                                             as f2m_jax/programs.py plans from shapes alone, compiled
                                             in the background while session 1 trains
+  section, defaults() -> dict, smoke        optional: the config section the method owns
+                                            (config.<section>), its default values (every config
+                                            gets them, configs/common.py) and what `:smoke` configs
+                                            change in it
+  validate(config)                          optional: raises ValueError naming a bad value of its
+                                            section (f2m_jax.validation.need), before anything is
+                                            written
 
 and a Runner (built once per pipeline run, holding its compiled functions) has:
   first_accuracies() -> dict                session 1's accuracies (acc, acc_base, acc_novel, hm)
@@ -41,6 +51,10 @@ class Method:
   runner: Callable
   description: str = ''
   compile_ahead: Optional[Callable] = None
+  section: str = ''
+  defaults: Optional[Callable[[], dict]] = None
+  smoke: tuple = ()  # (field, value) pairs of config.<section> for `:smoke` configs
+  validate: Optional[Callable] = None
 
 
 class Runner:
@@ -48,16 +62,3 @@ class Runner:
 
   def update_runs(self, states: list, runs: list, session: int, exemplars: list) -> list:
     return [self.update(s, r, session, e) for s, r, e in zip(states, runs, exemplars)]
-
-
-def registry() -> dict:
-  from f2m_jax.methods import fsll, icarl, joint, ncm, rebalance  # pylint: disable=g-import-not-at-top
-  return {m.name: m for m in (ncm.F2M, ncm.BASELINE, joint.JOINT, joint.CRT, icarl.ICARL, rebalance.REBALANCE,
-                              fsll.FSLL)}
-
-
-def get(name: str) -> Method:
-  methods = registry()
-  if name not in methods:
-    raise ValueError(f'method={name!r} is not one of {tuple(methods)}')
-  return methods[name]

@@ -30,12 +30,28 @@ from f2m_jax import noise as noise_lib
 from f2m_jax import objectives
 from f2m_jax.data import augment as augment_lib
 from f2m_jax.data import protocol as protocol_lib
-from f2m_jax.methods import Method, Runner, joint, ncm
+from f2m_jax.experiment import TrainingError
+from f2m_jax.methods import Method, Runner, common
+from f2m_jax.validation import need
 
 
 def configure_fsll(config) -> None:
   """The Baseline's base session; NCM over raw means."""
-  ncm.configure_baseline(config)
+  common.configure_baseline(config)
+
+
+def fsll_defaults() -> dict:
+  """config.fsll (the authors' re-implementation, CIFAR-100 values): tensors with max |value| <=
+  threshold fine-tuned for `epochs` TaskSampler epochs (way x shots per batch); loss = triplet +
+  pn_weight x prototype loss (cosine, scale omega) + reg_weight x L1 drift, the drift without gradient
+  as their code adds it (reg_gradient=True: with). Their milestone (160 steps) is never reached."""
+  return dict(threshold=0.4, epochs=15, lr=1e-3, momentum=0.9, weight_decay=5e-4, margin=0.0, pn_weight=1.0,
+              omega=1.0, reg_weight=5.0, reg_gradient=False)
+
+
+def validate_fsll(config) -> None:
+  c = config.fsll
+  need(c.epochs >= 1 and c.lr > 0 and c.threshold >= 0, 'fsll', dict(c), 'needs epochs >= 1, lr > 0 and threshold >= 0')
 
 
 def selected_paths(params, threshold: float) -> tuple:
@@ -162,7 +178,6 @@ class FSLLRunner(Runner):
                                                     jax.random.fold_in(key, len(losses)))
         losses.append(float(loss))
     if not np.all(np.isfinite(losses)):
-      from f2m_jax.pipeline import TrainingError  # pylint: disable=g-import-not-at-top
       raise TrainingError(f'non-finite FSLL loss in run {run} session {session}: {losses}')
     variables = {'params': jax.device_get(params), 'batch_stats': jax.device_get(batch_stats)}
     novel_classes = [c for s in bench.session_classes[1:session] for c in s]
@@ -171,11 +186,11 @@ class FSLLRunner(Runner):
     return {**variables, 'prototypes': protos}, {'losses': losses, 'trainable': len(paths)}
 
   def accuracies(self, state, session: int) -> dict:
-    return ncm.nearest_mean_accuracies(self.exp, self.embed, state, session)
+    return common.nearest_mean_accuracies(self.exp, self.embed, state, session)
 
   def template(self, session: int) -> dict:
     bench = self.exp.bench
-    return {**joint._template(self.exp.model, bench.image_size),
+    return {**self.exp.variables_template(),
             'prototypes': np.zeros((bench.num_seen_classes(session), self.first['prototypes'].shape[1]), np.float32)}
 
   def item(self, state) -> dict:
@@ -188,6 +203,6 @@ class FSLLRunner(Runner):
     return evaluation.prototype_norms(state['prototypes'], self.exp.bench.num_base_classes)
 
 
-FSLL = Method('fsll', configure_fsll, ncm.first_session, FSLLRunner,
+FSLL = Method('fsll', configure_fsll, common.base_model, FSLLRunner,
               "the Baseline's base; small-magnitude tensors fine-tuned on the novel shots with triplet + "
-              'prototype losses; NCM')
+              'prototype losses; NCM', section='fsll', defaults=fsll_defaults, validate=validate_fsll)

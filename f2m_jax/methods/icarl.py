@@ -31,12 +31,31 @@ import optax
 from f2m_jax import evaluation
 from f2m_jax.data import augment as augment_lib
 from f2m_jax.data import protocol as protocol_lib
-from f2m_jax.methods import Method, Runner, joint, ncm
+from f2m_jax.experiment import TrainingError
+from f2m_jax.methods import Method, Runner, common
+from f2m_jax.validation import need
 
 
 def configure_icarl(config) -> None:
   """The Baseline's base session; NCM over raw means."""
-  ncm.configure_baseline(config)
+  common.configure_baseline(config)
+
+
+def icarl_defaults() -> dict:
+  """config.icarl (the authors' re-implementation, CIFAR-100 values): `memory` exemplars per class,
+  each session `epochs` epochs of shuffled batches over memory + shots (remainder dropped), SGD with
+  the rate x lr_gamma after each milestone epoch."""
+  return dict(memory=2, epochs=90, batch_size=120, lr=0.1, milestones=(50, 70), lr_gamma=0.1, momentum=0.9,
+              weight_decay=5e-4)
+
+
+def validate_icarl(config) -> None:
+  c = config.icarl
+  need(c.memory >= 1 and c.epochs >= 1 and c.batch_size >= 1 and c.lr > 0, 'icarl', dict(c),
+       'needs memory, epochs, batch_size >= 1 and lr > 0')
+
+
+SMOKE = (('epochs', 4), ('milestones', (2,)), ('batch_size', 32))  # icarl's and rebalance's `:smoke` schedule
 
 
 def herding(features: np.ndarray, mean: np.ndarray, m: int) -> np.ndarray:
@@ -201,7 +220,6 @@ class ICaRLRunner(Runner):
                                                    np.float32(lr), num_old, num_seen)
       losses.append(float(loss))
     if not np.all(np.isfinite(losses)):
-      from f2m_jax.pipeline import TrainingError  # pylint: disable=g-import-not-at-top
       raise TrainingError(f'non-finite {self.section} loss in run {run} session {session}: {losses}')
     variables = {'params': jax.device_get(params), 'batch_stats': jax.device_get(batch_stats)}
     emb = self.embed(variables, exp.train_view(pool))
@@ -210,7 +228,7 @@ class ICaRLRunner(Runner):
     return {**variables, 'memory': memory, 'prototypes': protos}, {'losses': losses, 'images': int(len(pool))}
 
   def accuracies(self, state, session: int) -> dict:
-    return ncm.nearest_mean_accuracies(self.exp, self.embed, state, session)
+    return common.nearest_mean_accuracies(self.exp, self.embed, state, session)
 
   def template(self, session: int) -> dict:
     bench = self.exp.bench
@@ -218,7 +236,7 @@ class ICaRLRunner(Runner):
     novel = bench.num_seen_classes(session) - bench.num_base_classes
     memory = np.zeros((len(self.base_memory) + novel * per_novel,), np.int64)
     dim = self.first['prototypes'].shape[1]
-    return {**joint._template(self.network, bench.image_size), 'memory': memory,
+    return {**self.exp.variables_template(self.network), 'memory': memory,
             'prototypes': np.zeros((bench.num_seen_classes(session), dim), np.float32)}
 
   def item(self, state) -> dict:
@@ -231,6 +249,7 @@ class ICaRLRunner(Runner):
     return evaluation.prototype_norms(state['prototypes'], self.exp.bench.num_base_classes)
 
 
-ICARL = Method('icarl', configure_icarl, ncm.first_session, ICaRLRunner,
+ICARL = Method('icarl', configure_icarl, common.base_model, ICaRLRunner,
                "the Baseline's base; whole network on memory + shots with iCaRL's distillation; "
-               'nearest mean of exemplars')
+               'nearest mean of exemplars', section='icarl', defaults=icarl_defaults, smoke=SMOKE,
+               validate=validate_icarl)

@@ -25,12 +25,28 @@ from f2m_jax import objectives
 from f2m_jax.checkpoint import CheckpointError
 from f2m_jax.data import augment as augment_lib
 from f2m_jax.data import protocol as protocol_lib
-from f2m_jax.methods import Method, Runner, ncm
+from f2m_jax.methods import Method, Runner, common
+from f2m_jax.train_loop import train_steps
+from f2m_jax.validation import need
 
 
 def configure_joint(config) -> None:
   """Plain CE with shuffled batches in every session; no noise, no fine-tuning, no NCM."""
-  ncm.configure_baseline(config)
+  common.configure_baseline(config)
+
+
+def crt_defaults() -> dict:
+  """config.crt: the classifier's retraining (the original's CIFAR-100 schedule: 17 epochs of
+  max-class-size x classes samples, lr 0.1 x 0.5 after epochs 8, 12 and 14; 4 images per visit of a
+  class). method=joint trains every session's network with the base.* budget."""
+  return dict(epochs=17, lr=0.1, milestones=(8, 12, 14), lr_gamma=0.5, per_class=4, batch_size=256, momentum=0.9,
+              weight_decay=5e-4)
+
+
+def validate_crt(config) -> None:
+  c = config.crt
+  need(c.epochs >= 1 and c.per_class >= 1 and c.batch_size >= 1 and c.lr > 0, 'crt', dict(c),
+       'needs epochs, per_class, batch_size >= 1 and lr > 0')
 
 
 def linear_accuracies(exp, variables, network, session: int, logits_fn=None) -> dict:
@@ -42,18 +58,11 @@ def linear_accuracies(exp, variables, network, session: int, logits_fn=None) -> 
   return evaluation.accuracies_from_predictions(pred, bench.test.labels[idx], bench.num_base_classes)
 
 
-def _template(network, image_size: int) -> dict:
-  shapes = jax.eval_shape(lambda: network.init(jax.random.key(0), jnp.zeros((1, image_size, image_size, 3)),
-                                               train=False))
-  return {k: jax.tree_util.tree_map(lambda s: np.zeros(s.shape, s.dtype), shapes[k]) for k in ('params', 'batch_stats')}
-
-
 def train_network(exp, network, pool: np.ndarray, key, training, log, desc: str, stream: tuple) -> dict:
   """A network trained from scratch on `pool` (indices into the training images; labels are the
   class ids, all below the network's class count) with shuffled batches and the base.* budget,
   through the base session's loop, resuming from `training` (a Checkpoints.training manager).
   Returns {'params', 'batch_stats'}."""
-  from f2m_jax import pipeline  # pylint: disable=g-import-not-at-top  (pipeline imports the methods)
   cfg = exp.config.base
   state = base_lib.init_state(network, key, exp.bench.image_size, exp.optimizer())
   start = training.latest_step()
@@ -61,7 +70,7 @@ def train_network(exp, network, pool: np.ndarray, key, training, log, desc: str,
     state = jax.tree_util.tree_map(jnp.asarray, training.restore(state))
   objective = base_lib.BaseObjective(model=network, noise_paths=(), split=0, num_draws=0, bound=0.0,
                                      distribution='uniform', pf_weight=0.0, std_weight=0.0, shared_trunk=False)
-  state = pipeline.train_steps(
+  state = train_steps(
       exp, objective, state, start or 0, lambda step: protocol_lib.shuffled_batch(
           pool, cfg.batch_size, exp.config.seed, step, stream), training.save, log, jax.random.fold_in(key, 1),
       phase=desc, title=desc)
@@ -109,7 +118,7 @@ class JointRunner(Runner):
     return linear_accuracies(self.exp, state, self.network(session), session, self.logits_fn(session))
 
   def template(self, session: int) -> dict:
-    return _template(self.network(session), self.exp.bench.image_size)
+    return self.exp.variables_template(self.network(session))
 
   def item(self, state) -> dict:
     return dict(state)
@@ -179,7 +188,7 @@ def crt_first_session(exp, ckpts, log, source=None, hook=None) -> dict:
   """Session 1: the joint workdir's base network with its classifier retrained (saved as this
   workdir's model, so a rerun reuses it)."""
   _need_source(source)
-  template = ncm.first_session(exp, ckpts, log, source=source)  # the joint base model (with its prototypes)
+  template = common.base_model(exp, ckpts, log, source=source)  # the joint base model (with its prototypes)
   if ckpts.has_model():
     return ckpts.restore_model(template)
   pool = exp.bench.base_train
@@ -212,7 +221,9 @@ class CRTRunner(JointRunner):
     return variables, {'images': int(len(pool))}
 
 
-JOINT = Method('joint', configure_joint, ncm.first_session, JointRunner,
+JOINT = Method('joint', configure_joint, common.base_model, JointRunner,
                'from scratch on all data seen so far, every session; linear classifier')
 CRT = Method('crt', configure_joint, crt_first_session, CRTRunner,
-             "joint's networks, classifier retrained class-balanced with the rest frozen")
+             "joint's networks, classifier retrained class-balanced with the rest frozen",
+             section='crt', defaults=crt_defaults, smoke=(('epochs', 2), ('milestones', (1,)), ('batch_size', 40)),
+             validate=validate_crt)

@@ -13,26 +13,13 @@ from f2m_jax import evaluation
 from f2m_jax import incremental
 from f2m_jax import noise as noise_lib
 from f2m_jax import sharding
-from f2m_jax.data import protocol as protocol_lib
-from f2m_jax.methods import Method, Runner
+from f2m_jax.evaluator import Evaluator, embed_spec
+from f2m_jax.methods import Method, Runner, common
+from f2m_jax.sessions import parallel_runs
 
 
 def configure_f2m(config) -> None:
   """F2M's defaults are the config's (the authors' code as it runs)."""
-
-
-def configure_baseline(config) -> None:
-  """The paper's Baseline: plain CE with shuffled batches, no fine-tuning, NCM with raw prototypes."""
-  config.noise.enabled = False
-  config.incremental.finetune = False
-  config.eval.normalize_prototypes = False
-  config.base.sampler = 'shuffle'
-  config.incremental.round_steps = False
-
-
-def first_session(exp, ckpts, log, source=None, hook=None) -> dict:
-  from f2m_jax import pipeline  # pylint: disable=g-import-not-at-top
-  return pipeline.base_model(exp, ckpts, log, source, hook)
 
 
 def session_settings(exp, trainable_paths) -> incremental.SessionSettings:
@@ -42,16 +29,6 @@ def session_settings(exp, trainable_paths) -> incremental.SessionSettings:
       weight_decay=c.weight_decay, bound=exp.config.noise.bound, clamp=c.clamp, distance=c.distance,
       augment=exp.bench.augment, image_size=exp.bench.image_size, mean=exp.bench.mean, std=exp.bench.std,
       round_steps=c.round_steps)
-
-
-def nearest_mean_accuracies(exp, embed, state: dict, session: int) -> dict:
-  """NCM accuracies of a whole network that changes every session (state: {'params', 'batch_stats',
-  'prototypes'}): the seen classes' test images embedded anew with `embed`."""
-  bench = exp.bench
-  idx = protocol_lib.test_indices(bench, session)
-  emb = embed({'params': state['params'], 'batch_stats': state['batch_stats']}, bench.test.images[idx])
-  return evaluation.ncm_accuracies(emb, bench.test.labels[idx], state['prototypes'], bench.num_base_classes,
-                                   exp.config.eval.normalize_prototypes, pad_to=evaluation.eval_shapes(bench))
 
 
 def finetune_sizes(exp) -> tuple:
@@ -71,7 +48,6 @@ def compile_ahead(exp) -> list:
   """The plans (f2m_jax/programs.py) of what NCMRunner's first session compiles, from shapes alone:
   the test-view embedding (base prototypes, test images, shots), the frozen trunk and the suffix
   (eval.cache_trunk), the fine-tuning of one run or of each size of run group, and NCM."""
-  from f2m_jax import pipeline  # pylint: disable=g-import-not-at-top
   cfg, bench = exp.config, exp.bench
   sds = jax.ShapeDtypeStruct
   state = exp.state_shapes()
@@ -80,17 +56,17 @@ def compile_ahead(exp) -> list:
   bs = cfg.eval.batch_size
   rows_of = lambda images, rows=bs: sds((rows,) + images.shape[1:], images.dtype)  # a batch of `images`
   test_view = rows_of(bench.test.images)
-  embed = pipeline.embed_spec(exp)  # the test view of the base images (prototypes), test images and shots
+  embed = embed_spec(exp)  # the test view of the base images (prototypes), test images and shots
   views = {test_view, rows_of(exp.train_view(bench.base_train[:1]))}
   plans = [(*embed, lambda f, v=v: f.jitted.lower(variables, v)) for v in views]
   dim = exp.embedding_dim()
   paths = exp.trainable_paths(params) if cfg.incremental.finetune else ()
-  block = pipeline.Evaluator.trunk_block(exp, paths)
+  block = Evaluator.trunk_block(exp, paths)
   if block:
     feats = jax.eval_shape(lambda v, x: exp.model.apply(v, x, train=False, last=block), variables,
                            sds((1,) + test_view.shape[1:], jnp.float32))
-    plans.append((*pipeline.embed_spec(exp, last=block), lambda f: f.jitted.lower(variables, test_view)))
-    plans.append((*pipeline.embed_spec(exp, first=block), lambda f: f.jitted.lower(variables, rows_of(feats))))
+    plans.append((*embed_spec(exp, last=block), lambda f: f.jitted.lower(variables, test_view)))
+    plans.append((*embed_spec(exp, first=block), lambda f: f.jitted.lower(variables, rows_of(feats))))
   if cfg.incremental.finetune:
     name, build = finetune_spec(exp, paths)
     max_images, max_classes = finetune_sizes(exp)
@@ -100,7 +76,7 @@ def compile_ahead(exp) -> list:
     labels = jax.dtypes.canonicalize_dtype(bench.train.labels.dtype)
     shots, stored = rows_of(bench.train.images, max_images), sds((max_classes, dim), np.float32)
     key, num_seen = jax.eval_shape(lambda: exp.key(0)), sds((), np.int32)
-    per_call, mesh = pipeline.parallel_runs(cfg), sharding.runs_mesh()
+    per_call, mesh = parallel_runs(cfg), sharding.runs_mesh()
     for size in sorted({min(per_call, cfg.runs - i) for i in range(0, cfg.runs, per_call)}):
       if size == 1:  # Runner.update: one run a call
         lower = lambda f: f.jitted.lower(params, stats, trainable, shots, sds((max_images,), labels), stored,
@@ -113,7 +89,7 @@ def compile_ahead(exp) -> list:
             stack(shots), stack(sds((max_images,), labels)), stored, num_seen, stack(key))
       plans.append((name, build, lower))
   rows, classes = evaluation.eval_shapes(bench)
-  plans.append(('ncm', lambda: evaluation._ncm_predict,  # pylint: disable=protected-access
+  plans.append(('ncm', lambda: evaluation.ncm_predict_padded,
                 lambda f: f.lower(sds((rows, dim), np.float32), sds((classes, dim), np.float32), sds((), np.int32),
                                   cfg.eval.normalize_prototypes)))  # positional, as ncm_accuracies calls it
   return plans
@@ -131,7 +107,6 @@ class NCMRunner(Runner):
   recomputed with the (fine-tuned) network from all shots seen so far."""
 
   def __init__(self, exp, first: dict, ckpts=None, source=None, log=None):
-    from f2m_jax.pipeline import Evaluator  # pylint: disable=g-import-not-at-top
     cfg = exp.config
     self.exp = exp
     self.params, self.batch_stats, self.base_protos = first['params'], first['batch_stats'], first['prototypes']
@@ -209,7 +184,7 @@ class NCMRunner(Runner):
     return evaluation.prototype_norms(state[1], self.exp.bench.num_base_classes)
 
 
-F2M = Method('f2m', configure_f2m, first_session, NCMRunner,
+F2M = Method('f2m', configure_f2m, common.base_model, NCMRunner,
              'flat-minima base training; fine-tuning of the noise set inside the box; NCM with PN', compile_ahead)
-BASELINE = Method('baseline', configure_baseline, first_session, NCMRunner,
+BASELINE = Method('baseline', common.configure_baseline, common.base_model, NCMRunner,
                   'plain CE, shuffled batches; no fine-tuning; NCM with raw prototypes', compile_ahead)

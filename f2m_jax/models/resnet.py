@@ -127,7 +127,7 @@ def conv2d(x, kernel, eps, strides, padding, dtype, clean_backward):
   """conv(x, kernel + eps) (eps: the flat-minima noise, or zeros), differentiated in x and kernel.
 
   clean_backward: the input gradient uses the clean kernel, which is what the authors' PyTorch code
-  computes (notes/original_code.md 1.2): it adds the noise to `p.data`, runs the forward pass and
+  computes (docs/method.md, the behaviours table): it adds the noise to `p.data`, runs the forward pass and
   restores `p.data` before backward, so autograd's saved reference to the weight holds the clean
   values when the input gradient is formed. False: the exact gradient at kernel + eps. The kernel
   gradient does not depend on the kernel, and eps gets none."""
@@ -363,7 +363,7 @@ def build_model(arch: str, num_classes: int, width: Optional[int] = None, dtype:
 def conv3x3_paths(model: ResNet) -> list:
   """Paths (tuples of names) of every 3x3 conv kernel in forward order, stem included if 3x3.
 
-  Shortcut 1x1 convs, BN and the classifier are never listed (DESIGN.md, 'Noise set')."""
+  Shortcut 1x1 convs, BN and the classifier are never listed (docs/method.md, 'The model and the noise set')."""
   paths = [('conv1', 'kernel')] if model.stem == 'cifar' else []
   for name in model.block_names():
     paths += [(name, 'conv1', 'kernel'), (name, 'conv2', 'kernel')]

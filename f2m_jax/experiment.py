@@ -1,0 +1,137 @@
+"""What is static about a run: the config, the data, the network, its noise set, the PRNG keys and the
+base session's batches, built once and passed to every stage.
+
+PRNG keys (`Experiment.key`): fold_in(seed, 0) drives base training (then per step), fold_in(seed, 1)
+the init, fold_in(fold_in(fold_in(seed, 2), run), session) the fine-tuning of one session; other
+methods use the streams 3 and up the same way.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Optional
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from f2m_jax import base as base_lib
+from f2m_jax import noise as noise_lib
+from f2m_jax import programs as programs_lib
+from f2m_jax.data import augment as augment_lib
+from f2m_jax.data import protocol as protocol_lib
+from f2m_jax.data.types import Benchmark
+from f2m_jax.models import ResNet, build_model, noise_set_paths, split_block, torch_import
+
+
+class TrainingError(RuntimeError):
+  """Training diverged (NaN or inf loss)."""
+
+
+# A run's progress hook: hook(kind, **info), called after every base step ('base_step', step=n) and
+# every saved session ('session', run=r, session=t); tests use it to interrupt a run.
+Hook = Optional[Callable[..., None]]
+
+
+@dataclasses.dataclass
+class Experiment:
+  """Everything static about a run, built once from the config and the data."""
+  config: ml_collections.ConfigDict
+  bench: Benchmark
+  model: ResNet
+  noise_paths: tuple
+  split: int
+  _epoch: Optional[tuple] = dataclasses.field(default=None, repr=False)  # (epoch, indices) of task_epochs
+  # The jitted programs after session 1, one each per run, compiled ahead while it trains (programs.py).
+  programs: programs_lib.Programs = dataclasses.field(default_factory=programs_lib.Programs, repr=False)
+
+  @classmethod
+  def create(cls, config, bench: Benchmark) -> 'Experiment':
+    dtype = jnp.bfloat16 if config.model.dtype == 'bfloat16' else jnp.float32
+    model = build_model(config.model.arch, bench.num_base_classes, config.model.width or None, dtype,
+                        clean_backward=config.noise.clean_backward, head=config.model.head)
+    paths = tuple(noise_set_paths(model, config.noise.num_layers))
+    return cls(config, bench, model, paths, split_block(model, paths))
+
+  def network(self, num_classes: int) -> ResNet:
+    """The config's network with another classifier size (joint training, cRT)."""
+    return self.model.clone(num_classes=num_classes)
+
+  def key(self, *path: int) -> jax.Array:
+    k = jax.random.key(self.config.seed)
+    for p in path:
+      k = jax.random.fold_in(k, p)
+    return k
+
+  def base_objective(self) -> base_lib.BaseObjective:
+    n = self.config.noise
+    return base_lib.BaseObjective(
+        model=self.model, noise_paths=self.noise_paths if n.enabled else (), split=self.split,
+        num_draws=n.M, bound=n.bound, distribution=n.distribution,
+        pf_weight=n.pf_weight if n.prototype_fixing else 0.0, std_weight=n.std_weight,
+        shared_trunk=n.shared_trunk, draw_map=base_lib.resolve_draw_map(n.draw_map),
+        pf_gradient=n.pf_gradient, bn_updates=n.bn_updates)
+
+  def optimizer(self):
+    b = self.config.base
+    return base_lib.make_optimizer(b.lr, b.momentum, b.weight_decay, b.milestones, b.lr_gamma,
+                                   b.classifier_lr if b.classifier_lr > 0 else None)
+
+  def trainable_paths(self, params) -> tuple:
+    if self.config.incremental.trainable == 'noise_set':
+      return self.noise_paths
+    return tuple(p for p in noise_lib.flatten(params) if p[0] != 'fc')
+
+  def batch_indices(self, step: int) -> np.ndarray:
+    """Indices of base step `step`'s batch: a pure function of (seed, step) for every sampler."""
+    b, bench = self.config.base, self.bench
+    if b.sampler == 'task_epochs':
+      per_epoch = protocol_lib.task_epoch_batches(bench.num_base_classes, b.shots, b.batch_size)
+      epoch, pos = divmod(step, per_epoch)
+      if self._epoch is None or self._epoch[0] != epoch:
+        self._epoch = (epoch, protocol_lib.task_epoch(bench.train.labels, bench.base_train, b.shots,
+                                                      self.config.seed, epoch))
+      return self._epoch[1][pos * b.batch_size:(pos + 1) * b.batch_size]
+    if b.sampler == 'balanced':
+      return protocol_lib.balanced_batch(bench.train.labels, bench.base_train, b.ways, b.shots,
+                                         self.config.seed, step)
+    return protocol_lib.shuffled_batch(bench.base_train, b.batch_size, self.config.seed, step)
+
+  def train_view(self, indices) -> np.ndarray:
+    """Training images as prototypes see them: the test transform (a centre crop where the stored
+    images are larger than the network input), no augmentation (Eq. 1)."""
+    return augment_lib.eval_view(self.bench.train.images[indices], self.bench.image_size)
+
+  def state_shapes(self, network: Optional[ResNet] = None):
+    """The train state's shapes and dtypes (jax.ShapeDtypeStruct) for `network` (default: the config's),
+    without running the init."""
+    network = network or self.model
+    return jax.eval_shape(lambda: base_lib.init_state(network, self.key(1), self.bench.image_size,
+                                                      self.optimizer()))
+
+  def state_template(self):
+    """Host zeros of the train state's shapes, to restore checkpoints into: the init runs op by op and
+    compiled for 11 s at ResNet-20's shapes on the 2-core CPU before a restore could start."""
+    return jax.tree_util.tree_map(lambda s: np.zeros(s.shape, s.dtype), self.state_shapes())
+
+  def variables_template(self, network: Optional[ResNet] = None) -> dict:
+    """Host zeros of {'params', 'batch_stats'} of `network` (default: the config's), to restore a
+    saved network into."""
+    shapes = self.state_shapes(network)
+    return {k: jax.tree_util.tree_map(lambda s: np.zeros(s.shape, s.dtype), getattr(shapes, k))
+            for k in ('params', 'batch_stats')}
+
+  def embedding_dim(self) -> int:
+    """D, the size of the network's embedding (prototypes are [classes, D]), from shapes alone."""
+    shapes, size = self.state_shapes(), self.bench.image_size
+    return jax.eval_shape(lambda v, x: self.model.apply(v, x, train=False)[0],
+                          {'params': shapes.params, 'batch_stats': shapes.batch_stats},
+                          jax.ShapeDtypeStruct((1, size, size, 3), jnp.float32)).shape[1]
+
+  def init_state(self):
+    params = batch_stats = None
+    if self.config.model.pretrained:
+      params, batch_stats = torch_import.load_torchvision_resnet18(
+          self.config.model.pretrained, self.model, self.bench.image_size, key=self.key(1))
+    return base_lib.init_state(self.model, self.key(1), self.bench.image_size, self.optimizer(),
+                               params, batch_stats)

@@ -1,0 +1,61 @@
+"""What several methods share: the Baseline's effective config, session 1's base network and
+prototypes, and NCM accuracies of a network that changes every session.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import jax
+import numpy as np
+
+from f2m_jax import evaluation
+from f2m_jax.checkpoint import Checkpoints
+from f2m_jax.data import protocol as protocol_lib
+from f2m_jax.evaluator import embed_spec
+from f2m_jax.experiment import Experiment, Hook
+from f2m_jax.train_loop import train_base
+
+
+def configure_baseline(config) -> None:
+  """The paper's Baseline: plain CE with shuffled batches, no fine-tuning, NCM with raw prototypes."""
+  config.noise.enabled = False
+  config.incremental.finetune = False
+  config.eval.normalize_prototypes = False
+  config.base.sampler = 'shuffle'
+  config.incremental.round_steps = False
+
+
+def base_model(exp: Experiment, ckpts: Checkpoints, log, source: Optional[Checkpoints] = None,
+               hook: Hook = None) -> dict:
+  """Session 1 of every method that starts from one base network (`Method.first_session`): phi*, its
+  BN statistics and the base prototypes (Eq. 1), restored from `source` (--checkpoint) or the
+  workdir if saved, else trained (train_loop.train_base) and saved."""
+  template = exp.variables_template()
+  model_template = {**template, 'prototypes': np.zeros((exp.bench.num_base_classes, exp.embedding_dim()), np.float32)}
+  if source is not None:
+    return source.restore_model(model_template)
+  if ckpts.has_model():
+    return ckpts.restore_model(model_template)
+  state = train_base(exp, ckpts, log, hook)
+  variables = jax.device_get({'params': state.params, 'batch_stats': state.batch_stats})  # host arrays,
+  # as every later stage passes them (one compiled embedding program for all)
+  if exp.config.base.select_on_test and ckpts.best_base_step() is not None:
+    best = ckpts.restore_best_base(template)
+    variables = {'params': best['params'], 'batch_stats': best['batch_stats']}
+    print(f'base model: step {ckpts.best_base_step()} of {exp.config.base.steps}, chosen on the base TEST '
+          f'images ({float(best["test_acc"]):.2f}%; base.select_on_test reads the test set)', flush=True)
+  bench = exp.bench
+  emb = exp.programs.get(*embed_spec(exp))(variables, exp.train_view(bench.base_train))
+  protos = evaluation.prototypes(emb, bench.train.labels[bench.base_train], bench.session_classes[0])
+  ckpts.save_model(variables['params'], variables['batch_stats'], protos)
+  return {'params': variables['params'], 'batch_stats': variables['batch_stats'], 'prototypes': protos}
+
+
+def nearest_mean_accuracies(exp, embed, state: dict, session: int) -> dict:
+  """NCM accuracies of a whole network that changes every session (state: {'params', 'batch_stats',
+  'prototypes'}): the seen classes' test images embedded anew with `embed`."""
+  bench = exp.bench
+  idx = protocol_lib.test_indices(bench, session)
+  emb = embed({'params': state['params'], 'batch_stats': state['batch_stats']}, bench.test.images[idx])
+  return evaluation.ncm_accuracies(emb, bench.test.labels[idx], state['prototypes'], bench.num_base_classes,
+                                   exp.config.eval.normalize_prototypes, pad_to=evaluation.eval_shapes(bench))

@@ -1,0 +1,196 @@
+"""The base session's training loop (and joint training's): batches from a pure function of (seed,
+step), one jitted step or a scanned call of several per dispatch, the host's work done ahead by a
+background thread, logging, checkpoints, the NaN stop, and the original's opt-in model selection on
+the test set.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import sys
+import time
+from typing import Callable, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from tqdm import tqdm
+
+from f2m_jax import base as base_lib
+from f2m_jax import evaluation
+from f2m_jax import prefetch as prefetch_lib
+from f2m_jax import sharding
+from f2m_jax import workdir as workdir_lib
+from f2m_jax.checkpoint import Checkpoints
+from f2m_jax.data import protocol as protocol_lib
+from f2m_jax.experiment import Experiment, Hook, TrainingError
+from f2m_jax.incremental import pad_rows
+
+
+def train_base(exp: Experiment, ckpts: Checkpoints, log: workdir_lib.MetricsLog, hook: Hook = None):
+  """Trains session 1 from the latest base checkpoint (or from scratch); returns the final state.
+  `hook('base_step', step=n)` is called after every step (tests use it to interrupt a run)."""
+  cfg = exp.config.base
+  start = ckpts.latest_base_step()
+  if start is not None:
+    state = ckpts.restore_base_state(exp.state_template(), start)
+    state = jax.tree_util.tree_map(jnp.asarray, state)
+    print(f'resuming base training at step {start}/{cfg.steps}', flush=True)
+  else:
+    state = exp.init_state()
+  select = TestSetSelector(exp, ckpts, log) if cfg.select_on_test else None
+  return train_steps(exp, exp.base_objective(), state, start or 0, exp.batch_indices, ckpts.save_base_state,
+                     log, exp.key(0), phase='base', title='base session', keep_bar=True, select=select, hook=hook)
+
+
+def train_steps(exp: Experiment, objective, state, start: int, batch_indices: Callable, save: Callable, log,
+                key, phase: str, title: str, keep_bar: bool = False, select: Optional[Callable] = None,
+                hook: Hook = None):
+  """Steps `start`..base.steps of `objective` from `state` (of `start` steps), with the base.* budget
+  (optimizer, logging and checkpoint intervals, data path, prefetch); returns the final state.
+  `batch_indices(step)` indexes the training images; `save(step, state)` at every checkpoint step and
+  the last, `select(step, state)` every base.select_every steps; metrics go to `log` under `phase`,
+  progress to a bar named `title`; a non-finite step raises TrainingError naming it. The base
+  session's loop, and joint's (f2m_jax/methods/joint.py)."""
+  cfg = exp.config.base
+  if start >= cfg.steps:
+    return state
+  mesh = sharding.data_mesh()  # data parallel over all devices; the batch is the global batch
+  images, labels = exp.bench.train.images, exp.bench.train.labels
+  on_device, per_call = data_placement(exp.config, images.nbytes)
+  args = (objective, exp.optimizer(), exp.bench.augment, exp.bench.image_size, exp.bench.mean, exp.bench.std)
+  if on_device:  # the training images live on the device; each call runs `per_call` steps
+    step_fn = base_lib.make_multi_step(*args, mesh=mesh)
+    data = sharding.replicate((images, labels), mesh)
+  else:
+    step_fn = base_lib.make_train_step(*args, mesh=mesh)
+    data = ()
+
+  def host_part(call):  # the host's share of a call, done ahead by `prefetch`: indices (and images)
+    first, n = call
+    if on_device:  # a shorter call is padded to per_call rows (image 0's batches), which do not count
+      indices = np.stack([batch_indices(s) for s in range(first, first + n)]).astype(np.int32)
+      return sharding.shard_rows(mesh, pad_rows(indices, per_call)), np.int32(n)
+    idx = batch_indices(first)
+    return sharding.shard_batch(mesh, images[idx], labels[idx])
+
+  state, key = sharding.replicate((state, key), mesh)
+  bar = tqdm(total=cfg.steps, desc=title, initial=start, file=sys.stdout, mininterval=2.0, leave=keep_bar)
+  window, t0, saved = [], time.time(), (start or None)
+
+  def needs_state(done: int) -> bool:  # a call ending at step `done` is followed by a save or a selection
+    return done % cfg.checkpoint_every == 0 or (select is not None and done % cfg.select_every == 0)
+
+  def finish(first: int, n: int, metrics, state=None):
+    """Reads the metrics of a call of `n` steps (waiting for it), stops on a non-finite step, then
+    logs; `state` is the state after the call, given when the call ends where a checkpoint or
+    selection needs it."""
+    nonlocal window, t0, saved
+    metrics = jax.device_get(metrics)
+    per_step = [{k: v[i] for k, v in metrics.items()} for i in range(n)] if on_device else [metrics]
+    for i, m in enumerate(per_step):
+      if not m['finite']:
+        kept = f'the last good checkpoint (step {saved}) is kept' if saved else 'no checkpoint was saved yet'
+        raise TrainingError(f'non-finite loss or parameters (loss {m["loss"]}) at {phase} step '
+                            f'{first + i + 1}; {kept}')
+    bar.update(len(per_step))
+    for i, m in enumerate(per_step):  # logging, selection and checkpoints fall on call boundaries
+      window.append(m)
+      done = first + i + 1
+      if done % cfg.log_every == 0 or done == cfg.steps:
+        avg = {k: float(np.mean([w[k] for w in window])) for k in ('loss', 'ce', 'pf', 'acc', 'ce_clean')}
+        bar.set_postfix(loss=f'{avg["loss"]:.3f}', acc=f'{100 * avg["acc"]:.1f}')
+        log.write(phase=phase, step=done, steps_per_s=round(len(window) / (time.time() - t0), 3), **avg)
+        window, t0 = [], time.time()
+      if select and done % cfg.select_every == 0:
+        select(done, state)
+      if done % cfg.checkpoint_every == 0 or done == cfg.steps:
+        save(done, state)
+        saved = done
+      if hook:
+        hook('base_step', step=done)
+
+  # Each call is dispatched before the previous call's metrics are read (the device never waits for
+  # the host's logging), unless the previous call ends where its state must be saved first: the
+  # next call donates that state.
+  calls = call_spans(start, cfg.steps, per_call)
+  pending = None  # (first step, steps, metrics) of the call dispatched last
+  with contextlib.closing(prefetch_lib.prefetch(host_part, calls, cfg.prefetch)) as batches:
+    for (first, n), batch in zip(calls, batches):
+      if pending and needs_state(first):
+        finish(*pending, state=state)
+        pending = None
+      state, metrics = step_fn(state, *data, *batch, key)
+      if pending:
+        finish(*pending)
+      pending = (first, n, metrics)
+  if pending:
+    finish(*pending, state=state)
+  bar.close()
+  return state
+
+
+def call_spans(start: int, steps: int, per_call: int) -> list:
+  """(first step, number of steps) of each call from `start` to `steps`: calls end at multiples of
+  per_call (which divides the logging, checkpoint and selection intervals), also after a resume with
+  another per_call, so those always see a call's end state."""
+  ends = list(range((start // per_call + 1) * per_call, steps, per_call)) + [steps]
+  return [(first, end - first) for first, end in zip([start] + ends[:-1], ends)]
+
+
+def data_placement(config, images_nbytes: int) -> tuple:
+  """(images on the device?, steps per call) for base training.
+
+  base.data_placement 'auto' keeps the training images on the device (uint8, replicated) when not on
+  a CPU and they take at most a quarter of the first device's memory (2 GiB where the backend does
+  not say): CIFAR-100 is 154 MB, miniImageNet at 92 px 1.3 GB, CUB at 256 px 1.2 GB. base.steps_per_call
+  0 means 1 on a CPU (where a dispatch costs nothing next to a step) and 20 elsewhere; it is reduced to
+  divide log_every, checkpoint_every (and select_every), so those fall on call boundaries, and is 1
+  when the images stay on the host."""
+  b = config.base
+  backend = jax.default_backend()
+  if b.data_placement == 'auto':
+    stats = jax.devices()[0].memory_stats() or {}
+    limit = stats.get('bytes_limit', 8 << 30) // 4
+    on_device = backend != 'cpu' and images_nbytes <= limit
+  else:
+    on_device = b.data_placement == 'device'
+  per_call = b.steps_per_call or (1 if backend == 'cpu' else 20)
+  for every in (b.log_every, b.checkpoint_every) + ((b.select_every,) if b.select_on_test else ()):
+    per_call = math.gcd(per_call, every)
+  return on_device, (per_call if on_device else 1)
+
+
+class TestSetSelector:
+  """base.select_on_test: the original's model selection. Measures the linear classifier's accuracy
+  on the base classes' test images and keeps the best model so far (strictly better replaces it)
+  in the workdir's base_best checkpoint. It reads the test set, so results say so."""
+
+  def __init__(self, exp: Experiment, ckpts: Checkpoints, log):
+    bench = exp.bench
+    self.ckpts, self.log = ckpts, log
+    idx = protocol_lib.test_indices(bench, 1)
+    self.images, self.labels = bench.test.images[idx], bench.test.labels[idx]
+    self.logits = evaluation.make_embed(exp.model, bench.mean, bench.std, exp.config.eval.batch_size, logits=True)
+    self.best = -1.0
+    if ckpts.best_base_step() is not None:
+      self.best = float(ckpts.restore_best_base(exp.variables_template())['test_acc'])
+
+  def __call__(self, step: int, state) -> None:
+    variables = {'params': jax.device_get(state.params), 'batch_stats': jax.device_get(state.batch_stats)}
+    acc = 100.0 * float(np.mean(np.argmax(self.logits(variables, self.images), -1) == self.labels))
+    if acc > self.best:
+      self.best = acc
+      self.ckpts.save_best_base(step, variables['params'], variables['batch_stats'], acc)
+    self.log.write(phase='select_on_test', step=step, base_test_acc=acc, best_base_test_acc=self.best,
+                   best_step=self.ckpts.best_base_step())
+
+
+def selection_info(config, ckpts: Checkpoints) -> dict:
+  """How the base model was chosen, for results.json: the last step, or (base.select_on_test) the
+  step with the best base-test accuracy, flagged as reading the test set."""
+  if not config.base.select_on_test:
+    return {'selection': 'last', 'step': int(config.base.steps)}
+  step = ckpts.best_base_step()
+  return {'selection': 'best_base_test_accuracy', 'reads_test_set': True, 'every': int(config.base.select_every),
+          'step': int(step) if step is not None else int(config.base.steps)}
