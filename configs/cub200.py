@@ -16,7 +16,7 @@ https://download.pytorch.org/models/resnet18-f37072fd.pth), converted by
 defaults to `$F2M_CUB_PRETRAINED`, else `$F2M_DATA_DIR/resnet18-f37072fd.pth`;
 `--config.model.pretrained=''` trains from a random init (not a sensible CUB setting).
 
-The original's released settings (notes/original_code.md, section 6), with the same behaviours of
+The original's released settings (their CUB YAMLs; docs/method.md), with the same behaviours of
 the authors' code as configs/cifar100.py (DiscreteBeta noise, gamma = 2, PF without gradient, BN
 statistics from every pass, clean-weight backward): 3,603 base iterations of TaskSampler epochs
 (100 classes x 8 images, 3 batches of 256 = 32 classes x 8), SGD with lr 1e-3 for the backbone (BN

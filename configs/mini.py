@@ -8,7 +8,7 @@ Data (`f2m_jax/data/mini_imagenet.py`): `$F2M_DATA_DIR/miniimagenet/images/*.jpg
 `$F2M_DATA_DIR/index_list/mini_imagenet` (downloaded into the cache when absent). The first run decodes
 the 60,000 JPEGs once into `$F2M_CACHE_DIR` (default ~/.cache/f2m_jax; about 1.5 GB).
 
-The original's released settings (notes/original_code.md, section 6), with the same behaviours of
+The original's released settings (their miniImageNet YAMLs; docs/method.md), with the same behaviours of
 the authors' code as configs/cifar100.py (DiscreteBeta noise, gamma = 2, PF without gradient, BN
 statistics from every pass, clean-weight backward, TaskSampler epochs): 28,503 base iterations of
 TaskSampler epochs (60 classes x 16 images, 3 batches of 256 = 16 classes x 16), SGD lr 0.1

@@ -1,6 +1,6 @@
 """CIFAR-100 sources, the TOPIC protocol on the real lists, and finding/fetching the index lists.
 
-Real data: `$F2M_DATA_DIR`, else `../shared/data` beside the checkout; tests needing it skip if absent.
+Real data: `$F2M_DATA_DIR`, else the CI machines' data folder beside the checkout (docs/development.md); tests needing it skip if absent.
 """
 import hashlib
 import io

@@ -1,5 +1,5 @@
 """The shared-trunk objective equals the naive one (whole network under vmap), and the vmapped
-objective equals the per-draw losses computed one draw at a time (DESIGN.md, 'Shape of the computation').
+objective equals the per-draw losses computed one draw at a time (docs/method.md, 'The equations and where they live').
 
 Small networks (width 4-8, 16x16 or 32x32 images, batch 16) keep this to seconds on a CPU.
 """

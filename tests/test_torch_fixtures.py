@@ -250,7 +250,7 @@ def test_three_rounded_clamped_finetuning_steps(fx):
 
 def test_discrete_beta_level_frequencies(fx):
   """20,000 one-element draws (each with its own alpha and beta): chi-square against the exact level
-  probabilities of the relabelled bins (notes/original_code.md 1.2: 0.26, 0, 0.165, 0.156, 0.42)
+  probabilities of the relabelled bins (docs/method.md, 'Bounded noise': 0.26, 0, 0.166, 0.157, 0.417)
   and against the PyTorch transcription's counts. -b/2 never occurs."""
   n = 20000
   eps = noise_lib.sample_noise(jax.random.key(7), {'w': jnp.zeros((1,))}, [('w',)], n, 0.005, 'discrete_beta')

@@ -1,8 +1,8 @@
 """A small PyTorch transcription of what the authors' F2M code computes (test-only, never imported by
 the package; `make_fixtures.py` runs it to write the fixtures the JAX tests compare with).
 
-Written from the behaviour documented in ../../../shared/notes/original_code.md and read in the
-public repository moukamisama/F2M at 7b2ebac (files named per function), not copied from it. Where
+Written from reading the public repository moukamisama/F2M at 7b2ebac (files named per function),
+not copied from it. Where
 their code has a quirk, this transcription keeps it, because the point is to hold our JAX code to
 what their PyTorch code really computes:
   - the DiscreteBeta sampler with its in-place bin relabelling (utils/utils.py);
