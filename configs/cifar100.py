@@ -13,9 +13,10 @@ source.
 
 Measured (`:trainsplit`, 10 draws; accuracy %, sessions 1 / 9, PD; experiments/results/; before
 b93533d, whose DiscreteBeta sampler draws the same law from another random stream):
-F2M with these defaults (the authors' code as it runs; 2 CPU cores, one core, 2026-11-26)
-46.93 / 31.17 +- 0.21, PD 15.76; the authors' code on the same protocol 46.87 / 31.21 +- 0.22,
-PD 15.65. `--config.method=baseline` (same CPU) 56.85 / 38.43 +- 0.33, PD 18.42; theirs
+F2M with the authors' code as it runs on a current PyTorch (`--config.noise.backward_weights=clean`,
+the default until the noisy-weight backward of the paper's PyTorch replaced it; 2 CPU cores, one core,
+2026-11-26) 46.93 / 31.17 +- 0.21, PD 15.76; the authors' code (PyTorch 2.x) on the same protocol
+46.87 / 31.21 +- 0.22, PD 15.65. `--config.method=baseline` (same CPU) 56.85 / 38.43 +- 0.33, PD 18.42; theirs
 57.37 / 38.58 +- 0.27, PD 18.79.
 `:smoke` on 2 CPU cores: about a minute, session 1 about 50% (chance 5%).
 """

@@ -93,9 +93,11 @@ def base_config() -> ml_collections.ConfigDict:
   # 'all_passes': BN running statistics updated by the clean pass, then by each noisy pass in turn
   # (the original, 1 + M updates per step); 'clean': by the clean pass only
   c.noise.bn_updates = 'all_passes'
-  # True: a noised conv's input gradient uses the clean weight, as the original computes it (it
-  # restores p.data before backward); False: the exact gradient at phi + eps
-  c.noise.clean_backward = True
+  # The weights the noisy passes are differentiated at: 'noisy' (the exact gradient at phi + eps_j,
+  # Eq. 3, and what the authors' code computed on the PyTorch of the paper's runs, <= 1.9) or 'clean'
+  # (their code on PyTorch >= 1.10, which saves leaves by reference, so the backward sees the clean
+  # weights they restore into p.data before it; docs/method.md)
+  c.noise.backward_weights = 'noisy'
   c.noise.shared_trunk = True  # run the unperturbed trunk once per batch
   c.noise.draw_map = 'auto'  # 'vmap', 'unroll' (one pass per draw) or 'auto': unroll on CPU, vmap elsewhere
 

@@ -18,7 +18,8 @@ defaults to `$F2M_CUB_PRETRAINED`, else `$F2M_DATA_DIR/resnet18-f37072fd.pth`;
 
 The original's released settings (their CUB YAMLs; docs/method.md), with the same behaviours of
 the authors' code as configs/cifar100.py (DiscreteBeta noise, gamma = 2, PF without gradient, BN
-statistics from every pass, clean-weight backward): 3,603 base iterations of TaskSampler epochs
+statistics from every pass, the noisy passes differentiated at the noisy weights as on the PyTorch of
+the paper's runs): 3,603 base iterations of TaskSampler epochs
 (100 classes x 8 images, 3 batches of 256 = 32 classes x 8), SGD with lr 1e-3 for the backbone (BN
 included) and 1e-2 for the classifier (momentum 0.9, weight decay 5e-4), x 0.1 at 1,800 and 2,700;
 noise on the last K = 8 3x3 convs with true half-width b = 0.0001 (its config's bound_value 0.0002),

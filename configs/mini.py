@@ -10,8 +10,8 @@ the 60,000 JPEGs once into `$F2M_CACHE_DIR` (default ~/.cache/f2m_jax; about 1.5
 
 The original's released settings (their miniImageNet YAMLs; docs/method.md), with the same behaviours of
 the authors' code as configs/cifar100.py (DiscreteBeta noise, gamma = 2, PF without gradient, BN
-statistics from every pass, clean-weight backward, TaskSampler epochs): 28,503 base iterations of
-TaskSampler epochs (60 classes x 16 images, 3 batches of 256 = 16 classes x 16), SGD lr 0.1
+statistics from every pass, the noisy-weight backward of the paper's PyTorch, TaskSampler epochs):
+28,503 base iterations of TaskSampler epochs (60 classes x 16 images, 3 batches of 256 = 16 classes x 16), SGD lr 0.1
 (momentum 0.9, weight decay 5e-4) x 0.1 at 15,000 and 21,000; noise on the last K = 8 3x3 convs
 (layer3 and layer4) with true half-width b = 0.008 (its config's bound_value 0.016: noise levels
 {-0.008, 0, 0.004, 0.008}), M = 2 draws; prototype normalisation at test; 10 runs of shot draws.

@@ -62,10 +62,11 @@ if want fidelity; then
   run fid_gamma0 --config.noise.std_weight=0
   run fid_pf_grad --config.noise.pf_gradient=True
   run fid_uniform --config.noise.distribution=uniform
-  run fid_exact_grad --config.noise.clean_backward=False
+  # the authors' code on PyTorch >= 1.10 (the default is the paper's runs': the noisy-weight gradient)
+  run fid_clean_backward --config.noise.backward_weights=clean
   run fid_balanced --config.base.sampler=balanced
   run fid_paper --config.noise.bn_updates=clean --config.noise.std_weight=0 --config.noise.pf_gradient=True \
-      --config.noise.distribution=uniform --config.noise.clean_backward=False --config.base.sampler=balanced \
+      --config.noise.distribution=uniform --config.base.sampler=balanced \
       --config.incremental.round_steps=False
 fi
 # Upper bound (the paper's joint and cRT rows): one network per session and run, then cRT on them.

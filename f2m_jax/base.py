@@ -50,7 +50,8 @@ BN_UPDATES = ('all_passes', 'clean')
 class BaseObjective:
   """Static settings of the base objective.
 
-  model: the network; its `clean_backward` decides how noised convs are differentiated.
+  model: the network; its `clean_backward` decides how noised convs are differentiated
+    (config.noise.backward_weights).
   noise_paths: the noise set; empty means plain training (no draws).
   split: index of the first block holding a noised conv (the trunk is blocks [0, split)).
   num_draws: M. bound: b (the true half-width). pf_weight: lambda. std_weight: gamma.

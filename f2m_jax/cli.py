@@ -18,7 +18,7 @@ from f2m_jax import sharding
 from f2m_jax.checkpoint import CheckpointError
 from f2m_jax.data import sources
 from f2m_jax.experiment import TrainingError
-from f2m_jax.workdir import WorkdirError
+from f2m_jax.workdir import RENAMED_FIELDS, WorkdirError
 
 USER_ERRORS = (ValueError, FileNotFoundError, CheckpointError, WorkdirError)
 
@@ -168,6 +168,10 @@ def override_problem(argv):
     return None
   fields = _fields(config)
   for name, value in overrides:
+    if name in RENAMED_FIELDS and name not in fields:
+      new, values = RENAMED_FIELDS[name]
+      options = ' or '.join(f'--config.{new}={v!r} (the old {k})' for k, v in values.items())
+      return f'config.{name} was renamed: use {options}'
     if name not in fields:
       parent, _, leaf = name.rpartition('.')
       siblings = {k.rpartition('.')[2]: k for k in fields if k.rpartition('.')[0] == parent}

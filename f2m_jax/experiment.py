@@ -49,7 +49,7 @@ class Experiment:
   def create(cls, config, bench: Benchmark) -> 'Experiment':
     dtype = jnp.bfloat16 if config.model.dtype == 'bfloat16' else jnp.float32
     model = build_model(config.model.arch, bench.num_base_classes, config.model.width or None, dtype,
-                        clean_backward=config.noise.clean_backward, head=config.model.head)
+                        clean_backward=config.noise.backward_weights == 'clean', head=config.model.head)
     paths = tuple(noise_set_paths(model, config.noise.num_layers))
     return cls(config, bench, model, paths, split_block(model, paths))
 

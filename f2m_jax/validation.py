@@ -17,6 +17,7 @@ from f2m_jax.data import sources
 from f2m_jax.models import HEADS
 
 SAMPLERS = ('task_epochs', 'balanced', 'shuffle')
+BACKWARD_WEIGHTS = ('noisy', 'clean')
 
 
 def need(ok: bool, field: str, value, allowed: str) -> None:
@@ -32,6 +33,8 @@ def validate(c: ml_collections.ConfigDict) -> None:
   need(c.noise.bound >= 0, 'noise.bound', c.noise.bound, 'must be >= 0')
   need(c.noise.distribution in noise_lib.DISTRIBUTIONS, 'noise.distribution', c.noise.distribution,
        f'allowed: {noise_lib.DISTRIBUTIONS}')
+  need(c.noise.backward_weights in BACKWARD_WEIGHTS, 'noise.backward_weights', c.noise.backward_weights,
+       f'allowed: {BACKWARD_WEIGHTS}')
   need(c.noise.bn_updates in base_lib.BN_UPDATES, 'noise.bn_updates', c.noise.bn_updates,
        f'allowed: {base_lib.BN_UPDATES}')
   need(c.noise.pf_weight >= 0 and c.noise.std_weight >= 0, 'noise.pf_weight/std_weight',

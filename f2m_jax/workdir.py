@@ -23,8 +23,22 @@ NON_RESULT_FIELDS = ('data.data_dir', 'data.tfds_data_dir', 'data.cache_dir', 'b
 # did before the field existed: a saved config.json without the field is compared as if it held this
 # value, so such a workdir resumes unless the current config asks for something else.
 LEGACY_VALUES = {'data.split': '', 'noise.pf_gradient': True, 'noise.bn_updates': 'clean',
-                 'noise.clean_backward': False, 'base.select_on_test': False, 'base.select_every': 1500,
+                 'noise.backward_weights': 'noisy', 'base.select_on_test': False, 'base.select_every': 1500,
                  'model.head': 'linear'}
+
+# Fields renamed since workdirs were written: old name -> (new name, {old value: new value}). A saved
+# config.json is read in the new names; the old name given as an override is refused with the new one
+# (f2m_jax/cli.py).
+RENAMED_FIELDS = {'noise.clean_backward': ('noise.backward_weights', {True: 'clean', False: 'noisy'})}
+
+
+def renamed(flat: dict) -> dict:
+  """Flat config items with RENAMED_FIELDS' old names and values translated to the new ones."""
+  out = dict(flat)
+  for old, (new, values) in RENAMED_FIELDS.items():
+    if old in out:
+      out[new] = values[out.pop(old)]
+  return out
 
 
 def _ignored(key: str, ignore: Iterable[str]) -> bool:
@@ -52,7 +66,7 @@ def config_differences(saved: dict, current: dict, ignore: Iterable[str] = NON_R
   `method_sections` ({section: method}, f2m_jax/registry.py) names the sections one method alone
   reads: they are compared only when one of the two configs runs that method (so a workdir written
   before a method existed resumes, and its settings never block another method's resume)."""
-  a, b = flat_items(saved), flat_items(current)
+  a, b = renamed(flat_items(saved)), flat_items(current)
   a.update({k: v for k, v in LEGACY_VALUES.items() if k not in a and k in b})
   methods = {a.get('method'), b.get('method')}
   ignore = tuple(ignore) + tuple(f'{s}.' for s, m in (method_sections or {}).items() if m not in methods)
@@ -67,7 +81,7 @@ def saved_config(workdir: str, defaults: dict) -> dict:
     saved = json.load(f)
   items = flat_items(defaults)
   items.update(LEGACY_VALUES)
-  items.update(flat_items(saved))
+  items.update(renamed(flat_items(saved)))
   return traverse_util.unflatten_dict(items, sep='.')
 
 

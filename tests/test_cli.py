@@ -19,6 +19,9 @@ CASES = [
     ('--config.noise.enabled=maybe', "config.noise.enabled='maybe' is invalid", 'True or False'),
     ('--config.noise.M=-1', 'noise.M=-1 is invalid', 'must be >= 1'),
     ('--config.noise.distribution=gauss', "noise.distribution='gauss' is invalid", 'discrete_beta'),
+    ('--config.noise.clean_backward=True', 'config.noise.clean_backward was renamed',
+     "--config.noise.backward_weights='clean' (the old True)"),
+    ('--config.noise.backward_weights=exact', "noise.backward_weights='exact' is invalid", "('noisy', 'clean')"),
 ]
 
 

@@ -22,10 +22,12 @@ from f2m_jax.models.resnet import BN_MOMENTUM, fold_batch_stats
 
 
 def test_defaults_are_the_authors_code_and_baseline_turns_them_off():
+  """The authors' code as the paper's runs computed it: their behaviours, and the noisy passes
+  differentiated at the noisy weights (PyTorch <= 1.9; docs/method.md)."""
   for config in (cifar100.get_config(), mini.get_config(), cub200.get_config()):
     n = config.noise
-    assert (n.distribution, n.std_weight, n.pf_gradient, n.bn_updates, n.clean_backward, n.M) == (
-        'discrete_beta', 2.0, False, 'all_passes', True, 2)
+    assert (n.distribution, n.std_weight, n.pf_gradient, n.bn_updates, n.backward_weights, n.M) == (
+        'discrete_beta', 2.0, False, 'all_passes', 'noisy', 2)
     assert config.base.sampler == 'task_epochs' and config.base.batch_size == 256
     assert config.incremental.round_steps and not config.base.select_on_test
   assert [c.noise.bound for c in (cifar100.get_config(), mini.get_config(), cub200.get_config())] == [
@@ -226,12 +228,31 @@ def test_a_methods_own_section_is_compared_only_for_that_method():
   assert differences({'method': 'f2m'}, crt) == ['crt.epochs', 'crt.lr', 'method']
 
 
+def test_backward_weights_reach_the_network(smoke_config):
+  from f2m_jax.data import sources
+  bench = sources.load_benchmark(smoke_config)
+  for weights, clean in (('noisy', False), ('clean', True)):
+    smoke_config.noise.backward_weights = weights
+    assert experiment_lib.Experiment.create(pipeline.resolve(smoke_config), bench).model.clean_backward is clean
+
+
+def test_a_renamed_field_in_a_saved_config_reads_as_the_new_one():
+  """Workdirs written with noise.clean_backward (True was the default then) resume under
+  noise.backward_weights='clean', and only under it."""
+  from f2m_jax import workdir
+  saved = {'noise': {'clean_backward': True}}
+  assert workdir.config_differences(saved, {'noise': {'backward_weights': 'clean'}}) == []
+  assert workdir.config_differences(saved, {'noise': {'backward_weights': 'noisy'}}) == ['noise.backward_weights']
+  assert workdir.config_differences({'noise': {'clean_backward': False}}, {'noise': {'backward_weights': 'noisy'}}) == []
+  assert workdir.config_differences({'noise': {}}, {'noise': {'backward_weights': 'noisy'}}) == []  # older still
+
+
 def test_saved_config_fills_fields_added_later(tmp_path):
   import json
   from f2m_jax import workdir
   (tmp_path / 'config.json').write_text(json.dumps({'method': 'f2m', 'noise': {'bound': 0.01}}))
   defaults = {'method': 'f2m', 'noise': {'bound': 0.005, 'pf_gradient': False}, 'crt': {'lr': 0.1}}
   assert workdir.saved_config(str(tmp_path), defaults) == {
-      'method': 'f2m', 'noise': {'bound': 0.01, 'pf_gradient': True, 'bn_updates': 'clean', 'clean_backward': False},
+      'method': 'f2m', 'noise': {'bound': 0.01, 'pf_gradient': True, 'bn_updates': 'clean', 'backward_weights': 'noisy'},
       'crt': {'lr': 0.1}, 'data': {'split': ''}, 'base': {'select_on_test': False, 'select_every': 1500},
       'model': {'head': 'linear'}}
