@@ -16,7 +16,8 @@ from f2m_jax.models import ResNet
 
 def make_embed(model: ResNet, mean, std, batch_size: int = 500, first: int = 0,
                last: Optional[int] = None, logits: bool = False) -> Callable:
-  """embed(variables, inputs) -> float32 numpy, BN in eval mode, no augmentation, in batches padded
+  """embed(variables, inputs) -> numpy in the model's accumulation dtype (float32 unless the model
+  computes in float64), BN in eval mode, no augmentation, in batches padded
   to a fixed size so one compiled program serves every call.
 
   With first=0 the inputs are uint8 images (normalised with mean/std here); otherwise they are the
@@ -52,7 +53,7 @@ def prototypes(embeddings: np.ndarray, labels: np.ndarray, classes: Sequence[int
     if len(members) == 0:
       raise ValueError(f'no images of class {c} to build its prototype from')
     out.append(members.mean(axis=0))
-  return np.stack(out).astype(np.float32)
+  return np.stack(out).astype(np.result_type(embeddings.dtype, np.float32))
 
 
 @functools.partial(jax.jit, static_argnames='normalize')
@@ -75,7 +76,8 @@ def ncm_accuracies(embeddings: np.ndarray, labels: np.ndarray, protos: np.ndarra
   prototypes are padded to these sizes (the padded classes never predicted), so every session of a
   benchmark runs one compiled program; op by op, each session's shapes cost about 15 compiles (2 s
   a session on an H200)."""
-  embeddings, protos = np.asarray(embeddings, np.float32), np.asarray(protos, np.float32)
+  dtype = np.result_type(np.asarray(embeddings).dtype, np.asarray(protos).dtype, np.float32)  # float32 but in x64 tests
+  embeddings, protos = np.asarray(embeddings, dtype), np.asarray(protos, dtype)
   rows, classes = pad_to or (len(embeddings), len(protos))
   pred = ncm_predict_padded(pad_rows(embeddings, rows), pad_rows(protos, classes), np.int32(len(protos)), normalize)
   return accuracies_from_predictions(np.asarray(pred)[:len(embeddings)], labels, num_base)

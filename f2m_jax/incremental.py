@@ -7,7 +7,7 @@ optax update followed by `jnp.clip` to [phi* - b, phi* + b]; BatchNorm stays in 
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Mapping
+from typing import Callable, Mapping, Optional
 
 import jax
 import jax.numpy as jnp
@@ -96,19 +96,21 @@ def pad_rows(x, size: int, value=0):
   return np.concatenate([x, np.full((size - len(x),) + x.shape[1:], value, x.dtype)])
 
 
-def _finetune_steps(trainable, frozen, batch_stats, anchor, images, labels, stored, num_seen, key,
-                    settings: SessionSettings, tx: optax.GradientTransformation):
-  """The E steps of a session on flat dicts: returns (trainable, losses[E])."""
+def finetune_session(trainable, frozen, batch_stats, anchor, step_inputs: Callable, labels, stored, num_seen,
+                     settings: SessionSettings, tx: Optional[optax.GradientTransformation] = None):
+  """One session's E steps on flat dicts, from a fresh optimizer (`session_optimizer`): step i trains
+  on the network inputs `step_inputs(i)` (the session's images, augmented and normalised) with
+  `session_step`, so every step is rounded (round_steps) and clamped to the box around `anchor`
+  (phi*). Returns (trainable, losses[E])."""
+  tx = tx or session_optimizer(settings)
 
   def step(i, carry):
     trainable, opt_state, losses = carry
-    x = augment_lib.train_inputs(jax.random.fold_in(key, i), images, settings.augment,
-                                 settings.image_size, settings.mean, settings.std)
-    trainable, opt_state, loss = session_step(trainable, opt_state, frozen, batch_stats, anchor, x, labels,
-                                              stored, num_seen, settings, tx)
+    trainable, opt_state, loss = session_step(trainable, opt_state, frozen, batch_stats, anchor, step_inputs(i),
+                                              labels, stored, num_seen, settings, tx)
     return trainable, opt_state, losses.at[i].set(loss)
 
-  carry = (trainable, tx.init(trainable), jnp.zeros((settings.steps,), jnp.float32))
+  carry = (trainable, tx.init(trainable), jnp.zeros((settings.steps,), augment_lib.float_dtype()))
   # A Python loop (E is small). A lax.fori_loop once ran these steps up to 20x slower on XLA:CPU,
   # whose conv transposes are slow inside loops; since models/resnet.py writes them in Eigen's form
   # it gives the same losses (smoke run, bit for bit) and compiles 2 s faster of 43, so this stays.
@@ -116,6 +118,14 @@ def _finetune_steps(trainable, frozen, batch_stats, anchor, images, labels, stor
     carry = step(i, carry)
   trainable, _, losses = carry
   return trainable, losses
+
+
+def _finetune_steps(trainable, frozen, batch_stats, anchor, images, labels, stored, num_seen, key,
+                    settings: SessionSettings, tx: optax.GradientTransformation):
+  """`finetune_session` on uint8 `images`, step i augmented with fold_in(key, i)."""
+  step_inputs = lambda i: augment_lib.train_inputs(jax.random.fold_in(key, i), images, settings.augment,
+                                                   settings.image_size, settings.mean, settings.std)
+  return finetune_session(trainable, frozen, batch_stats, anchor, step_inputs, labels, stored, num_seen, settings, tx)
 
 
 def make_finetune(settings: SessionSettings, max_images: int = 0, max_classes: int = 0, mesh=None) -> Callable:

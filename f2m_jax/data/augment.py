@@ -7,10 +7,16 @@ import jax.numpy as jnp
 AUGMENTS = ('crop_flip', 'rrc_flip', 'none')
 
 
+def float_dtype():
+  """float32, or float64 where 64-bit computation is enabled (the float64 equivalence tests)."""
+  return jax.dtypes.canonicalize_dtype(jnp.float64)
+
+
 def normalize(images: jax.Array, mean, std) -> jax.Array:
   """uint8 [N, H, W, C] -> float32, (x / 255 - mean) / std (the original's torchvision Normalize)."""
-  x = images.astype(jnp.float32) / 255.0
-  return (x - jnp.asarray(mean, jnp.float32)) / jnp.asarray(std, jnp.float32)
+  dtype = float_dtype()
+  x = images.astype(dtype) / 255.0
+  return (x - jnp.asarray(mean, dtype)) / jnp.asarray(std, dtype)
 
 
 def eval_view(images, size: int):
@@ -75,4 +81,4 @@ def augment(key: jax.Array, images: jax.Array, kind: str, size: int) -> jax.Arra
 def train_inputs(key, images_u8, kind: str, size: int, mean, std) -> jax.Array:
   """uint8 training images -> augmented, normalised float32 network inputs. Crops pad with black
   before normalisation, as torchvision's RandomCrop does on the original's PIL images."""
-  return normalize(augment(key, images_u8.astype(jnp.float32), kind, size), mean, std)
+  return normalize(augment(key, images_u8.astype(float_dtype()), kind, size), mean, std)

@@ -44,11 +44,17 @@ def base_model(exp: Experiment, ckpts: Checkpoints, log, source: Optional[Checkp
     variables = {'params': best['params'], 'batch_stats': best['batch_stats']}
     print(f'base model: step {ckpts.best_base_step()} of {exp.config.base.steps}, chosen on the base TEST '
           f'images ({float(best["test_acc"]):.2f}%; base.select_on_test reads the test set)', flush=True)
-  bench = exp.bench
-  emb = exp.programs.get(*embed_spec(exp))(variables, exp.train_view(bench.base_train))
-  protos = evaluation.prototypes(emb, bench.train.labels[bench.base_train], bench.session_classes[0])
+  protos = base_prototypes(exp, variables)
   ckpts.save_model(variables['params'], variables['batch_stats'], protos)
   return {'params': variables['params'], 'batch_stats': variables['batch_stats'], 'prototypes': protos}
+
+
+def base_prototypes(exp: Experiment, variables) -> np.ndarray:
+  """Eq. 1 for the base classes under `variables`: the mean embedding of each base class's training
+  images in the test view, BN in eval mode (the run's one embedding program, exp.programs)."""
+  bench = exp.bench
+  emb = exp.programs.get(*embed_spec(exp))(variables, exp.train_view(bench.base_train))
+  return evaluation.prototypes(emb, bench.train.labels[bench.base_train], bench.session_classes[0])
 
 
 def nearest_mean_accuracies(exp, embed, state: dict, session: int) -> dict:

@@ -126,7 +126,7 @@ class NCMRunner(Runner):
 
   def _stored(self, session: int) -> np.ndarray:
     """Eq. 5's prototypes: the base ones, zero rows for the novel classes (batch means in the loss)."""
-    stored = np.zeros((self.exp.bench.num_seen_classes(session), self.base_protos.shape[1]), np.float32)
+    stored = np.zeros((self.exp.bench.num_seen_classes(session), self.base_protos.shape[1]), self.base_protos.dtype)
     stored[:len(self.base_protos)] = self.base_protos
     return stored
 

@@ -14,7 +14,9 @@ what their PyTorch code really computes:
   - the TaskSampler epoch (data/task_sampler.py) behind a DataLoader with drop_last;
   - the incremental step: eval-mode BN, Eq. 5 with squared distances and batch prototypes first,
     the step rounding to multiples of bound_value / reduction_factor with one doubled retry, torch
-    SGD, then the clamp to phi* +- bound_value / 2 (methods/mt_nb_model.py, methods/base_model.py).
+    SGD, then the clamp to phi* +- bound_value / 2 (methods/mt_nb_model.py, methods/base_model.py);
+  - the rest of a session: torchvision's RandomCrop(padding=4) + flip, prototypes in eval mode, NCM
+    with unit-norm prototypes (utils.pnorm) and raw queries.
 Shapes follow PyTorch (NCHW, OIHW); the fixture writer converts to the JAX layout.
 """
 from __future__ import annotations
@@ -188,7 +190,9 @@ class Embeddings(nn.Module):
 # IncrementalPTFixPNLoss; methods/base_model.py: clamp_range_params).
 def incremental_step(net, optimizer, x, base_prototypes, shots, params, anchors, bound_value, lr,
                      reduction_factor=4, max_steps=1):
-  """Returns (loss, ratios): ratios[i] is lr * grad / factor of params[i] before rounding."""
+  """One step on the class-contiguous batch x (ways blocks of `shots` images, novel classes in order).
+  Returns (loss, ratios, retried): ratios[i] is lr * grad / factor of params[i] before rounding,
+  retried[i] whether params[i] rounded to all zeros and took the doubled step."""
   optimizer.zero_grad()
   net.eval()
   emb, _ = net.forward_o_embeddings(x)
@@ -200,7 +204,7 @@ def incremental_step(net, optimizer, x, base_prototypes, shots, params, anchors,
   loss = F.cross_entropy(logits, labels)
   loss.backward()
   factor = bound_value / reduction_factor
-  ratios = []
+  ratios, retried = [], []
   for p in params:
     ratios.append((p.grad * lr / factor).detach().clone())
     q = torch.round(p.grad * lr / factor)
@@ -208,6 +212,7 @@ def incremental_step(net, optimizer, x, base_prototypes, shots, params, anchors,
     while n <= max_steps and bool((q == 0).all()):
       n += 1
       q = torch.round(p.grad * lr * n / factor)
+    retried.append(n > 1)
     p.grad = q * factor / lr
   optimizer.step()
   with torch.no_grad():
@@ -215,4 +220,38 @@ def incremental_step(net, optimizer, x, base_prototypes, shots, params, anchors,
       upper, lower = a + bound_value / 2, a - bound_value / 2
       p.data[p.data > upper] = upper[p.data > upper]
       p.data[p.data < lower] = lower[p.data < lower]
-  return float(loss.detach()), ratios
+  return float(loss.detach()), ratios, retried
+
+
+# ---------------------------------------------------------------------------------------------
+# The rest of an incremental session (methods/mt_nb_model.py: incremental_update, the NCM test;
+# torchvision's RandomCrop(32, padding=4) + RandomHorizontalFlip on uint8 images).
+def crop_flip(images_u8, rng, pad=4):
+  """RandomCrop(size, padding=pad) with black padding, then a horizontal flip with p = 0.5, per
+  image, drawn from the numpy Generator `rng`."""
+  n, h, w, _ = images_u8.shape
+  padded = np.pad(images_u8, ((0, 0), (pad, pad), (pad, pad), (0, 0)))
+  out = np.empty_like(images_u8)
+  for i in range(n):
+    dy, dx = rng.integers(0, 2 * pad + 1, size=2)
+    crop = padded[i, dy:dy + h, dx:dx + w]
+    out[i] = crop[:, ::-1] if rng.random() < 0.5 else crop
+  return out
+
+
+@torch.no_grad()
+def class_prototypes(net, x, labels, classes):
+  """Eq. 1 in eval mode (the test transform): the mean embedding of each class, in `classes` order."""
+  net.eval()
+  emb, _ = net.forward_o_embeddings(x)
+  return torch.stack([emb[torch.as_tensor(labels) == c].mean(dim=0) for c in classes])
+
+
+@torch.no_grad()
+def ncm_predictions(net, x, prototypes, normalize=True):
+  """Their NCM test: prototypes scaled to unit L2 norm (utils.pnorm), raw queries, argmin of the
+  squared Euclidean distance."""
+  net.eval()
+  emb, _ = net.forward_o_embeddings(x)
+  p = prototypes / prototypes.norm(dim=1, keepdim=True) if normalize else prototypes
+  return ((emb[:, None, :] - p[None, :, :]) ** 2).sum(dim=2).argmin(dim=1)
