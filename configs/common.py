@@ -35,8 +35,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.data.data_dir = ''  # empty: $F2M_DATA_DIR
   c.data.tfds_data_dir = ''  # empty: TFDS default (~/tensorflow_datasets)
   c.data.cache_dir = ''  # empty: $F2M_CACHE_DIR or ~/.cache/f2m_jax
+  # data.source='synthetic': generated images; `seed` is the data's own (a run's seed changes its
+  # training, not its data, as with real data: runs of several seeds see the same images)
   c.data.synthetic = ml_collections.ConfigDict(dict(
-      num_base=60, way=5, num_sessions=9, train_per_class=40, test_per_class=20, image_size=32))
+      num_base=60, way=5, num_sessions=9, train_per_class=40, test_per_class=20, image_size=32, seed=0))
 
   c.model = ml_collections.ConfigDict()
   c.model.arch = ''
@@ -120,6 +122,13 @@ def base_config() -> ml_collections.ConfigDict:
   for section, values in registry.config_sections().items():
     c[section] = ml_collections.ConfigDict(values)
 
+  # Several runs of this config in one program (f2m_jax/members.py): `seeds` (members differing in
+  # their seed), or `field` ('noise.bound') with `field_values` (members differing in that field). Each
+  # member trains its base session in one jitted step with all the others, then its sessions; the
+  # workdir holds member_<i>/ workdirs and summary.json. `map`: 'vmap' (over the member axis; seeds
+  # only), 'unroll' (the members side by side in one program) or 'auto' (vmap on GPU/TPU for seeds).
+  c.members = ml_collections.ConfigDict(dict(seeds=(), field='', field_values=(), map='auto'))
+
   c.eval = ml_collections.ConfigDict()
   c.eval.normalize_prototypes = True  # PN
   c.eval.batch_size = 500
@@ -163,6 +172,9 @@ def base_config() -> ml_collections.ConfigDict:
   # incremental phase's wall time, compile time. On a CPU (backend_defaults) at most 10 steps, 1 run.
   c.bench.whole_run_steps = 1000
   c.bench.whole_run_runs = 10
+  # S runs' base steps in one program (a seed sweep, f2m_jax/members.py) against S single steps, for
+  # every S here (() for none); on a CPU at most 4 (bench.backend_defaults)
+  c.bench.member_sizes = (1, 2, 4, 8, 16)
   return c
 
 

@@ -190,9 +190,10 @@ def apply_step(state: TrainState, x, labels, eps, objective: BaseObjective,
   return TrainState(state.step + 1, params, new_stats, opt_state), metrics
 
 
-def _step_fn(objective: BaseObjective, tx: optax.GradientTransformation, augment: str, image_size: int,
+def train_step_fn(objective: BaseObjective, tx: optax.GradientTransformation, augment: str, image_size: int,
              mean, std) -> Callable:
-  """The unjitted train step on a uint8 batch: augmentation and noise from fold_in(key, state.step)."""
+  """The unjitted train step on a uint8 batch: augmentation and noise from fold_in(key, state.step).
+  Pure, so it maps over a leading axis of several runs (f2m_jax/members.py)."""
 
   def train_step(state: TrainState, images, labels, key):
     k_aug, k_noise = jax.random.split(jax.random.fold_in(key, state.step))
@@ -211,7 +212,7 @@ def make_train_step(objective: BaseObjective, tx: optax.GradientTransformation, 
   The step's randomness is fold_in(key, state.step): augmentation and noise depend only on
   (key, step), so a resumed run repeats an uninterrupted one. With a `mesh` (f2m_jax.sharding) the
   step is one SPMD program over it: state and key replicated, images and labels sharded on axis 0."""
-  train_step = _step_fn(objective, tx, augment, image_size, mean, std)
+  train_step = train_step_fn(objective, tx, augment, image_size, mean, std)
   if mesh is not None:
     return sharding.jit_data_parallel(train_step, mesh)
   return jax.jit(train_step, donate_argnums=(0,))
@@ -229,7 +230,7 @@ def make_multi_step(objective: BaseObjective, tx: optax.GradientTransformation, 
   runs the same compiled program instead of compiling its own (11 s on the H200 for ResNet-20).
   Step i is exactly `make_train_step`'s step on the same batch, so N scanned steps equal N single
   steps (tests/test_speed.py); the metrics of every step come back."""
-  train_step = _step_fn(objective, tx, augment, image_size, mean, std)
+  train_step = train_step_fn(objective, tx, augment, image_size, mean, std)
 
   def multi_step(state: TrainState, images, labels, indices, num_steps, key):
     def body(state, xs):

@@ -36,11 +36,13 @@ import time
 from typing import Callable, Optional, Sequence
 
 import jax
+import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
 from f2m_jax import base as base_lib
 from f2m_jax import incremental
+from f2m_jax import members
 from f2m_jax import noise as noise_lib
 from f2m_jax import objectives
 from f2m_jax import pipeline
@@ -243,6 +245,44 @@ def _ncm_cases(exp: Experiment) -> list:
           Case('ncm_eval_suffix', None, len(images), ncm(split), (variables, trunk, protos))]
 
 
+def member_cases(config: ml_collections.ConfigDict, mesh) -> list:
+  """The F2M base step of one run, then of S runs (members of a seed sweep) in one program for every
+  S of bench.member_sizes, mapped as members.map (vmap on GPU/TPU, unroll on a CPU): timed in the
+  same rounds, so each S's speed-up over S single steps is a ratio of one run."""
+  batch = base_batch(config)
+  bench = random_benchmark(config, batch, config.eval.batch_size)
+  sweep = ml_collections.ConfigDict(config.to_dict())
+  sweep.members.seeds = tuple(range(max(config.bench.member_sizes)))
+  mapping = members.member_map(sweep, same_objective=True)
+  exps = [Experiment.create(c, bench) for c in members.member_configs(sweep)]
+  images, labels = bench.train.images[:batch], (np.arange(batch) * bench.num_base_classes // batch).astype(np.int32)
+  single = base_lib.make_train_step(exps[0].base_objective(), exps[0].optimizer(), bench.augment, bench.image_size,
+                                    bench.mean, bench.std, mesh=mesh)
+  x, y = sharding.shard_batch(mesh, images, labels)
+  cases = [Case('members_1_single', 1, batch, single,
+                (sharding.replicate(exps[0].init_state(), mesh), x, y, sharding.replicate(exps[0].key(0), mesh)),
+                lambda args, out: (out[0],) + args[1:])]
+  for s in config.bench.member_sizes:
+    group = exps[:s]
+    stacked = (members.stack([e.init_state() for e in group]), jnp.asarray(np.stack([images] * s)),
+               jnp.asarray(np.stack([labels] * s)), jnp.stack([e.key(0) for e in group]))
+    cases.append(Case(f'members_{s}_{mapping}', s, s * batch, members.make_member_step(group, mapping), stacked,
+                      lambda args, out: (out[0],) + args[1:]))
+  return cases
+
+
+def format_members(records: Sequence[dict]) -> str:
+  """S runs' base steps in one program against S single steps (the first record)."""
+  single = records[0]
+  lines = [f"{'members':<20} {'S':>3} {'ms per call':>12} {'run-steps/s':>12} {'x S single steps':>17} {'compile s':>9}"]
+  for r in records:
+    s = r['M']
+    speedup = s * single['step_ms_median'] / r['step_ms_median']
+    lines.append(f"{r['variant']:<20} {s:>3} {r['step_ms_median']:>12.1f} {1e3 * s / r['step_ms_median']:>12.2f} "
+                 f"{speedup:>17.2f} {r['compile_s']:>9.1f}")
+  return '\n'.join(lines)
+
+
 def _row(r: dict, plain: dict) -> str:
   ratio = (f"{r['step_ms_median'] / plain['step_ms_median']:6.2f}"
            if r['variant'].startswith(('plain', 'f2m')) else '     -')
@@ -334,6 +374,7 @@ def format_whole_runs(rows: Sequence[dict]) -> str:
 CPU_DTYPES = ('float32',)
 CPU_M_LIST = (2, 4)
 CPU_WHOLE_RUN = dict(steps=10, runs=1)  # an F2M step of the full config takes seconds on a CPU
+CPU_MAX_MEMBERS = 4  # the members unrolled: compile time grows with S, the speed does not
 
 
 def for_backend(config: ml_collections.ConfigDict, backend: str) -> ml_collections.ConfigDict:
@@ -349,6 +390,7 @@ def for_backend(config: ml_collections.ConfigDict, backend: str) -> ml_collectio
     config.bench.other_draw_map = False
     config.bench.whole_run_steps = min(config.bench.whole_run_steps, CPU_WHOLE_RUN['steps'])
     config.bench.whole_run_runs = min(config.bench.whole_run_runs, CPU_WHOLE_RUN['runs'])
+    config.bench.member_sizes = tuple(s for s in config.bench.member_sizes if s <= CPU_MAX_MEMBERS)
   return config
 
 
@@ -364,6 +406,12 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> list:
     new = bench_dtype(config, dtype, mesh)
     print(format_table(new), flush=True)
     records.extend(new)
+  member_records = []
+  if config.bench.member_sizes:
+    cases = member_cases(config, mesh)
+    member_records = [_record(c, 'float32', t) for c, t in
+                      zip(cases, time_cases(cases, config.bench.warmup, config.bench.iters))]
+    print(format_members(member_records), flush=True)
   whole = []
   if config.bench.whole_run_steps > 0:
     whole = [whole_run(config, m, config.bench.whole_run_steps, config.bench.whole_run_runs)
@@ -372,7 +420,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> list:
   os.makedirs(workdir, exist_ok=True)
   path = output_path(workdir)
   with open(path, 'w') as f:
-    json.dump({'provenance': workdir_lib.provenance(config.to_dict()), 'records': records, 'whole_runs': whole},
-              f, indent=1)
+    json.dump({'provenance': workdir_lib.provenance(config.to_dict()), 'records': records, 'whole_runs': whole,
+               'members': member_records}, f, indent=1)
   print(f'bench records written to {path}', flush=True)
   return records

@@ -12,6 +12,7 @@ from absl import flags
 from absl import logging
 
 from f2m_jax import bench
+from f2m_jax import members
 from f2m_jax import pipeline
 from f2m_jax import report
 from f2m_jax import sharding
@@ -29,6 +30,11 @@ def main(config, workdir: str, mode: str, checkpoint=None) -> int:
     sharding.maybe_initialize_distributed(config.get('distributed', False))
     if mode != 'bench':
       enable_compilation_cache(config)
+    if mode in ('train', 'eval') and members.enabled(config):
+      summary = members.run(config, workdir, mode=mode, checkpoint=checkpoint)
+      print(members.format_summary(summary), flush=True)
+      print(f'summary written to {workdir}/summary.json; each member in {workdir}/member_<i>/', flush=True)
+      return 0
     if mode in ('train', 'eval'):
       results = pipeline.run(config, workdir, mode=mode, checkpoint=checkpoint)
       print(report.format_session_table(results), flush=True)

@@ -17,6 +17,7 @@ from f2m_jax.data import sources
 from f2m_jax.models import HEADS
 
 SAMPLERS = ('task_epochs', 'balanced', 'shuffle')
+MEMBER_MAPS = ('auto', 'vmap', 'unroll')
 BACKWARD_WEIGHTS = ('noisy', 'clean')
 
 
@@ -75,6 +76,7 @@ def validate(c: ml_collections.ConfigDict) -> None:
          "the class splits have no TOPIC lists: use 'draws'")
   need(c.model.dtype in ('float32', 'bfloat16'), 'model.dtype', c.model.dtype, "'float32' or 'bfloat16'")
   need(c.model.head in HEADS, 'model.head', c.model.head, f'allowed: {HEADS}')
+  need(c.members.map in MEMBER_MAPS, 'members.map', c.members.map, f'allowed: {MEMBER_MAPS}')
   need(c.compile_ahead in programs_lib.MODES, 'compile_ahead', c.compile_ahead, f'allowed: {programs_lib.MODES}')
 
 

@@ -16,7 +16,7 @@ from flax import traverse_util
 NON_RESULT_FIELDS = ('data.data_dir', 'data.tfds_data_dir', 'data.cache_dir', 'base.log_every',
                      'base.checkpoint_every', 'base.data_placement', 'base.steps_per_call', 'base.prefetch',
                      'incremental.parallel_runs', 'eval.batch_size', 'eval.cache_trunk', 'distributed',
-                     'tensorboard', 'compilation_cache', 'compile_ahead', 'bench.', 'flatness.')
+                     'tensorboard', 'compilation_cache', 'compile_ahead', 'members.map', 'bench.', 'flatness.')
 
 
 # Fields added after workdirs were already being written, with the value that reproduces what a run
@@ -24,7 +24,7 @@ NON_RESULT_FIELDS = ('data.data_dir', 'data.tfds_data_dir', 'data.cache_dir', 'b
 # value, so such a workdir resumes unless the current config asks for something else.
 LEGACY_VALUES = {'data.split': '', 'noise.pf_gradient': True, 'noise.bn_updates': 'clean',
                  'noise.backward_weights': 'noisy', 'base.select_on_test': False, 'base.select_every': 1500,
-                 'model.head': 'linear'}
+                 'model.head': 'linear', 'data.synthetic.seed': 0}
 
 # Fields renamed since workdirs were written: old name -> (new name, {old value: new value}). A saved
 # config.json is read in the new names; the old name given as an override is refused with the new one

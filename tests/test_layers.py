@@ -26,6 +26,7 @@ LAYERS = (
     ('methods', ('methods.*',)),
     ('registry', ('registry',)),
     ('pipeline', ('pipeline',)),
+    ('sweeps', ('members',)),
     ('entry points', ('bench', 'cli', '__init__')),
 )
 

@@ -26,7 +26,7 @@ def load_benchmark(config) -> Benchmark:
   source, dataset = config.data.source, config.data.dataset
   if source == 'synthetic':
     s = config.data.synthetic
-    return make_synthetic(seed=config.seed, num_base=s.num_base, way=s.way, num_sessions=s.num_sessions,
+    return make_synthetic(seed=s.get('seed', 0), num_base=s.num_base, way=s.way, num_sessions=s.num_sessions,
                           train_per_class=s.train_per_class, test_per_class=s.test_per_class,
                           image_size=s.image_size)
   if dataset == 'cifar100' and source in ('tfds', 'trainsplit'):

@@ -1,0 +1,248 @@
+"""Several runs of one config in one program: a member axis over S base trainings.
+
+`config.members.seeds = (0, 1, 2)` runs S = 3 members that differ in their seed (init, batches,
+augmentation, noise, shot draws), or `members.field = 'noise.bound'` with `members.field_values = (...)`
+members that differ in that one scalar. Each member is exactly the single run of its own config: the
+base sessions of all members train in lockstep, one jitted program per step holding every member
+(`jax.vmap` over the member axis, or the members written out side by side: `members.map`), on the
+training images shared by all; each member's batch is gathered from them by its own indices, a pure
+function of its seed and the step. Then each member's sessions run through the usual pipeline.
+
+The sweep's folder holds `config.json` (the sweep's config), `member_<i>/` (a complete workdir per
+member: its config.json, metrics, checkpoints, results; resumable and usable as --checkpoint) and
+`summary.json`: per session the mean and 95% interval over the members (of each member's mean over
+its draws), in results.json's format so the report module reads it, and under 'pooled' the same
+over members x draws. Rerunning the same command resumes: the base sessions from the last step every
+member saved, the sessions member by member.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import time
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+from tqdm import tqdm
+
+from f2m_jax import base as base_lib
+from f2m_jax import evaluation
+from f2m_jax import pipeline
+from f2m_jax import prefetch as prefetch_lib
+from f2m_jax import registry
+from f2m_jax import workdir as workdir_lib
+from f2m_jax.checkpoint import Checkpoints
+from f2m_jax.data import sources
+from f2m_jax.experiment import Experiment, Hook, TrainingError
+from f2m_jax.validation import MEMBER_MAPS, need
+
+FIELDS = ('noise.bound',)  # scalars a sweep may vary besides the seed (members written out side by side)
+
+
+def enabled(config) -> bool:
+  return bool(config.members.seeds) or bool(config.members.field_values)
+
+
+def validate(config) -> None:
+  m = config.members
+  need(m.map in MEMBER_MAPS, 'members.map', m.map, f'allowed: {MEMBER_MAPS}')
+  need(m.seeds or m.field_values, 'members.seeds', tuple(m.seeds), 'a sweep needs members.seeds or members.field_values')
+  need(not (m.seeds and m.field_values), 'members.seeds', tuple(m.seeds),
+       'a sweep varies the seed or members.field, not both')
+  if m.field_values:
+    need(m.field in FIELDS, 'members.field', m.field, f'allowed with members.field_values: {FIELDS}')
+  need(len(set(m.seeds)) == len(m.seeds) and len(set(m.field_values)) == len(m.field_values), 'members',
+       (m.seeds, m.field_values), 'values must be distinct')
+  need(config.base.select_on_test is False, 'base.select_on_test', config.base.select_on_test,
+       'not with members (each member would keep its own best step)')
+
+
+def member_configs(config) -> list:
+  """The config of each member: the sweep's, with its seed or field value and no members."""
+  out = []
+  m = config.members
+  for value in (m.seeds or m.field_values):
+    c = ml_collections.ConfigDict(config.to_dict())
+    c.members.seeds, c.members.field_values, c.members.field = (), (), ''
+    if m.seeds:
+      c.seed = int(value)
+    else:
+      section, _, leaf = m.field.rpartition('.')
+      c[section][leaf] = type(c[section][leaf])(value)
+    out.append(c)
+  return out
+
+
+def member_map(config, same_objective: bool) -> str:
+  """'vmap' or 'unroll': members.map, with 'auto' = vmap on GPU/TPU where every member has the same
+  objective (a seed sweep), members written out side by side otherwise (on XLA:CPU a vmapped
+  convolution with a kernel per member becomes a slower grouped one, as for the M noise draws)."""
+  m = config.members.map
+  if m == 'vmap' and not same_objective:
+    raise ValueError(f'members.map=vmap maps one objective over the members; members.field={config.members.field!r} '
+                     "gives each its own: use 'unroll' or 'auto'")
+  if m == 'auto':
+    return 'vmap' if same_objective and jax.default_backend() != 'cpu' else 'unroll'
+  return m
+
+
+def make_member_step(exps, mapping: str):
+  """step(states, images [S, B, ...], labels [S, B], keys [S]) -> (states, metrics [S]): each member's
+  base train step (base_lib's, with its own objective, augmentation and noise from fold_in(key,
+  step)) in one jitted program, mapped over the leading member axis."""
+  steps = [base_lib.train_step_fn(e.base_objective(), e.optimizer(), e.bench.augment, e.bench.image_size,
+                                  e.bench.mean, e.bench.std) for e in exps]
+  if mapping == 'vmap':
+    return jax.jit(jax.vmap(steps[0]), donate_argnums=(0,))
+
+  def unrolled(states, images, labels, keys):
+    outs = [step(jax.tree_util.tree_map(lambda x: x[i], states), images[i], labels[i], keys[i])
+            for i, step in enumerate(steps)]
+    return jax.tree_util.tree_map(lambda *v: jnp.stack(v), *outs)
+
+  return jax.jit(unrolled, donate_argnums=(0,))
+
+
+def stack(trees):
+  return jax.tree_util.tree_map(lambda *v: jnp.stack([jnp.asarray(x) for x in v]), *trees)
+
+
+def unstack(tree, i: int):
+  return jax.tree_util.tree_map(lambda x: x[i], tree)
+
+
+def train_members(exps, ckpts, logs, mapping: str, hook: Hook = None) -> None:
+  """The base sessions of all members in lockstep, from the last step every member saved, each
+  member's state saved into its own workdir at its checkpoint steps and at the end."""
+  cfg = exps[0].config.base
+  saved = [c.latest_base_step() for c in ckpts]
+  start = None if any(s is None for s in saved) else min(saved)
+  if start is not None and start >= cfg.steps:
+    return
+  if start is None:
+    states = [e.init_state() for e in exps]
+  else:
+    states = [c.restore_base_state(e.state_template(), start) for e, c in zip(exps, ckpts)]
+    print(f'resuming the base sessions of {len(exps)} members at step {start}/{cfg.steps}', flush=True)
+  start = start or 0
+  state = stack(states)
+  keys = jnp.stack([e.key(0) for e in exps])
+  step_fn = make_member_step(exps, mapping)
+  images, labels = exps[0].bench.train.images, exps[0].bench.train.labels
+
+  def host_part(step):  # every member's batch: its own indices into the shared images
+    idx = np.stack([e.batch_indices(step) for e in exps])
+    return jnp.asarray(images[idx]), jnp.asarray(labels[idx])
+
+  bar = tqdm(total=cfg.steps, initial=start, desc=f'base sessions of {len(exps)} members ({mapping})',
+             file=sys.stdout, mininterval=2.0)
+  window, t0 = [], time.time()
+  with contextlib.closing(prefetch_lib.prefetch(host_part, range(start, cfg.steps), cfg.prefetch)) as batches:
+    for step, (x, y) in zip(range(start, cfg.steps), batches):
+      state, metrics = step_fn(state, x, y, keys)
+      metrics = jax.device_get(metrics)
+      done = step + 1
+      bad = np.flatnonzero(~np.asarray(metrics['finite']))
+      if bad.size:
+        raise TrainingError(f'non-finite loss or parameters in member {int(bad[0])} at base step {done}')
+      window.append(metrics)
+      bar.update(1)
+      if done % cfg.log_every == 0 or done == cfg.steps:
+        rate = round(len(window) / (time.time() - t0), 3)
+        for i, log in enumerate(logs):
+          avg = {k: float(np.mean([w[k][i] for w in window])) for k in ('loss', 'ce', 'pf', 'acc', 'ce_clean')}
+          log.write(phase='base', step=done, steps_per_s=rate, members=len(exps), **avg)
+        window, t0 = [], time.time()
+      if done % cfg.checkpoint_every == 0 or done == cfg.steps:
+        host = jax.device_get(state)
+        for i, c in enumerate(ckpts):
+          c.save_base_state(done, unstack(host, i))
+      if hook:
+        hook('base_step', step=done)
+  bar.close()
+
+
+def summarize(member_results: list) -> dict:
+  """results.json's format over the members: each session's accuracies as the mean and 95% interval
+  of the members' means; 'pooled': the same over members x draws; 'members': the members' means."""
+  def over(values_per_member, pool):
+    vals = [v for vs in values_per_member for v in vs] if pool else [float(np.mean(vs)) for vs in values_per_member]
+    return evaluation.summarize(vals)
+
+  def doc(pool):
+    sessions = []
+    for t, s in enumerate(member_results[0]['sessions']):
+      entry = {'session': s['session'], 'num_classes': s['num_classes']}
+      for key in ('acc', 'acc_base', 'acc_novel', 'hm'):
+        per = [r['sessions'][t][key] for r in member_results]
+        entry[key] = None if any(p is None for p in per) else over([p['runs'] for p in per], pool)
+      sessions.append(entry)
+    drops = [np.asarray(r['sessions'][0]['acc']['runs']) - np.asarray(r['sessions'][-1]['acc']['runs'])
+             for r in member_results]
+    averages = [np.mean([s['acc']['runs'] for s in r['sessions']], axis=0) for r in member_results]
+    pd = over([d.tolist() for d in drops], pool)
+    avg = over([a.tolist() for a in averages], pool)
+    return {'sessions': sessions, 'pd': {'mean': pd['mean'], 'ci95': pd['ci95']},
+            'avg': {'mean': avg['mean'], 'ci95': avg['ci95']}}
+
+  head = member_results[0]
+  out = {'dataset': head['dataset'], 'method': head['method'], 'protocol': head['protocol'],
+         'runs': len(member_results), 'interval_over': 'members', **doc(pool=False)}
+  out['pooled'] = {'runs': sum(r['runs'] for r in member_results), 'interval_over': 'members x draws',
+                   **doc(pool=True)}
+  return out
+
+
+def run(config: ml_collections.ConfigDict, root: str, mode: str = 'train', checkpoint: Optional[str] = None,
+        hook: Hook = None) -> dict:
+  """The sweep: every member's base session in one program, then each member's sessions; writes
+  root/summary.json and returns it."""
+  if checkpoint:
+    raise ValueError('--checkpoint takes one base model; a member sweep trains its own')
+  validate(config)
+  configs = [pipeline.resolve(c) for c in member_configs(config)]
+  workdir_lib.prepare(root, config.to_dict())
+  dirs = [os.path.join(root, f'member_{i}') for i in range(len(configs))]
+  bench = sources.load_benchmark(configs[0])
+  exps = [Experiment.create(c, bench) for c in configs]
+  if mode == 'train':
+    ckpts, logs = [], []
+    for d, c in zip(dirs, configs):
+      workdir_lib.prepare(d, c.to_dict(), registry.method_sections())
+      ckpts.append(Checkpoints(d))
+      logs.append(workdir_lib.MetricsLog(d, tensorboard=False))
+    try:
+      if not all(ck.has_model() for ck in ckpts):
+        train_members(exps, ckpts, logs, member_map(config, same_objective=not config.members.field_values), hook)
+    finally:
+      for ck in ckpts:
+        ck.close()
+      for log in logs:
+        log.close()
+  results = [pipeline.run(c, d, mode=mode, hook=hook) for c, d in zip(configs, dirs)]
+  summary = summarize(results)
+  summary['members'] = [{'workdir': os.path.basename(d), 'seed': int(c.seed),
+                         **({config.members.field: v} if config.members.field_values else {}),
+                         'acc_last': r['sessions'][-1]['acc']['mean'], 'pd': r['pd']['mean']}
+                        for d, c, r, v in zip(dirs, configs, results, config.members.field_values or [None] * len(dirs))]
+  summary['provenance'] = workdir_lib.provenance(config.to_dict())
+  workdir_lib.atomic_write(os.path.join(root, 'summary.json'), json.dumps(summary, indent=1))
+  return summary
+
+
+
+def format_summary(summary: dict) -> str:
+  """Per session: the mean over the members and its 95% interval, then over members x draws."""
+  lines = [f'{summary["runs"]} members: accuracy per session, mean +- 95% interval over the members '
+           '(over members x draws)']
+  for s, p in zip(summary['sessions'], summary['pooled']['sessions']):
+    lines.append(f'  session {s["session"]:2d}: {s["acc"]["mean"]:6.2f} +- {s["acc"]["ci95"]:.2f} '
+                 f'(+- {p["acc"]["ci95"]:.2f})')
+  lines.append(f'  PD {summary["pd"]["mean"]:.2f} +- {summary["pd"]["ci95"]:.2f}, '
+               f'AVG {summary["avg"]["mean"]:.2f} +- {summary["avg"]["ci95"]:.2f}')
+  return '\n'.join(lines)

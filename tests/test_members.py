@@ -1,0 +1,150 @@
+"""A member axis (f2m_jax/members.py): S base trainings in one program equal S single runs, a resumed
+sweep equals an uninterrupted one, and the summary's intervals are over members and members x draws."""
+from __future__ import annotations
+
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from conftest import Interrupt, without_provenance
+from configs import cifar100
+from f2m_jax import base as base_lib
+from f2m_jax import evaluation
+from f2m_jax import members
+from f2m_jax import pipeline
+from f2m_jax.checkpoint import Checkpoints
+from f2m_jax.data import sources
+from f2m_jax.experiment import Experiment
+
+SEEDS = (0, 1, 2)
+
+
+def tiny(seed: int = 0, **members_fields):
+  """The smoke config shrunk: 10 base classes and 2 sessions of 2-way 5-shot, 2 runs, 20 base steps."""
+  c = cifar100.get_config('smoke')
+  c.seed, c.runs, c.tensorboard = seed, 2, False
+  c.data.synthetic.update(num_base=10, num_sessions=3)
+  c.base.update(steps=20, milestones=(15,), log_every=5, checkpoint_every=5, ways=5)
+  c.members.update(members_fields)
+  return c
+
+
+@pytest.fixture(scope='module')
+def sweep(tmp_path_factory):
+  """(the sweep's folder, its summary, the folders of the single runs of each seed)."""
+  root = str(tmp_path_factory.mktemp('sweep') / 'sweep')
+  summary = members.run(tiny(seeds=SEEDS, map='unroll'), root)
+  singles = []
+  for seed in SEEDS:
+    workdir = str(tmp_path_factory.mktemp(f'single{seed}') / 'run')
+    pipeline.run(tiny(seed), workdir)
+    singles.append(workdir)
+  return root, summary, singles
+
+
+def base_model(workdir: str, seed: int) -> dict:
+  config = pipeline.resolve(tiny(seed))
+  exp = Experiment.create(config, sources.load_benchmark(config))
+  template = {**exp.variables_template(), 'prototypes': np.zeros((10, exp.embedding_dim()), np.float32)}
+  return Checkpoints(workdir, read_only=True).restore_model(template)
+
+
+def test_a_sweep_of_three_seeds_equals_three_single_runs(sweep):
+  root, summary, singles = sweep
+  for i, (seed, single) in enumerate(zip(SEEDS, singles)):
+    member = os.path.join(root, f'member_{i}')
+    with open(os.path.join(member, 'results.json')) as f:
+      ours = json.load(f)
+    with open(os.path.join(single, 'results.json')) as f:
+      theirs = json.load(f)
+    assert ours['provenance']['config']['seed'] == seed
+    for a, b in zip(ours['sessions'], theirs['sessions']):  # accuracies equal
+      assert a['acc'] == b['acc'] and a['acc_base'] == b['acc_base'], (seed, a['session'])
+    mine, single_model = base_model(member, seed), base_model(single, seed)
+    for x, y in zip(jax.tree_util.tree_leaves(mine), jax.tree_util.tree_leaves(single_model)):
+      np.testing.assert_allclose(x, y, rtol=0, atol=1e-5 * np.abs(y).max())  # parameters to float tolerance
+  # the seeds really differ, and the summary is over them
+  accs = [summary['members'][i]['acc_last'] for i in range(3)]
+  assert len(set(accs)) > 1
+  assert summary['sessions'][-1]['acc']['mean'] == pytest.approx(np.mean(accs))
+
+
+def test_a_resumed_sweep_equals_an_uninterrupted_one(sweep, tmp_path):
+  root = str(tmp_path / 'sweep')
+
+  def stop(kind, **info):
+    if kind == 'base_step' and info['step'] == 12:
+      raise Interrupt
+
+  with pytest.raises(Interrupt):
+    members.run(tiny(seeds=SEEDS, map='unroll'), root, hook=stop)
+  assert not os.path.exists(os.path.join(root, 'summary.json'))
+  resumed = members.run(tiny(seeds=SEEDS, map='unroll'), root)
+  strip = lambda s: {k: v for k, v in without_provenance(s).items() if k != 'members'}
+  assert strip(resumed) == strip(sweep[1])
+  for i in range(3):
+    with open(os.path.join(root, f'member_{i}', 'results.json')) as f, \
+         open(os.path.join(sweep[0], f'member_{i}', 'results.json')) as g:
+      assert without_provenance(json.load(f)) == without_provenance(json.load(g))
+
+
+def test_vmapped_members_equal_single_steps():
+  """The member axis mapped with jax.vmap (the GPU/TPU default) gives each member its own single
+  step's result to float rounding; at a small learning rate, so three steps do not amplify it."""
+  config = tiny(seeds=SEEDS)
+  config.base.lr = 1e-3
+  bench = sources.load_benchmark(pipeline.resolve(tiny()))
+  exps = [Experiment.create(pipeline.resolve(c), bench) for c in members.member_configs(config)]
+  step = members.make_member_step(exps, 'vmap')
+  single = jax.jit(base_lib.train_step_fn(exps[0].base_objective(), exps[0].optimizer(), bench.augment,
+                                          bench.image_size, bench.mean, bench.std))
+  states = [e.init_state() for e in exps]
+  stacked, keys = members.stack(states), jnp.stack([e.key(0) for e in exps])
+  for t in range(3):
+    idx = np.stack([e.batch_indices(t) for e in exps])
+    x, y = jnp.asarray(bench.train.images[idx]), jnp.asarray(bench.train.labels[idx])
+    stacked, _ = step(stacked, x, y, keys)
+    states = [single(s, x[i], y[i], e.key(0))[0] for i, (s, e) in enumerate(zip(states, exps))]
+  for i, s in enumerate(states):
+    leaves = jax.tree_util.tree_leaves(s.params)
+    scale = max(float(np.abs(np.asarray(b)).max()) for b in leaves)  # float32 rounding is relative to the weights
+    for a, b in zip(jax.tree_util.tree_leaves(members.unstack(stacked, i).params), leaves):
+      np.testing.assert_allclose(a, b, rtol=0, atol=1e-6 * scale)
+
+
+def test_summary_intervals_over_members_and_over_members_and_draws():
+  def doc(per_run):
+    acc = np.asarray(per_run)
+    return evaluation.build_results('d', 'f2m', 'draws', [10, 12], [[{'acc': a, 'acc_base': a, 'acc_novel': None if t == 0 else a,
+                                                                     'hm': None} for t, a in enumerate(run)]
+                                                                   for run in acc])
+  a, b = doc([[50.0, 40.0], [52.0, 42.0]]), doc([[60.0, 30.0], [62.0, 34.0]])
+  s = members.summarize([a, b])
+  assert s['sessions'][1]['acc'] == evaluation.summarize([41.0, 32.0])  # the members' means
+  assert s['pooled']['sessions'][1]['acc'] == evaluation.summarize([40.0, 42.0, 30.0, 34.0])
+  assert s['pd']['mean'] == pytest.approx(np.mean([10.0, 29.0]))
+  assert s['runs'] == 2 and s['pooled']['runs'] == 4
+
+
+@pytest.mark.parametrize('fields, message', [
+    (dict(seeds=(0, 1), field='noise.bound', field_values=(0.01, 0.02)), 'not both'),
+    (dict(field='base.lr', field_values=(0.1, 0.2)), "members.field='base.lr' is invalid"),
+    (dict(seeds=(0, 0)), 'distinct'),
+    (dict(seeds=(0, 1), map='scan'), "members.map='scan' is invalid"),
+])
+def test_bad_sweeps_are_refused_before_anything_is_written(tmp_path, fields, message):
+  with pytest.raises(ValueError, match=message):
+    members.run(tiny(**fields), str(tmp_path / 'w'))
+  assert not (tmp_path / 'w').exists()
+
+
+def test_a_field_sweep_gives_each_member_its_value():
+  configs = members.member_configs(tiny(field='noise.bound', field_values=(0.001, 0.01)))
+  assert [c.noise.bound for c in configs] == [0.001, 0.01]
+  assert all(c.seed == 0 and not members.enabled(c) for c in configs)
+  with pytest.raises(ValueError, match='members.map=vmap'):
+    members.member_map(tiny(field='noise.bound', field_values=(0.001, 0.01), map='vmap'), same_objective=False)
