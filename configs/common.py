@@ -197,5 +197,6 @@ def make_smoke(c: ml_collections.ConfigDict) -> None:
   c.eval.batch_size = 250
   c.bench.M_list = (1, 2)
   c.bench.iters = 3
+  c.bench.member_sizes = (1, 2)
   for section, values in registry.smoke_overrides().items():
     c[section].update(values)

@@ -148,3 +148,14 @@ def test_a_field_sweep_gives_each_member_its_value():
   assert all(c.seed == 0 and not members.enabled(c) for c in configs)
   with pytest.raises(ValueError, match='members.map=vmap'):
     members.member_map(tiny(field='noise.bound', field_values=(0.001, 0.01), map='vmap'), same_objective=False)
+
+
+def test_bench_times_members_against_single_steps():
+  from f2m_jax import bench, sharding  # pylint: disable=g-import-not-at-top
+  config = tiny()
+  config.bench.update(member_sizes=(2,), warmup=0, iters=1)
+  cases = bench.member_cases(config, sharding.data_mesh())
+  records = [bench._record(c, 'float32', t) for c, t in zip(cases, bench.time_cases(cases, 0, 1))]  # pylint: disable=protected-access
+  assert [(r['variant'], r['M']) for r in records] == [('members_1_single', 1), ('members_2_unroll', 2)]
+  table = bench.format_members(records).splitlines()
+  assert len(table) == 3 and table[1].split()[-2] == '1.00'  # the single step against itself
