@@ -419,8 +419,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> list:
     print(format_whole_runs(whole), flush=True)
   os.makedirs(workdir, exist_ok=True)
   path = output_path(workdir)
-  with open(path, 'w') as f:
-    json.dump({'provenance': workdir_lib.provenance(config.to_dict()), 'records': records, 'whole_runs': whole,
-               'members': member_records}, f, indent=1)
+  workdir_lib.atomic_write(path, json.dumps({'provenance': workdir_lib.provenance(config.to_dict()), 'records': records,
+                                             'whole_runs': whole, 'members': member_records}, indent=1))
   print(f'bench records written to {path}', flush=True)
   return records

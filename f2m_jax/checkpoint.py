@@ -30,8 +30,11 @@ class CheckpointError(RuntimeError):
 
 def _manager(directory: str, keep: Optional[int], read_only: bool = False,
              background: bool = False) -> ocp.CheckpointManager:
+  # In the background on one process only: with several, orbax's per-save barriers of concurrent
+  # managers (a member sweep saves S workdirs at once) could meet in another order on each process.
+  background = background and not read_only and jax.process_count() == 1
   options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=not read_only, read_only=read_only,
-                                         enable_async_checkpointing=background and not read_only)
+                                         enable_async_checkpointing=background)
   return ocp.CheckpointManager(os.path.abspath(directory), options=options)
 
 

@@ -150,7 +150,7 @@ def data_placement(config, images_nbytes: int) -> tuple:
   b = config.base
   backend = jax.default_backend()
   if b.data_placement == 'auto':
-    stats = jax.devices()[0].memory_stats() or {}
+    stats = jax.local_devices()[0].memory_stats() or {}
     limit = stats.get('bytes_limit', 8 << 30) // 4
     on_device = backend != 'cpu' and images_nbytes <= limit
   else:

@@ -8,6 +8,7 @@ import os
 import time
 from typing import Iterable, Optional
 
+import jax
 from flax import traverse_util
 
 # Fields that never change what a run computes (paths, logging, batching and caching of evaluation,
@@ -139,7 +140,17 @@ def provenance(config: dict) -> dict:
   }
 
 
+def primary() -> bool:
+  """Whether this process writes the run's files: process 0 of a multi-process run (every process
+  computes the same results; orbax coordinates the checkpoints' writes itself), and a lone process."""
+  return jax.process_index() == 0
+
+
 def atomic_write(path: str, text: str) -> None:
+  """`text` into `path` through a temporary file (a reader never sees half a file); only on the
+  primary process."""
+  if not primary():
+    return
   tmp = f'{path}.tmp{os.getpid()}'
   with open(tmp, 'w') as f:
     f.write(text)
@@ -158,6 +169,8 @@ class MetricsLog:
     self._tb = None  # opened with the first scalar, so a run that fails before any adds no file
 
   def write(self, **record) -> None:
+    if not primary():
+      return
     record = {'time': round(time.time(), 3), **record}
     with open(self.path, 'a') as f:
       f.write(json.dumps(record) + '\n')
@@ -186,7 +199,9 @@ class MetricsLog:
 
 
 def write_results(workdir: str, results: dict, rows: list, name: str = 'results') -> None:
-  """<name>.json and <name>.csv, each written atomically."""
+  """<name>.json and <name>.csv, each written atomically (on the primary process)."""
+  if not primary():
+    return
   atomic_write(os.path.join(workdir, f'{name}.json'), json.dumps(results, indent=2))
   tmp = os.path.join(workdir, f'{name}.csv.tmp{os.getpid()}')
   with open(tmp, 'w', newline='') as f:

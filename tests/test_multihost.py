@@ -1,0 +1,100 @@
+"""Several hosts, on this machine: two processes on localhost (JAX's CPU collectives over gloo), the
+same run.py command in each, as docs/performance.md tells users to run them. The run's files are
+written once (process 0), and the results equal those of one process with the same devices."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from collections import Counter
+
+import pytest
+
+from conftest import REPO, without_provenance, xla_flags
+
+TIMEOUT_S = 900
+TINY = ['--config', 'configs/cifar100.py:smoke', '--config.runs=2', '--config.data.synthetic.num_sessions=3',
+        '--config.base.steps=8', '--config.base.milestones=(6,)', '--config.base.checkpoint_every=4',
+        '--config.base.log_every=4', '--config.tensorboard=False']
+
+
+def free_port() -> int:
+  with socket.socket() as s:
+    s.bind(('127.0.0.1', 0))
+    return s.getsockname()[1]
+
+
+def run_py(workdir, *extra, env=None):
+  return subprocess.Popen([sys.executable, 'run.py', *TINY, '--workdir', str(workdir), *extra], cwd=REPO,
+                          env={**os.environ, **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True)
+
+
+def two_processes(workdir, *extra):
+  """The same command in two processes of one distributed run; returns their outputs."""
+  port = free_port()
+  procs = [run_py(workdir, *extra, env={'JAX_COORDINATOR_ADDRESS': f'127.0.0.1:{port}', 'JAX_NUM_PROCESSES': '2',
+                                        'JAX_PROCESS_ID': str(i), 'JAX_CPU_COLLECTIVES_IMPLEMENTATION': 'gloo'})
+           for i in range(2)]
+  outs = []
+  try:
+    for p in procs:
+      outs.append(p.communicate(timeout=TIMEOUT_S)[0])
+  finally:
+    for p in procs:
+      p.kill()
+  for p, out in zip(procs, outs):
+    assert p.returncode == 0, out[-3000:]
+  return outs
+
+
+def one_process(workdir, *extra, devices=1):
+  p = run_py(workdir, *extra, env={'XLA_FLAGS': xla_flags(f'--xla_force_host_platform_device_count={devices}')})
+  out = p.communicate(timeout=TIMEOUT_S)[0]
+  assert p.returncode == 0, out[-3000:]
+
+
+def load(path):
+  with open(path) as f:
+    return json.load(f)
+
+
+def written_once(workdir):
+  """Each metrics record once (not once per process), no temporary file left behind."""
+  with open(os.path.join(workdir, 'metrics.jsonl')) as f:
+    records = [json.loads(line) for line in f]
+  keys = Counter((r.get('phase'), r.get('step'), r.get('run'), r.get('session')) for r in records)
+  assert max(keys.values()) == 1, keys.most_common(3)
+  assert not [n for n in os.listdir(workdir) if '.tmp' in n]
+
+
+def test_two_processes_equal_one_process_with_two_devices(tmp_path):
+  """Each process holds one CPU device: the global mesh has two, the batch is split over them, and
+  the run equals a single process with two devices (the same SPMD program), file for file."""
+  two_processes(tmp_path / 'hosts')
+  one_process(tmp_path / 'one', devices=2)
+  ours, theirs = load(tmp_path / 'hosts' / 'results.json'), load(tmp_path / 'one' / 'results.json')
+  assert without_provenance(ours) == without_provenance(theirs)
+  assert ours['provenance']['hardware']['process_count'] == 2
+  written_once(tmp_path / 'hosts')
+
+
+def test_a_member_sweep_over_two_processes_equals_one_process(tmp_path):
+  """A seed sweep run by two processes: every process computes every member (as every process
+  computes every run of the sessions), the files are written once, and the sweep equals one process's."""
+  sweep = '--config.members.seeds=(0,1)'
+  two_processes(tmp_path / 'hosts', sweep)
+  one_process(tmp_path / 'one', sweep)
+  ours, theirs = load(tmp_path / 'hosts' / 'summary.json'), load(tmp_path / 'one' / 'summary.json')
+  assert without_provenance(ours) == without_provenance(theirs)
+  for i in range(2):
+    member = tmp_path / 'hosts' / f'member_{i}'
+    assert without_provenance(load(member / 'results.json')) == without_provenance(
+        load(tmp_path / 'one' / f'member_{i}' / 'results.json'))
+    written_once(member)
+
+
+if sys.platform != 'linux':  # gloo over localhost is what CI machines run; elsewhere untested
+  pytestmark = pytest.mark.skip('multi-process CPU collectives are tested on Linux')
