@@ -26,7 +26,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.data = ml_collections.ConfigDict()
   c.data.dataset = ''
   c.data.source = ''  # 'tfds', 'trainsplit', 'folder', 'synthetic'
-  c.data.protocol = 'draws'  # 'draws' (seeded shots per run) or 'topic' (fixed lists, identical runs)
+  # 'draws' (seeded shots per run), 'topic' (fixed lists, identical runs) or 'validation' (the base
+  # classes' training images only, split into pseudo-base and pseudo-novel classes with held-out
+  # images as their test set: f2m_jax/data/holdout.py; to choose settings without a test image)
+  c.data.protocol = 'draws'
   c.data.shots = 5
   # CIFAR-100 only: '' (60 base classes + 8 sessions, TOPIC order), the paper's appendix class
   # splits 'superclass1' / 'superclass2' (6 base superclasses + 4 sessions of one superclass; draws

@@ -72,8 +72,8 @@ def validate(c: ml_collections.ConfigDict) -> None:
     need(c.data.split in cifar100.SPLITS and c.data.dataset == 'cifar100'
          and c.data.source in ('tfds', 'trainsplit'), 'data.split', c.data.split,
          f'one of {sorted(cifar100.SPLITS)} for CIFAR-100 (tfds or trainsplit source), or empty')
-    need(c.data.protocol == 'draws', 'data.protocol', c.data.protocol,
-         "the class splits have no TOPIC lists: use 'draws'")
+    need(c.data.protocol in ('draws', 'validation'), 'data.protocol', c.data.protocol,
+         "the class splits have no TOPIC lists: use 'draws' (or 'validation')")
   need(c.model.dtype in ('float32', 'bfloat16'), 'model.dtype', c.model.dtype, "'float32' or 'bfloat16'")
   need(c.model.head in HEADS, 'model.head', c.model.head, f'allowed: {HEADS}')
   need(c.members.map in MEMBER_MAPS, 'members.map', c.members.map, f'allowed: {MEMBER_MAPS}')

@@ -249,3 +249,21 @@ def test_download_into_cache(monkeypatch, tmp_path):
   assert sorted(p.name for p in got.iterdir()) == sorted(index_lists.SHA256['cub200'])
   monkeypatch.setattr(urllib.request, 'urlopen', _no_network)  # now served from the cache
   assert index_lists.index_list_dir('cub200', None, tmp_path) == got
+
+
+@needs_npz
+def test_validation_protocol_on_trainsplit_reads_no_test_image(trainsplit):
+  """On the real data: the validation protocol's images (pseudo-base training, pseudo-novel shot
+  pool, held-out test) come from the 24,000 base training images alone, never from trainsplit's test
+  images or the novel classes, in disjoint roles: 35 + 5 x 5 classes, 320 training and 80 held-out
+  images per class."""
+  from f2m_jax.data import holdout
+  from test_protocol import check_validation_roles
+  val, roles = holdout.validation_benchmark(trainsplit), holdout.roles(trainsplit)
+  check_validation_roles(trainsplit, val, roles)
+  real_test = cifar100.trainsplit_test_indices(trainsplit.train.labels, np.concatenate(trainsplit.topic_shots))
+  for role in ('base_train', 'shot_pool', 'test'):
+    assert not np.intersect1d(roles[role], real_test).size
+  assert len(roles['base_train']) == 35 * 320 and len(roles['shot_pool']) == 25 * 320 and len(roles['test']) == 60 * 80
+  assert val.test.images.shape == (4800, 32, 32, 3)
+  np.testing.assert_array_equal(val.test.images, trainsplit.train.images[roles['test']])  # 32x32: stored as seen

@@ -163,3 +163,33 @@ def test_bench_whole_runs_need_no_data_folder(monkeypatch):
   with pytest.raises(ValueError, match="data.source='trainsplit' needs a data folder"):
     pipeline.resolve(config)
   assert pipeline.resolve(config, reads_data=False).data.source == 'trainsplit'
+
+
+def test_validation_protocol_run_never_reads_a_test_image(tmp_path, monkeypatch):
+  """A run on data.protocol='validation': 12 pseudo-base classes + 4 sessions of 2 from the smoke
+  config's 20 base classes; the results are unchanged when every real test image and every image of
+  a real novel class is replaced by noise, so none of them is read."""
+  import numpy as np
+  from configs import cifar100
+  from f2m_jax.data import sources
+  config = cifar100.get_config('smoke')
+  config.data.protocol = 'validation'
+  config.base.steps = 20
+  config.base.milestones = (10,)
+  clean = pipeline.run(config, str(tmp_path / 'clean'))
+  assert clean['protocol'] == 'validation' and clean['dataset'] == 'synthetic_validation'
+  assert [s['num_classes'] for s in clean['sessions']] == [12, 14, 16, 18, 20]
+
+  load = sources._load
+
+  def poisoned(cfg):
+    bench = load(cfg)
+    rng = np.random.default_rng(1)
+    bench.test.images[...] = rng.integers(0, 256, bench.test.images.shape, dtype=np.uint8)
+    novel = ~np.isin(bench.train.labels, bench.session_classes[0])
+    bench.train.images[novel] = rng.integers(0, 256, bench.train.images[novel].shape, dtype=np.uint8)
+    return bench
+
+  monkeypatch.setattr(sources, '_load', poisoned)
+  other = pipeline.run(config, str(tmp_path / 'poisoned'))
+  assert [s['acc'] for s in other['sessions']] == [s['acc'] for s in clean['sessions']]

@@ -55,3 +55,41 @@ def test_shuffled_batches_cover_an_epoch(bench):
   per_epoch = len(pool) // 10
   seen = np.concatenate([protocol.shuffled_batch(pool, 10, 0, s) for s in range(per_epoch)])
   assert len(np.unique(seen)) == len(seen) == per_epoch * 10
+
+
+def check_validation_roles(real, val, roles):
+  """The validation benchmark `val` of `real`: only real base classes' training images, in disjoint
+  roles, the real protocol's way, test images = the held-out ones."""
+  used = [roles['base_train'], roles['shot_pool'], roles['test']]
+  for i in range(3):
+    for j in range(i + 1, 3):
+      assert not np.intersect1d(used[i], used[j]).size
+  everything = np.concatenate(used)
+  assert np.isin(everything, real.base_train).all()  # never a real novel class's image, never a real test image
+  assert len(everything) == len(real.base_train)
+  assert val.session_classes[0] == tuple(sorted(set(real.train.labels[roles['base_train']])))
+  assert all(len(c) == len(real.session_classes[1]) for c in val.session_classes[1:])
+  assert set(val.train.labels[val.shot_pool]) == {c for s in val.session_classes[1:] for c in s}
+  np.testing.assert_array_equal(val.test.labels, real.train.labels[roles['test']])
+  per_class = np.bincount(real.train.labels[real.base_train])
+  held = np.bincount(val.test.labels)
+  np.testing.assert_array_equal(held[per_class > 0], np.ceil(0.2 * per_class[per_class > 0]))
+
+
+@pytest.mark.parametrize('num_base, way, sessions, expected', [
+    (60, 5, 9, (35, 5)),  # CIFAR-100, miniImageNet: 35 pseudo-base classes + 5 sessions of 5
+    (100, 10, 11, (50, 5)),  # CUB-200: 50 + 5 sessions of 10
+])
+def test_validation_protocol_roles(num_base, way, sessions, expected):
+  from f2m_jax.data import holdout
+  real = make_synthetic(seed=0, num_base=num_base, way=way, num_sessions=sessions, train_per_class=30,
+                        test_per_class=2, image_size=8)
+  val = holdout.validation_benchmark(real)
+  roles = holdout.roles(real)
+  assert (len(val.session_classes[0]), len(val.session_classes) - 1) == expected
+  check_validation_roles(real, val, roles)
+  # deterministic, and its shots are drawn run by run from the pseudo-novel pool
+  np.testing.assert_array_equal(holdout.roles(real)['test'], roles['test'])
+  shots = protocol.session_shots(val, 'validation', 1, 2, 5, 0)
+  assert np.isin(shots, val.shot_pool).all()
+  np.testing.assert_array_equal(shots, protocol.session_shots(val, 'draws', 1, 2, 5, 0))

@@ -5,13 +5,14 @@ import numpy as np
 
 from f2m_jax.data.types import Benchmark, check_session_indices
 
-PROTOCOLS = ('topic', 'draws')
+PROTOCOLS = ('topic', 'draws', 'validation')
 
 
 def session_shots(benchmark: Benchmark, protocol: str, run: int, session: int, shots: int, seed: int) -> np.ndarray:
   """Indices into `benchmark.train` of the few-shot images of `session` (2..T) in run `run`.
 
-  'topic': the fixed TOPIC list (identical for every run). 'draws': per new class, `shots` images drawn
+  'topic': the fixed TOPIC list (identical for every run). 'draws' (and 'validation', whose benchmark
+  is f2m_jax/data/holdout.py's): per new class, `shots` images drawn
   without replacement from the class's pool by an RNG seeded with (seed, run, session); the class
   order stays fixed, so runs differ only in which shots are drawn.
   """
@@ -22,7 +23,7 @@ def session_shots(benchmark: Benchmark, protocol: str, run: int, session: int, s
       raise ValueError(f"protocol 'topic' needs the TOPIC lists, which dataset {benchmark.name!r} lacks; "
                        "use protocol='draws'")
     indices = np.asarray(benchmark.topic_shots[session - 2])
-  elif protocol == 'draws':
+  elif protocol in ('draws', 'validation'):  # the validation protocol draws its shots as 'draws'
     rng = np.random.default_rng([seed, run, session])
     pool_labels = benchmark.train.labels[benchmark.shot_pool]
     picks = []
@@ -116,7 +117,8 @@ def task_epoch_batches(num_classes: int, shots: int, batch: int) -> int:
                      'whole blocks of one class (prototype fixing relies on it)')
   per_epoch = num_classes * shots // batch
   if per_epoch < 1:
-    raise ValueError(f'base.batch_size={batch} exceeds one epoch of {num_classes} classes x {shots} shots')
+    raise ValueError(f'base.batch_size={batch} exceeds one epoch of {num_classes} classes x {shots} shots: '
+                     f'allowed up to {num_classes * shots}')
   return per_epoch
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 
-from f2m_jax.data import cifar100, cub200, fake_folders, index_lists, mini_imagenet
+from f2m_jax.data import cifar100, cub200, fake_folders, holdout, index_lists, mini_imagenet
 from f2m_jax.data.synthetic import make_synthetic
 from f2m_jax.data.types import Benchmark
 
@@ -23,6 +23,12 @@ def cache_dir(config) -> str:
 
 
 def load_benchmark(config) -> Benchmark:
+  """The config's benchmark; with data.protocol='validation' its validation protocol (holdout.py)."""
+  bench = _load(config)
+  return holdout.validation_benchmark(bench) if config.data.protocol == 'validation' else bench
+
+
+def _load(config) -> Benchmark:
   source, dataset = config.data.source, config.data.dataset
   if source == 'synthetic':
     s = config.data.synthetic
