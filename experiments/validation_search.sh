@@ -2,7 +2,7 @@
 # The search for an F2M variant on the validation protocol (data.protocol=validation: pseudo-base and
 # pseudo-novel classes carved from the base classes, held-out training images as test images; no test
 # image is read), then the chosen rows once on the test protocol. docs/data.md describes the protocol;
-# experiments/results/README.md section 15 holds the tables.
+# experiments/results/README.md section 16 holds the tables.
 #
 #   experiments/validation_search.sh validation OUT [ROW...]   # the candidates (default: all)
 #   experiments/validation_search.sh test OUT f2m_v f2m baseline baseline_pn   # the table on the real protocol
@@ -15,6 +15,7 @@ set -euo pipefail
 protocol=${1:?usage: experiments/validation_search.sh validation|test OUT [ROW...]}
 out=${2:?usage: experiments/validation_search.sh validation|test OUT [ROW...]}
 shift 2
+case $protocol in validation|test) ;; *) echo "protocol $protocol: one of validation, test" >&2; exit 2;; esac
 steps=${STEPS:-400}
 cfg=${CFG:-configs/cifar100.py:trainsplit}
 if [ "$protocol" = validation ]; then runs=${RUNS:-5}; else runs=${RUNS:-10}; fi
