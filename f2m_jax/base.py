@@ -25,6 +25,8 @@ from f2m_jax.models.resnet import fold_batch_stats
 
 
 DRAW_MAPS = ('vmap', 'unroll')
+# The averages a training loop logs from a step's metrics (which also hold 'finite').
+LOGGED_METRICS = ('loss', 'ce', 'pf', 'acc', 'ce_clean')
 
 
 def resolve_draw_map(name: str) -> str:

@@ -155,7 +155,7 @@ def train_members(exps, ckpts, logs, mapping: str, hook: Hook = None) -> None:
       if done % cfg.log_every == 0 or done == cfg.steps:
         rate = round(len(window) / (time.time() - t0), 3)
         for i, log in enumerate(logs):
-          avg = {k: float(np.mean([w[k][i] for w in window])) for k in ('loss', 'ce', 'pf', 'acc', 'ce_clean')}
+          avg = {k: float(np.mean([w[k][i] for w in window])) for k in base_lib.LOGGED_METRICS}
           log.write(phase='base', step=done, steps_per_s=rate, members=len(exps), **avg)
         window, t0 = [], time.time()
       if done % cfg.checkpoint_every == 0 or done == cfg.steps:
@@ -233,7 +233,6 @@ def run(config: ml_collections.ConfigDict, root: str, mode: str = 'train', check
   summary['provenance'] = workdir_lib.provenance(config.to_dict())
   workdir_lib.atomic_write(os.path.join(root, 'summary.json'), json.dumps(summary, indent=1))
   return summary
-
 
 
 def format_summary(summary: dict) -> str:

@@ -98,7 +98,7 @@ def train_steps(exp: Experiment, objective, state, start: int, batch_indices: Ca
       window.append(m)
       done = first + i + 1
       if done % cfg.log_every == 0 or done == cfg.steps:
-        avg = {k: float(np.mean([w[k] for w in window])) for k in ('loss', 'ce', 'pf', 'acc', 'ce_clean')}
+        avg = {k: float(np.mean([w[k] for w in window])) for k in base_lib.LOGGED_METRICS}
         bar.set_postfix(loss=f'{avg["loss"]:.3f}', acc=f'{100 * avg["acc"]:.1f}')
         log.write(phase=phase, step=done, steps_per_s=round(len(window) / (time.time() - t0), 3), **avg)
         window, t0 = [], time.time()
