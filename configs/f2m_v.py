@@ -40,8 +40,10 @@ validation F2M-V's last session is 0.42 above the Baseline with PN, inside the s
 Then once on the test protocol (`:trainsplit` at the same 400 iterations, 10 draws, ab69e4c): F2M-V
 20.67 -> 12.79 +- 0.18, PD 7.88; the Baseline 21.28 -> 13.02 +- 0.23, PD 8.26; the Baseline with PN
 21.65 -> 13.24 +- 0.19, PD 8.41; the default F2M 11.55 -> 6.82 +- 0.15. Level with the Baseline,
-0.45 below it with PN, with the lowest PD of the three. Not measured at 3,000 iterations or on the
-other datasets.
+0.45 below it with PN, with the lowest PD of the three. At the fixed budget (3,000 iterations, 10
+draws, 3efa2a0, same CPU): F2M-V 57.55 -> 38.48 +- 0.24, PD 19.07; the Baseline 56.85 -> 38.43 +-
+0.33, PD 18.42 (section 0's run); level with the Baseline, not above it, with a higher PD. Not
+measured on the other datasets.
 """
 import importlib
 
