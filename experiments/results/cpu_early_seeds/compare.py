@@ -11,6 +11,7 @@ import glob
 import json
 import math
 import os
+import statistics
 import sys
 
 from scipy import stats
@@ -35,10 +36,8 @@ def curves():
   reach = {}  # (seed, run) -> the last iteration that run validated at
   for r in rows:
     reach[r['seed'], r['run']] = max(reach.get((r['seed'], r['run']), 0), r['iteration'])
-  chosen = {}  # seed -> its run that got furthest (a seed run twice counts once)
-  for (seed, run), last in reach.items():
-    if last > reach.get((seed, chosen.get(seed)), -1):
-      chosen[seed] = run
+  # seed -> its run that got furthest (a seed run twice counts once): the last one assigned wins
+  chosen = {seed: run for (seed, run), _ in sorted(reach.items(), key=lambda kv: kv[1])}
   by_seed = {(r['seed'], r['iteration']): r['base_test_acc'] for r in rows if chosen[r['seed']] == r['run']}
   theirs = {}
   for (_, it), acc in sorted(by_seed.items()):
@@ -49,7 +48,7 @@ def curves():
 def summary(values):
   n = len(values)
   mean = sum(values) / n
-  sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1)) if n > 1 else float('nan')
+  sd = statistics.stdev(values) if n > 1 else float('nan')
   return {'n': n, 'mean': mean, 'sd': sd, 'range': max(values) - min(values), 'values': values}
 
 

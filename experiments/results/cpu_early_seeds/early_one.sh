@@ -1,5 +1,5 @@
 #!/bin/bash
-# One seed of issue 28 item 5 (same settings as early_seeds.sh): bash early_one.sh SEED
+# One seed of issue 28 item 5 (ours_commands.sh runs the three): bash early_one.sh SEED
 seed=$1
 cd /work/studies/frozen_a3c40f6
 export F2M_DATA_DIR=/work/shared/data F2M_CACHE_DIR=/tmp/f2mcache_study

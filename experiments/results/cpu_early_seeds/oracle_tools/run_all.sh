@@ -1,11 +1,3 @@
 #!/bin/bash
-# Runs the three seeds one after another; stdout/stderr + wall time per run under logs/.
-cd /work/oracle/authors/F2M
-for s in 0 1 2; do
-  echo "seed $s start $(date -Is)" >> ../logs/driver.log
-  t0=$(date +%s)
-  ../venv/bin/python train.py -opt ../configs/F2M_trainsplit_it1002_seed$s.yml > ../logs/seed${s}_stdout.log 2>&1
-  rc=$?
-  t1=$(date +%s)
-  echo "seed $s end $(date -Is) rc=$rc wall_s=$((t1-t0))" >> ../logs/driver.log
-done
+# Runs the three seeds one after another with 2 threads (seed 0's first run); stdout/stderr + wall time per run under logs/.
+for s in 0 1 2; do TORCH_THREADS=2 "$(dirname "$0")/run_seeds_parallel.sh" $s; done

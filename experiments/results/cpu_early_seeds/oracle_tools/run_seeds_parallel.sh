@@ -1,7 +1,8 @@
 #!/bin/bash
-# Seeds given as arguments, run side by side, one thread each; stdout/stderr + wall time per run under logs/.
+# Seeds given as arguments, run side by side, TORCH_THREADS threads each (default 1); stdout/stderr + wall time per run under logs/.
 cd /work/oracle/authors/F2M
-export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 TORCH_THREADS=1
+export TORCH_THREADS=${TORCH_THREADS:-1}
+export OMP_NUM_THREADS=$TORCH_THREADS MKL_NUM_THREADS=$TORCH_THREADS
 for s in "$@"; do
   (
     echo "seed $s start $(date -Is)" >> ../logs/driver.log
