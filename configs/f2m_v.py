@@ -42,8 +42,10 @@ Then once on the test protocol (`:trainsplit` at the same 400 iterations, 10 dra
 21.65 -> 13.24 +- 0.19, PD 8.41; the default F2M 11.55 -> 6.82 +- 0.15. Level with the Baseline,
 0.45 below it with PN, with the lowest PD of the three. At the fixed budget (3,000 iterations, 10
 draws, 3efa2a0, same CPU): F2M-V 57.55 -> 38.48 +- 0.24, PD 19.07; the Baseline 56.85 -> 38.43 +-
-0.33, PD 18.42 (section 0's run); level with the Baseline, not above it, with a higher PD. Not
-measured on the other datasets.
+0.33, PD 18.42 (section 0's run); level with the Baseline, not above it, with a higher PD. Over
+five base seeds on an H200 (section 18) the Baseline ends at 38.34 +- 0.41 (seeds 37.58-38.92),
+with PN 38.70 +- 0.42 (37.86-39.23), the default F2M 31.27 +- 0.61: F2M-V's one training lies
+inside both Baselines' seed ranges. Not measured on the other datasets.
 """
 import importlib
 
