@@ -23,7 +23,7 @@ set -uo pipefail
 out=${1:?usage: experiments/gpu_full_budget.sh OUT}
 f2m_steps=${F2M_STEPS:-30003}
 baseline_steps=${BASELINE_STEPS:-28197}
-baseline_cut=${BASELINE_CUT:-$((baseline_steps * 14040 / 28197))}
+baseline_cut=$((baseline_steps * 14040 / 28197))  # the authors' cut, scaled with BASELINE_STEPS
 fixed=${FIXED_STEPS:-3000}
 runs=${RUNS:-10}
 seeds=${SEEDS:-(0,1,2,3,4)}
