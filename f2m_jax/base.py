@@ -220,29 +220,51 @@ def make_train_step(objective: BaseObjective, tx: optax.GradientTransformation, 
   return jax.jit(train_step, donate_argnums=(0,))
 
 
-def make_multi_step(objective: BaseObjective, tx: optax.GradientTransformation, augment: str,
-                    image_size: int, mean, std, mesh=None) -> Callable:
-  """multi_step(state, images_u8, labels, indices [N, B], num_steps, key) -> (state, metrics of [N]).
+def members_step_fn(steps: Sequence[Callable], mapping: str) -> Callable:
+  """The unjitted step of S >= 1 members (`train_step_fn`s, one per member): step(states, images
+  [S, B, ...], labels [S, B], keys [S]) -> (states, metrics of [S]), every leaf with a leading member
+  axis. 'vmap' maps steps[0] over the members (one objective; the convolutions' batching rule folds
+  the members into channel groups, models/resnet.py); 'unroll' writes each member's own step out
+  side by side. One member unrolled is exactly its single step."""
+  if mapping not in ('vmap', 'unroll'):
+    raise ValueError(f"mapping={mapping!r} is neither 'vmap' nor 'unroll'")
+  if mapping == 'vmap':
+    return jax.vmap(steps[0])
 
-  The first `num_steps` (<= N, may differ call to call) of N train steps in one dispatch (`lax.scan`),
-  each on the batch images[indices[i]] gathered on the device from the whole training set held there
-  (uint8, replicated over a mesh; the indices are sharded along the batch axis). Rows from num_steps
-  on are padding: their steps are computed and discarded (the state passes them unchanged; their
-  metrics are to be ignored), so a shorter call (a budget that is no multiple of N, or a resume)
-  runs the same compiled program instead of compiling its own (11 s on the H200 for ResNet-20).
-  Step i is exactly `make_train_step`'s step on the same batch, so N scanned steps equal N single
-  steps (tests/test_speed.py); the metrics of every step come back."""
-  train_step = train_step_fn(objective, tx, augment, image_size, mean, std)
+  def unrolled(states, images, labels, keys):
+    outs = [step(jax.tree_util.tree_map(lambda x: x[i], states), images[i], labels[i], keys[i])
+            for i, step in enumerate(steps)]
+    return jax.tree_util.tree_map(lambda *v: jnp.stack(v), *outs)
 
-  def multi_step(state: TrainState, images, labels, indices, num_steps, key):
-    def body(state, xs):
+  return unrolled
+
+
+def make_member_step(step: Callable, mesh) -> Callable:
+  """`members_step_fn`'s step jitted over a mesh for host batches: states and keys replicated, the
+  images and labels [S, B, ...] split along the batch axis B; the states are donated."""
+  rep, batch = sharding.replicated(mesh), sharding.member_batch_sharded(mesh)
+  return jax.jit(step, in_shardings=(rep, batch, batch, rep), out_shardings=(rep, rep), donate_argnums=(0,))
+
+
+def make_multi_step(step: Callable, mesh) -> Callable:
+  """multi_step(states, images_u8, labels, indices [N, S, B], num_steps, keys) -> (states, metrics of
+  [N, S]) for `members_step_fn`'s step.
+
+  The first `num_steps` (<= N, may differ call to call) of N member steps in one dispatch
+  (`lax.scan`), each member's batch images[indices[i, s]] gathered on the device from the whole
+  training set held there (uint8, replicated over the mesh; the indices split along B). Rows from
+  num_steps on are padding: their steps are computed and discarded (the states pass them unchanged;
+  their metrics are to be ignored), so a shorter call (a budget that is no multiple of N, or a
+  resume) runs the same compiled program instead of compiling its own. Step i is exactly the member
+  step on the same batches (tests/test_speed.py)."""
+
+  def multi_step(states, images, labels, indices, num_steps, keys):
+    def body(states, xs):
       i, idx = xs
-      new, metrics = train_step(state, jnp.take(images, idx, axis=0), jnp.take(labels, idx, axis=0), key)
-      return jax.tree_util.tree_map(lambda a, b: jnp.where(i < num_steps, a, b), new, state), metrics
-    return jax.lax.scan(body, state, (jnp.arange(indices.shape[0]), indices))
+      new, metrics = step(states, jnp.take(images, idx, axis=0), jnp.take(labels, idx, axis=0), keys)
+      return jax.tree_util.tree_map(lambda a, b: jnp.where(i < num_steps, a, b), new, states), metrics
+    return jax.lax.scan(body, states, (jnp.arange(indices.shape[0]), indices))
 
-  if mesh is not None:
-    rep = sharding.replicated(mesh)
-    return jax.jit(multi_step, in_shardings=(rep, rep, rep, sharding.rows_sharded(mesh), rep, rep),
-                   out_shardings=(rep, rep), donate_argnums=(0,))
-  return jax.jit(multi_step, donate_argnums=(0,))
+  rep = sharding.replicated(mesh)
+  return jax.jit(multi_step, in_shardings=(rep, rep, rep, sharding.member_rows_sharded(mesh), rep, rep),
+                 out_shardings=(rep, rep), donate_argnums=(0,))

@@ -48,12 +48,12 @@ from f2m_jax import objectives
 from f2m_jax import pipeline
 from f2m_jax import registry
 from f2m_jax import sharding
+from f2m_jax import train_loop
 from f2m_jax import workdir as workdir_lib
 from f2m_jax.checkpoint import Checkpoints
 from f2m_jax.experiment import Experiment
 from f2m_jax.methods import ncm
 from f2m_jax.sessions import parallel_runs, run_sessions
-from f2m_jax.train_loop import data_placement
 from f2m_jax.data import augment as augment_lib
 from f2m_jax.data.types import Benchmark, Split, sessions_from_counts
 
@@ -264,9 +264,13 @@ def member_cases(config: ml_collections.ConfigDict, mesh) -> list:
                 lambda args, out: (out[0],) + args[1:])]
   for s in config.bench.member_sizes:
     group = exps[:s]
-    stacked = (members.stack([e.init_state() for e in group]), jnp.asarray(np.stack([images] * s)),
-               jnp.asarray(np.stack([labels] * s)), jnp.stack([e.key(0) for e in group]))
-    cases.append(Case(f'members_{s}_{mapping}', s, s * batch, members.make_member_step(group, mapping), stacked,
+    step = base_lib.members_step_fn([base_lib.train_step_fn(e.base_objective(), e.optimizer(), bench.augment,
+                                                            bench.image_size, bench.mean, bench.std) for e in group],
+                                    mapping)
+    stacked = (sharding.replicate(train_loop.stack([e.init_state() for e in group]), mesh),
+               *sharding.shard_member_batch(mesh, np.stack([images] * s), np.stack([labels] * s)),
+               sharding.replicate(jnp.stack([e.key(0) for e in group]), mesh))
+    cases.append(Case(f'members_{s}_{mapping}', s, s * batch, base_lib.make_member_step(step, mesh), stacked,
                       lambda args, out: (out[0],) + args[1:]))
   return cases
 
@@ -347,7 +351,7 @@ def whole_run(config: ml_collections.ConfigDict, method: str, steps: int, runs: 
   base_steps, sessions = stamps['base_step'], stamps['session']
   # Steps come back a call at a time (base.steps_per_call on an accelerator): the rate is timed from
   # the end of the first call, which includes the compile.
-  on_device, per_call = data_placement(cfg, bench.train.images.nbytes)
+  on_device, per_call = train_loop.data_placement(cfg, bench.train.images.nbytes)
   return dict(method=method, steps=steps, runs=runs, batch=base_batch(cfg),
               data_on_device=on_device, steps_per_call=per_call, parallel_runs=parallel_runs(cfg),
               first_step_s=round(base_steps[per_call - 1] - t0, 2),

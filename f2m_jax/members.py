@@ -3,10 +3,11 @@
 `config.members.seeds = (0, 1, 2)` runs S = 3 members that differ in their seed (init, batches,
 augmentation, noise, shot draws), or `members.field = 'noise.bound'` with `members.field_values = (...)`
 members that differ in that one scalar. Each member is exactly the single run of its own config: the
-base sessions of all members train in lockstep, one jitted program per step holding every member
-(`jax.vmap` over the member axis, or the members written out side by side: `members.map`), on the
-training images shared by all; each member's batch is gathered from them by its own indices, a pure
-function of its seed and the step. Then each member's sessions run through the usual pipeline.
+base sessions of all members train in lockstep through the base session's loop
+(train_loop.train_steps), one jitted program holding every member (`jax.vmap` over the member axis,
+or the members written out side by side: `members.map`), on the training images shared by all;
+each member's batch is gathered from them by its own indices, a pure function of its seed and the
+step. Then each member's sessions run through the usual pipeline.
 
 The sweep's folder holds `config.json` (the sweep's config), `member_<i>/` (a complete workdir per
 member: its config.json, metrics, checkpoints, results; resumable and usable as --checkpoint) and
@@ -17,28 +18,22 @@ member saved, the sessions member by member.
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import sys
-import time
 from typing import Optional
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
-from tqdm import tqdm
 
-from f2m_jax import base as base_lib
 from f2m_jax import evaluation
 from f2m_jax import pipeline
-from f2m_jax import prefetch as prefetch_lib
 from f2m_jax import registry
+from f2m_jax import train_loop
 from f2m_jax import workdir as workdir_lib
 from f2m_jax.checkpoint import Checkpoints
 from f2m_jax.data import sources
-from f2m_jax.experiment import Experiment, Hook, TrainingError
+from f2m_jax.experiment import Experiment, Hook
 from f2m_jax.validation import MEMBER_MAPS, need
 
 FIELDS = ('noise.bound',)  # scalars a sweep may vary besides the seed (members written out side by side)
@@ -80,8 +75,8 @@ def member_configs(config) -> list:
 
 def member_map(config, same_objective: bool) -> str:
   """'vmap' or 'unroll': members.map, with 'auto' = vmap on GPU/TPU where every member has the same
-  objective (a seed sweep), members written out side by side otherwise (on XLA:CPU a vmapped
-  convolution with a kernel per member becomes a slower grouped one, as for the M noise draws)."""
+  objective (a seed sweep), members written out side by side otherwise (XLA:CPU runs grouped
+  convolutions slowly, as for the M noise draws)."""
   m = config.members.map
   if m == 'vmap' and not same_objective:
     raise ValueError(f'members.map=vmap maps one objective over the members; members.field={config.members.field!r} '
@@ -91,34 +86,9 @@ def member_map(config, same_objective: bool) -> str:
   return m
 
 
-def make_member_step(exps, mapping: str):
-  """step(states, images [S, B, ...], labels [S, B], keys [S]) -> (states, metrics [S]): each member's
-  base train step (base_lib's, with its own objective, augmentation and noise from fold_in(key,
-  step)) in one jitted program, mapped over the leading member axis."""
-  steps = [base_lib.train_step_fn(e.base_objective(), e.optimizer(), e.bench.augment, e.bench.image_size,
-                                  e.bench.mean, e.bench.std) for e in exps]
-  if mapping == 'vmap':
-    return jax.jit(jax.vmap(steps[0]), donate_argnums=(0,))
-
-  def unrolled(states, images, labels, keys):
-    outs = [step(jax.tree_util.tree_map(lambda x: x[i], states), images[i], labels[i], keys[i])
-            for i, step in enumerate(steps)]
-    return jax.tree_util.tree_map(lambda *v: jnp.stack(v), *outs)
-
-  return jax.jit(unrolled, donate_argnums=(0,))
-
-
-def stack(trees):
-  return jax.tree_util.tree_map(lambda *v: jnp.stack([jnp.asarray(x) for x in v]), *trees)
-
-
-def unstack(tree, i: int):
-  return jax.tree_util.tree_map(lambda x: x[i], tree)
-
-
 def train_members(exps, ckpts, logs, mapping: str, hook: Hook = None) -> None:
-  """The base sessions of all members in lockstep, from the last step every member saved, each
-  member's state saved into its own workdir at its checkpoint steps and at the end."""
+  """The base sessions of all members in lockstep through the base session's loop, from the last
+  step every member saved; each member's state is saved into its own workdir."""
   cfg = exps[0].config.base
   saved = [c.latest_base_step() for c in ckpts]
   start = None if any(s is None for s in saved) else min(saved)
@@ -129,73 +99,27 @@ def train_members(exps, ckpts, logs, mapping: str, hook: Hook = None) -> None:
   else:
     states = [c.restore_base_state(e.state_template(), start) for e, c in zip(exps, ckpts)]
     print(f'resuming the base sessions of {len(exps)} members at step {start}/{cfg.steps}', flush=True)
-  start = start or 0
-  state = stack(states)
-  keys = jnp.stack([e.key(0) for e in exps])
-  step_fn = make_member_step(exps, mapping)
-  images, labels = exps[0].bench.train.images, exps[0].bench.train.labels
-
-  def host_part(step):  # every member's batch: its own indices into the shared images
-    idx = np.stack([e.batch_indices(step) for e in exps])
-    return jnp.asarray(images[idx]), jnp.asarray(labels[idx])
-
-  bar = tqdm(total=cfg.steps, initial=start, desc=f'base sessions of {len(exps)} members ({mapping})',
-             file=sys.stdout, mininterval=2.0)
-  window, t0 = [], time.time()
-  with contextlib.closing(prefetch_lib.prefetch(host_part, range(start, cfg.steps), cfg.prefetch)) as batches:
-    for step, (x, y) in zip(range(start, cfg.steps), batches):
-      state, metrics = step_fn(state, x, y, keys)
-      metrics = jax.device_get(metrics)
-      done = step + 1
-      bad = np.flatnonzero(~np.asarray(metrics['finite']))
-      if bad.size:
-        raise TrainingError(f'non-finite loss or parameters in member {int(bad[0])} at base step {done}')
-      window.append(metrics)
-      bar.update(1)
-      if done % cfg.log_every == 0 or done == cfg.steps:
-        rate = round(len(window) / (time.time() - t0), 3)
-        for i, log in enumerate(logs):
-          avg = {k: float(np.mean([w[k][i] for w in window])) for k in base_lib.LOGGED_METRICS}
-          log.write(phase='base', step=done, steps_per_s=rate, members=len(exps), **avg)
-        window, t0 = [], time.time()
-      if done % cfg.checkpoint_every == 0 or done == cfg.steps:
-        host = jax.device_get(state)
-        for i, c in enumerate(ckpts):
-          c.save_base_state(done, unstack(host, i))
-      if hook:
-        hook('base_step', step=done)
-  bar.close()
+  members = [train_loop.Member(e.base_objective(), e.batch_indices, e.key(0), c.save_base_state, log)
+             for e, c, log in zip(exps, ckpts, logs)]
+  train_loop.train_steps(exps[0], members, train_loop.stack(states), start or 0, phase='base',
+                         title=f'base sessions of {len(exps)} members ({mapping})', mapping=mapping, hook=hook)
 
 
 def summarize(member_results: list) -> dict:
-  """results.json's format over the members: each session's accuracies as the mean and 95% interval
-  of the members' means; 'pooled': the same over members x draws; 'members': the members' means."""
-  def over(values_per_member, pool):
-    vals = [v for vs in values_per_member for v in vs] if pool else [float(np.mean(vs)) for vs in values_per_member]
-    return evaluation.summarize(vals)
-
-  def doc(pool):
-    sessions = []
-    for t, s in enumerate(member_results[0]['sessions']):
-      entry = {'session': s['session'], 'num_classes': s['num_classes']}
-      for key in ('acc', 'acc_base', 'acc_novel', 'hm'):
-        per = [r['sessions'][t][key] for r in member_results]
-        entry[key] = None if any(p is None for p in per) else over([p['runs'] for p in per], pool)
-      sessions.append(entry)
-    drops = [np.asarray(r['sessions'][0]['acc']['runs']) - np.asarray(r['sessions'][-1]['acc']['runs'])
-             for r in member_results]
-    averages = [np.mean([s['acc']['runs'] for s in r['sessions']], axis=0) for r in member_results]
-    pd = over([d.tolist() for d in drops], pool)
-    avg = over([a.tolist() for a in averages], pool)
-    return {'sessions': sessions, 'pd': {'mean': pd['mean'], 'ci95': pd['ci95']},
-            'avg': {'mean': avg['mean'], 'ci95': avg['ci95']}}
-
+  """results.json's format over the members (evaluation.build_results): each session's accuracies
+  as the mean and 95% interval of the members' means over their draws; 'pooled': the same over
+  members x draws."""
   head = member_results[0]
-  out = {'dataset': head['dataset'], 'method': head['method'], 'protocol': head['protocol'],
-         'runs': len(member_results), 'interval_over': 'members', **doc(pool=False)}
-  out['pooled'] = {'runs': sum(r['runs'] for r in member_results), 'interval_over': 'members x draws',
-                   **doc(pool=True)}
-  return out
+  keys = ('acc', 'acc_base', 'acc_novel', 'hm')
+  num_classes = [s['num_classes'] for s in head['sessions']]
+
+  means = [[{k: None if s[k] is None else float(np.mean(s[k]['runs'])) for k in keys} for s in r['sessions']]
+           for r in member_results]
+  draws = [[{k: None if s[k] is None else s[k]['runs'][d] for k in keys} for s in r['sessions']]
+           for r in member_results for d in range(r['runs'])]
+  build = lambda rows: evaluation.build_results(head['dataset'], head['method'], head['protocol'], num_classes, rows)
+  return {**build(means), 'interval_over': 'members',
+          'pooled': {**build(draws), 'interval_over': 'members x draws'}}
 
 
 def run(config: ml_collections.ConfigDict, root: str, mode: str = 'train', checkpoint: Optional[str] = None,

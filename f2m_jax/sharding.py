@@ -76,6 +76,16 @@ def rows_sharded(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, P(None, AXIS))
 
 
+def member_batch_sharded(mesh: Mesh) -> NamedSharding:
+  """[S, B, ...] batches of S members: the batch axis B split over 'data'."""
+  return NamedSharding(mesh, P(None, AXIS))
+
+
+def member_rows_sharded(mesh: Mesh) -> NamedSharding:
+  """[N, S, B] per-step batch indices of S members: B split over 'data'."""
+  return NamedSharding(mesh, P(None, None, AXIS))
+
+
 def _put(x, sharding: NamedSharding) -> jax.Array:
   """A global array from a host value that every process holds in full."""
   if isinstance(x, jax.Array) and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
@@ -101,6 +111,19 @@ def shard_rows(mesh: Mesh, indices: np.ndarray) -> jax.Array:
   """[N, B] batch indices (N steps of a global batch B) split along B over the mesh."""
   per_device_batch(indices.shape[1], mesh)
   return _put(indices, rows_sharded(mesh))
+
+
+def shard_member_batch(mesh: Mesh, *arrays: np.ndarray) -> tuple:
+  """Host batches [S, B, ...] of S members split along B over the mesh."""
+  for a in arrays:
+    per_device_batch(a.shape[1], mesh)
+  return tuple(_put(a, member_batch_sharded(mesh)) for a in arrays)
+
+
+def shard_member_rows(mesh: Mesh, indices: np.ndarray) -> jax.Array:
+  """[N, S, B] batch indices of S members split along B over the mesh."""
+  per_device_batch(indices.shape[2], mesh)
+  return _put(indices, member_rows_sharded(mesh))
 
 
 def jit_data_parallel(step: Callable, mesh: Mesh, num_batch_args: int = 2) -> Callable:

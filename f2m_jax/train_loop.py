@@ -1,15 +1,16 @@
-"""The base session's training loop (and joint training's): batches from a pure function of (seed,
-step), one jitted step or a scanned call of several per dispatch, the host's work done ahead by a
-background thread, logging, checkpoints, the NaN stop, and the original's opt-in model selection on
-the test set.
+"""The base session's training loop, for one run or S runs in lockstep (a seed sweep), and joint
+training's: batches from a pure function of (seed, step), one jitted step or a scanned call of
+several per dispatch, the host's work done ahead by a background thread, logging, checkpoints, the
+NaN stop, and the original's opt-in model selection on the test set.
 """
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import sys
 import time
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -27,6 +28,18 @@ from f2m_jax.experiment import Experiment, Hook, TrainingError
 from f2m_jax.incremental import pad_rows
 
 
+@dataclasses.dataclass(frozen=True)
+class Member:
+  """One base training of the loop: its objective and key, the indices of its batch at each step
+  (`batch_indices(step)`, into the training images all members share), `save(step, state)` for its
+  train state at checkpoint steps and the last, and the metrics log of its workdir."""
+  objective: base_lib.BaseObjective
+  batch_indices: Callable[[int], np.ndarray]
+  key: jax.Array
+  save: Callable
+  log: workdir_lib.MetricsLog
+
+
 def train_base(exp: Experiment, ckpts: Checkpoints, log: workdir_lib.MetricsLog, hook: Hook = None):
   """Trains session 1 from the latest base checkpoint (or from scratch); returns the final state.
   `hook('base_step', step=n)` is called after every step (tests use it to interrupt a run)."""
@@ -34,100 +47,125 @@ def train_base(exp: Experiment, ckpts: Checkpoints, log: workdir_lib.MetricsLog,
   start = ckpts.latest_base_step()
   if start is not None:
     state = ckpts.restore_base_state(exp.state_template(), start)
-    state = jax.tree_util.tree_map(jnp.asarray, state)
     print(f'resuming base training at step {start}/{cfg.steps}', flush=True)
   else:
     state = exp.init_state()
   select = TestSetSelector(exp, ckpts, log) if cfg.select_on_test else None
-  return train_steps(exp, exp.base_objective(), state, start or 0, exp.batch_indices, ckpts.save_base_state,
-                     log, exp.key(0), phase='base', title='base session', keep_bar=True, select=select, hook=hook)
+  member = Member(exp.base_objective(), exp.batch_indices, exp.key(0), ckpts.save_base_state, log)
+  states = train_steps(exp, [member], stack([state]), start or 0, phase='base', title='base session',
+                       keep_bar=True, select=select, hook=hook)
+  return unstack(states, 0)
 
 
-def train_steps(exp: Experiment, objective, state, start: int, batch_indices: Callable, save: Callable, log,
-                key, phase: str, title: str, keep_bar: bool = False, select: Optional[Callable] = None,
+def stack(trees):
+  """The states (or any trees) of S members as one tree with a leading member axis."""
+  return jax.tree_util.tree_map(lambda *v: jnp.stack([jnp.asarray(x) for x in v]), *trees)
+
+
+def unstack(tree, i: int):
+  return jax.tree_util.tree_map(lambda x: x[i], tree)
+
+
+def train_steps(exp: Experiment, members: Sequence[Member], states, start: int, phase: str, title: str,
+                mapping: str = 'unroll', keep_bar: bool = False, select: Optional[Callable] = None,
                 hook: Hook = None):
-  """Steps `start`..base.steps of `objective` from `state` (of `start` steps), with the base.* budget
-  (optimizer, logging and checkpoint intervals, data path, prefetch); returns the final state.
-  `batch_indices(step)` indexes the training images; `save(step, state)` at every checkpoint step and
-  the last, `select(step, state)` every base.select_every steps; metrics go to `log` under `phase`,
-  progress to a bar named `title`; a non-finite step raises TrainingError naming it. The base
-  session's loop, and joint's (f2m_jax/methods/joint.py)."""
+  """Steps `start`..base.steps of S >= 1 members in lockstep from `states` (of `start` steps, with a
+  leading member axis), with the base.* budget (optimizer, logging and checkpoint intervals, data
+  path, prefetch); returns the final states. The base session's loop for one run or a sweep
+  (f2m_jax/members.py), and joint training's (f2m_jax/methods/joint.py).
+
+  `mapping` ('vmap' or 'unroll') is how the members share one program (base.members_step_fn).
+  `select(step, state)` (one member only) is called every base.select_every steps; each member's
+  metrics go to its log under `phase`, progress to one bar named `title`; a non-finite step raises
+  TrainingError naming the step (and the member). The device is never drained for the host: a
+  call is dispatched before the previous call's metrics are read, and a state to be saved is first
+  copied on the device, so that the next call may donate it."""
   cfg = exp.config.base
   if start >= cfg.steps:
-    return state
+    return states
+  num = len(members)
   mesh = sharding.data_mesh()  # data parallel over all devices; the batch is the global batch
   images, labels = exp.bench.train.images, exp.bench.train.labels
   on_device, per_call = data_placement(exp.config, images.nbytes)
-  args = (objective, exp.optimizer(), exp.bench.augment, exp.bench.image_size, exp.bench.mean, exp.bench.std)
+  step = base_lib.members_step_fn(
+      [base_lib.train_step_fn(m.objective, exp.optimizer(), exp.bench.augment, exp.bench.image_size,
+                              exp.bench.mean, exp.bench.std) for m in members], mapping)
   if on_device:  # the training images live on the device; each call runs `per_call` steps
-    step_fn = base_lib.make_multi_step(*args, mesh=mesh)
+    step_fn = base_lib.make_multi_step(step, mesh)
     data = sharding.replicate((images, labels), mesh)
   else:
-    step_fn = base_lib.make_train_step(*args, mesh=mesh)
+    step_fn = base_lib.make_member_step(step, mesh)
     data = ()
+
+  def indices(s: int) -> np.ndarray:  # [S, B]: every member's batch at step s
+    return np.stack([m.batch_indices(s) for m in members]).astype(np.int32)
 
   def host_part(call):  # the host's share of a call, done ahead by `prefetch`: indices (and images)
     first, n = call
     if on_device:  # a shorter call is padded to per_call rows (image 0's batches), which do not count
-      indices = np.stack([batch_indices(s) for s in range(first, first + n)]).astype(np.int32)
-      return sharding.shard_rows(mesh, pad_rows(indices, per_call)), np.int32(n)
-    idx = batch_indices(first)
-    return sharding.shard_batch(mesh, images[idx], labels[idx])
+      rows = np.stack([indices(s) for s in range(first, first + n)])
+      return sharding.shard_member_rows(mesh, pad_rows(rows, per_call)), np.int32(n)
+    idx = indices(first)
+    return sharding.shard_member_batch(mesh, images[idx], labels[idx])
 
-  state, key = sharding.replicate((state, key), mesh)
+  states, keys = sharding.replicate((states, jnp.stack([m.key for m in members])), mesh)
+  for m in members:
+    m.log.open()
   bar = tqdm(total=cfg.steps, desc=title, initial=start, file=sys.stdout, mininterval=2.0, leave=keep_bar)
   window, t0, saved = [], time.time(), (start or None)
+  extra = {'members': num} if num > 1 else {}
 
   def needs_state(done: int) -> bool:  # a call ending at step `done` is followed by a save or a selection
-    return done % cfg.checkpoint_every == 0 or (select is not None and done % cfg.select_every == 0)
+    return (done % cfg.checkpoint_every == 0 or done == cfg.steps
+            or (select is not None and done % cfg.select_every == 0))
 
-  def finish(first: int, n: int, metrics, state=None):
+  def finish(first: int, n: int, metrics, snapshot):
     """Reads the metrics of a call of `n` steps (waiting for it), stops on a non-finite step, then
-    logs; `state` is the state after the call, given when the call ends where a checkpoint or
-    selection needs it."""
+    logs, selects and saves; `snapshot` is a copy of the states after the call where one is needed."""
     nonlocal window, t0, saved
-    metrics = jax.device_get(metrics)
+    metrics = jax.device_get(metrics)  # leaves [N, S] (device path) or [S]
     per_step = [{k: v[i] for k, v in metrics.items()} for i in range(n)] if on_device else [metrics]
     for i, m in enumerate(per_step):
-      if not m['finite']:
+      bad = np.flatnonzero(~np.asarray(m['finite']))
+      if bad.size:
+        who = f' in member {int(bad[0])}' if num > 1 else ''
         kept = f'the last good checkpoint (step {saved}) is kept' if saved else 'no checkpoint was saved yet'
-        raise TrainingError(f'non-finite loss or parameters (loss {m["loss"]}) at {phase} step '
+        raise TrainingError(f'non-finite loss or parameters (loss {m["loss"][bad[0]]}){who} at {phase} step '
                             f'{first + i + 1}; {kept}')
     bar.update(len(per_step))
+    host = None if snapshot is None else jax.device_get(snapshot)
     for i, m in enumerate(per_step):  # logging, selection and checkpoints fall on call boundaries
       window.append(m)
       done = first + i + 1
       if done % cfg.log_every == 0 or done == cfg.steps:
-        avg = {k: float(np.mean([w[k] for w in window])) for k in base_lib.LOGGED_METRICS}
-        bar.set_postfix(loss=f'{avg["loss"]:.3f}', acc=f'{100 * avg["acc"]:.1f}')
-        log.write(phase=phase, step=done, steps_per_s=round(len(window) / (time.time() - t0), 3), **avg)
+        rate = round(len(window) / (time.time() - t0), 3)
+        for j, member in enumerate(members):
+          avg = {k: float(np.mean([w[k][j] for w in window])) for k in base_lib.LOGGED_METRICS}
+          member.log.write(phase=phase, step=done, steps_per_s=rate, **extra, **avg)
+        if num == 1:
+          bar.set_postfix(loss=f'{avg["loss"]:.3f}', acc=f'{100 * avg["acc"]:.1f}')
         window, t0 = [], time.time()
       if select and done % cfg.select_every == 0:
-        select(done, state)
+        select(done, unstack(host, 0))
       if done % cfg.checkpoint_every == 0 or done == cfg.steps:
-        save(done, state)
+        for j, member in enumerate(members):
+          member.save(done, unstack(host, j))
         saved = done
       if hook:
         hook('base_step', step=done)
 
-  # Each call is dispatched before the previous call's metrics are read (the device never waits for
-  # the host's logging), unless the previous call ends where its state must be saved first: the
-  # next call donates that state.
   calls = call_spans(start, cfg.steps, per_call)
-  pending = None  # (first step, steps, metrics) of the call dispatched last
+  pending = None  # (first step, steps, metrics, snapshot) of the call dispatched last
   with contextlib.closing(prefetch_lib.prefetch(host_part, calls, cfg.prefetch)) as batches:
     for (first, n), batch in zip(calls, batches):
-      if pending and needs_state(first):
-        finish(*pending, state=state)
-        pending = None
-      state, metrics = step_fn(state, *data, *batch, key)
+      states, metrics = step_fn(states, *data, *batch, keys)
       if pending:
         finish(*pending)
-      pending = (first, n, metrics)
-  if pending:
-    finish(*pending, state=state)
+      snapshot = jax.tree_util.tree_map(jnp.copy, states) if needs_state(first + n) else None
+      pending = (first, n, metrics, snapshot)
+  finish(*pending)
   bar.close()
-  return state
+  return states
 
 
 def call_spans(start: int, steps: int, per_call: int) -> list:

@@ -185,13 +185,18 @@ class MetricsLog:
       prefix, step = {'base': 'base', 'select_on_test': 'select'}[phase], record['step']
     else:
       return
-    if self._tb is None:
-      from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
-      self._tb = SummaryWriter(self._tb_dir, flush_secs=30)
+    self.open()
     for name, value in record.items():
       if name not in ('time', 'phase', 'step', 'run', 'session') and isinstance(value, (int, float)) \
           and not isinstance(value, bool):
         self._tb.add_scalar(f'{prefix}/{name}', value, step, walltime=record['time'])
+
+  def open(self) -> None:
+    """Opens the TensorBoard writer (if any) now: the base loop calls this before its first step, so
+    that opening it (an import and a writer thread) does not stall the running loop."""
+    if self._tb_dir is not None and self._tb is None and primary():
+      from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
+      self._tb = SummaryWriter(self._tb_dir, flush_secs=30)
 
   def close(self) -> None:
     if self._tb is not None:

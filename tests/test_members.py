@@ -16,6 +16,7 @@ from f2m_jax import base as base_lib
 from f2m_jax import evaluation
 from f2m_jax import members
 from f2m_jax import pipeline
+from f2m_jax import train_loop
 from f2m_jax.checkpoint import Checkpoints
 from f2m_jax.data import sources
 from f2m_jax.experiment import Experiment
@@ -99,11 +100,12 @@ def test_vmapped_members_equal_single_steps():
   config.base.lr = 1e-3
   bench = sources.load_benchmark(pipeline.resolve(tiny()))
   exps = [Experiment.create(pipeline.resolve(c), bench) for c in members.member_configs(config)]
-  step = members.make_member_step(exps, 'vmap')
+  step = jax.jit(base_lib.members_step_fn([base_lib.train_step_fn(
+      e.base_objective(), e.optimizer(), bench.augment, bench.image_size, bench.mean, bench.std) for e in exps], 'vmap'))
   single = jax.jit(base_lib.train_step_fn(exps[0].base_objective(), exps[0].optimizer(), bench.augment,
                                           bench.image_size, bench.mean, bench.std))
   states = [e.init_state() for e in exps]
-  stacked, keys = members.stack(states), jnp.stack([e.key(0) for e in exps])
+  stacked, keys = train_loop.stack(states), jnp.stack([e.key(0) for e in exps])
   for t in range(3):
     idx = np.stack([e.batch_indices(t) for e in exps])
     x, y = jnp.asarray(bench.train.images[idx]), jnp.asarray(bench.train.labels[idx])
@@ -112,7 +114,7 @@ def test_vmapped_members_equal_single_steps():
   for i, s in enumerate(states):
     leaves = jax.tree_util.tree_leaves(s.params)
     scale = max(float(np.abs(np.asarray(b)).max()) for b in leaves)  # float32 rounding is relative to the weights
-    for a, b in zip(jax.tree_util.tree_leaves(members.unstack(stacked, i).params), leaves):
+    for a, b in zip(jax.tree_util.tree_leaves(train_loop.unstack(stacked, i).params), leaves):
       np.testing.assert_allclose(a, b, rtol=0, atol=1e-6 * scale)
 
 

@@ -27,8 +27,8 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 
 CHILD = textwrap.dedent('''
     import json, sys
-    import jax, numpy as np
-    from f2m_jax import base as base_lib, sharding
+    import jax, jax.numpy as jnp, numpy as np
+    from f2m_jax import base as base_lib, sharding, train_loop
     from f2m_jax.data import synthetic
     from f2m_jax.models import build_model, noise_set_paths, split_block
 
@@ -59,15 +59,18 @@ CHILD = textwrap.dedent('''
     # The accelerator path on 4 devices: images replicated, 2 steps scanned in one call with the
     # indices split over the devices, against 2 single steps on 4 devices.
     single = step  # the loop's last: the 4-device mesh
-    multi = base_lib.make_multi_step(objective, tx, 'crop_flip', 16, data.mean, data.std, mesh=mesh)
+    member = base_lib.members_step_fn([base_lib.train_step_fn(objective, tx, 'crop_flip', 16, data.mean, data.std)],
+                                      'unroll')
+    multi = base_lib.make_multi_step(member, mesh)
     init = lambda: sharding.replicate((base_lib.init_state(model, jax.random.key(0), 16, tx), jax.random.key(1)), mesh)
     indices = np.stack([np.arange(8), np.arange(8)[::-1]]).astype(np.int32)
     state, key = init()
     for idx in indices:
       state, _ = single(state, *sharding.shard_batch(mesh, data.train.images[idx], data.train.labels[idx]), key)
     scanned, key = init()
-    scanned, _ = multi(scanned, *sharding.replicate((data.train.images, data.train.labels), mesh),
-                       sharding.shard_rows(mesh, indices), np.int32(2), key)
+    scanned, _ = multi(train_loop.stack([scanned]), *sharding.replicate((data.train.images, data.train.labels), mesh),
+                       sharding.shard_member_rows(mesh, indices[:, None]), np.int32(2), jnp.stack([key]))
+    scanned = train_loop.unstack(scanned, 0)
     diffs = jax.tree_util.tree_map(lambda a, b: float(np.max(np.abs(a - b)) / (np.max(np.abs(b)) + 1e-12)),
                                    jax.device_get((scanned.params, scanned.batch_stats)),
                                    jax.device_get((state.params, state.batch_stats)))

@@ -28,6 +28,7 @@ from conftest import without_provenance
 from f2m_jax import base as base_lib
 from f2m_jax import experiment as experiment_lib
 from f2m_jax import pipeline
+from f2m_jax import sharding
 from f2m_jax import train_loop
 from f2m_jax import validation
 from f2m_jax.checkpoint import Checkpoints
@@ -58,28 +59,31 @@ def test_scanned_steps_equal_single_steps(smoke_config):
   exp = experiment_lib.Experiment.create(config, sources.load_benchmark(config))
   bench = exp.bench
   args = (exp.base_objective(), exp.optimizer(), bench.augment, bench.image_size, bench.mean, bench.std)
-  single, multi = base_lib.make_train_step(*args), base_lib.make_multi_step(*args)
+  single = base_lib.make_train_step(*args)
+  mesh = sharding.data_mesh()
+  multi = base_lib.make_multi_step(base_lib.members_step_fn([base_lib.train_step_fn(*args)], 'unroll'), mesh)
   key, n, per_call = exp.key(0), 7, 2  # the last call is 1 step, padded to 2 rows
   indices = np.stack([exp.batch_indices(s) for s in range(n)] + [exp.batch_indices(0)]).astype(np.int32)
   images, labels = jnp.asarray(bench.train.images), jnp.asarray(bench.train.labels)
-  init, one, scanned = exp.init_state(), exp.init_state(), exp.init_state()  # the steps donate the state
+  init, one = exp.init_state(), exp.init_state()  # the steps donate the state
+  scanned, keys = sharding.replicate((train_loop.stack([exp.init_state()]), jnp.stack([key])), mesh)
   for first, steps in train_loop.call_spans(0, n, per_call):
     singles = []
     for s in range(first, first + steps):
       one, m = single(one, bench.train.images[indices[s]], bench.train.labels[indices[s]], key)
       singles.append(jax.device_get(m))
-    scanned, metrics = multi(scanned, images, labels, jnp.asarray(indices[first:first + per_call]),
-                             np.int32(steps), key)
+    scanned, metrics = multi(scanned, images, labels, jnp.asarray(indices[first:first + per_call, None]),
+                             np.int32(steps), keys)
     metrics = jax.device_get(metrics)
-    assert int(scanned.step) == first + steps
+    assert int(scanned.step[0]) == first + steps
     # Relative to how far the model moved (measured: 2e-6 with two XLA threads; 1.2e-4 with one,
     # where other reduction orders leave the near-zero BN biases 0.3% apart; a wrong batch or a
     # skipped step is off by order 1; a padding step applied, too).
-    for a, b in zip(_moved(scanned, init), _moved(one, init)):
+    for a, b in zip(_moved(train_loop.unstack(scanned, 0), init), _moved(one, init)):
       assert _rel_norm_diff(a, b) < 1e-3, f'after step {first + steps}'
     for k in ('loss', 'ce', 'pf', 'acc', 'ce_clean'):
-      assert metrics[k].shape == (per_call,)
-      np.testing.assert_allclose(metrics[k][:steps], [m[k] for m in singles], rtol=1e-5, atol=1e-6)
+      assert metrics[k].shape == (per_call, 1)
+      np.testing.assert_allclose(metrics[k][:steps, 0], [m[k] for m in singles], rtol=1e-5, atol=1e-6)
     assert metrics['finite'][:steps].all()
   assert multi._cache_size() == 1  # the short call ran the full calls' program
 

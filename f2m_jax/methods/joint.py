@@ -22,11 +22,11 @@ import optax
 from f2m_jax import base as base_lib
 from f2m_jax import evaluation
 from f2m_jax import objectives
+from f2m_jax import train_loop
 from f2m_jax.checkpoint import CheckpointError
 from f2m_jax.data import augment as augment_lib
 from f2m_jax.data import protocol as protocol_lib
 from f2m_jax.methods import Method, Runner, common
-from f2m_jax.train_loop import train_steps
 from f2m_jax.validation import need
 
 
@@ -67,13 +67,13 @@ def train_network(exp, network, pool: np.ndarray, key, training, log, desc: str,
   state = base_lib.init_state(network, key, exp.bench.image_size, exp.optimizer())
   start = training.latest_step()
   if start is not None:
-    state = jax.tree_util.tree_map(jnp.asarray, training.restore(state))
+    state = training.restore(state)
   objective = base_lib.BaseObjective(model=network, noise_paths=(), split=0, num_draws=0, bound=0.0,
                                      distribution='uniform', pf_weight=0.0, std_weight=0.0, shared_trunk=False)
-  state = train_steps(
-      exp, objective, state, start or 0, lambda step: protocol_lib.shuffled_batch(
-          pool, cfg.batch_size, exp.config.seed, step, stream), training.save, log, jax.random.fold_in(key, 1),
-      phase=desc, title=desc)
+  member = train_loop.Member(objective, lambda step: protocol_lib.shuffled_batch(
+      pool, cfg.batch_size, exp.config.seed, step, stream), jax.random.fold_in(key, 1), training.save, log)
+  state = train_loop.unstack(train_loop.train_steps(exp, [member], train_loop.stack([state]), start or 0,
+                                                    phase=desc, title=desc), 0)
   return {'params': jax.device_get(state.params), 'batch_stats': jax.device_get(state.batch_stats)}
 
 

@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.custom_batching import custom_vmap
 
 # PyTorch's kaiming_normal_(mode='fan_out', nonlinearity='relu'), the original code's conv init.
 conv_init = nn.initializers.variance_scaling(2.0, 'fan_out', 'normal')
@@ -34,8 +35,9 @@ def accumulation_dtype(dtype) -> Any:
 LAYOUT = ('NHWC', 'HWIO', 'NHWC')  # images, kernels, outputs: the forward and the CPU backward's convs
 
 
-def _conv(x, kernel, strides, padding, dtype):
-  return lax.conv_general_dilated(x.astype(dtype), kernel.astype(dtype), strides, padding, dimension_numbers=LAYOUT)
+def _conv(x, kernel, strides, padding, dtype, groups: int = 1):
+  return lax.conv_general_dilated(x.astype(dtype), kernel.astype(dtype), strides, padding, dimension_numbers=LAYOUT,
+                                  feature_group_count=groups)
 
 
 KERNEL_GRAD_BLOCK_BYTES = 2 << 20  # im2col block per scan step: stays in cache on this CPU
@@ -122,6 +124,42 @@ def _cpu_conv_grads(x, kernel, g, strides, padding, dtype):
   return gx, gk
 
 
+@functools.lru_cache(maxsize=None)
+def _grouped_conv_grads(strides, padding, dtype, groups: int):
+  """grads(x, kernel, g) -> (d x, d kernel) of conv(x, kernel, feature_group_count=groups) contracted
+  with g: XLA's own transposes, as `jax.grad` of a grouped forward convolution emits them (the kernel
+  gradient with batch_group_count=groups, which GPUs run as cuDNN's backward-filter convolution).
+
+  The function carries a batching rule: under `jax.vmap` (the members of a sweep, the M noise draws)
+  the mapped axis is folded into the channels as `batch * groups` groups, so S members stay S-times
+  larger convolutions of the same three kinds. vmap's generic rule would instead turn each kernel
+  gradient into a grouped *forward* convolution whose filter is the whole output gradient."""
+
+  def grads(x, kernel, g):
+    _, vjp = jax.vjp(lambda x_, k_: _conv(x_, k_, strides, padding, dtype, groups), x, kernel)
+    return vjp(g)
+
+  batched = custom_vmap(grads)
+
+  @batched.def_vmap
+  def _fold(axis_size, in_batched, x, kernel, g):
+    x, kernel, g = (a if b else jnp.broadcast_to(a, (axis_size,) + a.shape)
+                    for a, b in zip((x, kernel, g), in_batched))
+    # [B, ..., G*C] -> [..., B*G*C]: group b*G + i holds member b's group i (x and g alike), and the
+    # kernel's output channels [kh, kw, C, G*O] -> [kh, kw, C, B*G*O] in the same order.
+    fold = lambda a: jnp.moveaxis(a, 0, -2).reshape(a.shape[1:-1] + (axis_size * a.shape[-1],))
+    unfold = lambda a: jnp.moveaxis(a.reshape(a.shape[:-1] + (axis_size, -1)), -2, 0)
+    gx, gk = _grouped_conv_grads(strides, padding, dtype, axis_size * groups)(fold(x), fold(kernel), fold(g))
+    return (unfold(gx), unfold(gk)), (True, True)
+
+  return batched
+
+
+def _xla_conv_grads(x, kernel, g, strides, padding, dtype):
+  """(d x, d kernel) on GPU/TPU: XLA's transposes, kept in their fast form under vmap."""
+  return _grouped_conv_grads(strides, padding, jnp.dtype(dtype), 1)(x, kernel, g)
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6))
 def conv2d(x, kernel, eps, strides, padding, dtype, clean_backward):
   """conv(x, kernel + eps) (eps: the flat-minima noise, or zeros), differentiated in x and kernel.
@@ -130,7 +168,10 @@ def conv2d(x, kernel, eps, strides, padding, dtype, clean_backward):
   computes (docs/method.md, the behaviours table): it adds the noise to `p.data`, runs the forward pass and
   restores `p.data` before backward, so autograd's saved reference to the weight holds the clean
   values when the input gradient is formed. False: the exact gradient at kernel + eps. The kernel
-  gradient does not depend on the kernel, and eps gets none."""
+  gradient does not depend on the kernel, and eps gets none.
+
+  The backward is chosen by the platform the program is lowered for (`lax.platform_dependent`):
+  `_cpu_conv_grads` on XLA:CPU, `_xla_conv_grads` elsewhere."""
   return _conv(x, kernel + eps, strides, padding, dtype)
 
 
@@ -141,11 +182,9 @@ def _conv2d_fwd(x, kernel, eps, strides, padding, dtype, clean_backward):
 def _conv2d_bwd(strides, padding, dtype, clean_backward, residuals, g):
   x, kernel, eps = residuals
   used = kernel if clean_backward else kernel + eps
-  if jax.default_backend() == 'cpu':
-    gx, gk = _cpu_conv_grads(x, used, g, strides, padding, dtype)
-  else:
-    _, vjp = jax.vjp(lambda x_, k_: _conv(x_, k_, strides, padding, dtype), x, used)
-    gx, gk = vjp(g)
+  gx, gk = lax.platform_dependent(
+      x, used, g, cpu=lambda *a: _cpu_conv_grads(*a, strides, padding, dtype),
+      default=lambda *a: _xla_conv_grads(*a, strides, padding, dtype))
   return gx, gk, jnp.zeros_like(eps)
 
 
