@@ -5,6 +5,7 @@ import functools
 from typing import Callable, Optional, Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from f2m_jax import objectives
@@ -31,15 +32,19 @@ def make_embed(model: ResNet, mean, std, batch_size: int = 500, first: int = 0,
     out = model.apply(variables, x, train=False, first=first, last=last)
     return out if last is not None else out[1 if logits else 0]
 
-  def embed(variables, inputs: np.ndarray) -> np.ndarray:
+  def embed(variables, inputs, keep_on_device: bool = False):
+    """The outputs for `inputs` (host or device arrays) as one numpy array, or (`keep_on_device`) as
+    one device array, e.g. the trunk's features that every later evaluation reads again."""
+    xp = jnp if keep_on_device else np
     out = []
     for start in range(0, len(inputs), batch_size):
       chunk = inputs[start:start + batch_size]
       n = len(chunk)
       if n < batch_size:
-        chunk = np.concatenate([chunk, np.zeros((batch_size - n,) + chunk.shape[1:], chunk.dtype)])
-      out.append(np.asarray(_embed(variables, chunk))[:n])
-    return np.concatenate(out)
+        lib = np if isinstance(chunk, np.ndarray) else jnp
+        chunk = lib.concatenate([chunk, lib.zeros((batch_size - n,) + chunk.shape[1:], chunk.dtype)])
+      out.append(xp.asarray(_embed(variables, chunk))[:n])
+    return xp.concatenate(out)
 
   embed.jitted = _embed  # compiled ahead from shapes (f2m_jax/programs.py)
   return embed

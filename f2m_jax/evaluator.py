@@ -24,7 +24,8 @@ def embed_spec(exp: Experiment, first: int = 0, last: Optional[int] = None) -> t
 
 class Evaluator:
   """Test-set NCM accuracies. When only suffix blocks change after session 1, the frozen trunk's
-  features of the test set are computed once and each evaluation runs only the suffix."""
+  features of the test set are computed once, kept on the device, and each evaluation runs only the
+  suffix."""
 
   def __init__(self, exp: Experiment, base_variables, trainable_paths):
     self.exp = exp
@@ -32,7 +33,8 @@ class Evaluator:
     self._trunk = None
     block = self.trunk_block(exp, trainable_paths)
     if block:
-      self._trunk = exp.programs.get(*embed_spec(exp, last=block))(base_variables, exp.bench.test.images)
+      self._trunk = exp.programs.get(*embed_spec(exp, last=block))(base_variables, exp.bench.test.images,
+                                                                    keep_on_device=True)
       self.embed_suffix = exp.programs.get(*embed_spec(exp, first=block))
     self._static = None
 

@@ -111,7 +111,10 @@ def train_steps(exp: Experiment, members: Sequence[Member], states, start: int, 
   states, keys = sharding.replicate((states, jnp.stack([m.key for m in members])), mesh)
   for m in members:
     m.log.open()
-  bar = tqdm(total=cfg.steps, desc=title, initial=start, file=sys.stdout, mininterval=2.0, leave=keep_bar)
+  # The bar starts once the first call is done, so that its rate and ETA leave out the compile.
+  print(f'{title}: compiling the step' + (f' of {num} members' if num > 1 else '') + f', steps {start}-{cfg.steps}',
+        flush=True)
+  bar = None
   window, t0, saved = [], time.time(), (start or None)
   extra = {'members': num} if num > 1 else {}
 
@@ -122,7 +125,7 @@ def train_steps(exp: Experiment, members: Sequence[Member], states, start: int, 
   def finish(first: int, n: int, metrics, snapshot):
     """Reads the metrics of a call of `n` steps (waiting for it), stops on a non-finite step, then
     logs, selects and saves; `snapshot` is a copy of the states after the call where one is needed."""
-    nonlocal window, t0, saved
+    nonlocal window, t0, saved, bar
     metrics = jax.device_get(metrics)  # leaves [N, S] (device path) or [S]
     per_step = [{k: v[i] for k, v in metrics.items()} for i in range(n)] if on_device else [metrics]
     for i, m in enumerate(per_step):
@@ -132,7 +135,10 @@ def train_steps(exp: Experiment, members: Sequence[Member], states, start: int, 
         kept = f'the last good checkpoint (step {saved}) is kept' if saved else 'no checkpoint was saved yet'
         raise TrainingError(f'non-finite loss or parameters (loss {m["loss"][bad[0]]}){who} at {phase} step '
                             f'{first + i + 1}; {kept}')
-    bar.update(len(per_step))
+    if bar is None:
+      bar = tqdm(total=cfg.steps, desc=title, initial=first + n, file=sys.stdout, mininterval=2.0, leave=keep_bar)
+    else:
+      bar.update(len(per_step))
     host = None if snapshot is None else jax.device_get(snapshot)
     for i, m in enumerate(per_step):  # logging, selection and checkpoints fall on call boundaries
       window.append(m)

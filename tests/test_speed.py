@@ -1,18 +1,13 @@
-"""The accelerator data path (issue 15, items 1-2): training images held on the device, N base
-steps per call with lax.scan (runs in parallel: tests/test_parallel_runs.py). N scanned steps
-equal N single steps on host batches; a whole run through it ends where the host path ends,
-resumes bit-exactly, and stops on a NaN at the same step.
+"""The accelerator data path of the base loop: training images held on the device, N steps per call
+with lax.scan. N scanned steps equal N single steps on host batches; a whole run through it ends
+where the host path ends, resumes bit-exactly, and stops on a NaN at the same step.
 
-Why the equalities use base.lr=1e-3 and no std term: the scanned program is another XLA program than
-the single step (other fusions), so one step differs by float rounding (measured: 1e-5 of each
-leaf's scale). At the smoke data's lr 0.1, training itself amplifies any such difference about
-threefold per step (two single-step runs that differ by 1e-5 after step 2 differ by 30% after
-step 10), and the std term's gradient, sign(L_j - mean) for M = 2, flips where the two noisy losses
-are equal to rounding. With lr 1e-3 and gamma 0 the dynamics are smooth and the comparison tests
-the scan, not the chaos (measured: 3.5e-6 after 8 steps). Those measurements predate 72dcb71: since
-the CPU conv backward is written in Eigen's form, 8 scanned steps of the smoke F2M config at lr 0.1
-with the std term equal 8 single steps bit for bit on XLA:CPU (jaxlib 0.10.2), and the smoke run's
-results through both paths are identical; the tolerances stay for other backends and XLA versions.
+The equalities use base.lr=1e-3 and no std term: the scanned program is another XLA program than the
+single step (other fusions), so a step may differ by float rounding, which training at the smoke
+data's lr 0.1 amplifies step after step, and the std term's gradient, sign(L_j - mean) for M = 2,
+flips where the two noisy losses are equal to rounding. With lr 1e-3 and gamma 0 the dynamics are
+smooth and the comparison tests the scan, not the chaos. (On XLA:CPU the two paths are in fact bit
+for bit equal; the tolerances stay for other backends and XLA versions.)
 """
 from __future__ import annotations
 

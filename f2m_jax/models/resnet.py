@@ -40,11 +40,10 @@ def _conv(x, kernel, strides, padding, dtype, groups: int = 1):
                                   feature_group_count=groups)
 
 
-KERNEL_GRAD_BLOCK_BYTES = 2 << 20  # im2col block per scan step: stays in cache on this CPU
-# Output gradients smaller than this take the convolution form (`_kernel_grad_eigen`, XLA's own outside
-# loops): there it is about as fast (a smoke-sized ResNet-20 F2M step ran 101 ms against 92 ms) and
-# compiles faster (11.6 s against 19.2 s on 2 cores). Every conv of the CIFAR-100, miniImageNet and
-# CUB configs is above it.
+KERNEL_GRAD_BLOCK_BYTES = 2 << 20  # im2col block per scan step: small enough to stay in a CPU cache
+# Output gradients smaller than this take the convolution form (`_kernel_grad_eigen`): as fast there,
+# and it compiles faster. Every conv of the CIFAR-100, miniImageNet and CUB configs is above it.
+# The measurements: experiments/results/README.md, "CPU speed: the convolution backward's forms".
 KERNEL_GRAD_MIN_BYTES = 1 << 20
 
 
@@ -52,10 +51,9 @@ def _kernel_grad_by_shifts(x, g, kernel_shape, strides, padding):
   """d conv(x, k) / dk contracted with g, as im2col matmuls over blocks of a few images.
 
   XLA:CPU forms this gradient as a convolution whose 'kernel' is the spatially large output
-  gradient, which it runs slowly (about 500 ms for a ResNet-20 first-stage conv at batch 256 on
-  this project's 2-core machine); building the patch matrix of a few images at a time (about
-  2 MB, so it stays in cache) and accumulating patches^T @ g over the blocks with lax.scan takes
-  about 80 ms. Equal to autodiff to float rounding (tests/test_fidelity.py)."""
+  gradient, which it runs slowly; building the patch matrix of a few images at a time (small
+  enough to stay in cache) and accumulating patches^T @ g over the blocks with lax.scan is several
+  times faster. Equal to autodiff to float rounding (tests/test_fidelity.py)."""
   kh, kw, cin, cout = kernel_shape
   n, ho, wo, _ = g.shape
   sh, sw = strides
@@ -82,9 +80,8 @@ def _input_grad_eigen(g, kernel, x_shape, strides, padding):
   kernels run: g dilated by the strides, convolved with the flipped kernel, its in/out axes swapped.
 
   XLA's own transpose of the convolution takes this form only where XLA:CPU rewrites it, which it
-  does outside loops but not inside a lax.scan (the device path's scanned base steps): there it ran
-  6-13x slower (a 3x3 conv at batch 80, 16 px, 16 channels: 64 ms against 5 ms for 3 steps).
-  Bit-identical to XLA's form outside loops (tests/test_fidelity.py).
+  does outside loops but not inside a lax.scan (the device path's scanned base steps), where XLA's
+  form runs several times slower. Bit-identical to XLA's form outside loops (tests/test_fidelity.py).
   The padding is jax's own for this transpose."""
   kh, kw = kernel.shape[:2]
   flipped = jnp.transpose(jnp.flip(kernel, (0, 1)), (0, 1, 3, 2))
@@ -99,7 +96,7 @@ def _kernel_grad_eigen(x, g, kernel_shape, strides, padding):
   """d conv(x, k) / dk contracted with g (float32) as the convolution XLA:CPU's Eigen kernels run:
   the batch axis as the contracted feature axis (x as [cin, H, W, n], g as an [Ho, Wo, n, cout]
   kernel dilated by the strides). Outside loops XLA rewrites its own transpose into this form
-  (bit-identical, tests/test_fidelity.py); inside a lax.scan it does not and ran 30-60x slower."""
+  (bit-identical, tests/test_fidelity.py); inside a lax.scan it does not, and runs far slower."""
   kh, kw = kernel_shape[:2]
   out = lax.conv_general_dilated(jnp.transpose(x, (3, 1, 2, 0)), jnp.transpose(g, (1, 2, 0, 3)), (1, 1),
                                  padding, rhs_dilation=strides, dimension_numbers=LAYOUT)

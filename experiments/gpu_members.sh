@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Seed sweeps on one GPU: S members in one program against single runs and against separate
+# processes sharing the GPU (docs/performance.md, "Seeds and sweeps in one program"). No data needed.
+#   1. `members`: --mode bench's member table, S in MEMBER_SIZES (default 1 2 4 8) at M = 2, in
+#      float32 and bfloat16: each S's member-steps/s against S single steps, in one run.
+#   2. `procs`: PROCS (default 8) processes at once, each timing the single F2M step (--mode bench,
+#      members_1_single) while they share the GPU (its multi-process service is started where
+#      `nvidia-cuda-mps-control` exists); their summed steps/s is the comparator for S = PROCS.
+# For the whole full-budget run with a cold and a warm compilation cache:
+#   PARTS="full repeat" experiments/gpu_targets.sh OUT
+#
+#   experiments/gpu_members.sh OUT
+#   ITERS=1 MEMBER_SIZES="1 2" PROCS=2 experiments/gpu_members.sh OUT   # the CPU check of this script
+set -euo pipefail
+out=${1:?usage: experiments/gpu_members.sh OUT}
+parts=" ${PARTS:-members procs} "
+sizes=${MEMBER_SIZES:-1 2 4 8}
+procs=${PROCS:-8}
+iters=${ITERS:-5}
+py=${PYTHON:-python3}
+mkdir -p "$out"
+common=(--mode bench --config.bench.backend_defaults=False "--config.bench.dtypes=()"
+        --config.bench.whole_run_steps=0 --config.bench.iters="$iters" --config.noise.M=2)
+if [[ $parts == *" members "* ]]; then
+  for dtype in float32 bfloat16; do
+    $py run.py --config configs/cifar100.py --workdir "$out/members_$dtype" "${common[@]}" \
+        --config.model.dtype="$dtype" --config.bench.member_sizes="($(echo $sizes | tr ' ' ','),)" \
+        2>&1 | tee "$out/members_$dtype.log"
+  done
+fi
+if [[ $parts == *" procs "* ]]; then
+  mps=0
+  mkdir -p "$out/procs"
+  if command -v nvidia-cuda-mps-control > /dev/null; then
+    nvidia-cuda-mps-control -d && mps=1 || true
+  fi
+  for i in $(seq 1 "$procs"); do
+    XLA_PYTHON_CLIENT_MEM_FRACTION=$(awk "BEGIN {print 0.9 / $procs}") \
+      $py run.py --config configs/cifar100.py --workdir "$out/procs/p$i" "${common[@]}" \
+      --config.bench.member_sizes='(1,)' > "$out/procs/p$i.log" 2>&1 &
+  done
+  wait
+  [ "$mps" = 1 ] && echo quit | nvidia-cuda-mps-control || true
+  $py - "$out/procs" "$procs" "$mps" <<'EOF'
+import glob, json, sys
+rows = []
+for path in sorted(glob.glob(sys.argv[1] + '/p*/bench*.json')):
+  rec = [r for r in json.load(open(path))['members'] if r['variant'] == 'members_1_single'][0]
+  rows.append(rec['step_ms_median'])
+print(json.dumps({'processes': int(sys.argv[2]), 'mps': sys.argv[3] == '1', 'step_ms_median': rows,
+                  'summed_steps_per_s': round(sum(1e3 / ms for ms in rows), 2)}))
+EOF
+fi
