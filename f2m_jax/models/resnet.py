@@ -132,9 +132,11 @@ def _grouped_conv_grads(strides, padding, dtype, groups: int):
   larger convolutions of the same three kinds. vmap's generic rule would instead turn each kernel
   gradient into a grouped *forward* convolution whose filter is the whole output gradient."""
 
-  def grads(x, kernel, g):
-    _, vjp = jax.vjp(lambda x_, k_: _conv(x_, k_, strides, padding, dtype, groups), x, kernel)
-    return vjp(g)
+  def grads(x, kernel, g):  # the conv is linear in each argument: transposes, no forward pass
+    conv = lambda x_, k_: _conv(x_, k_, strides, padding, dtype, groups)
+    gx, = jax.linear_transpose(lambda x_: conv(x_, kernel), x)(g)
+    gk, = jax.linear_transpose(lambda k_: conv(x, k_), kernel)(g)
+    return gx, gk
 
   batched = custom_vmap(grads)
 
