@@ -10,7 +10,8 @@
 #   PARTS="full repeat" experiments/gpu_targets.sh OUT
 #
 #   experiments/gpu_members.sh OUT
-#   ITERS=1 MEMBER_SIZES="1 2" PROCS=2 experiments/gpu_members.sh OUT   # the CPU check of this script
+#   CONFIG=configs/cifar100.py:smoke ITERS=1 MEMBER_SIZES="1 2" PROCS=2 experiments/gpu_members.sh OUT
+#     (the CPU check of this script)
 set -euo pipefail
 out=${1:?usage: experiments/gpu_members.sh OUT}
 parts=" ${PARTS:-members procs} "
@@ -18,12 +19,13 @@ sizes=${MEMBER_SIZES:-1 2 4 8}
 procs=${PROCS:-8}
 iters=${ITERS:-5}
 py=${PYTHON:-python3}
+config=${CONFIG:-configs/cifar100.py}
 mkdir -p "$out"
 common=(--mode bench --config.bench.backend_defaults=False "--config.bench.dtypes=()"
         --config.bench.whole_run_steps=0 --config.bench.iters="$iters" --config.noise.M=2)
 if [[ $parts == *" members "* ]]; then
   for dtype in float32 bfloat16; do
-    $py run.py --config configs/cifar100.py --workdir "$out/members_$dtype" "${common[@]}" \
+    $py run.py --config "$config" --workdir "$out/members_$dtype" "${common[@]}" \
         --config.model.dtype="$dtype" --config.bench.member_sizes="($(echo $sizes | tr ' ' ','),)" \
         2>&1 | tee "$out/members_$dtype.log"
   done
@@ -36,7 +38,7 @@ if [[ $parts == *" procs "* ]]; then
   fi
   for i in $(seq 1 "$procs"); do
     XLA_PYTHON_CLIENT_MEM_FRACTION=$(awk "BEGIN {print 0.9 / $procs}") \
-      $py run.py --config configs/cifar100.py --workdir "$out/procs/p$i" "${common[@]}" \
+      $py run.py --config "$config" --workdir "$out/procs/p$i" "${common[@]}" \
       --config.bench.member_sizes='(1,)' > "$out/procs/p$i.log" 2>&1 &
   done
   wait

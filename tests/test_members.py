@@ -93,6 +93,24 @@ def test_a_resumed_sweep_equals_an_uninterrupted_one(sweep, tmp_path):
       assert without_provenance(json.load(f)) == without_provenance(json.load(g))
 
 
+def test_a_sweep_through_the_device_path_equals_the_host_path(sweep, tmp_path):
+  """The accelerators' path (images on the device, each member's batch gathered there, 5 steps
+  scanned per call) trains every member as the host path does: the same logged base steps, each
+  member's base model to float rounding, the same accuracies."""
+  config = tiny(seeds=SEEDS, map='unroll')
+  config.base.update(data_placement='device', steps_per_call=5)
+  root = str(tmp_path / 'sweep')
+  members.run(config, root)
+  for i, seed in enumerate(SEEDS):
+    ours, theirs = os.path.join(root, f'member_{i}'), os.path.join(sweep[0], f'member_{i}')
+    steps = lambda w: [r['step'] for r in map(json.loads, open(os.path.join(w, 'metrics.jsonl')))
+                       if r.get('phase') == 'base']
+    assert steps(ours) == steps(theirs) == [5, 10, 15, 20]
+    mine, host = base_model(ours, seed), base_model(theirs, seed)
+    for x, y in zip(jax.tree_util.tree_leaves(mine), jax.tree_util.tree_leaves(host)):
+      np.testing.assert_allclose(x, y, rtol=0, atol=1e-5 * np.abs(y).max())
+
+
 def test_vmapped_members_equal_single_steps():
   """The member axis mapped with jax.vmap (the GPU/TPU default) gives each member its own single
   step's result to float rounding; at a small learning rate, so three steps do not amplify it."""
