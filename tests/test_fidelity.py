@@ -3,6 +3,8 @@ CPU kernel gradient, the BN fold, the TaskSampler epochs through the pipeline), 
 model selection on the test set, which every output must admit to."""
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import json
 import re
 
@@ -234,6 +236,22 @@ def test_backward_weights_reach_the_network(smoke_config):
   for weights, clean in (('noisy', False), ('clean', True)):
     smoke_config.noise.backward_weights = weights
     assert experiment_lib.Experiment.create(pipeline.resolve(smoke_config), bench).model.clean_backward is clean
+
+
+def test_the_models_backward_default_is_the_configs():
+  """Every default of `clean_backward` in the model code (Conv, BasicBlock, ResNet, build_model) is
+  the config's noise.backward_weights default, so a network built without the flag (a test, a
+  script) is differentiated as a run with the default config."""
+  from configs import common
+  want = common.base_config().noise.backward_weights == 'clean'
+  for config in (cifar100.get_config(), mini.get_config(), cub200.get_config()):
+    assert (config.noise.backward_weights == 'clean') is want
+  defaults = {cls.__name__: {f.name: f.default for f in dataclasses.fields(cls)}['clean_backward']
+              for cls in (resnet.Conv, resnet.BasicBlock, resnet.ResNet)}
+  defaults['build_model'] = inspect.signature(resnet.build_model).parameters['clean_backward'].default
+  assert defaults == dict.fromkeys(defaults, want)
+  assert resnet.build_model('resnet20', 4, 4).clean_backward is want
+  assert resnet.resnet18(4, width=8).clean_backward is want
 
 
 def test_a_renamed_field_in_a_saved_config_reads_as_the_new_one():
