@@ -215,6 +215,9 @@ def test_workdirs_older_than_a_field_resume_only_with_its_old_behaviour():
   assert workdir.config_differences(before_switches, current) == ['noise.bn_updates', 'noise.pf_gradient']
   paper = {'data': {'split': ''}, 'noise': {'pf_gradient': True, 'bn_updates': 'clean'}}
   assert workdir.config_differences(before_switches, paper) == []
+  # Written before PF's classes were a field: it averaged over the batch's classes.
+  assert workdir.config_differences({'noise': {}}, {'noise': {'pf_classes': 'batch'}}) == []
+  assert workdir.config_differences({'noise': {}}, {'noise': {'pf_classes': 'all_base'}}) == ['noise.pf_classes']
 
 
 def test_a_methods_own_section_is_compared_only_for_that_method():
@@ -271,6 +274,7 @@ def test_saved_config_fills_fields_added_later(tmp_path):
   (tmp_path / 'config.json').write_text(json.dumps({'method': 'f2m', 'noise': {'bound': 0.01}}))
   defaults = {'method': 'f2m', 'noise': {'bound': 0.005, 'pf_gradient': False}, 'crt': {'lr': 0.1}}
   assert workdir.saved_config(str(tmp_path), defaults) == {
-      'method': 'f2m', 'noise': {'bound': 0.01, 'pf_gradient': True, 'bn_updates': 'clean', 'backward_weights': 'noisy'},
+      'method': 'f2m', 'noise': {'bound': 0.01, 'pf_gradient': True, 'bn_updates': 'clean', 'backward_weights': 'noisy',
+                                 'pf_classes': 'batch'},
       'crt': {'lr': 0.1}, 'data': {'split': '', 'synthetic': {'seed': 0}}, 'base': {'select_on_test': False, 'select_every': 1500},
       'model': {'head': 'linear'}}
