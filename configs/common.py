@@ -120,6 +120,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.incremental.clamp = True  # PC
   c.incremental.distance = 'squared_euclidean'  # or 'euclidean'
   c.incremental.round_steps = True  # the original's rounding of each SGD step to multiples of b/2
+  # Eq. 5's base prototypes: False the raw means (the original), True scaled to unit L2 norm, as
+  # Algorithm 1 saves them (test-time PN is eval.normalize_prototypes; novel prototypes in Eq. 5 are
+  # the batch's means either way)
+  c.incremental.normalize_base_prototypes = False
   # How many runs one call fine-tunes together, mapped over a run axis (f2m_jax/sessions.py: parallel_runs):
   # 0 is 1 on a CPU (its mapped convolutions are slower than one run at a time) and all runs elsewhere.
   c.incremental.parallel_runs = 0

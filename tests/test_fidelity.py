@@ -218,6 +218,10 @@ def test_workdirs_older_than_a_field_resume_only_with_its_old_behaviour():
   # Written before PF's classes were a field: it averaged over the batch's classes.
   assert workdir.config_differences({'noise': {}}, {'noise': {'pf_classes': 'batch'}}) == []
   assert workdir.config_differences({'noise': {}}, {'noise': {'pf_classes': 'all_base'}}) == ['noise.pf_classes']
+  # Written before Eq. 5's base prototypes could be normalised: they were raw.
+  unit = {'incremental': {'normalize_base_prototypes': True}}
+  assert workdir.config_differences({'incremental': {}}, {'incremental': {'normalize_base_prototypes': False}}) == []
+  assert workdir.config_differences({'incremental': {}}, unit) == ['incremental.normalize_base_prototypes']
 
 
 def test_a_methods_own_section_is_compared_only_for_that_method():
@@ -257,6 +261,22 @@ def test_the_models_backward_default_is_the_configs():
   assert resnet.resnet18(4, width=8).clean_backward is want
 
 
+def test_the_paper_switches_reach_the_objective_and_the_sessions(smoke_config):
+  """noise.pf_classes reaches the base objective, incremental.normalize_base_prototypes the
+  sessions' settings; the defaults are the authors' code's (tests/test_objectives.py and
+  tests/test_incremental.py check what each value computes)."""
+  from f2m_jax.data import sources
+  from f2m_jax.methods import ncm
+  assert (smoke_config.noise.pf_classes, smoke_config.incremental.normalize_base_prototypes) == ('batch', False)
+  bench = sources.load_benchmark(smoke_config)
+  for over, unit in (('batch', False), ('all_base', True)):
+    smoke_config.noise.pf_classes = over
+    smoke_config.incremental.normalize_base_prototypes = unit
+    exp = experiment_lib.Experiment.create(pipeline.resolve(smoke_config), bench)
+    assert exp.base_objective().pf_classes == over
+    assert ncm.session_settings(exp, exp.noise_paths).normalize_base_prototypes is unit
+
+
 def test_a_renamed_field_in_a_saved_config_reads_as_the_new_one():
   """Workdirs written with noise.clean_backward (True was the default then) resume under
   noise.backward_weights='clean', and only under it."""
@@ -276,5 +296,6 @@ def test_saved_config_fills_fields_added_later(tmp_path):
   assert workdir.saved_config(str(tmp_path), defaults) == {
       'method': 'f2m', 'noise': {'bound': 0.01, 'pf_gradient': True, 'bn_updates': 'clean', 'backward_weights': 'noisy',
                                  'pf_classes': 'batch'},
+      'incremental': {'normalize_base_prototypes': False},
       'crt': {'lr': 0.1}, 'data': {'split': '', 'synthetic': {'seed': 0}}, 'base': {'select_on_test': False, 'select_every': 1500},
       'model': {'head': 'linear'}}
