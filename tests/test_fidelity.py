@@ -35,6 +35,9 @@ def test_defaults_are_the_authors_code_and_baseline_turns_them_off():
   assert [c.noise.bound for c in (cifar100.get_config(), mini.get_config(), cub200.get_config())] == [
       0.005, 0.008, 0.0001]
   assert (mini.get_config().base.shots, cub200.get_config().base.shots) == (16, 8)
+  # their test-set selection every val_freq iterations (read only with base.select_on_test)
+  assert [c.base.select_every for c in (cifar100.get_config(), mini.get_config(), cub200.get_config())] == [
+      1500, 1500, 200]
   base = cifar100.get_config()
   base.method = 'baseline'
   resolved = pipeline.resolve(base)
