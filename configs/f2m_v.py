@@ -59,7 +59,7 @@ DATASETS = ('cifar100', 'mini', 'cub200')
 # The fields F2M-V sets, with the reason (module docstring for the numbers).
 CHOICES = {
     'base.sampler': 'shuffle',  # shuffled batches: learns faster than TaskSampler epochs
-    'noise.std_weight': 0.0,  # the paper's objective: no std term
+    'noise.std_weight': 0.0,  # no std term, as the paper's Eq. 3
     'noise.distribution': 'uniform',  # symmetric uniform on [-b, b] (the paper states no law)
     'incremental.finetune': False,  # NCM on the flat model: fine-tuning lost on validation
 }
