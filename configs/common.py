@@ -86,14 +86,23 @@ def base_config() -> ml_collections.ConfigDict:
   c.noise.num_layers = 4  # K: the last K 3x3 convs form the noise set
   c.noise.M = 2
   # b: the true noise half-width and the clamp box half-width (the original's config value
-  # bound_value is 2b: its noise and its clamp reach bound_value / 2)
+  # bound_value is 2b: its noise and its clamp reach bound_value / 2; the paper's "b = 0.01" is
+  # CIFAR-100's bound_value, so 0.005 here)
   c.noise.bound = 0.005
-  # 'discrete_beta' (the original's sampler as it runs: levels {-b, 0, b/2, b}, mean +0.23 b),
-  # 'grid' (the same five levels {-b, -b/2, 0, b/2, b} all reachable, symmetric) or 'uniform' on [-b, b]
+  # 'discrete_beta' (the original's sampler as it runs: levels {-b, 0, b/2, b}, mean +0.235 b),
+  # 'grid' (the same five levels {-b, -b/2, 0, b/2, b} all reachable, symmetric) or 'uniform' on
+  # [-b, b]; the paper states no law for the noise, only its bound
   c.noise.distribution = 'discrete_beta'
   c.noise.prototype_fixing = True  # PF
-  c.noise.pf_weight = 1.0  # lambda
-  c.noise.pf_gradient = False  # False: PF's value enters the loss without gradient (the original); True: the paper
+  c.noise.pf_weight = 1.0  # lambda (the original's 1.0; the paper gives no value)
+  # False: PF's value enters the loss without gradient (the original), so PF acts only through the
+  # std term's values, and with std_weight 0 not at all; True: the paper (with std_weight > 0 it
+  # diverged within 79 steps: docs/method.md, the ablation switches)
+  c.noise.pf_gradient = False
+  # PF's mean over 'batch' (the classes present in the batch: the original) or 'all_base' (all base
+  # classes, Eq. 4's 1/|C^1|; classes absent from the batch add 0, so it is 'batch' scaled by the
+  # fraction of base classes in the batch, 16/60 with CIFAR-100's TaskSampler batches)
+  c.noise.pf_classes = 'batch'
   c.noise.std_weight = 2.0  # gamma: + gamma * std over the M noisy losses (the original; the paper has none: 0)
   # 'all_passes': BN running statistics updated by the clean pass, then by each noisy pass in turn
   # (the original, 1 + M updates per step); 'clean': by the clean pass only
@@ -116,6 +125,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.incremental.clamp = True  # PC
   c.incremental.distance = 'squared_euclidean'  # or 'euclidean'
   c.incremental.round_steps = True  # the original's rounding of each SGD step to multiples of b/2
+  # Eq. 5's base prototypes: False the raw means (the original), True scaled to unit L2 norm, as
+  # Algorithm 1 saves them (test-time PN is eval.normalize_prototypes; novel prototypes in Eq. 5 are
+  # the batch's means either way)
+  c.incremental.normalize_base_prototypes = False
   # How many runs one call fine-tunes together, mapped over a run axis (f2m_jax/sessions.py: parallel_runs):
   # 0 is 1 on a CPU (its mapped convolutions are slower than one run at a time) and all runs elsewhere.
   c.incremental.parallel_runs = 0

@@ -10,16 +10,21 @@ the 60,000 JPEGs once into `$F2M_CACHE_DIR` (default ~/.cache/f2m_jax; about 1.5
 
 The original's released settings (their miniImageNet YAMLs; docs/method.md), with the same behaviours of
 the authors' code as configs/cifar100.py (DiscreteBeta noise, gamma = 2, PF without gradient, BN
-statistics from every pass, the noisy-weight backward of the paper's PyTorch, TaskSampler epochs):
+statistics from every pass, the noisy-weight backward of PyTorch <= 1.9, which the paper's runs most
+likely used, TaskSampler epochs):
 28,503 base iterations of TaskSampler epochs (60 classes x 16 images, 3 batches of 256 = 16 classes x 16), SGD lr 0.1
 (momentum 0.9, weight decay 5e-4) x 0.1 at 15,000 and 21,000; noise on the last K = 8 3x3 convs
-(layer3 and layer4) with true half-width b = 0.008 (its config's bound_value 0.016: noise levels
-{-0.008, 0, 0.004, 0.008}), M = 2 draws; prototype normalisation at test; 10 runs of shot draws.
+(layer3 and layer4; their base config's K, while their incremental config loads a base model whose
+name records 4 noised convs: the release does not settle K) with true half-width b = 0.008 (its
+config's bound_value 0.016: noise levels {-0.008, 0, 0.004, 0.008}; the paper says b = 0.01),
+M = 2 draws; prototype normalisation at test; 10 runs of shot draws.
 As in the original's incremental config for miniImageNet, sessions do **not** fine-tune (`fine_tune:
 false`): NCM on the noise-trained embedding. `--config.incremental.finetune=True` fine-tunes the noise
 set as on CIFAR-100 (6 full-batch steps, lr 0.01, steps rounded to multiples of b/2 = 0.004, clamp to
-phi* +- 0.008). `--config.data.protocol=topic` uses the fixed TOPIC shots instead of the 10 draws.
-Not measured here (no miniImageNet data on our machines).
+phi* +- 0.008); their miniImageNet incremental config's own fine-tuning settings (lr 0.2, the last 4
+convs, a cosine-distance loss), never used by their code, are not carried over.
+`--config.data.protocol=topic` uses the fixed TOPIC shots instead of the 10 draws. Not measured here
+(no miniImageNet data on our machines).
 
 `smoke`: the same code path on `data.source='fake_folder'` (8 base classes + 8 sessions x 2-way, JPEGs
 generated once into the cache folder), 32x32 images, a width-8 ResNet-18, 100 base steps, 2 runs.

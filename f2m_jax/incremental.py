@@ -37,6 +37,9 @@ class SessionSettings:
   mean: tuple
   std: tuple
   round_steps: bool = False
+  # Eq. 5's stored (base) prototypes scaled to unit L2 norm, as Algorithm 1 saves them; False: the raw
+  # means, as the authors' code (config.incremental.normalize_base_prototypes)
+  normalize_base_prototypes: bool = False
 
 
 def clip_to_box(trainable: Mapping, anchor: Mapping, bound: float) -> dict:
@@ -45,9 +48,13 @@ def clip_to_box(trainable: Mapping, anchor: Mapping, bound: float) -> dict:
 
 
 def session_loss(trainable, frozen, batch_stats, x, labels, stored, num_seen, settings: SessionSettings):
-  """Eq. 5 for the current network (BN in eval mode, so padding rows do not touch the others)."""
+  """Eq. 5 for the current network (BN in eval mode, so padding rows do not touch the others). With
+  `normalize_base_prototypes` the stored rows (the base prototypes; the novel classes' rows are
+  replaced by batch means, zero rows stay zero) enter at unit norm."""
   params = noise_lib.unflatten({**frozen, **trainable})
   emb, _ = settings.model.apply({'params': params, 'batch_stats': batch_stats}, x, train=False)
+  if settings.normalize_base_prototypes:
+    stored = objectives.normalize_prototypes(stored)
   return objectives.metric_loss(emb, labels, stored, settings.distance, num_seen)
 
 

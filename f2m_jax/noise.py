@@ -76,7 +76,7 @@ def _beta_grid(key, shape, b, relabel):
 def _discrete_beta(key, shape, b):
   """The authors' DiscreteBeta sampler as it runs (docs/method.md, 'Bounded noise'), in our units: their
   support {-1, -1/2, 0, 1/2, 1} x b_cfg/2 is GRID_LEVELS x b with b = b_cfg/2 the true half-width;
-  their bin relabelling means -b/2 is never drawn and the mean is positive (about +0.24 b)."""
+  their bin relabelling means -b/2 is never drawn and the mean is positive (+0.235 b)."""
   return _beta_grid(key, shape, b, DISCRETE_BETA_RELABEL)
 
 

@@ -25,7 +25,8 @@ NON_RESULT_FIELDS = ('data.data_dir', 'data.tfds_data_dir', 'data.cache_dir', 'b
 # value, so such a workdir resumes unless the current config asks for something else.
 LEGACY_VALUES = {'data.split': '', 'noise.pf_gradient': True, 'noise.bn_updates': 'clean',
                  'noise.backward_weights': 'noisy', 'base.select_on_test': False, 'base.select_every': 1500,
-                 'model.head': 'linear', 'data.synthetic.seed': 0}
+                 'model.head': 'linear', 'data.synthetic.seed': 0, 'noise.pf_classes': 'batch',
+                 'incremental.normalize_base_prototypes': False}
 
 # Fields renamed since workdirs were written: old name -> (new name, {old value: new value}). A saved
 # config.json is read in the new names; the old name given as an override is refused with the new one

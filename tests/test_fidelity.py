@@ -3,6 +3,8 @@ CPU kernel gradient, the BN fold, the TaskSampler epochs through the pipeline), 
 model selection on the test set, which every output must admit to."""
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import json
 import re
 
@@ -33,6 +35,9 @@ def test_defaults_are_the_authors_code_and_baseline_turns_them_off():
   assert [c.noise.bound for c in (cifar100.get_config(), mini.get_config(), cub200.get_config())] == [
       0.005, 0.008, 0.0001]
   assert (mini.get_config().base.shots, cub200.get_config().base.shots) == (16, 8)
+  # their test-set selection every val_freq iterations (read only with base.select_on_test)
+  assert [c.base.select_every for c in (cifar100.get_config(), mini.get_config(), cub200.get_config())] == [
+      1500, 1500, 200]
   base = cifar100.get_config()
   base.method = 'baseline'
   resolved = pipeline.resolve(base)
@@ -213,6 +218,13 @@ def test_workdirs_older_than_a_field_resume_only_with_its_old_behaviour():
   assert workdir.config_differences(before_switches, current) == ['noise.bn_updates', 'noise.pf_gradient']
   paper = {'data': {'split': ''}, 'noise': {'pf_gradient': True, 'bn_updates': 'clean'}}
   assert workdir.config_differences(before_switches, paper) == []
+  # Written before PF's classes were a field: it averaged over the batch's classes.
+  assert workdir.config_differences({'noise': {}}, {'noise': {'pf_classes': 'batch'}}) == []
+  assert workdir.config_differences({'noise': {}}, {'noise': {'pf_classes': 'all_base'}}) == ['noise.pf_classes']
+  # Written before Eq. 5's base prototypes could be normalised: they were raw.
+  unit = {'incremental': {'normalize_base_prototypes': True}}
+  assert workdir.config_differences({'incremental': {}}, {'incremental': {'normalize_base_prototypes': False}}) == []
+  assert workdir.config_differences({'incremental': {}}, unit) == ['incremental.normalize_base_prototypes']
 
 
 def test_a_methods_own_section_is_compared_only_for_that_method():
@@ -236,6 +248,38 @@ def test_backward_weights_reach_the_network(smoke_config):
     assert experiment_lib.Experiment.create(pipeline.resolve(smoke_config), bench).model.clean_backward is clean
 
 
+def test_the_models_backward_default_is_the_configs():
+  """Every default of `clean_backward` in the model code (Conv, BasicBlock, ResNet, build_model) is
+  the config's noise.backward_weights default, so a network built without the flag (a test, a
+  script) is differentiated as a run with the default config."""
+  from configs import common
+  want = common.base_config().noise.backward_weights == 'clean'
+  for config in (cifar100.get_config(), mini.get_config(), cub200.get_config()):
+    assert (config.noise.backward_weights == 'clean') is want
+  defaults = {cls.__name__: {f.name: f.default for f in dataclasses.fields(cls)}['clean_backward']
+              for cls in (resnet.Conv, resnet.BasicBlock, resnet.ResNet)}
+  defaults['build_model'] = inspect.signature(resnet.build_model).parameters['clean_backward'].default
+  assert defaults == dict.fromkeys(defaults, want)
+  assert resnet.build_model('resnet20', 4, 4).clean_backward is want
+  assert resnet.resnet18(4, width=8).clean_backward is want
+
+
+def test_the_paper_switches_reach_the_objective_and_the_sessions(smoke_config):
+  """noise.pf_classes reaches the base objective, incremental.normalize_base_prototypes the
+  sessions' settings; the defaults are the authors' code's (tests/test_objectives.py and
+  tests/test_incremental.py check what each value computes)."""
+  from f2m_jax.data import sources
+  from f2m_jax.methods import ncm
+  assert (smoke_config.noise.pf_classes, smoke_config.incremental.normalize_base_prototypes) == ('batch', False)
+  bench = sources.load_benchmark(smoke_config)
+  for over, unit in (('batch', False), ('all_base', True)):
+    smoke_config.noise.pf_classes = over
+    smoke_config.incremental.normalize_base_prototypes = unit
+    exp = experiment_lib.Experiment.create(pipeline.resolve(smoke_config), bench)
+    assert exp.base_objective().pf_classes == over
+    assert ncm.session_settings(exp, exp.noise_paths).normalize_base_prototypes is unit
+
+
 def test_a_renamed_field_in_a_saved_config_reads_as_the_new_one():
   """Workdirs written with noise.clean_backward (True was the default then) resume under
   noise.backward_weights='clean', and only under it."""
@@ -253,6 +297,8 @@ def test_saved_config_fills_fields_added_later(tmp_path):
   (tmp_path / 'config.json').write_text(json.dumps({'method': 'f2m', 'noise': {'bound': 0.01}}))
   defaults = {'method': 'f2m', 'noise': {'bound': 0.005, 'pf_gradient': False}, 'crt': {'lr': 0.1}}
   assert workdir.saved_config(str(tmp_path), defaults) == {
-      'method': 'f2m', 'noise': {'bound': 0.01, 'pf_gradient': True, 'bn_updates': 'clean', 'backward_weights': 'noisy'},
+      'method': 'f2m', 'noise': {'bound': 0.01, 'pf_gradient': True, 'bn_updates': 'clean', 'backward_weights': 'noisy',
+                                 'pf_classes': 'batch'},
+      'incremental': {'normalize_base_prototypes': False},
       'crt': {'lr': 0.1}, 'data': {'split': '', 'synthetic': {'seed': 0}}, 'base': {'select_on_test': False, 'select_every': 1500},
       'model': {'head': 'linear'}}

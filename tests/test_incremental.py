@@ -128,3 +128,47 @@ def test_padding_to_the_last_sessions_shape_changes_nothing(setup):
   padded_fn(variables['params'], variables['batch_stats'], anchor, images[:5], labels[:5], stored[:7],
             jax.random.key(2))
   assert padded_fn.jitted._cache_size() == 1
+
+
+def naive_metric_loss(emb, labels, stored):
+  """Eq. 5 in float64 numpy: softmax over minus the squared distances to every stored row, the rows of
+  the batch's classes replaced by their batch means; the mean CE over the batch."""
+  prototypes = np.array(stored, np.float64)
+  for c in np.unique(labels):
+    prototypes[c] = emb[labels == c].mean(0)
+  logits = -((emb[:, None, :] - prototypes[None]) ** 2).sum(-1)
+  top = logits.max(1, keepdims=True)
+  log_softmax = logits - top - np.log(np.exp(logits - top).sum(1, keepdims=True))
+  return -log_softmax[np.arange(len(labels)), labels].mean(), np.abs(logits).max()
+
+
+def test_normalize_base_prototypes_puts_unit_norm_stored_prototypes_in_eq5(setup):
+  """incremental.normalize_base_prototypes: Eq. 5 uses the stored (base) prototypes at unit L2 norm, as
+  Algorithm 1 saves them (zero rows stay zero); False uses them raw. Checked against Eq. 5 in float64
+  on the same embeddings, with base prototypes near the batch's embeddings (norm ~4), so that which
+  of the two enters changes the loss."""
+  model, variables, images, labels, _ = setup
+  paths = noise_set_paths(model, 4)
+  flat0 = noise_lib.flatten(variables['params'])
+  anchor = {p: flat0[p] for p in paths}
+  frozen = {p: v for p, v in flat0.items() if p not in anchor}
+  x = (jnp.asarray(images, jnp.float32) / 255.0 - 0.5) * 0.25  # embeddings of norm ~4: distances ~10
+  emb = np.asarray(model.apply(variables, x, train=False)[0], np.float64)
+  rng = np.random.default_rng(1)
+  base = emb.mean(0) + rng.normal(scale=0.3, size=(6, emb.shape[1]))
+  stored = np.concatenate([base, np.zeros((2, emb.shape[1]))]).astype(np.float32)  # rows 6, 7: the novel classes
+  norms = np.linalg.norm(stored.astype(np.float64), axis=1, keepdims=True)
+  assert np.all(np.abs(norms[:6] - 1) > 1)  # raw base rows far from unit norm
+  unit_rows = np.where(norms > 0, stored / np.maximum(norms, 1e-300), 0.0)
+  raw = _settings(model, paths, 1)
+  unit = incremental.SessionSettings(**{**raw.__dict__, 'normalize_base_prototypes': True})
+  assert not raw.normalize_base_prototypes  # the default: the authors' raw prototypes
+  loss = lambda settings: float(incremental.session_loss(anchor, frozen, variables['batch_stats'], x, labels,
+                                                         jnp.asarray(stored), len(stored), settings))
+  tolerance = {}
+  for settings, rows in ((unit, unit_rows), (raw, stored)):
+    want, scale = naive_metric_loss(emb, labels, rows)
+    # float32 distances of magnitude `scale`: a few roundings each in the logits
+    tolerance[settings.normalize_base_prototypes] = 32 * np.finfo(np.float32).eps * scale
+    np.testing.assert_allclose(loss(settings), want, rtol=0, atol=tolerance[settings.normalize_base_prototypes])
+  assert abs(loss(raw) - loss(unit)) > 1e3 * max(tolerance.values())

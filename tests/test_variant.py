@@ -2,11 +2,18 @@
 of it that learns."""
 import importlib
 
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from configs import f2m_v
 from conftest import far_above_chance
+from f2m_jax import base as base_lib
+from f2m_jax import noise as noise_lib
 from f2m_jax import pipeline, workdir
+from f2m_jax.models import noise_set_paths, resnet20, split_block
 
 
 @pytest.mark.parametrize('arg', ['cifar100', 'cifar100:trainsplit', 'cifar100:smoke', 'mini', 'mini:smoke',
@@ -20,6 +27,39 @@ def test_variant_changes_only_its_choices(arg):
   assert changed <= set(f2m_v.CHOICES)
   assert all(variant[k] == v for k, v in f2m_v.CHOICES.items())
   assert variant['method'] == 'f2m' and variant['noise.enabled'] and variant['noise.prototype_fixing']
+
+
+def test_pf_does_nothing_in_the_variants_base_training():
+  """With the variant's noise fields (PF without gradient, no std term) the base step's gradient is
+  the same with PF on and off: PF only adds a constant to the loss. With the authors' std term
+  (gamma = 2) PF changes the gradient, through the std's values."""
+  n = f2m_v.get_config('cifar100:smoke').noise
+  assert n.prototype_fixing and not n.pf_gradient and n.std_weight == 0
+  model = resnet20(4, width=4)
+  variables = model.init(jax.random.key(0), jnp.zeros((1, 16, 16, 3)), train=False)
+  paths = tuple(noise_set_paths(model, n.num_layers))
+  x = jax.random.normal(jax.random.key(1), (12, 16, 16, 3))
+  y = jnp.arange(12) % 4
+  bound = 0.05  # ten times the smoke config's b, so that PF's values are far from zero
+  eps = noise_lib.sample_noise(jax.random.key(2), variables['params'], paths, n.M, bound, n.distribution)
+
+  def step(pf_weight, std_weight):
+    objective = base_lib.BaseObjective(model, paths, split_block(model, paths), n.M, bound, n.distribution,
+                                       pf_weight, std_weight, True, pf_gradient=n.pf_gradient)
+    (loss, (_, metrics)), grads = jax.jit(jax.value_and_grad(base_lib.base_loss, has_aux=True), static_argnums=5)(
+        variables['params'], variables['batch_stats'], x, y, eps, objective)
+    return float(loss), float(metrics['pf']), grads
+
+  loss_pf, pf, with_pf = step(n.pf_weight, n.std_weight)
+  loss_none, _, without = step(0.0, n.std_weight)
+  assert pf > 1e-4  # PF's value is in the loss: the two losses differ by it, up to float32 rounding at the loss's size
+  assert abs((loss_pf - loss_none) - n.pf_weight * pf) <= 4 * np.finfo(np.float32).eps * loss_pf
+  chex.assert_trees_all_close(with_pf, without, rtol=0, atol=0)
+  _, _, authors_pf = step(n.pf_weight, 2.0)
+  _, _, authors_none = step(0.0, 2.0)
+  differences = jax.tree_util.tree_map(lambda a, b: float(jnp.abs(a - b).max() / (jnp.abs(b).max() + 1e-30)),
+                                       authors_pf, authors_none)
+  assert max(jax.tree_util.tree_leaves(differences)) > 1e-3
 
 
 def test_unknown_dataset_is_refused():

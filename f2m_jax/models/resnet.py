@@ -163,11 +163,13 @@ def _xla_conv_grads(x, kernel, g, strides, padding, dtype):
 def conv2d(x, kernel, eps, strides, padding, dtype, clean_backward):
   """conv(x, kernel + eps) (eps: the flat-minima noise, or zeros), differentiated in x and kernel.
 
-  clean_backward: the input gradient uses the clean kernel, which is what the authors' PyTorch code
-  computes (docs/method.md, the behaviours table): it adds the noise to `p.data`, runs the forward pass and
-  restores `p.data` before backward, so autograd's saved reference to the weight holds the clean
-  values when the input gradient is formed. False: the exact gradient at kernel + eps. The kernel
-  gradient does not depend on the kernel, and eps gets none.
+  clean_backward: False (config.noise.backward_weights='noisy', the default) is the exact gradient at
+  kernel + eps, what the authors' code computed on the PyTorch of the paper's runs (<= 1.9). True
+  ('clean') forms the input gradient with the clean kernel, what the same code computes on PyTorch
+  >= 1.10: it adds the noise to `p.data`, runs the forward pass and restores `p.data` before
+  backward, and from 1.10 on autograd's saved reference to the weight then holds the clean values
+  (docs/method.md, the behaviours table). The kernel gradient does not depend on the kernel, and eps
+  gets none.
 
   The backward is chosen by the platform the program is lowered for (`lax.platform_dependent`):
   `_cpu_conv_grads` on XLA:CPU, `_xla_conv_grads` elsewhere."""
@@ -195,14 +197,14 @@ class Conv(nn.Module):
   noise of the optional 'noise' collection to its kernel: the flat-minima draws are passed as
   `{'noise': {...path...: {'kernel': eps}}}` and never mutate the parameters.
 
-  clean_backward: with noise, differentiate as the authors' code does (see `conv2d`); False gives
-    the exact gradient of conv(x, kernel + eps)."""
+  clean_backward: with noise, False (the default) gives the exact gradient of conv(x, kernel + eps),
+    True the input gradient at the clean kernel (their code on PyTorch >= 1.10; see `conv2d`)."""
   features: int
   kernel_size: Sequence[int]
   strides: Sequence[int] = (1, 1)
   padding: Any = ((1, 1), (1, 1))
   dtype: Any = jnp.float32
-  clean_backward: bool = True
+  clean_backward: bool = False
 
   @nn.compact
   def __call__(self, x):
@@ -263,7 +265,7 @@ class BasicBlock(nn.Module):
   features: int
   strides: int = 1
   dtype: Any = jnp.float32
-  clean_backward: bool = True
+  clean_backward: bool = False
 
   @nn.compact
   def __call__(self, x, train: bool):
@@ -287,7 +289,8 @@ class ResNet(nn.Module):
     widths: channels per stage.
     stem: 'cifar' (3x3 conv, stride 1) or 'imagenet' (7x7/2 conv and 3x3/2 max-pool).
     num_classes: outputs of the classifier (the base classes).
-    clean_backward: how noised convs are differentiated (see `Conv`); the authors' way by default.
+    clean_backward: how noised convs are differentiated (see `conv2d`); False (the default, as
+      config.noise.backward_weights='noisy'): at the noisy weights; True: at the clean weights.
     head: 'linear' (Dense `fc`) or 'cosine' (`CosineClassifier`: LUCIR's, for method=rebalance).
   """
   stage_sizes: Sequence[int]
@@ -296,7 +299,7 @@ class ResNet(nn.Module):
   num_classes: int
   stem_width: Optional[int] = None
   dtype: Any = jnp.float32
-  clean_backward: bool = True
+  clean_backward: bool = False
   head: str = 'linear'
 
   @property
@@ -389,7 +392,8 @@ ARCHS = {'resnet20': resnet20, 'resnet18': resnet18}
 
 
 def build_model(arch: str, num_classes: int, width: Optional[int] = None, dtype: Any = jnp.float32,
-                clean_backward: bool = True, head: str = 'linear') -> ResNet:
+                clean_backward: bool = False, head: str = 'linear') -> ResNet:
+  """The network `arch`; clean_backward as config.noise.backward_weights == 'clean' (see `conv2d`)."""
   if arch not in ARCHS:
     raise ValueError(f'model.arch={arch!r} is not one of {sorted(ARCHS)}')
   if head not in HEADS:
