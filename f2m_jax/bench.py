@@ -413,7 +413,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> list:
   member_records = []
   if config.bench.member_sizes:
     cases = member_cases(config, mesh)
-    member_records = [_record(c, 'float32', t) for c, t in
+    member_records = [_record(c, config.model.dtype, t) for c, t in
                       zip(cases, time_cases(cases, config.bench.warmup, config.bench.iters))]
     print(format_members(member_records), flush=True)
   whole = []
