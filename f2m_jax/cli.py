@@ -6,6 +6,7 @@ import difflib
 import importlib.util
 import os
 import sys
+from typing import Iterable
 
 import jax
 from absl import flags
@@ -24,8 +25,11 @@ from f2m_jax.workdir import RENAMED_FIELDS, WorkdirError
 USER_ERRORS = (ValueError, FileNotFoundError, CheckpointError, WorkdirError)
 
 
-def main(config, workdir: str, mode: str, checkpoint=None) -> int:
+def main(config, workdir: str, mode: str, checkpoint=None, set_by_user: Iterable[str] = ()) -> int:
+  """Runs `mode`; `set_by_user` (the --config.FIELD overrides) joins config.set_by_user, the fields
+  no method's presets replace (f2m_jax/pipeline.py: resolve)."""
   logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
+  config.set_by_user = tuple(sorted(set(config.get('set_by_user', ())) | set(set_by_user)))
   try:
     sharding.maybe_initialize_distributed(config.get('distributed', False))
     if mode != 'bench':

@@ -35,20 +35,6 @@ from f2m_jax.methods import Method, Runner, common
 from f2m_jax.validation import need
 
 
-def configure_fsll(config) -> None:
-  """The Baseline's base session; NCM over raw means."""
-  common.configure_baseline(config)
-
-
-def fsll_defaults() -> dict:
-  """config.fsll (the authors' re-implementation, CIFAR-100 values): tensors with max |value| <=
-  threshold fine-tuned for `epochs` TaskSampler epochs (way x shots per batch); loss = triplet +
-  pn_weight x prototype loss (cosine, scale omega) + reg_weight x L1 drift, the drift without gradient
-  as their code adds it (reg_gradient=True: with). Their milestone (160 steps) is never reached."""
-  return dict(threshold=0.4, epochs=15, lr=1e-3, momentum=0.9, weight_decay=5e-4, margin=0.0, pn_weight=1.0,
-              omega=1.0, reg_weight=5.0, reg_gradient=False)
-
-
 def validate_fsll(config) -> None:
   c = config.fsll
   need(c.epochs >= 1 and c.lr > 0 and c.threshold >= 0, 'fsll', dict(c), 'needs epochs >= 1, lr > 0 and threshold >= 0')
@@ -203,6 +189,7 @@ class FSLLRunner(Runner):
     return evaluation.prototype_norms(state['prototypes'], self.exp.bench.num_base_classes)
 
 
-FSLL = Method('fsll', configure_fsll, common.base_model, FSLLRunner,
+FSLL = Method('fsll', common.BASELINE_PRESETS,  # the Baseline's base session; NCM over raw means
+               common.base_model, FSLLRunner,
               "the Baseline's base; small-magnitude tensors fine-tuned on the novel shots with triplet + "
-              'prototype losses; NCM', section='fsll', defaults=fsll_defaults, validate=validate_fsll)
+              'prototype losses; NCM', section='fsll', validate=validate_fsll)

@@ -36,26 +36,10 @@ from f2m_jax.methods import Method, Runner, common
 from f2m_jax.validation import need
 
 
-def configure_icarl(config) -> None:
-  """The Baseline's base session; NCM over raw means."""
-  common.configure_baseline(config)
-
-
-def icarl_defaults() -> dict:
-  """config.icarl (the authors' re-implementation, CIFAR-100 values): `memory` exemplars per class,
-  each session `epochs` epochs of shuffled batches over memory + shots (remainder dropped), SGD with
-  the rate x lr_gamma after each milestone epoch."""
-  return dict(memory=2, epochs=90, batch_size=120, lr=0.1, milestones=(50, 70), lr_gamma=0.1, momentum=0.9,
-              weight_decay=5e-4)
-
-
 def validate_icarl(config) -> None:
   c = config.icarl
   need(c.memory >= 1 and c.epochs >= 1 and c.batch_size >= 1 and c.lr > 0, 'icarl', dict(c),
        'needs memory, epochs, batch_size >= 1 and lr > 0')
-
-
-SMOKE = (('epochs', 4), ('milestones', (2,)), ('batch_size', 32))  # icarl's and rebalance's `:smoke` schedule
 
 
 def herding(features: np.ndarray, mean: np.ndarray, m: int) -> np.ndarray:
@@ -249,7 +233,7 @@ class ICaRLRunner(Runner):
     return evaluation.prototype_norms(state['prototypes'], self.exp.bench.num_base_classes)
 
 
-ICARL = Method('icarl', configure_icarl, common.base_model, ICaRLRunner,
+ICARL = Method('icarl', common.BASELINE_PRESETS,  # the Baseline's base session; NCM over raw means
+                common.base_model, ICaRLRunner,
                "the Baseline's base; whole network on memory + shots with iCaRL's distillation; "
-               'nearest mean of exemplars', section='icarl', defaults=icarl_defaults, smoke=SMOKE,
-               validate=validate_icarl)
+               'nearest mean of exemplars', section='icarl', validate=validate_icarl)

@@ -18,10 +18,6 @@ from f2m_jax.methods import Method, Runner, common
 from f2m_jax.sessions import parallel_runs
 
 
-def configure_f2m(config) -> None:
-  """F2M's defaults are the config's (the authors' code as it runs)."""
-
-
 def session_settings(exp, trainable_paths) -> incremental.SessionSettings:
   c = exp.config.incremental
   return incremental.SessionSettings(
@@ -184,7 +180,8 @@ class NCMRunner(Runner):
     return evaluation.prototype_norms(state[1], self.exp.bench.num_base_classes)
 
 
-F2M = Method('f2m', configure_f2m, common.base_model, NCMRunner,
+F2M = Method('f2m', {},  # F2M's settings are the config's (the authors' code as it runs)
+             common.base_model, NCMRunner,
              'flat-minima base training; fine-tuning of the noise set inside the box; NCM with PN', compile_ahead)
-BASELINE = Method('baseline', common.configure_baseline, common.base_model, NCMRunner,
+BASELINE = Method('baseline', common.BASELINE_PRESETS, common.base_model, NCMRunner,
                   'plain CE, shuffled batches; no fine-tuning; NCM with raw prototypes', compile_ahead)
