@@ -8,7 +8,7 @@ import jax
 import numpy as np
 
 from f2m_jax import objectives
-from f2m_jax.incremental import pad_rows
+from f2m_jax.padding import pad_rows
 from f2m_jax.data import augment as augment_lib
 from f2m_jax.data.types import Benchmark
 from f2m_jax.models import ResNet
@@ -35,10 +35,7 @@ def make_embed(model: ResNet, mean, std, batch_size: int = 500, first: int = 0,
     out = []
     for start in range(0, len(inputs), batch_size):
       chunk = inputs[start:start + batch_size]
-      n = len(chunk)
-      if n < batch_size:
-        chunk = np.concatenate([chunk, np.zeros((batch_size - n,) + chunk.shape[1:], chunk.dtype)])
-      out.append(np.asarray(_embed(variables, chunk))[:n])
+      out.append(np.asarray(_embed(variables, pad_rows(chunk, batch_size)))[:len(chunk)])
     return np.concatenate(out)
 
   embed.jitted = _embed  # compiled ahead from shapes (f2m_jax/programs.py)

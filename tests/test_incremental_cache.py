@@ -8,10 +8,10 @@ import json
 import numpy as np
 
 from conftest import without_provenance
-from f2m_jax import noise as noise_lib
 from f2m_jax import evaluator
 from f2m_jax import experiment as experiment_lib
 from f2m_jax import pipeline
+from f2m_jax import trees
 from f2m_jax.data import sources
 
 
@@ -36,8 +36,8 @@ def test_cached_suffix_embeddings_equal_full_network(smoke_config):
   full = evaluator.Evaluator(exp, base, paths)
   assert full._trunk is None  # pylint: disable=protected-access
   # A fine-tuned network: every noise-set kernel moved.
-  flat = noise_lib.flatten(state.params)
-  tuned = noise_lib.unflatten({p: v + 0.01 * np.sign(np.asarray(v)) if p in set(paths) else v
+  flat = trees.flatten(state.params)
+  tuned = trees.unflatten({p: v + 0.01 * np.sign(np.asarray(v)) if p in set(paths) else v
                                for p, v in flat.items()})
   variables = {'params': tuned, 'batch_stats': state.batch_stats}
   a, b = cached.embeddings(variables, changed=True), full.embeddings(variables, changed=True)

@@ -53,19 +53,19 @@ def _session(root, name, run, session, runner_exp):
 
 def test_crt_changes_only_the_classifier(workdirs):
   from configs import cifar100
-  from f2m_jax import noise as noise_lib
+  from f2m_jax import trees
   from f2m_jax.data import sources
   root, _, _ = workdirs
   config = pipeline.resolve(tiny(cifar100.get_config('smoke'), 'joint'))
   exp = experiment_lib.Experiment.create(config, sources.load_benchmark(config))
   a, b = _session(root, 'joint', 1, 3, exp), _session(root, 'crt', 1, 3, exp)
-  fa, fb = noise_lib.flatten(a['params']), noise_lib.flatten(b['params'])
+  fa, fb = trees.flatten(a['params']), trees.flatten(b['params'])
   for path in fa:
     if path[0] == 'fc':
       assert not np.allclose(fa[path], fb[path])
     else:
       np.testing.assert_array_equal(fa[path], fb[path])
-  for x, y in zip(noise_lib.flatten(a['batch_stats']).values(), noise_lib.flatten(b['batch_stats']).values()):
+  for x, y in zip(trees.flatten(a['batch_stats']).values(), trees.flatten(b['batch_stats']).values()):
     np.testing.assert_array_equal(x, y)  # BN statistics frozen while the classifier retrains
 
 

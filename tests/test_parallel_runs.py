@@ -102,13 +102,13 @@ def test_parallel_runs_resume_exactly(parallel_pair, tmp_path):
 RUNS_CHILD = textwrap.dedent('''
     import json
     import jax, jax.numpy as jnp, numpy as np
-    from f2m_jax import incremental, noise as noise_lib, sharding
+    from f2m_jax import incremental, sharding, trees
     from f2m_jax.models import noise_set_paths, resnet20
 
     model = resnet20(6, width=4)
     variables = model.init(jax.random.key(0), jnp.zeros((1, 16, 16, 3)), train=False)
     paths = tuple(noise_set_paths(model, 4))
-    flat = noise_lib.flatten(variables['params'])
+    flat = trees.flatten(variables['params'])
     anchor = {p: flat[p] for p in paths}
     settings = incremental.SessionSettings(
         model=model, trainable_paths=paths, steps=2, lr=0.01, momentum=0.9, weight_decay=5e-4, bound=0.05,
@@ -127,7 +127,7 @@ RUNS_CHILD = textwrap.dedent('''
     alone = [finetune(variables['params'], variables['batch_stats'], anchor, x, y, stored, k)
              for x, y, k in zip(images, labels, keys)]
     # Each run's difference to its run alone, relative to how far the run alone moved from phi*.
-    trained = lambda params: np.concatenate([np.ravel(noise_lib.flatten(params)[p]) for p in paths])
+    trained = lambda params: np.concatenate([np.ravel(trees.flatten(params)[p]) for p in paths])
     start = np.concatenate([np.ravel(anchor[p]) for p in paths])
     out = {'mesh_size': mesh.size, 'losses_shape': list(np.shape(losses)),
            'losses': [np.asarray(losses).tolist(), [np.asarray(l).tolist() for _, l in alone]],

@@ -28,7 +28,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 CHILD = textwrap.dedent('''
     import json, sys
     import jax, numpy as np
-    from f2m_jax import base as base_lib, sharding
+    from f2m_jax import base as base_lib, optim, sharding
     from f2m_jax.data import synthetic
     from f2m_jax.models import build_model, noise_set_paths, split_block
 
@@ -40,7 +40,7 @@ CHILD = textwrap.dedent('''
     objective = base_lib.BaseObjective(model=model, noise_paths=paths, split=split_block(model, paths),
                                        num_draws=2, bound=0.05, distribution='uniform', pf_weight=1.0,
                                        std_weight=0.0, shared_trunk=True)
-    tx = base_lib.make_optimizer(0.1, 0.9, 5e-4, (), 0.1)
+    tx = optim.sgd(0.1, 0.9, 5e-4, (), 0.1)
     results = {}
     for n in (1, 4):
       mesh = sharding.data_mesh(jax.devices()[:n])

@@ -24,10 +24,10 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from f2m_jax import base as base_lib
 from f2m_jax import evaluation
-from f2m_jax import noise as noise_lib
 from f2m_jax import objectives
+from f2m_jax import optim
+from f2m_jax import trees
 from f2m_jax.data import augment as augment_lib
 from f2m_jax.data import protocol as protocol_lib
 from f2m_jax.experiment import TrainingError
@@ -42,7 +42,7 @@ def validate_fsll(config) -> None:
 
 def selected_paths(params, threshold: float) -> tuple:
   """The tensors FSLL fine-tunes: outside the classifier, largest |value| at most `threshold`."""
-  return tuple(p for p, v in noise_lib.flatten(params).items()
+  return tuple(p for p, v in trees.flatten(params).items()
                if p[0] != 'fc' and float(np.max(np.abs(np.asarray(v)))) <= threshold)
 
 
@@ -112,25 +112,23 @@ class FSLLRunner(Runner):
     if paths in self._steps:
       return self._steps[paths]
     cfg, bench, model = self.cfg, self.exp.bench, self.exp.model
-    tx = base_lib.make_optimizer(cfg.lr, cfg.momentum, cfg.weight_decay, (), 1.0)  # no milestone
+    tx = optim.sgd(cfg.lr, cfg.momentum, cfg.weight_decay)  # their milestone is never reached
     shots = self.exp.config.data.shots
 
     @jax.jit
     def step(params, batch_stats, opt_state, former, base_prototypes, images, labels, key):
-      flat = noise_lib.flatten(params)
-      trainable = {p: flat[p] for p in paths}
-      frozen = {p: v for p, v in flat.items() if p not in trainable}
+      trainable, frozen = trees.split(params, paths)
       x = augment_lib.train_inputs(key, images, bench.augment, bench.image_size, bench.mean, bench.std)
 
       def loss_fn(tr):
-        (emb, _), new = model.apply({'params': noise_lib.unflatten({**frozen, **tr}), 'batch_stats': batch_stats},
+        (emb, _), new = model.apply({'params': trees.unflatten({**frozen, **tr}), 'batch_stats': batch_stats},
                                     x, train=True, mutable=['batch_stats'])
         return session_loss(emb, labels, base_prototypes, tr, former, self.ways, shots, cfg), new['batch_stats']
 
       (loss, new_stats), grads = jax.value_and_grad(loss_fn, has_aux=True)(trainable)
       updates, opt_state = tx.update(grads, opt_state, trainable)
       trainable = optax.apply_updates(trainable, updates)
-      return noise_lib.unflatten({**frozen, **trainable}), new_stats, opt_state, loss
+      return trees.unflatten({**frozen, **trainable}), new_stats, opt_state, loss
 
     self._steps[paths] = (step, tx)
     return step, tx
@@ -147,8 +145,7 @@ class FSLLRunner(Runner):
     labels = bench.train.labels
     paths = selected_paths(state['params'], cfg.threshold)
     step, tx = self.make_step(paths)
-    flat = noise_lib.flatten(state['params'])
-    former = {p: jnp.asarray(flat[p]) for p in paths}
+    former = {p: jnp.asarray(v) for p, v in trees.split(state['params'], paths)[0].items()}
     params, batch_stats = state['params'], state['batch_stats']
     opt_state = tx.init(former)
     base = jnp.asarray(self.first['prototypes'])

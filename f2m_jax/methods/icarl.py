@@ -29,6 +29,8 @@ import numpy as np
 import optax
 
 from f2m_jax import evaluation
+from f2m_jax import optim
+from f2m_jax import padding
 from f2m_jax.data import augment as augment_lib
 from f2m_jax.data import protocol as protocol_lib
 from f2m_jax.experiment import TrainingError
@@ -91,10 +93,9 @@ def new_columns(key, params: dict, start: int, stop: int) -> dict:
 def pad_classifier(params: dict, num_classes: int) -> dict:
   """params with the classifier widened to `num_classes` zero columns (kernel, and bias if any)."""
   fc = dict(params['fc'])
-  extra = num_classes - fc['kernel'].shape[1]
-  fc['kernel'] = np.pad(np.asarray(fc['kernel']), ((0, 0), (0, extra)))
+  fc['kernel'] = padding.pad_rows(np.asarray(fc['kernel']), num_classes, axis=1)
   if 'bias' in fc:
-    fc['bias'] = np.pad(np.asarray(fc['bias']), (0, extra))
+    fc['bias'] = padding.pad_rows(np.asarray(fc['bias']), num_classes)
   return {**params, 'fc': fc}
 
 
@@ -119,7 +120,7 @@ def make_session_step(network, loss_fn, momentum: float, weight_decay: float, au
   network ({'params', 'batch_stats'}), run in eval mode on the same augmented images.
   `mask_updates(updates, num_old, num_seen)`, if given, edits the updates before they are applied
   (Rebalance freezes columns so). Jitted once for every session."""
-  tx = optax.chain(optax.add_decayed_weights(weight_decay), optax.trace(decay=momentum))
+  tx = optim.sgd_direction(momentum, weight_decay)
 
   @jax.jit
   def step(params, batch_stats, trace, former, images, labels, key, lr, num_old, num_seen):

@@ -22,6 +22,7 @@ import optax
 from f2m_jax import base as base_lib
 from f2m_jax import evaluation
 from f2m_jax import objectives
+from f2m_jax import optim
 from f2m_jax.checkpoint import CheckpointError
 from f2m_jax.data import augment as augment_lib
 from f2m_jax.data import protocol as protocol_lib
@@ -135,8 +136,7 @@ def retrain_classifier(exp, network, variables, pool: np.ndarray, key, stream: t
   per_epoch = max(int(np.max(np.bincount(bench.train.labels[pool]))) * len(np.unique(bench.train.labels[pool]))
                   // c.batch_size, 1)
   steps = c.epochs * per_epoch
-  tx = base_lib.make_optimizer(c.lr, c.momentum, c.weight_decay, [int(m) * per_epoch for m in c.milestones],
-                               c.lr_gamma)
+  tx = optim.sgd(c.lr, c.momentum, c.weight_decay, [int(m) * per_epoch for m in c.milestones], c.lr_gamma)
   fc = params['fc']
   frozen = {k: v for k, v in params.items() if k != 'fc'}
   batch_stats = variables['batch_stats']
