@@ -180,7 +180,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.tensorboard = True
   # JAX's persistent compilation cache in <cache folder>/jax_compilation_cache (data.cache_dir, else
   # $F2M_CACHE_DIR, else ~/.cache/f2m_jax): a repeated run of a config loads its compiled programs
-  # instead of compiling them (the smoke run on 2 CPU cores: 71.4 s, then 34.9 s, same results).
+  # instead of compiling them, with the same results.
   # JAX_COMPILATION_CACHE_DIR, where set, is used instead. --mode bench never turns it on (it times
   # compiling).
   c.compilation_cache = True

@@ -71,8 +71,7 @@ def ncm_accuracies(embeddings: np.ndarray, labels: np.ndarray, protos: np.ndarra
   """NCM over all seen classes; returns acc, acc_base, acc_novel (None without novel images) and
   hm (harmonic mean of base and novel), in percent. `pad_to` = (rows, classes): the embeddings and
   prototypes are padded to these sizes (the padded classes never predicted), so every session of a
-  benchmark runs one compiled program; op by op, each session's shapes cost about 15 compiles (2 s
-  a session on an H200)."""
+  benchmark runs one compiled program instead of compiling anew for each session's shapes."""
   dtype = np.result_type(np.asarray(embeddings).dtype, np.asarray(protos).dtype, np.float32)  # float32 but in x64 tests
   embeddings, protos = np.asarray(embeddings, dtype), np.asarray(protos, dtype)
   rows, classes = pad_to or (len(embeddings), len(protos))

@@ -111,8 +111,8 @@ class Experiment:
                                                       self.optimizer()))
 
   def state_template(self):
-    """Host zeros of the train state's shapes, to restore checkpoints into: the init runs op by op and
-    compiled for 11 s at ResNet-20's shapes on the 2-core CPU before a restore could start."""
+    """Host zeros of the train state's shapes, to restore checkpoints into without running the init,
+    which runs op by op and compiles for seconds before a restore could start."""
     return jax.tree_util.tree_map(lambda s: np.zeros(s.shape, s.dtype), self.state_shapes())
 
   def variables_template(self, network: Optional[ResNet] = None) -> dict:

@@ -106,9 +106,9 @@ def finetune_session(trainable, frozen, batch_stats, anchor, step_inputs: Callab
     return trainable, opt_state, losses.at[i].set(loss)
 
   carry = (trainable, tx.init(trainable), jnp.zeros((settings.steps,), augment_lib.float_dtype()))
-  # A Python loop (E is small). A lax.fori_loop once ran these steps up to 20x slower on XLA:CPU,
-  # whose conv transposes are slow inside loops; since models/resnet.py writes them in Eigen's form
-  # it gives the same losses (smoke run, bit for bit) and compiles 2 s faster of 43, so this stays.
+  # A Python loop (E is small): XLA:CPU ran these steps much slower inside a lax.fori_loop before
+  # models/resnet.py wrote the convolution transposes in Eigen's form, and the loop's gain since is
+  # small (experiments/results/README.md, 'Figures behind the code's choices').
   for i in range(settings.steps):
     carry = step(i, carry)
   trainable, _, losses = carry

@@ -55,8 +55,8 @@ def _beta_grid(key, shape, b, relabel):
 
   Only u's fifth matters, so it is drawn directly, by inverting the fifths' cumulative probabilities
   under Beta(alpha, beta) (`fifth_cdfs`) at a uniform number: the same law as binning a Beta draw,
-  without the Beta draw's rejection loops (about 150 times faster on a CPU; on an H200 those loops
-  had doubled the F2M step)."""
+  without the Beta draw's rejection loops, which dominated the F2M step (experiments/results/
+  README.md, 'Figures behind the code's choices')."""
   ka, kb, ku = jax.random.split(key, 3)
   cdf = jnp.asarray(fifth_cdfs())[jax.random.randint(ka, (), 0, len(BETA_SHAPES)),
                                   jax.random.randint(kb, (), 0, len(BETA_SHAPES))]

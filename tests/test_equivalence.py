@@ -58,8 +58,8 @@ def assert_trees_close(a, b, rtol=2e-5, scale_tol=1e-5):
 
 
 # Each network once, with a deep (K = 8) and a shallow (K = 4) noise set, and each way of mapping the
-# draws once (the two are compared with each other directly below). Every case costs two compiles of
-# a few tens of seconds on 2 cores, so the grid is not crossed.
+# draws once (the two are compared with each other directly below). Every case costs two slow
+# compiles, so the grid is not crossed.
 CASES = [('resnet20', 8, 16, 8, 'vmap'), ('resnet18', 8, 32, 4, 'unroll')]
 
 

@@ -1,4 +1,4 @@
-"""Issue 6 pieces: method and ablation switches, the flatness indicator."""
+"""Method and ablation switches, the flatness indicator."""
 import jax
 import jax.numpy as jnp
 import numpy as np

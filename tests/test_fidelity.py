@@ -61,7 +61,7 @@ def test_kernel_gradient_by_shifts_equals_autodiff(kernel, strides, padding, siz
 def test_eigen_form_gradients_equal_xlas_bit_for_bit(kernel, strides, padding, size):
   """The CPU backward's input and kernel gradients written as Eigen-form convolutions are exactly
   XLA's own transposes outside loops (so the host path's results are unchanged by them), and equal
-  to them inside a lax.scan, where XLA:CPU runs its own form 6-60x slower."""
+  to them inside a lax.scan, where XLA:CPU runs its own form several times slower."""
   kx, kk, kg = jax.random.split(jax.random.key(2), 3)
   x = jax.random.normal(kx, (4, size, size, 6))
   w = jax.random.normal(kk, kernel + (6, 5))
@@ -85,7 +85,7 @@ def test_eigen_form_gradients_equal_xlas_bit_for_bit(kernel, strides, padding, s
 def test_scanned_conv2d_gradients_compile_to_eigen_form_convolutions(kernel, strides, padding, size):
   """Inside a lax.scan (the device path's scanned steps) every convolution of conv2d's gradient is
   in the b01f_01io->b01f form XLA:CPU's Eigen kernels run; XLA's own transposes stay in other forms
-  there (f01b_i01o->01bf for the kernel gradient) and run 6-60x slower. Checked on the compiled
+  there (f01b_i01o->01bf for the kernel gradient) and run several times slower. Checked on the compiled
   program, so a change back to XLA's transposes fails here, not only in a benchmark."""
   x = jnp.ones((4, size, size, 6))
   w = jnp.ones(kernel + (6, 5))

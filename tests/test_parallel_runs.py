@@ -1,4 +1,4 @@
-"""Runs in parallel (issue 15, item 3): the incremental sessions session by session over the runs,
+"""Runs in parallel: the incremental sessions session by session over the runs,
 F2M fine-tuning a group of runs in one call mapped over a run axis, equal to one run at a time, and
 an interrupted grouped run resuming bit-exactly; on several devices the run axis is split over them
 (a child process with 4 fake CPU devices), equal to one run at a time as well."""

@@ -2,9 +2,9 @@
 batch-norm statistics and the gradient are over the global batch; two steps scanned in one call on
 the 4 devices (the accelerator path) equal two single steps there.
 
-The bench is not run on the 4 fake devices here: in CI (a loaded 2-core machine, another test worker
-beside it) that child once stalled in the bench past its 900 s limit, after the step checks had
-passed; the bench's mesh is the same `sharding.data_mesh` as the step's.
+The bench is not run on the 4 fake devices here: on a loaded CI machine that child stalled in the
+bench past the subprocess's limit (experiments/results/README.md, 'Figures behind the code's
+choices'); the bench's mesh is the same `sharding.data_mesh` as the step's.
 
 The 4 devices exist only if XLA_FLAGS is set before jax is imported, so the checks run in a child
 process (this test process has already imported jax with one device).
@@ -82,8 +82,8 @@ CHILD = textwrap.dedent('''
 ''')
 
 
-# XLA:CPU ends the process when a device reaches a collective 40 s after another: 4 fake devices on a
-# loaded 2-core machine can lag that much (CI failed so), so the waits are raised to what the
+# XLA:CPU ends the process when a device reaches a collective 40 s (its default) after another: 4 fake
+# devices on a loaded 2-core machine can lag that much, so the waits are raised to what the
 # subprocess timeout allows.
 SLOW_COLLECTIVES = [f'--xla_cpu_{flag}=900' for flag in (
     'collective_call_terminate_timeout_seconds', 'collective_timeout_seconds',

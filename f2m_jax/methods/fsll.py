@@ -1,5 +1,5 @@
 """FSLL (few-shot lifelong learning, Mazumder et al. 2021) as the F2M authors re-implemented it
-(their `methods/FSLL_model.py`, `incremental_procedure.py` and the FSLL YAMLs, read 2026-11).
+(their `methods/FSLL_model.py`, `incremental_procedure.py` and the FSLL YAMLs).
 
 session 1: the Baseline's base network (`--checkpoint BASELINE` reuses one), NCM over raw means.
 session t > 1, starting from the previous session's network of the run:
