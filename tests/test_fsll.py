@@ -85,6 +85,7 @@ def fsll_run(tmp_path_factory):
   return tiny_method_run(tmp_path_factory, tiny)
 
 
+@pytest.mark.slow
 def test_fsll_end_to_end_changes_only_the_selected_tensors(fsll_run):
   exp, ck, base = fsll_run.exp, fsll_run.ckpts, fsll_run.first
   runner = fsll.FSLLRunner(exp, base)
@@ -98,6 +99,7 @@ def test_fsll_end_to_end_changes_only_the_selected_tensors(fsll_run):
   np.testing.assert_array_equal(saved['prototypes'][:6], base['prototypes'])  # base prototypes kept
 
 
+@pytest.mark.slow
 def test_fsll_resumes_to_the_same_results(fsll_run, tmp_path):
   again = resumed_after_interruption(tiny, str(tmp_path / 'w'), 0, 3)
   assert without_provenance(again) == without_provenance(fsll_run.results)

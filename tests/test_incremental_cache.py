@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 
 from conftest import without_provenance
 from f2m_jax import evaluator
@@ -45,6 +46,7 @@ def test_cached_suffix_embeddings_equal_full_network(smoke_config):
   assert not np.allclose(b, full.embeddings(base, changed=False))  # the change is visible
 
 
+@pytest.mark.slow
 def test_results_identical_with_and_without_cache(smoke_config, tmp_path):
   cached = pipeline.run(small_config(smoke_config, True), str(tmp_path / 'cached'))
   # Same base model (restored from the first workdir), trunk cache off.

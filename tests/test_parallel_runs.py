@@ -69,6 +69,7 @@ def _session_losses(workdir: str) -> dict:
     return {(r['run'], r['session']): r['losses'] for r in map(json.loads, f) if r.get('phase') == 'session'}
 
 
+@pytest.mark.slow
 def test_parallel_runs_equal_runs_one_by_one(parallel_pair):
   (one_dir, one), (together_dir, together) = parallel_pair
   for a, b in zip(one['sessions'], together['sessions']):
@@ -81,6 +82,7 @@ def test_parallel_runs_equal_runs_one_by_one(parallel_pair):
     np.testing.assert_allclose(together['prototype_norms'][k]['runs'], one['prototype_norms'][k]['runs'], rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_parallel_runs_resume_exactly(parallel_pair, tmp_path):
   (one_dir, _), (_, together) = parallel_pair
 

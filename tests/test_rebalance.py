@@ -94,6 +94,7 @@ def rebalance_run(tmp_path_factory):
   return tiny_method_run(tmp_path_factory, tiny)
 
 
+@pytest.mark.slow
 def test_rebalance_end_to_end_keeps_old_columns(rebalance_run):
   from f2m_jax.data import protocol
   exp, ck, first = rebalance_run.exp, rebalance_run.ckpts, rebalance_run.first
