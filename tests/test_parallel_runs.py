@@ -139,6 +139,7 @@ RUNS_CHILD = textwrap.dedent('''
 ''')
 
 
+@pytest.mark.slow
 def test_runs_split_over_four_devices_equal_runs_one_by_one():
   """make_finetune's runs with a 4-device mesh (`sharding.runs_mesh`): 3 runs padded to 4, one per
   device, against each run alone on one device."""

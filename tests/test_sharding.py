@@ -102,12 +102,14 @@ def out():
   return json.loads(line[len('RESULT '):])
 
 
+@pytest.mark.slow
 def test_four_devices_are_visible(out):
   assert out['device_count'] == 4
   assert out['images_devices_4'] == 4 and out['images_devices_1'] == 1
   assert out['params_devices_4'] == 4  # replicated
 
 
+@pytest.mark.slow
 def test_one_step_on_four_devices_equals_one_device(out):
   loss_1, loss_4 = out['loss']
   assert abs(loss_1 - loss_4) <= 1e-5 * abs(loss_1)
@@ -116,10 +118,12 @@ def test_one_step_on_four_devices_equals_one_device(out):
   assert out['max_rel_diff'] < 1e-4
 
 
+@pytest.mark.slow
 def test_scanned_steps_on_four_devices_equal_single_steps(out):
   assert out['scanned_max_rel_diff'] < 1e-4
 
 
+@pytest.mark.slow
 def test_indivisible_global_batch_is_refused(out):
   assert 'not divisible by the 4 devices' in out['indivisible_error']
 
