@@ -29,7 +29,8 @@ def main(config, workdir: str, mode: str, checkpoint=None, set_by_user: Iterable
   """Runs `mode`; `set_by_user` (the --config.FIELD overrides) joins config.set_by_user, the fields
   no method's presets replace (f2m_jax/pipeline.py: resolve)."""
   logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
-  config.set_by_user = tuple(sorted(set(config.get('set_by_user', ())) | set(set_by_user)))
+  with config.unlocked():  # a config file not built on configs/common.py may lack the field
+    config.set_by_user = tuple(sorted(set(config.get('set_by_user', ())) | set(set_by_user)))
   try:
     sharding.maybe_initialize_distributed(config.get('distributed', False))
     if mode != 'bench':
