@@ -22,7 +22,8 @@ flags.mark_flags_as_required(['config', 'workdir'])
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
-  return cli.main(_CONFIG.value, _WORKDIR.value, _MODE.value, _CHECKPOINT.value)
+  overrides = config_flags.get_override_values(flags.FLAGS['config'])  # no method's presets replace these
+  return cli.main(_CONFIG.value, _WORKDIR.value, _MODE.value, _CHECKPOINT.value, set_by_user=overrides)
 
 
 if __name__ == '__main__':

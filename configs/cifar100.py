@@ -11,14 +11,8 @@ iterations of batch 256, lr 0.1 x 0.01 at 1,500), `smoke`. Any field can be over
 runs the paper's appendix class splits by superclass (30 base classes, 4 sessions of 5) on either
 source.
 
-Measured (`:trainsplit`, 10 draws; accuracy %, sessions 1 / 9, PD; experiments/results/; before
-b93533d, whose DiscreteBeta sampler draws the same law from another random stream):
-F2M with the authors' code as it runs on a current PyTorch (`--config.noise.backward_weights=clean`,
-the default until the noisy-weight backward of the paper's PyTorch replaced it; 2 CPU cores, one core,
-2026-11-26) 46.93 / 31.17 +- 0.21, PD 15.76; the authors' code (PyTorch 2.x) on the same protocol
-46.87 / 31.21 +- 0.22, PD 15.65. `--config.method=baseline` (same CPU) 56.85 / 38.43 +- 0.33, PD 18.42; theirs
-57.37 / 38.58 +- 0.27, PD 18.79.
-`:smoke` on 2 CPU cores: about a minute, session 1 about 50% (chance 5%).
+Headline (`:trainsplit`, the default F2M over five base seeds on an H200): session 9 at 31.27 +- 0.61,
+PD 15.67 (experiments/results/README.md, section 18, with the Baseline and the authors' code).
 """
 from configs import common
 

@@ -1,8 +1,30 @@
 """Fields shared by every dataset config and the smoke shrinking (values are checked by
-f2m_jax/validation.py and each method's `validate` when a run starts)."""
+f2m_jax/validation.py and each method's `validate` when a run starts). Imports ml_collections only:
+loading a config imports neither JAX nor a method."""
 import ml_collections
 
-from f2m_jax import registry
+# The settings of the methods that own a config section (f2m_jax/methods/<section>.py reads them):
+# the authors' re-implementations with their CIFAR-100 values.
+# iCaRL: `memory` exemplars per class; each session `epochs` epochs of shuffled batches over memory +
+# shots (remainder dropped), SGD with the rate x lr_gamma after each milestone epoch.
+ICARL = dict(memory=2, epochs=90, batch_size=120, lr=0.1, milestones=(50, 70), lr_gamma=0.1, momentum=0.9,
+             weight_decay=5e-4)
+# cRT: the classifier's retraining (the original's CIFAR-100 schedule: 17 epochs of max-class-size x
+# classes samples, lr 0.1 x 0.5 after epochs 8, 12 and 14; 4 images per visit of a class).
+# method=joint trains every session's network with the base.* budget.
+CRT = dict(epochs=17, lr=0.1, milestones=(8, 12, 14), lr_gamma=0.5, per_class=4, batch_size=256, momentum=0.9,
+           weight_decay=5e-4)
+# Rebalance (LUCIR; the authors' repository has no config for it): iCaRL's memory and session
+# schedule, with LUCIR's published loss settings: less-forget weight lambda_base x sqrt(old / new
+# classes), margin ranking against the K highest new-class cosines with `margin`.
+REBALANCE = {**ICARL, 'lambda_base': 5.0, 'K': 2, 'margin': 0.5, 'weight': 1.0}
+# FSLL: tensors with max |value| <= threshold fine-tuned for `epochs` TaskSampler epochs (way x shots
+# per batch); loss = triplet + pn_weight x prototype loss (cosine, scale omega) + reg_weight x L1
+# drift, the drift without gradient as their code adds it (reg_gradient=True: with). Their milestone
+# (160 steps) is never reached.
+FSLL = dict(threshold=0.4, epochs=15, lr=1e-3, momentum=0.9, weight_decay=5e-4, margin=0.0, pn_weight=1.0,
+            omega=1.0, reg_weight=5.0, reg_gradient=False)
+METHOD_SECTIONS = {'crt': CRT, 'icarl': ICARL, 'rebalance': REBALANCE, 'fsll': FSLL}
 
 
 def parse_arg(arg: str, allowed) -> str:
@@ -18,8 +40,14 @@ def base_config() -> ml_collections.ConfigDict:
   # --checkpoint JOINT_WORKDIR), 'icarl' (exemplar memory, distillation, nearest mean of
   # exemplars), 'rebalance' (LUCIR: cosine classifier, less-forget and margin-ranking losses) or
   # 'fsll' (small-magnitude tensors fine-tuned with triplet + prototype losses);
-  # f2m_jax/methods, listed in f2m_jax/registry.py
+  # f2m_jax/methods, listed in f2m_jax/registry.py. A method other than F2M replaces some of the
+  # values below with its own (its `presets`, e.g. the Baseline: no noise, no fine-tuning, no PN,
+  # shuffled batches) when the run starts (f2m_jax/pipeline.py: resolve), except those in set_by_user.
   c.method = 'f2m'
+  # Dotted names of the fields the user set: run.py records its --config.FIELD overrides here, and no
+  # method's presets replace them (`--config.method=baseline --config.eval.normalize_prototypes=True`
+  # is the Baseline with PN). Scripts that set fields in Python list them here for the same effect.
+  c.set_by_user = ()
   c.seed = 0
   c.runs = 10  # R: F2M-style draws of the shots (all runs share the base model)
 
@@ -133,9 +161,8 @@ def base_config() -> ml_collections.ConfigDict:
   # 0 is 1 on a CPU (its mapped convolutions are slower than one run at a time) and all runs elsewhere.
   c.incremental.parallel_runs = 0
 
-  # Each method's own section (crt, icarl, rebalance, fsll): its defaults come from its module
-  # (f2m_jax/methods/*.py, `Method.defaults`), listed by f2m_jax/registry.py.
-  for section, values in registry.config_sections().items():
+  # Each method's own section (crt, icarl, rebalance, fsll): METHOD_SECTIONS above.
+  for section, values in METHOD_SECTIONS.items():
     c[section] = ml_collections.ConfigDict(values)
 
   # Several runs of this config in one program (f2m_jax/members.py): `seeds` (members differing in
@@ -166,7 +193,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.tensorboard = True
   # JAX's persistent compilation cache in <cache folder>/jax_compilation_cache (data.cache_dir, else
   # $F2M_CACHE_DIR, else ~/.cache/f2m_jax): a repeated run of a config loads its compiled programs
-  # instead of compiling them (the smoke run on 2 CPU cores: 71.4 s, then 34.9 s, same results).
+  # instead of compiling them, with the same results.
   # JAX_COMPILATION_CACHE_DIR, where set, is used instead. --mode bench never turns it on (it times
   # compiling).
   c.compilation_cache = True
@@ -214,5 +241,6 @@ def make_smoke(c: ml_collections.ConfigDict) -> None:
   c.bench.M_list = (1, 2)
   c.bench.iters = 3
   c.bench.member_sizes = (1, 2)
-  for section, values in registry.smoke_overrides().items():
-    c[section].update(values)
+  for section in ('icarl', 'rebalance'):  # a few short epochs per session
+    c[section].update(epochs=4, milestones=(2,), batch_size=32)
+  c.crt.update(epochs=2, milestones=(1,), batch_size=40)

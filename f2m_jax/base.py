@@ -9,7 +9,7 @@ clean pass and then by each noisy pass in turn, as in the authors' code (`bn_upd
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable
 
 import flax
 import jax
@@ -150,22 +150,6 @@ def base_loss(params, batch_stats, images, labels, eps, objective: BaseObjective
   loss = objectives.flat_minima_objective(ce + objective.pf_weight * pf, objective.std_weight)
   metrics.update(loss=loss, ce=ce.mean(), pf=pf.mean())
   return loss, (fold_batch_stats(batch_stats, updates), metrics)
-
-
-def make_optimizer(lr: float, momentum: float, weight_decay: float, milestones: Sequence[int],
-                   gamma: float, classifier_lr: Optional[float] = None) -> optax.GradientTransformation:
-  """PyTorch-style SGD: weight decay added to the gradient, heavy-ball momentum, step schedule
-  (lr times gamma after each milestone iteration). `classifier_lr` gives the classifier ('fc') its
-  own rate, as the original's CUB setting (backbone 1e-3, classifier 1e-2)."""
-  def sgd(rate):
-    schedule = optax.piecewise_constant_schedule(rate, {int(m): gamma for m in milestones})
-    return optax.chain(optax.add_decayed_weights(weight_decay), optax.sgd(schedule, momentum=momentum))
-
-  if classifier_lr is None:
-    return sgd(lr)
-  label_fn = lambda params: {k: jax.tree_util.tree_map(lambda _: 'fc' if k == 'fc' else 'backbone', v)
-                             for k, v in params.items()}
-  return optax.multi_transform({'backbone': sgd(lr), 'fc': sgd(classifier_lr)}, label_fn)
 
 
 def init_state(model: ResNet, key: jax.Array, image_size: int, tx: optax.GradientTransformation,

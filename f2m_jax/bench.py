@@ -48,6 +48,7 @@ from f2m_jax import objectives
 from f2m_jax import pipeline
 from f2m_jax import registry
 from f2m_jax import sharding
+from f2m_jax import trees
 from f2m_jax import train_loop
 from f2m_jax import workdir as workdir_lib
 from f2m_jax.checkpoint import Checkpoints
@@ -216,7 +217,7 @@ def _incremental_case(exp: Experiment) -> Case:
   rng = np.random.default_rng(1)
   images = rng.integers(0, 256, (len(labels),) + bench.train.images.shape[1:], dtype=np.uint8)
   stored = rng.normal(size=(bench.num_base_classes + len(novel), exp.model.widths[-1])).astype(np.float32)
-  anchor = {p: v for p, v in noise_lib.flatten(state.params).items() if p in set(paths)}
+  anchor = {p: v for p, v in trees.flatten(state.params).items() if p in set(paths)}
   args = (state.params, state.batch_stats, anchor, images, labels, stored, np.int32(len(stored)),
           jax.random.key(0))  # the last session fills the padded shape exactly
   return Case('incremental_step', None, len(labels), incremental.make_finetune(settings).jitted, args)

@@ -10,9 +10,8 @@ Layout under <workdir>/checkpoints/:
 Orbax writes each step into a temporary folder and renames it when complete, so a process killed
 while saving leaves the previous checkpoint as the latest one. The base train states and the
 sessions, saved many times a run, are written in the background (orbax's async checkpointing: a
-save returns once its arrays are copied; on the H200 each synchronous base save held the device
-idle for about 0.3 s, 20 s of a 30,003-step run); every read of those folders first waits for the
-writes in flight, and `close()` waits for all.
+save returns once its arrays are copied, where a synchronous one holds an accelerator idle);
+every read of those folders first waits for the writes in flight, and `close()` waits for all.
 """
 from __future__ import annotations
 

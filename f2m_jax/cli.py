@@ -6,6 +6,7 @@ import difflib
 import importlib.util
 import os
 import sys
+from typing import Iterable
 
 import jax
 from absl import flags
@@ -24,8 +25,12 @@ from f2m_jax.workdir import RENAMED_FIELDS, WorkdirError
 USER_ERRORS = (ValueError, FileNotFoundError, CheckpointError, WorkdirError)
 
 
-def main(config, workdir: str, mode: str, checkpoint=None) -> int:
+def main(config, workdir: str, mode: str, checkpoint=None, set_by_user: Iterable[str] = ()) -> int:
+  """Runs `mode`; `set_by_user` (the --config.FIELD overrides) joins config.set_by_user, the fields
+  no method's presets replace (f2m_jax/pipeline.py: resolve)."""
   logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
+  with config.unlocked():  # a config file not built on configs/common.py may lack the field
+    config.set_by_user = tuple(sorted(set(config.get('set_by_user', ())) | set(set_by_user)))
   try:
     sharding.maybe_initialize_distributed(config.get('distributed', False))
     if mode != 'bench':
@@ -58,9 +63,10 @@ def main(config, workdir: str, mode: str, checkpoint=None) -> int:
 def enable_compilation_cache(config):
   """Turns on JAX's persistent compilation cache in <cache folder>/jax_compilation_cache where
   config.compilation_cache asks for it, for every program however fast it compiled (JAX's default
-  keeps only those of 1 s or more; JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS, where set, wins):
-  the smoke run's repeats took 24.0-29.2 s instead of 31.8-33.4 s. Returns the folder in use (one
-  already set, e.g. through JAX_COMPILATION_CACHE_DIR, is kept with JAX's settings), or None."""
+  keeps only those of 1 s or more, and the many small ones then compile again in every run;
+  JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS, where set, wins; the figures: experiments/results/
+  README.md, 'Figures behind the code's choices'). Returns the folder in use (one already set,
+  e.g. through JAX_COMPILATION_CACHE_DIR, is kept with JAX's settings), or None."""
   if jax.config.jax_compilation_cache_dir:
     return jax.config.jax_compilation_cache_dir
   if not config.get('compilation_cache', False):

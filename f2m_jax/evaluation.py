@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from f2m_jax import objectives
-from f2m_jax.incremental import pad_rows
+from f2m_jax.padding import pad_rows
 from f2m_jax.data import augment as augment_lib
 from f2m_jax.data.types import Benchmark
 from f2m_jax.models import ResNet
@@ -39,11 +39,7 @@ def make_embed(model: ResNet, mean, std, batch_size: int = 500, first: int = 0,
     out = []
     for start in range(0, len(inputs), batch_size):
       chunk = inputs[start:start + batch_size]
-      n = len(chunk)
-      if n < batch_size:
-        lib = np if isinstance(chunk, np.ndarray) else jnp
-        chunk = lib.concatenate([chunk, lib.zeros((batch_size - n,) + chunk.shape[1:], chunk.dtype)])
-      out.append(xp.asarray(_embed(variables, chunk))[:n])
+      out.append(xp.asarray(_embed(variables, pad_rows(chunk, batch_size)))[:len(chunk)])
     return xp.concatenate(out)
 
   embed.jitted = _embed  # compiled ahead from shapes (f2m_jax/programs.py)
@@ -79,8 +75,7 @@ def ncm_accuracies(embeddings: np.ndarray, labels: np.ndarray, protos: np.ndarra
   """NCM over all seen classes; returns acc, acc_base, acc_novel (None without novel images) and
   hm (harmonic mean of base and novel), in percent. `pad_to` = (rows, classes): the embeddings and
   prototypes are padded to these sizes (the padded classes never predicted), so every session of a
-  benchmark runs one compiled program; op by op, each session's shapes cost about 15 compiles (2 s
-  a session on an H200)."""
+  benchmark runs one compiled program instead of compiling anew for each session's shapes."""
   dtype = np.result_type(np.asarray(embeddings).dtype, np.asarray(protos).dtype, np.float32)  # float32 but in x64 tests
   embeddings, protos = np.asarray(embeddings, dtype), np.asarray(protos, dtype)
   rows, classes = pad_to or (len(embeddings), len(protos))

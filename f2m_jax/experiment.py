@@ -16,8 +16,9 @@ import ml_collections
 import numpy as np
 
 from f2m_jax import base as base_lib
-from f2m_jax import noise as noise_lib
+from f2m_jax import optim
 from f2m_jax import programs as programs_lib
+from f2m_jax import trees
 from f2m_jax.data import augment as augment_lib
 from f2m_jax.data import protocol as protocol_lib
 from f2m_jax.data.types import Benchmark
@@ -74,13 +75,13 @@ class Experiment:
 
   def optimizer(self):
     b = self.config.base
-    return base_lib.make_optimizer(b.lr, b.momentum, b.weight_decay, b.milestones, b.lr_gamma,
-                                   b.classifier_lr if b.classifier_lr > 0 else None)
+    return optim.sgd(b.lr, b.momentum, b.weight_decay, b.milestones, b.lr_gamma,
+                     b.classifier_lr if b.classifier_lr > 0 else None)
 
   def trainable_paths(self, params) -> tuple:
     if self.config.incremental.trainable == 'noise_set':
       return self.noise_paths
-    return tuple(p for p in noise_lib.flatten(params) if p[0] != 'fc')
+    return tuple(p for p in trees.flatten(params) if p[0] != 'fc')
 
   def batch_indices(self, step: int) -> np.ndarray:
     """Indices of base step `step`'s batch: a pure function of (seed, step) for every sampler."""
@@ -110,8 +111,8 @@ class Experiment:
                                                       self.optimizer()))
 
   def state_template(self):
-    """Host zeros of the train state's shapes, to restore checkpoints into: the init runs op by op and
-    compiled for 11 s at ResNet-20's shapes on the 2-core CPU before a restore could start."""
+    """Host zeros of the train state's shapes, to restore checkpoints into without running the init,
+    which runs op by op and compiles for seconds before a restore could start."""
     return jax.tree_util.tree_map(lambda s: np.zeros(s.shape, s.dtype), self.state_shapes())
 
   def variables_template(self, network: Optional[ResNet] = None) -> dict:

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from f2m_jax import noise as noise_lib
+from f2m_jax import padding
 from f2m_jax.data.augment import normalize
 from f2m_jax.evaluation import make_embed
 from f2m_jax.models import ResNet
@@ -35,10 +36,9 @@ def noisy_losses(model: ResNet, variables, images: np.ndarray, labels: np.ndarra
     """Mean CE over the whole set with `noise` ({path: array}, or empty) added to the noise set, in
     batches (a scan, so memory stays bounded)."""
     n = len(inputs)
-    pad = (-n) % batch_size
-    x = jnp.concatenate([jnp.asarray(inputs), jnp.zeros((pad,) + inputs.shape[1:], inputs.dtype)])
-    y = jnp.concatenate([jnp.asarray(labels), jnp.zeros((pad,), labels.dtype)])
-    w = jnp.concatenate([jnp.ones((n,)), jnp.zeros((pad,))])
+    rows = padding.round_up(n, batch_size)
+    x, y = jnp.asarray(padding.pad_rows(inputs, rows)), jnp.asarray(padding.pad_rows(labels, rows))
+    w = padding.pad_rows(jnp.ones((n,)), rows)  # the padding rows weigh 0
     x = x.reshape((-1, batch_size) + x.shape[1:])
     y, w = y.reshape(-1, batch_size), w.reshape(-1, batch_size)
 
@@ -66,7 +66,6 @@ def noisy_losses(model: ResNet, variables, images: np.ndarray, labels: np.ndarra
   out = []
   for start in range(0, num_draws, chunk):
     k = keys[start:start + chunk]
-    if len(k) < chunk:  # pad the last chunk to keep one compiled shape
-      k = jnp.concatenate([k, jnp.repeat(k[-1:], chunk - len(k), axis=0)])
+    k = padding.repeat_last(k, chunk)  # the last chunk filled up: one compiled shape
     out.append(np.asarray(chunk_losses(k))[:min(chunk, num_draws - start)])
   return clean, np.concatenate(out)

@@ -14,9 +14,12 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from f2m_jax import noise as noise_lib
 from f2m_jax import objectives
+from f2m_jax import optim
+from f2m_jax import padding
 from f2m_jax import sharding
+from f2m_jax import trees
+from f2m_jax.padding import pad_rows  # train_loop imports it from here too
 from f2m_jax.data import augment as augment_lib
 from f2m_jax.models import ResNet
 
@@ -51,7 +54,7 @@ def session_loss(trainable, frozen, batch_stats, x, labels, stored, num_seen, se
   """Eq. 5 for the current network (BN in eval mode, so padding rows do not touch the others). With
   `normalize_base_prototypes` the stored rows (the base prototypes; the novel classes' rows are
   replaced by batch means, zero rows stay zero) enter at unit norm."""
-  params = noise_lib.unflatten({**frozen, **trainable})
+  params = trees.unflatten({**frozen, **trainable})
   emb, _ = settings.model.apply({'params': params, 'batch_stats': batch_stats}, x, train=False)
   if settings.normalize_base_prototypes:
     stored = objectives.normalize_prototypes(stored)
@@ -73,12 +76,12 @@ def round_gradient(g: jax.Array, lr: float, quantum: float) -> jax.Array:
 def session_optimizer(settings: SessionSettings) -> optax.GradientTransformation:
   """A fresh SGD (momentum, weight decay) per session, as the original; with `round_steps`, each
   tensor's gradient is first rounded by `round_gradient` with quantum b/2."""
-  parts = [optax.add_decayed_weights(settings.weight_decay), optax.sgd(settings.lr, momentum=settings.momentum)]
-  if settings.round_steps:
-    quantum = settings.bound / 2
-    parts.insert(0, optax.stateless(lambda g, _: jax.tree.map(
-        lambda x: round_gradient(x, settings.lr, quantum), g)))
-  return optax.chain(*parts)
+  tx = optim.sgd(settings.lr, settings.momentum, settings.weight_decay)
+  if not settings.round_steps:
+    return tx
+  quantum = settings.bound / 2
+  return optax.chain(optax.stateless(lambda g, _: jax.tree.map(lambda x: round_gradient(x, settings.lr, quantum), g)),
+                     tx)
 
 
 def session_step(trainable, opt_state, frozen, batch_stats, anchor, x, labels, stored, num_seen,
@@ -93,14 +96,6 @@ def session_step(trainable, opt_state, frozen, batch_stats, anchor, x, labels, s
   if settings.clamp:
     trainable = clip_to_box(trainable, anchor, settings.bound)
   return trainable, opt_state, loss
-
-
-def pad_rows(x, size: int, value=0):
-  """Pads the leading axis of a host array to `size` rows of `value` (unchanged if already as long)."""
-  x = np.asarray(x)
-  if len(x) >= size:
-    return x
-  return np.concatenate([x, np.full((size - len(x),) + x.shape[1:], value, x.dtype)])
 
 
 def finetune_session(trainable, frozen, batch_stats, anchor, step_inputs: Callable, labels, stored, num_seen,
@@ -118,9 +113,9 @@ def finetune_session(trainable, frozen, batch_stats, anchor, step_inputs: Callab
     return trainable, opt_state, losses.at[i].set(loss)
 
   carry = (trainable, tx.init(trainable), jnp.zeros((settings.steps,), augment_lib.float_dtype()))
-  # A Python loop (E is small). A lax.fori_loop once ran these steps up to 20x slower on XLA:CPU,
-  # whose conv transposes are slow inside loops; since models/resnet.py writes them in Eigen's form
-  # it gives the same losses (smoke run, bit for bit) and compiles 2 s faster of 43, so this stays.
+  # A Python loop (E is small): XLA:CPU ran these steps much slower inside a lax.fori_loop before
+  # models/resnet.py wrote the convolution transposes in Eigen's form, and the loop's gain since is
+  # small (experiments/results/README.md, 'Figures behind the code's choices').
   for i in range(settings.steps):
     carry = step(i, carry)
   trainable, _, losses = carry
@@ -154,16 +149,14 @@ def make_finetune(settings: SessionSettings, max_images: int = 0, max_classes: i
   tx = session_optimizer(settings)
   paths = settings.trainable_paths
 
-  def split(params):
-    flat = noise_lib.flatten(params)
-    return {p: flat[p] for p in paths}, {p: v for p, v in flat.items() if p not in set(paths)}
+  split = lambda params: trees.split(params, paths)
 
   @jax.jit
   def finetune_padded(params, batch_stats, anchor, images, labels, stored, num_seen, key):
     trainable, frozen = split(params)
     trainable, losses = _finetune_steps(trainable, frozen, batch_stats, anchor, images, labels, stored, num_seen,
                                         key, settings, tx)
-    return noise_lib.unflatten({**frozen, **trainable}), losses
+    return trees.unflatten({**frozen, **trainable}), losses
 
   def finetune_runs_padded(trainables, frozen, batch_stats, anchor, images, labels, stored, num_seen, keys):
     one = lambda t, x, y, k: _finetune_steps(t, frozen, batch_stats, anchor, x, y, stored, num_seen, k, settings, tx)
@@ -192,15 +185,15 @@ def make_finetune(settings: SessionSettings, max_images: int = 0, max_classes: i
     num_seen = jnp.int32(len(stored))
     padded = [pad(x, y, stored) for x, y in zip(images_list, labels_list)]
     trainables = [split(p)[0] for p in params_list]
-    fill = -len(params_list) % devices  # copies of the last run, so the devices split the runs evenly
-    filled = lambda values: list(values) + [values[-1]] * fill
-    stacked = jax.tree_util.tree_map(lambda *v: jnp.stack(filled(v)), *trainables)
+    rows = padding.round_up(len(params_list), devices)  # copies of the last run: the devices split the runs evenly
+    filled = lambda stacked: padding.repeat_last(stacked, rows)
+    stacked = jax.tree_util.tree_map(lambda *v: filled(jnp.stack(v)), *trainables)
     _, frozen = split(params_list[0])
-    out, losses = finetune_runs_padded(stacked, frozen, batch_stats, anchor, np.stack(filled([x for x, _, _ in padded])),
-                                       np.stack(filled([y for _, y, _ in padded])), padded[0][2], num_seen,
-                                       jnp.stack(filled(keys)))
+    out, losses = finetune_runs_padded(stacked, frozen, batch_stats, anchor, filled(np.stack([x for x, _, _ in padded])),
+                                       filled(np.stack([y for _, y, _ in padded])), padded[0][2], num_seen,
+                                       filled(jnp.stack(keys)))
     out, losses = jax.device_get((out, losses))
-    return [noise_lib.unflatten({**split(p)[1], **{q: v[r] for q, v in out.items()}})
+    return [trees.unflatten({**split(p)[1], **{q: v[r] for q, v in out.items()}})
             for r, p in enumerate(params_list)], losses[:len(params_list)]
 
   finetune.jitted = finetune_padded  # for inspection (tests count its compiled shapes) and compiling ahead

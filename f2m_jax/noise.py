@@ -1,6 +1,6 @@
 """The noise set and its bounded samplers (docs/method.md, 'The model and the noise set', 'Bounded noise').
 
-Parameters are handled as flat dicts {path: array} (flax.traverse_util.flatten_dict), so a noise
+Parameters are handled as flat dicts {path: array} (f2m_jax/trees.py), so a noise
 draw is a small dict over the noise-set paths only; the model receives it as its 'noise' collection
 (`collection`), and the parameters themselves are never changed.
 """
@@ -12,7 +12,8 @@ from typing import Mapping, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import traverse_util
+
+from f2m_jax.trees import flatten, unflatten
 
 DISTRIBUTIONS = ('discrete_beta', 'grid', 'uniform')
 # The original's Beta shape parameters, drawn per layer and per draw (docs/method.md, 'Bounded noise').
@@ -22,14 +23,6 @@ GRID_LEVELS = (-1.0, -0.5, 0.0, 0.5, 1.0)  # times the half-width b
 # values of the second bin, first labelled 1, are relabelled 4 when the last bin's turn comes.
 DISCRETE_BETA_RELABEL = (0, 4, 2, 3, 4)
 SYMMETRIC_RELABEL = (0, 1, 2, 3, 4)
-
-
-def flatten(params) -> dict:
-  return traverse_util.flatten_dict(params)
-
-
-def unflatten(flat: Mapping):
-  return traverse_util.unflatten_dict(dict(flat))
 
 
 def collection(eps: Mapping[tuple, jax.Array]) -> dict:
@@ -62,8 +55,8 @@ def _beta_grid(key, shape, b, relabel):
 
   Only u's fifth matters, so it is drawn directly, by inverting the fifths' cumulative probabilities
   under Beta(alpha, beta) (`fifth_cdfs`) at a uniform number: the same law as binning a Beta draw,
-  without the Beta draw's rejection loops (about 150 times faster on a CPU; on an H200 those loops
-  had doubled the F2M step)."""
+  without the Beta draw's rejection loops, which dominated the F2M step (experiments/results/
+  README.md, 'Figures behind the code's choices')."""
   ka, kb, ku = jax.random.split(key, 3)
   cdf = jnp.asarray(fifth_cdfs())[jax.random.randint(ka, (), 0, len(BETA_SHAPES)),
                                   jax.random.randint(kb, (), 0, len(BETA_SHAPES))]
@@ -113,9 +106,3 @@ def sample_noise(key: jax.Array, params, paths: Sequence[tuple], num_draws: int,
     layer_keys = jax.random.split(jax.random.fold_in(key, i), num_draws)
     eps[path] = jax.vmap(lambda k: sampler(k, leaf.shape, bound))(layer_keys).astype(jnp.float32)
   return eps
-
-
-def mask_tree(params, paths: Sequence[tuple]):
-  """A boolean pytree like params, True on the given paths (for optax.masked and friends)."""
-  wanted = set(paths)
-  return unflatten({p: p in wanted for p in flatten(params)})

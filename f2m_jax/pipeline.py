@@ -8,6 +8,7 @@ Experiment (static description of the run, PRNG keys) in experiment.py.
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import time
@@ -32,19 +33,30 @@ from f2m_jax.train_loop import selection_info
 
 
 def resolve(config: ml_collections.ConfigDict, reads_data: bool = True) -> ml_collections.ConfigDict:
-  """The effective config: the method's own settings (f2m_jax/methods; e.g. `method=baseline` turns
-  off noise, fine-tuning and PN and uses shuffled batches, as the paper's Baseline), then every
-  value validated, and (`reads_data`) the data folder it will read checked before anything is
-  written. The bench's whole runs pass False: they train on random data of the config's shapes."""
+  """The effective config: the method's presets (f2m_jax/methods; e.g. `method=baseline` turns off
+  noise, fine-tuning and PN and uses shuffled batches, as the paper's Baseline) over the config
+  file's values, except on the fields the user set (`set_by_user`), then every value validated, and
+  (`reads_data`) the data folder it will read checked before anything is written. The bench's whole
+  runs pass False: they train on random data of the config's shapes."""
   config = ml_collections.ConfigDict(config.to_dict())
   method = registry.get(config.method)
-  method.configure(config)
+  apply_presets(config, method.presets)
   validation.validate(config)
   if method.validate is not None:
     method.validate(config)
   if reads_data:
     validation.check_data_folder(config)
   return config
+
+
+def apply_presets(config: ml_collections.ConfigDict, presets) -> None:
+  """Sets each {dotted field: value} of `presets` in `config` unless the field is in
+  config.set_by_user (the user's value stays; it is validated as any other)."""
+  kept = set(config.get('set_by_user', ()))
+  for field, value in presets.items():
+    if field not in kept:
+      *sections, name = field.split('.')
+      functools.reduce(lambda node, key: node[key], sections, config)[name] = value
 
 
 NETWORK_FIELDS = ('model.arch', 'model.width', 'model.head')

@@ -3,8 +3,8 @@ background thread while session 1 trains (`compile_ahead`).
 
 XLA compiles a jitted function at its first call with new shapes. The incremental sessions' programs
 (the fine-tuning of a group of runs, the embeddings, NCM) compiled at the first session, after the
-minutes of base training during which the host mostly waits for the accelerator: on an H200 the
-full-budget CIFAR-100 run spent 22.6 s from its last base step to its first session's end. Their
+minutes of base training during which the host mostly waits for the accelerator (what that cost:
+experiments/results/README.md, 'Figures behind the code's choices'). Their
 shapes are known before training starts, so `Programs.compile_ahead` lowers and compiles them from
 abstract arguments (`jax.ShapeDtypeStruct`) in a background thread, started once the base step's
 own program has compiled (`pipeline.compiling_ahead`); a jitted function keeps the

@@ -14,16 +14,6 @@ def get(name: str) -> Method:
   return METHODS[name]
 
 
-def config_sections() -> dict:
-  """{section: default values} of every method that owns a config section (configs/common.py)."""
-  return {m.section: m.defaults() for m in METHODS.values() if m.section}
-
-
 def method_sections() -> dict:
   """{section: method name}: the config sections one method alone reads (workdir.config_differences)."""
   return {m.section: m.name for m in METHODS.values() if m.section}
-
-
-def smoke_overrides() -> dict:
-  """{section: values} that `:smoke` configs set in the methods' sections."""
-  return {m.section: dict(m.smoke) for m in METHODS.values() if m.smoke}

@@ -25,7 +25,7 @@ from f2m_jax import workdir as workdir_lib
 from f2m_jax.checkpoint import Checkpoints
 from f2m_jax.data import protocol as protocol_lib
 from f2m_jax.experiment import Experiment, Hook, TrainingError
-from f2m_jax.incremental import pad_rows
+from f2m_jax.padding import pad_rows
 
 
 @dataclasses.dataclass(frozen=True)

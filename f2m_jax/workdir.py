@@ -12,12 +12,14 @@ import jax
 from flax import traverse_util
 
 # Fields that never change what a run computes (paths, logging, batching and caching of evaluation,
-# other modes' settings): a workdir may be resumed or evaluated with different values of these. A
-# name ending in '.' covers every field below it.
+# other modes' settings, which fields were typed on the command line rather than what they hold): a
+# workdir may be resumed or evaluated with different values of these. A name ending in '.' covers
+# every field below it.
 NON_RESULT_FIELDS = ('data.data_dir', 'data.tfds_data_dir', 'data.cache_dir', 'base.log_every',
                      'base.checkpoint_every', 'base.data_placement', 'base.steps_per_call', 'base.prefetch',
                      'incremental.parallel_runs', 'eval.batch_size', 'eval.cache_trunk', 'distributed',
-                     'tensorboard', 'compilation_cache', 'compile_ahead', 'members.map', 'bench.', 'flatness.')
+                     'tensorboard', 'compilation_cache', 'compile_ahead', 'members.map', 'bench.', 'flatness.',
+                     'set_by_user')
 
 
 # Fields added after workdirs were already being written, with the value that reproduces what a run

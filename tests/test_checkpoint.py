@@ -5,6 +5,7 @@ import json
 import os
 import shutil
 
+import chex
 import jax
 import numpy as np
 import pytest
@@ -61,11 +62,10 @@ def reference(tmp_path_factory):
 
 
 def _leaves_equal(a, b):
-  la, lb = jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)
-  assert len(la) == len(lb) and jax.tree_util.tree_structure(a) == jax.tree_util.tree_structure(b)
-  for x, y in zip(la, lb):
-    x, y = np.asarray(x), np.asarray(y)
-    assert x.dtype == y.dtype and x.shape == y.shape and x.tobytes() == y.tobytes()
+  """The same tree bit for bit: structure, dtypes, shapes and every byte of every leaf."""
+  chex.assert_trees_all_equal(a, b, strict=True)
+  as_bytes = lambda tree: jax.tree.map(lambda x: np.frombuffer(np.asarray(x).tobytes(), np.uint8), tree)
+  chex.assert_trees_all_equal(as_bytes(a), as_bytes(b))
 
 
 def test_save_restore_is_bit_identical(tmp_path):
@@ -88,6 +88,7 @@ def test_save_restore_is_bit_identical(tmp_path):
   ckpts.close()
 
 
+@pytest.mark.slow
 def test_resume_after_interrupted_base_training(reference, tmp_path):
   ref_dir, ref = reference
   workdir = str(tmp_path / 'w')
@@ -97,6 +98,7 @@ def test_resume_after_interrupted_base_training(reference, tmp_path):
   assert same_results(pipeline.run(tiny_config(), workdir), ref)
 
 
+@pytest.mark.slow
 def test_resume_with_test_set_selection_keeps_the_best_so_far(tmp_path):
   """base.select_on_test resumed after the best model was saved: the selector restores the best
   accuracy so far, and the run ends as an uninterrupted one."""
@@ -111,6 +113,7 @@ def test_resume_with_test_set_selection_keeps_the_best_so_far(tmp_path):
   assert same_results(pipeline.run(config, workdir), whole)
 
 
+@pytest.mark.slow
 def test_resume_after_interrupted_sessions(reference, tmp_path):
   _, ref = reference
   workdir = str(tmp_path / 'w')
@@ -120,6 +123,7 @@ def test_resume_after_interrupted_sessions(reference, tmp_path):
   assert same_results(pipeline.run(tiny_config(), workdir), ref)
 
 
+@pytest.mark.slow
 def test_eval_mode_reproduces_results(reference, capsys):
   ref_dir, ref = reference
   before = open(os.path.join(ref_dir, 'results.json')).read()
@@ -128,6 +132,7 @@ def test_eval_mode_reproduces_results(reference, capsys):
   assert open(os.path.join(ref_dir, 'results.json')).read() == before
 
 
+@pytest.mark.slow
 def test_new_sessions_from_another_workdirs_base_model(reference, tmp_path):
   ref_dir, ref = reference
   config = tiny_config()
@@ -142,6 +147,7 @@ def test_new_sessions_from_another_workdirs_base_model(reference, tmp_path):
   assert done[-1]['base_checkpoint'] == os.path.abspath(ref_dir)  # where the base model came from
 
 
+@pytest.mark.slow
 def test_checkpoint_of_another_network_is_refused_before_anything_is_written(reference, tmp_path):
   ref_dir, _ = reference
   config = tiny_config()
@@ -158,6 +164,7 @@ def _copy(reference, tmp_path):
   return workdir
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('mode', ['train', 'eval'])
 def test_corrupt_checkpoint_is_reported(reference, tmp_path, mode):
   workdir = _copy(reference, tmp_path)
@@ -172,6 +179,7 @@ def test_corrupt_checkpoint_is_reported(reference, tmp_path, mode):
   assert snapshot(workdir) == before
 
 
+@pytest.mark.slow
 def test_deleted_checkpoints_are_reported(reference, tmp_path):
   workdir = _copy(reference, tmp_path)
   shutil.rmtree(os.path.join(workdir, 'checkpoints', 'run_1', '2'))
@@ -184,6 +192,7 @@ def test_deleted_checkpoints_are_reported(reference, tmp_path):
     pipeline.run(tiny_config(), workdir)
 
 
+@pytest.mark.slow
 def test_changed_config_is_refused_but_eval_only_fields_are_not(reference, tmp_path):
   workdir = _copy(reference, tmp_path)
   config = tiny_config()

@@ -52,6 +52,7 @@ def _run_counting_compiles(config, workdir):
   return results, sorted(set(compiles.names) & set(SESSION_PROGRAMS))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('parallel_runs', [1, 2])  # Runner.update one run a call; finetune.runs over the runs
 def test_compiled_ahead_the_sessions_compile_nothing_and_results_are_unchanged(smoke_config, tmp_path, parallel_runs):
   smoke_config.base.steps = 10

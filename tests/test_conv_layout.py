@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from f2m_jax import base as base_lib
+from f2m_jax import optim
 from f2m_jax.data import synthetic
 from f2m_jax.models import build_model, noise_set_paths, resnet, split_block
 
@@ -52,7 +53,7 @@ def _step_setup(num_draws: int, draw_map: str):
   objective = base_lib.BaseObjective(model=model, noise_paths=paths, split=split_block(model, paths),
                                      num_draws=num_draws, bound=0.01, distribution='uniform', pf_weight=1.0,
                                      std_weight=2.0, shared_trunk=True, draw_map=draw_map)
-  tx = base_lib.make_optimizer(0.1, 0.9, 5e-4, (), 0.1)
+  tx = optim.sgd(0.1, 0.9, 5e-4, (), 0.1)
   step = base_lib.train_step_fn(objective, tx, 'crop_flip', 16, data.mean, data.std)
   state = base_lib.init_state(model, jax.random.key(0), 16, tx)
   return step, state, data.train.images[:8], data.train.labels[:8]

@@ -19,6 +19,7 @@ def smoke_run(tmp_path_factory):
   return workdir, results
 
 
+@pytest.mark.slow
 def test_smoke_results_file_is_valid_and_learns(smoke_run):
   workdir, results = smoke_run
   with open(os.path.join(workdir, 'results.json')) as f:
@@ -121,6 +122,7 @@ def test_run_py_rejects_bad_values_with_clear_messages(tmp_path):
   assert not os.path.exists(tmp_path / 'w' / 'results.json')
 
 
+@pytest.mark.slow
 def test_workdir_of_another_config_is_refused(smoke_run):
   from configs import cifar100
   from f2m_jax.workdir import WorkdirError
@@ -133,6 +135,7 @@ def test_workdir_of_another_config_is_refused(smoke_run):
   assert open(os.path.join(workdir, 'results.json')).read() == before
 
 
+@pytest.mark.slow
 def test_bench_whole_runs_time_the_pipeline(smoke_run, smoke_config):
   """--mode bench's whole runs through the pipeline's own loops: F2M on host batches, the Baseline
   through the accelerators' data path (the CPU's default path for the Baseline is the same loop)."""
@@ -165,6 +168,7 @@ def test_bench_whole_runs_need_no_data_folder(monkeypatch):
   assert pipeline.resolve(config, reads_data=False).data.source == 'trainsplit'
 
 
+@pytest.mark.slow
 def test_validation_protocol_run_never_reads_a_test_image(tmp_path, monkeypatch):
   """A run on data.protocol='validation': 12 pseudo-base classes + 4 sessions of 2 from the smoke
   config's 20 base classes; the results are unchanged when every real test image and every image of

@@ -1,6 +1,7 @@
 """The authors' behaviours as config fields: defaults, the pieces the fixtures do not cover (the
 CPU kernel gradient, the BN fold, the TaskSampler epochs through the pipeline), and the opt-in
-model selection on the test set, which every output must admit to."""
+model selection on the test set, which every output must admit to. Saved configs' compatibility:
+tests/test_saved_configs.py."""
 from __future__ import annotations
 
 import dataclasses
@@ -17,7 +18,6 @@ import pytest
 from configs import cifar100, cub200, mini
 from f2m_jax import experiment as experiment_lib
 from f2m_jax import pipeline
-from f2m_jax import registry
 from f2m_jax import train_loop
 from f2m_jax.models import resnet
 from f2m_jax.models.resnet import BN_MOMENTUM, fold_batch_stats
@@ -66,7 +66,7 @@ def test_kernel_gradient_by_shifts_equals_autodiff(kernel, strides, padding, siz
 def test_eigen_form_gradients_equal_xlas_bit_for_bit(kernel, strides, padding, size):
   """The CPU backward's input and kernel gradients written as Eigen-form convolutions are exactly
   XLA's own transposes outside loops (so the host path's results are unchanged by them), and equal
-  to them inside a lax.scan, where XLA:CPU runs its own form 6-60x slower."""
+  to them inside a lax.scan, where XLA:CPU runs its own form several times slower."""
   kx, kk, kg = jax.random.split(jax.random.key(2), 3)
   x = jax.random.normal(kx, (4, size, size, 6))
   w = jax.random.normal(kk, kernel + (6, 5))
@@ -90,7 +90,7 @@ def test_eigen_form_gradients_equal_xlas_bit_for_bit(kernel, strides, padding, s
 def test_scanned_conv2d_gradients_compile_to_eigen_form_convolutions(kernel, strides, padding, size):
   """Inside a lax.scan (the device path's scanned steps) every convolution of conv2d's gradient is
   in the b01f_01io->b01f form XLA:CPU's Eigen kernels run; XLA's own transposes stay in other forms
-  there (f01b_i01o->01bf for the kernel gradient) and run 6-60x slower. Checked on the compiled
+  there (f01b_i01o->01bf for the kernel gradient) and run several times slower. Checked on the compiled
   program, so a change back to XLA's transposes fails here, not only in a benchmark."""
   x = jnp.ones((4, size, size, 6))
   w = jnp.ones(kernel + (6, 5))
@@ -165,6 +165,7 @@ def test_task_epoch_batches_through_the_pipeline(smoke_config):
   assert not np.array_equal(batches[0], batches[per_epoch])
 
 
+@pytest.mark.slow
 def test_select_on_test_is_opt_in_and_every_output_says_so(smoke_config, tmp_path):
   smoke_config.base.select_on_test = True
   smoke_config.base.select_every = 25
@@ -209,37 +210,6 @@ def test_select_on_test_is_opt_in_and_every_output_says_so(smoke_config, tmp_pat
   assert train_loop.selection_info(smoke_config, None) == {'selection': 'last', 'step': smoke_config.base.steps}
 
 
-def test_workdirs_older_than_a_field_resume_only_with_its_old_behaviour():
-  from f2m_jax import workdir
-  current = {'data': {'split': ''}, 'noise': {'pf_gradient': False, 'bn_updates': 'all_passes'}}
-  before_split = {'data': {}, 'noise': {'pf_gradient': False, 'bn_updates': 'all_passes'}}
-  assert workdir.config_differences(before_split, current) == []
-  before_switches = {'data': {}, 'noise': {}}  # written before the authors' behaviours were fields
-  assert workdir.config_differences(before_switches, current) == ['noise.bn_updates', 'noise.pf_gradient']
-  paper = {'data': {'split': ''}, 'noise': {'pf_gradient': True, 'bn_updates': 'clean'}}
-  assert workdir.config_differences(before_switches, paper) == []
-  # Written before PF's classes were a field: it averaged over the batch's classes.
-  assert workdir.config_differences({'noise': {}}, {'noise': {'pf_classes': 'batch'}}) == []
-  assert workdir.config_differences({'noise': {}}, {'noise': {'pf_classes': 'all_base'}}) == ['noise.pf_classes']
-  # Written before Eq. 5's base prototypes could be normalised: they were raw.
-  unit = {'incremental': {'normalize_base_prototypes': True}}
-  assert workdir.config_differences({'incremental': {}}, {'incremental': {'normalize_base_prototypes': False}}) == []
-  assert workdir.config_differences({'incremental': {}}, unit) == ['incremental.normalize_base_prototypes']
-
-
-def test_a_methods_own_section_is_compared_only_for_that_method():
-  from f2m_jax import workdir
-  sections = registry.method_sections()
-  assert sections['crt'] == 'crt'
-  differences = lambda saved, now: workdir.config_differences(saved, now, method_sections=sections)
-  current = {'method': 'f2m', 'crt': {'lr': 0.1, 'epochs': 17}}
-  assert differences({'method': 'f2m'}, current) == []  # written before cRT existed
-  assert differences({'method': 'f2m', 'crt': {'lr': 0.5, 'epochs': 17}}, current) == []
-  crt = {'method': 'crt', 'crt': {'lr': 0.1, 'epochs': 17}}
-  assert differences({'method': 'crt', 'crt': {'lr': 0.5, 'epochs': 17}}, crt) == ['crt.lr']
-  assert differences({'method': 'f2m'}, crt) == ['crt.epochs', 'crt.lr', 'method']
-
-
 def test_backward_weights_reach_the_network(smoke_config):
   from f2m_jax.data import sources
   bench = sources.load_benchmark(smoke_config)
@@ -278,27 +248,3 @@ def test_the_paper_switches_reach_the_objective_and_the_sessions(smoke_config):
     exp = experiment_lib.Experiment.create(pipeline.resolve(smoke_config), bench)
     assert exp.base_objective().pf_classes == over
     assert ncm.session_settings(exp, exp.noise_paths).normalize_base_prototypes is unit
-
-
-def test_a_renamed_field_in_a_saved_config_reads_as_the_new_one():
-  """Workdirs written with noise.clean_backward (True was the default then) resume under
-  noise.backward_weights='clean', and only under it."""
-  from f2m_jax import workdir
-  saved = {'noise': {'clean_backward': True}}
-  assert workdir.config_differences(saved, {'noise': {'backward_weights': 'clean'}}) == []
-  assert workdir.config_differences(saved, {'noise': {'backward_weights': 'noisy'}}) == ['noise.backward_weights']
-  assert workdir.config_differences({'noise': {'clean_backward': False}}, {'noise': {'backward_weights': 'noisy'}}) == []
-  assert workdir.config_differences({'noise': {}}, {'noise': {'backward_weights': 'noisy'}}) == []  # older still
-
-
-def test_saved_config_fills_fields_added_later(tmp_path):
-  import json
-  from f2m_jax import workdir
-  (tmp_path / 'config.json').write_text(json.dumps({'method': 'f2m', 'noise': {'bound': 0.01}}))
-  defaults = {'method': 'f2m', 'noise': {'bound': 0.005, 'pf_gradient': False}, 'crt': {'lr': 0.1}}
-  assert workdir.saved_config(str(tmp_path), defaults) == {
-      'method': 'f2m', 'noise': {'bound': 0.01, 'pf_gradient': True, 'bn_updates': 'clean', 'backward_weights': 'noisy',
-                                 'pf_classes': 'batch'},
-      'incremental': {'normalize_base_prototypes': False},
-      'crt': {'lr': 0.1}, 'data': {'split': '', 'synthetic': {'seed': 0}}, 'base': {'select_on_test': False, 'select_every': 1500},
-      'model': {'head': 'linear'}}

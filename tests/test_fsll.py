@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from conftest import resumed_after_interruption, tiny_method_run, tiny_protocol, without_provenance
-from f2m_jax import noise as noise_lib
+from f2m_jax import trees
 from f2m_jax.data import protocol
 from f2m_jax.methods import fsll
 
@@ -85,19 +85,21 @@ def fsll_run(tmp_path_factory):
   return tiny_method_run(tmp_path_factory, tiny)
 
 
+@pytest.mark.slow
 def test_fsll_end_to_end_changes_only_the_selected_tensors(fsll_run):
   exp, ck, base = fsll_run.exp, fsll_run.ckpts, fsll_run.first
   runner = fsll.FSLLRunner(exp, base)
   shots = protocol.session_shots(exp.bench, 'draws', 0, 2, 5, 0)
   saved = ck.restore_session(0, 2, {**runner.template(2), 'exemplars': shots, 'accuracy': np.zeros(4)})
   chosen = set(fsll.selected_paths(base['params'], 0.3))
-  assert chosen and len(chosen) < len(noise_lib.flatten(base['params']))
-  before, after = noise_lib.flatten(base['params']), noise_lib.flatten(saved['params'])
+  assert chosen and len(chosen) < len(trees.flatten(base['params']))
+  before, after = trees.flatten(base['params']), trees.flatten(saved['params'])
   for path in before:
     assert np.array_equal(before[path], after[path]) != (path in chosen), path
   np.testing.assert_array_equal(saved['prototypes'][:6], base['prototypes'])  # base prototypes kept
 
 
+@pytest.mark.slow
 def test_fsll_resumes_to_the_same_results(fsll_run, tmp_path):
   again = resumed_after_interruption(tiny, str(tmp_path / 'w'), 0, 3)
   assert without_provenance(again) == without_provenance(fsll_run.results)

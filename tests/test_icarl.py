@@ -86,6 +86,7 @@ def icarl_run(tmp_path_factory):
   return tiny_method_run(tmp_path_factory, tiny)
 
 
+@pytest.mark.slow
 def test_icarl_end_to_end(icarl_run):
   exp, ck = icarl_run.exp, icarl_run.ckpts
   bench = exp.bench
@@ -104,6 +105,7 @@ def test_icarl_end_to_end(icarl_run):
     assert saved['prototypes'].shape == (10, 32) and np.isfinite(saved['params']['fc']['kernel']).all()
 
 
+@pytest.mark.slow
 def test_icarl_resumes_to_the_same_results(icarl_run, tmp_path):
   again = resumed_after_interruption(tiny, str(tmp_path / 'w'), 1, 2)
   assert without_provenance(again) == without_provenance(icarl_run.results)

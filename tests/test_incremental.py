@@ -1,11 +1,12 @@
 """Incremental fine-tuning stays inside the box around phi* and touches only the trainable leaves."""
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from f2m_jax import incremental
-from f2m_jax import noise as noise_lib
+from f2m_jax import trees
 from f2m_jax.data import augment
 from f2m_jax.models import noise_set_paths, resnet20
 
@@ -33,16 +34,14 @@ def test_every_step_inside_box_and_frozen_leaves_unchanged(setup):
   to see the state after each: inside the box every time, and the frozen leaves unchanged."""
   model, variables, images, labels, stored = setup
   paths = noise_set_paths(model, 4)
-  flat0 = noise_lib.flatten(variables['params'])
+  flat0 = trees.flatten(variables['params'])
   anchor = {p: flat0[p] for p in paths}
   settings = _settings(model, paths, 4)
   key = jax.random.key(1)
   params, losses = incremental.make_finetune(settings)(
       variables['params'], variables['batch_stats'], anchor, images, labels, stored, key)
   assert np.all(np.isfinite(losses))
-  for p, v in noise_lib.flatten(params).items():
-    if p not in anchor:
-      np.testing.assert_array_equal(v, flat0[p])
+  chex.assert_trees_all_equal(trees.split(params, paths)[1], trees.split(variables['params'], paths)[1])
 
   tx = incremental.session_optimizer(settings)
   frozen = {p: v for p, v in flat0.items() if p not in anchor}
@@ -69,11 +68,11 @@ def test_every_step_inside_box_and_frozen_leaves_unchanged(setup):
 def test_without_clamp_leaves_the_box(setup):
   model, variables, images, labels, stored = setup
   paths = noise_set_paths(model, 4)
-  flat0 = noise_lib.flatten(variables['params'])
+  flat0 = trees.flatten(variables['params'])
   anchor = {p: flat0[p] for p in paths}
   params, _ = incremental.make_finetune(_settings(model, paths, 3, clamp=False, lr=0.05))(
       variables['params'], variables['batch_stats'], anchor, images, labels, stored, jax.random.key(1))
-  flat = noise_lib.flatten(params)
+  flat = trees.flatten(params)
   assert max(float(np.abs(flat[p] - anchor[p]).max()) for p in paths) > 0.003
 
 
@@ -95,14 +94,14 @@ def test_round_gradient_puts_sgd_steps_on_the_grid():
 def test_round_steps_moves_only_by_multiples_of_half_the_bound(setup):
   model, variables, images, labels, stored = setup
   paths = noise_set_paths(model, 4)
-  flat0 = noise_lib.flatten(variables['params'])
+  flat0 = trees.flatten(variables['params'])
   anchor = {p: flat0[p] for p in paths}
   settings = _settings(model, paths, 1, clamp=False, lr=0.05)
   settings = incremental.SessionSettings(**{**settings.__dict__, 'momentum': 0.0, 'weight_decay': 0.0,
                                             'round_steps': True})
   params, _ = incremental.make_finetune(settings)(
       variables['params'], variables['batch_stats'], anchor, images, labels, stored, jax.random.key(1))
-  flat = noise_lib.flatten(params)
+  flat = trees.flatten(params)
   steps = np.concatenate([np.ravel(np.asarray(flat[p]) - np.asarray(anchor[p])) for p in paths]) / 0.0015
   np.testing.assert_allclose(steps, np.round(steps), atol=1e-3)  # multiples of b/2 = 0.0015
   assert 0 < np.count_nonzero(np.round(steps)) < steps.size  # some entries moved, small ones did not
@@ -111,7 +110,7 @@ def test_round_steps_moves_only_by_multiples_of_half_the_bound(setup):
 def test_padding_to_the_last_sessions_shape_changes_nothing(setup):
   model, variables, images, labels, stored = setup
   paths = noise_set_paths(model, 4)
-  flat0 = noise_lib.flatten(variables['params'])
+  flat0 = trees.flatten(variables['params'])
   anchor = {p: flat0[p] for p in paths}
   # one step: later steps amplify float32 rounding (distances ~1e3 enter a softmax), not padding
   settings = incremental.SessionSettings(**{**_settings(model, paths, 1, lr=0.05).__dict__, 'augment': 'none'})
@@ -120,9 +119,8 @@ def test_padding_to_the_last_sessions_shape_changes_nothing(setup):
   padded_fn = incremental.make_finetune(settings, max_images=25, max_classes=12)
   padded, padded_losses = padded_fn(*args)
   np.testing.assert_allclose(padded_losses, exact_losses, atol=5e-5)
-  moved = max(float(np.abs(noise_lib.flatten(exact)[p] - anchor[p]).max()) for p in paths)
-  for p, v in noise_lib.flatten(padded).items():
-    np.testing.assert_allclose(v, noise_lib.flatten(exact)[p], atol=1e-5)
+  moved = max(float(np.abs(trees.flatten(exact)[p] - anchor[p]).max()) for p in paths)
+  chex.assert_trees_all_close(padded, exact, atol=1e-5, rtol=1e-7)
   assert moved > 1e-3  # the step itself is two orders larger than the tolerance
   # a smaller session reuses the compiled program
   padded_fn(variables['params'], variables['batch_stats'], anchor, images[:5], labels[:5], stored[:7],
@@ -149,7 +147,7 @@ def test_normalize_base_prototypes_puts_unit_norm_stored_prototypes_in_eq5(setup
   of the two enters changes the loss."""
   model, variables, images, labels, _ = setup
   paths = noise_set_paths(model, 4)
-  flat0 = noise_lib.flatten(variables['params'])
+  flat0 = trees.flatten(variables['params'])
   anchor = {p: flat0[p] for p in paths}
   frozen = {p: v for p, v in flat0.items() if p not in anchor}
   x = (jnp.asarray(images, jnp.float32) / 255.0 - 0.5) * 0.25  # embeddings of norm ~4: distances ~10

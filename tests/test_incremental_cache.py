@@ -6,12 +6,13 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 
 from conftest import without_provenance
-from f2m_jax import noise as noise_lib
 from f2m_jax import evaluator
 from f2m_jax import experiment as experiment_lib
 from f2m_jax import pipeline
+from f2m_jax import trees
 from f2m_jax.data import sources
 
 
@@ -36,8 +37,8 @@ def test_cached_suffix_embeddings_equal_full_network(smoke_config):
   full = evaluator.Evaluator(exp, base, paths)
   assert full._trunk is None  # pylint: disable=protected-access
   # A fine-tuned network: every noise-set kernel moved.
-  flat = noise_lib.flatten(state.params)
-  tuned = noise_lib.unflatten({p: v + 0.01 * np.sign(np.asarray(v)) if p in set(paths) else v
+  flat = trees.flatten(state.params)
+  tuned = trees.unflatten({p: v + 0.01 * np.sign(np.asarray(v)) if p in set(paths) else v
                                for p, v in flat.items()})
   variables = {'params': tuned, 'batch_stats': state.batch_stats}
   a, b = cached.embeddings(variables, changed=True), full.embeddings(variables, changed=True)
@@ -45,6 +46,7 @@ def test_cached_suffix_embeddings_equal_full_network(smoke_config):
   assert not np.allclose(b, full.embeddings(base, changed=False))  # the change is visible
 
 
+@pytest.mark.slow
 def test_results_identical_with_and_without_cache(smoke_config, tmp_path):
   cached = pipeline.run(small_config(smoke_config, True), str(tmp_path / 'cached'))
   # Same base model (restored from the first workdir), trunk cache off.

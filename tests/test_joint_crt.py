@@ -2,6 +2,7 @@
 protocol: end to end, resumable, cRT changes only the classifier, and its class-aware sampler."""
 from __future__ import annotations
 
+import chex
 import numpy as np
 import pytest
 
@@ -10,7 +11,6 @@ from f2m_jax import experiment as experiment_lib
 from f2m_jax import pipeline
 from f2m_jax.checkpoint import Checkpoints
 from f2m_jax.data import protocol
-from f2m_jax.methods import joint as joint_lib
 
 
 def tiny(config, method):
@@ -31,6 +31,7 @@ def workdirs(tmp_path_factory):
   return root, joint, crt
 
 
+@pytest.mark.slow
 def test_joint_and_crt_end_to_end(workdirs):
   root, joint, crt = workdirs
   for results in (joint, crt):
@@ -51,24 +52,23 @@ def _session(root, name, run, session, runner_exp):
   return ck.restore_session(run, session, {**template, 'exemplars': exemplars, 'accuracy': np.zeros(4)})
 
 
+@pytest.mark.slow
 def test_crt_changes_only_the_classifier(workdirs):
   from configs import cifar100
-  from f2m_jax import noise as noise_lib
+  from f2m_jax import trees
   from f2m_jax.data import sources
   root, _, _ = workdirs
   config = pipeline.resolve(tiny(cifar100.get_config('smoke'), 'joint'))
   exp = experiment_lib.Experiment.create(config, sources.load_benchmark(config))
   a, b = _session(root, 'joint', 1, 3, exp), _session(root, 'crt', 1, 3, exp)
-  fa, fb = noise_lib.flatten(a['params']), noise_lib.flatten(b['params'])
-  for path in fa:
-    if path[0] == 'fc':
-      assert not np.allclose(fa[path], fb[path])
-    else:
-      np.testing.assert_array_equal(fa[path], fb[path])
-  for x, y in zip(noise_lib.flatten(a['batch_stats']).values(), noise_lib.flatten(b['batch_stats']).values()):
-    np.testing.assert_array_equal(x, y)  # BN statistics frozen while the classifier retrains
+  trunk = lambda params: {k: v for k, v in params.items() if k != 'fc'}
+  chex.assert_trees_all_equal(trunk(a['params']), trunk(b['params']))
+  for path, v in trees.flatten(a['params']['fc']).items():
+    assert not np.allclose(v, trees.flatten(b['params']['fc'])[path])
+  chex.assert_trees_all_equal(a['batch_stats'], b['batch_stats'])  # BN statistics frozen while the classifier retrains
 
 
+@pytest.mark.slow
 def test_crt_resumes_and_needs_a_joint_workdir(workdirs, tmp_path):
   from configs import cifar100
   root, _, crt = workdirs

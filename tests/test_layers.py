@@ -17,8 +17,8 @@ PACKAGE = pathlib.Path(__file__).resolve().parents[1] / 'f2m_jax'
 
 # Bottom to top. Patterns are module names relative to f2m_jax ('data.*': every module of data/).
 LAYERS = (
-    ('foundations', ('data', 'data.*', 'models', 'models.*', 'noise', 'objectives', 'sharding', 'checkpoint',
-                     'workdir', 'prefetch', 'programs', 'report')),
+    ('foundations', ('data', 'data.*', 'models', 'models.*', 'trees', 'padding', 'optim', 'noise', 'objectives',
+                     'sharding', 'checkpoint', 'workdir', 'prefetch', 'programs', 'report')),
     ('algorithms', ('base', 'incremental', 'evaluation', 'flatness')),
     ('run description', ('experiment', 'validation')),
     ('run stages', ('train_loop', 'evaluator', 'sessions')),

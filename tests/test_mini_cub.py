@@ -213,6 +213,7 @@ def test_cub_config_needs_pretrained_weights(monkeypatch):
   assert cub_cfg.get_config('').model.pretrained == '/w/r18.pth'
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('name,sessions', [('mini', 9), ('cub200', 11)])
 def test_smoke_config_end_to_end(name, sessions, tmp_path):
   import importlib

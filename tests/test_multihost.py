@@ -70,6 +70,7 @@ def written_once(workdir):
   assert not [n for n in os.listdir(workdir) if '.tmp' in n]
 
 
+@pytest.mark.slow
 def test_two_processes_equal_one_process_with_two_devices(tmp_path):
   """Each process holds one CPU device: the global mesh has two, the batch is split over them, and
   the run equals a single process with two devices (the same SPMD program), file for file."""
@@ -81,6 +82,7 @@ def test_two_processes_equal_one_process_with_two_devices(tmp_path):
   written_once(tmp_path / 'hosts')
 
 
+@pytest.mark.slow
 def test_a_member_sweep_over_two_processes_equals_one_process(tmp_path):
   """A seed sweep run by two processes: every process computes every member (as every process
   computes every run of the sessions), the files are written once, and the sweep equals one process's."""

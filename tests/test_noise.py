@@ -7,6 +7,7 @@ import pytest
 from f2m_jax import base as base_lib
 from f2m_jax import noise as noise_lib
 from f2m_jax import objectives
+from f2m_jax import trees
 from f2m_jax.models import noise_set_paths, resnet18, resnet20, split_block
 
 
@@ -71,7 +72,7 @@ def test_noise_bounded_and_only_on_masked_leaves(net, distribution):
   b = 0.01
   eps = noise_lib.sample_noise(jax.random.key(1), variables['params'], paths, 3, b, distribution)
   assert set(eps) == set(paths)
-  flat = noise_lib.flatten(variables['params'])
+  flat = trees.flatten(variables['params'])
   for p, e in eps.items():
     assert e.shape == (3,) + flat[p].shape
     assert float(jnp.max(jnp.abs(e))) <= b
@@ -87,7 +88,7 @@ def test_noise_bounded_and_only_on_masked_leaves(net, distribution):
   x = jax.random.normal(jax.random.key(4), (4, 16, 16, 3))
   draw = {p: e[0] for p, e in eps.items()}
   with_noise, _ = model.apply({**variables, 'noise': noise_lib.collection(draw)}, x, train=False)
-  perturbed = noise_lib.unflatten({p: v + draw[p] if p in draw else v for p, v in flat.items()})
+  perturbed = trees.unflatten({p: v + draw[p] if p in draw else v for p, v in flat.items()})
   explicit, _ = model.apply({**variables, 'params': perturbed}, x, train=False)
   clean, _ = model.apply(variables, x, train=False)
   np.testing.assert_allclose(with_noise, explicit, rtol=1e-5, atol=1e-6)

@@ -1,4 +1,4 @@
-"""Runs in parallel (issue 15, item 3): the incremental sessions session by session over the runs,
+"""Runs in parallel: the incremental sessions session by session over the runs,
 F2M fine-tuning a group of runs in one call mapped over a run axis, equal to one run at a time, and
 an interrupted grouped run resuming bit-exactly; on several devices the run axis is split over them
 (a child process with 4 fake CPU devices), equal to one run at a time as well."""
@@ -69,6 +69,7 @@ def _session_losses(workdir: str) -> dict:
     return {(r['run'], r['session']): r['losses'] for r in map(json.loads, f) if r.get('phase') == 'session'}
 
 
+@pytest.mark.slow
 def test_parallel_runs_equal_runs_one_by_one(parallel_pair):
   (one_dir, one), (together_dir, together) = parallel_pair
   for a, b in zip(one['sessions'], together['sessions']):
@@ -81,6 +82,7 @@ def test_parallel_runs_equal_runs_one_by_one(parallel_pair):
     np.testing.assert_allclose(together['prototype_norms'][k]['runs'], one['prototype_norms'][k]['runs'], rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_parallel_runs_resume_exactly(parallel_pair, tmp_path):
   (one_dir, _), (_, together) = parallel_pair
 
@@ -102,13 +104,13 @@ def test_parallel_runs_resume_exactly(parallel_pair, tmp_path):
 RUNS_CHILD = textwrap.dedent('''
     import json
     import jax, jax.numpy as jnp, numpy as np
-    from f2m_jax import incremental, noise as noise_lib, sharding
+    from f2m_jax import incremental, sharding, trees
     from f2m_jax.models import noise_set_paths, resnet20
 
     model = resnet20(6, width=4)
     variables = model.init(jax.random.key(0), jnp.zeros((1, 16, 16, 3)), train=False)
     paths = tuple(noise_set_paths(model, 4))
-    flat = noise_lib.flatten(variables['params'])
+    flat = trees.flatten(variables['params'])
     anchor = {p: flat[p] for p in paths}
     settings = incremental.SessionSettings(
         model=model, trainable_paths=paths, steps=2, lr=0.01, momentum=0.9, weight_decay=5e-4, bound=0.05,
@@ -127,7 +129,7 @@ RUNS_CHILD = textwrap.dedent('''
     alone = [finetune(variables['params'], variables['batch_stats'], anchor, x, y, stored, k)
              for x, y, k in zip(images, labels, keys)]
     # Each run's difference to its run alone, relative to how far the run alone moved from phi*.
-    trained = lambda params: np.concatenate([np.ravel(noise_lib.flatten(params)[p]) for p in paths])
+    trained = lambda params: np.concatenate([np.ravel(trees.flatten(params)[p]) for p in paths])
     start = np.concatenate([np.ravel(anchor[p]) for p in paths])
     out = {'mesh_size': mesh.size, 'losses_shape': list(np.shape(losses)),
            'losses': [np.asarray(losses).tolist(), [np.asarray(l).tolist() for _, l in alone]],
@@ -137,6 +139,7 @@ RUNS_CHILD = textwrap.dedent('''
 ''')
 
 
+@pytest.mark.slow
 def test_runs_split_over_four_devices_equal_runs_one_by_one():
   """make_finetune's runs with a 4-device mesh (`sharding.runs_mesh`): 3 runs padded to 4, one per
   device, against each run alone on one device."""

@@ -1,4 +1,4 @@
-"""f2m_jax.prefetch: the base loop's host work done ahead in a background thread (issue 15, item 1).
+"""f2m_jax.prefetch: the base loop's host work done ahead in a background thread.
 The items come back in order and unchanged, the producer really runs ahead (by `depth`, no more),
 its errors reach the consumer at the right item, and leaving early stops the thread."""
 from __future__ import annotations

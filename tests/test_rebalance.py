@@ -83,7 +83,7 @@ def test_masked_cross_entropy_ignores_unseen_columns():
 
 def tiny():
   """Rebalance's own base session (cosine classifier) learns more slowly than the linear one: 80 base
-  steps instead of 40 (seed 0: 48% -> 58% of the base classes' test images, seed 1: 70% -> 85%)."""
+  steps instead of 40, for a session 1 clearly above chance."""
   config = tiny_protocol('rebalance', epochs=3, milestones=(2,), batch_size=8)
   config.base.update(steps=80, milestones=(60,))
   return config
@@ -94,6 +94,7 @@ def rebalance_run(tmp_path_factory):
   return tiny_method_run(tmp_path_factory, tiny)
 
 
+@pytest.mark.slow
 def test_rebalance_end_to_end_keeps_old_columns(rebalance_run):
   from f2m_jax.data import protocol
   exp, ck, first = rebalance_run.exp, rebalance_run.ckpts, rebalance_run.first

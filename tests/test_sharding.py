@@ -2,9 +2,9 @@
 batch-norm statistics and the gradient are over the global batch; two steps scanned in one call on
 the 4 devices (the accelerator path) equal two single steps there.
 
-The bench is not run on the 4 fake devices here: in CI (a loaded 2-core machine, another test worker
-beside it) that child once stalled in the bench past its 900 s limit, after the step checks had
-passed; the bench's mesh is the same `sharding.data_mesh` as the step's.
+The bench is not run on the 4 fake devices here: on a loaded CI machine that child stalled in the
+bench past the subprocess's limit (experiments/results/README.md, 'Figures behind the code's
+choices'); the bench's mesh is the same `sharding.data_mesh` as the step's.
 
 The 4 devices exist only if XLA_FLAGS is set before jax is imported, so the checks run in a child
 process (this test process has already imported jax with one device).
@@ -28,7 +28,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 CHILD = textwrap.dedent('''
     import json, sys
     import jax, jax.numpy as jnp, numpy as np
-    from f2m_jax import base as base_lib, sharding, train_loop
+    from f2m_jax import base as base_lib, optim, sharding, train_loop
     from f2m_jax.data import synthetic
     from f2m_jax.models import build_model, noise_set_paths, split_block
 
@@ -40,7 +40,7 @@ CHILD = textwrap.dedent('''
     objective = base_lib.BaseObjective(model=model, noise_paths=paths, split=split_block(model, paths),
                                        num_draws=2, bound=0.05, distribution='uniform', pf_weight=1.0,
                                        std_weight=0.0, shared_trunk=True)
-    tx = base_lib.make_optimizer(0.1, 0.9, 5e-4, (), 0.1)
+    tx = optim.sgd(0.1, 0.9, 5e-4, (), 0.1)
     results = {}
     for n in (1, 4):
       mesh = sharding.data_mesh(jax.devices()[:n])
@@ -85,8 +85,8 @@ CHILD = textwrap.dedent('''
 ''')
 
 
-# XLA:CPU ends the process when a device reaches a collective 40 s after another: 4 fake devices on a
-# loaded 2-core machine can lag that much (CI failed so), so the waits are raised to what the
+# XLA:CPU ends the process when a device reaches a collective 40 s (its default) after another: 4 fake
+# devices on a loaded 2-core machine can lag that much, so the waits are raised to what the
 # subprocess timeout allows.
 SLOW_COLLECTIVES = [f'--xla_cpu_{flag}=900' for flag in (
     'collective_call_terminate_timeout_seconds', 'collective_timeout_seconds',
@@ -105,12 +105,14 @@ def out():
   return json.loads(line[len('RESULT '):])
 
 
+@pytest.mark.slow
 def test_four_devices_are_visible(out):
   assert out['device_count'] == 4
   assert out['images_devices_4'] == 4 and out['images_devices_1'] == 1
   assert out['params_devices_4'] == 4  # replicated
 
 
+@pytest.mark.slow
 def test_one_step_on_four_devices_equals_one_device(out):
   loss_1, loss_4 = out['loss']
   assert abs(loss_1 - loss_4) <= 1e-5 * abs(loss_1)
@@ -119,10 +121,12 @@ def test_one_step_on_four_devices_equals_one_device(out):
   assert out['max_rel_diff'] < 1e-4
 
 
+@pytest.mark.slow
 def test_scanned_steps_on_four_devices_equal_single_steps(out):
   assert out['scanned_max_rel_diff'] < 1e-4
 
 
+@pytest.mark.slow
 def test_indivisible_global_batch_is_refused(out):
   assert 'not divisible by the 4 devices' in out['indivisible_error']
 

@@ -44,6 +44,7 @@ from f2m_jax import incremental
 from f2m_jax import noise as noise_lib
 from f2m_jax import objectives
 from f2m_jax import pipeline
+from f2m_jax import trees
 from f2m_jax.data import augment, protocol
 from f2m_jax.data import cifar100 as cifar100_data
 from f2m_jax.data.types import Benchmark, Split
@@ -89,12 +90,12 @@ def dtype_of(fx):
 def tree(fx, prefix):
   """The fixture entries under `prefix` as a nested dict (paths split on '/')."""
   n = len(prefix) + 1
-  return noise_lib.unflatten({tuple(k[n:].split('/')): jnp.asarray(v) for k, v in fx.items()
+  return trees.unflatten({tuple(k[n:].split('/')): jnp.asarray(v) for k, v in fx.items()
                               if k.startswith(prefix + '/')})
 
 
 def flat(fx, prefix) -> dict:
-  return noise_lib.flatten(tree(fx, prefix))
+  return trees.flatten(tree(fx, prefix))
 
 
 def benchmark(fx) -> Benchmark:
@@ -149,7 +150,7 @@ def inputs(images, fx=None):
 
 def relative_errors(actual, expected) -> dict:
   """{path: max |a - e| / max |e|} over the leaves of two trees with the same paths."""
-  flat_a, flat_e = noise_lib.flatten(actual), noise_lib.flatten(expected)
+  flat_a, flat_e = trees.flatten(actual), trees.flatten(expected)
   assert flat_a.keys() == flat_e.keys()
   return {path: float(np.abs(np.asarray(flat_a[path], np.float64) - np.asarray(e, np.float64)).max()
                       / max(np.abs(np.asarray(e, np.float64)).max(), 1e-30)) for path, e in flat_e.items()}
@@ -285,13 +286,13 @@ class FedFinetune:
 
     @jax.jit
     def run(params, batch_stats, anchor, steps_images, labels, stored):
-      tree_ = noise_lib.flatten(params)
+      tree_ = trees.flatten(params)
       trainable = {p: tree_[p] for p in paths}
       frozen = {p: v for p, v in tree_.items() if p not in set(paths)}
       trainable, losses = incremental.finetune_session(
           trainable, frozen, batch_stats, anchor, lambda i: steps_images[i], labels, stored,
           jnp.int32(stored.shape[0]), settings)
-      return noise_lib.unflatten({**frozen, **trainable}), losses
+      return trees.unflatten({**frozen, **trainable}), losses
 
     self.run = run
 
@@ -323,7 +324,7 @@ def compare_session(fx, runner, state, prefix, exact: bool) -> tuple:
   """(entries differing, entries near a rounding boundary, entries) of the run's noise set after a
   session against the fixture: float64 (`exact`) to FLOAT64_TOLERANCE everywhere; float32 equal up to
   float rounding except entries that came within float error of a rounding boundary."""
-  got, want = noise_lib.flatten(state[0]), flat(fx, f'{prefix}/params')
+  got, want = trees.flatten(state[0]), flat(fx, f'{prefix}/params')
   differ = near = total = 0
   for path in runner.paths:
     g, w = np.asarray(got[path], np.float64), np.asarray(want[path], np.float64)
@@ -354,7 +355,7 @@ def test_two_runs_of_three_sessions(fx, fx64, precision):
                                atol=tol * np.abs(fx['sessions/base_prototypes']).max())
     assert runner.first_accuracies() == torch_accuracies(fx, exp, 'sessions/session1/predictions', 1)
     offset = len(exp.bench.base_train)  # the pool's images follow the base images in train
-    anchor = noise_lib.flatten(tree(fx, 'base/noisy/step2/params'))
+    anchor = trees.flatten(tree(fx, 'base/noisy/step2/params'))
     counts = np.zeros(3, int)
     for run in range(2):
       state = runner.start()
@@ -364,7 +365,7 @@ def test_two_runs_of_three_sessions(fx, fx64, precision):
         state, info = runner.update(state, run, session, offset + fx[f'{prefix}/shots'].astype(np.int64))
         np.testing.assert_allclose(info['losses'], fx[f'{prefix}/losses'], rtol=tol)
         counts += compare_session(fx, runner, state, prefix, exact)
-        moved = {p: np.abs(np.asarray(noise_lib.flatten(state[0])[p]) - np.asarray(anchor[p])) for p in runner.paths}
+        moved = {p: np.abs(np.asarray(trees.flatten(state[0])[p]) - np.asarray(anchor[p])) for p in runner.paths}
         for p, m in moved.items():  # inside the box around phi*, up to the rounding of phi* +- b
           assert m.max() <= bound + 2 * np.spacing(np.abs(np.asarray(anchor[p])).max()), p
         np.testing.assert_allclose(state[1], fx[f'{prefix}/prototypes'], rtol=0,
@@ -390,7 +391,7 @@ def test_the_doubled_step_retry(fx64, x64, retry, monkeypatch):
   exp, runner, _ = session_runner(fx, float(fx['retry/bound_value']) / 2)
   runner.finetune.prefix = 'retry'
   state, _ = runner.update(runner.start(), 0, 2, len(exp.bench.base_train) + fx['retry/shots'].astype(np.int64))
-  errors = relative_errors(noise_lib.unflatten({p: noise_lib.flatten(state[0])[p] for p in runner.paths}),
+  errors = relative_errors(trees.unflatten({p: trees.flatten(state[0])[p] for p in runner.paths}),
                            tree(fx, 'retry/params'))
   if retry:
     assert max(errors.values()) <= FLOAT64_TOLERANCE, errors

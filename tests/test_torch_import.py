@@ -2,6 +2,7 @@
 installed) embeddings equal to the torch network's to 1e-4."""
 import sys
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -29,10 +30,7 @@ def small():
 
 
 def _leaves_equal(a, b):
-  fa, fb = torch_import._flatten(a), torch_import._flatten(b)
-  assert set(fa) == set(fb)
-  for k in fa:
-    np.testing.assert_array_equal(np.asarray(fa[k]), np.asarray(fb[k]), err_msg=str(k))
+  chex.assert_trees_all_equal(a, b)
 
 
 # ---------------------------------------------------------------- without torch

@@ -210,15 +210,6 @@ def load_cifar100_tfds(tfds_data_dir: Optional[str], index_dir, cache_dir=None) 
 
 # ---------------------------------------------------------------- trainsplit source
 
-def default_npz_path(data_dir: Optional[str] = None) -> pathlib.Path:
-  """`<data_dir or $F2M_DATA_DIR>/cifar100_train.npz`."""
-  data_dir = data_dir or os.environ.get(DATA_DIR_ENV)
-  if not data_dir:
-    raise DataError(f'no data folder: set ${DATA_DIR_ENV} (or the config value) to the folder '
-                    f'holding {NPZ_NAME}')
-  return pathlib.Path(data_dir) / NPZ_NAME
-
-
 def load_train_npz(npz_path) -> Split:
   """The official training set from `cifar100_train.npz` (x_train uint8, y_train fine labels)."""
   path = pathlib.Path(npz_path)

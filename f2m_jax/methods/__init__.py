@@ -6,7 +6,10 @@ the layers below (f2m_jax.experiment, train_loop, evaluator, ...), never the pip
 or another method's private names; f2m_jax/registry.py lists it (docs/development.md: adding one).
 
 A `Method` is:
-  configure(config)                         the method's effective config (in place; then validated)
+  presets: {dotted field: value}            the shared config fields the method sets (e.g. the
+                                            Baseline's noise.enabled=False), applied by
+                                            pipeline.resolve over the config file's values but never
+                                            over a field in config.set_by_user (then validated)
   first_session(exp, ckpts, log, source, hook) -> dict
                                             session 1's model, shared by every run, checkpointed as
                                             the workdir's `model` ({'params', 'batch_stats',
@@ -15,10 +18,9 @@ A `Method` is:
   compile_ahead(exp) -> [plan]              optional: the programs its runner's first session calls,
                                             as f2m_jax/programs.py plans from shapes alone, compiled
                                             in the background while session 1 trains
-  section, defaults() -> dict, smoke        optional: the config section the method owns
-                                            (config.<section>), its default values (every config
-                                            gets them, configs/common.py) and what `:smoke` configs
-                                            change in it
+  section                                   optional: the config section the method alone reads
+                                            (config.<section>; its values are in configs/common.py,
+                                            METHOD_SECTIONS, so that loading a config imports no method)
   validate(config)                          optional: raises ValueError naming a bad value of its
                                             section (f2m_jax.validation.need), before anything is
                                             written
@@ -40,20 +42,18 @@ and a Runner (built once per pipeline run, holding its compiled functions) has:
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Optional
+from typing import Any, Callable, Mapping, Optional
 
 
 @dataclasses.dataclass(frozen=True)
 class Method:
   name: str
-  configure: Callable
+  presets: Mapping[str, Any]
   first_session: Callable
   runner: Callable
   description: str = ''
   compile_ahead: Optional[Callable] = None
   section: str = ''
-  defaults: Optional[Callable[[], dict]] = None
-  smoke: tuple = ()  # (field, value) pairs of config.<section> for `:smoke` configs
   validate: Optional[Callable] = None
 
 

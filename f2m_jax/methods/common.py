@@ -1,4 +1,4 @@
-"""What several methods share: the Baseline's effective config, session 1's base network and
+"""What several methods share: the Baseline's presets, session 1's base network and
 prototypes, and NCM accuracies of a network that changes every session.
 """
 from __future__ import annotations
@@ -16,13 +16,10 @@ from f2m_jax.experiment import Experiment, Hook
 from f2m_jax.train_loop import train_base
 
 
-def configure_baseline(config) -> None:
-  """The paper's Baseline: plain CE with shuffled batches, no fine-tuning, NCM with raw prototypes."""
-  config.noise.enabled = False
-  config.incremental.finetune = False
-  config.eval.normalize_prototypes = False
-  config.base.sampler = 'shuffle'
-  config.incremental.round_steps = False
+# The paper's Baseline (`Method.presets`): plain CE with shuffled batches, no fine-tuning, NCM with
+# raw prototypes. Every method but F2M starts from it.
+BASELINE_PRESETS = {'noise.enabled': False, 'incremental.finetune': False, 'eval.normalize_prototypes': False,
+                    'base.sampler': 'shuffle', 'incremental.round_steps': False}
 
 
 def base_model(exp: Experiment, ckpts: Checkpoints, log, source: Optional[Checkpoints] = None,

@@ -1,5 +1,5 @@
 """FSLL (few-shot lifelong learning, Mazumder et al. 2021) as the F2M authors re-implemented it
-(their `methods/FSLL_model.py`, `incremental_procedure.py` and the FSLL YAMLs, read 2026-11).
+(their `methods/FSLL_model.py`, `incremental_procedure.py` and the FSLL YAMLs).
 
 session 1: the Baseline's base network (`--checkpoint BASELINE` reuses one), NCM over raw means.
 session t > 1, starting from the previous session's network of the run:
@@ -24,29 +24,15 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from f2m_jax import base as base_lib
 from f2m_jax import evaluation
-from f2m_jax import noise as noise_lib
 from f2m_jax import objectives
+from f2m_jax import optim
+from f2m_jax import trees
 from f2m_jax.data import augment as augment_lib
 from f2m_jax.data import protocol as protocol_lib
 from f2m_jax.experiment import TrainingError
 from f2m_jax.methods import Method, Runner, common
 from f2m_jax.validation import need
-
-
-def configure_fsll(config) -> None:
-  """The Baseline's base session; NCM over raw means."""
-  common.configure_baseline(config)
-
-
-def fsll_defaults() -> dict:
-  """config.fsll (the authors' re-implementation, CIFAR-100 values): tensors with max |value| <=
-  threshold fine-tuned for `epochs` TaskSampler epochs (way x shots per batch); loss = triplet +
-  pn_weight x prototype loss (cosine, scale omega) + reg_weight x L1 drift, the drift without gradient
-  as their code adds it (reg_gradient=True: with). Their milestone (160 steps) is never reached."""
-  return dict(threshold=0.4, epochs=15, lr=1e-3, momentum=0.9, weight_decay=5e-4, margin=0.0, pn_weight=1.0,
-              omega=1.0, reg_weight=5.0, reg_gradient=False)
 
 
 def validate_fsll(config) -> None:
@@ -56,7 +42,7 @@ def validate_fsll(config) -> None:
 
 def selected_paths(params, threshold: float) -> tuple:
   """The tensors FSLL fine-tunes: outside the classifier, largest |value| at most `threshold`."""
-  return tuple(p for p, v in noise_lib.flatten(params).items()
+  return tuple(p for p, v in trees.flatten(params).items()
                if p[0] != 'fc' and float(np.max(np.abs(np.asarray(v)))) <= threshold)
 
 
@@ -126,25 +112,23 @@ class FSLLRunner(Runner):
     if paths in self._steps:
       return self._steps[paths]
     cfg, bench, model = self.cfg, self.exp.bench, self.exp.model
-    tx = base_lib.make_optimizer(cfg.lr, cfg.momentum, cfg.weight_decay, (), 1.0)  # no milestone
+    tx = optim.sgd(cfg.lr, cfg.momentum, cfg.weight_decay)  # their milestone is never reached
     shots = self.exp.config.data.shots
 
     @jax.jit
     def step(params, batch_stats, opt_state, former, base_prototypes, images, labels, key):
-      flat = noise_lib.flatten(params)
-      trainable = {p: flat[p] for p in paths}
-      frozen = {p: v for p, v in flat.items() if p not in trainable}
+      trainable, frozen = trees.split(params, paths)
       x = augment_lib.train_inputs(key, images, bench.augment, bench.image_size, bench.mean, bench.std)
 
       def loss_fn(tr):
-        (emb, _), new = model.apply({'params': noise_lib.unflatten({**frozen, **tr}), 'batch_stats': batch_stats},
+        (emb, _), new = model.apply({'params': trees.unflatten({**frozen, **tr}), 'batch_stats': batch_stats},
                                     x, train=True, mutable=['batch_stats'])
         return session_loss(emb, labels, base_prototypes, tr, former, self.ways, shots, cfg), new['batch_stats']
 
       (loss, new_stats), grads = jax.value_and_grad(loss_fn, has_aux=True)(trainable)
       updates, opt_state = tx.update(grads, opt_state, trainable)
       trainable = optax.apply_updates(trainable, updates)
-      return noise_lib.unflatten({**frozen, **trainable}), new_stats, opt_state, loss
+      return trees.unflatten({**frozen, **trainable}), new_stats, opt_state, loss
 
     self._steps[paths] = (step, tx)
     return step, tx
@@ -161,8 +145,7 @@ class FSLLRunner(Runner):
     labels = bench.train.labels
     paths = selected_paths(state['params'], cfg.threshold)
     step, tx = self.make_step(paths)
-    flat = noise_lib.flatten(state['params'])
-    former = {p: jnp.asarray(flat[p]) for p in paths}
+    former = {p: jnp.asarray(v) for p, v in trees.split(state['params'], paths)[0].items()}
     params, batch_stats = state['params'], state['batch_stats']
     opt_state = tx.init(former)
     base = jnp.asarray(self.first['prototypes'])
@@ -203,6 +186,7 @@ class FSLLRunner(Runner):
     return evaluation.prototype_norms(state['prototypes'], self.exp.bench.num_base_classes)
 
 
-FSLL = Method('fsll', configure_fsll, common.base_model, FSLLRunner,
+FSLL = Method('fsll', common.BASELINE_PRESETS,  # the Baseline's base session; NCM over raw means
+               common.base_model, FSLLRunner,
               "the Baseline's base; small-magnitude tensors fine-tuned on the novel shots with triplet + "
-              'prototype losses; NCM', section='fsll', defaults=fsll_defaults, validate=validate_fsll)
+              'prototype losses; NCM', section='fsll', validate=validate_fsll)

@@ -29,6 +29,8 @@ import numpy as np
 import optax
 
 from f2m_jax import evaluation
+from f2m_jax import optim
+from f2m_jax import padding
 from f2m_jax.data import augment as augment_lib
 from f2m_jax.data import protocol as protocol_lib
 from f2m_jax.experiment import TrainingError
@@ -36,26 +38,10 @@ from f2m_jax.methods import Method, Runner, common
 from f2m_jax.validation import need
 
 
-def configure_icarl(config) -> None:
-  """The Baseline's base session; NCM over raw means."""
-  common.configure_baseline(config)
-
-
-def icarl_defaults() -> dict:
-  """config.icarl (the authors' re-implementation, CIFAR-100 values): `memory` exemplars per class,
-  each session `epochs` epochs of shuffled batches over memory + shots (remainder dropped), SGD with
-  the rate x lr_gamma after each milestone epoch."""
-  return dict(memory=2, epochs=90, batch_size=120, lr=0.1, milestones=(50, 70), lr_gamma=0.1, momentum=0.9,
-              weight_decay=5e-4)
-
-
 def validate_icarl(config) -> None:
   c = config.icarl
   need(c.memory >= 1 and c.epochs >= 1 and c.batch_size >= 1 and c.lr > 0, 'icarl', dict(c),
        'needs memory, epochs, batch_size >= 1 and lr > 0')
-
-
-SMOKE = (('epochs', 4), ('milestones', (2,)), ('batch_size', 32))  # icarl's and rebalance's `:smoke` schedule
 
 
 def herding(features: np.ndarray, mean: np.ndarray, m: int) -> np.ndarray:
@@ -107,10 +93,9 @@ def new_columns(key, params: dict, start: int, stop: int) -> dict:
 def pad_classifier(params: dict, num_classes: int) -> dict:
   """params with the classifier widened to `num_classes` zero columns (kernel, and bias if any)."""
   fc = dict(params['fc'])
-  extra = num_classes - fc['kernel'].shape[1]
-  fc['kernel'] = np.pad(np.asarray(fc['kernel']), ((0, 0), (0, extra)))
+  fc['kernel'] = padding.pad_rows(np.asarray(fc['kernel']), num_classes, axis=1)
   if 'bias' in fc:
-    fc['bias'] = np.pad(np.asarray(fc['bias']), (0, extra))
+    fc['bias'] = padding.pad_rows(np.asarray(fc['bias']), num_classes)
   return {**params, 'fc': fc}
 
 
@@ -135,7 +120,7 @@ def make_session_step(network, loss_fn, momentum: float, weight_decay: float, au
   network ({'params', 'batch_stats'}), run in eval mode on the same augmented images.
   `mask_updates(updates, num_old, num_seen)`, if given, edits the updates before they are applied
   (Rebalance freezes columns so). Jitted once for every session."""
-  tx = optax.chain(optax.add_decayed_weights(weight_decay), optax.trace(decay=momentum))
+  tx = optim.sgd_direction(momentum, weight_decay)
 
   @jax.jit
   def step(params, batch_stats, trace, former, images, labels, key, lr, num_old, num_seen):
@@ -249,7 +234,7 @@ class ICaRLRunner(Runner):
     return evaluation.prototype_norms(state['prototypes'], self.exp.bench.num_base_classes)
 
 
-ICARL = Method('icarl', configure_icarl, common.base_model, ICaRLRunner,
+ICARL = Method('icarl', common.BASELINE_PRESETS,  # the Baseline's base session; NCM over raw means
+                common.base_model, ICaRLRunner,
                "the Baseline's base; whole network on memory + shots with iCaRL's distillation; "
-               'nearest mean of exemplars', section='icarl', defaults=icarl_defaults, smoke=SMOKE,
-               validate=validate_icarl)
+               'nearest mean of exemplars', section='icarl', validate=validate_icarl)

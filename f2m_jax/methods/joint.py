@@ -22,25 +22,13 @@ import optax
 from f2m_jax import base as base_lib
 from f2m_jax import evaluation
 from f2m_jax import objectives
+from f2m_jax import optim
 from f2m_jax import train_loop
 from f2m_jax.checkpoint import CheckpointError
 from f2m_jax.data import augment as augment_lib
 from f2m_jax.data import protocol as protocol_lib
 from f2m_jax.methods import Method, Runner, common
 from f2m_jax.validation import need
-
-
-def configure_joint(config) -> None:
-  """Plain CE with shuffled batches in every session; no noise, no fine-tuning, no NCM."""
-  common.configure_baseline(config)
-
-
-def crt_defaults() -> dict:
-  """config.crt: the classifier's retraining (the original's CIFAR-100 schedule: 17 epochs of
-  max-class-size x classes samples, lr 0.1 x 0.5 after epochs 8, 12 and 14; 4 images per visit of a
-  class). method=joint trains every session's network with the base.* budget."""
-  return dict(epochs=17, lr=0.1, milestones=(8, 12, 14), lr_gamma=0.5, per_class=4, batch_size=256, momentum=0.9,
-              weight_decay=5e-4)
 
 
 def validate_crt(config) -> None:
@@ -148,8 +136,7 @@ def retrain_classifier(exp, network, variables, pool: np.ndarray, key, stream: t
   per_epoch = max(int(np.max(np.bincount(bench.train.labels[pool]))) * len(np.unique(bench.train.labels[pool]))
                   // c.batch_size, 1)
   steps = c.epochs * per_epoch
-  tx = base_lib.make_optimizer(c.lr, c.momentum, c.weight_decay, [int(m) * per_epoch for m in c.milestones],
-                               c.lr_gamma)
+  tx = optim.sgd(c.lr, c.momentum, c.weight_decay, [int(m) * per_epoch for m in c.milestones], c.lr_gamma)
   fc = params['fc']
   frozen = {k: v for k, v in params.items() if k != 'fc'}
   batch_stats = variables['batch_stats']
@@ -221,9 +208,9 @@ class CRTRunner(JointRunner):
     return variables, {'images': int(len(pool))}
 
 
-JOINT = Method('joint', configure_joint, common.base_model, JointRunner,
+JOINT = Method('joint', common.BASELINE_PRESETS,  # plain CE with shuffled batches in every session
+               common.base_model, JointRunner,
                'from scratch on all data seen so far, every session; linear classifier')
-CRT = Method('crt', configure_joint, crt_first_session, CRTRunner,
+CRT = Method('crt', common.BASELINE_PRESETS, crt_first_session, CRTRunner,
              "joint's networks, classifier retrained class-balanced with the rest frozen",
-             section='crt', defaults=crt_defaults, smoke=(('epochs', 2), ('milestones', (1,)), ('batch_size', 40)),
-             validate=validate_crt)
+             section='crt', validate=validate_crt)

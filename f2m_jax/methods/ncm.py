@@ -11,15 +11,12 @@ import numpy as np
 
 from f2m_jax import evaluation
 from f2m_jax import incremental
-from f2m_jax import noise as noise_lib
+from f2m_jax import padding
 from f2m_jax import sharding
+from f2m_jax import trees
 from f2m_jax.evaluator import Evaluator, embed_spec
 from f2m_jax.methods import Method, Runner, common
 from f2m_jax.sessions import parallel_runs
-
-
-def configure_f2m(config) -> None:
-  """F2M's defaults are the config's (the authors' code as it runs)."""
 
 
 def session_settings(exp, trainable_paths) -> incremental.SessionSettings:
@@ -70,9 +67,7 @@ def compile_ahead(exp) -> list:
   if cfg.incremental.finetune:
     name, build = finetune_spec(exp, paths)
     max_images, max_classes = finetune_sizes(exp)
-    flat = noise_lib.flatten(params)
-    trainable = {p: flat[p] for p in paths}
-    frozen = {p: v for p, v in flat.items() if p not in set(paths)}
+    trainable, frozen = trees.split(params, paths)
     labels = jax.dtypes.canonicalize_dtype(bench.train.labels.dtype)
     shots, stored = rows_of(bench.train.images, max_images), sds((max_classes, dim), np.float32)
     key, num_seen = jax.eval_shape(lambda: exp.key(0)), sds((), np.int32)
@@ -82,7 +77,7 @@ def compile_ahead(exp) -> list:
         lower = lambda f: f.jitted.lower(params, stats, trainable, shots, sds((max_images,), labels), stored,
                                          num_seen, key)
       else:  # finetune.runs: the group filled to a multiple of the devices
-        r = size + (-size % (mesh.size if mesh is not None else 1))
+        r = padding.round_up(size, mesh.size if mesh is not None else 1)
         stack = lambda x, r=r: sds((r,) + x.shape, x.dtype)
         lower = lambda f, stack=stack: f.runs_jitted.lower(
             {p: stack(v) for p, v in trainable.items()}, frozen, stats, trainable,
@@ -95,12 +90,6 @@ def compile_ahead(exp) -> list:
   return plans
 
 
-def merge(params, trainable_nested):
-  flat = noise_lib.flatten(params)
-  flat.update(noise_lib.flatten(trainable_nested))
-  return noise_lib.unflatten(flat)
-
-
 class NCMRunner(Runner):
   """State of a run: (the network's params, the prototypes of every seen class). Base prototypes
   are those of session 1 and never recomputed; after each session the novel prototypes are
@@ -111,12 +100,12 @@ class NCMRunner(Runner):
     self.exp = exp
     self.params, self.batch_stats, self.base_protos = first['params'], first['batch_stats'], first['prototypes']
     self.paths = exp.trainable_paths(self.params)
-    self.anchor = {p: jnp.asarray(v) for p, v in noise_lib.flatten(self.params).items() if p in set(self.paths)}
+    self.anchor = {p: jnp.asarray(v) for p, v in trees.split(self.params, self.paths)[0].items()}
     self.finetune = exp.programs.get(*finetune_spec(exp, self.paths)) if cfg.incremental.finetune else None
     self.base_vars = {'params': self.params, 'batch_stats': self.batch_stats}
     self.evaluator = Evaluator(exp, self.base_vars, self.paths if self.finetune else ())
     self.embed = self.evaluator.embed_full  # the test view of images, shared with the evaluation (one compile)
-    self.trainable_template = noise_lib.unflatten({p: np.asarray(self.anchor[p]) for p in self.paths})
+    self.trainable_template = trees.unflatten({p: np.asarray(self.anchor[p]) for p in self.paths})
 
   def first_accuracies(self) -> dict:
     return self.evaluator.accuracies(self.base_vars, self.base_protos, 1, changed=False)
@@ -126,9 +115,7 @@ class NCMRunner(Runner):
 
   def _stored(self, session: int) -> np.ndarray:
     """Eq. 5's prototypes: the base ones, zero rows for the novel classes (batch means in the loss)."""
-    stored = np.zeros((self.exp.bench.num_seen_classes(session), self.base_protos.shape[1]), self.base_protos.dtype)
-    stored[:len(self.base_protos)] = self.base_protos
-    return stored
+    return padding.pad_rows(np.array(self.base_protos), self.exp.bench.num_seen_classes(session))
 
   def _finish(self, run_params, session: int, exemplars: np.ndarray, losses) -> tuple:
     """(state, info) after the fine-tuning: the novel prototypes from all shots seen so far."""
@@ -173,18 +160,17 @@ class NCMRunner(Runner):
 
   def item(self, state) -> dict:
     run_params, protos = state
-    wanted = set(self.paths)
-    return {'trainable': noise_lib.unflatten({p: v for p, v in noise_lib.flatten(run_params).items() if p in wanted}),
-            'prototypes': protos}
+    return {'trainable': trees.unflatten(trees.split(run_params, self.paths)[0]), 'prototypes': protos}
 
   def restore(self, saved: dict):
-    return merge(self.params, saved['trainable']), saved['prototypes']
+    return trees.overlay(self.params, saved['trainable']), saved['prototypes']
 
   def norms(self, state) -> dict:
     return evaluation.prototype_norms(state[1], self.exp.bench.num_base_classes)
 
 
-F2M = Method('f2m', configure_f2m, common.base_model, NCMRunner,
+F2M = Method('f2m', {},  # F2M's settings are the config's (the authors' code as it runs)
+             common.base_model, NCMRunner,
              'flat-minima base training; fine-tuning of the noise set inside the box; NCM with PN', compile_ahead)
-BASELINE = Method('baseline', common.configure_baseline, common.base_model, NCMRunner,
+BASELINE = Method('baseline', common.BASELINE_PRESETS, common.base_model, NCMRunner,
                   'plain CE, shuffled batches; no fine-tuning; NCM with raw prototypes', compile_ahead)

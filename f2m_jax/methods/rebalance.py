@@ -24,7 +24,7 @@ session t > 1: the whole network and the classifier trained on the memory and th
 Not in the authors' code, so not here: LUCIR's class-balanced fine-tuning of the classifier after
 each session. Their repository has no configuration file for Rebalance, so its settings are LUCIR's
 published ones (lambda_base 5, K 2, margin 0.5) on the authors' iCaRL session schedule (config.rebalance,
-`rebalance_defaults`); none was chosen on data here.
+configs/common.py); none was chosen on data here.
 """
 from __future__ import annotations
 
@@ -37,17 +37,8 @@ from f2m_jax.validation import need
 from f2m_jax.models import cosine_scores, uniform_columns
 
 
-def configure_rebalance(config) -> None:
-  """The Baseline's base session with LUCIR's cosine classifier; NCM over raw means."""
-  common.configure_baseline(config)
-  config.model.head = 'cosine'
-
-
-def rebalance_defaults() -> dict:
-  """config.rebalance (LUCIR; the authors' repository has no config for it): iCaRL's memory and
-  session schedule, with LUCIR's published loss settings: less-forget weight lambda_base x
-  sqrt(old / new classes), margin ranking against the K highest new-class cosines with `margin`."""
-  return {**icarl.icarl_defaults(), 'lambda_base': 5.0, 'K': 2, 'margin': 0.5, 'weight': 1.0}
+# The Baseline's base session with LUCIR's cosine classifier; NCM over raw means.
+PRESETS = {**common.BASELINE_PRESETS, 'model.head': 'cosine'}
 
 
 def validate_rebalance(config) -> None:
@@ -55,6 +46,8 @@ def validate_rebalance(config) -> None:
   need(r.memory >= 1 and r.epochs >= 1 and r.batch_size >= 1 and r.lr > 0 and r.K >= 1 and r.margin >= 0
        and r.lambda_base >= 0 and r.weight >= 0, 'rebalance', dict(r),
        'needs memory, epochs, batch_size, K >= 1, lr > 0, margin, lambda_base, weight >= 0')
+  need(config.model.head == 'cosine', 'model.head', config.model.head, "method=rebalance needs 'cosine' (LUCIR's "
+       'classifier)')
 
 
 def adaptive_weight(lambda_base: float, num_old, num_novel):
@@ -145,7 +138,7 @@ class RebalanceRunner(icarl.ICaRLRunner):
     return new_columns(key, params, start, stop)
 
 
-REBALANCE = Method('rebalance', configure_rebalance, common.base_model, RebalanceRunner,
+REBALANCE = Method('rebalance', PRESETS, common.base_model, RebalanceRunner,
                    "LUCIR's cosine classifier base; whole network on memory + shots with less-forget and "
                    'margin-ranking losses, old columns frozen; nearest mean of exemplars',
-                   section='rebalance', defaults=rebalance_defaults, smoke=icarl.SMOKE, validate=validate_rebalance)
+                   section='rebalance', validate=validate_rebalance)

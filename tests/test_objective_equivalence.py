@@ -14,6 +14,8 @@ import pytest
 
 from f2m_jax import base as base_lib
 from f2m_jax import noise as noise_lib
+from f2m_jax import optim
+from f2m_jax import trees
 from f2m_jax.models import build_model, noise_set_paths, split_block
 
 BATCH, CLASSES = 16, 4
@@ -47,7 +49,7 @@ def loss_and_grad(objective, params, batch_stats, images, labels, eps):
 def assert_trees_close(a, b, rtol=2e-5, scale_tol=1e-5):
   """Leafwise allclose; the absolute tolerance is scale_tol times the leaf's largest magnitude, since
   float32 sums in another order differ by that much relative to the largest terms."""
-  flat_a, flat_b = noise_lib.flatten(a), noise_lib.flatten(b)
+  flat_a, flat_b = trees.flatten(a), trees.flatten(b)
   assert flat_a.keys() == flat_b.keys()
   for path in flat_a:
     want = np.asarray(flat_b[path])
@@ -56,8 +58,8 @@ def assert_trees_close(a, b, rtol=2e-5, scale_tol=1e-5):
 
 
 # Each network once, with a deep (K = 8) and a shallow (K = 4) noise set, and each way of mapping the
-# draws once (the two are compared with each other directly below). Every case costs two compiles of
-# a few tens of seconds on 2 cores, so the grid is not crossed.
+# draws once (the two are compared with each other directly below). Every case costs two slow
+# compiles, so the grid is not crossed.
 CASES = [('resnet20', 8, 16, 8, 'vmap'), ('resnet18', 8, 32, 4, 'unroll')]
 
 
@@ -78,7 +80,7 @@ def test_shared_trunk_equals_naive(arch, width, size, num_layers, draw_map):
     assert_trees_close(every[0], every[1])
     assert float(jnp.abs(every[0]['bn1']['mean'] - shared[1]['bn1']['mean']).max()) > 0  # and they differ
   # The gradient reaches the trunk and the noise set (it is not trivially zero).
-  g = noise_lib.flatten(shared[2])
+  g = trees.flatten(shared[2])
   assert float(jnp.abs(g[('conv1', 'kernel')]).max()) > 0
   assert float(jnp.abs(g[objective.noise_paths[-1]]).max()) > 0
 
@@ -113,7 +115,7 @@ def test_bfloat16_compute_keeps_float32_state():
   from f2m_jax.data import synthetic
   bench = synthetic.make_synthetic(num_base=CLASSES, way=1, num_sessions=1, train_per_class=4,
                                    test_per_class=1, image_size=16)
-  tx = base_lib.make_optimizer(0.1, 0.9, 5e-4, (), 0.1)
+  tx = optim.sgd(0.1, 0.9, 5e-4, (), 0.1)
   out = {}
   for dtype in (jnp.float32, jnp.bfloat16):
     objective = setup('resnet20', 8, 16, 4, dtype=dtype)[0]

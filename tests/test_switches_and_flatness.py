@@ -1,4 +1,4 @@
-"""Issue 6 pieces: method and ablation switches, the flatness indicator."""
+"""Method and ablation switches, the flatness indicator."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -7,6 +7,7 @@ import pytest
 from f2m_jax import base as base_lib
 from f2m_jax import flatness
 from f2m_jax import noise as noise_lib
+from f2m_jax import optim
 from f2m_jax import experiment as experiment_lib
 from f2m_jax import pipeline
 from f2m_jax.data import sources
@@ -55,7 +56,7 @@ def test_fm_off_draws_no_noise(tiny, monkeypatch):
 
   monkeypatch.setattr(noise_lib, 'sample_noise', forbidden)
   obj = base_lib.BaseObjective(model, (), split, 2, 0.01, 'uniform', 1.0, 0.0, True)
-  tx = base_lib.make_optimizer(0.1, 0.9, 5e-4, (), 0.1)
+  tx = optim.sgd(0.1, 0.9, 5e-4, (), 0.1)
   state = base_lib.init_state(model, jax.random.key(0), 8, tx)
   step = base_lib.make_train_step(obj, tx, 'crop_flip', 8, (0.5,) * 3, (0.25,) * 3)
   state, metrics = step(state, images[:8], labels[:8], jax.random.key(2))

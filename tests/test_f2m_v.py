@@ -67,6 +67,7 @@ def test_unknown_dataset_is_refused():
     f2m_v.get_config('imagenet')
 
 
+@pytest.mark.slow
 def test_variant_smoke_run_learns(tmp_path):
   config = f2m_v.get_config('cifar100:smoke')
   results = pipeline.run(config, str(tmp_path))

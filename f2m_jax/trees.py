@@ -1,0 +1,32 @@
+"""Parameter trees as flat dicts {path: array} (flax.traverse_util's tuple paths): the form in which
+the sessions and methods pick the leaves they train, keep the rest frozen, and put them back."""
+from __future__ import annotations
+
+from typing import Iterable, Mapping
+
+from flax import traverse_util
+
+
+def flatten(tree) -> dict:
+  return traverse_util.flatten_dict(tree)
+
+
+def unflatten(flat: Mapping):
+  return traverse_util.unflatten_dict(dict(flat))
+
+
+def split(tree, paths: Iterable[tuple]) -> tuple:
+  """(selected, rest): flat dicts of the leaves of `tree` on `paths` and of all the others, in the
+  tree's order; every path must be a leaf of `tree`."""
+  flat, wanted = flatten(tree), set(paths)
+  missing = wanted - flat.keys()
+  if missing:
+    raise KeyError(f'not leaves of the tree: {sorted(missing)}')
+  return {p: v for p, v in flat.items() if p in wanted}, {p: v for p, v in flat.items() if p not in wanted}
+
+
+def overlay(tree, part):
+  """`tree` with the leaves of `part` (a nested subtree of it, or a flat dict) in place of its own."""
+  flat = flatten(tree)
+  flat.update(part if all(isinstance(k, tuple) for k in part) else flatten(part))
+  return unflatten(flat)

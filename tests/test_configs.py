@@ -1,0 +1,83 @@
+"""Config files import ml_collections and the standard library only, and a method's presets never
+replace a field the user set (config.set_by_user; run.py records the command line's overrides)."""
+import json
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from configs import cifar100, common, mini
+from f2m_jax import pipeline
+from f2m_jax import registry
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+CONFIG_MODULES = sorted(p.stem for p in (REPO / 'configs').glob('*.py') if p.stem != '__init__')
+
+
+def test_every_config_module_is_known():
+  assert CONFIG_MODULES == ['cifar100', 'cifar100_incremental', 'common', 'cub200', 'f2m_v', 'mini']
+
+
+@pytest.mark.parametrize('module', CONFIG_MODULES)
+def test_loading_a_config_imports_no_jax_and_no_method(module):
+  code = (f'import sys, configs.{module} as m\n'
+          f'getattr(m, "get_config", lambda: None)()\n'
+          'bad = sorted(n for n in sys.modules if n.split(".")[0] in ("jax", "jaxlib", "flax", "optax", "f2m_jax"))\n'
+          'assert not bad, bad')
+  r = subprocess.run([sys.executable, '-c', code], cwd=REPO, capture_output=True, text=True, timeout=120)
+  assert r.returncode == 0, r.stderr
+
+
+def test_the_config_holds_every_method_section():
+  sections = registry.method_sections()
+  assert sorted(sections) == sorted(common.METHOD_SECTIONS)
+  config = cifar100.get_config()
+  for section, method in sections.items():
+    assert registry.get(method).section == section and dict(config[section]) == common.METHOD_SECTIONS[section]
+
+
+def test_presets_apply_to_the_fields_the_user_did_not_set():
+  config = cifar100.get_config('smoke')
+  config.method = 'baseline'
+  config.eval.normalize_prototypes = True  # set in Python without naming it: the Baseline's preset wins
+  resolved = pipeline.resolve(config)
+  assert (resolved.noise.enabled, resolved.eval.normalize_prototypes, resolved.base.sampler) == (False, False, 'shuffle')
+  config.base.sampler = 'task_epochs'
+  config.set_by_user = ('method', 'eval.normalize_prototypes', 'base.sampler')
+  resolved = pipeline.resolve(config)
+  assert resolved.eval.normalize_prototypes and resolved.base.sampler == 'task_epochs'
+  assert not resolved.noise.enabled and not resolved.incremental.finetune and not resolved.incremental.round_steps
+  assert pipeline.resolve(resolved).to_dict() == resolved.to_dict()  # resolving twice (member sweeps) changes nothing
+
+
+def test_presets_override_the_config_files_values():
+  """mini's config sets PN for F2M; the Baseline on mini still has raw prototypes."""
+  config = mini.get_config('smoke')
+  assert config.eval.normalize_prototypes
+  config.method = 'baseline'
+  assert not pipeline.resolve(config, reads_data=False).eval.normalize_prototypes
+
+
+def test_a_user_value_a_method_cannot_run_stops_naming_the_field():
+  config = cifar100.get_config('smoke')
+  config.method = 'rebalance'
+  assert pipeline.resolve(config).model.head == 'cosine'
+  config.model.head = 'linear'
+  config.set_by_user = ('model.head',)
+  with pytest.raises(ValueError, match="model.head='linear' is invalid: method=rebalance needs 'cosine'"):
+    pipeline.resolve(config)
+
+
+def test_command_line_overrides_survive_the_baseline(tmp_path):
+  """Through run.py: --mode eval on an empty workdir writes the effective config.json, then stops
+  (no base model to evaluate) before any training."""
+  workdir = tmp_path / 'w'
+  r = subprocess.run([sys.executable, 'run.py', '--config', 'configs/cifar100.py:smoke', '--workdir', str(workdir),
+                      '--mode', 'eval', '--config.method=baseline', '--config.eval.normalize_prototypes=True',
+                      '--config.base.sampler', 'task_epochs'], cwd=REPO, capture_output=True, text=True, timeout=300)
+  assert r.returncode == 2 and 'no base model checkpoint' in r.stderr, r.stderr[-2000:]
+  saved = json.loads((workdir / 'config.json').read_text())
+  assert saved['method'] == 'baseline' and not saved['noise']['enabled'] and not saved['incremental']['finetune']
+  assert saved['eval']['normalize_prototypes'] and saved['base']['sampler'] == 'task_epochs'
+  assert saved['set_by_user'] == ['base.sampler', 'eval.normalize_prototypes', 'method']

@@ -1,0 +1,62 @@
+"""The small shared helpers: padding to a fixed shape, parameter trees as flat dicts, the SGD."""
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from f2m_jax import optim
+from f2m_jax import padding
+from f2m_jax import trees
+
+
+def test_round_up():
+  assert [padding.round_up(n, 4) for n in (0, 1, 4, 5)] == [0, 4, 4, 8]
+
+
+def test_pad_rows_on_the_host_and_on_a_device():
+  x = np.arange(6, dtype=np.int32).reshape(3, 2)
+  padded = padding.pad_rows(x, 5, -1)
+  assert isinstance(padded, np.ndarray) and padded.dtype == np.int32
+  np.testing.assert_array_equal(padded, [[0, 1], [2, 3], [4, 5], [-1, -1], [-1, -1]])
+  assert padding.pad_rows(x, 2) is x  # already as long: unchanged
+  columns = padding.pad_rows(x, 4, axis=1)
+  np.testing.assert_array_equal(columns, [[0, 1, 0, 0], [2, 3, 0, 0], [4, 5, 0, 0]])
+  on_device = padding.pad_rows(jnp.ones((2,)), 3)
+  assert isinstance(on_device, jax.Array)
+  np.testing.assert_array_equal(on_device, [1.0, 1.0, 0.0])
+
+
+def test_repeat_last_fills_with_copies_of_the_last_row():
+  np.testing.assert_array_equal(padding.repeat_last(np.array([3, 7]), 4), [3, 7, 7, 7])
+  keys = padding.repeat_last(jnp.stack([jax.random.key(0), jax.random.key(1)]), 3)
+  np.testing.assert_array_equal(jax.random.key_data(keys[2]), jax.random.key_data(jax.random.key(1)))
+
+
+def test_split_and_overlay():
+  tree = {'a': {'w': np.ones(2)}, 'b': {'w': np.zeros(3), 'v': np.full(1, 2.0)}}
+  selected, rest = trees.split(tree, [('b', 'w')])
+  assert list(selected) == [('b', 'w')] and sorted(rest) == [('a', 'w'), ('b', 'v')]
+  chex.assert_trees_all_equal(trees.unflatten({**rest, **selected}), tree)
+  changed = trees.overlay(tree, {'b': {'w': np.full(3, 5.0)}})
+  chex.assert_trees_all_equal(changed, {**tree, 'b': {'w': np.full(3, 5.0), 'v': np.full(1, 2.0)}})
+  chex.assert_trees_all_equal(trees.overlay(tree, {('a', 'w'): np.zeros(2)})['a'], {'w': np.zeros(2)})
+  with pytest.raises(KeyError, match="'c'"):
+    trees.split(tree, [('c',)])
+
+
+def test_sgd_is_pytorchs_with_its_milestones():
+  """Two steps of lr 0.1, momentum 0.9, weight decay 0.5 on loss = sum(p): the rate x 0.1 from step 1."""
+  tx = optim.sgd(0.1, 0.9, 0.5, milestones=(1,), gamma=0.1)
+  p = jnp.array([1.0])
+  state = tx.init(p)
+  g1 = 1 + 0.5 * 1.0  # the gradient plus the decay
+  u, state = tx.update(jnp.ones(1), state, p)
+  p1 = p + u
+  np.testing.assert_allclose(p1, 1.0 - 0.1 * g1, rtol=1e-6)
+  u, state = tx.update(jnp.ones(1), state, p1)
+  g2 = 1 + 0.5 * float(p1[0])
+  np.testing.assert_allclose(p1 + u, float(p1[0]) - 0.01 * (0.9 * g1 + g2), rtol=1e-6)
+  direction = optim.sgd_direction(0.9, 0.5)
+  u, _ = direction.update(jnp.ones(1), direction.init(p), p)
+  np.testing.assert_allclose(u, g1, rtol=1e-6)  # the rate left to the caller

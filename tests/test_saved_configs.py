@@ -1,0 +1,63 @@
+"""Saved workdir configs stay readable: fields added since read as the behaviour of their time, a
+renamed field as its new name, a method's own section compared only when that method runs, and what
+the user typed (set_by_user) never blocks a resume."""
+import json
+
+from f2m_jax import registry
+from f2m_jax import workdir
+
+
+def test_workdirs_older_than_a_field_resume_only_with_its_old_behaviour():
+  current = {'data': {'split': ''}, 'noise': {'pf_gradient': False, 'bn_updates': 'all_passes'}}
+  before_split = {'data': {}, 'noise': {'pf_gradient': False, 'bn_updates': 'all_passes'}}
+  assert workdir.config_differences(before_split, current) == []
+  before_switches = {'data': {}, 'noise': {}}  # written before the authors' behaviours were fields
+  assert workdir.config_differences(before_switches, current) == ['noise.bn_updates', 'noise.pf_gradient']
+  paper = {'data': {'split': ''}, 'noise': {'pf_gradient': True, 'bn_updates': 'clean'}}
+  assert workdir.config_differences(before_switches, paper) == []
+  # Written before PF's classes were a field: it averaged over the batch's classes.
+  assert workdir.config_differences({'noise': {}}, {'noise': {'pf_classes': 'batch'}}) == []
+  assert workdir.config_differences({'noise': {}}, {'noise': {'pf_classes': 'all_base'}}) == ['noise.pf_classes']
+  # Written before Eq. 5's base prototypes could be normalised: they were raw.
+  unit = {'incremental': {'normalize_base_prototypes': True}}
+  assert workdir.config_differences({'incremental': {}}, {'incremental': {'normalize_base_prototypes': False}}) == []
+  assert workdir.config_differences({'incremental': {}}, unit) == ['incremental.normalize_base_prototypes']
+
+
+def test_a_methods_own_section_is_compared_only_for_that_method():
+  sections = registry.method_sections()
+  assert sections['crt'] == 'crt'
+  differences = lambda saved, now: workdir.config_differences(saved, now, method_sections=sections)
+  current = {'method': 'f2m', 'crt': {'lr': 0.1, 'epochs': 17}}
+  assert differences({'method': 'f2m'}, current) == []  # written before cRT existed
+  assert differences({'method': 'f2m', 'crt': {'lr': 0.5, 'epochs': 17}}, current) == []
+  crt = {'method': 'crt', 'crt': {'lr': 0.1, 'epochs': 17}}
+  assert differences({'method': 'crt', 'crt': {'lr': 0.5, 'epochs': 17}}, crt) == ['crt.lr']
+  assert differences({'method': 'f2m'}, crt) == ['crt.epochs', 'crt.lr', 'method']
+
+
+def test_a_renamed_field_in_a_saved_config_reads_as_the_new_one():
+  """Workdirs written with noise.clean_backward (True was the default then) resume under
+  noise.backward_weights='clean', and only under it."""
+  saved = {'noise': {'clean_backward': True}}
+  assert workdir.config_differences(saved, {'noise': {'backward_weights': 'clean'}}) == []
+  assert workdir.config_differences(saved, {'noise': {'backward_weights': 'noisy'}}) == ['noise.backward_weights']
+  assert workdir.config_differences({'noise': {'clean_backward': False}}, {'noise': {'backward_weights': 'noisy'}}) == []
+  assert workdir.config_differences({'noise': {}}, {'noise': {'backward_weights': 'noisy'}}) == []  # older still
+
+
+def test_saved_config_fills_fields_added_later(tmp_path):
+  (tmp_path / 'config.json').write_text(json.dumps({'method': 'f2m', 'noise': {'bound': 0.01}}))
+  defaults = {'method': 'f2m', 'noise': {'bound': 0.005, 'pf_gradient': False}, 'crt': {'lr': 0.1}}
+  assert workdir.saved_config(str(tmp_path), defaults) == {
+      'method': 'f2m', 'noise': {'bound': 0.01, 'pf_gradient': True, 'bn_updates': 'clean', 'backward_weights': 'noisy'},
+      'crt': {'lr': 0.1}, 'data': {'split': '', 'synthetic': {'seed': 0}}, 'base': {'select_on_test': False, 'select_every': 1500},
+      'model': {'head': 'linear'}}
+
+
+def test_which_fields_the_user_typed_never_blocks_a_resume():
+  saved = {'method': 'baseline', 'eval': {'normalize_prototypes': False}}  # written before set_by_user existed
+  now = {'method': 'baseline', 'eval': {'normalize_prototypes': False}, 'set_by_user': ['method']}
+  assert workdir.config_differences(saved, now) == []
+  now['eval']['normalize_prototypes'] = True
+  assert workdir.config_differences(saved, now) == ['eval.normalize_prototypes']
