@@ -43,7 +43,6 @@ import numpy as np
 from f2m_jax import base as base_lib
 from f2m_jax import incremental
 from f2m_jax import members
-from f2m_jax import noise as noise_lib
 from f2m_jax import objectives
 from f2m_jax import pipeline
 from f2m_jax import registry

@@ -122,20 +122,3 @@ def resumed_after_interruption(make_config, workdir: str, run: int, session: int
   with pytest.raises(Interrupt):
     pipeline.run(make_config(), workdir, hook=stop)
   return pipeline.run(make_config(), workdir)
-
-
-# The slow tests (pytest.ini) of the two files whose owners are changing them now; everywhere else
-# the `slow` marker is on the test itself. Move these there with the next edit of each file.
-SLOW_TESTS_MARKED_HERE = {
-    'test_members.py': ('test_a_sweep_of_three_seeds_equals_three_single_runs',
-                        'test_a_resumed_sweep_equals_an_uninterrupted_one', 'test_vmapped_members_equal_single_steps',
-                        'test_bench_times_members_against_single_steps'),
-    'test_speed.py': ('test_device_path_run_equals_host_path_run', 'test_device_path_resumes_exactly',
-                      'test_nan_stop_names_the_same_step_and_keeps_the_last_good_checkpoint'),
-}
-
-
-def pytest_collection_modifyitems(config, items):
-  for item in items:
-    if getattr(item, 'originalname', item.name) in SLOW_TESTS_MARKED_HERE.get(item.path.name, ()):
-      item.add_marker(pytest.mark.slow)

@@ -54,6 +54,7 @@ def base_model(workdir: str, seed: int) -> dict:
   return Checkpoints(workdir, read_only=True).restore_model(template)
 
 
+@pytest.mark.slow
 def test_a_sweep_of_three_seeds_equals_three_single_runs(sweep):
   root, summary, singles = sweep
   for i, (seed, single) in enumerate(zip(SEEDS, singles)):
@@ -74,6 +75,7 @@ def test_a_sweep_of_three_seeds_equals_three_single_runs(sweep):
   assert summary['sessions'][-1]['acc']['mean'] == pytest.approx(np.mean(accs))
 
 
+@pytest.mark.slow
 def test_a_resumed_sweep_equals_an_uninterrupted_one(sweep, tmp_path):
   root = str(tmp_path / 'sweep')
 
@@ -93,6 +95,7 @@ def test_a_resumed_sweep_equals_an_uninterrupted_one(sweep, tmp_path):
       assert without_provenance(json.load(f)) == without_provenance(json.load(g))
 
 
+@pytest.mark.slow
 def test_a_sweep_through_the_device_path_equals_the_host_path(sweep, tmp_path):
   """The accelerators' path (images on the device, each member's batch gathered there, 5 steps
   scanned per call) trains every member as the host path does: the same logged base steps, each
@@ -111,6 +114,7 @@ def test_a_sweep_through_the_device_path_equals_the_host_path(sweep, tmp_path):
       np.testing.assert_allclose(x, y, rtol=0, atol=1e-5 * np.abs(y).max())
 
 
+@pytest.mark.slow
 def test_vmapped_members_equal_single_steps():
   """The member axis mapped with jax.vmap (the GPU/TPU default) gives each member its own single
   step's result to float rounding; at a small learning rate, so three steps do not amplify it."""
@@ -170,6 +174,7 @@ def test_a_field_sweep_gives_each_member_its_value():
     members.member_map(tiny(field='noise.bound', field_values=(0.001, 0.01), map='vmap'), same_objective=False)
 
 
+@pytest.mark.slow
 def test_bench_times_members_against_single_steps():
   from f2m_jax import bench, sharding  # pylint: disable=g-import-not-at-top
   config = tiny()

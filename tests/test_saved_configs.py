@@ -50,7 +50,9 @@ def test_saved_config_fills_fields_added_later(tmp_path):
   (tmp_path / 'config.json').write_text(json.dumps({'method': 'f2m', 'noise': {'bound': 0.01}}))
   defaults = {'method': 'f2m', 'noise': {'bound': 0.005, 'pf_gradient': False}, 'crt': {'lr': 0.1}}
   assert workdir.saved_config(str(tmp_path), defaults) == {
-      'method': 'f2m', 'noise': {'bound': 0.01, 'pf_gradient': True, 'bn_updates': 'clean', 'backward_weights': 'noisy'},
+      'method': 'f2m', 'noise': {'bound': 0.01, 'pf_gradient': True, 'bn_updates': 'clean', 'backward_weights': 'noisy',
+                                 'pf_classes': 'batch'},
+      'incremental': {'normalize_base_prototypes': False},
       'crt': {'lr': 0.1}, 'data': {'split': '', 'synthetic': {'seed': 0}}, 'base': {'select_on_test': False, 'select_every': 1500},
       'model': {'head': 'linear'}}
 

@@ -136,6 +136,7 @@ def _final_base_state(workdir: str, placement: str):
   return ckpts.restore_base_state(exp.init_state(), config.base.steps)
 
 
+@pytest.mark.slow
 def test_device_path_run_equals_host_path_run(runs):
   (host_dir, host), (device_dir, device) = runs['host'], runs['device']
   assert _base_steps(device_dir) == _base_steps(host_dir) == [5, 10, 15, 20]
@@ -148,6 +149,7 @@ def test_device_path_run_equals_host_path_run(runs):
     np.testing.assert_allclose(a['acc']['runs'], b['acc']['runs'], atol=1e-9)
 
 
+@pytest.mark.slow
 def test_device_path_resumes_exactly(runs, tmp_path):
   class Interrupt(Exception):
     pass
@@ -163,6 +165,7 @@ def test_device_path_resumes_exactly(runs, tmp_path):
   assert without_provenance(pipeline.run(_tiny('device', 5), workdir)) == without_provenance(runs['device'][1])
 
 
+@pytest.mark.slow
 def test_nan_stop_names_the_same_step_and_keeps_the_last_good_checkpoint(tmp_path):
   steps, messages = {}, {}
   for placement in ('host', 'device'):
