@@ -22,7 +22,7 @@ flags.mark_flags_as_required(['config', 'workdir'])
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
-  return cli.main(_CONFIG.value, _WORKDIR.value, _MODE.value, _CHECKPOINT.value)
+  return cli.main(_CONFIG.value, _WORKDIR.value, _MODE.value, _CHECKPOINT.value, argv=sys.argv)
 
 
 if __name__ == '__main__':

@@ -48,6 +48,12 @@ def _host_copy(tree):
   return jax.tree_util.tree_map(lambda x: np.array(x, copy=True), tree)
 
 
+def has_base_model(workdir: str) -> bool:
+  """Whether `workdir` holds a saved base model (checkpoints/model/<step>), without opening it."""
+  folder = os.path.join(workdir, 'checkpoints', 'model')
+  return os.path.isdir(folder) and any(n.isdigit() for n in os.listdir(folder))
+
+
 class Checkpoints:
   """Save and restore everything a run produces. `keep` bounds the base train states kept."""
 

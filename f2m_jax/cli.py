@@ -14,17 +14,20 @@ from absl import logging
 from f2m_jax import bench
 from f2m_jax import members
 from f2m_jax import pipeline
+from f2m_jax import registry
 from f2m_jax import report
 from f2m_jax import sharding
 from f2m_jax.checkpoint import CheckpointError
 from f2m_jax.data import sources
 from f2m_jax.experiment import TrainingError
-from f2m_jax.workdir import RENAMED_FIELDS, WorkdirError
+from f2m_jax.workdir import RENAMED_FIELDS, WorkdirError, config_differences, flat_items
 
 USER_ERRORS = (ValueError, FileNotFoundError, CheckpointError, WorkdirError)
 
 
-def main(config, workdir: str, mode: str, checkpoint=None) -> int:
+def main(config, workdir: str, mode: str, checkpoint=None, argv=None) -> int:
+  """Runs `mode`; `argv` (run.py's command line) names the --config argument and its changes in the
+  start-up line and the results' provenance."""
   logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
   try:
     sharding.maybe_initialize_distributed(config.get('distributed', False))
@@ -36,9 +39,8 @@ def main(config, workdir: str, mode: str, checkpoint=None) -> int:
       print(f'summary written to {workdir}/summary.json; each member in {workdir}/member_<i>/', flush=True)
       return 0
     if mode in ('train', 'eval'):
-      results = pipeline.run(config, workdir, mode=mode, checkpoint=checkpoint)
+      results = pipeline.run(config, workdir, mode=mode, checkpoint=checkpoint, origin=config_origin(argv, config))
       print(report.format_session_table(results), flush=True)
-      print(f'results written to {workdir}/results.json and results.csv', flush=True)
       return 0
     if mode == 'flatness':
       pipeline.run_flatness(config, workdir, checkpoint)
@@ -70,6 +72,19 @@ def enable_compilation_cache(config):
   if 'JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS' not in os.environ:
     jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.0)
   return path
+
+
+def config_origin(argv, config):
+  """{'config': the --config argument, 'changes': {field: value}}: the result-relevant fields where
+  `config` (with the command line's overrides) differs from the config file's own values; None
+  without a --config argument in `argv`."""
+  specs = _flag_values(argv or [], 'config')
+  if not specs:
+    return None
+  flat = flat_items(config.to_dict())
+  differ = config_differences(load_config_file(specs[-1]).to_dict(), config.to_dict(),
+                              method_sections=registry.method_sections())
+  return {'config': specs[-1], 'changes': {k: flat.get(k) for k in differ}}
 
 
 # ----------------------------------------------------------------------------- config overrides
