@@ -94,6 +94,10 @@ def parse_flags(argv):
   malformed tuple) stops with one line naming the field, the value and what is allowed, exit code 2,
   before anything is written. Values out of range are caught later by f2m_jax/validation.py, also before
   the workdir is created."""
+  problem = config_problem(argv)
+  if problem:
+    print(f'error: {problem}', file=sys.stderr, flush=True)
+    sys.exit(2)
   try:
     rest = flags.FLAGS(argv)
   except Exception as e:  # flags.Error, or what ml_collections raises while applying an override
@@ -105,6 +109,29 @@ def parse_flags(argv):
     print(f'error: {problem}', file=sys.stderr, flush=True)
     sys.exit(2)
   return rest
+
+
+def config_problem(argv):
+  """A one-line description of what is wrong with the --config argument in argv (no such file, or
+  its get_config refuses the argument after ':'), or None."""
+  specs = _flag_values(argv, 'config')
+  if not specs:
+    return None
+  spec = specs[-1]
+  path = spec.partition(':')[0]
+  if not os.path.isfile(path):
+    folder = os.path.dirname(path) or '.'
+    options = sorted(f for f in os.listdir(folder) if f.endswith('.py') and not f.startswith('_')) \
+        if os.path.isdir(folder) else []
+    close = difflib.get_close_matches(os.path.basename(path), options, n=1, cutoff=0.6)
+    return (f'--config {spec}: there is no file {path}'
+            + (f'; did you mean {os.path.join(folder, close[0])}?' if close else '')
+            + (f' (configs in {folder}/: {", ".join(options)})' if options else ''))
+  try:
+    load_config_file(spec)
+  except Exception as e:  # whatever the config file raises for a bad argument
+    return f'--config {spec}: ' + ' '.join(str(e).split())
+  return None
 
 
 def _flag_values(argv, name: str) -> list:
