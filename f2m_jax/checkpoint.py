@@ -16,12 +16,27 @@ writes in flight, and `close()` waits for all.
 """
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any, Optional
 
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+
+
+# What orbax logs (as absl warnings) on every read-only manager, i.e. every --checkpoint, eval or
+# flatness run: notes on options it ignores for reading, nothing a user can act on.
+READ_ONLY_NOTES = ('CheckpointManagerOptions.read_only=True, setting ', 'Given directory is read only=')
+
+
+class _DropReadOnlyNotes(logging.Filter):
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    return not str(record.msg).startswith(READ_ONLY_NOTES)
+
+
+logging.getLogger('absl').addFilter(_DropReadOnlyNotes())
 
 
 class CheckpointError(RuntimeError):

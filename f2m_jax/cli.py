@@ -43,7 +43,7 @@ def main(config, workdir: str, mode: str, checkpoint=None, argv=None) -> int:
       print(report.format_session_table(results), flush=True)
       return 0
     if mode == 'flatness':
-      pipeline.run_flatness(config, workdir, checkpoint)
+      pipeline.run_flatness(config, workdir, checkpoint, origin=config_origin(argv, config))
       return 0
     if mode == 'bench':
       bench.run(config, workdir)

@@ -168,11 +168,6 @@ def start_line(config, bench, workdir: str, mode: str, ckpts: Checkpoints, base_
                origin: Optional[dict]) -> str:
   """One line before any work: what runs (the --config argument and its changes, the method), on
   which devices, into which workdir, with which budget, and what is resumed."""
-  device = jax.devices()[0]
-  what = (origin or {}).get('config') or f'method={config.method}'
-  changes = (origin or {}).get('changes') or {}
-  if changes:
-    what += ' with ' + ', '.join(f'{k}={v!r}' for k, v in changes.items())
   later = bench.num_sessions - 1
   if base_source:
     base = f'base model from --checkpoint {base_source["path"]}' + (f' ({base_source["note"]})'
@@ -185,8 +180,22 @@ def start_line(config, bench, workdir: str, mode: str, ckpts: Checkpoints, base_
             + (f', resuming at step {step}' if step is not None else ''))
   done = sum(len(ckpts.sessions_done(r)) for r in range(config.runs)) if ckpts.any_sessions() else 0
   sessions = f'{config.runs} runs x {later} sessions' + (f' ({done} restored)' if done else '')
-  return (f'f2m-jax {mode}: {what} (method {config.method}) on {jax.device_count()} x {device.device_kind} '
-          f'({jax.default_backend()}); workdir {workdir}; {base}; then {sessions}')
+  return (f'f2m-jax {mode}: {_what(config, origin)} on {_devices()}; workdir {workdir}; '
+          f'{base}; then {sessions}')
+
+
+def _what(config, origin: Optional[dict]) -> str:
+  """The --config argument and its changes, and the method."""
+  if not (origin or {}).get('config'):
+    return f'method={config.method}'
+  changes = origin.get('changes') or {}
+  return (origin['config'] + (' with ' + ', '.join(f'{k}={v!r}' for k, v in changes.items()) if changes else '')
+          + f' (method {config.method})')
+
+
+def _devices() -> str:
+  """'N x <device kind> (<backend>)': where the run's programs run."""
+  return f'{jax.device_count()} x {jax.devices()[0].device_kind} ({jax.default_backend()})'
 
 
 def compiling_ahead(exp: Experiment, method, hook: Hook) -> Hook:
@@ -244,20 +253,26 @@ def write_outputs(workdir: str, results: dict, mode: str) -> str:
           f'no results.json to compare with; wrote {path} and results.csv from the checkpoints')
 
 
-def run_flatness(config: ml_collections.ConfigDict, workdir: str, checkpoint: Optional[str] = None) -> dict:
+def run_flatness(config: ml_collections.ConfigDict, workdir: str, checkpoint: Optional[str] = None,
+                 origin: Optional[dict] = None) -> dict:
   """--mode flatness: I and sigma^2 of the base loss around the base model of `workdir` (or of
-  `checkpoint`) on the base training images and the base classes' test images; writes flatness.json."""
+  `checkpoint`) on the base training images and the base classes' test images; writes flatness.json.
+  `origin`: as `run`'s, for the start-up line and the provenance."""
   config = resolve(config)
   bench = sources.load_benchmark(config)
   exp = Experiment.create(config, bench)
   ckpts = Checkpoints(checkpoint or workdir, read_only=True)
+  f = config.flatness
+  print(f'f2m-jax flatness: {_what(config, origin)} on {_devices()}; base model of {checkpoint or workdir}; '
+        f'{f.num_draws} draws at bound {f.bound if f.bound >= 0 else config.noise.bound:g} on the base training '
+        f'and test images (at most {f.max_images or "all"} each); writes {workdir}/flatness.json', flush=True)
   model = common.base_model(exp, ckpts, log=None, source=ckpts)
   variables = {'params': model['params'], 'batch_stats': model['batch_stats']}
-  f = config.flatness
   bound = f.bound if f.bound >= 0 else config.noise.bound
   rng = np.random.default_rng([config.seed, 5])
   out = {'bound': bound, 'distribution': config.noise.distribution, 'num_layers': config.noise.num_layers,
-         'checkpoint': os.path.abspath(checkpoint or workdir), 'provenance': workdir_lib.provenance(config.to_dict())}
+         'checkpoint': os.path.abspath(checkpoint or workdir),
+         'provenance': {**workdir_lib.provenance(config.to_dict()), **({'origin': origin} if origin else {})}}
   test_idx = protocol_lib.test_indices(bench, 1)
   for name, split, idx in (('train', bench.train, bench.base_train), ('test', bench.test, test_idx)):
     if f.max_images and len(idx) > f.max_images:
@@ -265,7 +280,7 @@ def run_flatness(config: ml_collections.ConfigDict, workdir: str, checkpoint: Op
     clean, losses = flatness.noisy_losses(
         exp.model, variables, split.images[idx], split.labels[idx], exp.noise_paths, exp.split, bound,
         config.noise.distribution, f.num_draws, f.chunk, exp.key(3), bench.mean, bench.std,
-        config.eval.batch_size)
+        config.eval.batch_size, progress=f'flatness on {name} ({len(idx):,} images)')
     out[name] = {**flatness.flatness_stats(clean, losses), 'num_images': int(len(idx))}
     print(f'flatness on {name} ({len(idx)} images, {f.num_draws} draws): L*={clean:.4f} '
           f'I={out[name]["I"]:.3e} sigma^2={out[name]["sigma2"]:.3e}', flush=True)
