@@ -183,9 +183,11 @@ def atomic_write(path: str, text: str) -> None:
 
 class MetricsLog:
   """Appends one JSON object per line to <workdir>/metrics.jsonl and, with `tensorboard`, writes the
-  same numbers as TensorBoard scalars into <workdir>/tensorboard/ (tensorboardX, no TensorFlow):
-  base training as base/<name> against the step, the test-set selection as select/<name>, and
-  each run's sessions as run_<r>/<name> against the session."""
+  same numbers as TensorBoard scalars into <workdir>/tensorboard/ (tensorboardX, no TensorFlow;
+  viewing them needs `pip install tensorboard`): base training as base/<name> against the step, the
+  test-set selection as select/<name>, and each run's sessions as run_<r>/<name> against the
+  session. Units as their writers give them: phase 'base' logs `acc` (the training batches'
+  accuracy) as a fraction 0..1; phases 'session' and 'select_on_test' log accuracies in percent."""
 
   def __init__(self, workdir: str, tensorboard: bool = False):
     self.path = os.path.join(workdir, 'metrics.jsonl')
