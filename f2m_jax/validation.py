@@ -84,7 +84,7 @@ def check_data_folder(c: ml_collections.ConfigDict) -> None:
   """Raises ValueError where the config's source reads a data folder that is unset or missing."""
   help_text = sources.how_to_get(c)
   if c.data.source in ('trainsplit', 'folder') and not sources.data_dir(c):
-    raise ValueError(f'data.source={c.data.source!r} ({c.data.dataset}) needs a data folder: set F2M_DATA_DIR or '
+    raise ValueError(f'data.source={c.data.source!r} needs a data folder: set F2M_DATA_DIR or '
                      '--config.data.data_dir' + (f'.\n{help_text}' if help_text else ''))
   if sources.data_dir(c) and not os.path.isdir(sources.data_dir(c)):
     raise ValueError(f'data folder {sources.data_dir(c)!r} (data.data_dir or F2M_DATA_DIR) does not exist'
