@@ -110,7 +110,9 @@ def run(config: ml_collections.ConfigDict, workdir: str, mode: str = 'train',
   its network, that eval has a trained workdir): a run that fails them writes nothing. A workdir
   whose results.json exists is complete: train mode returns its results and rewrites nothing.
   `origin` ({'config': the --config argument, 'changes': {field: value} set on the command line},
-  f2m_jax/cli.py) goes into the results' provenance and the start-up line."""
+  f2m_jax/cli.py) goes into the results' provenance and the start-up line; so does --checkpoint's
+  `base_source` (`describe_source`), as where the base model came from (a run on the same base
+  model from its own workdir computes the same results)."""
   config = resolve(config)
   base_source = describe_source(checkpoint, config) if checkpoint else None
   if mode == 'eval' and not os.path.exists(os.path.join(workdir, 'config.json')):
@@ -151,12 +153,11 @@ def run(config: ml_collections.ConfigDict, workdir: str, mode: str = 'train',
   results = evaluation.build_results(bench.name, config.method, config.data.protocol,
                                      [bench.num_seen_classes(t) for t in range(1, bench.num_sessions + 1)],
                                      per_run, norms if all(n is not None for n in norms) else None)
-  if base_source:
-    base_info['source'] = base_source
   results['base_model'] = base_info
   wall = round(time.time() - t0, 1)
   results['provenance'] = {**workdir_lib.provenance(config.to_dict()), 'wall_time_s': wall,
-                           **({'origin': origin} if origin else {})}
+                           **({'origin': origin} if origin else {}),
+                           **({'base_source': base_source} if base_source else {})}
   log.write(phase='done', mode=mode, wall_time_s=wall,
             base_checkpoint=os.path.abspath(checkpoint) if checkpoint else None)
   log.close()

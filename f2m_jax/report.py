@@ -223,8 +223,8 @@ def base_budget(config: dict) -> str:
 
 
 def base_source(results: dict) -> Optional[dict]:
-  """The --checkpoint workdir the run's base model came from (results.json's base_model.source), or None."""
-  return (results.get('base_model') or {}).get('source')
+  """The --checkpoint workdir the run's base model came from (results.json's provenance.base_source), or None."""
+  return (results.get('provenance') or {}).get('base_source')
 
 
 def budget(results: dict) -> str:

@@ -167,7 +167,7 @@ def test_results_name_the_base_models_source(reference, tmp_path):
   ref_dir, ref = reference
   workdir = str(tmp_path / 'bl')
   results = pipeline.run(tiny_config(method='baseline'), workdir, checkpoint=ref_dir)
-  source = results['base_model']['source']
+  source = results['provenance']['base_source']
   assert source['path'] == os.path.abspath(ref_dir) and source['method'] == 'f2m'
   assert source['commit'] == ref['provenance']['git'].get('commit')
   assert source['differences']['method'] == ['f2m', 'baseline']
