@@ -69,9 +69,10 @@ def check_source_network(checkpoint: str, config: ml_collections.ConfigDict) -> 
 
 
 def describe_source(checkpoint: str, config: ml_collections.ConfigDict) -> dict:
-  """What --checkpoint W's base model is, for config.json and results.json: W's absolute path, the
-  method and config that trained it (W/config.json; None where W has none), the result-relevant
-  fields where that config differs from this run's ({field: [there, here]}), the commit of W's
+  """What --checkpoint W's base model is, for config.json and results.json's provenance: W's absolute
+  path, the method and config that trained it (W/config.json; None where W has none), the
+  result-relevant fields where that config differs from this run's ({field: [there, here]}), how
+  its base model was chosen (`selection`, results.json's base_model), the commit of W's
   results.json (None where W has none), and, where W's method is not this run's, a plain `note`
   such as 'baseline sessions on a base model trained by f2m'. Raises CheckpointError where W does
   not exist, holds no base model or holds another network."""
@@ -90,7 +91,11 @@ def describe_source(checkpoint: str, config: ml_collections.ConfigDict) -> dict:
     out['method'] = saved.get('method')
     out['differences'] = {k: [there.get(k), here.get(k)] for k in workdir_lib.config_differences(
         saved, ours, method_sections=registry.method_sections())}
-    out['selection'] = selection_info(ml_collections.ConfigDict(saved), Checkpoints(checkpoint, read_only=True))
+    source = Checkpoints(checkpoint, read_only=True)
+    try:
+      out['selection'] = selection_info(ml_collections.ConfigDict(saved), source)  # the source's own steps
+    finally:
+      source.close()
   results_path = os.path.join(checkpoint, 'results.json')
   if os.path.exists(results_path):
     with open(results_path) as f:
