@@ -23,7 +23,8 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
   overrides = config_flags.get_override_values(flags.FLAGS['config'])  # no method's presets replace these
-  return cli.main(_CONFIG.value, _WORKDIR.value, _MODE.value, _CHECKPOINT.value, set_by_user=overrides)
+  return cli.main(_CONFIG.value, _WORKDIR.value, _MODE.value, _CHECKPOINT.value, argv=sys.argv,
+                  set_by_user=overrides)
 
 
 if __name__ == '__main__':

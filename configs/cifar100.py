@@ -1,6 +1,6 @@
 """F2M on CIFAR-100 (60 base classes, 8 sessions of 5-way 5-shot, ResNet-20).
 
-  python run.py --config configs/cifar100.py --workdir W               # full protocol, TFDS data
+  python run.py --config configs/cifar100.py --workdir W               # full protocol: official archive, downloaded once
   python run.py --config configs/cifar100.py:trainsplit --workdir W    # real data offline (F2M_DATA_DIR)
   python run.py --config configs/cifar100.py:smoke --workdir W         # synthetic, about a minute on a CPU
 
@@ -13,6 +13,7 @@ source.
 
 Headline (`:trainsplit`, the default F2M over five base seeds on an H200): session 9 at 31.27 +- 0.61,
 PD 15.67 (experiments/results/README.md, section 18, with the Baseline and the authors' code).
+`:smoke` (synthetic data, chance 5%): session 1 at about 76%, about a minute on 2 CPU cores.
 """
 from configs import common
 

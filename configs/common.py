@@ -189,7 +189,8 @@ def base_config() -> ml_collections.ConfigDict:
   # cluster manager (SLURM, a TPU pod) lets JAX find its peers; run the same command on every host.
   c.distributed = False
   # TensorBoard scalars (base-training curves, each run's sessions) in <workdir>/tensorboard/,
-  # beside metrics.jsonl: `tensorboard --logdir <workdir>`. Costs nothing measurable.
+  # beside metrics.jsonl: `pip install tensorboard`, then `tensorboard --logdir <workdir>`. Costs nothing
+  # measurable.
   c.tensorboard = True
   # JAX's persistent compilation cache in <cache folder>/jax_compilation_cache (data.cache_dir, else
   # $F2M_CACHE_DIR, else ~/.cache/f2m_jax): a repeated run of a config loads its compiled programs

@@ -15,12 +15,27 @@ every read of those folders first waits for the writes in flight, and `close()` 
 """
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any, Optional
 
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+
+
+# What orbax logs (as absl warnings) on every read-only manager, i.e. every --checkpoint, eval or
+# flatness run: notes on options it ignores for reading, nothing a user can act on.
+READ_ONLY_NOTES = ('CheckpointManagerOptions.read_only=True, setting ', 'Given directory is read only=')
+
+
+class _DropReadOnlyNotes(logging.Filter):
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    return not str(record.msg).startswith(READ_ONLY_NOTES)
+
+
+logging.getLogger('absl').addFilter(_DropReadOnlyNotes())
 
 
 class CheckpointError(RuntimeError):
@@ -45,6 +60,12 @@ def _host_copy(tree):
   """Owned host copies, for a save written in the background: np.asarray of a CPU array can share
   its buffer, which the next train step (donating its state) may overwrite."""
   return jax.tree_util.tree_map(lambda x: np.array(x, copy=True), tree)
+
+
+def has_base_model(workdir: str) -> bool:
+  """Whether `workdir` holds a saved base model (checkpoints/model/<step>), without opening it."""
+  folder = os.path.join(workdir, 'checkpoints', 'model')
+  return os.path.isdir(folder) and any(n.isdigit() for n in os.listdir(folder))
 
 
 class Checkpoints:

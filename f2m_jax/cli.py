@@ -15,19 +15,21 @@ from absl import logging
 from f2m_jax import bench
 from f2m_jax import members
 from f2m_jax import pipeline
+from f2m_jax import registry
 from f2m_jax import report
 from f2m_jax import sharding
 from f2m_jax.checkpoint import CheckpointError
 from f2m_jax.data import sources
 from f2m_jax.experiment import TrainingError
-from f2m_jax.workdir import RENAMED_FIELDS, WorkdirError
+from f2m_jax.workdir import RENAMED_FIELDS, WorkdirError, config_differences, flat_items
 
 USER_ERRORS = (ValueError, FileNotFoundError, CheckpointError, WorkdirError)
 
 
-def main(config, workdir: str, mode: str, checkpoint=None, set_by_user: Iterable[str] = ()) -> int:
-  """Runs `mode`; `set_by_user` (the --config.FIELD overrides) joins config.set_by_user, the fields
-  no method's presets replace (f2m_jax/pipeline.py: resolve)."""
+def main(config, workdir: str, mode: str, checkpoint=None, argv=None, set_by_user: Iterable[str] = ()) -> int:
+  """Runs `mode`; `argv` (run.py's command line) names the --config argument and its changes in the
+  start-up line and the results' provenance; `set_by_user` (the --config.FIELD overrides) joins
+  config.set_by_user, the fields no method's presets replace (f2m_jax/pipeline.py: resolve)."""
   logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
   with config.unlocked():  # a config file not built on configs/common.py may lack the field
     config.set_by_user = tuple(sorted(set(config.get('set_by_user', ())) | set(set_by_user)))
@@ -41,12 +43,11 @@ def main(config, workdir: str, mode: str, checkpoint=None, set_by_user: Iterable
       print(f'summary written to {workdir}/summary.json; each member in {workdir}/member_<i>/', flush=True)
       return 0
     if mode in ('train', 'eval'):
-      results = pipeline.run(config, workdir, mode=mode, checkpoint=checkpoint)
+      results = pipeline.run(config, workdir, mode=mode, checkpoint=checkpoint, origin=config_origin(argv, config))
       print(report.format_session_table(results), flush=True)
-      print(f'results written to {workdir}/results.json and results.csv', flush=True)
       return 0
     if mode == 'flatness':
-      pipeline.run_flatness(config, workdir, checkpoint)
+      pipeline.run_flatness(config, workdir, checkpoint, origin=config_origin(argv, config))
       return 0
     if mode == 'bench':
       bench.run(config, workdir)
@@ -78,6 +79,19 @@ def enable_compilation_cache(config):
   return path
 
 
+def config_origin(argv, config):
+  """{'config': the --config argument, 'changes': {field: value}}: the result-relevant fields where
+  `config` (with the command line's overrides) differs from the config file's own values; None
+  without a --config argument in `argv`."""
+  specs = _flag_values(argv or [], 'config')
+  if not specs:
+    return None
+  flat = flat_items(config.to_dict())
+  differ = config_differences(load_config_file(specs[-1]).to_dict(), config.to_dict(),
+                              method_sections=registry.method_sections())
+  return {'config': specs[-1], 'changes': {k: flat.get(k) for k in differ}}
+
+
 # ----------------------------------------------------------------------------- config overrides
 
 def parse_flags(argv):
@@ -85,6 +99,10 @@ def parse_flags(argv):
   malformed tuple) stops with one line naming the field, the value and what is allowed, exit code 2,
   before anything is written. Values out of range are caught later by f2m_jax/validation.py, also before
   the workdir is created."""
+  problem = config_problem(argv)
+  if problem:
+    print(f'error: {problem}', file=sys.stderr, flush=True)
+    sys.exit(2)
   try:
     rest = flags.FLAGS(argv)
   except Exception as e:  # flags.Error, or what ml_collections raises while applying an override
@@ -96,6 +114,29 @@ def parse_flags(argv):
     print(f'error: {problem}', file=sys.stderr, flush=True)
     sys.exit(2)
   return rest
+
+
+def config_problem(argv):
+  """A one-line description of what is wrong with the --config argument in argv (no such file, or
+  its get_config refuses the argument after ':'), or None."""
+  specs = _flag_values(argv, 'config')
+  if not specs:
+    return None
+  spec = specs[-1]
+  path = spec.partition(':')[0]
+  if not os.path.isfile(path):
+    folder = os.path.dirname(path) or '.'
+    options = sorted(f for f in os.listdir(folder) if f.endswith('.py') and not f.startswith('_')) \
+        if os.path.isdir(folder) else []
+    close = difflib.get_close_matches(os.path.basename(path), options, n=1, cutoff=0.6)
+    return (f'--config {spec}: there is no file {path}'
+            + (f'; did you mean {os.path.join(folder, close[0])}?' if close else '')
+            + (f' (configs in {folder}/: {", ".join(options)})' if options else ''))
+  try:
+    load_config_file(spec)
+  except Exception as e:  # whatever the config file raises for a bad argument
+    return f'--config {spec}: ' + ' '.join(str(e).split())
+  return None
 
 
 def _flag_values(argv, name: str) -> list:

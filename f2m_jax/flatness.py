@@ -7,9 +7,12 @@ only the noised suffix runs per draw, vmapped over chunks of draws.
 """
 from __future__ import annotations
 
+import sys
+
 import jax
 import jax.numpy as jnp
 import numpy as np
+from tqdm import tqdm
 
 from f2m_jax import noise as noise_lib
 from f2m_jax import padding
@@ -27,8 +30,9 @@ def flatness_stats(clean_loss: float, losses) -> dict:
 
 def noisy_losses(model: ResNet, variables, images: np.ndarray, labels: np.ndarray, paths, split: int,
                  bound: float, distribution: str, num_draws: int, chunk: int, key: jax.Array, mean, std,
-                 batch_size: int = 500) -> tuple:
-  """(L*, [L_1..L_N]) on (images, labels). Draw i uses key fold_in(key, i), whatever the chunking."""
+                 batch_size: int = 500, progress: str = '') -> tuple:
+  """(L*, [L_1..L_N]) on (images, labels). Draw i uses key fold_in(key, i), whatever the chunking.
+  `progress`: the title of a bar over the draws (none where empty)."""
   trunk = make_embed(model, mean, std, batch_size, last=split)(variables, images) if split > 0 else None
   inputs = trunk if trunk is not None else images
 
@@ -64,8 +68,11 @@ def noisy_losses(model: ResNet, variables, images: np.ndarray, labels: np.ndarra
   clean = float(jax.jit(dataset_loss)({}))
   keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.arange(num_draws))
   out = []
-  for start in range(0, num_draws, chunk):
-    k = keys[start:start + chunk]
-    k = padding.repeat_last(k, chunk)  # the last chunk filled up: one compiled shape
-    out.append(np.asarray(chunk_losses(k))[:min(chunk, num_draws - start)])
+  with tqdm(total=num_draws, desc=progress, unit='draw', file=sys.stdout, disable=not progress,
+            mininterval=2.0) as bar:
+    for start in range(0, num_draws, chunk):
+      k = keys[start:start + chunk]
+      k = padding.repeat_last(k, chunk)  # the last chunk filled up: one compiled shape
+      out.append(np.asarray(chunk_losses(k))[:min(chunk, num_draws - start)])
+      bar.update(len(out[-1]))
   return clean, np.concatenate(out)

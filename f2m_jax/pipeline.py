@@ -14,13 +14,16 @@ import os
 import time
 from typing import Optional
 
+import jax
 import ml_collections
 import numpy as np
 
 from f2m_jax import evaluation
+from f2m_jax import checkpoint as checkpoint_lib
 from f2m_jax import flatness
 from f2m_jax import programs as programs_lib
 from f2m_jax import registry
+from f2m_jax import report
 from f2m_jax import validation
 from f2m_jax import workdir as workdir_lib
 from f2m_jax.checkpoint import CheckpointError, Checkpoints
@@ -77,14 +80,72 @@ def check_source_network(checkpoint: str, config: ml_collections.ConfigDict) -> 
                           'base session is then trained here)')
 
 
+def describe_source(checkpoint: str, config: ml_collections.ConfigDict) -> dict:
+  """What --checkpoint W's base model is, for config.json and results.json's provenance: W's absolute
+  path, the method and config that trained it (W/config.json; None where W has none), the
+  result-relevant fields where that config differs from this run's ({field: [there, here]}), how
+  its base model was chosen (`selection`, results.json's base_model), the commit of W's
+  results.json (None where W has none), and, where W's method is not this run's, a plain `note`
+  such as 'baseline sessions on a base model trained by f2m'. Raises CheckpointError where W does
+  not exist, holds no base model or holds another network."""
+  if not os.path.isdir(checkpoint):
+    raise CheckpointError(f'--checkpoint {checkpoint} does not exist: pass a workdir that holds a trained base '
+                          'model (its checkpoints/model), or drop --checkpoint to train one here')
+  if not checkpoint_lib.has_base_model(checkpoint):
+    raise CheckpointError(f'--checkpoint {checkpoint} holds no base model ({os.path.join(checkpoint, "checkpoints", "model")} '
+                          'is missing): train it first, or pass another workdir')
+  check_source_network(checkpoint, config)
+  out = {'path': os.path.abspath(checkpoint), 'method': None, 'differences': None, 'commit': None}
+  ours = config.to_dict()
+  if os.path.exists(os.path.join(checkpoint, 'config.json')):
+    saved = workdir_lib.saved_config(checkpoint, ours)
+    there, here = workdir_lib.flat_items(saved), workdir_lib.flat_items(ours)
+    out['method'] = saved.get('method')
+    out['differences'] = {k: [there.get(k), here.get(k)] for k in workdir_lib.config_differences(
+        saved, ours, method_sections=registry.method_sections())}
+    source = Checkpoints(checkpoint, read_only=True)
+    try:
+      out['selection'] = selection_info(ml_collections.ConfigDict(saved), source)  # the source's own steps
+    finally:
+      source.close()
+  results_path = os.path.join(checkpoint, 'results.json')
+  if os.path.exists(results_path):
+    with open(results_path) as f:
+      git = ((json.load(f).get('provenance') or {}).get('git') or {})
+    out['commit'] = git.get('commit')
+    out['dirty'] = git.get('dirty')
+  if out['method'] and out['method'] != config.method:
+    out['note'] = f'{config.method} sessions on a base model trained by {out["method"]}'
+  return out
+
+
 def run(config: ml_collections.ConfigDict, workdir: str, mode: str = 'train',
-        checkpoint: Optional[str] = None, hook: Hook = None) -> dict:
-  """Trains (or, mode='eval', only restores) and writes results.json / results.csv; returns results."""
+        checkpoint: Optional[str] = None, hook: Hook = None, origin: Optional[dict] = None) -> dict:
+  """Trains (or, mode='eval', only restores) and writes results.json / results.csv; returns results.
+
+  Every check that can be made before training comes first (the config, the data, --checkpoint and
+  its network, that eval has a trained workdir): a run that fails them writes nothing. A workdir
+  whose results.json exists is complete: train mode returns its results and rewrites nothing.
+  `origin` ({'config': the --config argument, 'changes': {field: value} set on the command line},
+  f2m_jax/cli.py) goes into the results' provenance and the start-up line; so does --checkpoint's
+  `base_source` (`describe_source`), as where the base model came from (a run on the same base
+  model from its own workdir computes the same results)."""
   config = resolve(config)
-  if checkpoint:
-    check_source_network(checkpoint, config)
-  workdir_lib.prepare(workdir, config.to_dict(), registry.method_sections())
+  base_source = describe_source(checkpoint, config) if checkpoint else None
+  if mode == 'eval' and not os.path.exists(os.path.join(workdir, 'config.json')):
+    raise CheckpointError(f'nothing to evaluate: {workdir} holds no run (no config.json); --mode eval recomputes '
+                          'the results of a trained workdir from its checkpoints. Train it first (without '
+                          '--mode eval)')
   bench = sources.load_benchmark(config)
+  workdir_lib.prepare(workdir, config.to_dict(), registry.method_sections(), base_source=base_source)
+  path = os.path.join(workdir, 'results.json')
+  if mode == 'train' and os.path.exists(path):
+    with open(path) as f:
+      saved = json.load(f)
+    print(f'{workdir} is already complete ({path}, written {saved.get("provenance", {}).get("time", "earlier")}): '
+          'nothing was recomputed or rewritten; --mode eval recomputes it from the checkpoints and compares',
+          flush=True)
+    return saved
   exp = Experiment.create(config, bench)
   log = workdir_lib.MetricsLog(workdir, tensorboard=config.tensorboard)
   ckpts = Checkpoints(workdir)
@@ -92,6 +153,7 @@ def run(config: ml_collections.ConfigDict, workdir: str, mode: str = 'train',
   if source is None and not ckpts.has_model() and (mode == 'eval' or ckpts.any_sessions()):
     raise CheckpointError(f'{ckpts.root}/model has no base model checkpoint (deleted?) although this workdir '
                           'is meant to hold one; restore it, pass --checkpoint WORKDIR, or use a new --workdir')
+  print(start_line(config, bench, workdir, mode, ckpts, base_source, origin), flush=True)
   t0 = time.time()
   method = registry.get(config.method)
   hook = compiling_ahead(exp, method, hook)
@@ -100,7 +162,8 @@ def run(config: ml_collections.ConfigDict, workdir: str, mode: str = 'train',
     report_compile_ahead(exp.programs.wait(), log)
     runner = method.runner(exp, first, ckpts, source, log)
     per_run, norms = run_sessions(exp, runner, ckpts, log, train=(mode != 'eval'), hook=hook)
-    base_info = selection_info(config, source or ckpts)
+    base_info = base_source.get('selection') if base_source else None
+    base_info = dict(base_info or selection_info(config, source or ckpts))
   finally:
     exp.programs.close()
     ckpts.close()  # also when stopped: the checkpoints written in the background are completed
@@ -109,12 +172,48 @@ def run(config: ml_collections.ConfigDict, workdir: str, mode: str = 'train',
                                      per_run, norms if all(n is not None for n in norms) else None)
   results['base_model'] = base_info
   wall = round(time.time() - t0, 1)
-  results['provenance'] = {**workdir_lib.provenance(config.to_dict()), 'wall_time_s': wall}
+  results['provenance'] = {**workdir_lib.provenance(config.to_dict()), 'wall_time_s': wall,
+                           **({'origin': origin} if origin else {}),
+                           **({'base_source': base_source} if base_source else {})}
   log.write(phase='done', mode=mode, wall_time_s=wall,
             base_checkpoint=os.path.abspath(checkpoint) if checkpoint else None)
   log.close()
-  write_outputs(workdir, results, mode)
+  print(write_outputs(workdir, results, mode), flush=True)
   return results
+
+
+def start_line(config, bench, workdir: str, mode: str, ckpts: Checkpoints, base_source: Optional[dict],
+               origin: Optional[dict]) -> str:
+  """One line before any work: what runs (the --config argument and its changes, the method), on
+  which devices, into which workdir, with which budget, and what is resumed."""
+  later = bench.num_sessions - 1
+  if base_source:
+    base = f'base model from --checkpoint {base_source["path"]}' + (f' ({base_source["note"]})'
+                                                                    if base_source.get('note') else '')
+  elif ckpts.has_model():
+    base = 'base model restored from this workdir'
+  else:
+    step = ckpts.latest_base_step()
+    base = (f'base training {report.base_budget(config.to_dict())}'
+            + (f', resuming at step {step}' if step is not None else ''))
+  done = sum(len(ckpts.sessions_done(r)) for r in range(config.runs)) if ckpts.any_sessions() else 0
+  sessions = f'{config.runs} runs x {later} sessions' + (f' ({done} restored)' if done else '')
+  return (f'f2m-jax {mode}: {_what(config, origin)} on {_devices()}; workdir {workdir}; '
+          f'{base}; then {sessions}')
+
+
+def _what(config, origin: Optional[dict]) -> str:
+  """The --config argument and its changes, and the method."""
+  if not (origin or {}).get('config'):
+    return f'method={config.method}'
+  changes = origin.get('changes') or {}
+  return (origin['config'] + (' with ' + ', '.join(f'{k}={v!r}' for k, v in changes.items()) if changes else '')
+          + f' (method {config.method})')
+
+
+def _devices() -> str:
+  """'N x <device kind> (<backend>)': where the run's programs run."""
+  return f'{jax.device_count()} x {jax.devices()[0].device_kind} ({jax.default_backend()})'
 
 
 def compiling_ahead(exp: Experiment, method, hook: Hook) -> Hook:
@@ -147,37 +246,51 @@ def report_compile_ahead(done: Optional[dict], log) -> None:
   log.write(phase='compile_ahead', **done)
 
 
-def write_outputs(workdir: str, results: dict, mode: str) -> None:
-  """results.json/csv. In eval mode an existing results.json is compared, never overwritten: a
-  difference is written to results_eval.json and reported."""
+def write_outputs(workdir: str, results: dict, mode: str) -> str:
+  """results.json/csv; returns a line saying what was compared and written. In eval mode an existing
+  results.json is compared, never overwritten: a difference is written to results_eval.json (a new
+  file each time) and reported."""
   path = os.path.join(workdir, 'results.json')
   if mode == 'eval' and os.path.exists(path):
     with open(path) as f:
       saved = json.load(f)
     strip = lambda r: {k: v for k, v in r.items() if k != 'provenance'}  # when and where differ, nothing else may
-    if strip(saved) == strip(json.loads(json.dumps(results))):
-      print(f'evaluation reproduced {path} exactly', flush=True)
-      return
-    workdir_lib.write_results(workdir, results, evaluation.results_rows(results), name='results_eval')
-    print(f'evaluation differs from {path}; wrote results_eval.json beside it', flush=True)
-    return
+    saved, new = strip(saved), strip(json.loads(json.dumps(results)))
+    if saved == new:
+      return (f'evaluation reproduced {path} exactly (every run and session, restored from the checkpoints); '
+              'results.json unchanged, nothing written but its line in metrics.jsonl')
+    name = 'results_eval'
+    if os.path.exists(os.path.join(workdir, f'{name}.json')):
+      name = f'results_eval_{time.strftime("%Y%m%d-%H%M%S")}'
+    workdir_lib.write_results(workdir, results, evaluation.results_rows(results), name=name)
+    differ = sorted(k for k in set(saved) | set(new) if saved.get(k) != new.get(k))
+    return (f'evaluation differs from {path} in {", ".join(differ)}; wrote {name}.json and {name}.csv beside it '
+            '(results.json unchanged)')
   workdir_lib.write_results(workdir, results, evaluation.results_rows(results))
+  return (f'results written to {path} and results.csv' if mode != 'eval' else
+          f'no results.json to compare with; wrote {path} and results.csv from the checkpoints')
 
 
-def run_flatness(config: ml_collections.ConfigDict, workdir: str, checkpoint: Optional[str] = None) -> dict:
+def run_flatness(config: ml_collections.ConfigDict, workdir: str, checkpoint: Optional[str] = None,
+                 origin: Optional[dict] = None) -> dict:
   """--mode flatness: I and sigma^2 of the base loss around the base model of `workdir` (or of
-  `checkpoint`) on the base training images and the base classes' test images; writes flatness.json."""
+  `checkpoint`) on the base training images and the base classes' test images; writes flatness.json.
+  `origin`: as `run`'s, for the start-up line and the provenance."""
   config = resolve(config)
   bench = sources.load_benchmark(config)
   exp = Experiment.create(config, bench)
   ckpts = Checkpoints(checkpoint or workdir, read_only=True)
+  f = config.flatness
+  print(f'f2m-jax flatness: {_what(config, origin)} on {_devices()}; base model of {checkpoint or workdir}; '
+        f'{f.num_draws} draws at bound {f.bound if f.bound >= 0 else config.noise.bound:g} on the base training '
+        f'and test images (at most {f.max_images or "all"} each); writes {workdir}/flatness.json', flush=True)
   model = common.base_model(exp, ckpts, log=None, source=ckpts)
   variables = {'params': model['params'], 'batch_stats': model['batch_stats']}
-  f = config.flatness
   bound = f.bound if f.bound >= 0 else config.noise.bound
   rng = np.random.default_rng([config.seed, 5])
   out = {'bound': bound, 'distribution': config.noise.distribution, 'num_layers': config.noise.num_layers,
-         'checkpoint': os.path.abspath(checkpoint or workdir), 'provenance': workdir_lib.provenance(config.to_dict())}
+         'checkpoint': os.path.abspath(checkpoint or workdir),
+         'provenance': {**workdir_lib.provenance(config.to_dict()), **({'origin': origin} if origin else {})}}
   test_idx = protocol_lib.test_indices(bench, 1)
   for name, split, idx in (('train', bench.train, bench.base_train), ('test', bench.test, test_idx)):
     if f.max_images and len(idx) > f.max_images:
@@ -185,7 +298,7 @@ def run_flatness(config: ml_collections.ConfigDict, workdir: str, checkpoint: Op
     clean, losses = flatness.noisy_losses(
         exp.model, variables, split.images[idx], split.labels[idx], exp.noise_paths, exp.split, bound,
         config.noise.distribution, f.num_draws, f.chunk, exp.key(3), bench.mean, bench.std,
-        config.eval.batch_size)
+        config.eval.batch_size, progress=f'flatness on {name} ({len(idx):,} images)')
     out[name] = {**flatness.flatness_stats(clean, losses), 'num_images': int(len(idx))}
     print(f'flatness on {name} ({len(idx)} images, {f.num_draws} draws): L*={clean:.4f} '
           f'I={out[name]["I"]:.3e} sigma^2={out[name]["sigma2"]:.3e}', flush=True)

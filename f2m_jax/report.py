@@ -212,16 +212,65 @@ def table_label(row: Row) -> str:
           + (' (base model chosen on test images)' if reads_test_set(row.results) else ''))
 
 
-def budget(results: dict) -> str:
-  """The base budget of a run, from its provenance ('' for results written without one)."""
-  config = (results.get('provenance') or {}).get('config')
-  if not config:
-    return ''
+def base_budget(config: dict) -> str:
+  """'S steps of B (sampler), lr L[, M=.., b=..]': the base training a config dict asks for."""
   b = config['base']
   batch = b['ways'] * b['shots'] if b['sampler'] == 'balanced' else b['batch_size']
   text = f'{b["steps"]} steps of {batch} ({b["sampler"]}), lr {b["lr"]:g}'
   if config['noise']['enabled']:
     text += f', M={config["noise"]["M"]}, b={config["noise"]["bound"]:g}'
+  return text
+
+
+def base_source(results: dict) -> Optional[dict]:
+  """The --checkpoint workdir the run's base model came from (results.json's provenance.base_source), or None."""
+  return (results.get('provenance') or {}).get('base_source')
+
+
+def budget(results: dict) -> str:
+  """The base budget of a run, from its provenance ('' for results written without one); for a base
+  model from --checkpoint, the budget of the config that trained it (this run's config with the
+  source's differing values)."""
+  config = (results.get('provenance') or {}).get('config')
+  if not config:
+    return ''
+  source = base_source(results)
+  if source and source.get('differences'):
+    config = json.loads(json.dumps(config))
+    for field, (there, _) in source['differences'].items():
+      *sections, name = field.split('.')
+      node = config
+      for section in sections:
+        node = node.get(section) if isinstance(node, dict) else None
+      if isinstance(node, dict) and name in node:
+        node[name] = there
+  return base_budget(config)
+
+
+def origin(results: dict) -> str:
+  """'configs/x.py:arg with field=value, ...': the command line's config and its changes ('' if
+  not recorded)."""
+  o = (results.get('provenance') or {}).get('origin') or {}
+  if not o.get('config'):
+    return ''
+  changes = o.get('changes') or {}
+  return o['config'] + (' with ' + ', '.join(f'{k}={v!r}' for k, v in changes.items()) if changes else '')
+
+
+def source_text(results: dict) -> str:
+  """Where a --checkpoint run's base model came from: its folder, the method and commit that trained
+  it and the fields its config set otherwise ('' for a base model trained in the run's own workdir)."""
+  source = base_source(results)
+  if not source:
+    return ''
+  commit = source.get('commit')
+  text = (f'base model from `{source["path"]}` (trained by {source.get("method") or "an unrecorded method"}, commit '
+          + (f'{commit[:10]}' + ('+dirty' if source.get('dirty') else '') if commit else 'unrecorded') + ')')
+  diff = source.get('differences') or {}
+  if diff:
+    text += '; its config differs in ' + ', '.join(f'{k}={there!r} (here {here!r})' for k, (there, here) in diff.items())
+  if source.get('note'):
+    text = f'{source["note"]}: {text}'
   return text
 
 
@@ -472,7 +521,8 @@ def format_report(rows: Sequence[Row], reference: Any = 0, all_sessions: bool = 
              f'{r.results["protocol"]}, {r.results["runs"]} runs'
              + (f'; base model of step {r.results["base_model"]["step"]}, chosen on the base classes\' test '
                 'images' if reads_test_set(r.results) else '')
-             + ''.join(f'; {x}' for x in (budget(r.results), hardware(r.results)) if x) + ')' for r in rows]
+             + ''.join(f'; {x}' for x in (origin(r.results), source_text(r.results), budget(r.results),
+                                          hardware(r.results)) if x) + ')' for r in rows]
   flatness = format_flatness_table(rows)
   norms = format_norms_table(rows)
   return '\n'.join([

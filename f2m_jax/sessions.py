@@ -31,6 +31,8 @@ def run_sessions(exp: Experiment, runner, ckpts: Checkpoints, log, train: bool =
   norms (None where the method has none). Sessions already checkpointed are restored; with
   `train=False` a missing session is an error (eval mode)."""
   cfg, bench = exp.config, exp.bench
+  print(f'session 1: accuracy on the {len(protocol_lib.test_indices(bench, 1)):,} test images of the base classes, '
+        f'then {cfg.runs} runs x {bench.num_sessions - 1} sessions', flush=True)
   first = runner.first_accuracies()
   runs = range(cfg.runs)
   done = {run: set(ckpts.sessions_done(run)) for run in runs}
@@ -43,8 +45,8 @@ def run_sessions(exp: Experiment, runner, ckpts: Checkpoints, log, train: bool =
   exemplars = [np.zeros((0,), np.int64) for _ in runs]
   accs = [[first] for _ in runs]
   per_call = parallel_runs(cfg)
-  bar = tqdm(total=cfg.runs * (bench.num_sessions - 1), desc='incremental sessions', file=sys.stdout,
-             mininterval=2.0)
+  bar = tqdm(total=cfg.runs * (bench.num_sessions - 1), desc=f'sessions ({cfg.runs} runs x {bench.num_sessions - 1})',
+             unit='session', file=sys.stdout, mininterval=2.0)
   for session in range(2, bench.num_sessions + 1):
     before, todo = list(states), []
     for run in runs:

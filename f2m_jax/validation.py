@@ -87,8 +87,10 @@ def validate(c: ml_collections.ConfigDict) -> None:
 
 def check_data_folder(c: ml_collections.ConfigDict) -> None:
   """Raises ValueError where the config's source reads a data folder that is unset or missing."""
+  help_text = sources.how_to_get(c)
   if c.data.source in ('trainsplit', 'folder') and not sources.data_dir(c):
     raise ValueError(f'data.source={c.data.source!r} needs a data folder: set F2M_DATA_DIR or '
-                     '--config.data.data_dir')
+                     '--config.data.data_dir' + (f'.\n{help_text}' if help_text else ''))
   if sources.data_dir(c) and not os.path.isdir(sources.data_dir(c)):
-    raise ValueError(f'data folder {sources.data_dir(c)!r} (data.data_dir or F2M_DATA_DIR) does not exist')
+    raise ValueError(f'data folder {sources.data_dir(c)!r} (data.data_dir or F2M_DATA_DIR) does not exist'
+                     + (f'.\n{help_text}' if help_text else ''))

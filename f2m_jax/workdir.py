@@ -78,33 +78,57 @@ def config_differences(saved: dict, current: dict, ignore: Iterable[str] = NON_R
                 if not _ignored(k, ignore) and a.get(k, '<absent>') != b.get(k, '<absent>'))
 
 
+SOURCE_KEY = 'base_source'  # config.json's record of --checkpoint's base model (not a config field)
+
+
 def saved_config(workdir: str, defaults: dict) -> dict:
   """W/config.json as a full config: fields added after it was written take their LEGACY_VALUES
   value where they have one, else the value in `defaults` (a section only another method reads)."""
   with open(os.path.join(workdir, 'config.json')) as f:
     saved = json.load(f)
+  saved.pop(SOURCE_KEY, None)
   items = flat_items(defaults)
   items.update(LEGACY_VALUES)
   items.update(renamed(flat_items(saved)))
   return traverse_util.unflatten_dict(items, sep='.')
 
 
-def prepare(workdir: str, config: dict, method_sections: Optional[dict] = None) -> None:
+def saved_source(workdir: str) -> Optional[dict]:
+  """The base model's source recorded in W/config.json (`prepare`'s `base_source`), or None."""
+  path = os.path.join(workdir, 'config.json')
+  if not os.path.exists(path):
+    return None
+  with open(path) as f:
+    return json.load(f).get(SOURCE_KEY)
+
+
+def prepare(workdir: str, config: dict, method_sections: Optional[dict] = None,
+            base_source: Optional[dict] = None) -> None:
   """Creates the workdir and config.json, or checks an existing config.json against `config`
-  (`method_sections`: as `config_differences`)."""
-  os.makedirs(workdir, exist_ok=True)
+  (`method_sections`: as `config_differences`). `base_source` ({'path', ...}: --checkpoint's base
+  model) is recorded beside the config; a workdir started from one base model is refused with
+  another or none (a config.json written before it was recorded is not checked)."""
   path = os.path.join(workdir, 'config.json')
   if os.path.exists(path):
     with open(path) as f:
       saved = json.load(f)
+    recorded, saved_base = SOURCE_KEY in saved, saved.pop(SOURCE_KEY, None)
     diff = config_differences(saved, config, method_sections=method_sections)
     if diff:
       details = '; '.join(f'{k}: saved {flat_items(saved).get(k, "<absent>")!r}, now '
                           f'{flat_items(config).get(k, "<absent>")!r}' for k in diff)
       raise WorkdirError(f'{workdir} holds a run of a different config ({details}). Use another --workdir, '
                          'or pass --checkpoint to start new sessions from its base model.')
+    was, now = (saved_base or {}).get('path'), (base_source or {}).get('path')
+    if recorded and was != now:
+      raise WorkdirError(f'{workdir} was started with ' + (f'--checkpoint {was}' if was else 'no --checkpoint')
+                         + ', now ' + (f'--checkpoint {now}' if now else 'without one')
+                         + (f': pass --checkpoint {was} to resume or evaluate it' if was else
+                            ': its base model is its own; drop --checkpoint, or use another --workdir'))
     return
-  atomic_write(path, json.dumps(config, indent=2, sort_keys=True))
+  os.makedirs(workdir, exist_ok=True)
+  record = {**config, SOURCE_KEY: base_source}
+  atomic_write(path, json.dumps(record, indent=2, sort_keys=True))
 
 
 def git_state(path: str = None) -> dict:
@@ -162,9 +186,11 @@ def atomic_write(path: str, text: str) -> None:
 
 class MetricsLog:
   """Appends one JSON object per line to <workdir>/metrics.jsonl and, with `tensorboard`, writes the
-  same numbers as TensorBoard scalars into <workdir>/tensorboard/ (tensorboardX, no TensorFlow):
-  base training as base/<name> against the step, the test-set selection as select/<name>, and
-  each run's sessions as run_<r>/<name> against the session."""
+  same numbers as TensorBoard scalars into <workdir>/tensorboard/ (tensorboardX, no TensorFlow;
+  viewing them needs `pip install tensorboard`): base training as base/<name> against the step, the
+  test-set selection as select/<name>, and each run's sessions as run_<r>/<name> against the
+  session. Units as their writers give them: phase 'base' logs `acc` (the training batches'
+  accuracy) as a fraction 0..1; phases 'session' and 'select_on_test' log accuracies in percent."""
 
   def __init__(self, workdir: str, tensorboard: bool = False):
     self.path = os.path.join(workdir, 'metrics.jsonl')

@@ -54,14 +54,19 @@ def without_provenance(results: dict) -> dict:
 
 def tiny_protocol(method: str, **section):
   """The smoke config shrunk further for methods that train per session: 6 base classes and 2
-  sessions of 2-way 5-shot, 2 runs, 40 base steps; `section` updates config[method]."""
+  sessions of 2-way 5-shot, 2 runs, 40 base steps; `section` updates config[method] (the config
+  section a method owns, `Method.section`; a method without one takes no `section`)."""
   from configs import cifar100  # pylint: disable=g-import-not-at-top
   config = cifar100.get_config('smoke')
   config.method = method
   config.runs = 2
   config.data.synthetic.update(num_base=6, way=2, num_sessions=3, train_per_class=20, test_per_class=10)
   config.base.update(steps=40, milestones=(30,), batch_size=24, log_every=10, checkpoint_every=20)
-  config[method].update(section)
+  if section:
+    if method not in config:
+      raise ValueError(f'method {method!r} owns no config section; tiny_protocol({method!r}) takes no settings '
+                       f'(given {sorted(section)})')
+    config[method].update(section)
   return config
 
 
@@ -92,7 +97,7 @@ def tiny_method_run(tmp_path_factory, make_config) -> TinyRun:
   ckpts = Checkpoints(workdir, read_only=True)
   state = exp.init_state()
   first = ckpts.restore_model({'params': state.params, 'batch_stats': state.batch_stats,
-                               'prototypes': np.zeros((6, 32), np.float32)})
+                               'prototypes': np.zeros((exp.bench.num_base_classes, exp.embedding_dim()), np.float32)})
   return TinyRun(results, exp, ckpts, first)
 
 

@@ -62,6 +62,7 @@ def served(tmp_path, monkeypatch):
   def not_prepared(split, data_dir):
     raise DataError('Could not open TFDS cifar100 (not prepared)')
   monkeypatch.setattr(cifar100, 'open_tfds_split', not_prepared)
+  monkeypatch.setenv('TFDS_DATA_DIR', str(tmp_path / 'tensorflow_datasets'))  # none prepared there
   return archive, tmp_path / 'cache', _lists(tmp_path / 'lists')
 
 
@@ -92,7 +93,7 @@ def test_truncated_download_is_kept_and_resumed(served, monkeypatch):
   monkeypatch.setattr(cifar100, 'ARCHIVE_URL', short.as_uri())
   with pytest.raises(DataError, match=r'ended at [\d,]+ of [\d,]+ bytes \(truncated\)\. Rerun to resume') as e:
     cifar100.load_cifar100_tfds(None, lists, cache)
-  assert 'TFDS was tried first' in str(e.value) and 'trainsplit' in str(e.value)
+  assert 'tfds build cifar100' in str(e.value) and 'trainsplit' in str(e.value)
   part = cache / 'downloads' / 'cifar-100-binary.tar.gz.part'
   assert part.stat().st_size == len(full) // 2
   monkeypatch.setattr(cifar100, 'ARCHIVE_URL', archive.as_uri())  # the connection is back: resume
@@ -119,5 +120,22 @@ def test_no_network_names_the_address_and_the_alternatives(served, monkeypatch, 
     cifar100.load_cifar100_tfds(None, lists, cache)
   msg = str(e.value)
   for part in ('could not download CIFAR-100', 'nowhere.tar.gz', 'put it at', str(cache), 'trainsplit',
-               'TFDS was tried first'):
+               'tfds build cifar100'):
     assert part in msg, part
+
+
+def test_without_a_prepared_tfds_copy_tfds_is_not_opened(served, monkeypatch, tmp_path, capsys):
+  """TFDS's download-and-prepare needs TensorFlow: where no copy is prepared it is never started, and
+  the first line says what is missing, where it goes and where it comes from."""
+  _, cache, lists = served
+  monkeypatch.setenv('TFDS_DATA_DIR', str(tmp_path / 'tensorflow_datasets'))
+
+  def opened(split, data_dir):
+    raise AssertionError('TFDS was opened although no cifar100 is prepared')
+  monkeypatch.setattr(cifar100, 'open_tfds_split', opened)
+  monkeypatch.setattr(cifar100, 'ARCHIVE_URL', (tmp_path / 'nowhere.tar.gz').as_uri())
+  with pytest.raises(DataError, match='could not download CIFAR-100'):
+    cifar100.load_cifar100_tfds(None, lists, cache)
+  first = capsys.readouterr().err.splitlines()[0]
+  assert first.startswith(f'CIFAR-100: not in the cache folder ({cache}') and 'downloading the official archive' in first
+  assert str(tmp_path / 'tensorflow_datasets') in first

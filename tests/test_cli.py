@@ -2,6 +2,7 @@
 and what is allowed, exit code 2, no traceback, no workdir left behind."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -46,3 +47,35 @@ def test_good_overrides_pass_the_check():
   argv = ['run.py', '--config', 'configs/cifar100.py:smoke', '--config.base.milestones=(50,)',
           '--config.noise.M', '3', '--config.noise.enabled=False', '--config.method=baseline']
   assert cli.override_problem(argv) is None
+
+
+@pytest.mark.parametrize('spec,what', [
+    ('configs/cifar10.py', 'there is no file configs/cifar10.py; did you mean configs/cifar100.py?'),
+    ('configs/cifar100.py:smok', "config argument 'smok' is not one of ['smoke', 'trainsplit']"),
+])
+def test_bad_config_argument_is_one_clear_line(tmp_path, spec, what):
+  workdir = tmp_path / 'w'
+  r = subprocess.run([sys.executable, 'run.py', '--config', spec, '--workdir', str(workdir)], capture_output=True,
+                     text=True, cwd=REPO, timeout=300)
+  lines = [line for line in r.stderr.splitlines() if line.strip()]
+  assert r.returncode == 2, r.stderr
+  assert len(lines) == 1 and lines[0] == f'error: --config {spec}: ' + lines[0].split(': ', 2)[2], lines
+  assert what in lines[0]
+  assert not workdir.exists()
+
+
+@pytest.mark.parametrize('spec,what', [
+    ('configs/mini.py', 'miniimagenet/images/'),
+    ('configs/cub200.py', 'CUB_200_2011.tgz'),
+    ('configs/cifar100.py:trainsplit', 'python -m f2m_jax.data.make_trainsplit'),
+])
+def test_no_data_folder_says_what_to_put_there(tmp_path, spec, what):
+  """Without F2M_DATA_DIR the first message already says what the folder must hold and how to get it."""
+  workdir = tmp_path / 'w'
+  env = {k: v for k, v in os.environ.items() if k != 'F2M_DATA_DIR'}
+  r = subprocess.run([sys.executable, 'run.py', '--config', spec, '--workdir', str(workdir)], capture_output=True,
+                     text=True, cwd=REPO, timeout=300, env={**env, 'F2M_CACHE_DIR': str(tmp_path / 'cache')})
+  assert r.returncode == 2 and 'Traceback' not in r.stderr, r.stderr
+  assert r.stderr.startswith('error: ') and 'needs a data folder: set F2M_DATA_DIR' in r.stderr
+  assert 'How to obtain it' in r.stderr and what in r.stderr
+  assert not workdir.exists()

@@ -72,7 +72,8 @@ def test_crt_changes_only_the_classifier(workdirs):
 def test_crt_resumes_and_needs_a_joint_workdir(workdirs, tmp_path):
   from configs import cifar100
   root, _, crt = workdirs
-  again = pipeline.run(tiny(cifar100.get_config('smoke'), 'crt'), str(root / 'crt'), checkpoint=str(root / 'joint'))
+  again = pipeline.run(tiny(cifar100.get_config('smoke'), 'crt'), str(root / 'crt'), mode='eval',
+                       checkpoint=str(root / 'joint'))
   assert without_provenance(again) == without_provenance(crt)  # everything restored, nothing retrained
   with pytest.raises(ValueError, match='--checkpoint JOINT_WORKDIR'):
     pipeline.run(tiny(cifar100.get_config('smoke'), 'crt'), str(tmp_path / 'alone'))

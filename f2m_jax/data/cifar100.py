@@ -3,10 +3,11 @@
 Two sources, both giving a `Benchmark` whose class ids are the official fine labels (already in TOPIC
 session order) and whose `train` is the whole official training set in its official order, so the
 TOPIC index lists apply unchanged:
-  - `load_cifar100_tfds`: official train and test sets from a prepared TFDS `cifar100`; where it is
-    not prepared, from the official archive (the one TFDS itself downloads, same size and sha256),
-    downloaded into the cache folder with a progress bar, resumable, and converted once
-    (`official_arrays`).
+  - `load_cifar100_tfds`: official train and test sets from a TFDS `cifar100` already prepared with
+    TensorFlow (`tfds build`; TFDS's own download-and-prepare encodes images with TensorFlow, which
+    f2m-jax does not need, so it is never started here); where none is prepared, from the official
+    archive (the one TFDS itself downloads, same size and sha256), downloaded into the cache folder
+    with a progress bar, resumable, and converted once (`official_arrays`).
   - `load_cifar100_trainsplit`: only the training set (`cifar100_train.npz`); the `trainsplit`
     protocol holds out 100 training images per class as the test set (see the data README).
 """
@@ -41,6 +42,10 @@ ARCHIVE_URL = 'https://www.cs.toronto.edu/~kriz/cifar-100-binary.tar.gz'
 ARCHIVE_SIZE = 168513733
 ARCHIVE_SHA256 = '58a81ae192c23a4be8b1804d68e518ed807d710a4eb253b1f2a199162a40d8ec'
 CONVERTED = 'cifar100_official.npz'
+TRAINSPLIT_HOW_TO_GET = (
+    f'How to obtain it: {NPZ_NAME} is the official training set as arrays (docs/data.md); build it with '
+    '`python -m f2m_jax.data.make_trainsplit --out <data folder>` (downloads the official archive, or '
+    f'--archive <a local cifar-100-binary.tar.gz>); the data folder is ${DATA_DIR_ENV} or --config.data.data_dir.')
 
 
 # ---------------------------------------------------------------- TOPIC lists
@@ -113,11 +118,23 @@ def _tfds_help(split: str, data_dir: Optional[str], error: Exception) -> str:
       f'(config variant ":trainsplit", file in ${DATA_DIR_ENV}).')
 
 
+def tfds_folder(data_dir: Optional[str]) -> pathlib.Path:
+  """TFDS's data folder: `data_dir`, else $TFDS_DATA_DIR, else ~/tensorflow_datasets."""
+  return pathlib.Path(data_dir or os.environ.get('TFDS_DATA_DIR') or
+                      os.path.join(os.path.expanduser('~'), 'tensorflow_datasets'))
+
+
+def tfds_prepared(data_dir: Optional[str]) -> bool:
+  """Whether a prepared TFDS cifar100 (cifar100/<version>/dataset_info.json) is in TFDS's data folder."""
+  return any(tfds_folder(data_dir).glob('cifar100/*/dataset_info.json'))
+
+
 def open_tfds_split(split: str, data_dir: Optional[str]):
-  """`tfds.data_source('cifar100', split=...)` (random access, no TensorFlow), with a clear error."""
+  """`tfds.data_source('cifar100', split=...)` of a prepared copy (random access, no TensorFlow;
+  never downloading), with a clear error."""
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top (optional, slow import)
   try:
-    return tfds.data_source('cifar100', split=split, data_dir=data_dir)
+    return tfds.data_source('cifar100', split=split, data_dir=data_dir, download=False)
   except Exception as e:  # tfds raises many types here (ImportError, NotImplementedError, ...)
     raise DataError(_tfds_help(split, data_dir, e)) from e
 
@@ -167,7 +184,9 @@ def official_arrays(cache_dir) -> tuple:
     archive = download.fetch(
         url, pathlib.Path(cache_dir) / 'downloads' / 'cifar-100-binary.tar.gz', sha256, size,
         f'CIFAR-100 ({size / 1e6:.0f} MB)',
-        help_text=f'Alternatives: a prepared TFDS cifar100, or the trainsplit protocol on {NPZ_NAME}.')
+        help_text=(f'Alternatives: a TFDS cifar100 prepared with TensorFlow (pip install tensorflow; tfds build '
+                   f'cifar100 --file_format=array_record), or the trainsplit protocol on {NPZ_NAME} '
+                   f'(configs/cifar100.py:trainsplit; python -m f2m_jax.data.make_trainsplit builds it).'))
     arrays = {}
     with tarfile.open(archive, 'r:*') as tar:
       for split in ('train', 'test'):
@@ -189,20 +208,29 @@ def official_arrays(cache_dir) -> tuple:
 def load_cifar100_tfds(tfds_data_dir: Optional[str], index_dir, cache_dir=None) -> Benchmark:
   """Official protocol: train = the 50,000 training images (official order), test = the official
   10,000 test images, base_train = session_1.txt, shot_pool = every training image of classes >= 60,
-  topic_shots = session_2..9.txt. From a prepared TFDS cifar100, else (with a cache folder) from the
-  official archive (`official_arrays`)."""
-  try:
-    train = tfds_split('train', tfds_data_dir)
-    test = tfds_split('test', tfds_data_dir)
-  except DataError as tfds_error:
-    if cache_dir is None:
-      raise
-    print('TFDS cifar100 is not prepared; using the official archive instead (downloaded once into '
-          f'{cache_dir}, {ARCHIVE_SIZE / 1e6:.0f} MB).', file=sys.stderr, flush=True)
+  topic_shots = session_2..9.txt. From a TFDS cifar100 prepared in `tfds_data_dir` (TFDS's default
+  folder where None), else (with a cache folder) from the official archive (`official_arrays`);
+  without a cache folder, TFDS only."""
+  tfds_error = None
+  if cache_dir is None or tfds_prepared(tfds_data_dir):
+    try:
+      train = tfds_split('train', tfds_data_dir)
+      test = tfds_split('test', tfds_data_dir)
+    except DataError as e:
+      if cache_dir is None:
+        raise
+      tfds_error = e
+  if cache_dir is not None and (tfds_error is not None or not tfds_prepared(tfds_data_dir)):
+    converted = pathlib.Path(cache_dir) / 'cifar100' / CONVERTED
+    if not converted.is_file():
+      print(f'CIFAR-100: not in the cache folder ({converted}) and no TFDS cifar100 prepared in '
+            f'{tfds_folder(tfds_data_dir)}; downloading the official archive once ({ARCHIVE_SIZE / 1e6:.0f} MB, '
+            f'{ARCHIVE_URL}) into {pathlib.Path(cache_dir) / "downloads"}', file=sys.stderr, flush=True)
     try:
       train, test = official_arrays(cache_dir)
     except DataError as e:
-      raise DataError(f'{e}\n\nTFDS was tried first: {tfds_error}') from e
+      raise DataError(f'{e}' + (f'\n\nA prepared TFDS cifar100 was found but could not be read: {tfds_error}'
+                                if tfds_error is not None else '')) from e
   base_train, topic_shots = read_topic_lists(index_dir)
   shot_pool = np.flatnonzero(train.labels >= NUM_BASE)
   return _benchmark('cifar100', train, test, base_train, shot_pool, topic_shots)
@@ -214,8 +242,8 @@ def load_train_npz(npz_path) -> Split:
   """The official training set from `cifar100_train.npz` (x_train uint8, y_train fine labels)."""
   path = pathlib.Path(npz_path)
   if not path.is_file():
-    raise DataError(f'{path} not found. Point ${DATA_DIR_ENV} (or the config value for the data '
-                    f'folder) at the folder holding {NPZ_NAME}.')
+    raise DataError(f'{path} not found. Point ${DATA_DIR_ENV} (or --config.data.data_dir) at the folder '
+                    f'holding {NPZ_NAME}.\n{TRAINSPLIT_HOW_TO_GET}')
   with np.load(path) as f:
     if 'x_train' not in f or 'y_train' not in f:
       raise DataError(f'{path} must hold arrays x_train and y_train, has {sorted(f.keys())}')

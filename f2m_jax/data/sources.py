@@ -22,6 +22,17 @@ def cache_dir(config) -> str:
           or os.path.join(os.path.expanduser('~'), '.cache', 'f2m_jax'))
 
 
+def how_to_get(config) -> str:
+  """What to put into the data folder for the config's dataset and source, and how to get it ('' for
+  sources that read no data folder)."""
+  dataset, source = config.data.dataset, config.data.source
+  if source == 'folder' and dataset in FOLDER_DATASETS:
+    return {'mini_imagenet': mini_imagenet.HOW_TO_GET, 'cub200': cub200.HOW_TO_GET}[dataset]
+  if dataset == 'cifar100' and source == 'trainsplit':
+    return cifar100.TRAINSPLIT_HOW_TO_GET
+  return ''
+
+
 def load_benchmark(config) -> Benchmark:
   """The config's benchmark; with data.protocol='validation' its validation protocol (holdout.py)."""
   bench = _load(config)
@@ -36,15 +47,19 @@ def _load(config) -> Benchmark:
                           train_per_class=s.train_per_class, test_per_class=s.test_per_class,
                           image_size=s.image_size)
   if dataset == 'cifar100' and source in ('tfds', 'trainsplit'):
+    if source == 'trainsplit':  # the images' file is named before the index lists are looked for
+      folder = data_dir(config)
+      if not folder:
+        raise ValueError("data.source='trainsplit' reads cifar100_train.npz from a folder: set F2M_DATA_DIR "
+                         f'or --config.data.data_dir.\n{cifar100.TRAINSPLIT_HOW_TO_GET}')
+      npz = os.path.join(folder, cifar100.NPZ_NAME)
+      if not os.path.isfile(npz):
+        cifar100.load_train_npz(npz)  # raises the DataError saying what to put there
     index_dir = index_lists.index_list_dir('cifar100', data_dir(config) or None, cache_dir(config))
     if source == 'tfds':
       bench = cifar100.load_cifar100_tfds(config.data.tfds_data_dir or None, index_dir, cache_dir(config))
     else:
-      folder = data_dir(config)
-      if not folder:
-        raise ValueError("data.source='trainsplit' reads cifar100_train.npz from a folder: set F2M_DATA_DIR "
-                         'or --config.data.data_dir')
-      bench = cifar100.load_cifar100_trainsplit(os.path.join(folder, 'cifar100_train.npz'), index_dir)
+      bench = cifar100.load_cifar100_trainsplit(npz, index_dir)
     split = config.data.get('split', '')
     return cifar100.class_split(bench, split) if split else bench
   if dataset in FOLDER_DATASETS and source in ('folder', 'fake_folder'):

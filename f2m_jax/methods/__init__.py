@@ -25,19 +25,44 @@ A `Method` is:
                                             section (f2m_jax.validation.need), before anything is
                                             written
 
-and a Runner (built once per pipeline run, holding its compiled functions) has:
-  first_accuracies() -> dict                session 1's accuracies (acc, acc_base, acc_novel, hm)
-  start() -> state                          a run's state before session 2
+and a Runner (built once per pipeline run, holding its compiled functions; f2m_jax/sessions.py
+calls it) has:
+  first_accuracies() -> dict                session 1's accuracies, the keys of `accuracies`
+  start() -> state                          a run's state before session 2 (any Python value; the
+                                            runner alone reads it)
   update(state, run, session, exemplars) -> (state, info)
-                                            the session's training; info goes to metrics.jsonl
-  accuracies(state, session) -> dict        test accuracies over all seen classes
+                                            session `session`'s training of run `run`. `exemplars`:
+                                            int64 indices into exp.bench.train of every shot this run
+                                            has seen, sessions 2..`session` in order, this session's
+                                            way x shots last (exp.config.data.shots per new class);
+                                            the images are exp.bench.train.images[exemplars]. `info`:
+                                            JSON-serialisable values for metrics.jsonl (e.g. losses)
+  accuracies(state, session) -> dict        test accuracies over all classes seen by `session`, in
+                                            percent, with exactly the keys 'acc', 'acc_base',
+                                            'acc_novel' and 'hm' (floats; 'acc_novel' and 'hm' None
+                                            where no novel class is seen); f2m_jax.evaluation's NCM
+                                            functions return this dict
   template(session) -> dict, item(state) -> dict, restore(saved) -> state
-                                            what a session checkpoint holds, and back
-  norms(state) -> dict or None              prototype norms after the last session (NCM methods)
+                                            what a session checkpoint holds, and back: `item` gives a
+                                            dict of arrays (not named 'exemplars' or 'accuracy',
+                                            which the sessions add), `template(session)` a dict of
+                                            arrays of exactly the shapes and dtypes of `item(state)`
+                                            for a state after `session` (orbax restores into it: any
+                                            other shape fails the restore), and `restore(item(s))` a
+                                            state whose accuracies and later updates equal those of s
+  norms(state) -> dict or None              prototype norms after the last session (NCM methods;
+                                            f2m_jax.evaluation.prototype_norms)
   update_runs(states, runs, session, exemplars) -> [(state, info)]
-                                            `update` for several runs of one session; `Runner`'s
-                                            default updates them one by one, a method may map them
-                                            together (F2M: jax.vmap over the runs)
+                                            what the sessions call: `update` for several runs of one
+                                            session (lists, one entry per run); `Runner`'s default
+                                            updates them one by one, a method may map them together
+                                            (F2M: jax.vmap over the runs). A subclass that changes
+                                            what a session does overrides this one (NCMRunner's own
+                                            does not call `update` when it maps runs together)
+
+The shortest route to a new NCM-style method is a subclass of f2m_jax.methods.ncm.NCMRunner
+(docs/development.md, "Adding a method", has the smallest complete example, which the test suite
+registers and runs).
 """
 from __future__ import annotations
 

@@ -50,6 +50,7 @@ def base_prototypes(exp: Experiment, variables) -> np.ndarray:
   """Eq. 1 for the base classes under `variables`: the mean embedding of each base class's training
   images in the test view, BN in eval mode (the run's one embedding program, exp.programs)."""
   bench = exp.bench
+  print(f'base prototypes: embedding the {len(bench.base_train):,} base training images', flush=True)
   emb = exp.programs.get(*embed_spec(exp))(variables, exp.train_view(bench.base_train))
   return evaluation.prototypes(emb, bench.train.labels[bench.base_train], bench.session_classes[0])
 

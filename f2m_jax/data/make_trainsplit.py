@@ -1,0 +1,120 @@
+"""Builds `cifar100_train.npz`, the file the `trainsplit` protocol reads, from the official CIFAR-100
+binary archive:
+
+    python -m f2m_jax.data.make_trainsplit --out DATA_FOLDER [--archive cifar-100-binary.tar.gz]
+
+Without --archive the archive is downloaded into the cache folder (resumable, as the `tfds` source
+does). The archive must have the pinned size and sha256 (f2m_jax/data/cifar100.py: ARCHIVE_SIZE,
+ARCHIVE_SHA256) unless --no-verify is given. The npz holds the training file's images in file order
+(`x_train` uint8 [50000, 32, 32, 3]), its fine labels (`y_train` int16) and `label_names`; the TOPIC
+index lists then apply unchanged. It is written atomically and never over an existing file. Printed
+at the end: the sha256 of the npz and of its two arrays' bytes, and whether the arrays equal
+CONTENT_SHA256, those of the copy every CIFAR-100 number of this project was measured on.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import pathlib
+import sys
+import tarfile
+from typing import Optional, Sequence
+
+import numpy as np
+
+from f2m_jax.data import cifar100, download
+from f2m_jax.data.types import DataError
+
+# sha256 of x_train's and of y_train's (int16, little-endian) bytes in the copy of the official
+# training set this project's CIFAR-100 numbers were measured on.
+CONTENT_SHA256 = {'x_train': '4e457917601a66aed021f5fa37957b56c6319557c0a8ed5484de3c390af45430',
+                  'y_train': '1b4e4a7e6f08db2814efc0132c4c0df0b1b2b648aa74cb470f3e8e6976f2936b'}
+ARCHIVE_NAME = 'cifar-100-binary.tar.gz'
+
+
+def content_sha256(arrays: dict) -> dict:
+  """{'x_train': sha256, 'y_train': sha256} of the arrays' bytes (labels as little-endian int16)."""
+  return {'x_train': hashlib.sha256(np.ascontiguousarray(arrays['x_train'], np.uint8).tobytes()).hexdigest(),
+          'y_train': hashlib.sha256(np.asarray(arrays['y_train'], '<i2').tobytes()).hexdigest()}
+
+
+def read_archive(archive) -> dict:
+  """{'x_train', 'y_train', 'label_names'} from the official binary archive's train.bin and
+  fine_label_names.txt."""
+  try:
+    with tarfile.open(archive, 'r:*') as tar:
+      members = {m.name.split('/')[-1]: m for m in tar.getmembers()}
+      missing = [n for n in ('train.bin', 'fine_label_names.txt') if n not in members]
+      if missing:
+        raise DataError(f'{archive} is not the CIFAR-100 binary archive: it lacks {", ".join(missing)} '
+                        '(expected cifar-100-binary/train.bin and fine_label_names.txt)')
+      train = cifar100.parse_binary(tar.extractfile(members['train.bin']).read())
+      names = tar.extractfile(members['fine_label_names.txt']).read().decode().split()
+  except (tarfile.TarError, OSError) as e:
+    raise DataError(f'could not read {archive} as a .tar.gz archive: {e}') from e
+  if len(names) != 100 or train.labels.max(initial=0) >= 100:
+    raise DataError(f'{archive}: expected 100 fine label names and labels 0..99, found {len(names)} names')
+  return {'x_train': train.images, 'y_train': train.labels.astype(np.int16), 'label_names': np.asarray(names)}
+
+
+def build(archive, out_dir, verify: bool = True) -> dict:
+  """Writes <out_dir>/cifar100_train.npz from `archive` (checked against the pinned size and sha256
+  where `verify`); returns {'path', 'sha256', 'content', 'as_measured'}. Refuses an existing file."""
+  archive, out = pathlib.Path(archive), pathlib.Path(out_dir) / cifar100.NPZ_NAME
+  if out.exists():
+    raise DataError(f'{out} exists already; it is never overwritten (move it away to rebuild it)')
+  if not archive.is_file():
+    raise DataError(f'archive {archive} not found; download {cifar100.ARCHIVE_URL} (sha256 '
+                    f'{cifar100.ARCHIVE_SHA256}) or drop --archive to download it into the cache folder')
+  if verify:
+    size, digest = archive.stat().st_size, download.sha256_file(archive)
+    if (size, digest) != (cifar100.ARCHIVE_SIZE, cifar100.ARCHIVE_SHA256):
+      raise DataError(f'{archive} is not the official archive ({size:,} bytes, sha256 {digest}; expected '
+                      f'{cifar100.ARCHIVE_SIZE:,} bytes, sha256 {cifar100.ARCHIVE_SHA256}); download it again '
+                      f'from {cifar100.ARCHIVE_URL}, or pass --no-verify to build from it anyway')
+  arrays = read_archive(archive)
+  out.parent.mkdir(parents=True, exist_ok=True)
+  tmp = out.with_name(f'.{out.name}.{os.getpid()}.npz')
+  np.savez(tmp, source=np.asarray(f'{cifar100.ARCHIVE_URL} (train.bin, file order)'), **arrays)
+  os.replace(tmp, out)
+  content = content_sha256(arrays)
+  return {'path': str(out), 'sha256': download.sha256_file(out), 'content': content,
+          'as_measured': content == CONTENT_SHA256}
+
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+  p = argparse.ArgumentParser(description=__doc__.split('\n\n')[0],
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument('--out', required=True, help='the data folder to write cifar100_train.npz into')
+  p.add_argument('--archive', help=f'a local {ARCHIVE_NAME}; without it, it is downloaded into the cache folder')
+  p.add_argument('--cache_dir', default='', help='cache folder for the download (default: $F2M_CACHE_DIR, '
+                 'else ~/.cache/f2m_jax)')
+  p.add_argument('--no-verify', dest='verify', action='store_false',
+                 help="build from an archive whose size or sha256 is not the official one's")
+  return p.parse_args(argv)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+  args = parse_args(argv)
+  try:
+    archive = args.archive
+    if not archive:
+      cache = (args.cache_dir or os.environ.get('F2M_CACHE_DIR', '')
+               or os.path.join(os.path.expanduser('~'), '.cache', 'f2m_jax'))
+      archive = download.fetch(cifar100.ARCHIVE_URL, pathlib.Path(cache) / 'downloads' / ARCHIVE_NAME,
+                               cifar100.ARCHIVE_SHA256, cifar100.ARCHIVE_SIZE,
+                               f'CIFAR-100 ({cifar100.ARCHIVE_SIZE / 1e6:.0f} MB)')
+    done = build(archive, args.out, verify=args.verify)
+  except DataError as e:
+    print(f'error: {e}', file=sys.stderr)
+    return 2
+  print(f'wrote {done["path"]} (sha256 {done["sha256"]})')
+  print(f'x_train sha256 {done["content"]["x_train"]}, y_train sha256 {done["content"]["y_train"]}: '
+        + ('the arrays this project measured on' if done['as_measured'] else
+           'NOT the arrays this project measured on (a different archive, or --no-verify)'))
+  return 0
+
+
+if __name__ == '__main__':
+  sys.exit(main())

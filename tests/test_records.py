@@ -1,0 +1,213 @@
+"""What a workdir records: a failed start writes nothing, a finished run is never rewritten, and the
+results name the base model they were computed on (--checkpoint)."""
+import hashlib
+import json
+import os
+import shutil
+
+import pytest
+
+from conftest import without_provenance
+from f2m_jax import cli
+from f2m_jax import pipeline
+from f2m_jax import report
+from f2m_jax.checkpoint import CheckpointError
+from f2m_jax.data import cifar100, index_lists
+from f2m_jax.data.types import DataError
+from f2m_jax.workdir import WorkdirError
+
+
+def tiny_config(**changes):
+  from configs import cifar100 as cifar100_config
+  c = cifar100_config.get_config('smoke')
+  c.data.synthetic.num_sessions = 3
+  c.base.steps = 20
+  c.base.checkpoint_every = 10
+  c.base.milestones = (15,)
+  for field, value in changes.items():
+    section, _, name = field.rpartition('.')
+    (c[section] if section else c)[name] = value
+  return c
+
+
+def snapshot(workdir) -> dict:
+  out = {}
+  for root, _, files in os.walk(workdir):
+    for f in files:
+      with open(os.path.join(root, f), 'rb') as fh:
+        out[os.path.relpath(os.path.join(root, f), workdir)] = hashlib.sha256(fh.read()).hexdigest()
+  return out
+
+
+@pytest.fixture(scope='module')
+def reference(tmp_path_factory):
+  workdir = str(tmp_path_factory.mktemp('reference') / 'f2m')
+  return workdir, pipeline.run(tiny_config(), workdir)
+
+
+# ----------------------------------------------------------------------------- a failed start writes nothing
+
+@pytest.fixture
+def offline(monkeypatch, tmp_path):
+  """No data anywhere and no network: the download addresses point at a file that does not exist."""
+  monkeypatch.setenv('F2M_CACHE_DIR', str(tmp_path / 'cache'))
+  monkeypatch.delenv('F2M_DATA_DIR', raising=False)
+  monkeypatch.setenv('TFDS_DATA_DIR', str(tmp_path / 'tensorflow_datasets'))
+  monkeypatch.setattr(cifar100, 'ARCHIVE_URL', (tmp_path / 'no-such-archive.tar.gz').as_uri())
+  monkeypatch.setattr(index_lists, 'BASE_URL', (tmp_path / 'no-such-lists').as_uri())
+  return tmp_path
+
+
+def cifar100_config(arg=None):
+  from configs import cifar100 as cifar100_config
+  return cifar100_config.get_config(arg) if arg else cifar100_config.get_config()
+
+
+def test_no_data_leaves_no_workdir_and_blocks_no_other_config(offline, tmp_path):
+  workdir = tmp_path / 'w'
+  with pytest.raises(DataError):
+    pipeline.run(cifar100_config(), str(workdir))
+  assert not workdir.exists()
+  empty = tmp_path / 'data'
+  empty.mkdir()
+  config = cifar100_config('trainsplit')
+  config.data.data_dir = str(empty)
+  with pytest.raises(DataError):  # not WorkdirError: the first attempt left nothing behind
+    pipeline.run(config, str(workdir))
+  assert not workdir.exists()
+
+
+def test_empty_data_folder_leaves_no_workdir(offline, tmp_path):
+  empty = tmp_path / 'data'
+  empty.mkdir()
+  config = cifar100_config('trainsplit')
+  config.data.data_dir = str(empty)
+  workdir = tmp_path / 'w'
+  with pytest.raises(DataError, match='cifar100'):
+    pipeline.run(config, str(workdir))
+  assert not workdir.exists()
+
+
+def test_checkpoint_of_a_missing_folder_leaves_no_workdir(tmp_path):
+  workdir = tmp_path / 'w'
+  with pytest.raises(CheckpointError, match=str(tmp_path / 'no-such-run')):
+    pipeline.run(tiny_config(), str(workdir), checkpoint=str(tmp_path / 'no-such-run'))
+  assert not workdir.exists()
+
+
+def test_eval_of_a_new_folder_leaves_no_workdir(tmp_path):
+  workdir = tmp_path / 'new'
+  with pytest.raises(CheckpointError, match='nothing to evaluate'):
+    pipeline.run(tiny_config(), str(workdir), mode='eval')
+  assert not workdir.exists()
+
+
+def test_eval_of_an_existing_folder_without_a_model_changes_nothing(tmp_path):
+  workdir = tmp_path / 'w'
+  workdir.mkdir()
+  (workdir / 'notes.txt').write_text('mine')
+  with pytest.raises(CheckpointError, match='nothing to evaluate'):
+    pipeline.run(tiny_config(), str(workdir), mode='eval')
+  assert os.listdir(workdir) == ['notes.txt']
+
+
+# ----------------------------------------------------------------------------- a finished run is kept
+
+def test_rerun_of_a_finished_run_rewrites_nothing(reference, capsys):
+  workdir, results = reference
+  before = snapshot(workdir)
+  capsys.readouterr()
+  assert cli.main(tiny_config(), workdir, 'train') == 0
+  out = capsys.readouterr().out
+  assert 'already complete' in out and 'results written' not in out
+  assert report.format_session_table(results) in out  # the saved table, printed again
+  assert snapshot(workdir) == before
+
+
+def test_eval_says_what_it_compared_and_wrote(reference, capsys):
+  workdir, _ = reference
+  before = snapshot(workdir)
+  capsys.readouterr()
+  assert cli.main(tiny_config(), workdir, 'eval') == 0
+  out = capsys.readouterr().out
+  assert f'reproduced {workdir}/results.json exactly' in out and 'results.json unchanged' in out
+  assert 'results written' not in out
+  after = snapshot(workdir)
+  assert after.pop('metrics.jsonl') != before.pop('metrics.jsonl')  # the log gains the evaluation's line
+  assert after == before
+
+
+def test_eval_that_differs_writes_beside_and_says_so(reference, tmp_path, capsys):
+  workdir = str(tmp_path / 'copy')
+  shutil.copytree(reference[0], workdir)
+  path = os.path.join(workdir, 'results.json')
+  with open(path) as f:
+    saved = json.load(f)
+  saved['pd']['mean'] += 1.0
+  with open(path, 'w') as f:
+    json.dump(saved, f)
+  before = open(path).read()
+  capsys.readouterr()
+  pipeline.run(tiny_config(), workdir, mode='eval')
+  out = capsys.readouterr().out
+  assert f'evaluation differs from {path} in pd; wrote results_eval.json and results_eval.csv' in out
+  assert open(path).read() == before
+  pipeline.run(tiny_config(), workdir, mode='eval')  # a second evaluation keeps the first one's file
+  assert len([n for n in os.listdir(workdir) if n.startswith('results_eval') and n.endswith('.json')]) == 2
+
+
+# ----------------------------------------------------------------------------- the base model's source
+
+def sources_line(workdir: str) -> str:
+  text = report.format_report(report.build_rows([workdir]))
+  return text.split('## Sources', 1)[1].strip()
+
+
+def test_results_name_the_base_models_source(reference, tmp_path):
+  ref_dir, ref = reference
+  workdir = str(tmp_path / 'bl')
+  results = pipeline.run(tiny_config(method='baseline'), workdir, checkpoint=ref_dir)
+  source = results['provenance']['base_source']
+  assert source['path'] == os.path.abspath(ref_dir) and source['method'] == 'f2m'
+  assert source['commit'] == ref['provenance']['git'].get('commit')
+  assert source['differences']['method'] == ['f2m', 'baseline']
+  assert source['differences']['noise.enabled'] == [True, False]
+  assert source['note'] == 'baseline sessions on a base model trained by f2m'
+  assert results['base_model']['step'] == 20
+  with open(os.path.join(workdir, 'config.json')) as f:
+    assert json.load(f)['base_source'] == source
+  line = sources_line(workdir)
+  assert 'baseline sessions on a base model trained by f2m' in line and os.path.abspath(ref_dir) in line
+  assert '20 steps of 80 (task_epochs), lr 0.1, M=2, b=0.005' in line  # the source's budget, not '(shuffle)'
+  with pytest.raises(WorkdirError, match=f'was started with --checkpoint {os.path.abspath(ref_dir)}, now without'):
+    pipeline.run(tiny_config(method='baseline'), workdir)
+  with open(os.path.join(ref_dir, 'config.json')) as f:
+    assert json.load(f)['base_source'] is None  # a base model of its own
+
+
+def test_command_line_changes_are_in_the_sources_line(reference, tmp_path, capsys):
+  ref_dir, _ = reference
+  workdir = str(tmp_path / 'pc_off')
+  argv = ['run.py', '--config', 'configs/cifar100.py:smoke', '--workdir', workdir, '--config.incremental.clamp=False']
+  config = tiny_config(**{'incremental.clamp': False})
+  assert cli.main(config, workdir, 'train', checkpoint=ref_dir, argv=argv) == 0
+  start = capsys.readouterr().out.splitlines()[0]
+  assert start.startswith('f2m-jax train: configs/cifar100.py:smoke with ') and "incremental.clamp=False" in start
+  assert f'base model from --checkpoint {os.path.abspath(ref_dir)}' in start
+  with open(os.path.join(workdir, 'results.json')) as f:
+    origin = json.load(f)['provenance']['origin']
+  assert origin['config'] == 'configs/cifar100.py:smoke' and origin['changes']['incremental.clamp'] is False
+  assert origin['changes']['base.steps'] == 20  # tiny_config's own changes of the smoke config
+  assert 'incremental.clamp=False' in sources_line(workdir)
+  assert 'incremental.clamp' not in sources_line(ref_dir)
+
+
+def test_orbax_notes_on_reading_are_silenced_and_nothing_else(reference, caplog):
+  from absl import logging as absl_logging
+  from f2m_jax.checkpoint import Checkpoints
+  with caplog.at_level('WARNING'):
+    Checkpoints(reference[0], read_only=True).close()
+    absl_logging.warning('a warning of our own')
+  messages = [r.getMessage() for r in caplog.records]
+  assert not [m for m in messages if 'read_only' in m or 'read only' in m], messages
+  assert 'a warning of our own' in messages
