@@ -9,7 +9,7 @@ clean pass and then by each noisy pass in turn, as in the authors' code (`bn_upd
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import flax
 import jax
@@ -245,7 +245,7 @@ def make_multi_step(step: Callable, mesh) -> Callable:
   num_steps on are padding: their steps are computed and discarded (the states pass them unchanged;
   their metrics are to be ignored), so a shorter call (a budget that is no multiple of N, or a
   resume) runs the same compiled program instead of compiling its own. Step i is exactly the member
-  step on the same batches (tests/test_speed.py)."""
+  step on the same batches (tests/test_data_placement.py)."""
 
   def multi_step(states, images, labels, indices, num_steps, keys):
     def body(states, xs):

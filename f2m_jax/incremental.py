@@ -19,7 +19,7 @@ from f2m_jax import optim
 from f2m_jax import padding
 from f2m_jax import sharding
 from f2m_jax import trees
-from f2m_jax.padding import pad_rows  # train_loop imports it from here too
+from f2m_jax.padding import pad_rows
 from f2m_jax.data import augment as augment_lib
 from f2m_jax.models import ResNet
 

@@ -130,9 +130,9 @@ def run(config: ml_collections.ConfigDict, root: str, mode: str = 'train', check
     raise ValueError('--checkpoint takes one base model; a member sweep trains its own')
   validate(config)
   configs = [pipeline.resolve(c) for c in member_configs(config)]
+  bench = sources.load_benchmark(configs[0])  # before anything is written: missing data stop here
   workdir_lib.prepare(root, config.to_dict())
   dirs = [os.path.join(root, f'member_{i}') for i in range(len(configs))]
-  bench = sources.load_benchmark(configs[0])
   exps = [Experiment.create(c, bench) for c in configs]
   if mode == 'train':
     ckpts, logs = [], []

@@ -1,7 +1,6 @@
 """docs/development.md's smallest complete method (a subclass of NCMRunner), read from the doc and
 registered for these tests only: it runs end to end through the pipeline, resumes, and does what it
 says; and the test helpers serve every registered method."""
-import pathlib
 import re
 import types
 

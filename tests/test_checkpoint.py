@@ -1,5 +1,5 @@
 """Checkpoints: bit-exact save/restore, resume after interruption, eval mode, and bad input (the NaN
-stop and its last good checkpoint: tests/test_speed.py, on both data paths)."""
+stop and its last good checkpoint: tests/test_data_placement.py, on both data paths)."""
 import hashlib
 import json
 import os

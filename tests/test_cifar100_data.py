@@ -1,22 +1,20 @@
 """CIFAR-100 sources, the TOPIC protocol on the real lists, and finding/fetching the index lists.
 
-Real data: `$F2M_DATA_DIR`, else the CI machines' data folder beside the checkout (docs/development.md); tests needing it skip if absent.
+Real data: `$F2M_DATA_DIR` (docs/development.md); tests needing it skip if it is unset.
 """
 import hashlib
 import io
-import os
-import pathlib
 import urllib.error
 import urllib.request
 
 import numpy as np
 import pytest
 
+from conftest import DATA_DIR
+
 from f2m_jax.data import cifar100, index_lists
 from f2m_jax.data.types import DataError
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
-DATA_DIR = pathlib.Path(os.environ.get('F2M_DATA_DIR') or REPO.parent / 'shared' / 'data').resolve()
 CIFAR_LISTS = DATA_DIR / 'index_list' / 'cifar100'
 NPZ = DATA_DIR / 'cifar100_train.npz'
 

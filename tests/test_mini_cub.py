@@ -2,18 +2,16 @@
 absent), the folder loaders on the generated fake folders, the array cache, the errors for missing
 data, and the `:smoke` configs end to end (files on disk -> results.json)."""
 import json
-import os
-import pathlib
 import shutil
 
 import numpy as np
 import pytest
 
+from conftest import DATA_DIR
+
 from f2m_jax.data import augment, cub200, fake_folders, mini_imagenet, sources
 from f2m_jax.data.types import DataError
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
-DATA_DIR = pathlib.Path(os.environ.get('F2M_DATA_DIR') or REPO.parent / 'shared' / 'data').resolve()
 MINI_LISTS = DATA_DIR / 'index_list' / 'mini_imagenet'
 CUB_LISTS = DATA_DIR / 'index_list' / 'cub200'
 

@@ -7,7 +7,6 @@ import shutil
 
 import pytest
 
-from conftest import without_provenance
 from f2m_jax import cli
 from f2m_jax import pipeline
 from f2m_jax import report

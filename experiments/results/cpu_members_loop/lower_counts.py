@@ -1,7 +1,7 @@
 # Counts the convolutions of the vmapped 2-member F2M base step (configs/cifar100.py, batch 256, M = 2,
 # noise.draw_map=vmap) lowered for CUDA on the CPU, by kind and group counts (results section 20).
 #   F2M_DATA_DIR=... PYTHONPATH=. python3 experiments/results/cpu_members_loop/lower_counts.py
-import collections, re, sys
+import collections, re
 import jax, jax.numpy as jnp, numpy as np
 from configs import cifar100
 from f2m_jax import base as base_lib, pipeline
