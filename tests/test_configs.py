@@ -69,15 +69,17 @@ def test_a_user_value_a_method_cannot_run_stops_naming_the_field():
     pipeline.resolve(config)
 
 
+@pytest.mark.slow
 def test_command_line_overrides_survive_the_baseline(tmp_path):
-  """Through run.py: --mode eval on an empty workdir writes the effective config.json, then stops
-  (no base model to evaluate) before any training."""
+  """Through run.py: a run of two base steps and one draw writes the effective config.json."""
   workdir = tmp_path / 'w'
   r = subprocess.run([sys.executable, 'run.py', '--config', 'configs/cifar100.py:smoke', '--workdir', str(workdir),
-                      '--mode', 'eval', '--config.method=baseline', '--config.eval.normalize_prototypes=True',
-                      '--config.base.sampler', 'task_epochs'], cwd=REPO, capture_output=True, text=True, timeout=300)
-  assert r.returncode == 2 and 'no base model checkpoint' in r.stderr, r.stderr[-2000:]
+                      '--config.method=baseline', '--config.eval.normalize_prototypes=True',
+                      '--config.base.sampler', 'task_epochs', '--config.base.steps=2', '--config.base.milestones=()',
+                      '--config.runs=1'], cwd=REPO, capture_output=True, text=True, timeout=600)
+  assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
   saved = json.loads((workdir / 'config.json').read_text())
   assert saved['method'] == 'baseline' and not saved['noise']['enabled'] and not saved['incremental']['finetune']
   assert saved['eval']['normalize_prototypes'] and saved['base']['sampler'] == 'task_epochs'
-  assert saved['set_by_user'] == ['base.sampler', 'eval.normalize_prototypes', 'method']
+  assert saved['set_by_user'] == ['base.milestones', 'base.sampler', 'base.steps', 'eval.normalize_prototypes', 'method',
+                                 'runs']

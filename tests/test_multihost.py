@@ -84,11 +84,12 @@ def test_two_processes_equal_one_process_with_two_devices(tmp_path):
 
 @pytest.mark.slow
 def test_a_member_sweep_over_two_processes_equals_one_process(tmp_path):
-  """A seed sweep run by two processes: every process computes every member (as every process
-  computes every run of the sessions), the files are written once, and the sweep equals one process's."""
+  """A seed sweep run by two processes: the members' base sessions are data parallel over the two
+  processes' devices (as a single run's), every process computes every member's sessions, the files
+  are written once, and the sweep equals one process's with two devices."""
   sweep = '--config.members.seeds=(0,1)'
   two_processes(tmp_path / 'hosts', sweep)
-  one_process(tmp_path / 'one', sweep)
+  one_process(tmp_path / 'one', sweep, devices=2)
   ours, theirs = load(tmp_path / 'hosts' / 'summary.json'), load(tmp_path / 'one' / 'summary.json')
   assert without_provenance(ours) == without_provenance(theirs)
   for i in range(2):
