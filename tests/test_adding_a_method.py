@@ -42,6 +42,7 @@ def test_tiny_protocol_serves_every_registered_method():
     tiny_protocol('baseline', epochs=3)
 
 
+@pytest.mark.slow
 def test_the_example_runs_end_to_end_and_is_registered_for_the_tests_only(shrunk):
   example, run = shrunk
   assert run.results['method'] == 'shrunk'
@@ -49,6 +50,7 @@ def test_the_example_runs_end_to_end_and_is_registered_for_the_tests_only(shrunk
   assert example.SHRUNK.runner is example.ShrunkRunner and issubclass(example.ShrunkRunner, NCMRunner)
 
 
+@pytest.mark.slow
 def test_the_example_shrinks_novel_prototypes_and_nothing_else(shrunk):
   example, run = shrunk
   exp, first = run.exp, run.first
@@ -63,6 +65,7 @@ def test_the_example_shrinks_novel_prototypes_and_nothing_else(shrunk):
   assert s_info == p_info and np.all(s_protos[base:] != p_protos[base:])
 
 
+@pytest.mark.slow
 def test_the_example_resumes_and_evaluates(shrunk, tmp_path):
   example, run = shrunk
   with pytest.MonkeyPatch.context() as mp:

@@ -112,6 +112,7 @@ def test_eval_of_an_existing_folder_without_a_model_changes_nothing(tmp_path):
 
 # ----------------------------------------------------------------------------- a finished run is kept
 
+@pytest.mark.slow
 def test_rerun_of_a_finished_run_rewrites_nothing(reference, capsys):
   workdir, results = reference
   before = snapshot(workdir)
@@ -123,6 +124,7 @@ def test_rerun_of_a_finished_run_rewrites_nothing(reference, capsys):
   assert snapshot(workdir) == before
 
 
+@pytest.mark.slow
 def test_eval_says_what_it_compared_and_wrote(reference, capsys):
   workdir, _ = reference
   before = snapshot(workdir)
@@ -136,6 +138,7 @@ def test_eval_says_what_it_compared_and_wrote(reference, capsys):
   assert after == before
 
 
+@pytest.mark.slow
 def test_eval_that_differs_writes_beside_and_says_so(reference, tmp_path, capsys):
   workdir = str(tmp_path / 'copy')
   shutil.copytree(reference[0], workdir)
@@ -162,6 +165,7 @@ def sources_line(workdir: str) -> str:
   return text.split('## Sources', 1)[1].strip()
 
 
+@pytest.mark.slow
 def test_results_name_the_base_models_source(reference, tmp_path):
   ref_dir, ref = reference
   workdir = str(tmp_path / 'bl')
@@ -184,6 +188,7 @@ def test_results_name_the_base_models_source(reference, tmp_path):
     assert json.load(f)['base_source'] is None  # a base model of its own
 
 
+@pytest.mark.slow
 def test_command_line_changes_are_in_the_sources_line(reference, tmp_path, capsys):
   ref_dir, _ = reference
   workdir = str(tmp_path / 'pc_off')
@@ -201,6 +206,7 @@ def test_command_line_changes_are_in_the_sources_line(reference, tmp_path, capsy
   assert 'incremental.clamp' not in sources_line(ref_dir)
 
 
+@pytest.mark.slow
 def test_orbax_notes_on_reading_are_silenced_and_nothing_else(reference, caplog):
   from absl import logging as absl_logging
   from f2m_jax.checkpoint import Checkpoints
