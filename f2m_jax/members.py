@@ -86,25 +86,6 @@ def member_map(config, same_objective: bool) -> str:
   return m
 
 
-def train_members(exps, ckpts, logs, mapping: str, hook: Hook = None) -> None:
-  """The base sessions of all members in lockstep through the base session's loop, from the last
-  step every member saved; each member's state is saved into its own workdir."""
-  cfg = exps[0].config.base
-  saved = [c.latest_base_step() for c in ckpts]
-  start = None if any(s is None for s in saved) else min(saved)
-  if start is not None and start >= cfg.steps:
-    return
-  if start is None:
-    states = [e.init_state() for e in exps]
-  else:
-    states = [c.restore_base_state(e.state_template(), start) for e, c in zip(exps, ckpts)]
-    print(f'resuming the base sessions of {len(exps)} members at step {start}/{cfg.steps}', flush=True)
-  members = [train_loop.Member(e.base_objective(), e.batch_indices, e.key(0), c.save_base_state, log)
-             for e, c, log in zip(exps, ckpts, logs)]
-  train_loop.train_steps(exps[0], members, train_loop.stack(states), start or 0, phase='base',
-                         title=f'base sessions of {len(exps)} members ({mapping})', mapping=mapping, hook=hook)
-
-
 def summarize(member_results: list) -> dict:
   """results.json's format over the members (evaluation.build_results): each session's accuracies
   as the mean and 95% interval of the members' means over their draws; 'pooled': the same over
@@ -142,7 +123,9 @@ def run(config: ml_collections.ConfigDict, root: str, mode: str = 'train', check
       logs.append(workdir_lib.MetricsLog(d, tensorboard=False))
     try:
       if not all(ck.has_model() for ck in ckpts):
-        train_members(exps, ckpts, logs, member_map(config, same_objective=not config.members.field_values), hook)
+        mapping = member_map(config, same_objective=not config.members.field_values)
+        train_loop.train_base_sessions(exps, ckpts, logs, f'base sessions of {len(exps)} members ({mapping})',
+                                       mapping=mapping, hook=hook)
     finally:
       for ck in ckpts:
         ck.close()

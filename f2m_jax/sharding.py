@@ -71,11 +71,6 @@ def batch_sharded(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, P(AXIS))
 
 
-def rows_sharded(mesh: Mesh) -> NamedSharding:
-  """[N, B] per-step batch indices: the batch axis B split over 'data', the step axis whole."""
-  return NamedSharding(mesh, P(None, AXIS))
-
-
 def member_batch_sharded(mesh: Mesh) -> NamedSharding:
   """[S, B, ...] batches of S members: the batch axis B split over 'data'."""
   return NamedSharding(mesh, P(None, AXIS))
@@ -105,12 +100,6 @@ def shard_batch(mesh: Mesh, *arrays: np.ndarray) -> tuple:
   for a in arrays:
     per_device_batch(len(a), mesh)
   return tuple(_put(a, batch_sharded(mesh)) for a in arrays)
-
-
-def shard_rows(mesh: Mesh, indices: np.ndarray) -> jax.Array:
-  """[N, B] batch indices (N steps of a global batch B) split along B over the mesh."""
-  per_device_batch(indices.shape[1], mesh)
-  return _put(indices, rows_sharded(mesh))
 
 
 def shard_member_batch(mesh: Mesh, *arrays: np.ndarray) -> tuple:

@@ -43,18 +43,28 @@ class Member:
 def train_base(exp: Experiment, ckpts: Checkpoints, log: workdir_lib.MetricsLog, hook: Hook = None):
   """Trains session 1 from the latest base checkpoint (or from scratch); returns the final state.
   `hook('base_step', step=n)` is called after every step (tests use it to interrupt a run)."""
-  cfg = exp.config.base
-  start = ckpts.latest_base_step()
-  if start is not None:
-    state = ckpts.restore_base_state(exp.state_template(), start)
-    print(f'resuming base training at step {start}/{cfg.steps}', flush=True)
-  else:
-    state = exp.init_state()
-  select = TestSetSelector(exp, ckpts, log) if cfg.select_on_test else None
-  member = Member(exp.base_objective(), exp.batch_indices, exp.key(0), ckpts.save_base_state, log)
-  states = train_steps(exp, [member], stack([state]), start or 0, phase='base', title='base session',
-                       keep_bar=True, select=select, hook=hook)
+  select = TestSetSelector(exp, ckpts, log) if exp.config.base.select_on_test else None
+  states = train_base_sessions([exp], [ckpts], [log], 'base session', keep_bar=True, select=select, hook=hook)
   return unstack(states, 0)
+
+
+def train_base_sessions(exps: Sequence[Experiment], ckpts: Sequence[Checkpoints], logs: Sequence, title: str,
+                        mapping: str = 'unroll', keep_bar: bool = False, select: Optional[Callable] = None,
+                        hook: Hook = None):
+  """The base sessions of S >= 1 runs (a sweep's members) in lockstep through `train_steps`, from the
+  last base step every one of them saved (restored from its workdir) or from scratch; each state is
+  saved into its own workdir. Returns the final states, with a leading member axis."""
+  saved = [c.latest_base_step() for c in ckpts]
+  start = None if None in saved else min(saved)
+  if start is None:
+    states = [e.init_state() for e in exps]
+  else:
+    states = [c.restore_base_state(e.state_template(), start) for e, c in zip(exps, ckpts)]
+    print(f'resuming the {title} at step {start}/{exps[0].config.base.steps}', flush=True)
+  members = [Member(e.base_objective(), e.batch_indices, e.key(0), c.save_base_state, log)
+             for e, c, log in zip(exps, ckpts, logs)]
+  return train_steps(exps[0], members, stack(states), start or 0, phase='base', title=title, mapping=mapping,
+                     keep_bar=keep_bar, select=select, hook=hook)
 
 
 def stack(trees):
