@@ -8,6 +8,7 @@ methods use the streams 3 and up the same way.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Callable, Optional
 
 import jax
@@ -73,10 +74,14 @@ class Experiment:
         shared_trunk=n.shared_trunk, draw_map=base_lib.resolve_draw_map(n.draw_map),
         pf_gradient=n.pf_gradient, bn_updates=n.bn_updates, pf_classes=n.pf_classes)
 
-  def optimizer(self):
+  def optimizer_settings(self) -> tuple:
+    """`optim.sgd`'s arguments for the base.* budget, hashable."""
     b = self.config.base
-    return optim.sgd(b.lr, b.momentum, b.weight_decay, b.milestones, b.lr_gamma,
-                     b.classifier_lr if b.classifier_lr > 0 else None)
+    return (b.lr, b.momentum, b.weight_decay, tuple(b.milestones), b.lr_gamma,
+            b.classifier_lr if b.classifier_lr > 0 else None)
+
+  def optimizer(self):
+    return optim.sgd(*self.optimizer_settings())
 
   def trainable_paths(self, params) -> tuple:
     if self.config.incremental.trainable == 'noise_set':
@@ -106,13 +111,11 @@ class Experiment:
   def state_shapes(self, network: Optional[ResNet] = None):
     """The train state's shapes and dtypes (jax.ShapeDtypeStruct) for `network` (default: the config's),
     without running the init."""
-    network = network or self.model
-    return jax.eval_shape(lambda: base_lib.init_state(network, self.key(1), self.bench.image_size,
-                                                      self.optimizer()))
+    return jax.eval_shape(self.init_program(network), self.key(1), None, None)
 
   def state_template(self):
-    """Host zeros of the train state's shapes, to restore checkpoints into without running the init,
-    which runs op by op and compiles for seconds before a restore could start."""
+    """Host zeros of the train state's shapes, to restore checkpoints into without running (or
+    compiling) the init."""
     return jax.tree_util.tree_map(lambda s: np.zeros(s.shape, s.dtype), self.state_shapes())
 
   def variables_template(self, network: Optional[ResNet] = None) -> dict:
@@ -129,10 +132,28 @@ class Experiment:
                           {'params': shapes.params, 'batch_stats': shapes.batch_stats},
                           jax.ShapeDtypeStruct((1, size, size, 3), jnp.float32)).shape[1]
 
-  def init_state(self):
+  def init_program(self, network: Optional[ResNet] = None) -> Callable:
+    """init(key, params, batch_stats) -> a fresh train state of `network` (default: the config's) with
+    the base optimizer (`base_lib.init_state`) as one jitted program."""
+    return _init_program(network or self.model, self.bench.image_size, self.optimizer_settings())
+
+  def init_state(self, network: Optional[ResNet] = None, key: Optional[jax.Array] = None):
+    """A fresh train state of `network` (default: the config's, from model.pretrained where set) from
+    `key` (default: the init's stream, key(1))."""
+    key = self.key(1) if key is None else key
     params = batch_stats = None
-    if self.config.model.pretrained:
+    if network is None and self.config.model.pretrained:
       params, batch_stats = torch_import.load_torchvision_resnet18(
-          self.config.model.pretrained, self.model, self.bench.image_size, key=self.key(1))
-    return base_lib.init_state(self.model, self.key(1), self.bench.image_size, self.optimizer(),
-                               params, batch_stats)
+          self.config.model.pretrained, self.model, self.bench.image_size, key=key)
+    return self.init_program(network)(key, params, batch_stats)
+
+
+@functools.lru_cache(maxsize=None)
+def _init_program(network: ResNet, image_size: int, sgd_settings: tuple) -> Callable:
+  """`Experiment.init_program`, one per (network, image size, optimizer), so that the runs of a sweep
+  compile it once. One program because flax's init runs the network op by op otherwise, each op
+  dispatched (and on a GPU compiled) on its own; the initializers give the same bits either way
+  (models/resnet.py, `_scaled_normal`)."""
+  tx = optim.sgd(*sgd_settings)
+  return jax.jit(lambda key, params, batch_stats: base_lib.init_state(network, key, image_size, tx, params,
+                                                                      batch_stats))

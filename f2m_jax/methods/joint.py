@@ -52,7 +52,7 @@ def train_network(exp, network, pool: np.ndarray, key, training, log, desc: str,
   through the base session's loop, resuming from `training` (a Checkpoints.training manager).
   Returns {'params', 'batch_stats'}."""
   cfg = exp.config.base
-  state = base_lib.init_state(network, key, exp.bench.image_size, exp.optimizer())
+  state = exp.init_state(network, key)
   start = training.latest_step()
   if start is not None:
     state = training.restore(state)

@@ -20,8 +20,26 @@ import numpy as np
 from jax import lax
 from jax.custom_batching import custom_vmap
 
-# PyTorch's kaiming_normal_(mode='fan_out', nonlinearity='relu'), the original code's conv init.
-conv_init = nn.initializers.variance_scaling(2.0, 'fan_out', 'normal')
+def _scaled_normal(key, shape, dtype, scale) -> jax.Array:
+  """N(0, 1) draws times `scale` (a float32 computed on the host). The draws pass an optimization
+  barrier, so that the init gives the same bits op by op and jitted as one program (where XLA would
+  otherwise fold the scale into the draws' arithmetic and round differently)."""
+  return lax.optimization_barrier(jax.random.normal(key, shape, dtype)) * np.asarray(scale, dtype)
+
+
+def conv_init(key, shape, dtype=jnp.float32) -> jax.Array:
+  """PyTorch's kaiming_normal_(mode='fan_out', nonlinearity='relu'), the original code's conv init:
+  N(0, 2 / fan_out) for an HWIO kernel, fan_out = H * W * O; the values of flax's
+  variance_scaling(2.0, 'fan_out', 'normal'), bit for bit (tests/test_init.py)."""
+  fan_out = int(np.prod(shape[:-2])) * shape[-1]
+  return _scaled_normal(key, shape, dtype, np.sqrt(np.asarray(2.0 / fan_out, dtype)))
+
+
+def fc_init(key, shape, dtype=jnp.float32) -> jax.Array:
+  """The linear classifier's init, N(0, 1e-3^2): flax's initializers.normal(1e-3), bit for bit."""
+  return _scaled_normal(key, shape, dtype, 1e-3)
+
+
 BN_MOMENTUM = 0.1  # PyTorch's convention: running = (1 - m) * running + m * batch statistic
 BN_EPSILON = 1e-5
 
@@ -338,7 +356,7 @@ class ResNet(nn.Module):
       return x
     embedding = jnp.mean(x, axis=(1, 2)).astype(accumulation_dtype(self.dtype))
     if self.head == 'linear':
-      logits = nn.Dense(self.num_classes, kernel_init=nn.initializers.normal(1e-3),
+      logits = nn.Dense(self.num_classes, kernel_init=fc_init,
                         bias_init=nn.initializers.zeros, name='fc')(embedding)
     elif self.head == 'cosine':
       logits = CosineClassifier(self.num_classes, name='fc')(embedding)
