@@ -198,10 +198,12 @@ def base_config() -> ml_collections.ConfigDict:
   # JAX_COMPILATION_CACHE_DIR, where set, is used instead. --mode bench never turns it on (it times
   # compiling).
   c.compilation_cache = True
-  # Compile the incremental sessions' programs (fine-tuning, embeddings, NCM) from their shapes in a
-  # background thread while session 1 trains (f2m_jax/programs.py; from its first step on), instead
-  # of at the first session: 'auto' (on where the backend is no CPU, whose cores the base steps
-  # already use), 'on', 'off'. The same programs, so results are identical.
+  # Compile programs from their shapes in a background thread while other work goes on: the base
+  # step while the states are initialised (or restored) and the images placed (f2m_jax/train_loop.py),
+  # and the incremental sessions' programs (fine-tuning, embeddings, NCM) while session 1 trains
+  # (f2m_jax/programs.py; from its first step on) instead of at the first session: 'auto' (on where
+  # the backend is no CPU, whose cores the base steps already use), 'on', 'off'. The same programs,
+  # so results are identical.
   c.compile_ahead = 'auto'
 
   c.bench = ml_collections.ConfigDict()  # --mode bench (f2m_jax/bench.py)

@@ -5,6 +5,7 @@ NaN stop, and the original's opt-in model selection on the test set.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import dataclasses
 import math
@@ -20,6 +21,7 @@ from tqdm import tqdm
 from f2m_jax import base as base_lib
 from f2m_jax import evaluation
 from f2m_jax import prefetch as prefetch_lib
+from f2m_jax import programs as programs_lib
 from f2m_jax import sharding
 from f2m_jax import workdir as workdir_lib
 from f2m_jax.checkpoint import Checkpoints
@@ -56,14 +58,16 @@ def train_base_sessions(exps: Sequence[Experiment], ckpts: Sequence[Checkpoints]
   saved into its own workdir. Returns the final states, with a leading member axis."""
   saved = [c.latest_base_step() for c in ckpts]
   start = None if None in saved else min(saved)
-  if start is None:
-    states = [e.init_state() for e in exps]
-  else:
-    states = [c.restore_base_state(e.state_template(), start) for e, c in zip(exps, ckpts)]
+
+  def states():  # called while the step compiles (config.compile_ahead)
+    if start is None:
+      return stack([e.init_state() for e in exps])
     print(f'resuming the {title} at step {start}/{exps[0].config.base.steps}', flush=True)
+    return stack([c.restore_base_state(e.state_template(), start) for e, c in zip(exps, ckpts)])
+
   members = [Member(e.base_objective(), e.batch_indices, e.key(0), c.save_base_state, log)
              for e, c, log in zip(exps, ckpts, logs)]
-  return train_steps(exps[0], members, stack(states), start or 0, phase='base', title=title, mapping=mapping,
+  return train_steps(exps[0], members, states, start or 0, phase='base', title=title, mapping=mapping,
                      keep_bar=keep_bar, select=select, hook=hook)
 
 
@@ -80,8 +84,9 @@ def train_steps(exp: Experiment, members: Sequence[Member], states, start: int, 
                 mapping: str = 'unroll', keep_bar: bool = False, select: Optional[Callable] = None,
                 hook: Hook = None):
   """Steps `start`..base.steps of S >= 1 members in lockstep from `states` (of `start` steps, with a
-  leading member axis), with the base.* budget (optimizer, logging and checkpoint intervals, data
-  path, prefetch); returns the final states. The base session's loop for one run or a sweep
+  leading member axis; or a function that returns those of the config's network, called while the
+  step compiles in a background thread where config.compile_ahead says so), with the base.* budget
+  (optimizer, logging and checkpoint intervals, data path, prefetch); returns the final states. The base session's loop for one run or a sweep
   (f2m_jax/members.py), and joint training's (f2m_jax/methods/joint.py).
 
   `mapping` ('vmap' or 'unroll') is how the members share one program (base.members_step_fn).
@@ -92,7 +97,7 @@ def train_steps(exp: Experiment, members: Sequence[Member], states, start: int, 
   copied on the device, so that the next call may donate it."""
   cfg = exp.config.base
   if start >= cfg.steps:
-    return states
+    return states() if callable(states) else states
   num = len(members)
   mesh = sharding.data_mesh()  # data parallel over all devices; the batch is the global batch
   images, labels = exp.bench.train.images, exp.bench.train.labels
@@ -100,15 +105,19 @@ def train_steps(exp: Experiment, members: Sequence[Member], states, start: int, 
   step = base_lib.members_step_fn(
       [base_lib.train_step_fn(m.objective, exp.optimizer(), exp.bench.augment, exp.bench.image_size,
                               exp.bench.mean, exp.bench.std) for m in members], mapping)
-  if on_device:  # the training images live on the device; each call runs `per_call` steps
-    step_fn = base_lib.make_multi_step(step, mesh)
-    data = sharding.replicate((images, labels), mesh)
-  else:
-    step_fn = base_lib.make_member_step(step, mesh)
-    data = ()
+  step_fn = (base_lib.make_multi_step if on_device else base_lib.make_member_step)(step, mesh)
+  keys = jnp.stack([m.key for m in members])
 
   def indices(s: int) -> np.ndarray:  # [S, B]: every member's batch at step s
     return np.stack([m.batch_indices(s) for m in members]).astype(np.int32)
+
+  ahead = None
+  if callable(states):
+    if programs_lib.enabled(exp.config.compile_ahead):
+      ahead = compile_step_ahead(step_fn, exp, mesh, indices(start), keys, on_device, per_call)
+    states = states()
+  # the training images live on the device (each call runs `per_call` steps), or batches come from the host
+  data = sharding.replicate((images, labels), mesh) if on_device else ()
 
   def host_part(call):  # the host's share of a call, done ahead by `prefetch`: indices (and images)
     first, n = call
@@ -118,12 +127,15 @@ def train_steps(exp: Experiment, members: Sequence[Member], states, start: int, 
     idx = indices(first)
     return sharding.shard_member_batch(mesh, images[idx], labels[idx])
 
-  states, keys = sharding.replicate((states, jnp.stack([m.key for m in members])), mesh)
+  states, keys = sharding.replicate((states, keys), mesh)
   for m in members:
     m.log.open()
   # The bar starts once the first call is done, so that its rate and ETA leave out the compile.
-  print(f'{title}: compiling the step' + (f' of {num} members' if num > 1 else '') + f', steps {start}-{cfg.steps}',
-        flush=True)
+  what = 'the step' + (f' of {num} members' if num > 1 else '')
+  if ahead is None:
+    print(f'{title}: compiling {what}, steps {start}-{cfg.steps}', flush=True)
+  else:
+    print(f'{title}: {what}, steps {start}-{cfg.steps}: {wait_for(ahead)}', flush=True)
   bar = None
   window, t0, saved = [], time.time(), (start or None)
   extra = {'members': num} if num > 1 else {}
@@ -182,6 +194,44 @@ def train_steps(exp: Experiment, members: Sequence[Member], states, start: int, 
   finish(*pending)
   bar.close()
   return states
+
+
+def compile_step_ahead(step_fn, exp: Experiment, mesh, indices: np.ndarray, keys, on_device: bool, per_call: int):
+  """Starts compiling `step_fn` (`train_steps`'s) for the shapes of its calls in a background thread,
+  from abstract states of the config's network (`Experiment.state_shapes`) stacked over the members;
+  returns (future, start time). The jitted function keeps the executable for arguments of these
+  shapes and shardings, so its first call does not compile again (f2m_jax/programs.py)."""
+  rep = sharding.replicated(mesh)
+  sds = lambda shape, dtype, where=rep: jax.ShapeDtypeStruct(shape, jax.dtypes.canonicalize_dtype(dtype), sharding=where)
+  images, labels = exp.bench.train.images, exp.bench.train.labels
+  if on_device:  # the step count comes as a host scalar, without a sharding
+    data = (sds(images.shape, images.dtype), sds(labels.shape, labels.dtype),
+            sds((per_call,) + indices.shape, np.int32, sharding.member_rows_sharded(mesh)), sds((), np.int32, None))
+  else:
+    batch = sharding.member_batch_sharded(mesh)
+    data = (sds(indices.shape + images.shape[1:], images.dtype, batch), sds(indices.shape, labels.dtype, batch))
+
+  def compile_it() -> float:
+    stacked = jax.tree_util.tree_map(lambda s: sds((len(indices),) + s.shape, s.dtype), exp.state_shapes())
+    step_fn.lower(stacked, *data, jax.ShapeDtypeStruct(keys.shape, keys.dtype, sharding=rep)).compile()
+    return time.time()
+
+  executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix='compile_step')
+  future = executor.submit(compile_it)
+  executor.shutdown(wait=False)
+  return future, time.time()
+
+
+def wait_for(ahead) -> str:
+  """Waits for `compile_step_ahead`'s compile; says how long it took and how much of it was waited
+  for. A failed compile is reported and left to the first call."""
+  future, started = ahead
+  t0 = time.time()
+  try:
+    done = future.result()
+  except Exception as e:  # pylint: disable=broad-except
+    return f'compiling it ahead failed ({type(e).__name__}: {e}); it compiles at its first call'
+  return f'compiled in the background in {done - started:.1f} s, of which {time.time() - t0:.1f} s waited for'
 
 
 def call_spans(start: int, steps: int, per_call: int) -> list:

@@ -5,6 +5,7 @@ import json
 import os
 import threading
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -103,3 +104,32 @@ def test_compile_ahead_modes(smoke_config):
   smoke_config.compile_ahead = 'yes'
   with pytest.raises(ValueError, match="compile_ahead='yes' is invalid: allowed: \\('auto', 'on', 'off'\\)"):
     pipeline.resolve(smoke_config)
+
+
+@pytest.mark.parametrize('placement', ['host', 'device'])
+def test_the_base_step_compiled_while_the_states_are_made_is_the_step_the_loop_runs(tmp_path, placement, capsys):
+  """compile_ahead='on': the base step compiles in a background thread while the states are
+  initialised (or restored) and the images placed; the main thread then compiles no base step, and the
+  trained states are those of compiling at the first call, on the host path and the device path."""
+  from conftest import tiny_protocol
+  from f2m_jax import train_loop, workdir as workdir_lib
+  from f2m_jax.checkpoint import Checkpoints
+  from f2m_jax.data import sources
+  from f2m_jax.experiment import Experiment
+  config = tiny_protocol('f2m')
+  config.base.update(steps=4, log_every=2, checkpoint_every=2, data_placement=placement, steps_per_call=2)
+  bench = sources.load_benchmark(config)
+  step_programs = {'jit(unrolled)', 'jit(multi_step)'}
+  final, compiled = {}, {}
+  for mode in ('off', 'on'):
+    config.compile_ahead = mode
+    exp, folder = Experiment.create(config, bench), str(tmp_path / mode)
+    ckpts = Checkpoints(folder)
+    with MainThreadCompiles() as compiles:
+      final[mode] = jax.device_get(train_loop.train_base(exp, ckpts, workdir_lib.MetricsLog(folder)))
+    ckpts.close()
+    compiled[mode] = sorted(set(compiles.names) & step_programs)
+  assert compiled['off'] == ['jit(multi_step)' if placement == 'device' else 'jit(unrolled)']
+  assert compiled['on'] == []
+  assert 'compiled in the background in' in capsys.readouterr().out
+  chex.assert_trees_all_equal(final['on'], final['off'])
