@@ -63,9 +63,11 @@ calls it) has:
                                             what the sessions call once per group, for the states
                                             `update_runs` returned: `accuracies` of each (a list, one
                                             entry per state, in order); `Runner`'s default evaluates
-                                            them one by one, a method may evaluate them together.
-                                            A subclass that changes how a run is evaluated overrides
-                                            this one too where its parent overrides it
+                                            them one by one, a method may evaluate them together
+                                            (F2M: one call mapped over the runs). A subclass that
+                                            changes how a run is evaluated overrides this one too
+                                            (NCMRunner's own does not call `accuracies` for a group
+                                            of fine-tuned runs)
 
 The shortest route to a new NCM-style method is a subclass of f2m_jax.methods.ncm.NCMRunner
 (docs/development.md, "Adding a method", has the smallest complete example, which the test suite
