@@ -11,7 +11,6 @@ from typing import Callable, Mapping, Optional
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 
 from f2m_jax import objectives
@@ -163,13 +162,9 @@ def make_finetune(settings: SessionSettings, max_images: int = 0, max_classes: i
     return jax.vmap(one)(trainables, images, labels, keys)
 
   devices = 1 if mesh is None else mesh.size
-  if devices > 1:
-    runs_axis, rep = sharding.batch_sharded(mesh), sharding.replicated(mesh)
-    finetune_runs_padded = jax.jit(finetune_runs_padded, in_shardings=(runs_axis, rep, rep, rep, runs_axis, runs_axis,
-                                                                       rep, rep, runs_axis),
-                                   out_shardings=(runs_axis, runs_axis))
-  else:
-    finetune_runs_padded = jax.jit(finetune_runs_padded)
+  # run axis on the trainable leaves, images, labels and keys
+  finetune_runs_padded = sharding.jit_runs(finetune_runs_padded, mesh,
+                                           (True, False, False, False, True, True, False, False, True))
 
   def pad(images, labels, stored):
     if max_images > len(labels) or max_classes > len(stored):
@@ -184,14 +179,12 @@ def make_finetune(settings: SessionSettings, max_images: int = 0, max_classes: i
   def runs(params_list, batch_stats, anchor, images_list, labels_list, stored, keys):
     num_seen = jnp.int32(len(stored))
     padded = [pad(x, y, stored) for x, y in zip(images_list, labels_list)]
-    trainables = [split(p)[0] for p in params_list]
-    rows = padding.round_up(len(params_list), devices)  # copies of the last run: the devices split the runs evenly
-    filled = lambda stacked: padding.repeat_last(stacked, rows)
-    stacked = jax.tree_util.tree_map(lambda *v: filled(jnp.stack(v)), *trainables)
+    stacked = padding.stack_runs([split(p)[0] for p in params_list], devices)
     _, frozen = split(params_list[0])
-    out, losses = finetune_runs_padded(stacked, frozen, batch_stats, anchor, filled(np.stack([x for x, _, _ in padded])),
-                                       filled(np.stack([y for _, y, _ in padded])), padded[0][2], num_seen,
-                                       filled(jnp.stack(keys)))
+    out, losses = finetune_runs_padded(stacked, frozen, batch_stats, anchor,
+                                       padding.stack_runs([x for x, _, _ in padded], devices),
+                                       padding.stack_runs([y for _, y, _ in padded], devices), padded[0][2], num_seen,
+                                       padding.stack_runs(keys, devices))
     out, losses = jax.device_get((out, losses))
     return [trees.unflatten({**split(p)[1], **{q: v[r] for q, v in out.items()}})
             for r, p in enumerate(params_list)], losses[:len(params_list)]

@@ -24,12 +24,13 @@ def parallel_runs(config) -> int:
 def run_sessions(exp: Experiment, runner, ckpts: Checkpoints, log, train: bool = True,
                  hook: Hook = None) -> tuple:
   """All runs x sessions for any method (its `runner`, f2m_jax/methods), session by session, the runs
-  in fixed groups of `parallel_runs` updated by one `runner.update_runs` call; each run and session
-  is checkpointed on its own. A group where only some runs still need the session is recomputed
-  whole (only those are saved), so a resumed run computes every session in the same program as an
-  uninterrupted one. Returns per-run lists of per-session accuracy dicts and per-run prototype
-  norms (None where the method has none). Sessions already checkpointed are restored; with
-  `train=False` a missing session is an error (eval mode)."""
+  in fixed groups of `parallel_runs` updated by one `runner.update_runs` call and evaluated by one
+  `runner.accuracies_runs` call; each run and session is checkpointed on its own. A group where
+  only some runs still need the session is recomputed and evaluated whole (only those are saved), so
+  a resumed run computes every session in the same programs as an uninterrupted one. Returns
+  per-run lists of per-session accuracy dicts and per-run prototype norms (None where the method
+  has none). Sessions already checkpointed are restored; with `train=False` a missing session is
+  an error (eval mode)."""
   cfg, bench = exp.config, exp.bench
   print(f'session 1: accuracy on the {len(protocol_lib.test_indices(bench, 1)):,} test images of the base classes, '
         f'then {cfg.runs} runs x {bench.num_sessions - 1} sessions', flush=True)
@@ -70,11 +71,11 @@ def run_sessions(exp: Experiment, runner, ckpts: Checkpoints, log, train: bool =
       if not set(group) & set(todo):
         continue
       updated = runner.update_runs([before[r] for r in group], group, session, [exemplars[r] for r in group])
-      for run, (state, info) in zip(group, updated):
+      group_accs = runner.accuracies_runs([state for state, _ in updated], session)  # the whole group, as updated
+      for run, (state, info), acc in zip(group, updated, group_accs):
         if run not in todo:
           continue  # restored above; recomputed only as part of its group
         states[run] = state
-        acc = runner.accuracies(state, session)
         ckpts.save_session(run, session, {**runner.item(state), 'exemplars': exemplars[run],
                                           'accuracy': _pack_accuracy(acc)})
         log.write(phase='session', run=run, session=session, **info, **acc)

@@ -53,6 +53,16 @@ def runs_mesh() -> Optional[Mesh]:
   return data_mesh(jax.local_devices()) if jax.local_device_count() > 1 else None
 
 
+def jit_runs(fn: Callable, mesh: Optional[Mesh], mapped: Sequence[bool]) -> Callable:
+  """jit of `fn` over a group of runs, whose positional arguments flagged in `mapped` carry a leading
+  run axis: with a `mesh` of several devices (`runs_mesh`) that axis, and every output's, is split
+  over them and the other arguments are replicated."""
+  if mesh is None or mesh.size == 1:
+    return jax.jit(fn)
+  runs_axis, rep = batch_sharded(mesh), replicated(mesh)
+  return jax.jit(fn, in_shardings=tuple(runs_axis if m else rep for m in mapped), out_shardings=runs_axis)
+
+
 def per_device_batch(global_batch: int, mesh: Mesh) -> int:
   """The per-device batch; a ValueError when the global batch does not split evenly."""
   n = mesh.size

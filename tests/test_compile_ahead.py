@@ -16,7 +16,8 @@ from f2m_jax import evaluation
 from f2m_jax import pipeline
 from f2m_jax import programs as programs_lib
 
-SESSION_PROGRAMS = ('jit(_embed)', 'jit(finetune_padded)', 'jit(finetune_runs_padded)', 'jit(ncm_predict_padded)')
+SESSION_PROGRAMS = ('jit(_embed)', 'jit(finetune_padded)', 'jit(finetune_runs_padded)', 'jit(ncm_predict_padded)',
+                    'jit(predict_runs)')
 
 
 class MainThreadCompiles:
@@ -54,7 +55,8 @@ def _run_counting_compiles(config, workdir):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize('parallel_runs', [1, 2])  # Runner.update one run a call; finetune.runs over the runs
+# Runner.update and accuracies one run a call; finetune.runs and Evaluator.accuracies_runs over the runs
+@pytest.mark.parametrize('parallel_runs', [1, 2])
 def test_compiled_ahead_the_sessions_compile_nothing_and_results_are_unchanged(smoke_config, tmp_path, parallel_runs):
   smoke_config.base.steps = 10
   smoke_config.incremental.parallel_runs = parallel_runs
@@ -62,13 +64,14 @@ def test_compiled_ahead_the_sessions_compile_nothing_and_results_are_unchanged(s
   off, compiled_off = _run_counting_compiles(smoke_config, str(tmp_path / 'off'))
   smoke_config.compile_ahead = 'on'
   on, compiled_on = _run_counting_compiles(smoke_config, str(tmp_path / 'on'))
-  finetune = 'jit(finetune_padded)' if parallel_runs == 1 else 'jit(finetune_runs_padded)'
-  assert compiled_off == sorted(['jit(_embed)', finetune, 'jit(ncm_predict_padded)'])  # what compiling ahead takes away
+  group = ['jit(finetune_padded)'] if parallel_runs == 1 else ['jit(finetune_runs_padded)', 'jit(predict_runs)']
+  assert compiled_off == sorted(['jit(_embed)', *group, 'jit(ncm_predict_padded)'])  # what compiling ahead takes away
   assert compiled_on == []
   assert without_provenance(on) == without_provenance(off)
   with open(os.path.join(tmp_path, 'on', 'metrics.jsonl')) as f:
     ahead = [json.loads(line) for line in f if '"compile_ahead"' in line]
-  # the test-view embedding, the frozen trunk, the suffix, the fine-tuning, NCM
+  # the test-view embedding, the frozen trunk, then one run a call: the suffix and the fine-tuning; or
+  # the two runs a call: their fine-tuning and their evaluation; NCM (session 1)
   assert len(ahead) == 1 and ahead[0]['programs'] == 5 and ahead[0]['failed'] == []
 
 

@@ -1,7 +1,7 @@
 """Runs in parallel: the incremental sessions session by session over the runs,
-F2M fine-tuning a group of runs in one call mapped over a run axis, equal to one run at a time, and
-an interrupted grouped run resuming bit-exactly; on several devices the run axis is split over them
-(a child process with 4 fake CPU devices), equal to one run at a time as well."""
+F2M fine-tuning and evaluating a group of runs in one call each, mapped over a run axis, equal to
+one run at a time, and an interrupted grouped run resuming bit-exactly; on several devices the run
+axis is split over them (a child process with 4 fake CPU devices), equal to one run at a time as well."""
 from __future__ import annotations
 
 import json
@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from conftest import without_provenance, xla_flags
+from f2m_jax import evaluator
 from f2m_jax import pipeline
 from f2m_jax import sessions
 from f2m_jax import validation
@@ -52,15 +53,22 @@ def parallel_pair(tmp_path_factory):
   root = tmp_path_factory.mktemp('runs')
   one, together = str(root / 'one'), str(root / 'together')
   groups, update_runs = [], ncm.NCMRunner.update_runs
+  evaluated, accuracies_runs = [], evaluator.Evaluator.accuracies_runs
 
   def spy(self, states, runs, session, exemplars):
     groups.append(list(runs))
     return update_runs(self, states, runs, session, exemplars)
 
+  def spy_evaluated(self, run_params, protos, session):
+    evaluated.append((len(run_params), session))
+    return accuracies_runs(self, run_params, protos, session)
+
   with pytest.MonkeyPatch.context() as m:
     m.setattr(ncm.NCMRunner, 'update_runs', spy)
+    m.setattr(evaluator.Evaluator, 'accuracies_runs', spy_evaluated)
     pair = (one, pipeline.run(_runs_config(1), one)), (together, pipeline.run(_runs_config(2), together, checkpoint=one))
   assert groups == [[0], [1], [2]] * 2 + [[0, 1], [2]] * 2  # sessions 2 and 3, one at a time, then in groups
+  assert evaluated == [(2, 2), (2, 3)]  # each group of 2 evaluated in one call; the rest run by run
   return pair
 
 
@@ -135,6 +143,15 @@ RUNS_CHILD = textwrap.dedent('''
            'losses': [np.asarray(losses).tolist(), [np.asarray(l).tolist() for _, l in alone]],
            'diff_over_move': [float(np.linalg.norm(trained(t) - trained(a)) / np.linalg.norm(trained(a) - start))
                               for t, (a, _) in zip(together, alone)]}
+    # F2M's one-call evaluation of 3 runs, split over the 4 devices, against each run alone
+    # (tests/test_accuracies_runs.py), with and without the trunk cache.
+    from f2m_jax import evaluation
+    from test_accuracies_runs import one_call_equals_per_run
+    make_ncm_runs, meshes = evaluation.make_ncm_runs, []
+    evaluation.make_ncm_runs = lambda *args: meshes.append(args[-1].size) or make_ncm_runs(*args)
+    for cache in (True, False):
+      one_call_equals_per_run(cache, normalize=True)
+    out['evaluation_meshes'] = meshes
     print('RESULT ' + json.dumps(out))
 ''')
 
@@ -142,9 +159,10 @@ RUNS_CHILD = textwrap.dedent('''
 @pytest.mark.slow
 def test_runs_split_over_four_devices_equal_runs_one_by_one():
   """make_finetune's runs with a 4-device mesh (`sharding.runs_mesh`): 3 runs padded to 4, one per
-  device, against each run alone on one device."""
+  device, against each run alone on one device; and so F2M's one-call evaluation of 3 runs."""
+  tests = pathlib.Path(__file__).resolve().parent
   env = dict(os.environ, XLA_FLAGS=xla_flags('--xla_force_host_platform_device_count=4'), JAX_PLATFORMS='cpu',
-             PYTHONPATH=str(pathlib.Path(__file__).resolve().parents[1]))
+             PYTHONPATH=os.pathsep.join([str(tests.parent), str(tests)]))
   proc = subprocess.run([sys.executable, '-c', RUNS_CHILD], env=env, capture_output=True, text=True, timeout=900)
   assert proc.returncode == 0, proc.stderr[-4000:]
   out = json.loads([l for l in proc.stdout.splitlines() if l.startswith('RESULT ')][-1][len('RESULT '):])
@@ -154,3 +172,4 @@ def test_runs_split_over_four_devices_equal_runs_one_by_one():
   # as on one device: 6e-5 of the first loss here; losses near zero differ by up to 1.2e-5.
   np.testing.assert_allclose(together, alone, rtol=1e-3, atol=1e-4)
   assert max(out['diff_over_move']) < 0.01, out['diff_over_move']  # measured 1e-3; runs given each other's keys: 1.4
+  assert out['evaluation_meshes'] == [4, 4]  # the one-call evaluation's run axis split over the 4 devices

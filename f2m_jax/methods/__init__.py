@@ -59,6 +59,15 @@ calls it) has:
                                             (F2M: jax.vmap over the runs). A subclass that changes
                                             what a session does overrides this one (NCMRunner's own
                                             does not call `update` when it maps runs together)
+  accuracies_runs(states, session) -> [dict]
+                                            what the sessions call once per group, for the states
+                                            `update_runs` returned: `accuracies` of each (a list, one
+                                            entry per state, in order); `Runner`'s default evaluates
+                                            them one by one, a method may evaluate them together
+                                            (F2M: one call mapped over the runs). A subclass that
+                                            changes how a run is evaluated overrides this one too
+                                            (NCMRunner's own does not call `accuracies` for a group
+                                            of fine-tuned runs)
 
 The shortest route to a new NCM-style method is a subclass of f2m_jax.methods.ncm.NCMRunner
 (docs/development.md, "Adding a method", has the smallest complete example, which the test suite
@@ -83,7 +92,10 @@ class Method:
 
 
 class Runner:
-  """Base of every runner: the default `update_runs`."""
+  """Base of every runner: the defaults of `update_runs` and `accuracies_runs`."""
 
   def update_runs(self, states: list, runs: list, session: int, exemplars: list) -> list:
     return [self.update(s, r, session, e) for s, r, e in zip(states, runs, exemplars)]
+
+  def accuracies_runs(self, states: list, session: int) -> list:
+    return [self.accuracies(s, session) for s in states]

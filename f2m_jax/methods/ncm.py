@@ -14,7 +14,7 @@ from f2m_jax import incremental
 from f2m_jax import padding
 from f2m_jax import sharding
 from f2m_jax import trees
-from f2m_jax.evaluator import Evaluator, embed_spec
+from f2m_jax.evaluator import Evaluator, embed_spec, ncm_runs_spec
 from f2m_jax.methods import Method, Runner, common
 from f2m_jax.sessions import parallel_runs
 
@@ -44,7 +44,8 @@ def finetune_spec(exp, paths) -> tuple:
 def compile_ahead(exp) -> list:
   """The plans (f2m_jax/programs.py) of what NCMRunner's first session compiles, from shapes alone:
   the test-view embedding (base prototypes, test images, shots), the frozen trunk and the suffix
-  (eval.cache_trunk), the fine-tuning of one run or of each size of run group, and NCM."""
+  (eval.cache_trunk; the suffix where a run is evaluated alone), the fine-tuning of one run or of
+  each size of run group, the one-call evaluation of each such group, and NCM."""
   cfg, bench = exp.config, exp.bench
   sds = jax.ShapeDtypeStruct
   state = exp.state_shapes()
@@ -59,11 +60,15 @@ def compile_ahead(exp) -> list:
   dim = exp.embedding_dim()
   paths = exp.trainable_paths(params) if cfg.incremental.finetune else ()
   block = Evaluator.trunk_block(exp, paths)
+  per_call, mesh = parallel_runs(cfg), sharding.runs_mesh()
+  sizes = sorted({min(per_call, cfg.runs - i) for i in range(0, cfg.runs, per_call)})  # of the run groups
+  rows, classes = evaluation.eval_shapes(bench)
   if block:
     feats = jax.eval_shape(lambda v, x: exp.model.apply(v, x, train=False, last=block), variables,
                            sds((1,) + test_view.shape[1:], jnp.float32))
     plans.append((*embed_spec(exp, last=block), lambda f: f.jitted.lower(variables, test_view)))
-    plans.append((*embed_spec(exp, first=block), lambda f: f.jitted.lower(variables, rows_of(feats))))
+    if 1 in sizes:  # a group of several runs is evaluated by ncm_runs instead
+      plans.append((*embed_spec(exp, first=block), lambda f: f.jitted.lower(variables, rows_of(feats))))
   if cfg.incremental.finetune:
     name, build = finetune_spec(exp, paths)
     max_images, max_classes = finetune_sizes(exp)
@@ -71,19 +76,21 @@ def compile_ahead(exp) -> list:
     labels = jax.dtypes.canonicalize_dtype(bench.train.labels.dtype)
     shots, stored = rows_of(bench.train.images, max_images), sds((max_classes, dim), np.float32)
     key, num_seen = jax.eval_shape(lambda: exp.key(0)), sds((), np.int32)
-    per_call, mesh = parallel_runs(cfg), sharding.runs_mesh()
-    for size in sorted({min(per_call, cfg.runs - i) for i in range(0, cfg.runs, per_call)}):
+    test_inputs = rows_of(feats, rows) if block else rows_of(bench.test.images, rows)
+    for size in sizes:
       if size == 1:  # Runner.update: one run a call
-        lower = lambda f: f.jitted.lower(params, stats, trainable, shots, sds((max_images,), labels), stored,
-                                         num_seen, key)
-      else:  # finetune.runs: the group filled to a multiple of the devices
-        r = padding.round_up(size, mesh.size if mesh is not None else 1)
-        stack = lambda x, r=r: sds((r,) + x.shape, x.dtype)
-        lower = lambda f, stack=stack: f.runs_jitted.lower(
-            {p: stack(v) for p, v in trainable.items()}, frozen, stats, trainable,
-            stack(shots), stack(sds((max_images,), labels)), stored, num_seen, stack(key))
-      plans.append((name, build, lower))
-  rows, classes = evaluation.eval_shapes(bench)
+        plans.append((name, build, lambda f: f.jitted.lower(params, stats, trainable, shots, sds((max_images,), labels),
+                                                            stored, num_seen, key)))
+        continue
+      # finetune.runs and Evaluator.accuracies_runs: the group filled to a multiple of the devices
+      r = padding.round_up(size, mesh.size if mesh is not None else 1)
+      stack = lambda x, r=r: sds((r,) + x.shape, x.dtype)
+      stacked = {p: stack(v) for p, v in trainable.items()}
+      plans.append((name, build, lambda f, stack=stack, stacked=stacked: f.runs_jitted.lower(
+          stacked, frozen, stats, trainable, stack(shots), stack(sds((max_images,), labels)), stored, num_seen,
+          stack(key))))
+      plans.append((*ncm_runs_spec(exp, paths, block), lambda f, stack=stack, stacked=stacked: f.jitted.lower(
+          stacked, frozen, stats, test_inputs, stack(sds((classes, dim), np.float32)), num_seen)))
   plans.append(('ncm', lambda: evaluation.ncm_predict_padded,
                 lambda f: f.lower(sds((rows, dim), np.float32), sds((classes, dim), np.float32), sds((), np.int32),
                                   cfg.eval.normalize_prototypes)))  # positional, as ncm_accuracies calls it
@@ -152,6 +159,13 @@ class NCMRunner(Runner):
     run_params, protos = state
     return self.evaluator.accuracies({'params': run_params, 'batch_stats': self.batch_stats}, protos, session,
                                      changed=self.finetune is not None)
+
+  def accuracies_runs(self, states: list, session: int) -> list:
+    """A group's fine-tuned runs evaluated in one call (`Evaluator.accuracies_runs`); one run, or runs
+    that were not fine-tuned, through `accuracies`."""
+    if self.finetune is None or len(states) == 1:
+      return super().accuracies_runs(states, session)
+    return self.evaluator.accuracies_runs([s[0] for s in states], [s[1] for s in states], session)
 
   def template(self, session: int) -> dict:
     seen = self.exp.bench.num_seen_classes(session)
