@@ -6,7 +6,10 @@
 #   2. `procs`: PROCS (default 8) processes at once, each timing the single F2M step (--mode bench,
 #      members_1_single) while they share the GPU (its multi-process service is started where
 #      `nvidia-cuda-mps-control` exists); their summed steps/s is the comparator for S = PROCS.
-# For the whole full-budget run with a cold and a warm compilation cache:
+#   3. `profile`: 30 base steps of one run (3 calls of 10 scanned steps, the images on the device)
+#      traced with jax.profiler: kernels per step and the GPU's idle share
+#      (experiments/profile_steps.py; OUT/profile/profile.json and the trace).
+# For the whole full-budget run with a cold and a warm compilation cache (a second device call):
 #   PARTS="full repeat" experiments/gpu_targets.sh OUT
 #
 #   experiments/gpu_members.sh OUT
@@ -14,7 +17,7 @@
 #     (the CPU check of this script)
 set -euo pipefail
 out=${1:?usage: experiments/gpu_members.sh OUT}
-parts=" ${PARTS:-members procs} "
+parts=" ${PARTS:-members procs profile} "
 sizes=${MEMBER_SIZES:-1 2 4 8}
 procs=${PROCS:-8}
 iters=${ITERS:-5}
@@ -52,4 +55,8 @@ for path in sorted(glob.glob(sys.argv[1] + '/p*/bench*.json')):
 print(json.dumps({'processes': int(sys.argv[2]), 'mps': sys.argv[3] == '1', 'step_ms_median': rows,
                   'summed_steps_per_s': round(sum(1e3 / ms for ms in rows), 2)}))
 EOF
+fi
+if [[ $parts == *" profile "* ]]; then
+  $py experiments/profile_steps.py --config "$config" --out "$out/profile" --calls 3 --steps_per_call 10 \
+      2>&1 | tee "$out/profile.log"
 fi
