@@ -109,11 +109,14 @@ def test_compile_ahead_modes(smoke_config):
     pipeline.resolve(smoke_config)
 
 
-@pytest.mark.parametrize('placement', ['host', 'device'])
-def test_the_base_step_compiled_while_the_states_are_made_is_the_step_the_loop_runs(tmp_path, placement, capsys):
+@pytest.mark.parametrize('placement,members,mapping', [('host', 1, 'unroll'), ('device', 1, 'unroll'),
+                                                        ('device', 2, 'vmap')])
+def test_the_base_step_compiled_while_the_states_are_made_is_the_step_the_loop_runs(tmp_path, placement, members,
+                                                                                    mapping, capsys):
   """compile_ahead='on': the base step compiles in a background thread while the states are
   initialised (or restored) and the images placed; the main thread then compiles no base step, and the
-  trained states are those of compiling at the first call, on the host path and the device path."""
+  trained states are those of compiling at the first call: one run on the host path and the device
+  path, and a sweep of 2 members mapped with vmap."""
   from conftest import tiny_protocol
   from f2m_jax import train_loop, workdir as workdir_lib
   from f2m_jax.checkpoint import Checkpoints
@@ -122,17 +125,22 @@ def test_the_base_step_compiled_while_the_states_are_made_is_the_step_the_loop_r
   config = tiny_protocol('f2m')
   config.base.update(steps=4, log_every=2, checkpoint_every=2, data_placement=placement, steps_per_call=2)
   bench = sources.load_benchmark(config)
-  step_programs = {'jit(unrolled)', 'jit(multi_step)'}
+  step_programs = {'jit(unrolled)', 'jit(multi_step)', 'jit(train_step)'}  # vmap keeps the step's name
   final, compiled = {}, {}
   for mode in ('off', 'on'):
     config.compile_ahead = mode
-    exp, folder = Experiment.create(config, bench), str(tmp_path / mode)
-    ckpts = Checkpoints(folder)
+    exps, folders = [], [str(tmp_path / mode / str(i)) for i in range(members)]
+    for i in range(members):
+      config.seed = i
+      exps.append(Experiment.create(config, bench))
+    ckpts = [Checkpoints(f) for f in folders]
     with MainThreadCompiles() as compiles:
-      final[mode] = jax.device_get(train_loop.train_base(exp, ckpts, workdir_lib.MetricsLog(folder)))
-    ckpts.close()
-    compiled[mode] = sorted(set(compiles.names) & step_programs)
-  assert compiled['off'] == ['jit(multi_step)' if placement == 'device' else 'jit(unrolled)']
-  assert compiled['on'] == []
+      final[mode] = jax.device_get(train_loop.train_base_sessions(
+          exps, ckpts, [workdir_lib.MetricsLog(f) for f in folders], 'base session', mapping=mapping))
+    for c in ckpts:
+      c.close()
+    compiled[mode] = set(compiles.names) & step_programs
+  assert len(compiled['off']) == 1, compiled['off']  # the loop's one step program
+  assert compiled['on'] == set()
   assert 'compiled in the background in' in capsys.readouterr().out
   chex.assert_trees_all_equal(final['on'], final['off'])
