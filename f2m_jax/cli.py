@@ -38,7 +38,7 @@ def main(config, workdir: str, mode: str, checkpoint=None, argv=None, set_by_use
     if mode != 'bench':
       enable_compilation_cache(config)
     if mode in ('train', 'eval') and members.enabled(config):
-      summary = members.run(config, workdir, mode=mode, checkpoint=checkpoint)
+      summary = members.run(config, workdir, mode=mode, checkpoint=checkpoint, origin=config_origin(argv, config))
       print(members.format_summary(summary), flush=True)
       print(f'summary written to {workdir}/summary.json; each member in {workdir}/member_<i>/', flush=True)
       return 0

@@ -104,9 +104,11 @@ def summarize(member_results: list) -> dict:
 
 
 def run(config: ml_collections.ConfigDict, root: str, mode: str = 'train', checkpoint: Optional[str] = None,
-        hook: Hook = None) -> dict:
+        hook: Hook = None, origin: Optional[dict] = None) -> dict:
   """The sweep: every member's base session in one program, then each member's sessions; writes
-  root/summary.json and returns it."""
+  root/summary.json and returns it. `origin` (the --config argument and its changes, as
+  `pipeline.run`'s) goes into the summary's provenance and, with the member's index
+  (`sweep_member`), into each member's results."""
   if checkpoint:
     raise ValueError('--checkpoint takes one base model; a member sweep trains its own')
   validate(config)
@@ -131,13 +133,14 @@ def run(config: ml_collections.ConfigDict, root: str, mode: str = 'train', check
         ck.close()
       for log in logs:
         log.close()
-  results = [pipeline.run(c, d, mode=mode, hook=hook) for c, d in zip(configs, dirs)]
+  results = [pipeline.run(c, d, mode=mode, hook=hook, origin={**origin, 'sweep_member': i} if origin else None)
+             for i, (c, d) in enumerate(zip(configs, dirs))]
   summary = summarize(results)
   summary['members'] = [{'workdir': os.path.basename(d), 'seed': int(c.seed),
                          **({config.members.field: v} if config.members.field_values else {}),
                          'acc_last': r['sessions'][-1]['acc']['mean'], 'pd': r['pd']['mean']}
                         for d, c, r, v in zip(dirs, configs, results, config.members.field_values or [None] * len(dirs))]
-  summary['provenance'] = workdir_lib.provenance(config.to_dict())
+  summary['provenance'] = {**workdir_lib.provenance(config.to_dict()), **({'origin': origin} if origin else {})}
   workdir_lib.atomic_write(os.path.join(root, 'summary.json'), json.dumps(summary, indent=1))
   return summary
 

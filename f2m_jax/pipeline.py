@@ -203,12 +203,13 @@ def start_line(config, bench, workdir: str, mode: str, ckpts: Checkpoints, base_
 
 
 def _what(config, origin: Optional[dict]) -> str:
-  """The --config argument and its changes, and the method."""
+  """The --config argument and its changes, and the method (and a sweep's member: its seed)."""
   if not (origin or {}).get('config'):
     return f'method={config.method}'
   changes = origin.get('changes') or {}
+  member = f', sweep member {origin["sweep_member"]}, seed {config.seed}' if 'sweep_member' in origin else ''
   return (origin['config'] + (' with ' + ', '.join(f'{k}={v!r}' for k, v in changes.items()) if changes else '')
-          + f' (method {config.method})')
+          + f' (method {config.method}{member})')
 
 
 def _devices() -> str:

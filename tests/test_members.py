@@ -13,6 +13,7 @@ import pytest
 from conftest import Interrupt, without_provenance
 from configs import cifar100
 from f2m_jax import base as base_lib
+from f2m_jax import cli
 from f2m_jax import evaluation
 from f2m_jax import members
 from f2m_jax import pipeline
@@ -38,7 +39,10 @@ def tiny(seed: int = 0, **members_fields):
 def sweep(tmp_path_factory):
   """(the sweep's folder, its summary, the folders of the single runs of each seed)."""
   root = str(tmp_path_factory.mktemp('sweep') / 'sweep')
-  summary = members.run(tiny(seeds=SEEDS, map='unroll'), root)
+  argv = ['run.py', '--config', 'configs/cifar100.py:smoke', '--workdir', root]  # as run.py starts it
+  assert cli.main(tiny(seeds=SEEDS, map='unroll'), root, 'train', argv=argv) == 0
+  with open(os.path.join(root, 'summary.json')) as f:
+    summary = json.load(f)
   singles = []
   for seed in SEEDS:
     workdir = str(tmp_path_factory.mktemp(f'single{seed}') / 'run')
@@ -73,6 +77,18 @@ def test_a_sweep_of_three_seeds_equals_three_single_runs(sweep):
   accs = [summary['members'][i]['acc_last'] for i in range(3)]
   assert len(set(accs)) > 1
   assert summary['sessions'][-1]['acc']['mean'] == pytest.approx(np.mean(accs))
+
+
+@pytest.mark.slow
+def test_a_sweep_records_the_command_that_started_it(sweep):
+  root, summary, _ = sweep
+  origin = summary['provenance']['origin']
+  assert origin['config'] == 'configs/cifar100.py:smoke' and origin['changes']['base.steps'] == 20  # tiny's
+  for i in range(len(SEEDS)):
+    with open(os.path.join(root, f'member_{i}', 'results.json')) as f:
+      assert json.load(f)['provenance']['origin'] == {**origin, 'sweep_member': i}
+  config = tiny(seed=2)
+  assert pipeline._what(config, {**origin, 'sweep_member': 2}).endswith('(method f2m, sweep member 2, seed 2)')  # pylint: disable=protected-access
 
 
 @pytest.mark.slow
