@@ -111,10 +111,12 @@ def train_steps(exp: Experiment, members: Sequence[Member], states, start: int, 
   def indices(s: int) -> np.ndarray:  # [S, B]: every member's batch at step s
     return np.stack([m.batch_indices(s) for m in members]).astype(np.int32)
 
+  what = f'the step{f" of {num} members" if num > 1 else ""} (steps {start}-{cfg.steps})'
   ahead = None
   if callable(states):
     if programs_lib.enabled(exp.config.compile_ahead):
       ahead = compile_step_ahead(step_fn, exp, mesh, indices(start), keys, on_device, per_call)
+      print(f'{title}: compiling {what} in the background while the states are made', flush=True)
     states = states()
   # the training images live on the device (each call runs `per_call` steps), or batches come from the host
   data = sharding.replicate((images, labels), mesh) if on_device else ()
@@ -131,11 +133,7 @@ def train_steps(exp: Experiment, members: Sequence[Member], states, start: int, 
   for m in members:
     m.log.open()
   # The bar starts once the first call is done, so that its rate and ETA leave out the compile.
-  what = 'the step' + (f' of {num} members' if num > 1 else '')
-  if ahead is None:
-    print(f'{title}: compiling {what}, steps {start}-{cfg.steps}', flush=True)
-  else:
-    print(f'{title}: {what}, steps {start}-{cfg.steps}: {wait_for(ahead)}', flush=True)
+  print(f'{title}: ' + (f'compiling {what}' if ahead is None else wait_for(ahead)), flush=True)
   bar = None
   window, t0, saved = [], time.time(), (start or None)
   extra = {'members': num} if num > 1 else {}
@@ -230,8 +228,8 @@ def wait_for(ahead) -> str:
   try:
     done = future.result()
   except Exception as e:  # pylint: disable=broad-except
-    return f'compiling it ahead failed ({type(e).__name__}: {e}); it compiles at its first call'
-  return f'compiled in the background in {done - started:.1f} s, of which {time.time() - t0:.1f} s waited for'
+    return f'compiling the step ahead failed ({type(e).__name__}: {e}); it compiles at its first call'
+  return f'the step compiled in the background in {done - started:.1f} s, of which {time.time() - t0:.1f} s waited for'
 
 
 def call_spans(start: int, steps: int, per_call: int) -> list:
