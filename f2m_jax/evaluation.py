@@ -79,7 +79,7 @@ def make_ncm_runs(model: ResNet, mean, std, batch_size: int, trainable_paths, fi
       variables = {'params': trees.unflatten({**frozen, **trainable}), 'batch_stats': batch_stats}
       emb = lax.map(lambda x: embed_inputs(model, variables, x, mean, std, first), batches)
       emb = emb.reshape((-1, emb.shape[-1]))[:n]
-      dtype = jnp.promote_types(jnp.promote_types(emb.dtype, p.dtype), jnp.float32)  # as ncm_accuracies
+      dtype = ncm_dtype(emb.dtype, p.dtype)
       return ncm_predict_padded(emb.astype(dtype), p.astype(dtype), num_seen, normalize)
 
     return jax.vmap(one)(trainables, protos)
@@ -119,13 +119,19 @@ def eval_shapes(bench: Benchmark) -> tuple:
   return len(bench.test.labels), bench.num_seen_classes(bench.num_sessions)
 
 
+def ncm_dtype(*dtypes):
+  """The dtype NCM compares embeddings and prototypes in: float32, or float64 where either is (the
+  float64 tests)."""
+  return functools.reduce(jnp.promote_types, dtypes, jnp.dtype(jnp.float32))
+
+
 def ncm_accuracies(embeddings: np.ndarray, labels: np.ndarray, protos: np.ndarray, num_base: int,
                    normalize: bool, pad_to: Optional[tuple] = None) -> dict:
   """NCM over all seen classes; returns acc, acc_base, acc_novel (None without novel images) and
   hm (harmonic mean of base and novel), in percent. `pad_to` = (rows, classes): the embeddings and
   prototypes are padded to these sizes (the padded classes never predicted), so every session of a
   benchmark runs one compiled program instead of compiling anew for each session's shapes."""
-  dtype = np.result_type(np.asarray(embeddings).dtype, np.asarray(protos).dtype, np.float32)  # float32 but in x64 tests
+  dtype = ncm_dtype(np.asarray(embeddings).dtype, np.asarray(protos).dtype)
   embeddings, protos = np.asarray(embeddings, dtype), np.asarray(protos, dtype)
   rows, classes = pad_to or (len(embeddings), len(protos))
   pred = ncm_predict_padded(pad_rows(embeddings, rows), pad_rows(protos, classes), np.int32(len(protos)), normalize)
