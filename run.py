@@ -22,9 +22,9 @@ flags.mark_flags_as_required(['config', 'workdir'])
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
-  overrides = config_flags.get_override_values(flags.FLAGS['config'])  # no method's presets replace these
-  return cli.main(_CONFIG.value, _WORKDIR.value, _MODE.value, _CHECKPOINT.value, argv=sys.argv,
-                  set_by_user=overrides)
+  origin = {'config': config_flags.get_config_filename(flags.FLAGS['config']),  # what the user changed
+            'changes': config_flags.get_override_values(flags.FLAGS['config'])}
+  return cli.main(_CONFIG.value, _WORKDIR.value, _MODE.value, _CHECKPOINT.value, origin=origin)
 
 
 if __name__ == '__main__':

@@ -42,12 +42,10 @@ def base_config() -> ml_collections.ConfigDict:
   # 'fsll' (small-magnitude tensors fine-tuned with triplet + prototype losses);
   # f2m_jax/methods, listed in f2m_jax/registry.py. A method other than F2M replaces some of the
   # values below with its own (its `presets`, e.g. the Baseline: no noise, no fine-tuning, no PN,
-  # shuffled batches) when the run starts (f2m_jax/pipeline.py: resolve), except those in set_by_user.
+  # shuffled batches) when the run starts (f2m_jax/pipeline.py: resolve), except those set on the
+  # command line (`--config.method=baseline --config.eval.normalize_prototypes=True` is the Baseline
+  # with PN).
   c.method = 'f2m'
-  # Dotted names of the fields the user set: run.py records its --config.FIELD overrides here, and no
-  # method's presets replace them (`--config.method=baseline --config.eval.normalize_prototypes=True`
-  # is the Baseline with PN). Scripts that set fields in Python list them here for the same effect.
-  c.set_by_user = ()
   c.seed = 0
   c.runs = 10  # R: F2M-style draws of the shots (all runs share the base model)
 
@@ -77,6 +75,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.dtype = 'float32'  # compute dtype: 'float32' or 'bfloat16' (params stay float32)
   c.model.pretrained = ''  # a torchvision .pth state dict (ResNet-18 only)
   c.model.head = 'linear'  # or 'cosine' (LUCIR's classifier: method=rebalance sets it)
+  # How the convolutions' gradients are written: 'cpu' (the forms XLA:CPU runs fast), 'xla' (XLA's
+  # own), or 'auto': 'cpu' on a CPU, 'xla' elsewhere (f2m_jax/backend.py, the one place that decides).
+  c.model.conv_backward = 'auto'
 
   c.base = ml_collections.ConfigDict()
   c.base.steps = 0
@@ -98,14 +99,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.base.weight_decay = 5e-4
   c.base.milestones = ()
   c.base.lr_gamma = 0.1
-  # Where the training images live and how many steps one dispatch runs (f2m_jax/train_loop.py: data_placement):
-  # 'auto' keeps them on a GPU/TPU when they fit (CIFAR-100, miniImageNet, CUB all do) and runs
-  # steps_per_call (0: 1 on a CPU, 20 elsewhere) steps per call with lax.scan; 'host' or 'device' force it.
-  c.base.data_placement = 'auto'
-  c.base.steps_per_call = 0
-  # Calls whose host work (batch indices; the gathered images on the host path) a background thread
-  # prepares and puts on the device ahead of the training loop (f2m_jax/prefetch.py); 0: none.
-  c.base.prefetch = 2
+  # Steps per call of the base program (lax.scan; the training images stay on the devices and each
+  # step gathers its batch there), reduced to divide log_every and checkpoint_every
+  # (f2m_jax/train_loop.py: steps_per_call).
+  c.base.steps_per_call = 20
   c.base.log_every = 50
   c.base.checkpoint_every = 500
 
@@ -141,7 +138,9 @@ def base_config() -> ml_collections.ConfigDict:
   # weights they restore into p.data before it; docs/method.md)
   c.noise.backward_weights = 'noisy'
   c.noise.shared_trunk = True  # run the unperturbed trunk once per batch
-  c.noise.draw_map = 'auto'  # 'vmap', 'unroll' (one pass per draw) or 'auto': unroll on CPU, vmap elsewhere
+  # How the M noisy passes share one program: 'vmap', 'unroll' (written out) or 'auto': unroll on a
+  # CPU, vmap elsewhere (f2m_jax/backend.py)
+  c.noise.draw_map = 'auto'
 
   c.incremental = ml_collections.ConfigDict()
   c.incremental.finetune = True
@@ -157,9 +156,6 @@ def base_config() -> ml_collections.ConfigDict:
   # Algorithm 1 saves them (test-time PN is eval.normalize_prototypes; novel prototypes in Eq. 5 are
   # the batch's means either way)
   c.incremental.normalize_base_prototypes = False
-  # How many runs one call fine-tunes together, mapped over a run axis (f2m_jax/sessions.py: parallel_runs):
-  # 0 is 1 on a CPU (its mapped convolutions are slower than one run at a time) and all runs elsewhere.
-  c.incremental.parallel_runs = 0
 
   # Each method's own section (crt, icarl, rebalance, fsll): METHOD_SECTIONS above.
   for section, values in METHOD_SECTIONS.items():
@@ -168,9 +164,10 @@ def base_config() -> ml_collections.ConfigDict:
   # Several runs of this config in one program (f2m_jax/members.py): `seeds` (members differing in
   # their seed), or `field` ('noise.bound') with `field_values` (members differing in that field). Each
   # member trains its base session in one jitted step with all the others, then its sessions; the
-  # workdir holds member_<i>/ workdirs and summary.json. `map`: 'vmap' (over the member axis; seeds
-  # only), 'unroll' (the members side by side in one program) or 'auto' (vmap on GPU/TPU for seeds).
-  c.members = ml_collections.ConfigDict(dict(seeds=(), field='', field_values=(), map='auto'))
+  # workdir holds member_<i>/ workdirs and summary.json. `map`: 'unroll' (the members side by side in
+  # one program) or 'vmap' (over the member axis); which is faster on a GPU is unmeasured
+  # (docs/performance.md).
+  c.members = ml_collections.ConfigDict(dict(seeds=(), field='', field_values=(), map='unroll'))
 
   c.eval = ml_collections.ConfigDict()
   c.eval.normalize_prototypes = True  # PN
@@ -198,29 +195,24 @@ def base_config() -> ml_collections.ConfigDict:
   # JAX_COMPILATION_CACHE_DIR, where set, is used instead. --mode bench never turns it on (it times
   # compiling).
   c.compilation_cache = True
-  # Compile programs from their shapes in a background thread while other work goes on: the base
-  # step while the states are initialised (or restored) and the images placed (f2m_jax/train_loop.py),
-  # and the incremental sessions' programs (fine-tuning, embeddings, NCM) while session 1 trains
-  # (f2m_jax/programs.py; from its first step on) instead of at the first session: 'auto' (on where
-  # the backend is no CPU, whose cores the base steps already use), 'on', 'off'. The same programs,
-  # so results are identical.
-  c.compile_ahead = 'auto'
 
-  c.bench = ml_collections.ConfigDict()  # --mode bench (f2m_jax/bench.py)
-  c.bench.M_list = (1, 2, 4, 8)
-  c.bench.dtypes = ('float32', 'bfloat16')
-  c.bench.other_draw_map = True  # also time the draw mapping that noise.draw_map does not pick
-  c.bench.backend_defaults = True  # on a CPU: float32, M in (2, 4), unrolled draws only (bench.for_backend)
+  # --mode bench (f2m_jax/bench.py); the values fit a CPU. On a GPU the scripts in experiments/ time more:
+  # M_list (1, 2, 4, 8), dtypes ('float32', 'bfloat16'), other_draw_map=True, member_sizes (1, 2, 4, 8),
+  # whole runs of 1,000 steps and 10 runs.
+  c.bench = ml_collections.ConfigDict()
+  c.bench.M_list = (2, 4)
+  c.bench.dtypes = ('float32',)
+  c.bench.other_draw_map = False  # also time the draw mapping that noise.draw_map does not pick
   c.bench.warmup = 1
   c.bench.iters = 5
   c.bench.batch = 0  # 0: the base-session batch (base.ways x base.shots, or base.batch_size)
   # Whole runs of F2M and the Baseline through the pipeline (0 steps: none): base steps/s, the
-  # incremental phase's wall time, compile time. On a CPU (backend_defaults) at most 10 steps, 1 run.
-  c.bench.whole_run_steps = 1000
-  c.bench.whole_run_runs = 10
+  # incremental phase's wall time, compile time.
+  c.bench.whole_run_steps = 10
+  c.bench.whole_run_runs = 1
   # S runs' base steps in one program (a seed sweep, f2m_jax/members.py) against S single steps, for
-  # every S here (() for none); on a CPU at most 4 (bench.backend_defaults)
-  c.bench.member_sizes = (1, 2, 4, 8, 16)
+  # every S here (() for none)
+  c.bench.member_sizes = (1, 2, 4)
   return c
 
 

@@ -6,30 +6,26 @@
 #   2. a whole CIFAR-100 F2M run of the full protocol's shapes on `trainsplit` (STEPS base
 #      iterations, default 30,003 with the rate cut at 15,000 as in the original, then 10 x 8
 #      sessions): its base steps/s, incremental phase and wall time, from its metrics.jsonl.
-#   3. the bench's whole runs again through the host data path (base.data_placement=host: batches
-#      gathered on the host by the prefetch thread, as for datasets too large for the device).
-#   4. (`repeat`, not in the default) the whole run of 2 again in a new workdir: its programs come
+#   3. (`repeat`, not in the default) the whole run of 2 again in a new workdir: its programs come
 #      from the compilation cache that run 2 filled (F2M_CACHE_DIR, else ~/.cache/f2m_jax).
 # Targets: base steps/s >= 95% of the bench's device-only F2M rate; incremental phase < 15 s after
 # compilation; the whole run < 3 minutes.
 #
-# PARTS picks the steps (default the first three: "bench full host"); only `full` and `repeat` read data (where a
+# PARTS picks the steps (default the first two: "bench full"); only `full` and `repeat` read data (where a
 # machine's transfers are capped, experiments/device_data.py takes it there in parts). PYTHON names
 # the interpreter (default python3).
 #
 #   F2M_DATA_DIR=... experiments/gpu_targets.sh OUT
 #   STEPS=20 RUNS=1 experiments/gpu_targets.sh OUT   # the CPU check of this script
-#   PARTS="bench host" experiments/gpu_targets.sh OUT  # no data needed
+#   PARTS=bench experiments/gpu_targets.sh OUT  # no data needed
 set -euo pipefail
 out=${1:?usage: experiments/gpu_targets.sh OUT}
 steps=${STEPS:-30003}
 runs=${RUNS:-10}
-parts=" ${PARTS:-bench full host} "
+parts=" ${PARTS:-bench full} "
 py=${PYTHON:-python3}
 mkdir -p "$out"
-bench_extra=()
-[ -n "${STEPS:-}" ] && bench_extra+=(--config.bench.whole_run_steps="$steps")
-[ -n "${RUNS:-}" ] && bench_extra+=(--config.bench.whole_run_runs="$runs")
+bench_extra=(--config.bench.whole_run_steps="${STEPS:-1000}" --config.bench.whole_run_runs="$runs")
 if [[ $parts == *" bench "* ]]; then
 $py run.py --config configs/cifar100.py:trainsplit --mode bench --workdir "$out/bench" \
     --config.bench.M_list='(2,)' --config.bench.dtypes="('float32',)" ${bench_extra[@]+"${bench_extra[@]}"} \
@@ -45,21 +41,14 @@ rows = [json.loads(l) for l in open(sys.argv[1] + '/metrics.jsonl')]
 base = [r for r in rows if r.get('phase') == 'base']
 sessions = [r for r in rows if r.get('phase') == 'session']
 done = [r for r in rows if r.get('phase') == 'done'][-1]
-ahead = [r for r in rows if r.get('phase') == 'compile_ahead']
 rates = [r['steps_per_s'] for r in base[1:]] or [base[-1]['steps_per_s']]  # the first window compiles
 first_session = min(r['time'] for r in sessions)
 print(json.dumps({'base_steps_per_s_median': sorted(rates)[len(rates) // 2],
                   'start_to_first_logged_step_s': round(base[0]['time'] - (done['time'] - done['wall_time_s']), 1),
                   'base_end_to_first_session_end_s': round(first_session - base[-1]['time'], 1),
                   'sessions_after_the_first_s': round(max(r['time'] for r in sessions) - first_session, 1),
-                  'sessions': len(sessions), 'wall_time_s': done['wall_time_s'],
-                  'compile_ahead': ahead[-1] if ahead else None}))
+                  'sessions': len(sessions), 'wall_time_s': done['wall_time_s']}))
 EOF
 }
 if [[ $parts == *" full "* ]]; then full_run f2m_full; fi
 if [[ $parts == *" repeat "* ]]; then full_run f2m_repeat; fi
-if [[ $parts == *" host "* ]]; then  # whole runs only (no dtypes: the per-step table is the bench's)
-$py run.py --config configs/cifar100.py:trainsplit --mode bench --workdir "$out/bench_host" \
-    --config.base.data_placement=host --config.bench.dtypes='()' ${bench_extra[@]+"${bench_extra[@]}"} \
-    2>&1 | tee "$out/bench_host.log"
-fi

@@ -1,8 +1,9 @@
 """Profiles base steps of one run as the loop runs them on a GPU/TPU, and counts what the device did.
 
-The step is train_loop's program for one member (S = 1): on a GPU/TPU the images on the device and
-STEPS_PER_CALL steps scanned per dispatch (base_lib.make_multi_step); on a CPU the same program, for a
-check of this script. Random images of the config's shapes (no data read). After one call that
+The program is the one every base training runs and --mode bench times (base.make_train_program, as
+bench.program_case builds it for one run): the images on the device and STEPS_PER_CALL steps scanned per
+dispatch; on a CPU the same program, for a check of this script. Random images of the config's shapes
+(no data read). After one call that
 compiles, CALLS calls are traced with jax.profiler (TensorBoard's format, and a Perfetto JSON that this
 script reads back). Printed, and written to OUT/profile.json:
   - per device track (a GPU stream, or a host thread on a CPU): events, events per step, busy seconds
@@ -25,16 +26,11 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), '..'))
 
 import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
 
-from f2m_jax import base as base_lib  # noqa: E402
 from f2m_jax import bench as bench_lib  # noqa: E402
 from f2m_jax import cli  # noqa: E402
 from f2m_jax import pipeline  # noqa: E402
 from f2m_jax import sharding  # noqa: E402
-from f2m_jax import train_loop  # noqa: E402
-from f2m_jax.experiment import Experiment  # noqa: E402
 
 
 def busy_seconds(intervals) -> float:
@@ -81,30 +77,25 @@ def main(argv=None) -> dict:
   p.add_argument('--calls', type=int, default=3)
   p.add_argument('--steps_per_call', type=int, default=10)
   args = p.parse_args(argv)
-  config = pipeline.resolve(cli.load_config_file(args.config), reads_data=False)
-  batch = bench_lib.base_batch(config)
-  bench = bench_lib.random_benchmark(config, max(4 * batch, 1024), 16)
-  exp = Experiment.create(config, bench)
-  mesh = sharding.data_mesh()
-  step = base_lib.members_step_fn([base_lib.train_step_fn(exp.base_objective(), exp.optimizer(), bench.augment,
-                                                          bench.image_size, bench.mean, bench.std)], 'unroll')
-  multi = base_lib.make_multi_step(step, mesh)
-  rng = np.random.default_rng(0)
+  config = cli.load_config_file(args.config)
   n = args.steps_per_call
-  rows = lambda: sharding.shard_member_rows(mesh, rng.integers(0, len(bench.train.labels), (n, 1, batch), np.int32))
-  data = sharding.replicate((bench.train.images, bench.train.labels), mesh)
-  states, keys = sharding.replicate((train_loop.stack([exp.init_state()]), jnp.stack([exp.key(0)])), mesh)
+  config.base.update(steps_per_call=n, log_every=n, checkpoint_every=n)
+  config = pipeline.resolve(config, reads_data=False)
+  exp = bench_lib.bench_experiment(config, config.model.dtype)
+  case = bench_lib.program_case(exp, exp.base_objective(), 'f2m', config.noise.M, 1, sharding.data_mesh())
+  batch, call = case.batch, case.args
   t0 = time.perf_counter()
-  states, metrics = multi(states, *data, rows(), np.int32(n), keys)
-  jax.block_until_ready(metrics)
+  out = jax.block_until_ready(case.fn(*call))
   compile_s = time.perf_counter() - t0
+  call = case.carry(call, out)
   os.makedirs(args.out, exist_ok=True)
   trace_dir = os.path.join(args.out, 'trace')
   with jax.profiler.trace(trace_dir, create_perfetto_trace=True):
     t0 = time.perf_counter()
     for _ in range(args.calls):
-      states, metrics = multi(states, *data, rows(), np.int32(n), keys)
-    jax.block_until_ready((states, metrics))
+      out = case.fn(*call)
+      call = case.carry(call, out)
+    jax.block_until_ready(out)
     wall = time.perf_counter() - t0
   path = sorted(glob.glob(os.path.join(trace_dir, '**', '*perfetto_trace.json.gz'), recursive=True))[-1]
   with gzip.open(path) as f:

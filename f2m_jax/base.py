@@ -1,15 +1,20 @@
-"""Base session (session 1): the flat-minima objective and a jitted train step (Eq. 3-4, Alg. 1).
+"""Base session (session 1): the flat-minima objective (Eq. 3-4, Alg. 1) and the one program that
+trains it.
 
 `base_loss` is one pure function of (params, batch_stats, images, labels, eps). The M noise draws
-are mapped with `jax.vmap` (or unrolled: `draw_map`); with `shared_trunk` the unperturbed trunk
+are mapped with `jax.vmap` (or written out: `draw_map`); with `shared_trunk` the unperturbed trunk
 (every block before the first noised conv) runs once and only the suffix is mapped over the draws.
 BatchNorm uses batch statistics in every pass; by default the running statistics are updated by the
 clean pass and then by each noisy pass in turn, as in the authors' code (`bn_updates`).
+
+`train_step` is one update of one run; `make_train_program` jits the program every base training
+runs (and `--mode bench` times): `steps_per_call` steps of S >= 1 runs (a sweep's members; a single
+run is S = 1) scanned in one call, each step's batches gathered on the device.
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 import flax
 import jax
@@ -19,6 +24,7 @@ import optax
 from f2m_jax import noise as noise_lib
 from f2m_jax import objectives
 from f2m_jax import sharding
+from f2m_jax import trees
 from f2m_jax.data import augment as augment_lib
 from f2m_jax.models import ResNet
 from f2m_jax.models.resnet import fold_batch_stats
@@ -27,14 +33,6 @@ from f2m_jax.models.resnet import fold_batch_stats
 DRAW_MAPS = ('vmap', 'unroll')
 # The averages a training loop logs from a step's metrics (which also hold 'finite').
 LOGGED_METRICS = ('loss', 'ce', 'pf', 'acc', 'ce_clean')
-
-
-def resolve_draw_map(name: str) -> str:
-  """noise.draw_map: 'auto' is 'unroll' on CPU and 'vmap' elsewhere (the faster one in `--mode bench`:
-  XLA:CPU's grouped convolutions are slow, a GPU runs the vmapped draws best)."""
-  if name == 'auto':
-    return 'unroll' if jax.default_backend() == 'cpu' else 'vmap'
-  return name
 
 
 @flax.struct.dataclass
@@ -56,21 +54,20 @@ class BaseObjective:
     (config.noise.backward_weights).
   noise_paths: the noise set; empty means plain training (no draws).
   split: index of the first block holding a noised conv (the trunk is blocks [0, split)).
-  num_draws: M. bound: b (the true half-width). pf_weight: lambda. std_weight: gamma.
+  num_draws: M. pf_weight: lambda. std_weight: gamma. (The bound b is an argument of the step, so
+    that the members of a sweep over it share one program.)
   pf_gradient: whether PF is differentiated (the paper) or only its value counts (the authors' code).
   pf_classes: PF's mean over the batch's classes ('batch', the authors' code) or over all base classes
     ('all_base', Eq. 4's normaliser; `objectives.prototype_fixing`).
   bn_updates: 'all_passes' (running statistics updated by the clean pass, then by each noisy pass in
     turn, as the authors' code) or 'clean' (the clean pass only).
-  draw_map: how the M noisy passes are batched: 'vmap' (one pass with a leading draw axis; the
-    convolutions become grouped ones) or 'unroll' (M passes in one program; XLA:CPU runs these
-    several times faster than grouped convolutions).
+  draw_map: how the M noisy passes share the program: 'vmap' (one pass with a leading draw axis) or
+    'unroll' (M passes written out); config.noise.draw_map, resolved by f2m_jax/backend.py.
   """
   model: ResNet
   noise_paths: tuple
   split: int
   num_draws: int
-  bound: float
   distribution: str
   pf_weight: float
   std_weight: float
@@ -138,18 +135,23 @@ def base_loss(params, batch_stats, images, labels, eps, objective: BaseObjective
       pf_j = jax.lax.stop_gradient(pf_j)
     return ce_j, pf_j, _add(trunk_update, update_j)  # a shared trunk saw the same batch M more times
 
-  num_draws = next(iter(eps.values())).shape[0]
-  if objective.draw_map == 'unroll':
-    per_draw = [noisy_pass({p: e[j] for p, e in eps.items()}) for j in range(num_draws)]
-    ce, pf = (jnp.stack(v) for v in list(zip(*per_draw))[:2])
-    noisy_updates = [u for _, _, u in per_draw]
-  else:
-    ce, pf, stacked = jax.vmap(noisy_pass)(eps)
-    noisy_updates = [jax.tree_util.tree_map(lambda u: u[j], stacked) for j in range(num_draws)]
+  ce, pf, noisy_updates = map_draws(noisy_pass, eps, objective.draw_map)
   updates = [clean_update] + (noisy_updates if objective.bn_updates == 'all_passes' else [])
   loss = objectives.flat_minima_objective(ce + objective.pf_weight * pf, objective.std_weight)
   metrics.update(loss=loss, ce=ce.mean(), pf=pf.mean())
   return loss, (fold_batch_stats(batch_stats, updates), metrics)
+
+
+def map_draws(noisy_pass: Callable, eps: dict, draw_map: str) -> tuple:
+  """(ce [M], pf [M], [BN updates of each draw]) of `noisy_pass` over the M draws of `eps`
+  ({path: [M, ...]}): `jax.vmap` over the draw axis, or the M passes written out ('unroll')."""
+  num_draws = next(iter(eps.values())).shape[0]
+  if draw_map == 'unroll':
+    per_draw = [noisy_pass({p: e[j] for p, e in eps.items()}) for j in range(num_draws)]
+    ce, pf = (jnp.stack(v) for v in list(zip(*per_draw))[:2])
+    return ce, pf, [u for _, _, u in per_draw]
+  ce, pf, stacked = jax.vmap(noisy_pass)(eps)
+  return ce, pf, [trees.index(stacked, j) for j in range(num_draws)]
 
 
 def init_state(model: ResNet, key: jax.Array, image_size: int, tx: optax.GradientTransformation,
@@ -181,79 +183,55 @@ def apply_step(state: TrainState, x, labels, eps, objective: BaseObjective,
   return TrainState(state.step + 1, params, new_stats, opt_state), metrics
 
 
-def train_step_fn(objective: BaseObjective, tx: optax.GradientTransformation, augment: str, image_size: int,
-             mean, std) -> Callable:
-  """The unjitted train step on a uint8 batch: augmentation and noise from fold_in(key, state.step).
-  Pure, so it maps over a leading axis of several runs (f2m_jax/members.py)."""
+def make_train_step(objective: BaseObjective, tx: optax.GradientTransformation, augment: str, image_size: int,
+                    mean, std) -> Callable:
+  """train_step(state, images_u8, labels, key, bound) -> (state, metrics): one update of one run,
+  pure. The batch is augmented and the noise (half-width `bound`) drawn from fold_in(key, state.step),
+  so they depend only on (key, step) and a resumed run repeats an uninterrupted one."""
 
-  def train_step(state: TrainState, images, labels, key):
+  def train_step(state: TrainState, images, labels, key, bound):
     k_aug, k_noise = jax.random.split(jax.random.fold_in(key, state.step))
     x = augment_lib.train_inputs(k_aug, images, augment, image_size, mean, std)
-    eps = (noise_lib.sample_noise(k_noise, state.params, objective.noise_paths, objective.num_draws,
-                                  objective.bound, objective.distribution) if objective.noisy else {})
+    eps = (noise_lib.sample_noise(k_noise, state.params, objective.noise_paths, objective.num_draws, bound,
+                                  objective.distribution) if objective.noisy else {})
     return apply_step(state, x, labels, eps, objective, tx)
 
   return train_step
 
 
-def make_train_step(objective: BaseObjective, tx: optax.GradientTransformation, augment: str,
-                    image_size: int, mean, std, mesh=None) -> Callable:
-  """train_step(state, images_u8, labels, key) -> (state, metrics), pure and jitted.
-
-  The step's randomness is fold_in(key, state.step): augmentation and noise depend only on
-  (key, step), so a resumed run repeats an uninterrupted one. With a `mesh` (f2m_jax.sharding) the
-  step is one SPMD program over it: state and key replicated, images and labels sharded on axis 0."""
-  train_step = train_step_fn(objective, tx, augment, image_size, mean, std)
-  if mesh is not None:
-    return sharding.jit_data_parallel(train_step, mesh)
-  return jax.jit(train_step, donate_argnums=(0,))
+MEMBER_MAPS = ('unroll', 'vmap')
 
 
-def members_step_fn(steps: Sequence[Callable], mapping: str) -> Callable:
-  """The unjitted step of S >= 1 members (`train_step_fn`s, one per member): step(states, images
-  [S, B, ...], labels [S, B], keys [S]) -> (states, metrics of [S]), every leaf with a leading member
-  axis. 'vmap' maps steps[0] over the members (one objective; the convolutions' batching rule folds
-  the members into channel groups, models/resnet.py); 'unroll' writes each member's own step out
-  side by side. One member unrolled is exactly its single step."""
-  if mapping not in ('vmap', 'unroll'):
-    raise ValueError(f"mapping={mapping!r} is neither 'vmap' nor 'unroll'")
-  if mapping == 'vmap':
-    return jax.vmap(steps[0])
+def map_members(step: Callable, members_map: str) -> Callable:
+  """`step` of one run (`make_train_step`'s) over S runs whose arguments all carry a leading member
+  axis: `jax.vmap`, or the S steps written out side by side ('unroll'; for one run exactly its step)."""
+  if members_map == 'vmap':
+    return jax.vmap(step)
 
-  def unrolled(states, images, labels, keys):
-    outs = [step(jax.tree_util.tree_map(lambda x: x[i], states), images[i], labels[i], keys[i])
-            for i, step in enumerate(steps)]
-    return jax.tree_util.tree_map(lambda *v: jnp.stack(v), *outs)
+  def unrolled(states, images, labels, keys, bounds):
+    outs = [step(trees.index(states, i), images[i], labels[i], keys[i], bounds[i]) for i in range(len(keys))]
+    return trees.stack(outs)
 
   return unrolled
 
 
-def make_member_step(step: Callable, mesh) -> Callable:
-  """`members_step_fn`'s step jitted over a mesh for host batches: states and keys replicated, the
-  images and labels [S, B, ...] split along the batch axis B; the states are donated."""
-  rep, batch = sharding.replicated(mesh), sharding.member_batch_sharded(mesh)
-  return jax.jit(step, in_shardings=(rep, batch, batch, rep), out_shardings=(rep, rep), donate_argnums=(0,))
+def make_train_program(step: Callable, members_map: str, mesh) -> Callable:
+  """program(states, images, labels, indices, num_steps, keys, bounds) -> (states, metrics): the base
+  training program. `indices` [N, S, B]: N steps of S members' batches, gathered on the device from
+  the training images (uint8) and labels that every member shares; states, keys and bounds [S]
+  carry a leading member axis (`map_members`); metrics leaves are [N, S]. Only the first `num_steps`
+  (<= N) steps count: later rows are computed and discarded, so a shorter call (the end of a budget,
+  a resume) runs the same compiled program. Jitted over `mesh`: images, states and keys replicated,
+  the batch axis B split over the devices; the states are donated."""
+  members = map_members(step, members_map)
 
-
-def make_multi_step(step: Callable, mesh) -> Callable:
-  """multi_step(states, images_u8, labels, indices [N, S, B], num_steps, keys) -> (states, metrics of
-  [N, S]) for `members_step_fn`'s step.
-
-  The first `num_steps` (<= N, may differ call to call) of N member steps in one dispatch
-  (`lax.scan`), each member's batch images[indices[i, s]] gathered on the device from the whole
-  training set held there (uint8, replicated over the mesh; the indices split along B). Rows from
-  num_steps on are padding: their steps are computed and discarded (the states pass them unchanged;
-  their metrics are to be ignored), so a shorter call (a budget that is no multiple of N, or a
-  resume) runs the same compiled program instead of compiling its own. Step i is exactly the member
-  step on the same batches (tests/test_data_placement.py)."""
-
-  def multi_step(states, images, labels, indices, num_steps, keys):
+  def program(states, images, labels, indices, num_steps, keys, bounds):
     def body(states, xs):
       i, idx = xs
-      new, metrics = step(states, jnp.take(images, idx, axis=0), jnp.take(labels, idx, axis=0), keys)
+      new, metrics = members(states, jnp.take(images, idx, axis=0), jnp.take(labels, idx, axis=0), keys, bounds)
       return jax.tree_util.tree_map(lambda a, b: jnp.where(i < num_steps, a, b), new, states), metrics
     return jax.lax.scan(body, states, (jnp.arange(indices.shape[0]), indices))
 
   rep = sharding.replicated(mesh)
-  return jax.jit(multi_step, in_shardings=(rep, rep, rep, sharding.member_rows_sharded(mesh), rep, rep),
+  return jax.jit(program, in_shardings=(rep, rep, rep, sharding.member_rows_sharded(mesh), rep, rep, rep),
                  out_shardings=(rep, rep), donate_argnums=(0,))

@@ -1,29 +1,26 @@
-"""`--mode bench`: times the jitted steps of a config on random data of the config's shapes.
+"""`--mode bench`: times the base training program (`base.make_train_program`, the very program a
+run calls, at the config's base.steps_per_call steps a call) and the sessions' programs, on random data
+of the config's shapes.
 
 Variants, for each compute dtype of config.bench.dtypes:
-  plain              a base-session step without noise (the reference of the 'x plain' column);
+  plain              the base program without noise (the reference of the 'x plain' column);
   f2m_naive          F2M with the whole network mapped over the M draws, for each M of bench.M_list;
   f2m_shared         F2M with the unperturbed trunk run once (noise.draw_map mapping the draws);
-  f2m_shared_<other> the same with the other draw_map ('vmap' or 'unroll');
-  incremental_step   one fine-tune step of the largest incremental session;
-  ncm_eval           NCM predictions for one eval batch of images, and ncm_eval_suffix from cached
-                     trunk features (the incremental phase's evaluation).
-Each is compiled once (lower + compile, timed apart); then config.bench.warmup untimed and
-config.bench.iters timed rounds call every variant once each.
+  f2m_shared_<other> the same with the other draw_map, where bench.other_draw_map;
+  incremental_step   one fine-tuning step of the largest incremental session;
+  ncm_eval           the test-view embedding of one eval batch of images, and ncm_eval_suffix from
+                     cached trunk features (the incremental phase's evaluation).
+Each is compiled once (timed apart); then config.bench.warmup untimed and config.bench.iters timed
+rounds call every variant once each; a base call's time is divided by its steps.
 
-Whole runs (`whole_run`), for F2M and the Baseline: the pipeline's own base loop and incremental
-sessions, as run.py runs them (on a GPU/TPU the images held on the device and base.steps_per_call
-steps scanned per dispatch; on a CPU host batches, one step per dispatch; checkpoints), for
-config.bench.whole_run_steps base steps and config.bench.whole_run_runs runs of sessions (on a GPU/TPU
-all runs of a session fine-tuned in one call, incremental.parallel_runs; the sessions' programs
-compiled ahead during base training where config.compile_ahead says so): the first call's time
-(compile included), base steps/s after it, the base phase and the incremental phase (and that
-phase after its first session, i.e. without compiles), and what was compiled ahead.
+Then S runs (a sweep's members) in the same program for every S of bench.member_sizes, and whole runs
+(`whole_run`) of F2M and the Baseline through the pipeline for config.bench.whole_run_steps base steps
+and config.bench.whole_run_runs runs of sessions: the first call's time (compile included), base
+steps/s after it, the base phase and the incremental phase (and that phase after its first session).
 
-The records go to W/bench.json as {'provenance': ..., 'records': [...], 'whole_runs': [...]} (never
-overwriting one: then W/bench_<timestamp>.json).
-
-No dataset is read: images are random uint8 of the dataset's size, labels cover the base classes.
+The records go to W/bench.json as {'provenance': ..., 'records': [...], 'whole_runs': [...],
+'members': [...]} (never overwriting one: then W/bench_<timestamp>.json). No dataset is read: images
+are random uint8 of the dataset's size, labels cover the base classes.
 """
 from __future__ import annotations
 
@@ -36,14 +33,13 @@ import time
 from typing import Callable, Optional, Sequence
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from f2m_jax import backend
 from f2m_jax import base as base_lib
+from f2m_jax import evaluator
 from f2m_jax import incremental
-from f2m_jax import members
-from f2m_jax import objectives
 from f2m_jax import pipeline
 from f2m_jax import registry
 from f2m_jax import sharding
@@ -53,8 +49,7 @@ from f2m_jax import workdir as workdir_lib
 from f2m_jax.checkpoint import Checkpoints
 from f2m_jax.experiment import Experiment
 from f2m_jax.methods import ncm
-from f2m_jax.sessions import parallel_runs, run_sessions
-from f2m_jax.data import augment as augment_lib
+from f2m_jax.sessions import run_sessions
 from f2m_jax.data.types import Benchmark, Split, sessions_from_counts
 
 # What a bench needs of each dataset (docs/method.md, 'The problem'): image size, base classes, sessions, way,
@@ -64,7 +59,7 @@ DATASET_SHAPES = {
     'mini_imagenet': dict(image_size=84, num_base=60, num_sessions=9, way=5, augment='rrc_flip'),
     'cub200': dict(image_size=224, num_base=100, num_sessions=11, way=10, augment='rrc_flip'),
 }
-FIELDS = ('variant', 'M', 'batch', 'step_ms_median', 'step_ms_min', 'images_per_s', 'compile_s',
+FIELDS = ('variant', 'M', 'batch', 'steps_per_call', 'step_ms_median', 'step_ms_min', 'images_per_s', 'compile_s',
           'peak_bytes', 'backend', 'device_kind', 'num_devices', 'dtype')
 
 
@@ -122,25 +117,37 @@ def peak_bytes(compiled) -> int | None:
 
 @dataclasses.dataclass
 class Case:
-  """One timed program: `fn` (jitted) on `args`; `carry(args, out) -> args` threads outputs into
-  the next call (a donated train state)."""
+  """One timed program: `fn` on `args`, `steps` base steps a call; `carry(args, out) -> args` threads
+  outputs into the next call (a donated train state)."""
   variant: str
   m: Optional[int]
   batch: int
   fn: Callable
   args: tuple
   carry: Optional[Callable] = None
+  steps: int = 1
+
+
+def _compiled(fn: Callable, args: tuple) -> tuple:
+  """(callable, peak bytes): a jitted `fn` compiled ahead for `args`; any other called once."""
+  if hasattr(fn, 'lower'):
+    compiled = fn.lower(*args).compile()
+    return compiled, peak_bytes(compiled)
+  jax.block_until_ready(fn(*args))
+  return fn, None
 
 
 def time_cases(cases: Sequence[Case], warmup: int, iters: int) -> list:
-  """Compiles each case (lower + compile, timed apart), then runs `warmup` rounds and `iters` timed
-  rounds, each round calling every case once: load from other processes then falls on all cases
-  alike, which keeps their ratios meaningful on a shared machine. Returns one timing dict per case."""
-  compiled, compile_s = [], []
+  """Compiles each case (timed apart), then runs `warmup` rounds and `iters` timed rounds, each round
+  calling every case once: load from other processes then falls on all cases alike, which keeps
+  their ratios meaningful on a shared machine. Returns one timing dict per case, per step."""
+  compiled, compile_s, peaks = [], [], []
   for c in cases:
     t0 = time.perf_counter()
-    compiled.append(c.fn.lower(*c.args).compile())
+    fn, peak = _compiled(c.fn, c.args)
+    compiled.append(fn)
     compile_s.append(time.perf_counter() - t0)
+    peaks.append(peak)
   args = [c.args for c in cases]
   times = [[] for _ in cases]
   for r in range(warmup + iters):
@@ -148,137 +155,107 @@ def time_cases(cases: Sequence[Case], warmup: int, iters: int) -> list:
       t0 = time.perf_counter()
       out = jax.block_until_ready(compiled[i](*args[i]))
       if r >= warmup:
-        times[i].append(time.perf_counter() - t0)
+        times[i].append((time.perf_counter() - t0) / c.steps)
       if c.carry is not None:
         args[i] = c.carry(args[i], out)
   return [{'step_ms_median': 1e3 * statistics.median(t), 'step_ms_min': 1e3 * min(t), 'compile_s': s,
-           'peak_bytes': peak_bytes(x)} for t, s, x in zip(times, compile_s, compiled)]
+           'peak_bytes': p} for t, s, p in zip(times, compile_s, peaks)]
 
 
 def _record(case: Case, dtype: str, timing: dict) -> dict:
   device = jax.devices()[0]
-  rec = dict(variant=case.variant, M=case.m, batch=case.batch, dtype=dtype, backend=jax.default_backend(),
-             images_per_s=case.batch / (timing['step_ms_median'] / 1e3), device_kind=device.device_kind,
-             num_devices=jax.device_count(), **timing)
+  rec = dict(variant=case.variant, M=case.m, batch=case.batch, steps_per_call=case.steps, dtype=dtype,
+             backend=jax.default_backend(), images_per_s=case.batch / (timing['step_ms_median'] / 1e3),
+             device_kind=device.device_kind, num_devices=jax.device_count(), **timing)
   return {k: (round(rec[k], 4) if isinstance(rec[k], float) else rec[k]) for k in FIELDS}
+
+
+def program_case(exp: Experiment, objective: base_lib.BaseObjective, variant: str, m: Optional[int],
+                 num_members: int, mesh) -> Case:
+  """The base program of `num_members` runs of `exp` (seeds 0..S-1) at the config's steps a call, each
+  step on batches of the base classes in order (class-contiguous, every class present)."""
+  bench, cfg = exp.bench, exp.config
+  batch, n = base_batch(cfg), train_loop.steps_per_call(cfg.base, False)
+  step = base_lib.make_train_step(objective, exp.optimizer(), bench.augment, bench.image_size, bench.mean, bench.std)
+  program = base_lib.make_train_program(step, cfg.members.map, mesh)
+  rows = np.broadcast_to((np.arange(batch) * bench.num_base_classes // batch).astype(np.int32), (n, num_members, batch))
+  keys = [jax.random.key(s) for s in range(num_members)]
+  args = (sharding.replicate(trees.stack([exp.init_state()] * num_members), mesh),
+          *sharding.replicate((bench.train.images, bench.train.labels), mesh), sharding.shard_member_rows(mesh, rows),
+          np.int32(n), sharding.replicate(trees.stack(keys), mesh),
+          sharding.replicate(np.full((num_members,), cfg.noise.bound, np.float32), mesh))
+  return Case(variant, m, num_members * batch, program, args, lambda a, out: (out[0],) + a[1:], n)
+
+
+def bench_experiment(config: ml_collections.ConfigDict, dtype: str) -> Experiment:
+  """An Experiment of `config` at compute dtype `dtype` on random data: every base class holds a
+  batch's worth of images (row i of a batch is image i), init from random weights."""
+  config = ml_collections.ConfigDict(config.to_dict())
+  config.model.dtype, config.model.pretrained = dtype, ''
+  s = dataset_shapes(config)
+  return Experiment.create(config, random_benchmark(config, max(base_batch(config), s['num_base']),
+                                                    config.eval.batch_size))
 
 
 def bench_dtype(config: ml_collections.ConfigDict, dtype: str, mesh) -> list:
   """Every variant for one compute dtype; returns the records."""
-  config = ml_collections.ConfigDict(config.to_dict())
-  config.model.dtype = dtype
-  config.model.pretrained = ''  # random init: only shapes matter
-  batch = base_batch(config)
-  sharding.per_device_batch(batch, mesh)
-  bench = random_benchmark(config, batch, config.eval.batch_size)
-  exp = Experiment.create(config, bench)
-  cases = _base_step_cases(exp, batch, mesh) + [_incremental_case(exp)] + _ncm_cases(exp)
+  exp = bench_experiment(config, dtype)
+  sharding.per_device_batch(base_batch(config), mesh)
+  objective = exp.base_objective()
+  other = [d for d in base_lib.DRAW_MAPS if d != objective.draw_map][0]
+  variant = lambda **changes: dataclasses.replace(objective, **changes)
+  cases = [program_case(exp, variant(noise_paths=()), 'plain', 0, 1, mesh)]
+  for m in map(int, config.bench.M_list):
+    cases += [program_case(exp, variant(num_draws=m, shared_trunk=False), 'f2m_naive', m, 1, mesh),
+              program_case(exp, variant(num_draws=m, shared_trunk=True), 'f2m_shared', m, 1, mesh)]
+    if config.bench.other_draw_map:
+      cases.append(program_case(exp, variant(num_draws=m, shared_trunk=True, draw_map=other), f'f2m_shared_{other}',
+                                m, 1, mesh))
+  cases += [incremental_case(exp)] + ncm_cases(exp)
   timings = time_cases(cases, config.bench.warmup, config.bench.iters)
   return [_record(c, dtype, t) for c, t in zip(cases, timings)]
 
 
-def _base_step_cases(exp: Experiment, batch: int, mesh) -> list:
-  """The plain step, then per M: naive and shared trunk (the config's draw_map), and the shared
-  trunk with the other draw_map."""
-  bench, num_base = exp.bench, exp.bench.num_base_classes
-  images = bench.train.images[:batch]
-  labels = (np.arange(batch) * num_base // batch).astype(np.int32)  # class-contiguous, all classes present
-  images, labels = sharding.shard_batch(mesh, images, labels)
-  key = sharding.replicate(jax.random.key(0), mesh)
-  objective = exp.base_objective()
-  other = [d for d in base_lib.DRAW_MAPS if d != objective.draw_map][0]
-
-  def case(variant, m, **changes):
-    fn = base_lib.make_train_step(dataclasses.replace(objective, **changes), exp.optimizer(), bench.augment,
-                                  bench.image_size, bench.mean, bench.std, mesh=mesh)
-    state = sharding.replicate(exp.init_state(), mesh)
-    return Case(variant, m, batch, fn, (state, images, labels, key), lambda args, out: (out[0],) + args[1:])
-
-  cases = [case('plain', 0, noise_paths=())]
-  for m in exp.config.bench.M_list:
-    noisy = dict(noise_paths=exp.noise_paths, num_draws=int(m))
-    cases += [case('f2m_naive', int(m), shared_trunk=False, **noisy),
-              case('f2m_shared', int(m), shared_trunk=True, **noisy)]
-    if exp.config.bench.other_draw_map:
-      cases.append(case(f'f2m_shared_{other}', int(m), shared_trunk=True, draw_map=other, **noisy))
-  return cases
-
-
-def _incremental_case(exp: Experiment) -> Case:
-  """One fine-tune step of the last (largest) incremental session: all novel exemplars so far."""
+def incremental_case(exp: Experiment) -> Case:
+  """One fine-tuning step of the last (largest) incremental session: all novel exemplars so far."""
   bench, shots = exp.bench, exp.config.data.shots
   state = exp.init_state()
   paths = exp.trainable_paths(state.params)
-  settings = ncm.session_settings(exp, paths)
-  settings = dataclasses.replace(settings, steps=1)
+  finetune = incremental.make_finetune(dataclasses.replace(ncm.session_settings(exp, paths), steps=1))
   novel = [c for s in bench.session_classes[1:] for c in s]
   labels = np.repeat(np.asarray(novel, np.int32), shots)
   rng = np.random.default_rng(1)
   images = rng.integers(0, 256, (len(labels),) + bench.train.images.shape[1:], dtype=np.uint8)
-  stored = rng.normal(size=(bench.num_base_classes + len(novel), exp.model.widths[-1])).astype(np.float32)
-  anchor = {p: v for p, v in trees.flatten(state.params).items() if p in set(paths)}
-  args = (state.params, state.batch_stats, anchor, images, labels, stored, np.int32(len(stored)),
-          jax.random.key(0))  # the last session fills the padded shape exactly
-  return Case('incremental_step', None, len(labels), incremental.make_finetune(settings).jitted, args)
+  stored = rng.normal(size=(bench.num_base_classes + len(novel), exp.embedding_dim())).astype(np.float32)
+  anchor = trees.split(state.params, paths)[0]
+  args = (state.params, state.batch_stats, anchor, images, labels, stored, np.int32(len(stored)), jax.random.key(0))
+  return Case('incremental_step', None, len(labels), finetune, args)
 
 
-def _ncm_cases(exp: Experiment) -> list:
-  """NCM predictions for one eval batch: from images, and from cached trunk features (suffix only)."""
-  bench, model, split = exp.bench, exp.model, exp.split
+def ncm_cases(exp: Experiment) -> list:
+  """The sessions' test-view embedding of one eval batch: from images, and from the cached trunk
+  features (the suffix only), as `evaluator.Evaluator` runs them."""
   state = exp.init_state()
   variables = {'params': state.params, 'batch_stats': state.batch_stats}
-  protos = objectives.normalize_prototypes(
-      jax.random.normal(jax.random.key(3), (bench.num_seen_classes(bench.num_sessions), model.widths[-1])))
-
-  def ncm(first):
-    @jax.jit
-    def predict(variables, inputs, protos):
-      x = augment_lib.normalize(inputs, bench.mean, bench.std) if first == 0 else inputs
-      emb, _ = model.apply(variables, x, train=False, first=first)
-      return objectives.ncm_predict(emb, protos)
-    return predict
-
-  images = bench.test.images
-  trunk = jax.jit(lambda v, x: model.apply(v, augment_lib.normalize(x, bench.mean, bench.std), train=False,
-                                           last=split))(variables, images)
-  return [Case('ncm_eval', None, len(images), ncm(0), (variables, images, protos)),
-          Case('ncm_eval_suffix', None, len(images), ncm(split), (variables, trunk, protos))]
+  images = exp.bench.test.images
+  trunk = evaluator.embedder(exp, last=exp.split)(variables, images, keep_on_device=True)
+  return [Case('ncm_eval', None, len(images), evaluator.embedder(exp), (variables, images)),
+          Case('ncm_eval_suffix', None, len(images), evaluator.embedder(exp, first=exp.split), (variables, trunk))]
 
 
 def member_cases(config: ml_collections.ConfigDict, mesh) -> list:
-  """The F2M base step of one run, then of S runs (members of a seed sweep) in one program for every
-  S of bench.member_sizes, mapped as members.map (vmap on GPU/TPU, unroll on a CPU): timed in the
-  same rounds, so each S's speed-up over S single steps is a ratio of one run."""
-  batch = base_batch(config)
-  bench = random_benchmark(config, batch, config.eval.batch_size)
-  sweep = ml_collections.ConfigDict(config.to_dict())
-  sweep.members.seeds = tuple(range(max(config.bench.member_sizes)))
-  mapping = members.member_map(sweep, same_objective=True)
-  exps = [Experiment.create(c, bench) for c in members.member_configs(sweep)]
-  images, labels = bench.train.images[:batch], (np.arange(batch) * bench.num_base_classes // batch).astype(np.int32)
-  single = base_lib.make_train_step(exps[0].base_objective(), exps[0].optimizer(), bench.augment, bench.image_size,
-                                    bench.mean, bench.std, mesh=mesh)
-  x, y = sharding.shard_batch(mesh, images, labels)
-  cases = [Case('members_1_single', 1, batch, single,
-                (sharding.replicate(exps[0].init_state(), mesh), x, y, sharding.replicate(exps[0].key(0), mesh)),
-                lambda args, out: (out[0],) + args[1:])]
-  for s in config.bench.member_sizes:
-    group = exps[:s]
-    step = base_lib.members_step_fn([base_lib.train_step_fn(e.base_objective(), e.optimizer(), bench.augment,
-                                                            bench.image_size, bench.mean, bench.std) for e in group],
-                                    mapping)
-    stacked = (sharding.replicate(train_loop.stack([e.init_state() for e in group]), mesh),
-               *sharding.shard_member_batch(mesh, np.stack([images] * s), np.stack([labels] * s)),
-               sharding.replicate(jnp.stack([e.key(0) for e in group]), mesh))
-    cases.append(Case(f'members_{s}_{mapping}', s, s * batch, base_lib.make_member_step(step, mesh), stacked,
-                      lambda args, out: (out[0],) + args[1:]))
-  return cases
+  """The F2M base program of S runs (a seed sweep's members, members.map) for every S of
+  bench.member_sizes, timed in the same rounds, so each S's speed-up over S runs of one is a ratio
+  of one run (S = 1 is the single run's program)."""
+  exp = bench_experiment(config, config.model.dtype)
+  sizes = sorted(set((1,) + tuple(config.bench.member_sizes)))
+  return [program_case(exp, exp.base_objective(), f'members_{s}_{config.members.map}', s, s, mesh) for s in sizes]
 
 
 def format_members(records: Sequence[dict]) -> str:
-  """S runs' base steps in one program against S single steps (the first record)."""
+  """S runs' base steps in one program against S times one run's (the first record, S = 1)."""
   single = records[0]
-  lines = [f"{'members':<20} {'S':>3} {'ms per call':>12} {'run-steps/s':>12} {'x S single steps':>17} {'compile s':>9}"]
+  lines = [f"{'members':<20} {'S':>3} {'ms per step':>12} {'run-steps/s':>12} {'x S single steps':>17} {'compile s':>9}"]
   for r in records:
     s = r['M']
     speedup = s * single['step_ms_median'] / r['step_ms_median']
@@ -320,8 +297,8 @@ def output_path(workdir: str) -> str:
 def whole_run(config: ml_collections.ConfigDict, method: str, steps: int, runs: int) -> dict:
   """Times `method` end to end through the pipeline on random data of the config's shapes: `steps`
   base steps and `runs` runs of every incremental session, in a temporary workdir. The config's LR
-  schedule is kept (it does not change a step's time): its train step is then the program a real run
-  of the config compiles, so either finds the other's in JAX's compilation cache."""
+  schedule is kept (it does not change a step's time): its train program is then the one a real run
+  of the config compiles."""
   cfg = ml_collections.ConfigDict(config.to_dict())
   cfg.method, cfg.runs, cfg.tensorboard, cfg.model.pretrained = method, runs, False, ''
   cfg.base.update(steps=steps, log_every=steps, checkpoint_every=steps, select_on_test=False)
@@ -329,38 +306,27 @@ def whole_run(config: ml_collections.ConfigDict, method: str, steps: int, runs: 
   s = dataset_shapes(cfg)
   num_classes = s['num_base'] + s['way'] * (s['num_sessions'] - 1)
   per_class = max(cfg.base.shots, cfg.data.shots, -(-base_batch(cfg) // s['num_base']))
-  bench = random_benchmark(cfg, num_classes * per_class, num_classes * 10)
-  exp = Experiment.create(cfg, bench)
+  exp = Experiment.create(cfg, random_benchmark(cfg, num_classes * per_class, num_classes * 10))
   stamps = {}
-
-  def hook(phase, step=None, **_):
-    stamps.setdefault(phase, []).append(time.perf_counter())
-
+  hook = lambda phase, **_: stamps.setdefault(phase, []).append(time.perf_counter())
   with tempfile.TemporaryDirectory() as tmp:
     ckpts, log = Checkpoints(tmp), workdir_lib.MetricsLog(tmp)
     t0 = time.perf_counter()
     m = registry.get(method)
-    run_hook = pipeline.compiling_ahead(exp, m, hook)  # as pipeline.run: config.compile_ahead
-    first = m.first_session(exp, ckpts, log, None, run_hook)
+    first = m.first_session(exp, ckpts, log, None, hook)
     t1 = time.perf_counter()
-    ahead = exp.programs.wait()  # any wait for the programs compiled ahead counts in the sessions
-    run_sessions(exp, m.runner(exp, first, ckpts, None, log), ckpts, log, hook=run_hook)
+    run_sessions(exp, m.runner(exp, first, ckpts, None, log), ckpts, log, hook=hook)
     t2 = time.perf_counter()
-    exp.programs.close()
     ckpts.close()
   base_steps, sessions = stamps['base_step'], stamps['session']
-  # Steps come back a call at a time (base.steps_per_call on an accelerator): the rate is timed from
-  # the end of the first call, which includes the compile.
-  on_device, per_call = train_loop.data_placement(cfg, bench.train.images.nbytes)
-  return dict(method=method, steps=steps, runs=runs, batch=base_batch(cfg),
-              data_on_device=on_device, steps_per_call=per_call, parallel_runs=parallel_runs(cfg),
-              first_step_s=round(base_steps[per_call - 1] - t0, 2),
+  per_call = train_loop.steps_per_call(cfg.base, False)  # steps come back a call at a time: the rate
+  return dict(method=method, steps=steps, runs=runs, batch=base_batch(cfg), steps_per_call=per_call,  # is timed
+              first_step_s=round(base_steps[per_call - 1] - t0, 2),  # from the end of the first call
               base_steps_per_s=(round((steps - per_call) / (base_steps[-1] - base_steps[per_call - 1]), 2)
                                 if steps > per_call else None),
               base_phase_s=round(t1 - t0, 2), incremental_s=round(t2 - t1, 2),
               incremental_after_first_session_s=round(sessions[-1] - sessions[0], 2),
-              sessions=len(sessions), compile_ahead=ahead, backend=jax.default_backend(),
-              device_kind=jax.devices()[0].device_kind, num_devices=jax.device_count())
+              sessions=len(sessions), choices=backend.used(cfg), device=backend.devices())
 
 
 def format_whole_runs(rows: Sequence[dict]) -> str:
@@ -375,36 +341,12 @@ def format_whole_runs(rows: Sequence[dict]) -> str:
   return '\n'.join(lines)
 
 
-CPU_DTYPES = ('float32',)
-CPU_M_LIST = (2, 4)
-CPU_WHOLE_RUN = dict(steps=10, runs=1)  # an F2M step of the full config takes seconds on a CPU
-CPU_MAX_MEMBERS = 4  # the members unrolled: compile time grows with S, the speed does not
-
-
-def for_backend(config: ml_collections.ConfigDict, backend: str) -> ml_collections.ConfigDict:
-  """With bench.backend_defaults (the default) on a CPU, time only what XLA:CPU runs well: float32
-  (it has no native bfloat16 convolutions), M in (2, 4) (the paper's range) and the draws unrolled
-  (its grouped convolutions under vmap take minutes a step at M = 8). On a 2-core machine the
-  default then takes a few minutes instead of over 20; --config.bench.backend_defaults=False times
-  everything the config lists. Elsewhere the config is used as it is."""
-  config = ml_collections.ConfigDict(config.to_dict())
-  if config.bench.backend_defaults and backend == 'cpu':
-    config.bench.dtypes = tuple(d for d in config.bench.dtypes if d in CPU_DTYPES) or CPU_DTYPES
-    config.bench.M_list = tuple(m for m in config.bench.M_list if m in CPU_M_LIST) or CPU_M_LIST
-    config.bench.other_draw_map = False
-    config.bench.whole_run_steps = min(config.bench.whole_run_steps, CPU_WHOLE_RUN['steps'])
-    config.bench.whole_run_runs = min(config.bench.whole_run_runs, CPU_WHOLE_RUN['runs'])
-    config.bench.member_sizes = tuple(s for s in config.bench.member_sizes if s <= CPU_MAX_MEMBERS)
-  return config
-
-
 def run(config: ml_collections.ConfigDict, workdir: str) -> list:
-  """Runs every variant for every dtype of config.bench.dtypes; writes the JSON; returns the records."""
-  config = for_backend(config, jax.default_backend())
+  """Runs every variant for every dtype of config.bench.dtypes, the member table and the whole runs;
+  writes the JSON; returns the records."""
+  config = pipeline.resolve(config, reads_data=False)
   mesh = sharding.data_mesh()
-  device = jax.devices()[0]
-  print(f'bench on {jax.device_count()} x {device.device_kind} ({jax.default_backend()}), '
-        f'{os.cpu_count()} CPU cores', flush=True)
+  print(f'bench on {backend.devices()}, {os.cpu_count()} CPU cores; {backend.used(config)}', flush=True)
   records = []
   for dtype in config.bench.dtypes:
     new = bench_dtype(config, dtype, mesh)

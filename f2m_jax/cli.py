@@ -1,12 +1,11 @@
 """What run.py does per --mode, with user errors turned into one clear message and exit code 2."""
 from __future__ import annotations
 
-import ast
 import difflib
 import importlib.util
 import os
+import re
 import sys
-from typing import Iterable
 
 import jax
 from absl import flags
@@ -15,39 +14,36 @@ from absl import logging
 from f2m_jax import bench
 from f2m_jax import members
 from f2m_jax import pipeline
-from f2m_jax import registry
 from f2m_jax import report
 from f2m_jax import sharding
 from f2m_jax.checkpoint import CheckpointError
 from f2m_jax.data import sources
 from f2m_jax.experiment import TrainingError
-from f2m_jax.workdir import RENAMED_FIELDS, WorkdirError, config_differences, flat_items
+from f2m_jax.workdir import RENAMED_FIELDS, WorkdirError
 
 USER_ERRORS = (ValueError, FileNotFoundError, CheckpointError, WorkdirError)
 
 
-def main(config, workdir: str, mode: str, checkpoint=None, argv=None, set_by_user: Iterable[str] = ()) -> int:
-  """Runs `mode`; `argv` (run.py's command line) names the --config argument and its changes in the
-  start-up line and the results' provenance; `set_by_user` (the --config.FIELD overrides) joins
-  config.set_by_user, the fields no method's presets replace (f2m_jax/pipeline.py: resolve)."""
+def main(config, workdir: str, mode: str, checkpoint=None, origin=None) -> int:
+  """Runs `mode`. `origin` ({'config': the --config argument, 'changes': {field: value} of the
+  command line's --config.FIELD overrides}) is what the user changed: no method's presets replace
+  those fields (f2m_jax/pipeline.py: resolve), and it goes into the start-up line and the records."""
   logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
-  with config.unlocked():  # a config file not built on configs/common.py may lack the field
-    config.set_by_user = tuple(sorted(set(config.get('set_by_user', ())) | set(set_by_user)))
   try:
     sharding.maybe_initialize_distributed(config.get('distributed', False))
     if mode != 'bench':
       enable_compilation_cache(config)
     if mode in ('train', 'eval') and members.enabled(config):
-      summary = members.run(config, workdir, mode=mode, checkpoint=checkpoint, origin=config_origin(argv, config))
+      summary = members.run(config, workdir, mode=mode, checkpoint=checkpoint, origin=origin)
       print(members.format_summary(summary), flush=True)
       print(f'summary written to {workdir}/summary.json; each member in {workdir}/member_<i>/', flush=True)
       return 0
     if mode in ('train', 'eval'):
-      results = pipeline.run(config, workdir, mode=mode, checkpoint=checkpoint, origin=config_origin(argv, config))
+      results = pipeline.run(config, workdir, mode=mode, checkpoint=checkpoint, origin=origin)
       print(report.format_session_table(results), flush=True)
       return 0
     if mode == 'flatness':
-      pipeline.run_flatness(config, workdir, checkpoint, origin=config_origin(argv, config))
+      pipeline.run_flatness(config, workdir, checkpoint, origin=origin)
       return 0
     if mode == 'bench':
       bench.run(config, workdir)
@@ -79,41 +75,27 @@ def enable_compilation_cache(config):
   return path
 
 
-def config_origin(argv, config):
-  """{'config': the --config argument, 'changes': {field: value}}: the result-relevant fields where
-  `config` (with the command line's overrides) differs from the config file's own values; None
-  without a --config argument in `argv`."""
-  specs = _flag_values(argv or [], 'config')
-  if not specs:
-    return None
-  flat = flat_items(config.to_dict())
-  differ = config_differences(load_config_file(specs[-1]).to_dict(), config.to_dict(),
-                              method_sections=registry.method_sections())
-  return {'config': specs[-1], 'changes': {k: flat.get(k) for k in differ}}
-
-
 # ----------------------------------------------------------------------------- config overrides
 
 def parse_flags(argv):
-  """run.py's absl flags parser: a bad `--config.FIELD=VALUE` override (unknown field, wrong type,
-  malformed tuple) stops with one line naming the field, the value and what is allowed, exit code 2,
-  before anything is written. Values out of range are caught later by f2m_jax/validation.py, also before
+  """run.py's absl flags parser: a bad --config file or argument, an override of a field that does not
+  exist, or a value of the wrong type stops with one line naming it and what is allowed (exit code 2)
+  before anything is written. Values out of range are caught by f2m_jax/validation.py, also before
   the workdir is created."""
   problem = config_problem(argv)
-  if problem:
-    print(f'error: {problem}', file=sys.stderr, flush=True)
-    sys.exit(2)
-  try:
-    rest = flags.FLAGS(argv)
-  except Exception as e:  # flags.Error, or what ml_collections raises while applying an override
-    problem = override_problem(argv) or ' '.join(str(e).split())
-    print(f'error: {problem}', file=sys.stderr, flush=True)
-    sys.exit(2)
-  problem = override_problem(argv)  # some wrong types are accepted silently (an int for a tuple)
-  if problem:
-    print(f'error: {problem}', file=sys.stderr, flush=True)
-    sys.exit(2)
-  return rest
+  if not problem:
+    try:
+      return flags.FLAGS(argv)
+    except Exception as e:  # whatever absl or ml_collections raise
+      problem = unknown_field(argv) or _flag_error(' '.join(str(e).split()))
+  print(f'error: {problem}', file=sys.stderr, flush=True)
+  sys.exit(2)
+
+
+def _flag_error(message: str) -> str:
+  """absl's 'flag --config.F=V: reason' as "config.F='V' is invalid: reason"."""
+  match = re.match(r"flag --(config\.[\w.]+)=(.*?): (.*)", message)
+  return f'{match[1]}={match[2]!r} is invalid: {match[3]}' if match else message
 
 
 def config_problem(argv):
@@ -141,25 +123,8 @@ def config_problem(argv):
 
 def _flag_values(argv, name: str) -> list:
   """Values of --name=V / --name V in argv, in order."""
-  out = []
-  for i, a in enumerate(argv):
-    if a.startswith(f'--{name}='):
-      out.append(a.split('=', 1)[1])
-    elif a == f'--{name}' and i + 1 < len(argv):
-      out.append(argv[i + 1])
-  return out
-
-
-def _overrides(argv) -> list:
-  """(dotted field, value) of every --config.FIELD=VALUE (or --config.FIELD VALUE) in argv."""
-  out = []
-  for i, a in enumerate(argv):
-    if a.startswith('--config.'):
-      name, sep, value = a[len('--config.'):].partition('=')
-      if not sep:
-        value = argv[i + 1] if i + 1 < len(argv) else ''
-      out.append((name, value))
-  return out
+  return [a.split('=', 1)[1] if a.startswith(f'--{name}=') else argv[i + 1]
+          for i, a in enumerate(argv) if a.startswith(f'--{name}=') or (a == f'--{name}' and i + 1 < len(argv))]
 
 
 def load_config_file(spec: str):
@@ -171,75 +136,26 @@ def load_config_file(spec: str):
   return module.get_config(arg) if arg else module.get_config()
 
 
-def _fields(config, prefix: str = '') -> dict:
-  out = {}
-  for k, v in config.items():
-    name = f'{prefix}{k}'
-    out[name] = v
-    if hasattr(v, 'items') and not isinstance(v, dict):
-      out.update(_fields(v, name + '.'))
-  return out
-
-
-def _type_problem(current, value: str):
-  """What is wrong with `value` for a field whose default is `current`, or None."""
-  if isinstance(current, bool):
-    if value.lower() not in ('true', 'false', '1', '0'):
-      return 'expects True or False'
-  elif isinstance(current, int):
-    try:
-      int(value)
-    except ValueError:
-      return 'expects an integer'
-  elif isinstance(current, float):
-    try:
-      float(value)
-    except ValueError:
-      return 'expects a number'
-  elif isinstance(current, (tuple, list)):
-    example = '(15000,)' if not current else repr(tuple(current)) if len(current) > 1 else f'({current[0]!r},)'
-    try:
-      parsed = ast.literal_eval(value)
-    except (ValueError, SyntaxError):
-      return f'expects a tuple such as {example}'
-    if not isinstance(parsed, (tuple, list)):
-      return f'expects a tuple such as {example} (a single entry needs the trailing comma)'
-  elif hasattr(current, 'items'):
-    return f'is a group of fields ({", ".join(sorted(current.keys()))}); set one of them'
-  return None
-
-
-def override_problem(argv):
-  """A one-line description of the first bad --config override in argv, or None."""
-  specs = _flag_values(argv, 'config')
-  overrides = _overrides(argv)
-  if not specs or not overrides:
-    return None
-  try:
-    config = load_config_file(specs[-1])
-  except Exception:  # the --config file itself is the problem: absl's own message says so
-    return None
-  fields = _fields(config)
-  for name, value in overrides:
-    if name in RENAMED_FIELDS and name not in fields:
-      new, values = RENAMED_FIELDS[name]
-      options = ' or '.join(f'--config.{new}={v!r} (the old {k})' for k, v in values.items())
-      return f'config.{name} was renamed: use {options}'
-    if name not in fields:
-      parent, _, leaf = name.rpartition('.')
-      siblings = {k.rpartition('.')[2]: k for k in fields if k.rpartition('.')[0] == parent}
-      close = difflib.get_close_matches(leaf, list(siblings), n=3, cutoff=0.5)
-      if close:
-        hint = 'did you mean ' + ', '.join(f'config.{siblings[c]}' for c in close) + '?'
-      elif siblings:
-        hint = 'the fields there are ' + ', '.join(sorted(siblings))
-      else:
-        groups = [k for k, v in fields.items() if hasattr(v, 'items')]
-        near = difflib.get_close_matches(parent, groups, n=1, cutoff=0.5)
-        hint = f'config.{parent} does not exist either' + (f' (did you mean config.{near[0]}?)' if near else '')
-      return f'unknown config field config.{name} (given {value!r}); {hint}'
-    problem = _type_problem(fields[name], value)
-    if problem:
-      default = '' if hasattr(fields[name], 'items') else f' (default {fields[name]!r})'
-      return f'config.{name}={value!r} is invalid: config.{name} {problem}{default}'
+def unknown_field(argv):
+  """'unknown config field ...' for the first --config.FIELD in argv that the config lacks, with
+  the close names (or the renamed field's new name), or None."""
+  config = load_config_file(_flag_values(argv, 'config')[-1])
+  for name in (a[len('--config.'):].partition('=')[0] for a in argv if a.startswith('--config.')):
+    *parents, leaf = name.split('.')
+    node = config
+    for i, part in enumerate(parents):
+      if part not in node or not hasattr(node[part], 'keys'):
+        near = difflib.get_close_matches(part, [k for k in node.keys() if hasattr(node[k], 'keys')], n=1)
+        return (f"unknown config field config.{name}; config.{'.'.join(parents[:i + 1])} does not exist"
+                + (f' (did you mean config.{".".join(parents[:i] + near)}?)' if near else ''))
+      node = node[part]
+    if leaf not in node:
+      if name in RENAMED_FIELDS:
+        new, values = RENAMED_FIELDS[name]
+        options = ' or '.join(f'--config.{new}={v!r} (the old {k})' for k, v in values.items())
+        return f'config.{name} was renamed: use {options}'
+      close = difflib.get_close_matches(leaf, list(node.keys()), n=3, cutoff=0.5)
+      hint = (f'did you mean {", ".join(f"config.{name[:-len(leaf)]}{c}" for c in close)}?' if close
+              else f'the fields there are {", ".join(sorted(node.keys()))}')
+      return f'unknown config field config.{name}; {hint}'
   return None

@@ -6,24 +6,22 @@ from typing import Callable, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 import numpy as np
 
 from f2m_jax import objectives
-from f2m_jax import padding
-from f2m_jax import sharding
-from f2m_jax import trees
 from f2m_jax.padding import pad_rows
 from f2m_jax.data import augment as augment_lib
 from f2m_jax.data.types import Benchmark
 from f2m_jax.models import ResNet
 
 
+@functools.lru_cache(maxsize=None)
 def make_embed(model: ResNet, mean, std, batch_size: int = 500, first: int = 0,
                last: Optional[int] = None, logits: bool = False) -> Callable:
   """embed(variables, inputs) -> numpy in the model's accumulation dtype (float32 unless the model
   computes in float64), BN in eval mode, no augmentation, in batches padded
-  to a fixed size so one compiled program serves every call.
+  to a fixed size so one compiled program serves every call (and, the builder being cached, every
+  caller with the same settings: the base prototypes, the test set and the shots share one).
 
   With first=0 the inputs are uint8 images (normalised with mean/std here); otherwise they are the
   activations entering block `first`. With `last` set the output is the activation before block
@@ -44,7 +42,6 @@ def make_embed(model: ResNet, mean, std, batch_size: int = 500, first: int = 0,
       out.append(xp.asarray(_embed(variables, pad_rows(chunk, batch_size)))[:len(chunk)])
     return xp.concatenate(out)
 
-  embed.jitted = _embed  # compiled ahead from shapes (f2m_jax/programs.py)
   return embed
 
 
@@ -54,45 +51,6 @@ def embed_inputs(model: ResNet, variables, inputs, mean, std, first: int = 0, la
   x = augment_lib.normalize(inputs, mean, std) if first == 0 else inputs
   out = model.apply(variables, x, train=False, first=first, last=last)
   return out if last is not None else out[1 if logits else 0]
-
-
-def make_ncm_runs(model: ResNet, mean, std, batch_size: int, trainable_paths, first: int, normalize: bool,
-                  mesh=None) -> Callable:
-  """ncm_runs(trainables, frozen, batch_stats, inputs, protos, num_seen) -> predictions [R, N] (numpy):
-  NCM over the test set under R runs' networks in one call, `jax.vmap` over the run axis.
-
-  `trainables`: the runs' flat dicts of their leaves on `trainable_paths`; the runs share the
-  `frozen` leaves (a flat dict) and `batch_stats`. `inputs`: the N test images (first=0) or the
-  trunk's features entering block `first`, embedded inside the program in batches of `batch_size`
-  (N padded to a multiple of it, `lax.map` over the batches, so memory stays that of one batch per
-  run). `protos`: the runs' [C, D] prototypes, all padded to one C, of which the first `num_seen`
-  are classes; PN first when `normalize`, then `ncm_predict_padded`. With a `mesh`
-  (f2m_jax.sharding.runs_mesh) of several devices the run axis is split over them, the group
-  filled to a multiple of the device count with copies of its last run, whose results are dropped."""
-  devices = 1 if mesh is None else mesh.size
-
-  def predict_runs(trainables, frozen, batch_stats, inputs, protos, num_seen):
-    n = len(inputs)
-    batches = pad_rows(inputs, padding.round_up(n, batch_size)).reshape((-1, batch_size) + inputs.shape[1:])
-
-    def one(trainable, p):
-      variables = {'params': trees.unflatten({**frozen, **trainable}), 'batch_stats': batch_stats}
-      emb = lax.map(lambda x: embed_inputs(model, variables, x, mean, std, first), batches)
-      emb = emb.reshape((-1, emb.shape[-1]))[:n]
-      dtype = ncm_dtype(emb.dtype, p.dtype)
-      return ncm_predict_padded(emb.astype(dtype), p.astype(dtype), num_seen, normalize)
-
-    return jax.vmap(one)(trainables, protos)
-
-  predict_runs = sharding.jit_runs(predict_runs, mesh, (True, False, False, False, True, False))
-
-  def ncm_runs(trainables, frozen, batch_stats, inputs, protos, num_seen: int) -> np.ndarray:
-    pred = predict_runs(padding.stack_runs(trainables, devices), frozen, batch_stats, inputs,
-                        padding.stack_runs(protos, devices), np.int32(num_seen))
-    return np.asarray(jax.device_get(pred))[:len(trainables)]
-
-  ncm_runs.jitted = predict_runs  # compiled ahead from shapes (f2m_jax/programs.py)
-  return ncm_runs
 
 
 def prototypes(embeddings: np.ndarray, labels: np.ndarray, classes: Sequence[int]) -> np.ndarray:

@@ -1,39 +1,22 @@
-"""NCM accuracies on the test set for the methods that fine-tune part of the network: the test-view
-embedding programs shared by a run (`embed_spec`), and the frozen trunk's test features cached once.
+"""NCM accuracies on the test set for the methods that fine-tune part of the network, with the frozen
+trunk's test features computed once.
 """
 from __future__ import annotations
-
-from typing import Optional
 
 import numpy as np
 
 from f2m_jax import evaluation
-from f2m_jax import padding
-from f2m_jax import sharding
-from f2m_jax import trees
 from f2m_jax.data import protocol as protocol_lib
 from f2m_jax.experiment import Experiment
 from f2m_jax.models import split_block
 
 
-def embed_spec(exp: Experiment, first: int = 0, last: Optional[int] = None) -> tuple:
-  """(name, build) of the run's one program (exp.programs) for `evaluation.make_embed`'s test-view
-  embedding from pixels (the defaults), the trunk's features before block `last`, or the suffix's
-  embedding from the features entering block `first`."""
-  bench, bs = exp.bench, exp.config.eval.batch_size
+def embedder(exp: Experiment, first: int = 0, last=None):
+  """`evaluation.make_embed` of the run's network in the test view: from pixels (the defaults), the
+  trunk's features before block `last`, or the suffix's embedding from the features entering `first`."""
+  bench = exp.bench
   mean, std = (bench.mean, bench.std) if first == 0 else (None, None)
-  return ('embed', first, last), lambda: evaluation.make_embed(exp.model, mean, std, bs, first=first, last=last)
-
-
-def ncm_runs_spec(exp: Experiment, trainable_paths, first: int) -> tuple:
-  """(name, build) of the run's one program (exp.programs) for `evaluation.make_ncm_runs`: a group of
-  runs' NCM predictions in one call, from the test images (first=0) or the trunk's cached features
-  entering block `first`, the run axis split over `sharding.runs_mesh()`."""
-  bench, c = exp.bench, exp.config.eval
-  mean, std = (bench.mean, bench.std) if first == 0 else (None, None)
-  paths = tuple(trainable_paths)
-  return ('ncm_runs', paths, first), lambda: evaluation.make_ncm_runs(
-      exp.model, mean, std, c.batch_size, paths, first, c.normalize_prototypes, sharding.runs_mesh())
+  return evaluation.make_embed(exp.model, mean, std, exp.config.eval.batch_size, first=first, last=last)
 
 
 class Evaluator:
@@ -43,15 +26,12 @@ class Evaluator:
 
   def __init__(self, exp: Experiment, base_variables, trainable_paths):
     self.exp = exp
-    self.embed_full = exp.programs.get(*embed_spec(exp))
-    self.paths, self.batch_stats = tuple(trainable_paths), base_variables['batch_stats']
-    self._trunk = None
-    self.block = block = self.trunk_block(exp, trainable_paths)
+    self.embed_full = embedder(exp)
+    self._trunk = self._static = None
+    block = self.trunk_block(exp, trainable_paths)
     if block:
-      self._trunk = exp.programs.get(*embed_spec(exp, last=block))(base_variables, exp.bench.test.images,
-                                                                    keep_on_device=True)
-      self.embed_suffix = exp.programs.get(*embed_spec(exp, first=block))
-    self._static = None
+      self._trunk = embedder(exp, last=block)(base_variables, exp.bench.test.images, keep_on_device=True)
+      self.embed_suffix = embedder(exp, first=block)
 
   @staticmethod
   def trunk_block(exp: Experiment, trainable_paths) -> int:
@@ -77,24 +57,3 @@ class Evaluator:
     emb = self.embeddings(variables, changed)[idx]
     return evaluation.ncm_accuracies(emb, bench.test.labels[idx], protos, bench.num_base_classes,
                                      self.exp.config.eval.normalize_prototypes, pad_to=evaluation.eval_shapes(bench))
-
-  def accuracies_runs(self, run_params: list, protos: list, session: int) -> list:
-    """`accuracies` (changed) of several runs, whose params differ on the trainable paths only and
-    share session 1's batch_stats: their NCM predictions over the whole test set in one call
-    (`evaluation.make_ncm_runs`), then each run's accuracies on the session's test images (BN in eval
-    mode and NCM are row by row, so these rows' predictions are those of embedding them alone)."""
-    if not self.paths:
-      raise ValueError('Evaluator.accuracies_runs evaluates fine-tuned runs; this evaluator has no trainable paths')
-    seen = {len(p) for p in protos}
-    if len(seen) != 1 or len(protos) != len(run_params):
-      raise ValueError(f'one prototype array of the same number of classes per run expected; got {len(protos)} '
-                       f'arrays of {sorted(seen)} classes for {len(run_params)} runs')
-    bench = self.exp.bench
-    classes = evaluation.eval_shapes(bench)[1]
-    inputs = self._trunk if self._trunk is not None else bench.test.images
-    ncm_runs = self.exp.programs.get(*ncm_runs_spec(self.exp, self.paths, self.block))
-    pred = ncm_runs([trees.split(p, self.paths)[0] for p in run_params], trees.split(run_params[0], self.paths)[1],
-                    self.batch_stats, inputs, [padding.pad_rows(p, classes) for p in protos], seen.pop())
-    idx = protocol_lib.test_indices(bench, session)
-    return [evaluation.accuracies_from_predictions(p[idx], bench.test.labels[idx], bench.num_base_classes)
-            for p in pred]

@@ -18,7 +18,6 @@ import numpy as np
 
 from f2m_jax import base as base_lib
 from f2m_jax import optim
-from f2m_jax import programs as programs_lib
 from f2m_jax import trees
 from f2m_jax.data import augment as augment_lib
 from f2m_jax.data import protocol as protocol_lib
@@ -44,14 +43,13 @@ class Experiment:
   noise_paths: tuple
   split: int
   _epoch: Optional[tuple] = dataclasses.field(default=None, repr=False)  # (epoch, indices) of task_epochs
-  # The jitted programs after session 1, one each per run, compiled ahead while it trains (programs.py).
-  programs: programs_lib.Programs = dataclasses.field(default_factory=programs_lib.Programs, repr=False)
 
   @classmethod
   def create(cls, config, bench: Benchmark) -> 'Experiment':
     dtype = jnp.bfloat16 if config.model.dtype == 'bfloat16' else jnp.float32
     model = build_model(config.model.arch, bench.num_base_classes, config.model.width or None, dtype,
-                        clean_backward=config.noise.backward_weights == 'clean', head=config.model.head)
+                        clean_backward=config.noise.backward_weights == 'clean', head=config.model.head,
+                        conv_backward=config.model.conv_backward)
     paths = tuple(noise_set_paths(model, config.noise.num_layers))
     return cls(config, bench, model, paths, split_block(model, paths))
 
@@ -69,9 +67,9 @@ class Experiment:
     n = self.config.noise
     return base_lib.BaseObjective(
         model=self.model, noise_paths=self.noise_paths if n.enabled else (), split=self.split,
-        num_draws=n.M, bound=n.bound, distribution=n.distribution,
+        num_draws=n.M, distribution=n.distribution,
         pf_weight=n.pf_weight if n.prototype_fixing else 0.0, std_weight=n.std_weight,
-        shared_trunk=n.shared_trunk, draw_map=base_lib.resolve_draw_map(n.draw_map),
+        shared_trunk=n.shared_trunk, draw_map=n.draw_map,
         pf_gradient=n.pf_gradient, bn_updates=n.bn_updates, pf_classes=n.pf_classes)
 
   def optimizer_settings(self) -> tuple:

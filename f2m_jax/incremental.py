@@ -15,8 +15,6 @@ import optax
 
 from f2m_jax import objectives
 from f2m_jax import optim
-from f2m_jax import padding
-from f2m_jax import sharding
 from f2m_jax import trees
 from f2m_jax.padding import pad_rows
 from f2m_jax.data import augment as augment_lib
@@ -112,9 +110,7 @@ def finetune_session(trainable, frozen, batch_stats, anchor, step_inputs: Callab
     return trainable, opt_state, losses.at[i].set(loss)
 
   carry = (trainable, tx.init(trainable), jnp.zeros((settings.steps,), augment_lib.float_dtype()))
-  # A Python loop (E is small): XLA:CPU ran these steps much slower inside a lax.fori_loop before
-  # models/resnet.py wrote the convolution transposes in Eigen's form, and the loop's gain since is
-  # small (experiments/results/README.md, 'Figures behind the code's choices').
+  # A Python loop: E is small (experiments/results/README.md, 'Figures behind the code's choices').
   for i in range(settings.steps):
     carry = step(i, carry)
   trainable, _, losses = carry
@@ -129,67 +125,28 @@ def _finetune_steps(trainable, frozen, batch_stats, anchor, images, labels, stor
   return finetune_session(trainable, frozen, batch_stats, anchor, step_inputs, labels, stored, num_seen, settings, tx)
 
 
-def make_finetune(settings: SessionSettings, max_images: int = 0, max_classes: int = 0, mesh=None) -> Callable:
-  """finetune(params, batch_stats, anchor, images_u8, labels, stored, key) -> (params, losses[E]).
-
-  `anchor` is the flat dict of phi* on the trainable paths; `stored` the [C_seen, D] prototypes
-  (base ones used as given, novel rows replaced by batch means inside the loss). With `max_images`
-  and `max_classes` (the last session's sizes) every session is padded to one shape, so the program
-  compiles once instead of once per session; padding rows and classes take no part in the loss.
-
-  finetune.runs(params_list, batch_stats, anchor, images_list, labels_list, stored, keys) ->
-  (params_list, losses[R, E]) fine-tunes R runs of one session at once, `jax.vmap` over the run axis
-  (the runs share phi*, the frozen leaves and `stored`; each has its own shots, key and trainable
-  leaves): one dispatch instead of R, for accelerators (on XLA:CPU the mapped convolutions with a
-  kernel per run become grouped ones, slower than R calls). With a `mesh` (f2m_jax.sharding) of
-  several devices the run axis is split over them, each device fine-tuning its share of the runs;
-  a group is padded to a multiple of the device count with copies of its last run, whose results
-  are dropped."""
+def make_finetune(settings: SessionSettings) -> Callable:
+  """finetune(params, batch_stats, anchor, images_u8, labels, stored, num_seen, key) -> (params,
+  losses[E]), jitted: one session of one run. `anchor` is the flat dict of phi* on the trainable
+  paths; `stored` the [C, D] prototypes whose first `num_seen` rows are the seen classes (base ones
+  used as given, novel rows replaced by batch means inside the loss). `pad_session` pads every
+  session to the last session's sizes, so that the program compiles once; padding rows and classes
+  take no part in the loss."""
   tx = session_optimizer(settings)
-  paths = settings.trainable_paths
-
-  split = lambda params: trees.split(params, paths)
 
   @jax.jit
-  def finetune_padded(params, batch_stats, anchor, images, labels, stored, num_seen, key):
-    trainable, frozen = split(params)
+  def finetune(params, batch_stats, anchor, images, labels, stored, num_seen, key):
+    trainable, frozen = trees.split(params, settings.trainable_paths)
     trainable, losses = _finetune_steps(trainable, frozen, batch_stats, anchor, images, labels, stored, num_seen,
                                         key, settings, tx)
     return trees.unflatten({**frozen, **trainable}), losses
 
-  def finetune_runs_padded(trainables, frozen, batch_stats, anchor, images, labels, stored, num_seen, keys):
-    one = lambda t, x, y, k: _finetune_steps(t, frozen, batch_stats, anchor, x, y, stored, num_seen, k, settings, tx)
-    return jax.vmap(one)(trainables, images, labels, keys)
-
-  devices = 1 if mesh is None else mesh.size
-  # run axis on the trainable leaves, images, labels and keys
-  finetune_runs_padded = sharding.jit_runs(finetune_runs_padded, mesh,
-                                           (True, False, False, False, True, True, False, False, True))
-
-  def pad(images, labels, stored):
-    if max_images > len(labels) or max_classes > len(stored):
-      images, labels = pad_rows(images, max_images), pad_rows(labels, max_images, -1)
-      stored = pad_rows(stored, max_classes)
-    return images, labels, stored
-
-  def finetune(params, batch_stats, anchor, images, labels, stored, key):
-    num_seen = jnp.int32(len(stored))
-    return finetune_padded(params, batch_stats, anchor, *pad(images, labels, stored), num_seen, key)
-
-  def runs(params_list, batch_stats, anchor, images_list, labels_list, stored, keys):
-    num_seen = jnp.int32(len(stored))
-    padded = [pad(x, y, stored) for x, y in zip(images_list, labels_list)]
-    stacked = padding.stack_runs([split(p)[0] for p in params_list], devices)
-    _, frozen = split(params_list[0])
-    out, losses = finetune_runs_padded(stacked, frozen, batch_stats, anchor,
-                                       padding.stack_runs([x for x, _, _ in padded], devices),
-                                       padding.stack_runs([y for _, y, _ in padded], devices), padded[0][2], num_seen,
-                                       padding.stack_runs(keys, devices))
-    out, losses = jax.device_get((out, losses))
-    return [trees.unflatten({**split(p)[1], **{q: v[r] for q, v in out.items()}})
-            for r, p in enumerate(params_list)], losses[:len(params_list)]
-
-  finetune.jitted = finetune_padded  # for inspection (tests count its compiled shapes) and compiling ahead
-  finetune.runs_jitted = finetune_runs_padded
-  finetune.runs = runs
   return finetune
+
+
+def pad_session(images, labels, stored, max_images: int, max_classes: int) -> tuple:
+  """(images, labels, stored, num_seen) of a session padded to `max_images` rows (label -1) and
+  `max_classes` prototype rows, for `make_finetune`'s program."""
+  num_seen = jnp.int32(len(stored))
+  images, labels = pad_rows(images, max_images), pad_rows(labels, max_images, -1)
+  return images, labels, pad_rows(stored, max_classes), num_seen

@@ -2,19 +2,18 @@
 
 `config.members.seeds = (0, 1, 2)` runs S = 3 members that differ in their seed (init, batches,
 augmentation, noise, shot draws), or `members.field = 'noise.bound'` with `members.field_values = (...)`
-members that differ in that one scalar. Each member is exactly the single run of its own config: the
+members that differ in that one value. Each member is exactly the single run of its own config: the
 base sessions of all members train in lockstep through the base session's loop
-(train_loop.train_steps), one jitted program holding every member (`jax.vmap` over the member axis,
-or the members written out side by side: `members.map`), on the training images shared by all;
-each member's batch is gathered from them by its own indices, a pure function of its seed and the
-step. Then each member's sessions run through the usual pipeline.
+(train_loop.train_base_sessions; a single run is the case S = 1), in the one base program, on the
+training images shared by all; each member's batch is gathered from them by its own indices, a pure
+function of its seed and the step. Then each member's sessions run through the usual pipeline.
 
-The sweep's folder holds `config.json` (the sweep's config), `member_<i>/` (a complete workdir per
-member: its config.json, metrics, checkpoints, results; resumable and usable as --checkpoint) and
-`summary.json`: per session the mean and 95% interval over the members (of each member's mean over
-its draws), in results.json's format so the report module reads it, and under 'pooled' the same
-over members x draws. Rerunning the same command resumes: the base sessions from the last step every
-member saved, the sessions member by member.
+The sweep's folder holds `config.json` (the sweep's effective config), `member_<i>/` (a complete
+workdir per member: its config.json, metrics, checkpoints, results; resumable and usable as
+--checkpoint) and `summary.json`: per session the mean and 95% interval over the members (of each
+member's mean over its draws), in results.json's format so the report module reads it, and under
+'pooled' the same over members x draws. Rerunning the same command resumes: the base sessions from
+the last step every member saved, the sessions member by member.
 """
 from __future__ import annotations
 
@@ -22,7 +21,6 @@ import json
 import os
 from typing import Optional
 
-import jax
 import ml_collections
 import numpy as np
 
@@ -31,10 +29,10 @@ from f2m_jax import pipeline
 from f2m_jax import registry
 from f2m_jax import train_loop
 from f2m_jax import workdir as workdir_lib
-from f2m_jax.checkpoint import Checkpoints
+from f2m_jax.checkpoint import CheckpointError, Checkpoints
 from f2m_jax.data import sources
 from f2m_jax.experiment import Experiment, Hook
-from f2m_jax.validation import MEMBER_MAPS, need
+from f2m_jax.validation import need
 
 FIELDS = ('noise.bound',)  # scalars a sweep may vary besides the seed (members written out side by side)
 
@@ -45,7 +43,6 @@ def enabled(config) -> bool:
 
 def validate(config) -> None:
   m = config.members
-  need(m.map in MEMBER_MAPS, 'members.map', m.map, f'allowed: {MEMBER_MAPS}')
   need(m.seeds or m.field_values, 'members.seeds', tuple(m.seeds), 'a sweep needs members.seeds or members.field_values')
   need(not (m.seeds and m.field_values), 'members.seeds', tuple(m.seeds),
        'a sweep varies the seed or members.field, not both')
@@ -73,19 +70,6 @@ def member_configs(config) -> list:
   return out
 
 
-def member_map(config, same_objective: bool) -> str:
-  """'vmap' or 'unroll': members.map, with 'auto' = vmap on GPU/TPU where every member has the same
-  objective (a seed sweep), members written out side by side otherwise (XLA:CPU runs grouped
-  convolutions slowly, as for the M noise draws)."""
-  m = config.members.map
-  if m == 'vmap' and not same_objective:
-    raise ValueError(f'members.map=vmap maps one objective over the members; members.field={config.members.field!r} '
-                     "gives each its own: use 'unroll' or 'auto'")
-  if m == 'auto':
-    return 'vmap' if same_objective and jax.default_backend() != 'cpu' else 'unroll'
-  return m
-
-
 def summarize(member_results: list) -> dict:
   """results.json's format over the members (evaluation.build_results): each session's accuracies
   as the mean and 95% interval of the members' means over their draws; 'pooled': the same over
@@ -107,32 +91,22 @@ def run(config: ml_collections.ConfigDict, root: str, mode: str = 'train', check
         hook: Hook = None, origin: Optional[dict] = None) -> dict:
   """The sweep: every member's base session in one program, then each member's sessions; writes
   root/summary.json and returns it. `origin` (the --config argument and its changes, as
-  `pipeline.run`'s) goes into the summary's provenance and, with the member's index
-  (`sweep_member`), into each member's results."""
+  `pipeline.run`'s) decides the presets as for one run and goes into the summary's provenance and,
+  with the member's index (`sweep_member`), into each member's results. Every check (the config, the
+  members' configs, the data, eval of a folder that holds no sweep) comes before anything is written."""
   if checkpoint:
     raise ValueError('--checkpoint takes one base model; a member sweep trains its own')
   validate(config)
-  configs = [pipeline.resolve(c) for c in member_configs(config)]
+  changes = (origin or {}).get('changes')
+  configs = [pipeline.resolve(c, changes) for c in member_configs(config)]
+  sweep = pipeline.resolve(config, changes)
   bench = sources.load_benchmark(configs[0])  # before anything is written: missing data stop here
-  workdir_lib.prepare(root, config.to_dict())
+  if mode == 'eval' and not os.path.exists(os.path.join(root, 'config.json')):
+    raise CheckpointError(f'nothing to evaluate: {root} holds no sweep (no config.json); train it first')
+  workdir_lib.prepare(root, sweep.to_dict())
   dirs = [os.path.join(root, f'member_{i}') for i in range(len(configs))]
-  exps = [Experiment.create(c, bench) for c in configs]
   if mode == 'train':
-    ckpts, logs = [], []
-    for d, c in zip(dirs, configs):
-      workdir_lib.prepare(d, c.to_dict(), registry.method_sections())
-      ckpts.append(Checkpoints(d))
-      logs.append(workdir_lib.MetricsLog(d, tensorboard=False))
-    try:
-      if not all(ck.has_model() for ck in ckpts):
-        mapping = member_map(config, same_objective=not config.members.field_values)
-        train_loop.train_base_sessions(exps, ckpts, logs, f'base sessions of {len(exps)} members ({mapping})',
-                                       mapping=mapping, hook=hook)
-    finally:
-      for ck in ckpts:
-        ck.close()
-      for log in logs:
-        log.close()
+    train_members(configs, dirs, bench, hook)
   results = [pipeline.run(c, d, mode=mode, hook=hook, origin={**origin, 'sweep_member': i} if origin else None)
              for i, (c, d) in enumerate(zip(configs, dirs))]
   summary = summarize(results)
@@ -140,9 +114,29 @@ def run(config: ml_collections.ConfigDict, root: str, mode: str = 'train', check
                          **({config.members.field: v} if config.members.field_values else {}),
                          'acc_last': r['sessions'][-1]['acc']['mean'], 'pd': r['pd']['mean']}
                         for d, c, r, v in zip(dirs, configs, results, config.members.field_values or [None] * len(dirs))]
-  summary['provenance'] = {**workdir_lib.provenance(config.to_dict()), **({'origin': origin} if origin else {})}
+  summary['provenance'] = {**workdir_lib.provenance(sweep.to_dict()), **({'origin': origin} if origin else {})}
   workdir_lib.atomic_write(os.path.join(root, 'summary.json'), json.dumps(summary, indent=1))
   return summary
+
+
+def train_members(configs: list, dirs: list, bench, hook: Hook) -> None:
+  """The members' base sessions in lockstep, each saved into its own workdir (created here), unless
+  every member already holds its base model."""
+  exps = [Experiment.create(c, bench) for c in configs]
+  ckpts, logs = [], []
+  for d, c in zip(dirs, configs):
+    workdir_lib.prepare(d, c.to_dict(), registry.method_sections())
+    ckpts.append(Checkpoints(d))
+    logs.append(workdir_lib.MetricsLog(d, tensorboard=c.tensorboard))
+  try:
+    if not all(ck.has_model() for ck in ckpts):
+      train_loop.train_base_sessions(exps, ckpts, logs, f'base sessions of {len(exps)} members '
+                                     f'({configs[0].members.map})', hook=hook)
+  finally:
+    for ck in ckpts:
+      ck.close()
+    for log in logs:
+      log.close()
 
 
 def format_summary(summary: dict) -> str:

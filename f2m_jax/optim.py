@@ -23,7 +23,20 @@ def sgd(lr: float, momentum: float, weight_decay: float, milestones: Sequence[in
   return optax.multi_transform({'backbone': one(lr), 'fc': one(classifier_lr)}, label_fn)
 
 
-def sgd_direction(momentum: float, weight_decay: float) -> optax.GradientTransformation:
-  """`sgd` before its rate: the step is -rate x this update, with the rate chosen by the caller at
-  each step (a schedule in epochs of a size known only per session, fed to one jitted step)."""
-  return optax.chain(optax.add_decayed_weights(weight_decay), optax.trace(decay=momentum))
+def sgd_at_rate(momentum: float, weight_decay: float) -> optax.GradientTransformation:
+  """`sgd` whose rate the caller sets before each update (`set_rate`): a schedule in epochs of a size
+  known only per session, fed to one jitted step (iCaRL, Rebalance)."""
+  return optax.inject_hyperparams(
+      lambda learning_rate: optax.chain(optax.add_decayed_weights(weight_decay),
+                                        optax.sgd(learning_rate, momentum=momentum)))(learning_rate=0.0)
+
+
+def set_rate(opt_state, rate):
+  """`sgd_at_rate`'s state with the rate of the next update set to `rate`."""
+  return opt_state._replace(hyperparams={**opt_state.hyperparams, 'learning_rate': rate})
+
+
+def rate_at(step: int, lr: float, milestones: Sequence[int], gamma: float) -> float:
+  """The rate of (0-based) step `step` of a step schedule: lr times gamma for every milestone step
+  reached, computed on the host in float64."""
+  return lr * gamma ** sum(step >= int(m) for m in milestones)

@@ -1,5 +1,5 @@
 """Padding to a fixed shape, so that one compiled program serves inputs of every size (every session,
-the last batch of a dataset, a group of runs split over devices). The added entries are cut from the
+the last batch of a dataset, the last chunk of noise draws). The added entries are cut from the
 results, or the computation is told to ignore them (a label of -1, a count of real rows, a weight 0)."""
 from __future__ import annotations
 
@@ -32,12 +32,3 @@ def repeat_last(x, size: int):
     return x
   xp = jnp if isinstance(x, jax.Array) else np
   return xp.concatenate([x, xp.repeat(x[-1:], missing, axis=0)])
-
-
-def stack_runs(items, devices: int):
-  """Per-run values (pytrees of one structure and shape) stacked on a leading run axis and filled to a
-  multiple of `devices` with copies of the last run, so that the devices split the runs evenly; the
-  copies' results are to be dropped. Host leaves stay on the host, jax.Arrays (PRNG keys) on device."""
-  rows = round_up(len(items), devices)
-  stack = lambda *v: repeat_last((jnp if any(isinstance(x, jax.Array) for x in v) else np).stack(v), rows)
-  return jax.tree_util.tree_map(stack, *items)

@@ -14,14 +14,13 @@ import os
 import time
 from typing import Optional
 
-import jax
 import ml_collections
 import numpy as np
 
+from f2m_jax import backend
 from f2m_jax import evaluation
 from f2m_jax import checkpoint as checkpoint_lib
 from f2m_jax import flatness
-from f2m_jax import programs as programs_lib
 from f2m_jax import registry
 from f2m_jax import report
 from f2m_jax import validation
@@ -35,15 +34,19 @@ from f2m_jax.sessions import run_sessions
 from f2m_jax.train_loop import selection_info
 
 
-def resolve(config: ml_collections.ConfigDict, reads_data: bool = True) -> ml_collections.ConfigDict:
+def resolve(config: ml_collections.ConfigDict, changes: Optional[dict] = None,
+            reads_data: bool = True) -> ml_collections.ConfigDict:
   """The effective config: the method's presets (f2m_jax/methods; e.g. `method=baseline` turns off
   noise, fine-tuning and PN and uses shuffled batches, as the paper's Baseline) over the config
-  file's values, except on the fields the user set (`set_by_user`), then every value validated, and
-  (`reads_data`) the data folder it will read checked before anything is written. The bench's whole
-  runs pass False: they train on random data of the config's shapes."""
+  file's values, except on the fields the user changed on the command line (`changes`, the
+  `origin['changes']` of `run`); every 'auto' resolved to its value on this backend
+  (f2m_jax/backend.py); every value validated; and (`reads_data`) the data folder it will read
+  checked. Nothing is written before this passes. The bench's whole runs pass reads_data=False: they
+  train on random data of the config's shapes."""
   config = ml_collections.ConfigDict(config.to_dict())
   method = registry.get(config.method)
-  apply_presets(config, method.presets)
+  apply_presets(config, method.presets, keep=changes or {})
+  config = backend.resolve(config)
   validation.validate(config)
   if method.validate is not None:
     method.validate(config)
@@ -52,12 +55,11 @@ def resolve(config: ml_collections.ConfigDict, reads_data: bool = True) -> ml_co
   return config
 
 
-def apply_presets(config: ml_collections.ConfigDict, presets) -> None:
-  """Sets each {dotted field: value} of `presets` in `config` unless the field is in
-  config.set_by_user (the user's value stays; it is validated as any other)."""
-  kept = set(config.get('set_by_user', ()))
+def apply_presets(config: ml_collections.ConfigDict, presets, keep=()) -> None:
+  """Sets each {dotted field: value} of `presets` in `config` unless the field is in `keep` (the
+  user's value stays; it is validated as any other)."""
   for field, value in presets.items():
-    if field not in kept:
+    if field not in keep:
       *sections, name = field.split('.')
       functools.reduce(lambda node, key: node[key], sections, config)[name] = value
 
@@ -127,10 +129,10 @@ def run(config: ml_collections.ConfigDict, workdir: str, mode: str = 'train',
   its network, that eval has a trained workdir): a run that fails them writes nothing. A workdir
   whose results.json exists is complete: train mode returns its results and rewrites nothing.
   `origin` ({'config': the --config argument, 'changes': {field: value} set on the command line},
-  f2m_jax/cli.py) goes into the results' provenance and the start-up line; so does --checkpoint's
-  `base_source` (`describe_source`), as where the base model came from (a run on the same base
-  model from its own workdir computes the same results)."""
-  config = resolve(config)
+  f2m_jax/cli.py) decides which presets apply (`resolve`) and goes into the results' provenance and
+  the start-up line; so does --checkpoint's `base_source` (`describe_source`), as where the base
+  model came from (a run on the same base model from its own workdir computes the same results)."""
+  config = resolve(config, (origin or {}).get('changes'))
   base_source = describe_source(checkpoint, config) if checkpoint else None
   if mode == 'eval' and not os.path.exists(os.path.join(workdir, 'config.json')):
     raise CheckpointError(f'nothing to evaluate: {workdir} holds no run (no config.json); --mode eval recomputes '
@@ -146,6 +148,15 @@ def run(config: ml_collections.ConfigDict, workdir: str, mode: str = 'train',
           'nothing was recomputed or rewritten; --mode eval recomputes it from the checkpoints and compares',
           flush=True)
     return saved
+  results = compute(config, bench, workdir, mode, checkpoint, base_source, hook, origin)
+  print(write_outputs(workdir, results, mode), flush=True)
+  return results
+
+
+def compute(config, bench, workdir: str, mode: str, checkpoint: Optional[str], base_source: Optional[dict],
+            hook: Hook, origin: Optional[dict]) -> dict:
+  """`run`'s work once the checks passed: session 1 and every run's sessions through the method, then
+  the results document (not yet written)."""
   exp = Experiment.create(config, bench)
   log = workdir_lib.MetricsLog(workdir, tensorboard=config.tensorboard)
   ckpts = Checkpoints(workdir)
@@ -156,29 +167,24 @@ def run(config: ml_collections.ConfigDict, workdir: str, mode: str = 'train',
   print(start_line(config, bench, workdir, mode, ckpts, base_source, origin), flush=True)
   t0 = time.time()
   method = registry.get(config.method)
-  hook = compiling_ahead(exp, method, hook)
   try:
     first = method.first_session(exp, ckpts, log, source, hook)
-    report_compile_ahead(exp.programs.wait(), log)
     runner = method.runner(exp, first, ckpts, source, log)
     per_run, norms = run_sessions(exp, runner, ckpts, log, train=(mode != 'eval'), hook=hook)
-    base_info = base_source.get('selection') if base_source else None
-    base_info = dict(base_info or selection_info(config, source or ckpts))
+    base_info = dict((base_source or {}).get('selection') or selection_info(config, source or ckpts))
   finally:
-    exp.programs.close()
     ckpts.close()  # also when stopped: the checkpoints written in the background are completed
   results = evaluation.build_results(bench.name, config.method, config.data.protocol,
                                      [bench.num_seen_classes(t) for t in range(1, bench.num_sessions + 1)],
                                      per_run, norms if all(n is not None for n in norms) else None)
   results['base_model'] = base_info
   wall = round(time.time() - t0, 1)
-  results['provenance'] = {**workdir_lib.provenance(config.to_dict()), 'wall_time_s': wall,
-                           **({'origin': origin} if origin else {}),
+  results['provenance'] = {**workdir_lib.provenance(config.to_dict()), 'choices': backend.used(config),
+                           'wall_time_s': wall, **({'origin': origin} if origin else {}),
                            **({'base_source': base_source} if base_source else {})}
   log.write(phase='done', mode=mode, wall_time_s=wall,
             base_checkpoint=os.path.abspath(checkpoint) if checkpoint else None)
   log.close()
-  print(write_outputs(workdir, results, mode), flush=True)
   return results
 
 
@@ -198,7 +204,7 @@ def start_line(config, bench, workdir: str, mode: str, ckpts: Checkpoints, base_
             + (f', resuming at step {step}' if step is not None else ''))
   done = sum(len(ckpts.sessions_done(r)) for r in range(config.runs)) if ckpts.any_sessions() else 0
   sessions = f'{config.runs} runs x {later} sessions' + (f' ({done} restored)' if done else '')
-  return (f'f2m-jax {mode}: {_what(config, origin)} on {_devices()}; workdir {workdir}; '
+  return (f'f2m-jax {mode}: {_what(config, origin)} on {backend.devices()}; workdir {workdir}; '
           f'{base}; then {sessions}')
 
 
@@ -210,41 +216,6 @@ def _what(config, origin: Optional[dict]) -> str:
   member = f', sweep member {origin["sweep_member"]}, seed {config.seed}' if 'sweep_member' in origin else ''
   return (origin['config'] + (' with ' + ', '.join(f'{k}={v!r}' for k, v in changes.items()) if changes else '')
           + f' (method {config.method}{member})')
-
-
-def _devices() -> str:
-  """'N x <device kind> (<backend>)': where the run's programs run."""
-  return f'{jax.device_count()} x {jax.devices()[0].device_kind} ({jax.default_backend()})'
-
-
-def compiling_ahead(exp: Experiment, method, hook: Hook) -> Hook:
-  """`hook`, and (config.compile_ahead) at the first base step, once the base step's own program
-  has compiled, the start of compiling the method's session programs in the background while the
-  rest of session 1 trains (f2m_jax/programs.py). Without base training (a restored model) nothing
-  is compiled ahead: there is nothing to overlap."""
-  if not (method.compile_ahead and programs_lib.enabled(exp.config.compile_ahead)):
-    return hook
-  started = []
-
-  def start_then(kind, **kw):
-    if kind == 'base_step' and not started:
-      started.append(True)
-      exp.programs.compile_ahead(lambda: method.compile_ahead(exp))
-    if hook:
-      hook(kind, **kw)
-
-  return start_then
-
-
-def report_compile_ahead(done: Optional[dict], log) -> None:
-  """Prints and logs (phase 'compile_ahead') what the background compiles did, once the later
-  stages need their programs: `waited_s` is the part of their compiling that was not hidden."""
-  if done is None:
-    return
-  print(f'compiled ahead: {done["programs"]} programs, {done["compile_s"]} s in the background; waited '
-        f'{done["waited_s"]} s for them' + (f'; failed (compiled at first call): {done["failed"]}'
-                                             if done['failed'] else ''), flush=True)
-  log.write(phase='compile_ahead', **done)
 
 
 def write_outputs(workdir: str, results: dict, mode: str) -> str:
@@ -277,12 +248,12 @@ def run_flatness(config: ml_collections.ConfigDict, workdir: str, checkpoint: Op
   """--mode flatness: I and sigma^2 of the base loss around the base model of `workdir` (or of
   `checkpoint`) on the base training images and the base classes' test images; writes flatness.json.
   `origin`: as `run`'s, for the start-up line and the provenance."""
-  config = resolve(config)
+  config = resolve(config, (origin or {}).get('changes'))
   bench = sources.load_benchmark(config)
   exp = Experiment.create(config, bench)
   ckpts = Checkpoints(checkpoint or workdir, read_only=True)
   f = config.flatness
-  print(f'f2m-jax flatness: {_what(config, origin)} on {_devices()}; base model of {checkpoint or workdir}; '
+  print(f'f2m-jax flatness: {_what(config, origin)} on {backend.devices()}; base model of {checkpoint or workdir}; '
         f'{f.num_draws} draws at bound {f.bound if f.bound >= 0 else config.noise.bound:g} on the base training '
         f'and test images (at most {f.max_images or "all"} each); writes {workdir}/flatness.json', flush=True)
   model = common.base_model(exp, ckpts, log=None, source=ckpts)

@@ -1,5 +1,4 @@
-"""Data parallelism with `jax.sharding` (docs/performance.md, 'Devices and hosts'): a 1-D 'data' mesh over all devices
-(and the run axis of F2M's parallel fine-tuning split over one process's devices: `runs_mesh`).
+"""Data parallelism with `jax.sharding` (docs/performance.md, 'Devices and hosts'): a 1-D 'data' mesh over all devices.
 
 The global batch comes from the config and each device gets `global / num_devices` examples; the
 train state is replicated. The train step is one SPMD program: batch-norm means over axis 0 of a
@@ -14,7 +13,7 @@ devices, so no data is exchanged between hosts.
 from __future__ import annotations
 
 import os
-from typing import Callable, Optional, Sequence
+from typing import Optional, Sequence
 
 import jax
 import numpy as np
@@ -47,22 +46,6 @@ def data_mesh(devices: Optional[Sequence[jax.Device]] = None) -> Mesh:
   return Mesh(np.asarray(devices), (AXIS,))
 
 
-def runs_mesh() -> Optional[Mesh]:
-  """The mesh that independent runs are split over (F2M's fine-tuning of a group of runs): this
-  process's devices when it has several (every process computes all runs), else None."""
-  return data_mesh(jax.local_devices()) if jax.local_device_count() > 1 else None
-
-
-def jit_runs(fn: Callable, mesh: Optional[Mesh], mapped: Sequence[bool]) -> Callable:
-  """jit of `fn` over a group of runs, whose positional arguments flagged in `mapped` carry a leading
-  run axis: with a `mesh` of several devices (`runs_mesh`) that axis, and every output's, is split
-  over them and the other arguments are replicated."""
-  if mesh is None or mesh.size == 1:
-    return jax.jit(fn)
-  runs_axis, rep = batch_sharded(mesh), replicated(mesh)
-  return jax.jit(fn, in_shardings=tuple(runs_axis if m else rep for m in mapped), out_shardings=runs_axis)
-
-
 def per_device_batch(global_batch: int, mesh: Mesh) -> int:
   """The per-device batch; a ValueError when the global batch does not split evenly."""
   n = mesh.size
@@ -74,16 +57,6 @@ def per_device_batch(global_batch: int, mesh: Mesh) -> int:
 
 def replicated(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, P())
-
-
-def batch_sharded(mesh: Mesh) -> NamedSharding:
-  """Leading axis split over 'data', the rest replicated."""
-  return NamedSharding(mesh, P(AXIS))
-
-
-def member_batch_sharded(mesh: Mesh) -> NamedSharding:
-  """[S, B, ...] batches of S members: the batch axis B split over 'data'."""
-  return NamedSharding(mesh, P(None, AXIS))
 
 
 def member_rows_sharded(mesh: Mesh) -> NamedSharding:
@@ -105,29 +78,7 @@ def replicate(tree, mesh: Mesh):
   return jax.tree_util.tree_map(lambda x: _put(x, replicated(mesh)), tree)
 
 
-def shard_batch(mesh: Mesh, *arrays: np.ndarray) -> tuple:
-  """Host batches (the same global batch on every process) split along axis 0 over the mesh."""
-  for a in arrays:
-    per_device_batch(len(a), mesh)
-  return tuple(_put(a, batch_sharded(mesh)) for a in arrays)
-
-
-def shard_member_batch(mesh: Mesh, *arrays: np.ndarray) -> tuple:
-  """Host batches [S, B, ...] of S members split along B over the mesh."""
-  for a in arrays:
-    per_device_batch(a.shape[1], mesh)
-  return tuple(_put(a, member_batch_sharded(mesh)) for a in arrays)
-
-
 def shard_member_rows(mesh: Mesh, indices: np.ndarray) -> jax.Array:
   """[N, S, B] batch indices of S members split along B over the mesh."""
   per_device_batch(indices.shape[2], mesh)
   return _put(indices, member_rows_sharded(mesh))
-
-
-def jit_data_parallel(step: Callable, mesh: Mesh, num_batch_args: int = 2) -> Callable:
-  """jit of `step(state, *batch, key) -> (state, metrics)` with the state and key replicated, the
-  `num_batch_args` batch arrays sharded on axis 0 and the outputs replicated; the state is donated."""
-  rep, shard = replicated(mesh), batch_sharded(mesh)
-  return jax.jit(step, in_shardings=(rep,) + (shard,) * num_batch_args + (rep,),
-                 out_shardings=(rep, rep), donate_argnums=(0,))

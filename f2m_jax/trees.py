@@ -1,9 +1,12 @@
 """Parameter trees as flat dicts {path: array} (flax.traverse_util's tuple paths): the form in which
-the sessions and methods pick the leaves they train, keep the rest frozen, and put them back."""
+the sessions and methods pick the leaves they train, keep the rest frozen, and put them back; and
+trees stacked on a leading axis (members, draws)."""
 from __future__ import annotations
 
 from typing import Iterable, Mapping
 
+import jax
+import jax.numpy as jnp
 from flax import traverse_util
 
 
@@ -30,3 +33,13 @@ def overlay(tree, part):
   flat = flatten(tree)
   flat.update(part if all(isinstance(k, tuple) for k in part) else flatten(part))
   return unflatten(flat)
+
+
+def stack(items):
+  """Trees of one structure (e.g. S members' train states) as one tree with a leading axis."""
+  return jax.tree_util.tree_map(lambda *v: jnp.stack(v), *items)
+
+
+def index(tree, i: int):
+  """Entry `i` of a tree's leading axis (the inverse of `stack`)."""
+  return jax.tree_util.tree_map(lambda x: x[i], tree)

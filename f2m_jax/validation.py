@@ -11,14 +11,12 @@ import ml_collections
 from f2m_jax import base as base_lib
 from f2m_jax import noise as noise_lib
 from f2m_jax import objectives
-from f2m_jax import programs as programs_lib
 from f2m_jax.data import cifar100
 from f2m_jax.data import protocol as protocol_lib
 from f2m_jax.data import sources
 from f2m_jax.models import HEADS
 
 SAMPLERS = ('task_epochs', 'balanced', 'shuffle')
-MEMBER_MAPS = ('auto', 'vmap', 'unroll')
 BACKWARD_WEIGHTS = ('noisy', 'clean')
 
 
@@ -31,6 +29,17 @@ def need(ok: bool, field: str, value, allowed: str) -> None:
 def validate(c: ml_collections.ConfigDict) -> None:
   """Raises ValueError naming the field, its value and what is allowed (the fields every method
   reads; a method's own section is its `Method.validate`'s)."""
+  validate_noise(c)
+  validate_base(c)
+  validate_incremental(c)
+  validate_data(c)
+  need(c.runs >= 1, 'runs', c.runs, 'must be >= 1')
+  need(c.model.dtype in ('float32', 'bfloat16'), 'model.dtype', c.model.dtype, "'float32' or 'bfloat16'")
+  need(c.model.head in HEADS, 'model.head', c.model.head, f'allowed: {HEADS}')
+  need(c.members.map in base_lib.MEMBER_MAPS, 'members.map', c.members.map, f'allowed: {base_lib.MEMBER_MAPS}')
+
+
+def validate_noise(c: ml_collections.ConfigDict) -> None:
   need(c.noise.M >= 1, 'noise.M', c.noise.M, 'must be >= 1')
   need(c.noise.bound >= 0, 'noise.bound', c.noise.bound, 'must be >= 0')
   need(c.noise.distribution in noise_lib.DISTRIBUTIONS, 'noise.distribution', c.noise.distribution,
@@ -43,7 +52,9 @@ def validate(c: ml_collections.ConfigDict) -> None:
        f'allowed: {base_lib.BN_UPDATES}')
   need(c.noise.pf_weight >= 0 and c.noise.std_weight >= 0, 'noise.pf_weight/std_weight',
        (c.noise.pf_weight, c.noise.std_weight), 'must be >= 0')
-  need(c.runs >= 1, 'runs', c.runs, 'must be >= 1')
+
+
+def validate_base(c: ml_collections.ConfigDict) -> None:
   need(c.base.steps >= 1, 'base.steps', c.base.steps, 'must be >= 1')
   need(c.base.sampler in SAMPLERS, 'base.sampler', c.base.sampler, f'allowed: {SAMPLERS}')
   if c.base.sampler == 'task_epochs':
@@ -52,13 +63,13 @@ def validate(c: ml_collections.ConfigDict) -> None:
   need(c.base.select_every >= 1, 'base.select_every', c.base.select_every, 'must be >= 1')
   need(c.base.ways >= 1 and c.base.shots >= 1, 'base.ways/shots', (c.base.ways, c.base.shots), 'must be >= 1')
   need(c.base.lr > 0, 'base.lr', c.base.lr, 'must be > 0')
-  need(c.base.data_placement in ('auto', 'host', 'device'), 'base.data_placement', c.base.data_placement,
-       "'auto', 'host' or 'device'")
-  need(c.incremental.parallel_runs >= 0, 'incremental.parallel_runs', c.incremental.parallel_runs,
-       'must be >= 0 (0: automatic)')
-  need(c.base.steps_per_call >= 0, 'base.steps_per_call', c.base.steps_per_call, 'must be >= 0 (0: automatic)')
-  need(c.base.prefetch >= 0, 'base.prefetch', c.base.prefetch, 'must be >= 0 (0: no background thread)')
+  need(all(isinstance(m, int) and not isinstance(m, bool) for m in c.base.milestones), 'base.milestones',
+       tuple(c.base.milestones), 'a tuple of step numbers such as (15000,)')
+  need(c.base.steps_per_call >= 1, 'base.steps_per_call', c.base.steps_per_call, 'must be >= 1')
   need(c.base.checkpoint_every >= 1, 'base.checkpoint_every', c.base.checkpoint_every, 'must be >= 1')
+
+
+def validate_incremental(c: ml_collections.ConfigDict) -> None:
   need(c.incremental.trainable in ('noise_set', 'all'), 'incremental.trainable', c.incremental.trainable,
        "'noise_set' or 'all'")
   need(c.incremental.steps >= 0, 'incremental.steps', c.incremental.steps, 'must be >= 0')
@@ -69,6 +80,9 @@ def validate(c: ml_collections.ConfigDict) -> None:
        c.incremental.normalize_base_prototypes, 'True or False')
   need(c.incremental.distance in ('squared_euclidean', 'euclidean'), 'incremental.distance',
        c.incremental.distance, "'squared_euclidean' or 'euclidean'")
+
+
+def validate_data(c: ml_collections.ConfigDict) -> None:
   need(c.data.protocol in protocol_lib.PROTOCOLS, 'data.protocol', c.data.protocol,
        f'allowed: {protocol_lib.PROTOCOLS}')
   need(c.data.source in sources.SOURCES, 'data.source', c.data.source, f'allowed: {sources.SOURCES}')
@@ -79,10 +93,6 @@ def validate(c: ml_collections.ConfigDict) -> None:
          f'one of {sorted(cifar100.SPLITS)} for CIFAR-100 (tfds or trainsplit source), or empty')
     need(c.data.protocol in ('draws', 'validation'), 'data.protocol', c.data.protocol,
          "the class splits have no TOPIC lists: use 'draws' (or 'validation')")
-  need(c.model.dtype in ('float32', 'bfloat16'), 'model.dtype', c.model.dtype, "'float32' or 'bfloat16'")
-  need(c.model.head in HEADS, 'model.head', c.model.head, f'allowed: {HEADS}')
-  need(c.members.map in MEMBER_MAPS, 'members.map', c.members.map, f'allowed: {MEMBER_MAPS}')
-  need(c.compile_ahead in programs_lib.MODES, 'compile_ahead', c.compile_ahead, f'allowed: {programs_lib.MODES}')
 
 
 def check_data_folder(c: ml_collections.ConfigDict) -> None:

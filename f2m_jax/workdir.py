@@ -11,14 +11,15 @@ from typing import Iterable, Optional
 import jax
 from flax import traverse_util
 
-# Fields that never change what a run computes (paths, logging, batching and caching of evaluation,
-# other modes' settings, which fields were typed on the command line rather than what they hold): a
-# workdir may be resumed or evaluated with different values of these. A name ending in '.' covers
-# every field below it.
+# Fields that never change what a run computes, or only how it is rounded (paths, logging, how the
+# programs are laid out, batching and caching of evaluation, other modes' settings): a workdir may be
+# resumed or evaluated with different values of these. A name ending in '.' covers every field below
+# it. Some are fields of earlier versions, still found in saved config.json files.
 NON_RESULT_FIELDS = ('data.data_dir', 'data.tfds_data_dir', 'data.cache_dir', 'base.log_every',
-                     'base.checkpoint_every', 'base.data_placement', 'base.steps_per_call', 'base.prefetch',
-                     'incremental.parallel_runs', 'eval.batch_size', 'eval.cache_trunk', 'distributed',
-                     'tensorboard', 'compilation_cache', 'compile_ahead', 'members.map', 'bench.', 'flatness.',
+                     'base.checkpoint_every', 'base.steps_per_call', 'noise.draw_map', 'model.conv_backward',
+                     'members.map', 'eval.batch_size', 'eval.cache_trunk', 'distributed', 'tensorboard',
+                     'compilation_cache', 'bench.', 'flatness.',
+                     'base.data_placement', 'base.prefetch', 'incremental.parallel_runs', 'compile_ahead',
                      'set_by_user')
 
 
@@ -91,15 +92,6 @@ def saved_config(workdir: str, defaults: dict) -> dict:
   items.update(LEGACY_VALUES)
   items.update(renamed(flat_items(saved)))
   return traverse_util.unflatten_dict(items, sep='.')
-
-
-def saved_source(workdir: str) -> Optional[dict]:
-  """The base model's source recorded in W/config.json (`prepare`'s `base_source`), or None."""
-  path = os.path.join(workdir, 'config.json')
-  if not os.path.exists(path):
-    return None
-  with open(path) as f:
-    return json.load(f).get(SOURCE_KEY)
 
 
 def prepare(workdir: str, config: dict, method_sections: Optional[dict] = None,

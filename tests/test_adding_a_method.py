@@ -56,8 +56,8 @@ def test_the_example_shrinks_novel_prototypes_and_nothing_else(shrunk):
   exp, first = run.exp, run.first
   plain, ours = NCMRunner(exp, first), example.ShrunkRunner(exp, first)
   shots = protocol_lib.session_shots(exp.bench, exp.config.data.protocol, 0, 2, exp.config.data.shots, exp.config.seed)
-  [((p_params, p_protos), p_info)] = plain.update_runs([plain.start()], [0], 2, [shots])
-  [((s_params, s_protos), s_info)] = ours.update_runs([ours.start()], [0], 2, [shots])
+  (p_params, p_protos), p_info = plain.update(plain.start(), 0, 2, shots)
+  (s_params, s_protos), s_info = ours.update(ours.start(), 0, 2, shots)
   base = len(first['prototypes'])
   np.testing.assert_array_equal(s_protos[:base], p_protos[:base])
   np.testing.assert_allclose(s_protos[base:], 0.9 * p_protos[base:] + 0.1 * first['prototypes'].mean(axis=0),

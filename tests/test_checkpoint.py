@@ -1,5 +1,5 @@
 """Checkpoints: bit-exact save/restore, resume after interruption, eval mode, and bad input (the NaN
-stop and its last good checkpoint: tests/test_data_placement.py, on both data paths)."""
+stop and its last good checkpoint: tests/test_base_program.py)."""
 import hashlib
 import json
 import os
@@ -73,10 +73,11 @@ def test_save_restore_is_bit_identical(tmp_path):
   bench = sources.load_benchmark(config)
   exp = experiment_lib.Experiment.create(config, bench)
   state = exp.init_state()
-  step = base_lib.make_train_step(exp.base_objective(), exp.optimizer(), bench.augment,
-                                           bench.image_size, bench.mean, bench.std)
+  step = base_lib.make_train_step(exp.base_objective(), exp.optimizer(), bench.augment, bench.image_size,
+                                  bench.mean, bench.std)
   idx = exp.batch_indices(0)
-  state, _ = step(state, bench.train.images[idx], bench.train.labels[idx], exp.key(0))  # non-zero momentum
+  state, _ = jax.jit(step)(state, bench.train.images[idx], bench.train.labels[idx], exp.key(0),
+                           config.noise.bound)  # non-zero momentum
   ckpts = Checkpoints(str(tmp_path))
   ckpts.save_base_state(1, state)
   _leaves_equal(jax.device_get(state), ckpts.restore_base_state(exp.state_template(), 1))  # zeros of the shapes

@@ -1,5 +1,5 @@
 """Config files import ml_collections and the standard library only, and a method's presets never
-replace a field the user set (config.set_by_user; run.py records the command line's overrides)."""
+replace a field the user changed on the command line (the `changes` run.py records)."""
 import json
 import pathlib
 import subprocess
@@ -44,11 +44,11 @@ def test_presets_apply_to_the_fields_the_user_did_not_set():
   resolved = pipeline.resolve(config)
   assert (resolved.noise.enabled, resolved.eval.normalize_prototypes, resolved.base.sampler) == (False, False, 'shuffle')
   config.base.sampler = 'task_epochs'
-  config.set_by_user = ('method', 'eval.normalize_prototypes', 'base.sampler')
-  resolved = pipeline.resolve(config)
+  changes = {'method': 'baseline', 'eval.normalize_prototypes': True, 'base.sampler': 'task_epochs'}
+  resolved = pipeline.resolve(config, changes)
   assert resolved.eval.normalize_prototypes and resolved.base.sampler == 'task_epochs'
   assert not resolved.noise.enabled and not resolved.incremental.finetune and not resolved.incremental.round_steps
-  assert pipeline.resolve(resolved).to_dict() == resolved.to_dict()  # resolving twice (member sweeps) changes nothing
+  assert pipeline.resolve(resolved, changes).to_dict() == resolved.to_dict()  # twice (member sweeps): no change
 
 
 def test_presets_override_the_config_files_values():
@@ -64,9 +64,8 @@ def test_a_user_value_a_method_cannot_run_stops_naming_the_field():
   config.method = 'rebalance'
   assert pipeline.resolve(config).model.head == 'cosine'
   config.model.head = 'linear'
-  config.set_by_user = ('model.head',)
   with pytest.raises(ValueError, match="model.head='linear' is invalid: method=rebalance needs 'cosine'"):
-    pipeline.resolve(config)
+    pipeline.resolve(config, {'model.head': 'linear'})
 
 
 @pytest.mark.slow
@@ -81,5 +80,7 @@ def test_command_line_overrides_survive_the_baseline(tmp_path):
   saved = json.loads((workdir / 'config.json').read_text())
   assert saved['method'] == 'baseline' and not saved['noise']['enabled'] and not saved['incremental']['finetune']
   assert saved['eval']['normalize_prototypes'] and saved['base']['sampler'] == 'task_epochs'
-  assert saved['set_by_user'] == ['base.milestones', 'base.sampler', 'base.steps', 'eval.normalize_prototypes', 'method',
-                                 'runs']
+  results = json.loads((workdir / 'results.json').read_text())
+  assert sorted(results['provenance']['origin']['changes']) == ['base.milestones', 'base.sampler', 'base.steps',
+                                                                'eval.normalize_prototypes', 'method', 'runs']
+  assert 'set_by_user' not in saved

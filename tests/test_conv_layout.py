@@ -2,8 +2,9 @@
 S (or S x M) times the channels: forward and input gradient with feature_group_count, the kernel
 gradient with batch_group_count (the form GPUs run as cuDNN's backward-filter kernel). vmap's
 generic rule would compute each kernel gradient as a grouped *forward* convolution whose filter is
-the whole output gradient. The steps are lowered for CUDA here, on the CPU (no GPU needed), and the
-batching rule of models/resnet.py is checked against per-member gradients in float64.
+the whole output gradient. The steps (model.conv_backward='xla', what 'auto' takes on a GPU) are
+lowered for CUDA here, on the CPU (no GPU needed), and the batching rule of models/resnet.py is checked
+against per-member gradients in float64.
 """
 from __future__ import annotations
 
@@ -48,13 +49,13 @@ def test_the_check_catches_vmaps_generic_kernel_gradient():
 def _step_setup(num_draws: int, draw_map: str):
   data = synthetic.make_synthetic(num_base=4, way=1, num_sessions=1, train_per_class=2, test_per_class=1,
                                   image_size=16)
-  model = build_model('resnet20', 4, 4, clean_backward=False)
+  model = build_model('resnet20', 4, 4, clean_backward=False, conv_backward='xla')
   paths = tuple(noise_set_paths(model, 4))
   objective = base_lib.BaseObjective(model=model, noise_paths=paths, split=split_block(model, paths),
-                                     num_draws=num_draws, bound=0.01, distribution='uniform', pf_weight=1.0,
+                                     num_draws=num_draws, distribution='uniform', pf_weight=1.0,
                                      std_weight=2.0, shared_trunk=True, draw_map=draw_map)
   tx = optim.sgd(0.1, 0.9, 5e-4, (), 0.1)
-  step = base_lib.train_step_fn(objective, tx, 'crop_flip', 16, data.mean, data.std)
+  step = base_lib.make_train_step(objective, tx, 'crop_flip', 16, data.mean, data.std)
   state = base_lib.init_state(model, jax.random.key(0), 16, tx)
   return step, state, data.train.images[:8], data.train.labels[:8]
 
@@ -63,9 +64,9 @@ def _step_setup(num_draws: int, draw_map: str):
 def test_member_and_draw_steps_keep_kernel_gradients_on_backward_filter_convolutions(members, draws):
   step, state, images, labels = _step_setup(draws, 'vmap')
   stacked = jax.tree_util.tree_map(lambda x: jnp.stack([x] * members), state)
-  fn = base_lib.members_step_fn([step] * members, 'vmap')
+  fn = base_lib.map_members(step, 'vmap')
   convs = convolutions(fn, stacked, np.stack([images] * members), np.stack([labels] * members),
-                       jnp.stack([jax.random.key(i) for i in range(members)]))
+                       jnp.stack([jax.random.key(i) for i in range(members)]), jnp.full((members,), 0.01))
   assert not slow_kernel_grads(convs)
   # the members (and the noised layers' draws) really are folded into the groups
   groups = {c[1] for c in convs if c[0] == 'kernel_grad'}

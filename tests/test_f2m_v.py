@@ -44,7 +44,7 @@ def test_pf_does_nothing_in_the_variants_base_training():
   eps = noise_lib.sample_noise(jax.random.key(2), variables['params'], paths, n.M, bound, n.distribution)
 
   def step(pf_weight, std_weight):
-    objective = base_lib.BaseObjective(model, paths, split_block(model, paths), n.M, bound, n.distribution,
+    objective = base_lib.BaseObjective(model, paths, split_block(model, paths), n.M, n.distribution,
                                        pf_weight, std_weight, True, pf_gradient=n.pf_gradient)
     (loss, (_, metrics)), grads = jax.jit(jax.value_and_grad(base_lib.base_loss, has_aux=True), static_argnums=5)(
         variables['params'], variables['batch_stats'], x, y, eps, objective)

@@ -94,17 +94,19 @@ def test_scanned_conv2d_gradients_compile_to_eigen_form_convolutions(kernel, str
   program, so a change back to XLA's transposes fails here, not only in a benchmark."""
   x = jnp.ones((4, size, size, 6))
   w = jnp.ones(kernel + (6, 5))
-  loss = lambda x_, w_: jnp.sum(resnet.conv2d(x_, w_, jnp.zeros_like(w_), strides, padding, jnp.float32, True) ** 2)
+  loss = lambda x_, w_: jnp.sum(resnet.conv2d(x_, w_, jnp.zeros_like(w_), strides, padding, jnp.float32, True, 'cpu') ** 2)
   grads = lambda x, w: jax.lax.scan(lambda c, _: (c, jax.grad(loss, (0, 1))(x, w)), 0, None, length=2)[1]
   hlo = jax.jit(grads).lower(x, w).compile().as_text()
   labels = re.findall(r'= f32\[[^\]]*\]\S* convolution\(.*?dim_labels=([^,\s]+)', hlo)
   assert len(labels) == 3 and set(labels) == {'b01f_01io->b01f'}, labels  # forward, input and kernel gradient
 
 
-def test_conv2d_gradients_on_every_backend_path(monkeypatch):
-  """conv2d's custom backward (on a CPU the im2col kernel gradient for large output gradients, the
-  Eigen-form convolutions for small ones; clean or exact input gradient) against plain autodiff of
-  conv(x, w) and of conv(x, w + eps)."""
+@pytest.mark.parametrize('backward', ['cpu', 'xla'])
+def test_conv2d_gradients_on_every_backend_path(monkeypatch, backward):
+  """conv2d's custom backward, both forms (model.conv_backward: 'cpu', the im2col kernel gradient for
+  large output gradients and the Eigen-form convolutions for small ones; 'xla', XLA's transposes with
+  the batching rule), clean or exact input gradient, against plain autodiff of conv(x, w) and of
+  conv(x, w + eps)."""
   by_shifts = resnet._kernel_grad_by_shifts
   kx, kw, ke = jax.random.split(jax.random.key(1), 3)
   x = jax.random.normal(kx, (2, 8, 8, 3))
@@ -117,7 +119,7 @@ def test_conv2d_gradients_on_every_backend_path(monkeypatch):
   for clean, min_bytes in ((True, 0), (False, 0), (True, 1 << 40), (False, 1 << 40)):
     monkeypatch.setattr(resnet, 'KERNEL_GRAD_MIN_BYTES', min_bytes)
     shifts.clear()
-    got = jax.grad(loss(lambda x_, w_: resnet.conv2d(x_, w_, eps, *args, clean)), (0, 1))(x, w)
+    got = jax.grad(loss(lambda x_, w_: resnet.conv2d(x_, w_, eps, *args, clean, backward)), (0, 1))(x, w)
     exact = jax.grad(loss(lambda x_, w_: resnet._conv(x_, w_ + eps, *args)), (0, 1))(x, w)
     np.testing.assert_allclose(got[1], exact[1], rtol=1e-5, atol=1e-5)  # the kernel gradient either way
     if clean:  # the input gradient through the clean kernel, at the noisy forward's output gradient
@@ -128,7 +130,7 @@ def test_conv2d_gradients_on_every_backend_path(monkeypatch):
       assert float(jnp.abs(got[0] - exact[0]).max()) > 1e-2
     else:
       np.testing.assert_allclose(got[0], exact[0], rtol=1e-5, atol=1e-5)
-    assert bool(shifts) == (jax.default_backend() == 'cpu' and min_bytes == 0)  # the path taken
+    assert bool(shifts) == (backward == 'cpu' and min_bytes == 0)  # the path taken
 
 
 def test_fold_batch_stats_is_pytorch_running_update_in_turn():

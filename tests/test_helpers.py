@@ -57,6 +57,9 @@ def test_sgd_is_pytorchs_with_its_milestones():
   u, state = tx.update(jnp.ones(1), state, p1)
   g2 = 1 + 0.5 * float(p1[0])
   np.testing.assert_allclose(p1 + u, float(p1[0]) - 0.01 * (0.9 * g1 + g2), rtol=1e-6)
-  direction = optim.sgd_direction(0.9, 0.5)
-  u, _ = direction.update(jnp.ones(1), direction.init(p), p)
-  np.testing.assert_allclose(u, g1, rtol=1e-6)  # the rate left to the caller
+  at_rate = optim.sgd_at_rate(0.9, 0.5)  # the same steps, the rate set by the caller at each step
+  state = at_rate.init(p)
+  u, state = at_rate.update(jnp.ones(1), optim.set_rate(state, np.float32(0.1)), p)
+  np.testing.assert_array_equal(p + u, p1)
+  u, state = at_rate.update(jnp.ones(1), optim.set_rate(state, np.float32(optim.rate_at(1, 0.1, (1,), 0.1))), p1)
+  np.testing.assert_allclose(p1 + u, float(p1[0]) - 0.01 * (0.9 * g1 + g2), rtol=1e-6)

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from conftest import resumed_after_interruption, tiny_method_run, tiny_protocol, without_provenance
+from f2m_jax import optim
 from f2m_jax.data import protocol
 from f2m_jax.methods import icarl
 
@@ -60,7 +61,7 @@ def test_distillation_targets_and_loss():
 
 
 def test_learning_rate_steps_at_milestone_epochs():
-  rates = [icarl.learning_rate(s, 2, 0.1, (2, 3), 0.1) for s in range(8)]
+  rates = [optim.rate_at(s, 0.1, (2 * 2, 3 * 2), 0.1) for s in range(8)]  # epochs of 2 steps
   np.testing.assert_allclose(rates, [0.1] * 4 + [0.01] * 2 + [0.001] * 2)
 
 

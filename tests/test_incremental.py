@@ -39,7 +39,7 @@ def test_every_step_inside_box_and_frozen_leaves_unchanged(setup):
   settings = _settings(model, paths, 4)
   key = jax.random.key(1)
   params, losses = incremental.make_finetune(settings)(
-      variables['params'], variables['batch_stats'], anchor, images, labels, stored, key)
+      variables['params'], variables['batch_stats'], anchor, images, labels, stored, np.int32(len(stored)), key)
   assert np.all(np.isfinite(losses))
   chex.assert_trees_all_equal(trees.split(params, paths)[1], trees.split(variables['params'], paths)[1])
 
@@ -71,7 +71,8 @@ def test_without_clamp_leaves_the_box(setup):
   flat0 = trees.flatten(variables['params'])
   anchor = {p: flat0[p] for p in paths}
   params, _ = incremental.make_finetune(_settings(model, paths, 3, clamp=False, lr=0.05))(
-      variables['params'], variables['batch_stats'], anchor, images, labels, stored, jax.random.key(1))
+      variables['params'], variables['batch_stats'], anchor, images, labels, stored, np.int32(len(stored)),
+      jax.random.key(1))
   flat = trees.flatten(params)
   assert max(float(np.abs(flat[p] - anchor[p]).max()) for p in paths) > 0.003
 
@@ -100,7 +101,8 @@ def test_round_steps_moves_only_by_multiples_of_half_the_bound(setup):
   settings = incremental.SessionSettings(**{**settings.__dict__, 'momentum': 0.0, 'weight_decay': 0.0,
                                             'round_steps': True})
   params, _ = incremental.make_finetune(settings)(
-      variables['params'], variables['batch_stats'], anchor, images, labels, stored, jax.random.key(1))
+      variables['params'], variables['batch_stats'], anchor, images, labels, stored, np.int32(len(stored)),
+      jax.random.key(1))
   flat = trees.flatten(params)
   steps = np.concatenate([np.ravel(np.asarray(flat[p]) - np.asarray(anchor[p])) for p in paths]) / 0.0015
   np.testing.assert_allclose(steps, np.round(steps), atol=1e-3)  # multiples of b/2 = 0.0015
@@ -114,18 +116,21 @@ def test_padding_to_the_last_sessions_shape_changes_nothing(setup):
   anchor = {p: flat0[p] for p in paths}
   # one step: later steps amplify float32 rounding (distances ~1e3 enter a softmax), not padding
   settings = incremental.SessionSettings(**{**_settings(model, paths, 1, lr=0.05).__dict__, 'augment': 'none'})
-  args = (variables['params'], variables['batch_stats'], anchor, images, labels, stored, jax.random.key(1))
-  exact, exact_losses = incremental.make_finetune(settings)(*args)
-  padded_fn = incremental.make_finetune(settings, max_images=25, max_classes=12)
-  padded, padded_losses = padded_fn(*args)
+  finetune = incremental.make_finetune(settings)
+  exact, exact_losses = finetune(variables['params'], variables['batch_stats'], anchor, images, labels, stored,
+                                 np.int32(len(stored)), jax.random.key(1))
+  padded, padded_losses = finetune(variables['params'], variables['batch_stats'], anchor,
+                                   *incremental.pad_session(images, labels, stored, 25, 12), jax.random.key(1))
   np.testing.assert_allclose(padded_losses, exact_losses, atol=5e-5)
   moved = max(float(np.abs(trees.flatten(exact)[p] - anchor[p]).max()) for p in paths)
   chex.assert_trees_all_close(padded, exact, atol=1e-5, rtol=1e-7)
   assert moved > 1e-3  # the step itself is two orders larger than the tolerance
-  # a smaller session reuses the compiled program
-  padded_fn(variables['params'], variables['batch_stats'], anchor, images[:5], labels[:5], stored[:7],
-            jax.random.key(2))
-  assert padded_fn.jitted._cache_size() == 1
+  # a smaller session padded to the same sizes reuses the compiled program
+  size = finetune._cache_size()
+  finetune(variables['params'], variables['batch_stats'], anchor, *incremental.pad_session(images[:5], labels[:5],
+                                                                                          stored[:7], 25, 12),
+           jax.random.key(2))
+  assert finetune._cache_size() == size
 
 
 def naive_metric_loss(emb, labels, stored):

@@ -18,7 +18,7 @@ PACKAGE = pathlib.Path(__file__).resolve().parents[1] / 'f2m_jax'
 # Bottom to top. Patterns are module names relative to f2m_jax ('data.*': every module of data/).
 LAYERS = (
     ('foundations', ('data', 'data.*', 'models', 'models.*', 'trees', 'padding', 'optim', 'noise', 'objectives',
-                     'sharding', 'checkpoint', 'workdir', 'prefetch', 'programs', 'report')),
+                     'sharding', 'checkpoint', 'workdir', 'backend', 'report')),
     ('algorithms', ('base', 'incremental', 'evaluation', 'flatness')),
     ('run description', ('experiment', 'validation')),
     ('run stages', ('train_loop', 'evaluator', 'sessions')),
@@ -186,3 +186,38 @@ def test_each_rule_fails_when_broken(tmp_path, breach, expected):
     (root / name).parent.mkdir(parents=True, exist_ok=True)
     (root / name).write_text(text)
   assert any(p.startswith(expected) for p in problems(root)), problems(root)
+
+
+def test_only_the_backend_module_reads_the_backend():
+  """Every choice made by backend is f2m_jax/backend.py's (resolved once, recorded in config.json); the
+  records of where a run ran (workdir.provenance) read the device but choose nothing."""
+  readers = {module_name(p) for p in PACKAGE.rglob('*.py')
+             if any(word in p.read_text() for word in ('default_backend', 'platform_dependent', 'memory_stats'))}
+  assert readers <= {'backend', 'workdir', 'bench'}, readers
+
+
+def branch_points(fn: ast.AST) -> int:
+  """if, for, while, except, conditional expressions, boolean operators and comprehensions (with
+  their conditions) in `fn`, nested functions included."""
+  count = 0
+  for node in ast.walk(fn):
+    if isinstance(node, (ast.If, ast.For, ast.AsyncFor, ast.While, ast.IfExp, ast.ExceptHandler)):
+      count += 1
+    elif isinstance(node, ast.BoolOp):
+      count += len(node.values) - 1
+    elif isinstance(node, ast.comprehension):
+      count += 1 + len(node.ifs)
+  return count
+
+
+def test_no_function_is_long_or_branchy():
+  """A function a person can read in one go: at most 50 lines and 15 branch points."""
+  long = []
+  for path in PACKAGE.rglob('*.py'):
+    for node in ast.walk(ast.parse(path.read_text())):
+      if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        lines, branches = node.end_lineno - node.lineno + 1, branch_points(node)
+        if lines > 50 or branches > 15:
+          long.append(f'{module_name(path)}.{node.name}: {lines} lines, {branches} branch points')
+  assert not long, long
+

@@ -17,8 +17,9 @@ from f2m_jax import cli
 from f2m_jax import evaluation
 from f2m_jax import members
 from f2m_jax import pipeline
-from f2m_jax import train_loop
-from f2m_jax.checkpoint import Checkpoints
+from f2m_jax import sharding
+from f2m_jax import trees
+from f2m_jax.checkpoint import CheckpointError, Checkpoints
 from f2m_jax.data import sources
 from f2m_jax.experiment import Experiment
 
@@ -39,8 +40,8 @@ def tiny(seed: int = 0, **members_fields):
 def sweep(tmp_path_factory):
   """(the sweep's folder, its summary, the folders of the single runs of each seed)."""
   root = str(tmp_path_factory.mktemp('sweep') / 'sweep')
-  argv = ['run.py', '--config', 'configs/cifar100.py:smoke', '--workdir', root]  # as run.py starts it
-  assert cli.main(tiny(seeds=SEEDS, map='unroll'), root, 'train', argv=argv) == 0
+  origin = {'config': 'configs/cifar100.py:smoke', 'changes': {'base.steps': 20}}  # as run.py passes it
+  assert cli.main(tiny(seeds=SEEDS, map='unroll'), root, 'train', origin=origin) == 0
   with open(os.path.join(root, 'summary.json')) as f:
     summary = json.load(f)
   singles = []
@@ -112,12 +113,13 @@ def test_a_resumed_sweep_equals_an_uninterrupted_one(sweep, tmp_path):
 
 
 @pytest.mark.slow
-def test_a_sweep_through_the_device_path_equals_the_host_path(sweep, tmp_path):
-  """The accelerators' path (images on the device, each member's batch gathered there, 5 steps
-  scanned per call) trains every member as the host path does: the same logged base steps, each
-  member's base model to float rounding, the same accuracies."""
-  config = tiny(seeds=SEEDS, map='unroll')
-  config.base.update(data_placement='device', steps_per_call=5)
+def test_the_gpu_layout_sweep_equals_the_cpu_layout_sweep(sweep, tmp_path):
+  """The members vmapped (members.map='vmap') with XLA's own convolution backward and its batching rule
+  (model.conv_backward='xla'), the layout for a GPU, on this CPU: every member trained as by the
+  default layout (members unrolled, the CPU backward): the same logged steps, each member's base model
+  to float rounding, the same accuracies."""
+  config = tiny(seeds=SEEDS, map='vmap')
+  config.model.conv_backward = 'xla'
   root = str(tmp_path / 'sweep')
   members.run(config, root)
   for i, seed in enumerate(SEEDS):
@@ -125,34 +127,36 @@ def test_a_sweep_through_the_device_path_equals_the_host_path(sweep, tmp_path):
     steps = lambda w: [r['step'] for r in map(json.loads, open(os.path.join(w, 'metrics.jsonl')))
                        if r.get('phase') == 'base']
     assert steps(ours) == steps(theirs) == [5, 10, 15, 20]
-    mine, host = base_model(ours, seed), base_model(theirs, seed)
-    for x, y in zip(jax.tree_util.tree_leaves(mine), jax.tree_util.tree_leaves(host)):
+    mine, default = base_model(ours, seed), base_model(theirs, seed)
+    for x, y in zip(jax.tree_util.tree_leaves(mine), jax.tree_util.tree_leaves(default)):
       np.testing.assert_allclose(x, y, rtol=0, atol=1e-5 * np.abs(y).max())
+    with open(os.path.join(ours, 'results.json')) as f, open(os.path.join(theirs, 'results.json')) as g:
+      assert [s['acc'] for s in json.load(f)['sessions']] == [s['acc'] for s in json.load(g)['sessions']]
 
 
-@pytest.mark.slow
-def test_vmapped_members_equal_single_steps():
-  """The member axis mapped with jax.vmap (the GPU/TPU default) gives each member its own single
-  step's result to float rounding; at a small learning rate, so three steps do not amplify it."""
-  config = tiny(seeds=SEEDS)
-  config.base.lr = 1e-3
-  bench = sources.load_benchmark(pipeline.resolve(tiny()))
-  exps = [Experiment.create(pipeline.resolve(c), bench) for c in members.member_configs(config)]
-  step = jax.jit(base_lib.members_step_fn([base_lib.train_step_fn(
-      e.base_objective(), e.optimizer(), bench.augment, bench.image_size, bench.mean, bench.std) for e in exps], 'vmap'))
-  single = jax.jit(base_lib.train_step_fn(exps[0].base_objective(), exps[0].optimizer(), bench.augment,
-                                          bench.image_size, bench.mean, bench.std))
-  states = [e.init_state() for e in exps]
-  stacked, keys = train_loop.stack(states), jnp.stack([e.key(0) for e in exps])
-  for t in range(3):
-    idx = np.stack([e.batch_indices(t) for e in exps])
-    x, y = jnp.asarray(bench.train.images[idx]), jnp.asarray(bench.train.labels[idx])
-    stacked, _ = step(stacked, x, y, keys)
-    states = [single(s, x[i], y[i], e.key(0))[0] for i, (s, e) in enumerate(zip(states, exps))]
-  for i, s in enumerate(states):
-    leaves = jax.tree_util.tree_leaves(s.params)
+@pytest.mark.parametrize('conv_backward', ['cpu', 'xla'])
+def test_vmapped_members_of_a_bound_sweep_equal_their_single_steps(conv_backward):
+  """The member axis mapped with jax.vmap gives each member, of its own noise bound, its own single
+  run's steps to float rounding; at a small learning rate, so three steps do not amplify it."""
+  config = tiny(field='noise.bound', field_values=(0.002, 0.02))
+  config.base.lr, config.model.conv_backward = 1e-3, conv_backward
+  configs = [pipeline.resolve(c) for c in members.member_configs(config)]
+  bench = sources.load_benchmark(configs[0])
+  exps = [Experiment.create(c, bench) for c in configs]
+  step = base_lib.make_train_step(exps[0].base_objective(), exps[0].optimizer(), bench.augment, bench.image_size,
+                                  bench.mean, bench.std)
+  mesh = sharding.data_mesh()
+  vmapped, unrolled = (base_lib.make_train_program(step, m, mesh) for m in ('vmap', 'unroll'))
+  data = (bench.train.images, bench.train.labels)
+  keys, bounds = jnp.stack([e.key(0) for e in exps]), np.asarray([c.noise.bound for c in configs], np.float32)
+  indices = np.stack([np.stack([e.batch_indices(t) for e in exps]) for t in range(3)]).astype(np.int32)
+  ours, _ = vmapped(trees.stack([e.init_state() for e in exps]), *data, indices, np.int32(3), keys, bounds)
+  for i, e in enumerate(exps):
+    single, _ = unrolled(trees.stack([e.init_state()]), *data, indices[:, i:i + 1], np.int32(3), keys[i:i + 1],
+                         bounds[i:i + 1])
+    leaves = jax.tree_util.tree_leaves(trees.index(single, 0).params)
     scale = max(float(np.abs(np.asarray(b)).max()) for b in leaves)  # float32 rounding is relative to the weights
-    for a, b in zip(jax.tree_util.tree_leaves(train_loop.unstack(stacked, i).params), leaves):
+    for a, b in zip(jax.tree_util.tree_leaves(trees.index(ours, i).params), leaves):
       np.testing.assert_allclose(a, b, rtol=0, atol=1e-6 * scale)
 
 
@@ -175,19 +179,44 @@ def test_summary_intervals_over_members_and_over_members_and_draws():
     (dict(field='base.lr', field_values=(0.1, 0.2)), "members.field='base.lr' is invalid"),
     (dict(seeds=(0, 0)), 'distinct'),
     (dict(seeds=(0, 1), map='scan'), "members.map='scan' is invalid"),
+    (dict(seeds=(0, 1), draw_map='vamp'), "noise.draw_map='vamp' is invalid"),
 ])
 def test_bad_sweeps_are_refused_before_anything_is_written(tmp_path, fields, message):
+  config = tiny(**{k: v for k, v in fields.items() if k != 'draw_map'})
+  config.noise.draw_map = fields.get('draw_map', config.noise.draw_map)
   with pytest.raises(ValueError, match=message):
-    members.run(tiny(**fields), str(tmp_path / 'w'))
+    members.run(config, str(tmp_path / 'w'))
   assert not (tmp_path / 'w').exists()
+
+
+def test_eval_of_a_folder_without_a_sweep_writes_nothing(tmp_path):
+  with pytest.raises(CheckpointError, match='holds no sweep'):
+    members.run(tiny(seeds=(0, 1)), str(tmp_path / 'w'), mode='eval')
+  assert not (tmp_path / 'w').exists()
+
+
+@pytest.mark.slow
+def test_a_sweeps_records_hold_the_effective_config(tmp_path):
+  """The sweep's config.json and each member's, written before training: the method's presets applied
+  (a Baseline sweep has no noise) and every 'auto' resolved."""
+  config = tiny(seeds=(0, 1))
+  config.method = 'baseline'
+
+  def stop(kind, **_):
+    raise Interrupt
+
+  with pytest.raises(Interrupt):
+    members.run(config, str(tmp_path / 'w'), hook=stop, origin={'config': 'x', 'changes': {'method': 'baseline'}})
+  for folder in ('w', 'w/member_0', 'w/member_1'):
+    saved = json.loads((tmp_path / folder / 'config.json').read_text())
+    assert saved['noise']['enabled'] is False and saved['eval']['normalize_prototypes'] is False, folder
+    assert (saved['noise']['draw_map'], saved['model']['conv_backward']) == ('unroll', 'cpu'), folder
 
 
 def test_a_field_sweep_gives_each_member_its_value():
   configs = members.member_configs(tiny(field='noise.bound', field_values=(0.001, 0.01)))
   assert [c.noise.bound for c in configs] == [0.001, 0.01]
   assert all(c.seed == 0 and not members.enabled(c) for c in configs)
-  with pytest.raises(ValueError, match='members.map=vmap'):
-    members.member_map(tiny(field='noise.bound', field_values=(0.001, 0.01), map='vmap'), same_objective=False)
 
 
 @pytest.mark.slow
@@ -197,6 +226,6 @@ def test_bench_times_members_against_single_steps():
   config.bench.update(member_sizes=(2,), warmup=0, iters=1)
   cases = bench.member_cases(config, sharding.data_mesh())
   records = [bench._record(c, 'float32', t) for c, t in zip(cases, bench.time_cases(cases, 0, 1))]  # pylint: disable=protected-access
-  assert [(r['variant'], r['M']) for r in records] == [('members_1_single', 1), ('members_2_unroll', 2)]
+  assert [(r['variant'], r['M']) for r in records] == [('members_1_unroll', 1), ('members_2_unroll', 2)]
   table = bench.format_members(records).splitlines()
   assert len(table) == 3 and table[1].split()[-2] == '1.00'  # the single step against itself

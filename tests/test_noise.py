@@ -102,7 +102,7 @@ def test_zero_bound_equals_plain_cross_entropy(net):
   y = jnp.arange(12) % 4
   eps = noise_lib.sample_noise(jax.random.key(3), variables['params'], paths, 2, 0.0)
   for shared in (True, False):
-    obj = base_lib.BaseObjective(model, paths, split_block(model, paths), 2, 0.0, 'uniform', 1.0, 0.0, shared)
+    obj = base_lib.BaseObjective(model, paths, split_block(model, paths), 2, 'uniform', 1.0, 0.0, shared)
     loss, (_, metrics) = base_lib.base_loss(variables['params'], variables['batch_stats'], x, y, eps, obj)
     (_, logits), _ = model.apply(variables, x, train=True, mutable=['batch_stats'])
     np.testing.assert_allclose(loss, objectives.cross_entropy(logits, y), rtol=1e-5)
@@ -119,7 +119,7 @@ def test_pf_classes_reaches_the_objective(net):
   eps = noise_lib.sample_noise(jax.random.key(3), variables['params'], paths, 2, 0.05, 'uniform')
   out = {}
   for over in ('batch', 'all_base'):
-    obj = base_lib.BaseObjective(model, paths, split_block(model, paths), 2, 0.05, 'uniform', 1.0, 0.0, True,
+    obj = base_lib.BaseObjective(model, paths, split_block(model, paths), 2, 'uniform', 1.0, 0.0, True,
                                  pf_classes=over)
     loss, (_, metrics) = base_lib.base_loss(variables['params'], variables['batch_stats'], x, y, eps, obj)
     out[over] = (float(loss), float(metrics['ce']), float(metrics['pf']))
@@ -130,4 +130,4 @@ def test_pf_classes_reaches_the_objective(net):
   # L = mean_j (CE_j + PF_j) with gamma 0: up to a few roundings at the loss's magnitude
   np.testing.assert_allclose(loss_a - ce_a, pf_a, rtol=0, atol=8 * f32 * loss_a)
   with pytest.raises(ValueError, match='noise.pf_classes'):
-    base_lib.BaseObjective(model, paths, 1, 2, 0.05, 'uniform', 1.0, 0.0, True, pf_classes='all')
+    base_lib.BaseObjective(model, paths, 1, 2, 'uniform', 1.0, 0.0, True, pf_classes='all')

@@ -28,12 +28,12 @@ def setup(arch: str, width: int, image_size: int, num_layers: int, num_draws: in
   variables = model.init(jax.random.key(0), jnp.zeros((1, image_size, image_size, 3)), train=False)
   paths = tuple(noise_set_paths(model, num_layers))
   objective = base_lib.BaseObjective(model=model, noise_paths=paths, split=split_block(model, paths),
-                                     num_draws=num_draws, bound=0.05, distribution='uniform', pf_weight=1.0,
+                                     num_draws=num_draws, distribution='uniform', pf_weight=1.0,
                                      std_weight=std_weight, shared_trunk=True, bn_updates='clean')
   k1, k2 = jax.random.split(jax.random.key(1))
   images = jax.random.normal(k1, (BATCH, image_size, image_size, 3))
   labels = jnp.arange(BATCH) % CLASSES
-  eps = noise_lib.sample_noise(k2, variables['params'], paths, num_draws, objective.bound)
+  eps = noise_lib.sample_noise(k2, variables['params'], paths, num_draws, 0.05)
   return objective, variables['params'], variables['batch_stats'], images, labels, eps
 
 
@@ -121,7 +121,7 @@ def test_bfloat16_compute_keeps_float32_state():
     objective = setup('resnet20', 8, 16, 4, dtype=dtype)[0]
     state = base_lib.init_state(objective.model, jax.random.key(0), 16, tx)
     step = base_lib.make_train_step(objective, tx, 'crop_flip', 16, bench.mean, bench.std)
-    state, metrics = step(state, bench.train.images, bench.train.labels, jax.random.key(3))
+    state, metrics = step(state, bench.train.images, bench.train.labels, jax.random.key(3), 0.05)
     out[dtype] = float(metrics['loss'])
     leaves = jax.tree_util.tree_leaves((state.params, state.batch_stats, state.opt_state))
     assert all(leaf.dtype == jnp.float32 for leaf in leaves if jnp.issubdtype(leaf.dtype, jnp.floating))

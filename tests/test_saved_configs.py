@@ -1,6 +1,7 @@
 """Saved workdir configs stay readable: fields added since read as the behaviour of their time, a
-renamed field as its new name, a method's own section compared only when that method runs, and what
-the user typed (set_by_user) never blocks a resume."""
+renamed field as its new name, a method's own section compared only when that method runs, and the
+fields of earlier versions that never changed a result (what the user typed, how programs were laid
+out) never block a resume."""
 import json
 
 from f2m_jax import registry
@@ -57,9 +58,13 @@ def test_saved_config_fills_fields_added_later(tmp_path):
       'model': {'head': 'linear'}}
 
 
-def test_which_fields_the_user_typed_never_blocks_a_resume():
-  saved = {'method': 'baseline', 'eval': {'normalize_prototypes': False}}  # written before set_by_user existed
-  now = {'method': 'baseline', 'eval': {'normalize_prototypes': False}, 'set_by_user': ['method']}
+def test_fields_of_earlier_versions_that_changed_no_result_never_block_a_resume():
+  saved = {'method': 'baseline', 'eval': {'normalize_prototypes': False}, 'set_by_user': ['method'],
+           'compile_ahead': 'auto', 'base': {'data_placement': 'auto', 'prefetch': 2, 'steps_per_call': 0},
+           'incremental': {'parallel_runs': 0}, 'noise': {'draw_map': 'auto'}, 'members': {'map': 'auto'}}
+  now = {'method': 'baseline', 'eval': {'normalize_prototypes': False}, 'base': {'steps_per_call': 20},
+         'incremental': {}, 'noise': {'draw_map': 'unroll'}, 'members': {'map': 'unroll'},
+         'model': {'conv_backward': 'cpu'}}
   assert workdir.config_differences(saved, now) == []
   now['eval']['normalize_prototypes'] = True
   assert workdir.config_differences(saved, now) == ['eval.normalize_prototypes']

@@ -1,6 +1,6 @@
 """Data parallelism: one train step on 4 (fake CPU) devices equals the step on 1 device, since the
 batch-norm statistics and the gradient are over the global batch; two steps scanned in one call on
-the 4 devices (the accelerator path) equal two single steps there.
+the 4 devices equal two calls of one step there.
 
 The bench is not run on the 4 fake devices here: on a loaded CI machine that child stalled in the
 bench past the subprocess's limit (experiments/results/README.md, 'Figures behind the code's
@@ -28,53 +28,47 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 CHILD = textwrap.dedent('''
     import json, sys
     import jax, jax.numpy as jnp, numpy as np
-    from f2m_jax import base as base_lib, optim, sharding, train_loop
+    from f2m_jax import base as base_lib, optim, sharding, trees
     from f2m_jax.data import synthetic
     from f2m_jax.models import build_model, noise_set_paths, split_block
 
     out = {'device_count': jax.device_count()}
     data = synthetic.make_synthetic(num_base=4, way=1, num_sessions=1, train_per_class=2, test_per_class=1,
                                     image_size=16)  # 8 images, 4 classes
-    model = build_model('resnet20', 4, 4)
+    model = build_model('resnet20', 4, 4, conv_backward='cpu')
     paths = tuple(noise_set_paths(model, 4))
     objective = base_lib.BaseObjective(model=model, noise_paths=paths, split=split_block(model, paths),
-                                       num_draws=2, bound=0.05, distribution='uniform', pf_weight=1.0,
-                                       std_weight=0.0, shared_trunk=True)
+                                       num_draws=2, distribution='uniform', pf_weight=1.0,
+                                       std_weight=0.0, shared_trunk=True, draw_map='unroll')
     tx = optim.sgd(0.1, 0.9, 5e-4, (), 0.1)
+    step = base_lib.make_train_step(objective, tx, 'crop_flip', 16, data.mean, data.std)
+    indices = np.stack([np.arange(8), np.arange(8)[::-1]]).astype(np.int32)[:, None]  # 2 steps x 1 member
+
+    def train(mesh, calls):
+      program = base_lib.make_train_program(step, 'unroll', mesh)
+      state = sharding.replicate(trees.stack([base_lib.init_state(model, jax.random.key(0), 16, tx)]), mesh)
+      data_ = sharding.replicate((data.train.images, data.train.labels), mesh)
+      keys, bounds = sharding.replicate((jnp.stack([jax.random.key(1)]), np.asarray([0.05], np.float32)), mesh)
+      for rows in calls:
+        rows = sharding.shard_member_rows(mesh, rows)
+        state, metrics = program(state, *data_, rows, np.int32(len(rows)), keys, bounds)
+      return rows, trees.index(state, 0), metrics
+
     results = {}
     for n in (1, 4):
       mesh = sharding.data_mesh(jax.devices()[:n])
-      step = base_lib.make_train_step(objective, tx, 'crop_flip', 16, data.mean, data.std, mesh=mesh)
-      state, key = sharding.replicate((base_lib.init_state(model, jax.random.key(0), 16, tx),
-                                       jax.random.key(1)), mesh)
-      images, labels = sharding.shard_batch(mesh, data.train.images, data.train.labels)
-      out[f'images_devices_{n}'] = len(images.sharding.device_set)
-      state, metrics = step(state, images, labels, key)
+      rows, state, metrics = train(mesh, [indices[:1]])
+      out[f'rows_devices_{n}'] = len(rows.sharding.device_set)
       out[f'params_devices_{n}'] = len(jax.tree_util.tree_leaves(state.params)[0].sharding.device_set)
-      results[n] = jax.device_get((metrics['loss'], state.params, state.batch_stats))
+      results[n] = jax.device_get((metrics['loss'][0, 0], state.params, state.batch_stats))
     out['loss'] = [float(results[1][0]), float(results[4][0])]
-    diffs = jax.tree_util.tree_map(lambda a, b: float(np.max(np.abs(a - b)) / (np.max(np.abs(b)) + 1e-12)),
-                                   results[1][1:], results[4][1:])
-    out['max_rel_diff'] = max(jax.tree_util.tree_leaves(diffs))
-    # The accelerator path on 4 devices: images replicated, 2 steps scanned in one call with the
-    # indices split over the devices, against 2 single steps on 4 devices.
-    single = step  # the loop's last: the 4-device mesh
-    member = base_lib.members_step_fn([base_lib.train_step_fn(objective, tx, 'crop_flip', 16, data.mean, data.std)],
-                                      'unroll')
-    multi = base_lib.make_multi_step(member, mesh)
-    init = lambda: sharding.replicate((base_lib.init_state(model, jax.random.key(0), 16, tx), jax.random.key(1)), mesh)
-    indices = np.stack([np.arange(8), np.arange(8)[::-1]]).astype(np.int32)
-    state, key = init()
-    for idx in indices:
-      state, _ = single(state, *sharding.shard_batch(mesh, data.train.images[idx], data.train.labels[idx]), key)
-    scanned, key = init()
-    scanned, _ = multi(train_loop.stack([scanned]), *sharding.replicate((data.train.images, data.train.labels), mesh),
-                       sharding.shard_member_rows(mesh, indices[:, None]), np.int32(2), jnp.stack([key]))
-    scanned = train_loop.unstack(scanned, 0)
-    diffs = jax.tree_util.tree_map(lambda a, b: float(np.max(np.abs(a - b)) / (np.max(np.abs(b)) + 1e-12)),
-                                   jax.device_get((scanned.params, scanned.batch_stats)),
-                                   jax.device_get((state.params, state.batch_stats)))
-    out['scanned_max_rel_diff'] = max(jax.tree_util.tree_leaves(diffs))
+    rel = lambda a, b: max(jax.tree_util.tree_leaves(jax.tree_util.tree_map(
+        lambda x, y: float(np.max(np.abs(x - y)) / (np.max(np.abs(y)) + 1e-12)), jax.device_get(a), jax.device_get(b))))
+    out['max_rel_diff'] = rel(results[1][1:], results[4][1:])
+    # 2 steps scanned in one call on the 4 devices, against 2 calls of one step there.
+    _, scanned, _ = train(mesh, [indices])
+    _, single, _ = train(mesh, [indices[:1], indices[1:]])
+    out['scanned_max_rel_diff'] = rel((scanned.params, scanned.batch_stats), (single.params, single.batch_stats))
     try:
       sharding.per_device_batch(6, sharding.data_mesh())
       out['indivisible_error'] = None
@@ -108,7 +102,7 @@ def out():
 @pytest.mark.slow
 def test_four_devices_are_visible(out):
   assert out['device_count'] == 4
-  assert out['images_devices_4'] == 4 and out['images_devices_1'] == 1
+  assert out['rows_devices_4'] == 4 and out['rows_devices_1'] == 1  # the batch split over the devices
   assert out['params_devices_4'] == 4  # replicated
 
 
@@ -149,17 +143,3 @@ def test_distributed_is_initialized_only_when_asked(monkeypatch):
   monkeypatch.setenv('JAX_PROCESS_ID', '1')
   assert sharding.maybe_initialize_distributed(False)
   assert calls == [{'coordinator_address': '10.0.0.1:1234', 'num_processes': 2, 'process_id': 1}]
-
-
-def test_bench_times_only_what_the_cpu_runs_well():
-  """bench.backend_defaults: on a CPU float32, M in (2, 4), unrolled draws only; a GPU/TPU keeps the
-  config's lists; the field off keeps them on a CPU too."""
-  from configs import cifar100
-  from f2m_jax import bench
-  config = cifar100.get_config()
-  cpu = bench.for_backend(config, 'cpu')
-  assert (cpu.bench.dtypes, cpu.bench.M_list, cpu.bench.other_draw_map) == (('float32',), (2, 4), False)
-  gpu = bench.for_backend(config, 'gpu')
-  assert (gpu.bench.dtypes, gpu.bench.M_list, gpu.bench.other_draw_map) == (('float32', 'bfloat16'), (1, 2, 4, 8), True)
-  config.bench.backend_defaults = False
-  assert bench.for_backend(config, 'cpu').bench.M_list == (1, 2, 4, 8)

@@ -55,11 +55,11 @@ def test_fm_off_draws_no_noise(tiny, monkeypatch):
     raise AssertionError('noise drawn with FM off')
 
   monkeypatch.setattr(noise_lib, 'sample_noise', forbidden)
-  obj = base_lib.BaseObjective(model, (), split, 2, 0.01, 'uniform', 1.0, 0.0, True)
+  obj = base_lib.BaseObjective(model, (), split, 2, 'uniform', 1.0, 0.0, True)
   tx = optim.sgd(0.1, 0.9, 5e-4, (), 0.1)
   state = base_lib.init_state(model, jax.random.key(0), 8, tx)
   step = base_lib.make_train_step(obj, tx, 'crop_flip', 8, (0.5,) * 3, (0.25,) * 3)
-  state, metrics = step(state, images[:8], labels[:8], jax.random.key(2))
+  state, metrics = step(state, images[:8], labels[:8], jax.random.key(2), 0.01)
   assert float(metrics['loss']) == pytest.approx(float(metrics['ce_clean']))
 
 

@@ -277,7 +277,7 @@ def test_the_two_backwards_differ(fx64, x64):
 
 class FedFinetune:
   """NCMRunner's fine-tuning with the augmentation taken from the fixture: `finetune(params, batch_stats,
-  anchor, images, labels, stored, key)` runs incremental.finetune_session, step i on the fixture's
+  anchor, images, labels, stored, num_seen, key)` runs incremental.finetune_session, step i on the fixture's
   augmented images of step i under `prefix` (the key, which draws our own augmentation, is unused)."""
 
   def __init__(self, fx, settings):
@@ -296,11 +296,13 @@ class FedFinetune:
 
     self.run = run
 
-  def __call__(self, params, batch_stats, anchor, images, labels, stored, key):
+  def __call__(self, params, batch_stats, anchor, images, labels, stored, num_seen, key):
     del images, key  # the fixture's augmented views of the same images, in the same order
     steps = jnp.stack([inputs(self.fx[f'{self.prefix}/step{k}/images'], self.fx)
                        for k in range(self.settings.steps)])
-    return self.run(params, batch_stats, anchor, steps, jnp.asarray(labels), jnp.asarray(stored))
+    labels = np.asarray(labels)  # the session as NCMRunner padded it: its own rows and classes only
+    return self.run(params, batch_stats, anchor, steps, jnp.asarray(labels[labels >= 0]),
+                    jnp.asarray(np.asarray(stored)[:int(num_seen)]))
 
 
 def session_runner(fx, bound):

@@ -9,15 +9,12 @@ A `Method` is:
   presets: {dotted field: value}            the shared config fields the method sets (e.g. the
                                             Baseline's noise.enabled=False), applied by
                                             pipeline.resolve over the config file's values but never
-                                            over a field in config.set_by_user (then validated)
+                                            over a field changed on the command line (then validated)
   first_session(exp, ckpts, log, source, hook) -> dict
                                             session 1's model, shared by every run, checkpointed as
                                             the workdir's `model` ({'params', 'batch_stats',
                                             'prototypes'}); `source` is --checkpoint's workdir
-  runner(exp, first, ckpts, source, log) -> Runner
-  compile_ahead(exp) -> [plan]              optional: the programs its runner's first session calls,
-                                            as f2m_jax/programs.py plans from shapes alone, compiled
-                                            in the background while session 1 trains
+  runner(exp, first, ckpts, source, log) -> runner
   section                                   optional: the config section the method alone reads
                                             (config.<section>; its values are in configs/common.py,
                                             METHOD_SECTIONS, so that loading a config imports no method)
@@ -25,8 +22,8 @@ A `Method` is:
                                             section (f2m_jax.validation.need), before anything is
                                             written
 
-and a Runner (built once per pipeline run, holding its compiled functions; f2m_jax/sessions.py
-calls it) has:
+and a runner (built once per pipeline run, holding its compiled functions; f2m_jax/sessions.py
+calls it run by run, session by session) has:
   first_accuracies() -> dict                session 1's accuracies, the keys of `accuracies`
   start() -> state                          a run's state before session 2 (any Python value; the
                                             runner alone reads it)
@@ -52,22 +49,6 @@ calls it) has:
                                             state whose accuracies and later updates equal those of s
   norms(state) -> dict or None              prototype norms after the last session (NCM methods;
                                             f2m_jax.evaluation.prototype_norms)
-  update_runs(states, runs, session, exemplars) -> [(state, info)]
-                                            what the sessions call: `update` for several runs of one
-                                            session (lists, one entry per run); `Runner`'s default
-                                            updates them one by one, a method may map them together
-                                            (F2M: jax.vmap over the runs). A subclass that changes
-                                            what a session does overrides this one (NCMRunner's own
-                                            does not call `update` when it maps runs together)
-  accuracies_runs(states, session) -> [dict]
-                                            what the sessions call once per group, for the states
-                                            `update_runs` returned: `accuracies` of each (a list, one
-                                            entry per state, in order); `Runner`'s default evaluates
-                                            them one by one, a method may evaluate them together
-                                            (F2M: one call mapped over the runs). A subclass that
-                                            changes how a run is evaluated overrides this one too
-                                            (NCMRunner's own does not call `accuracies` for a group
-                                            of fine-tuned runs)
 
 The shortest route to a new NCM-style method is a subclass of f2m_jax.methods.ncm.NCMRunner
 (docs/development.md, "Adding a method", has the smallest complete example, which the test suite
@@ -86,16 +67,5 @@ class Method:
   first_session: Callable
   runner: Callable
   description: str = ''
-  compile_ahead: Optional[Callable] = None
   section: str = ''
   validate: Optional[Callable] = None
-
-
-class Runner:
-  """Base of every runner: the defaults of `update_runs` and `accuracies_runs`."""
-
-  def update_runs(self, states: list, runs: list, session: int, exemplars: list) -> list:
-    return [self.update(s, r, session, e) for s, r, e in zip(states, runs, exemplars)]
-
-  def accuracies_runs(self, states: list, session: int) -> list:
-    return [self.accuracies(s, session) for s in states]

@@ -11,7 +11,7 @@ import numpy as np
 from f2m_jax import evaluation
 from f2m_jax.checkpoint import Checkpoints
 from f2m_jax.data import protocol as protocol_lib
-from f2m_jax.evaluator import embed_spec
+from f2m_jax.evaluator import embedder
 from f2m_jax.experiment import Experiment, Hook
 from f2m_jax.train_loop import train_base
 
@@ -48,10 +48,10 @@ def base_model(exp: Experiment, ckpts: Checkpoints, log, source: Optional[Checkp
 
 def base_prototypes(exp: Experiment, variables) -> np.ndarray:
   """Eq. 1 for the base classes under `variables`: the mean embedding of each base class's training
-  images in the test view, BN in eval mode (the run's one embedding program, exp.programs)."""
+  images in the test view, BN in eval mode (the run's one embedding program, `embedder`)."""
   bench = exp.bench
   print(f'base prototypes: embedding the {len(bench.base_train):,} base training images', flush=True)
-  emb = exp.programs.get(*embed_spec(exp))(variables, exp.train_view(bench.base_train))
+  emb = embedder(exp)(variables, exp.train_view(bench.base_train))
   return evaluation.prototypes(emb, bench.train.labels[bench.base_train], bench.session_classes[0])
 
 

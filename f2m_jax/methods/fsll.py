@@ -31,7 +31,7 @@ from f2m_jax import trees
 from f2m_jax.data import augment as augment_lib
 from f2m_jax.data import protocol as protocol_lib
 from f2m_jax.experiment import TrainingError
-from f2m_jax.methods import Method, Runner, common
+from f2m_jax.methods import Method, common
 from f2m_jax.validation import need
 
 
@@ -93,7 +93,7 @@ def session_loss(emb, labels, base_prototypes, trainable: dict, former: dict, wa
           + cfg.pn_weight * prototype_loss(emb, base_prototypes, ways, shots, cfg.omega) + cfg.reg_weight * drift)
 
 
-class FSLLRunner(Runner):
+class FSLLRunner:
   """State of a run: {'params', 'batch_stats'} of the current network and 'prototypes' (base ones
   from session 1, then the novel classes' under the current network)."""
 

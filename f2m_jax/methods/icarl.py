@@ -34,7 +34,7 @@ from f2m_jax import padding
 from f2m_jax.data import augment as augment_lib
 from f2m_jax.data import protocol as protocol_lib
 from f2m_jax.experiment import TrainingError
-from f2m_jax.methods import Method, Runner, common
+from f2m_jax.methods import Method, common
 from f2m_jax.validation import need
 
 
@@ -75,11 +75,6 @@ def masked_sigmoid_cross_entropy(logits: jax.Array, targets: jax.Array, num_seen
   return jnp.sum(per_entry * mask) / (logits.shape[0] * jnp.sum(mask))
 
 
-def learning_rate(step: int, per_epoch: int, lr: float, milestones: Sequence[int], gamma: float) -> float:
-  """The rate of (0-based) step `step`: lr times gamma for every milestone epoch reached."""
-  return lr * gamma ** sum(step >= int(m) * per_epoch for m in milestones)
-
-
 def new_columns(key, params: dict, start: int, stop: int) -> dict:
   """params with classifier columns [start, stop) initialised as the authors' new classifier
   columns: kaiming_normal_(mode='fan_out') of an [embedding, classes] matrix, N(0, 2 / embedding)."""
@@ -114,30 +109,28 @@ def icarl_loss(network):
 
 def make_session_step(network, loss_fn, momentum: float, weight_decay: float, augment: str, image_size: int,
                       mean, std, mask_updates=None):
-  """step(params, batch_stats, trace, former, images_u8, labels, key, lr, num_old, num_seen) ->
-  (params, batch_stats, trace, loss): one SGD step (PyTorch's: weight decay into the gradient,
-  heavy-ball momentum) of `loss_fn` (as `icarl_loss` returns it); `former` is the previous session's
+  """step(params, batch_stats, opt_state, former, images_u8, labels, key, lr, num_old, num_seen) ->
+  (params, batch_stats, opt_state, loss): one step of `optim.sgd_at_rate` at rate `lr` of `loss_fn` (as `icarl_loss` returns it); `former` is the previous session's
   network ({'params', 'batch_stats'}), run in eval mode on the same augmented images.
   `mask_updates(updates, num_old, num_seen)`, if given, edits the updates before they are applied
   (Rebalance freezes columns so). Jitted once for every session."""
-  tx = optim.sgd_direction(momentum, weight_decay)
+  tx = optim.sgd_at_rate(momentum, weight_decay)
 
   @jax.jit
-  def step(params, batch_stats, trace, former, images, labels, key, lr, num_old, num_seen):
+  def step(params, batch_stats, opt_state, former, images, labels, key, lr, num_old, num_seen):
     x = augment_lib.train_inputs(key, images, augment, image_size, mean, std)
     former_out = network.apply(former, x, train=False)
     (loss, new_stats), grads = jax.value_and_grad(loss_fn, has_aux=True)(
         params, batch_stats, former_out, x, labels, num_old, num_seen)
-    updates, trace = tx.update(grads, trace, params)
+    updates, opt_state = tx.update(grads, optim.set_rate(opt_state, lr), params)
     if mask_updates is not None:
       updates = mask_updates(updates, num_old, num_seen)
-    params = jax.tree_util.tree_map(lambda p, u: p - lr * u, params, updates)
-    return params, new_stats, trace, loss
+    return optax.apply_updates(params, updates), new_stats, opt_state, loss
 
   return step, tx
 
 
-class ICaRLRunner(Runner):
+class ICaRLRunner:
   """State of a run: {'params', 'batch_stats'} of the current network (classifier padded to every
   class of the protocol), 'memory' (indices of the exemplars of every class learned before the
   current session, in class order) and 'prototypes' (the means NCM uses, one per seen class).
@@ -195,14 +188,14 @@ class ICaRLRunner(Runner):
     key = exp.key(6, run, session)
     former = {'params': state['params'], 'batch_stats': state['batch_stats']}
     params = self.new_columns(jax.random.fold_in(key, 0), state['params'], num_old, num_seen)
-    batch_stats, trace = state['batch_stats'], self.tx.init(params)
+    batch_stats, opt_state = state['batch_stats'], self.tx.init(params)
     losses = []
     for s in range(cfg.epochs * per_epoch):
       idx = protocol_lib.shuffled_batch(pool, cfg.batch_size, exp.config.seed, s, (6, run, session))
-      lr = learning_rate(s, per_epoch, cfg.lr, cfg.milestones, cfg.lr_gamma)
-      params, batch_stats, trace, loss = self.step(params, batch_stats, trace, former, bench.train.images[idx],
-                                                   bench.train.labels[idx], jax.random.fold_in(key, s + 1),
-                                                   np.float32(lr), num_old, num_seen)
+      lr = optim.rate_at(s, cfg.lr, [int(m) * per_epoch for m in cfg.milestones], cfg.lr_gamma)
+      params, batch_stats, opt_state, loss = self.step(
+          params, batch_stats, opt_state, former, bench.train.images[idx], bench.train.labels[idx],
+          jax.random.fold_in(key, s + 1), np.float32(lr), num_old, num_seen)
       losses.append(float(loss))
     if not np.all(np.isfinite(losses)):
       raise TrainingError(f'non-finite {self.section} loss in run {run} session {session}: {losses}')

@@ -24,10 +24,11 @@ from f2m_jax import evaluation
 from f2m_jax import objectives
 from f2m_jax import optim
 from f2m_jax import train_loop
+from f2m_jax import trees
 from f2m_jax.checkpoint import CheckpointError
 from f2m_jax.data import augment as augment_lib
 from f2m_jax.data import protocol as protocol_lib
-from f2m_jax.methods import Method, Runner, common
+from f2m_jax.methods import Method, common
 from f2m_jax.validation import need
 
 
@@ -56,16 +57,16 @@ def train_network(exp, network, pool: np.ndarray, key, training, log, desc: str,
   start = training.latest_step()
   if start is not None:
     state = training.restore(state)
-  objective = base_lib.BaseObjective(model=network, noise_paths=(), split=0, num_draws=0, bound=0.0,
-                                     distribution='uniform', pf_weight=0.0, std_weight=0.0, shared_trunk=False)
-  member = train_loop.Member(objective, lambda step: protocol_lib.shuffled_batch(
-      pool, cfg.batch_size, exp.config.seed, step, stream), jax.random.fold_in(key, 1), training.save, log)
-  state = train_loop.unstack(train_loop.train_steps(exp, [member], train_loop.stack([state]), start or 0,
-                                                    phase=desc, title=desc), 0)
+  objective = base_lib.BaseObjective(model=network, noise_paths=(), split=0, num_draws=0, distribution='uniform',
+                                     pf_weight=0.0, std_weight=0.0, shared_trunk=False)
+  member = train_loop.Member(lambda step: protocol_lib.shuffled_batch(pool, cfg.batch_size, exp.config.seed, step,
+                                                                      stream),
+                             jax.random.fold_in(key, 1), 0.0, training.save, log)
+  state = trees.index(train_loop.train_steps(exp, objective, [member], trees.stack([state]), start or 0, desc, desc), 0)
   return {'params': jax.device_get(state.params), 'batch_stats': jax.device_get(state.batch_stats)}
 
 
-class JointRunner(Runner):
+class JointRunner:
   """State of a run: the variables of the session's network (a classifier over all seen classes)."""
 
   def __init__(self, exp, first: dict, ckpts, source=None, log=None):

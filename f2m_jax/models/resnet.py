@@ -148,7 +148,9 @@ def _grouped_conv_grads(strides, padding, dtype, groups: int):
   The function carries a batching rule: under `jax.vmap` (the members of a sweep, the M noise draws)
   the mapped axis is folded into the channels as `batch * groups` groups, so S members stay S-times
   larger convolutions of the same three kinds. vmap's generic rule would instead turn each kernel
-  gradient into a grouped *forward* convolution whose filter is the whole output gradient."""
+  gradient into a grouped *forward* convolution whose filter is the whole output gradient. That the
+  folded form is faster on a GPU is **unmeasured** (the lowered programs are counted in
+  experiments/results/README.md, section 20; tests/test_conv_layout.py holds their form)."""
 
   def grads(x, kernel, g):  # the conv is linear in each argument: transposes, no forward pass
     conv = lambda x_, k_: _conv(x_, k_, strides, padding, dtype, groups)
@@ -173,12 +175,15 @@ def _grouped_conv_grads(strides, padding, dtype, groups: int):
 
 
 def _xla_conv_grads(x, kernel, g, strides, padding, dtype):
-  """(d x, d kernel) on GPU/TPU: XLA's transposes, kept in their fast form under vmap."""
+  """(d x, d kernel) as XLA's transposes, kept in their fast form under vmap (`_grouped_conv_grads`)."""
   return _grouped_conv_grads(strides, padding, jnp.dtype(dtype), 1)(x, kernel, g)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6))
-def conv2d(x, kernel, eps, strides, padding, dtype, clean_backward):
+CONV_BACKWARDS = {'cpu': _cpu_conv_grads, 'xla': _xla_conv_grads}
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6, 7))
+def conv2d(x, kernel, eps, strides, padding, dtype, clean_backward, backward):
   """conv(x, kernel + eps) (eps: the flat-minima noise, or zeros), differentiated in x and kernel.
 
   clean_backward: False (config.noise.backward_weights='noisy', the default) is the exact gradient at
@@ -189,21 +194,18 @@ def conv2d(x, kernel, eps, strides, padding, dtype, clean_backward):
   (docs/method.md, the behaviours table). The kernel gradient does not depend on the kernel, and eps
   gets none.
 
-  The backward is chosen by the platform the program is lowered for (`lax.platform_dependent`):
-  `_cpu_conv_grads` on XLA:CPU, `_xla_conv_grads` elsewhere."""
+  backward: how the gradients are written (config.model.conv_backward, resolved by f2m_jax/backend.py):
+  'cpu' (`_cpu_conv_grads`) or 'xla' (`_xla_conv_grads`); the same values to float rounding."""
   return _conv(x, kernel + eps, strides, padding, dtype)
 
 
-def _conv2d_fwd(x, kernel, eps, strides, padding, dtype, clean_backward):
+def _conv2d_fwd(x, kernel, eps, strides, padding, dtype, clean_backward, backward):
   return _conv(x, kernel + eps, strides, padding, dtype), (x, kernel, eps)
 
 
-def _conv2d_bwd(strides, padding, dtype, clean_backward, residuals, g):
+def _conv2d_bwd(strides, padding, dtype, clean_backward, backward, residuals, g):
   x, kernel, eps = residuals
-  used = kernel if clean_backward else kernel + eps
-  gx, gk = lax.platform_dependent(
-      x, used, g, cpu=lambda *a: _cpu_conv_grads(*a, strides, padding, dtype),
-      default=lambda *a: _xla_conv_grads(*a, strides, padding, dtype))
+  gx, gk = CONV_BACKWARDS[backward](x, kernel if clean_backward else kernel + eps, g, strides, padding, dtype)
   return gx, gk, jnp.zeros_like(eps)
 
 
@@ -223,6 +225,7 @@ class Conv(nn.Module):
   padding: Any = ((1, 1), (1, 1))
   dtype: Any = jnp.float32
   clean_backward: bool = False
+  backward: str = 'xla'
 
   @nn.compact
   def __call__(self, x):
@@ -230,7 +233,7 @@ class Conv(nn.Module):
     kernel = self.param('kernel', conv_init, shape, jnp.float32)
     strides, padding = tuple(self.strides), tuple(tuple(p) for p in self.padding)
     eps = self.get_variable('noise', 'kernel') if self.has_variable('noise', 'kernel') else jnp.zeros_like(kernel)
-    return conv2d(x, kernel, eps, strides, padding, self.dtype, self.clean_backward)
+    return conv2d(x, kernel, eps, strides, padding, self.dtype, self.clean_backward, self.backward)
 
 
 class BatchNorm(nn.Module):
@@ -284,10 +287,11 @@ class BasicBlock(nn.Module):
   strides: int = 1
   dtype: Any = jnp.float32
   clean_backward: bool = False
+  conv_backward: str = 'xla'
 
   @nn.compact
   def __call__(self, x, train: bool):
-    conv = functools.partial(Conv, dtype=self.dtype, clean_backward=self.clean_backward)
+    conv = functools.partial(Conv, dtype=self.dtype, clean_backward=self.clean_backward, backward=self.conv_backward)
     y = conv(self.features, (3, 3), (self.strides, self.strides), name='conv1')(x)
     y = nn.relu(_batch_norm(train, self.dtype, 'bn1')(y))
     y = conv(self.features, (3, 3), name='conv2')(y)
@@ -310,6 +314,7 @@ class ResNet(nn.Module):
     clean_backward: how noised convs are differentiated (see `conv2d`); False (the default, as
       config.noise.backward_weights='noisy'): at the noisy weights; True: at the clean weights.
     head: 'linear' (Dense `fc`) or 'cosine' (`CosineClassifier`: LUCIR's, for method=rebalance).
+    conv_backward: how the convolutions' gradients are written ('xla' or 'cpu'; see `conv2d`).
   """
   stage_sizes: Sequence[int]
   widths: Sequence[int]
@@ -319,6 +324,7 @@ class ResNet(nn.Module):
   dtype: Any = jnp.float32
   clean_backward: bool = False
   head: str = 'linear'
+  conv_backward: str = 'xla'
 
   @property
   def num_blocks(self) -> int:
@@ -335,10 +341,12 @@ class ResNet(nn.Module):
       x = x.astype(self.dtype)
       stem_width = self.stem_width or self.widths[0]
       if self.stem == 'cifar':
-        x = Conv(stem_width, (3, 3), dtype=self.dtype, clean_backward=self.clean_backward, name='conv1')(x)
+        x = Conv(stem_width, (3, 3), dtype=self.dtype, clean_backward=self.clean_backward, backward=self.conv_backward,
+                 name='conv1')(x)
         x = nn.relu(_batch_norm(train, self.dtype, 'bn1')(x))
       elif self.stem == 'imagenet':
-        x = Conv(stem_width, (7, 7), (2, 2), ((3, 3), (3, 3)), self.dtype, self.clean_backward, name='conv1')(x)
+        x = Conv(stem_width, (7, 7), (2, 2), ((3, 3), (3, 3)), self.dtype, self.clean_backward, self.conv_backward,
+                 name='conv1')(x)
         x = nn.relu(_batch_norm(train, self.dtype, 'bn1')(x))
         x = nn.max_pool(x, (3, 3), (2, 2), padding=((1, 1), (1, 1)))
       else:
@@ -350,7 +358,7 @@ class ResNet(nn.Module):
       for j in range(n):
         if first <= index < stop:
           strides = 2 if (j == 0 and i > 0) else 1
-          x = BasicBlock(w, strides, self.dtype, self.clean_backward, name=names[index])(x, train)
+          x = BasicBlock(w, strides, self.dtype, self.clean_backward, self.conv_backward, name=names[index])(x, train)
         index += 1
     if last is not None:
       return x
@@ -410,14 +418,16 @@ ARCHS = {'resnet20': resnet20, 'resnet18': resnet18}
 
 
 def build_model(arch: str, num_classes: int, width: Optional[int] = None, dtype: Any = jnp.float32,
-                clean_backward: bool = False, head: str = 'linear') -> ResNet:
-  """The network `arch`; clean_backward as config.noise.backward_weights == 'clean' (see `conv2d`)."""
+                clean_backward: bool = False, head: str = 'linear', conv_backward: str = 'xla') -> ResNet:
+  """The network `arch`; clean_backward as config.noise.backward_weights == 'clean', conv_backward as
+  config.model.conv_backward (see `conv2d`)."""
   if arch not in ARCHS:
     raise ValueError(f'model.arch={arch!r} is not one of {sorted(ARCHS)}')
   if head not in HEADS:
     raise ValueError(f'model.head={head!r} is not one of {HEADS}')
   kwargs = {} if width is None else {'width': width}
-  return ARCHS[arch](num_classes, dtype=dtype, clean_backward=clean_backward, head=head, **kwargs)
+  return ARCHS[arch](num_classes, dtype=dtype, clean_backward=clean_backward, head=head, conv_backward=conv_backward,
+                     **kwargs)
 
 
 def conv3x3_paths(model: ResNet) -> list:

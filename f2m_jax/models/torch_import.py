@@ -135,16 +135,9 @@ def convert_state_dict(state_dict: Mapping, params_template: Mapping,
         continue
       flat[path] = jnp.asarray(value)
     result[collection] = _unflatten(flat)
-  unexpected = sorted(set(sd) - used)
-  problems = []
-  if missing:
-    problems.append(f'{len(missing)} missing: {", ".join(missing[:8])}{" ..." if len(missing) > 8 else ""}')
-  if unexpected:
-    problems.append(f'{len(unexpected)} unexpected: {", ".join(unexpected[:8])}'
-                    f'{" ..." if len(unexpected) > 8 else ""}')
-  if mismatched:
-    problems.append(f'{len(mismatched)} of another shape: {"; ".join(mismatched[:4])}'
-                    f'{" ..." if len(mismatched) > 4 else ""}')
+  problems = [f'{len(names)} {what}: {sep.join(names[:n])}{" ..." if len(names) > n else ""}'
+              for what, names, sep, n in (('missing', missing, ', ', 8), ('unexpected', sorted(set(sd) - used), ', ', 8),
+                                          ('of another shape', mismatched, '; ', 4)) if names]
   if problems:
     raise WeightsError('the state dict does not match this ResNet (is it a torchvision resnet18 of the '
                        'same width?): ' + ' | '.join(problems))

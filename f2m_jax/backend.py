@@ -1,0 +1,64 @@
+"""The one place that asks which backend a run is on.
+
+`resolve` turns each `'auto'` performance choice of a config into a concrete value when a run starts;
+config.json and results.json's provenance then say what ran, and no other module branches on the
+backend. Each choice computes the same thing either way (tests force both values on the CPU); a
+choice is here only because a measured figure shows its speed on the backend that takes it
+(experiments/results/README.md, the sections named below).
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import ml_collections
+
+# The fields `resolve` decides, and their concrete values.
+CHOICES = {
+    # How the M noisy passes share one program: 'vmap' (the paper's shape; an H200 ran M = 2 at 1.13x a
+    # plain step against 1.29x unrolled, M = 4 at 1.26x against 1.54x) or 'unroll' (XLA:CPU runs vmapped
+    # convolutions as grouped ones, 2-9x slower than the passes written out). 'Per-step and whole-run
+    # benchmarks'.
+    'noise.draw_map': ('vmap', 'unroll'),
+    # The convolutions' backward: 'xla' (XLA's own transposes, with a batching rule that keeps vmapped
+    # draws and members on the same three convolutions; GPU figures unmeasured) or 'cpu' (the forms
+    # XLA:CPU's Eigen kernels run fast: its own kernel gradient took 500 ms against 80 ms at ResNet-20's
+    # first stage, and its transposes ran 6-60x slower inside a lax.scan). 'CPU speed: the convolution
+    # backward's forms'.
+    'model.conv_backward': ('xla', 'cpu'),
+}
+
+
+def choices(backend: str) -> dict:
+  """{field: value} that 'auto' means on `backend` ('cpu', 'gpu', 'tpu')."""
+  cpu = backend == 'cpu'
+  return {'noise.draw_map': 'unroll' if cpu else 'vmap', 'model.conv_backward': 'cpu' if cpu else 'xla'}
+
+
+def _get(config, field: str):
+  return functools.reduce(lambda node, key: node[key], field.split('.'), config)
+
+
+def resolve(config: ml_collections.ConfigDict, backend: str = '') -> ml_collections.ConfigDict:
+  """A copy of `config` with every 'auto' of CHOICES replaced by its value on `backend` (default:
+  JAX's default backend). Other values are checked against CHOICES."""
+  config = ml_collections.ConfigDict(config.to_dict())
+  auto = choices(backend or jax.default_backend())
+  for field, allowed in CHOICES.items():
+    value = _get(config, field)
+    if value == 'auto':
+      section, _, name = field.rpartition('.')
+      config[section][name] = auto[field]
+    elif value not in allowed:
+      raise ValueError(f"{field}={value!r} is invalid: allowed: {allowed + ('auto',)}")
+  return config
+
+
+def used(config) -> dict:
+  """{field: value} of the choices in an (effective) config, for the records."""
+  return {field: _get(config, field) for field in CHOICES}
+
+
+def devices() -> str:
+  """'N x <device kind> (<backend>)': where a run's programs run, for its start-up line."""
+  return f'{jax.device_count()} x {jax.devices()[0].device_kind} ({jax.default_backend()})'
