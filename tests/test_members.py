@@ -235,3 +235,30 @@ def test_bench_times_members_against_single_steps():
   assert [(r['variant'], r['M']) for r in records] == [('members_1_unroll', 1), ('members_2_unroll', 2)]
   table = bench.format_members(records).splitlines()
   assert len(table) == 3 and table[1].split()[-2] == '1.00'  # the single step against itself
+
+
+def test_a_field_sweep_reports_each_value_apart():
+  """A sweep over noise.bound is never pooled across values: summary.json and the printed table give
+  each value's mean and interval over its own draws."""
+  def doc(per_run):
+    return evaluation.build_results('d', 'f2m', 'draws', [10, 12], [[{'acc': a, 'acc_base': a, 'hm': None,
+                                                                      'acc_novel': None if t == 0 else a}
+                                                                     for t, a in enumerate(run)] for run in per_run])
+  a, b = doc([[50.0, 40.0], [52.0, 42.0]]), doc([[60.0, 30.0], [62.0, 34.0]])
+  s = members.summarize_values('noise.bound', (0.0025, 0.01), [a, b])
+  assert 'sessions' not in s and [v['value'] for v in s['values']] == [0.0025, 0.01]
+  assert s['values'][1]['sessions'][1]['acc'] == evaluation.summarize([30.0, 34.0])  # its own draws only
+  table = members.format_summary(s).splitlines()
+  assert 'bound=0.0025' in table[1] and 'bound=0.01' in table[1]
+  assert table[3].split() == ['2', '41.00', '±', '1.39', '32.00', '±', '2.77']  # 1.96 std / sqrt(2)
+  assert table[-1].startswith('       AVG')
+
+
+@pytest.mark.slow
+def test_eval_of_a_sweep_leaves_its_summary_alone(sweep, capsys):
+  root, summary, _ = sweep
+  before = open(os.path.join(root, 'summary.json')).read()
+  members.run(tiny(seeds=SEEDS, map='unroll'), root, mode='eval')
+  assert open(os.path.join(root, 'summary.json')).read() == before
+  assert 'it is unchanged' in capsys.readouterr().out
+  assert sorted(os.listdir(root)) == ['config.json', 'member_0', 'member_1', 'member_2', 'summary.json']
