@@ -84,8 +84,11 @@ def validate_data(c: ml_collections.ConfigDict) -> None:
   need(d.source in sources.SOURCES, 'data.source', d.source, f'allowed: {sources.SOURCES}')
   need(d.shots >= 1, 'data.shots', d.shots, 'must be >= 1')
   if d.split:
-    need(d.split in cifar100.SPLITS and d.dataset == 'cifar100' and d.source in ('tfds', 'trainsplit'), 'data.split',
-         d.split, f'one of {sorted(cifar100.SPLITS)} for CIFAR-100 (tfds or trainsplit source), or empty')
+    need(d.split in cifar100.SPLITS, 'data.split', d.split, f'allowed: {sorted(cifar100.SPLITS)}, or empty')
+    need(d.dataset == 'cifar100' and d.source in ('tfds', 'trainsplit'), 'data.split', d.split,
+         "the class splits regroup CIFAR-100's 100 real classes, so they need data.dataset='cifar100' from "
+         f"data.source 'tfds' or 'trainsplit' (this config: {d.dataset!r} from {d.source!r}), e.g. --config "
+         f'configs/cifar100.py:trainsplit --config.data.split={d.split}')
     need(d.protocol in ('draws', 'validation'), 'data.protocol', d.protocol,
          "the class splits have no TOPIC lists: use 'draws' (or 'validation')")
   if d.source in ('folder', 'fake_folder') and not sources.uses_layout(c):
