@@ -41,6 +41,8 @@ SESSION_KEYS = ('session', 'num_classes', 'acc', 'acc_base')
 NULLABLE_SESSION_KEYS = ('acc_novel', 'hm')  # null (or absent) in session 1
 STAT_KEYS = ('mean', 'ci95')
 MISSING = '-'
+PD_AVG = ('PD: accuracy of session 1 minus that of the last session (what was forgotten; lower is better); '
+          'AVG: accuracy averaged over all sessions')
 
 
 class ResultsError(ValueError):
@@ -363,7 +365,8 @@ def format_session_table(results: dict) -> str:
            f' ({results.get("protocol", "?")}, {results.get("runs", "?")} runs, '
            f'{"mean ± 95% CI" if ci else "no interval"}, %)')
   rule = '-' * len(render(header))
-  footer = f'PD  {format_stat(results["pd"], interval=ci)}    AVG  {format_stat(results["avg"], interval=ci)}'
+  footer = (f'PD  {format_stat(results["pd"], interval=ci)}    AVG  {format_stat(results["avg"], interval=ci)}\n'
+            f'{PD_AVG}')
   if reads_test_set(results):
     footer += (f'\nbase model: step {results["base_model"]["step"]}, chosen on the base classes\' TEST images '
                '(base.select_on_test)')
@@ -560,7 +563,7 @@ def format_report(rows: Sequence[Row], reference: Any = 0, all_sessions: bool = 
       '# F2M report', '',
       '## Accuracy per session (%, mean ± 95% CI over runs)', '',
       format_table(rows, reference), '',
-      f'gap: last-session accuracy minus that of the reference row "{_escape(ref.label)}".', '',
+      f'{PD_AVG}; gap: last-session accuracy minus that of the reference row "{_escape(ref.label)}".', '',
   ] + refused + [''] * bool(refused) + [
       f'## Base vs novel accuracy ({which})', '',
       format_base_novel_table(rows, all_sessions), '',

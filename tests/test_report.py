@@ -240,7 +240,7 @@ def test_format_session_table():
     else:
       assert report.format_stat(s['acc_novel']) in line and report.format_stat(s['hm']) in line
   assert '81.23 ± 0.10' in body[0] and '35.12 ± 1.80' in body[8] and '40.12 ± 2.70' in body[8]
-  assert lines[-1] == f'PD  {81.234 - 55.125:.2f} ± 0.31    AVG  {sum(F2M_ACCS) / 9:.2f} ± 0.27'
+  assert lines[-2] == f'PD  {81.234 - 55.125:.2f} ± 0.31    AVG  {sum(F2M_ACCS) / 9:.2f} ± 0.27'
 
 
 def test_one_run_shows_no_interval(tmp_path, workdirs):
@@ -257,6 +257,12 @@ def test_one_run_shows_no_interval(tmp_path, workdirs):
   record = report.csv_rows(rows)[1]
   assert record['s1'] == 80.0 and record['s1_ci95'] == '' and record['pd_ci95'] == ''
   assert report.csv_rows(rows)[0]['s1_ci95'] == 0.1
+
+
+def test_the_printed_table_explains_pd_and_avg():
+  text = report.format_session_table(make_results('f2m', F2M_ACCS, [0.1] * 9))
+  assert text.splitlines()[-1] == ('PD: accuracy of session 1 minus that of the last session (what was forgotten; '
+                                   'lower is better); AVG: accuracy averaged over all sessions')
 
 
 def test_without_out_the_table_is_printed_and_nothing_written(workdirs, tmp_path, capsys, monkeypatch):
