@@ -258,6 +258,20 @@ def test_the_mini_fake_folder_through_the_folder_fields_is_its_layout(tmp_path, 
     assert getattr(want, name) == getattr(got, name), name
 
 
+def test_the_smoke_config_under_every_protocol(tmp_path):
+  """configs/folder.py:smoke's generated folder under draws, topic (its lists) and validation."""
+  from configs import folder as folder_cfg
+  got = {}
+  for name in protocol.PROTOCOLS:
+    config = folder_cfg.get_config('smoke')
+    config.data.update(cache_dir=str(tmp_path), protocol=name)
+    got[name] = sources.load_benchmark(config)
+  assert [len(c) for c in got['draws'].session_classes] == [10, 2, 2, 2, 2, 2] and got['draws'].topic_shots
+  assert np.array_equal(got['draws'].base_train, got['topic'].base_train)  # session_1.txt: every base image
+  assert [len(c) for c in got['validation'].session_classes] == [6, 2, 2]
+  assert len(got['validation'].base_train) == 6 * 9  # 12 images less the held-out 3; a batch is 6 x 8
+
+
 @pytest.mark.slow
 def test_folder_smoke_end_to_end(tmp_path, capsys):
   """configs/folder.py:smoke through run.py's entry: a generated folder of 20 classes (written once into

@@ -110,12 +110,13 @@ def _load_folder(config, source: str) -> Benchmark:
 
 def folder_spec(config, fake_root=None, **fields) -> folder.Spec:
   """The folder source's `Spec` from the config's data.folder fields (paths with ~ and $VARIABLES
-  expanded); under 'fake_folder', the generated folder of 20 classes instead of the user's files."""
+  expanded); under 'fake_folder', the generated folder of 20 classes and its lists instead of the
+  user's files."""
   f = config.data.folder
   path = lambda p: os.path.expanduser(os.path.expandvars(p)) if p else ''
-  files = dict(train=path(f.train), test=path(f.test), root=path(f.root))
+  files = dict(train=path(f.train), test=path(f.test), root=path(f.root), lists=path(f.lists))
   if fake_root is not None:
-    files = dict(train=str(fake_root / 'folder' / 'train'), test=str(fake_root / 'folder' / 'test'), root='')
-  return folder.Spec(name=config.data.dataset or 'folder', classes=path(f.classes), lists=path(f.lists),
+    files = {name: str(fake_root / 'folder' / name) for name in ('train', 'test', 'lists')}
+  return folder.Spec(name=config.data.dataset or 'folder', classes=path(f.classes),
                      num_base=f.num_base, way=f.way, num_sessions=f.num_sessions, image_size=config.data.image_size,
                      resize=float(f.resize), augment=f.augment, **files, **fields)
