@@ -172,8 +172,13 @@ def test_each_problem_is_one_message_naming_the_file(fake_root, tmp_path, case):
 def test_a_list_naming_an_unknown_image_or_a_test_class_unknown(fake_root, tmp_path):
   root = copy_of(fake_root, tmp_path)
   s2 = root / 'folder' / 'lists' / 'session_2.txt'
-  s2.write_text(s2.read_text().replace('.jpg', '.jpeg', 1))
+  original = s2.read_text()
+  s2.write_text(original.replace('.jpg', '.jpeg', 1))
   with pytest.raises(DataError, match=r'session_2.txt names train/class_10/\d+.jpeg, which is not a training image'):
+    folder.read_protocol(spec_of(root, lists=str(root / 'folder' / 'lists')))
+  s2.write_text(original.replace('train/class_10/', '', 1))  # a bare file name: one in every class folder
+  with pytest.raises(DataError, match=r'session_2.txt: \d+.jpe?g names several training images of .*train; name it by '
+                                      'more of its path'):
     folder.read_protocol(spec_of(root, lists=str(root / 'folder' / 'lists')))
   (root / 'folder' / 'test' / 'class_99').mkdir()
   shutil.copy(next((root / 'folder' / 'test' / 'class_00').iterdir()), root / 'folder' / 'test' / 'class_99' / 'x.jpg')

@@ -232,7 +232,7 @@ def suffix_index(train: Table) -> dict:
   return out
 
 
-def find_listed(line: str, index: dict, train: Table, order: tuple, where: str) -> int:
+def find_listed(line: str, index: dict, train: Table, names: set, where: str) -> int:
   """The training image a list line names (its longest trailing part that names one)."""
   parts = line.replace('\\', '/').split('/')
   for k in range(len(parts)):
@@ -240,7 +240,7 @@ def find_listed(line: str, index: dict, train: Table, order: tuple, where: str) 
     if i == -1:
       raise DataError(f'{where}: {line} names several training images of {train.where}; name it by more of its path')
     if i is not None:
-      if len(parts) > 1 and parts[-2] in order and parts[-2] != train.names[i]:
+      if len(parts) > 1 and parts[-2] in names and parts[-2] != train.names[i]:
         raise DataError(f'{where}: {line} is of class {train.names[i]} in {train.where}')
       return i
   raise DataError(f'{where} names {line}, which is not a training image of {train.where}')
@@ -248,10 +248,10 @@ def find_listed(line: str, index: dict, train: Table, order: tuple, where: str) 
 
 def map_lists(spec: Spec, train: Table, order: tuple) -> list:
   """Indices into `train` of the images each list names: session_1.txt .. session_<num_sessions>.txt
-  (num_sessions 0: as many as the folder holds in a row)."""
+  (num_sessions 0: as many as the folder holds)."""
   count = spec.num_sessions or len(glob.glob(os.path.join(glob.escape(spec.lists), 'session_*.txt')))
-  index = suffix_index(train)
-  return [np.asarray([find_listed(line, index, train, order, os.path.join(spec.lists, f'session_{t}.txt'))
+  index, names = suffix_index(train), set(order)
+  return [np.asarray([find_listed(line, index, train, names, os.path.join(spec.lists, f'session_{t}.txt'))
                       for line in lines], np.int64)
           for t, lines in enumerate(session_lists(spec.lists, max(1, count)), start=1)]
 
