@@ -291,7 +291,7 @@ def test_folder_smoke_end_to_end(tmp_path, capsys):
   assert results['dataset'] == 'folder' and results['protocol'] == 'draws' and results['runs'] == 2
   assert [s['num_classes'] for s in results['sessions']] == [10, 12, 14, 16, 18, 20]
   assert results['sessions'][0]['acc']['mean'] > 50  # 10 generated classes are easy
-  assert 'folder on folder (draws, 2 runs' in capsys.readouterr().out
+  assert 'f2m on folder (draws, 2 runs' in capsys.readouterr().out
   root = tmp_path / 'cache' / 'fake_folder' / f'v{fake_folders.VERSION}'
   assert (root / fake_folders.COMPLETE).is_file() and len(list((root / 'folder').rglob('*.png'))) == 20 * 4
   assert len(list((tmp_path / 'cache' / 'arrays' / 'folder').glob('*.npy'))) == 2
