@@ -110,6 +110,20 @@ def read_csv(path: pathlib.Path, root: pathlib.Path, split: str) -> Table:
   without a split column are `split`."""
   with open(path, newline='', encoding='utf-8') as f:
     rows = [[c.strip() for c in r] for r in csv.reader(f) if any(c.strip() for c in r)]
+  path_col, label_col, split_col = csv_columns(path, rows)
+  wanted = [c for c in (path_col, label_col, split_col) if c is not None]
+  for n, r in enumerate(rows[1:], start=2):
+    if len(r) <= max(wanted) or not all(r[i] for i in wanted):
+      raise DataError(f'{path}:{n}: every row needs a value in each of the columns {", ".join(rows[0])}; got {r}')
+  splits = tuple(split if split_col is None else r[split_col].lower() for r in rows[1:])
+  bad = sorted(set(splits) - {'train', 'test'})
+  if bad:
+    raise DataError(f'{path}: the split column holds {bad[:3]}; allowed: train, test')
+  return Table(root, tuple(r[path_col] for r in rows[1:]), tuple(r[label_col] for r in rows[1:]), splits, str(path))
+
+
+def csv_columns(path: pathlib.Path, rows: list) -> tuple:
+  """(path, label, split or None) column numbers of a CSV's header row; a DataError without them."""
   header = [c.lower() for c in rows[0]] if rows else []
   column = {name: header.index(name) for name in ('path', 'filename', 'label', 'split') if name in header}
   path_col = column.get('path', column.get('filename'))
@@ -117,16 +131,7 @@ def read_csv(path: pathlib.Path, root: pathlib.Path, split: str) -> Table:
     raise DataError(f'{path}: expected a header naming the columns path (or filename), label and optionally '
                     f'split, then one row per image; got {rows[0] if rows else "an empty file"}'
                     + ('' if len(rows) != 1 else ' and no rows'))
-  wanted = [path_col, column['label']] + ([column['split']] if 'split' in column else [])
-  for n, r in enumerate(rows[1:], start=2):
-    if len(r) <= max(wanted) or not all(r[i] for i in wanted):
-      raise DataError(f'{path}:{n}: every row needs a value in each of the columns {", ".join(rows[0])}; got {r}')
-  splits = tuple(r[column['split']].lower() if 'split' in column else split for r in rows[1:])
-  bad = sorted(set(splits) - {'train', 'test'})
-  if bad:
-    raise DataError(f'{path}: the split column holds {bad[:3]}; allowed: train, test')
-  return Table(root, tuple(r[path_col] for r in rows[1:]), tuple(r[column['label']] for r in rows[1:]), splits,
-               str(path))
+  return path_col, column['label'], column.get('split')
 
 
 def read_images(given: str, root: str, field: str, split: str) -> Table:
