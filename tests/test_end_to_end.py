@@ -193,3 +193,14 @@ def test_validation_protocol_run_never_reads_a_test_image(tmp_path, monkeypatch)
   monkeypatch.setattr(sources, '_load', poisoned)
   other = pipeline.run(config, str(tmp_path / 'poisoned'))
   assert [s['acc'] for s in other['sessions']] == [s['acc'] for s in clean['sessions']]
+
+
+def test_bench_takes_the_shapes_of_your_own_folder_from_its_layout():
+  from configs import folder
+  from f2m_jax import bench
+  config = folder.get_config('smoke')
+  shapes = bench.dataset_shapes(config)
+  assert (shapes['num_base'], shapes['way'], shapes['num_sessions'], shapes['image_size']) == (10, 2, 6, 32)
+  config.data.folder.num_base = 0  # 'the rest': only the data could say how many
+  with pytest.raises(ValueError, match='data.folder.num_base=0 is invalid for --mode bench'):
+    bench.dataset_shapes(config)
