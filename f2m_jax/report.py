@@ -130,7 +130,17 @@ def load_results(path: str) -> dict:
       results = json.load(f)
   except json.JSONDecodeError as e:
     raise ResultsError(f'{file}: not valid JSON ({e})') from e
+  if isinstance(results, dict) and isinstance(results.get('values'), list):  # a sweep over a field
+    return {**results, 'values': [validate_results(v, f'{file}: values[{i}]') for i, v in enumerate(results['values'])]}
   return validate_results(results, file)
+
+
+def per_value(results: dict) -> list:
+  """[(label suffix, results)]: a results file as it is, or a sweep over a field (members.py) as one
+  results per value, never pooled."""
+  if 'values' not in results:
+    return [('', results)]
+  return [(f' {results["field"]}={v["value"]:g}', v) for v in results['values']]
 
 
 def default_label(results: dict, path: str) -> str:
@@ -484,14 +494,15 @@ def plot_base_novel(rows: Sequence[Row], path: str) -> str:
 
 
 def build_rows(paths: Sequence[str], labels: Optional[Sequence[str]] = None) -> list:
-  """Load every path into a Row; `labels` (one per path) override the default labels."""
+  """Load every path into a Row (a sweep over a field into one Row per value); `labels` (one per path)
+  override the default labels."""
   if labels is not None and len(labels) != len(paths):
     raise ValueError(f'got {len(labels)} labels for {len(paths)} results: {list(labels)}')
   rows = []
   for i, path in enumerate(paths):
-    results = load_results(path)
-    label = labels[i] if labels is not None else default_label(results, path)
-    rows.append(Row(label=label, results=results, source=results_path(path), flatness=load_flatness(path)))
+    for suffix, results in per_value(load_results(path)):
+      label = labels[i] if labels is not None else default_label(results, path)
+      rows.append(Row(label=label + suffix, results=results, source=results_path(path), flatness=load_flatness(path)))
   return rows
 
 

@@ -293,6 +293,18 @@ def test_a_sweeps_folder_is_read_through_its_summary(tmp_path, capsys):
     report.load_results(str(sweep / 'member_0'))
 
 
+def test_a_field_sweep_is_one_row_per_value(tmp_path, capsys):
+  """A sweep over noise.bound (members.summarize_values) is read as one row per value, never pooled."""
+  values = [{'value': b, **make_results('f2m', [a - i for a in F2M_ACCS], [0.5] * 9), 'interval_over': 'draws'}
+            for i, b in enumerate((0.0025, 0.01))]
+  sweep = tmp_path / 'bounds'
+  sweep.mkdir()
+  (sweep / 'summary.json').write_text(json.dumps({'field': 'noise.bound', 'values': values, 'members': []}))
+  rows = report.build_rows([str(sweep)])
+  assert [r.label for r in rows] == ['f2m bounds noise.bound=0.0025', 'f2m bounds noise.bound=0.01']
+  assert [r.results['sessions'][0]['acc']['mean'] for r in rows] == [F2M_ACCS[0], F2M_ACCS[0] - 1]
+
+
 def test_runs_of_another_protocol_or_session_count_are_not_subtracted(tmp_path, capsys):
   """Draws with 9 sessions against the validation protocol with 6: a warning naming both settings, and
   no gap (n/a in the table, empty in the CSV); rows of the reference's setting keep theirs."""
