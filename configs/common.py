@@ -127,10 +127,6 @@ def base_config() -> ml_collections.ConfigDict:
   # std term's values, and with std_weight 0 not at all; True: the paper (with std_weight > 0 it
   # diverged within 79 steps: docs/method.md, the ablation switches)
   c.noise.pf_gradient = False
-  # PF's mean over 'batch' (the classes present in the batch: the original) or 'all_base' (all base
-  # classes, Eq. 4's 1/|C^1|; classes absent from the batch add 0, so it is 'batch' scaled by the
-  # fraction of base classes in the batch, 16/60 with CIFAR-100's TaskSampler batches)
-  c.noise.pf_classes = 'batch'
   c.noise.std_weight = 2.0  # gamma: + gamma * std over the M noisy losses (the original; the paper has none: 0)
   # 'all_passes': BN running statistics updated by the clean pass, then by each noisy pass in turn
   # (the original, 1 + M updates per step); 'clean': by the clean pass only

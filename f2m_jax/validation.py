@@ -10,7 +10,6 @@ import ml_collections
 
 from f2m_jax import base as base_lib
 from f2m_jax import noise as noise_lib
-from f2m_jax import objectives
 from f2m_jax import programs as programs_lib
 from f2m_jax.data import cifar100
 from f2m_jax.data import protocol as protocol_lib
@@ -37,8 +36,6 @@ def validate(c: ml_collections.ConfigDict) -> None:
        f'allowed: {noise_lib.DISTRIBUTIONS}')
   need(c.noise.backward_weights in BACKWARD_WEIGHTS, 'noise.backward_weights', c.noise.backward_weights,
        f'allowed: {BACKWARD_WEIGHTS}')
-  need(c.noise.pf_classes in objectives.PF_CLASSES, 'noise.pf_classes', c.noise.pf_classes,
-       f'allowed: {objectives.PF_CLASSES}')
   need(c.noise.bn_updates in base_lib.BN_UPDATES, 'noise.bn_updates', c.noise.bn_updates,
        f'allowed: {base_lib.BN_UPDATES}')
   need(c.noise.pf_weight >= 0 and c.noise.std_weight >= 0, 'noise.pf_weight/std_weight',
