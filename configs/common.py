@@ -149,10 +149,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.incremental.clamp = True  # PC
   c.incremental.distance = 'squared_euclidean'  # or 'euclidean'
   c.incremental.round_steps = True  # the original's rounding of each SGD step to multiples of b/2
-  # Eq. 5's base prototypes: False the raw means (the original), True scaled to unit L2 norm, as
-  # Algorithm 1 saves them (test-time PN is eval.normalize_prototypes; novel prototypes in Eq. 5 are
-  # the batch's means either way)
-  c.incremental.normalize_base_prototypes = False
+  # The norm of Eq. 5's prototypes: 'raw' (the original), 'unit_base' (the stored base prototypes at
+  # unit L2 norm, as Algorithm 1 saves them; the batch's class means raw) or 'unit_all' (every
+  # prototype at unit norm, as NCM with PN compares them). Test-time PN is eval.normalize_prototypes.
+  c.incremental.prototype_norm = 'raw'
   # How many runs one call fine-tunes together, mapped over a run axis (f2m_jax/sessions.py: parallel_runs):
   # 0 is 1 on a CPU (its mapped convolutions are slower than one run at a time) and all runs elsewhere.
   c.incremental.parallel_runs = 0

@@ -84,14 +84,20 @@ def pairwise_distance(x: jax.Array, prototypes: jax.Array, distance: str) -> jax
 
 
 def metric_loss(embeddings: jax.Array, labels: jax.Array, stored: jax.Array, distance: str,
-                num_seen=None) -> jax.Array:
+                num_seen=None, unit_prototypes: bool = False) -> jax.Array:
   """Eq. 5: softmax over -d(f(x), p_c) for every seen class c. Classes present in the batch use the
   batch's own mean embedding (with gradient); the others (base classes) use the stored prototypes.
+  With `unit_prototypes` every prototype, batch means and stored rows alike, enters at unit L2 norm
+  (`normalize_prototypes`; zero rows stay zero), the queries stay raw: the classifier that NCM with
+  PN evaluates. Eq. 5 sums over the session's data; this is the mean over the batch (as the
+  authors' code), so its gradient is Eq. 5's divided by the number of images.
 
   For one compiled program across sessions the inputs may be padded: rows labelled -1 are ignored,
   and with `num_seen` (a scalar, may be traced) only the first num_seen rows of `stored` are classes."""
   batch_means, counts = class_means(embeddings, labels, stored.shape[0])  # label -1: a zero one-hot row
   prototypes = jnp.where((counts > 0)[:, None], batch_means, stored)
+  if unit_prototypes:
+    prototypes = normalize_prototypes(prototypes)
   d = pairwise_distance(embeddings, prototypes, distance)
   logits = -d.astype(jnp.promote_types(d.dtype, jnp.float32))
   if num_seen is not None:

@@ -10,6 +10,7 @@ import ml_collections
 
 from f2m_jax import base as base_lib
 from f2m_jax import noise as noise_lib
+from f2m_jax import incremental as incremental_lib
 from f2m_jax import programs as programs_lib
 from f2m_jax.data import cifar100
 from f2m_jax.data import protocol as protocol_lib
@@ -62,8 +63,8 @@ def validate(c: ml_collections.ConfigDict) -> None:
   need(c.incremental.lr > 0, 'incremental.lr', c.incremental.lr, 'must be > 0')
   need(not c.incremental.round_steps or c.noise.bound > 0, 'incremental.round_steps', c.incremental.round_steps,
        f'rounds steps to multiples of noise.bound/2, so it needs noise.bound > 0 (is {c.noise.bound})')
-  need(isinstance(c.incremental.normalize_base_prototypes, bool), 'incremental.normalize_base_prototypes',
-       c.incremental.normalize_base_prototypes, 'True or False')
+  need(c.incremental.prototype_norm in incremental_lib.PROTOTYPE_NORMS, 'incremental.prototype_norm',
+       c.incremental.prototype_norm, f'allowed: {incremental_lib.PROTOTYPE_NORMS}')
   need(c.incremental.distance in ('squared_euclidean', 'euclidean'), 'incremental.distance',
        c.incremental.distance, "'squared_euclidean' or 'euclidean'")
   need(c.data.protocol in protocol_lib.PROTOCOLS, 'data.protocol', c.data.protocol,

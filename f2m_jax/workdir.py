@@ -27,12 +27,14 @@ NON_RESULT_FIELDS = ('data.data_dir', 'data.tfds_data_dir', 'data.cache_dir', 'b
 # value, so such a workdir resumes unless the current config asks for something else.
 LEGACY_VALUES = {'data.split': '', 'noise.pf_gradient': True, 'noise.bn_updates': 'clean',
                  'noise.backward_weights': 'noisy', 'base.select_on_test': False, 'base.select_every': 1500,
-                 'model.head': 'linear', 'data.synthetic.seed': 0, 'incremental.normalize_base_prototypes': False}
+                 'model.head': 'linear', 'data.synthetic.seed': 0, 'incremental.prototype_norm': 'raw'}
 
 # Fields renamed since workdirs were written: old name -> (new name, {old value: new value}). A saved
 # config.json is read in the new names; the old name given as an override is refused with the new one
 # (f2m_jax/cli.py).
-RENAMED_FIELDS = {'noise.clean_backward': ('noise.backward_weights', {True: 'clean', False: 'noisy'})}
+RENAMED_FIELDS = {'noise.clean_backward': ('noise.backward_weights', {True: 'clean', False: 'noisy'}),
+                  'incremental.normalize_base_prototypes': ('incremental.prototype_norm',
+                                                            {False: 'raw', True: 'unit_base'})}
 
 # Fields removed since workdirs were written, with the one value whose behaviour the code still
 # computes: a saved config.json holding that value reads as if it did not hold the field (so it

@@ -17,10 +17,11 @@ def test_workdirs_older_than_a_field_resume_only_with_its_old_behaviour():
   assert workdir.config_differences(before_switches, current) == ['noise.bn_updates', 'noise.pf_gradient']
   paper = {'data': {'split': ''}, 'noise': {'pf_gradient': True, 'bn_updates': 'clean'}}
   assert workdir.config_differences(before_switches, paper) == []
-  # Written before Eq. 5's base prototypes could be normalised: they were raw.
-  unit = {'incremental': {'normalize_base_prototypes': True}}
-  assert workdir.config_differences({'incremental': {}}, {'incremental': {'normalize_base_prototypes': False}}) == []
-  assert workdir.config_differences({'incremental': {}}, unit) == ['incremental.normalize_base_prototypes']
+  # Written before Eq. 5's prototypes could be normalised: they were raw.
+  assert workdir.config_differences({'incremental': {}}, {'incremental': {'prototype_norm': 'raw'}}) == []
+  for norm in ('unit_base', 'unit_all'):
+    assert workdir.config_differences({'incremental': {}}, {'incremental': {'prototype_norm': norm}}) == [
+        'incremental.prototype_norm']
 
 
 def test_a_methods_own_section_is_compared_only_for_that_method():
@@ -43,6 +44,12 @@ def test_a_renamed_field_in_a_saved_config_reads_as_the_new_one():
   assert workdir.config_differences(saved, {'noise': {'backward_weights': 'noisy'}}) == ['noise.backward_weights']
   assert workdir.config_differences({'noise': {'clean_backward': False}}, {'noise': {'backward_weights': 'noisy'}}) == []
   assert workdir.config_differences({'noise': {}}, {'noise': {'backward_weights': 'noisy'}}) == []  # older still
+  # incremental.normalize_base_prototypes (issue 40) became incremental.prototype_norm: True was 'unit_base'.
+  for old, new in ((False, 'raw'), (True, 'unit_base')):
+    saved = {'incremental': {'normalize_base_prototypes': old}}
+    for norm in ('raw', 'unit_base', 'unit_all'):
+      want = [] if norm == new else ['incremental.prototype_norm']
+      assert workdir.config_differences(saved, {'incremental': {'prototype_norm': norm}}) == want
 
 
 def test_a_removed_field_resumes_only_with_the_value_the_code_still_computes(tmp_path):
@@ -79,7 +86,7 @@ def test_saved_config_fills_fields_added_later(tmp_path):
   defaults = {'method': 'f2m', 'noise': {'bound': 0.005, 'pf_gradient': False}, 'crt': {'lr': 0.1}}
   assert workdir.saved_config(str(tmp_path), defaults) == {
       'method': 'f2m', 'noise': {'bound': 0.01, 'pf_gradient': True, 'bn_updates': 'clean', 'backward_weights': 'noisy'},
-      'incremental': {'normalize_base_prototypes': False},
+      'incremental': {'prototype_norm': 'raw'},
       'crt': {'lr': 0.1}, 'data': {'split': '', 'synthetic': {'seed': 0}}, 'base': {'select_on_test': False, 'select_every': 1500},
       'model': {'head': 'linear'}}
 
