@@ -115,7 +115,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.noise.M = 2
   # b: the true noise half-width and the clamp box half-width (the original's config value
   # bound_value is 2b: its noise and its clamp reach bound_value / 2). 0.005 is the released CIFAR-100
-  # configs' bound_value 0.01; the paper's text says b = 0.01, its Table 5 puts its CIFAR-100 numbers
+  # configs' bound_value 0.01; the paper's text says b = 0.01, its Table 6 puts its CIFAR-100 numbers
   # at b = 0.02 (docs/method.md, 'b on CIFAR-100')
   c.noise.bound = 0.005
   # 'discrete_beta' (the original's sampler as it runs: levels {-b, 0, b/2, b}, mean +0.235 b),
