@@ -111,8 +111,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.noise.num_layers = 4  # K: the last K 3x3 convs form the noise set
   c.noise.M = 2
   # b: the true noise half-width and the clamp box half-width (the original's config value
-  # bound_value is 2b: its noise and its clamp reach bound_value / 2; the paper's "b = 0.01" is
-  # CIFAR-100's bound_value, so 0.005 here)
+  # bound_value is 2b: its noise and its clamp reach bound_value / 2). 0.005 is the released CIFAR-100
+  # configs' bound_value 0.01; the paper's text says b = 0.01, its Table 6 puts its CIFAR-100 numbers
+  # at b = 0.02 (docs/method.md, 'b on CIFAR-100')
   c.noise.bound = 0.005
   # 'discrete_beta' (the original's sampler as it runs: levels {-b, 0, b/2, b}, mean +0.235 b),
   # 'grid' (the same five levels {-b, -b/2, 0, b/2, b} all reachable, symmetric) or 'uniform' on
@@ -124,10 +125,6 @@ def base_config() -> ml_collections.ConfigDict:
   # std term's values, and with std_weight 0 not at all; True: the paper (with std_weight > 0 it
   # diverged within 79 steps: docs/method.md, the ablation switches)
   c.noise.pf_gradient = False
-  # PF's mean over 'batch' (the classes present in the batch: the original) or 'all_base' (all base
-  # classes, Eq. 4's 1/|C^1|; classes absent from the batch add 0, so it is 'batch' scaled by the
-  # fraction of base classes in the batch, 16/60 with CIFAR-100's TaskSampler batches)
-  c.noise.pf_classes = 'batch'
   c.noise.std_weight = 2.0  # gamma: + gamma * std over the M noisy losses (the original; the paper has none: 0)
   # 'all_passes': BN running statistics updated by the clean pass, then by each noisy pass in turn
   # (the original, 1 + M updates per step); 'clean': by the clean pass only
@@ -152,10 +149,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.incremental.clamp = True  # PC
   c.incremental.distance = 'squared_euclidean'  # or 'euclidean'
   c.incremental.round_steps = True  # the original's rounding of each SGD step to multiples of b/2
-  # Eq. 5's base prototypes: False the raw means (the original), True scaled to unit L2 norm, as
-  # Algorithm 1 saves them (test-time PN is eval.normalize_prototypes; novel prototypes in Eq. 5 are
-  # the batch's means either way)
-  c.incremental.normalize_base_prototypes = False
+  # The norm of Eq. 5's prototypes: 'raw' (the original), 'unit_base' (the stored base prototypes at
+  # unit L2 norm, as Algorithm 1 saves them; the batch's class means raw) or 'unit_all' (every
+  # prototype at unit norm, as NCM with PN compares them). Test-time PN is eval.normalize_prototypes.
+  c.incremental.prototype_norm = 'raw'
 
   # Each method's own section (crt, icarl, rebalance, fsll): METHOD_SECTIONS above.
   for section, values in METHOD_SECTIONS.items():

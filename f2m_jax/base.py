@@ -57,8 +57,6 @@ class BaseObjective:
   num_draws: M. pf_weight: lambda. std_weight: gamma. (The bound b is an argument of the step, so
     that the members of a sweep over it share one program.)
   pf_gradient: whether PF is differentiated (the paper) or only its value counts (the authors' code).
-  pf_classes: PF's mean over the batch's classes ('batch', the authors' code) or over all base classes
-    ('all_base', Eq. 4's normaliser; `objectives.prototype_fixing`).
   bn_updates: 'all_passes' (running statistics updated by the clean pass, then by each noisy pass in
     turn, as the authors' code) or 'clean' (the clean pass only).
   draw_map: how the M noisy passes share the program: 'vmap' (one pass with a leading draw axis) or
@@ -75,15 +73,12 @@ class BaseObjective:
   draw_map: str = 'vmap'
   pf_gradient: bool = False
   bn_updates: str = 'all_passes'
-  pf_classes: str = 'batch'
 
   def __post_init__(self):
     if self.draw_map not in DRAW_MAPS:
       raise ValueError(f'noise.draw_map={self.draw_map!r} is not one of {DRAW_MAPS}')
     if self.bn_updates not in BN_UPDATES:
       raise ValueError(f'noise.bn_updates={self.bn_updates!r} is not one of {BN_UPDATES}')
-    if self.pf_classes not in objectives.PF_CLASSES:
-      raise ValueError(f'noise.pf_classes={self.pf_classes!r} is not one of {objectives.PF_CLASSES}')
 
   @property
   def noisy(self) -> bool:
@@ -130,7 +125,7 @@ def base_loss(params, batch_stats, images, labels, eps, objective: BaseObjective
   def noisy_pass(e):
     (emb_j, logits_j), update_j = run(inputs, first, noise=e)
     ce_j = objectives.cross_entropy(logits_j, labels)
-    pf_j = objectives.prototype_fixing(emb, emb_j, labels, num_classes, objective.pf_classes)
+    pf_j = objectives.prototype_fixing(emb, emb_j, labels, num_classes)
     if not objective.pf_gradient:
       pf_j = jax.lax.stop_gradient(pf_j)
     return ce_j, pf_j, _add(trunk_update, update_j)  # a shared trunk saw the same batch M more times

@@ -74,7 +74,7 @@ class Experiment:
         num_draws=n.M, distribution=n.distribution,
         pf_weight=n.pf_weight if n.prototype_fixing else 0.0, std_weight=n.std_weight,
         shared_trunk=n.shared_trunk, draw_map=n.draw_map,
-        pf_gradient=n.pf_gradient, bn_updates=n.bn_updates, pf_classes=n.pf_classes)
+        pf_gradient=n.pf_gradient, bn_updates=n.bn_updates)
 
   def optimizer_settings(self) -> tuple:
     """`optim.sgd`'s arguments for the base.* budget, hashable."""

@@ -21,6 +21,14 @@ from f2m_jax.data import augment as augment_lib
 from f2m_jax.models import ResNet
 
 
+# The norm the prototypes enter Eq. 5 with (config.incremental.prototype_norm): 'raw' the stored base
+# prototypes and the batch's class means as they are (the authors' code); 'unit_base' the stored (base)
+# prototypes at unit L2 norm, as Algorithm 1 saves them, the batch's means raw (the paper read
+# literally: "the prototypes of new classes are computed by Eq. 1"); 'unit_all' every prototype at
+# unit norm, the paper's stated purpose ("the same norm") and the classifier NCM with PN evaluates.
+PROTOTYPE_NORMS = ('raw', 'unit_base', 'unit_all')
+
+
 @dataclasses.dataclass(frozen=True)
 class SessionSettings:
   model: ResNet
@@ -37,9 +45,11 @@ class SessionSettings:
   mean: tuple
   std: tuple
   round_steps: bool = False
-  # Eq. 5's stored (base) prototypes scaled to unit L2 norm, as Algorithm 1 saves them; False: the raw
-  # means, as the authors' code (config.incremental.normalize_base_prototypes)
-  normalize_base_prototypes: bool = False
+  prototype_norm: str = 'raw'  # one of PROTOTYPE_NORMS
+
+  def __post_init__(self):
+    if self.prototype_norm not in PROTOTYPE_NORMS:
+      raise ValueError(f'incremental.prototype_norm={self.prototype_norm!r} is not one of {PROTOTYPE_NORMS}')
 
 
 def clip_to_box(trainable: Mapping, anchor: Mapping, bound: float) -> dict:
@@ -48,13 +58,16 @@ def clip_to_box(trainable: Mapping, anchor: Mapping, bound: float) -> dict:
 
 
 def session_loss(trainable, frozen, batch_stats, x, labels, stored, num_seen, settings: SessionSettings):
-  """Eq. 5 for the current network (BN in eval mode, so padding rows do not touch the others). With
-  `normalize_base_prototypes` the stored rows (the base prototypes; the novel classes' rows are
-  replaced by batch means, zero rows stay zero) enter at unit norm."""
+  """Eq. 5 for the current network (BN in eval mode, so padding rows do not touch the others), its
+  prototypes at `settings.prototype_norm` (PROTOTYPE_NORMS): with 'unit_base' the stored rows (the
+  base prototypes; the novel classes' rows are replaced by batch means, zero rows stay zero) enter
+  at unit norm, with 'unit_all' every prototype does (`objectives.metric_loss`'s unit_prototypes)."""
   params = trees.unflatten({**frozen, **trainable})
   emb, _ = settings.model.apply({'params': params, 'batch_stats': batch_stats}, x, train=False)
-  if settings.normalize_base_prototypes:
+  if settings.prototype_norm == 'unit_base':
     stored = objectives.normalize_prototypes(stored)
+  if settings.prototype_norm == 'unit_all':
+    return objectives.metric_loss(emb, labels, stored, settings.distance, num_seen, unit_prototypes=True)
   return objectives.metric_loss(emb, labels, stored, settings.distance, num_seen)
 
 

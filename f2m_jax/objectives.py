@@ -6,9 +6,6 @@ import jax.numpy as jnp
 import optax
 
 DISTANCES = ('squared_euclidean', 'euclidean')
-# noise.pf_classes: the classes PF's mean is taken over. 'batch': those present in the batch (the
-# authors' code); 'all_base': all base classes, the normaliser of the paper's Eq. 4.
-PF_CLASSES = ('batch', 'all_base')
 
 
 def cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
@@ -26,22 +23,19 @@ def class_means(embeddings: jax.Array, labels: jax.Array, num_classes: int):
   return means, counts
 
 
-def prototype_fixing(clean: jax.Array, noisy: jax.Array, labels: jax.Array, num_classes: int,
-                     over: str = 'batch') -> jax.Array:
-  """Eq. 4 (PF): the mean of ||p_c - p_c^j||^2, p_c the batch's mean clean embedding of class c and
-  p_c^j its mean noisy one, over the classes C_z present in the batch (`over='batch'`, the authors'
-  code: 1/|C_z| sum_{c in C_z}) or over all `num_classes` base classes (`'all_base'`, the paper's
-  1/|C^1| sum_{c in C^1}; a class absent from the batch has no embedding to estimate it from and
-  adds 0, so this is the batch's sum over |C^1|, i.e. 'batch' times |C_z| / |C^1|). Differentiable
-  in both embeddings (the original's returned a Python float, so it carried no gradient)."""
-  if over not in PF_CLASSES:
-    raise ValueError(f'noise.pf_classes={over!r} is not one of {PF_CLASSES}')
+def prototype_fixing(clean: jax.Array, noisy: jax.Array, labels: jax.Array, num_classes: int) -> jax.Array:
+  """Eq. 4 (PF) as the authors' code estimates it on a batch: the mean of ||p_c - p_c^j||^2 over the
+  classes C_z present in the batch, 1/|C_z| sum_{c in C_z}, p_c the batch's mean clean embedding of
+  class c and p_c^j its mean noisy one. Eq. 4 averages over all base classes C^1 with Eq. 1's
+  prototypes; every base class is equally likely to be in a batch, so the mean over the batch's
+  classes estimates that class average (dividing the batch's sum by |C^1| instead only rescales it,
+  i.e. lambda, by |C_z|/|C^1|). The p_c here are means of the augmented training batch under
+  train-mode BatchNorm, not Eq. 1's (docs/method.md). Differentiable in both embeddings (the
+  original's returned a Python float, so it carried no gradient)."""
   p, counts = class_means(clean, labels, num_classes)
   q, _ = class_means(noisy, labels, num_classes)
   present = (counts > 0).astype(clean.dtype)
   total = jnp.sum(present * jnp.sum((p - q) ** 2, axis=-1))
-  if over == 'all_base':
-    return total / num_classes
   return total / jnp.maximum(present.sum(), 1.0)
 
 
@@ -90,14 +84,20 @@ def pairwise_distance(x: jax.Array, prototypes: jax.Array, distance: str) -> jax
 
 
 def metric_loss(embeddings: jax.Array, labels: jax.Array, stored: jax.Array, distance: str,
-                num_seen=None) -> jax.Array:
+                num_seen=None, unit_prototypes: bool = False) -> jax.Array:
   """Eq. 5: softmax over -d(f(x), p_c) for every seen class c. Classes present in the batch use the
   batch's own mean embedding (with gradient); the others (base classes) use the stored prototypes.
+  With `unit_prototypes` every prototype, batch means and stored rows alike, enters at unit L2 norm
+  (`normalize_prototypes`; zero rows stay zero), the queries stay raw: the classifier that NCM with
+  PN evaluates. Eq. 5 sums over the session's data; this is the mean over the batch (as the
+  authors' code), so its gradient is Eq. 5's divided by the number of images.
 
   For one compiled program across sessions the inputs may be padded: rows labelled -1 are ignored,
   and with `num_seen` (a scalar, may be traced) only the first num_seen rows of `stored` are classes."""
   batch_means, counts = class_means(embeddings, labels, stored.shape[0])  # label -1: a zero one-hot row
   prototypes = jnp.where((counts > 0)[:, None], batch_means, stored)
+  if unit_prototypes:
+    prototypes = normalize_prototypes(prototypes)
   d = pairwise_distance(embeddings, prototypes, distance)
   logits = -d.astype(jnp.promote_types(d.dtype, jnp.float32))
   if num_seen is not None:

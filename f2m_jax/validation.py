@@ -10,7 +10,7 @@ import ml_collections
 
 from f2m_jax import base as base_lib
 from f2m_jax import noise as noise_lib
-from f2m_jax import objectives
+from f2m_jax import incremental as incremental_lib
 from f2m_jax.data import cifar100
 from f2m_jax.data import folder as folder_lib
 from f2m_jax.data import protocol as protocol_lib
@@ -47,8 +47,6 @@ def validate_noise(c: ml_collections.ConfigDict) -> None:
        f'allowed: {noise_lib.DISTRIBUTIONS}')
   need(c.noise.backward_weights in BACKWARD_WEIGHTS, 'noise.backward_weights', c.noise.backward_weights,
        f'allowed: {BACKWARD_WEIGHTS}')
-  need(c.noise.pf_classes in objectives.PF_CLASSES, 'noise.pf_classes', c.noise.pf_classes,
-       f'allowed: {objectives.PF_CLASSES}')
   need(c.noise.bn_updates in base_lib.BN_UPDATES, 'noise.bn_updates', c.noise.bn_updates,
        f'allowed: {base_lib.BN_UPDATES}')
   need(c.noise.pf_weight >= 0 and c.noise.std_weight >= 0, 'noise.pf_weight/std_weight',
@@ -77,8 +75,8 @@ def validate_incremental(c: ml_collections.ConfigDict) -> None:
   need(c.incremental.lr > 0, 'incremental.lr', c.incremental.lr, 'must be > 0')
   need(not c.incremental.round_steps or c.noise.bound > 0, 'incremental.round_steps', c.incremental.round_steps,
        f'rounds steps to multiples of noise.bound/2, so it needs noise.bound > 0 (is {c.noise.bound})')
-  need(isinstance(c.incremental.normalize_base_prototypes, bool), 'incremental.normalize_base_prototypes',
-       c.incremental.normalize_base_prototypes, 'True or False')
+  need(c.incremental.prototype_norm in incremental_lib.PROTOTYPE_NORMS, 'incremental.prototype_norm',
+       c.incremental.prototype_norm, f'allowed: {incremental_lib.PROTOTYPE_NORMS}')
   need(c.incremental.distance in ('squared_euclidean', 'euclidean'), 'incremental.distance',
        c.incremental.distance, "'squared_euclidean' or 'euclidean'")
 

@@ -28,21 +28,32 @@ NON_RESULT_FIELDS = ('data.data_dir', 'data.tfds_data_dir', 'data.cache_dir', 'b
 # value, so such a workdir resumes unless the current config asks for something else.
 LEGACY_VALUES = {'data.split': '', 'noise.pf_gradient': True, 'noise.bn_updates': 'clean',
                  'noise.backward_weights': 'noisy', 'base.select_on_test': False, 'base.select_every': 1500,
-                 'model.head': 'linear', 'data.synthetic.seed': 0, 'noise.pf_classes': 'batch',
-                 'incremental.normalize_base_prototypes': False}
+                 'model.head': 'linear', 'data.synthetic.seed': 0, 'incremental.prototype_norm': 'raw'}
 
 # Fields renamed since workdirs were written: old name -> (new name, {old value: new value}). A saved
 # config.json is read in the new names; the old name given as an override is refused with the new one
 # (f2m_jax/cli.py).
-RENAMED_FIELDS = {'noise.clean_backward': ('noise.backward_weights', {True: 'clean', False: 'noisy'})}
+RENAMED_FIELDS = {'noise.clean_backward': ('noise.backward_weights', {True: 'clean', False: 'noisy'}),
+                  'incremental.normalize_base_prototypes': ('incremental.prototype_norm',
+                                                            {False: 'raw', True: 'unit_base'})}
+
+# Fields removed since workdirs were written, with the one value whose behaviour the code still
+# computes: a saved config.json holding that value reads as if it did not hold the field (so it
+# resumes), any other value stays and is reported as a difference (so it is refused).
+# noise.pf_classes: 'all_base' only rescaled lambda by |C_z|/|C^1| (docs/method.md, Eq. 4).
+REMOVED_FIELDS = {'noise.pf_classes': 'batch'}
 
 
 def renamed(flat: dict) -> dict:
-  """Flat config items with RENAMED_FIELDS' old names and values translated to the new ones."""
+  """Flat config items in the current names: RENAMED_FIELDS' old names and values translated to the
+  new ones, and REMOVED_FIELDS dropped where they hold the value the code still computes."""
   out = dict(flat)
   for old, (new, values) in RENAMED_FIELDS.items():
     if old in out:
       out[new] = values[out.pop(old)]
+  for field, value in REMOVED_FIELDS.items():
+    if field in out and out[field] == value:
+      del out[field]
   return out
 
 
@@ -94,6 +105,11 @@ def saved_config(workdir: str, defaults: dict) -> dict:
   return traverse_util.unflatten_dict(items, sep='.')
 
 
+def _removed_detail(field: str, value) -> str:
+  return (f'{field}: saved {value!r}, a field since removed; the code now always computes what '
+          f'{field}={REMOVED_FIELDS[field]!r} did, so this run cannot be resumed or evaluated with it')
+
+
 def prepare(workdir: str, config: dict, method_sections: Optional[dict] = None,
             base_source: Optional[dict] = None) -> None:
   """Creates the workdir and config.json, or checks an existing config.json against `config`
@@ -107,7 +123,8 @@ def prepare(workdir: str, config: dict, method_sections: Optional[dict] = None,
     recorded, saved_base = SOURCE_KEY in saved, saved.pop(SOURCE_KEY, None)
     diff = config_differences(saved, config, method_sections=method_sections)
     if diff:
-      details = '; '.join(f'{k}: saved {flat_items(saved).get(k, "<absent>")!r}, now '
+      details = '; '.join(_removed_detail(k, flat_items(saved)[k]) if k in REMOVED_FIELDS else
+                          f'{k}: saved {flat_items(saved).get(k, "<absent>")!r}, now '
                           f'{flat_items(config).get(k, "<absent>")!r}' for k in diff)
       raise WorkdirError(f'{workdir} holds a run of a different config ({details}). Use another --workdir, '
                          'or pass --checkpoint to start new sessions from its base model.')

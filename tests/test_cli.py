@@ -24,9 +24,11 @@ CASES = [
     ('--config.noise.clean_backward=True', 'config.noise.clean_backward was renamed',
      "--config.noise.backward_weights='clean' (the old True)"),
     ('--config.noise.backward_weights=exact', "noise.backward_weights='exact' is invalid", "('noisy', 'clean')"),
-    ('--config.noise.pf_classes=all', "noise.pf_classes='all' is invalid", "('batch', 'all_base')"),
-    ('--config.incremental.normalize_base_prototypes=yes',
-     "config.incremental.normalize_base_prototypes='yes' is invalid", 'Non-boolean argument'),
+    ('--config.noise.pf_classes=batch', 'unknown config field config.noise.pf_classes', 'config.noise.'),
+    ('--config.incremental.normalize_base_prototypes=True', 'config.incremental.normalize_base_prototypes was renamed',
+     "--config.incremental.prototype_norm='unit_base' (the old True)"),
+    ('--config.incremental.prototype_norm=unit', "incremental.prototype_norm='unit' is invalid",
+     "('raw', 'unit_base', 'unit_all')"),
 ]
 
 

@@ -236,17 +236,15 @@ def test_the_models_backward_default_is_the_configs():
   assert resnet.resnet18(4, width=8).clean_backward is want
 
 
-def test_the_paper_switches_reach_the_objective_and_the_sessions(smoke_config):
-  """noise.pf_classes reaches the base objective, incremental.normalize_base_prototypes the
-  sessions' settings; the defaults are the authors' code's (tests/test_objectives.py and
-  tests/test_incremental.py check what each value computes)."""
+def test_the_prototype_norm_switch_reaches_the_sessions(smoke_config):
+  """incremental.prototype_norm reaches the sessions' settings; the default is the authors' code's
+  ('raw'; tests/test_incremental.py checks what each value computes)."""
+  from f2m_jax import incremental
   from f2m_jax.data import sources
   from f2m_jax.methods import ncm
-  assert (smoke_config.noise.pf_classes, smoke_config.incremental.normalize_base_prototypes) == ('batch', False)
+  assert smoke_config.incremental.prototype_norm == 'raw'
   bench = sources.load_benchmark(smoke_config)
-  for over, unit in (('batch', False), ('all_base', True)):
-    smoke_config.noise.pf_classes = over
-    smoke_config.incremental.normalize_base_prototypes = unit
+  for norm in incremental.PROTOTYPE_NORMS:
+    smoke_config.incremental.prototype_norm = norm
     exp = experiment_lib.Experiment.create(pipeline.resolve(smoke_config), bench)
-    assert exp.base_objective().pf_classes == over
-    assert ncm.session_settings(exp, exp.noise_paths).normalize_base_prototypes is unit
+    assert ncm.session_settings(exp, exp.noise_paths).prototype_norm == norm

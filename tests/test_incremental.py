@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from f2m_jax import incremental
+from f2m_jax import objectives
 from f2m_jax import trees
 from f2m_jax.data import augment
 from f2m_jax.models import noise_set_paths, resnet20
@@ -133,23 +134,35 @@ def test_padding_to_the_last_sessions_shape_changes_nothing(setup):
   assert finetune._cache_size() == size
 
 
-def naive_metric_loss(emb, labels, stored):
+def _unit(rows):
+  norms = np.linalg.norm(rows, axis=-1, keepdims=True)
+  return np.where(norms > 0, rows / np.maximum(norms, 1e-300), 0.0)
+
+
+def naive_metric_loss(emb, labels, stored, norm='raw'):
   """Eq. 5 in float64 numpy: softmax over minus the squared distances to every stored row, the rows of
-  the batch's classes replaced by their batch means; the mean CE over the batch."""
+  the batch's classes replaced by their batch means; the mean CE over the batch. `norm`: 'unit_base'
+  scales the stored rows to unit norm before the batch means replace theirs, 'unit_all' every row
+  after (zero rows stay zero)."""
   prototypes = np.array(stored, np.float64)
+  if norm == 'unit_base':
+    prototypes = _unit(prototypes)
   for c in np.unique(labels):
     prototypes[c] = emb[labels == c].mean(0)
+  if norm == 'unit_all':
+    prototypes = _unit(prototypes)
   logits = -((emb[:, None, :] - prototypes[None]) ** 2).sum(-1)
   top = logits.max(1, keepdims=True)
   log_softmax = logits - top - np.log(np.exp(logits - top).sum(1, keepdims=True))
   return -log_softmax[np.arange(len(labels)), labels].mean(), np.abs(logits).max()
 
 
-def test_normalize_base_prototypes_puts_unit_norm_stored_prototypes_in_eq5(setup):
-  """incremental.normalize_base_prototypes: Eq. 5 uses the stored (base) prototypes at unit L2 norm, as
-  Algorithm 1 saves them (zero rows stay zero); False uses them raw. Checked against Eq. 5 in float64
-  on the same embeddings, with base prototypes near the batch's embeddings (norm ~4), so that which
-  of the two enters changes the loss."""
+def test_prototype_norm_sets_the_norm_of_eq5s_prototypes(setup):
+  """incremental.prototype_norm: 'raw' (the default, the authors' code) uses the stored rows and the
+  batch's means as they are, 'unit_base' the stored (base) rows at unit L2 norm, as Algorithm 1 saves
+  them, 'unit_all' every prototype at unit norm, batch means included. Each against Eq. 5 in float64
+  on the same embeddings, with base prototypes near the batch's embeddings (norm ~4), so that the
+  norm changes the loss; zero rows stay zero."""
   model, variables, images, labels, _ = setup
   paths = noise_set_paths(model, 4)
   flat0 = trees.flatten(variables['params'])
@@ -162,16 +175,52 @@ def test_normalize_base_prototypes_puts_unit_norm_stored_prototypes_in_eq5(setup
   stored = np.concatenate([base, np.zeros((2, emb.shape[1]))]).astype(np.float32)  # rows 6, 7: the novel classes
   norms = np.linalg.norm(stored.astype(np.float64), axis=1, keepdims=True)
   assert np.all(np.abs(norms[:6] - 1) > 1)  # raw base rows far from unit norm
-  unit_rows = np.where(norms > 0, stored / np.maximum(norms, 1e-300), 0.0)
+  assert np.all(np.abs(np.linalg.norm([emb[labels == c].mean(0) for c in (6, 7)], axis=1) - 1) > 1)  # novel too
   raw = _settings(model, paths, 1)
-  unit = incremental.SessionSettings(**{**raw.__dict__, 'normalize_base_prototypes': True})
-  assert not raw.normalize_base_prototypes  # the default: the authors' raw prototypes
+  assert raw.prototype_norm == 'raw'  # the default: the authors' raw prototypes
   loss = lambda settings: float(incremental.session_loss(anchor, frozen, variables['batch_stats'], x, labels,
                                                          jnp.asarray(stored), len(stored), settings))
-  tolerance = {}
-  for settings, rows in ((unit, unit_rows), (raw, stored)):
-    want, scale = naive_metric_loss(emb, labels, rows)
+  losses, tolerance = {}, {}
+  for norm in incremental.PROTOTYPE_NORMS:
+    settings = incremental.SessionSettings(**{**raw.__dict__, 'prototype_norm': norm})
+    want, scale = naive_metric_loss(emb, labels, stored.astype(np.float64), norm)
     # float32 distances of magnitude `scale`: a few roundings each in the logits
-    tolerance[settings.normalize_base_prototypes] = 32 * np.finfo(np.float32).eps * scale
-    np.testing.assert_allclose(loss(settings), want, rtol=0, atol=tolerance[settings.normalize_base_prototypes])
-  assert abs(loss(raw) - loss(unit)) > 1e3 * max(tolerance.values())
+    tolerance[norm] = 32 * np.finfo(np.float32).eps * scale
+    losses[norm] = loss(settings)
+    np.testing.assert_allclose(losses[norm], want, rtol=0, atol=tolerance[norm])
+  for a, b in (('raw', 'unit_base'), ('raw', 'unit_all'), ('unit_base', 'unit_all')):
+    assert abs(losses[a] - losses[b]) > 1e3 * max(tolerance.values())
+  with pytest.raises(ValueError, match=r"incremental.prototype_norm='unit'.*'raw', 'unit_base', 'unit_all'"):
+    incremental.SessionSettings(**{**raw.__dict__, 'prototype_norm': 'unit'})
+
+
+def test_metric_loss_with_unit_prototypes_float64():
+  """objectives.metric_loss(unit_prototypes=True) in float64: the loss equals Eq. 5 over unit-norm
+  prototypes (numpy), and its gradient in the embeddings, which reaches the batch means through the
+  normalisation, equals numpy's central differences; with a stored zero row and a padding row."""
+  rng = np.random.default_rng(3)
+  emb = rng.normal(loc=1.0, size=(9, 5)) * 2.0
+  labels = np.array([3, 3, 3, 4, 4, 4, 4, 4, -1])  # row 8: padding
+  stored = np.concatenate([rng.normal(size=(3, 5)) * 3.0, np.zeros((3, 5))])  # row 5: a zero row, unused
+  valid = labels >= 0
+
+  def naive(e):
+    return naive_metric_loss(e[valid], labels[valid], stored, 'unit_all')[0]
+
+  with jax.enable_x64(True):
+    f = lambda e: objectives.metric_loss(e, jnp.asarray(labels), jnp.asarray(stored), 'squared_euclidean',
+                                         unit_prototypes=True)
+    got = f(jnp.asarray(emb))
+    assert got.dtype == jnp.float64
+    np.testing.assert_allclose(float(got), naive(emb), rtol=1e-12)
+    grad = np.asarray(jax.grad(f)(jnp.asarray(emb)))
+  h = 1e-6
+  numeric = np.zeros_like(emb)
+  for i, j in np.ndindex(*emb.shape):
+    step = np.zeros_like(emb)
+    step[i, j] = h
+    numeric[i, j] = (naive(emb + step) - naive(emb - step)) / (2 * h)
+  # central differences: truncation O(h^2) and rounding ~ eps * |loss| / h, both below 1e-8 here
+  np.testing.assert_allclose(grad, numeric, rtol=0, atol=1e-7)
+  assert np.all(grad[8] == 0)  # the padding row
+  assert np.abs(grad[:8]).min() > 0  # every real row moves the loss

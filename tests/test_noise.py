@@ -109,25 +109,16 @@ def test_zero_bound_equals_plain_cross_entropy(net):
     assert float(metrics['pf']) < 1e-10  # zero up to float rounding between the clean and noisy passes
 
 
-def test_pf_classes_reaches_the_objective(net):
-  """noise.pf_classes='all_base' divides the batch's PF sum by all base classes (10 here), 'batch' by
-  the 4 classes present; with PF without gradient only the loss's PF values change, not CE."""
+def test_pf_reaches_the_objective(net):
+  """PF's value is part of the loss: with gamma 0, L = mean_j (CE_j + PF_j) and PF > 0 under noise."""
   model, variables = net
   paths = tuple(noise_set_paths(model, 4))
   x = jax.random.normal(jax.random.key(2), (12, 16, 16, 3))
   y = jnp.arange(12) % 4
   eps = noise_lib.sample_noise(jax.random.key(3), variables['params'], paths, 2, 0.05, 'uniform')
-  out = {}
-  for over in ('batch', 'all_base'):
-    obj = base_lib.BaseObjective(model, paths, split_block(model, paths), 2, 'uniform', 1.0, 0.0, True,
-                                 pf_classes=over)
-    loss, (_, metrics) = base_lib.base_loss(variables['params'], variables['batch_stats'], x, y, eps, obj)
-    out[over] = (float(loss), float(metrics['ce']), float(metrics['pf']))
-  (loss_b, ce_b, pf_b), (loss_a, ce_a, pf_a) = out['batch'], out['all_base']
-  assert pf_b > 0 and ce_a == ce_b
-  f32 = float(np.finfo(np.float32).eps)  # the two PF values differ by one division's rounding
-  np.testing.assert_allclose(pf_a, pf_b * 4 / 10, rtol=4 * f32)
-  # L = mean_j (CE_j + PF_j) with gamma 0: up to a few roundings at the loss's magnitude
-  np.testing.assert_allclose(loss_a - ce_a, pf_a, rtol=0, atol=8 * f32 * loss_a)
-  with pytest.raises(ValueError, match='noise.pf_classes'):
-    base_lib.BaseObjective(model, paths, 1, 2, 'uniform', 1.0, 0.0, True, pf_classes='all')
+  obj = base_lib.BaseObjective(model, paths, split_block(model, paths), 2, 'uniform', 1.0, 0.0, True)
+  loss, (_, metrics) = base_lib.base_loss(variables['params'], variables['batch_stats'], x, y, eps, obj)
+  loss, ce, pf = float(loss), float(metrics['ce']), float(metrics['pf'])
+  assert pf > 0
+  f32 = float(np.finfo(np.float32).eps)  # up to a few roundings at the loss's magnitude
+  np.testing.assert_allclose(loss - ce, pf, rtol=0, atol=8 * f32 * loss)

@@ -20,17 +20,18 @@ def test_class_means_and_prototype_fixing():
   assert float(jnp.abs(grad).sum()) > 0  # PF carries gradient (the original's did not)
 
 
-def naive_prototype_fixing(clean, noisy, labels, num_classes, over):
-  """Eq. 4 in float64 numpy, one class at a time: the squared distance between a class's mean clean
-  and mean noisy embedding, summed over the classes in the batch, over their number or all classes."""
+def naive_prototype_fixing(clean, noisy, labels, num_classes):
+  """Eq. 4's PF term in float64 numpy as the authors' code estimates it, one class at a time: the
+  squared distance between a class's mean clean and mean noisy embedding, averaged over the classes
+  present in the batch."""
   distances = [np.sum((clean[labels == c].mean(0) - noisy[labels == c].mean(0)) ** 2)
                for c in range(num_classes) if np.any(labels == c)]
-  return sum(distances) / (len(distances) if over == 'batch' else num_classes)
+  return sum(distances) / len(distances)
 
 
-def test_prototype_fixing_over_all_base_classes_float64():
-  """noise.pf_classes: 'all_base' is Eq. 4's mean over all base classes, 'batch' the mean over the
-  classes present; they differ exactly when a base class is absent from the batch."""
+def test_prototype_fixing_is_the_mean_over_the_batch_classes_float64():
+  """PF is the mean over the classes present in the batch: classes absent from it add nothing and do
+  not count, with every class present or only some."""
   rng = np.random.default_rng(0)
   num_classes = 6
   clean = rng.normal(size=(9, 5))
@@ -38,22 +39,15 @@ def test_prototype_fixing_over_all_base_classes_float64():
   absent = np.array([0, 0, 0, 2, 2, 3, 3, 3, 3])  # classes 1, 4, 5 absent
   every = np.array([0, 1, 2, 3, 4, 5, 0, 2, 5])
   with jax.enable_x64(True):
-    pf = lambda labels, over: objectives.prototype_fixing(jnp.asarray(clean), jnp.asarray(noisy),
-                                                          jnp.asarray(labels), num_classes, over)
-    assert pf(absent, 'all_base').dtype == jnp.float64
+    pf = lambda labels: objectives.prototype_fixing(jnp.asarray(clean), jnp.asarray(noisy), jnp.asarray(labels),
+                                                    num_classes)
+    assert pf(absent).dtype == jnp.float64
     for labels in (absent, every):
-      for over in objectives.PF_CLASSES:
-        np.testing.assert_allclose(float(pf(labels, over)),
-                                   naive_prototype_fixing(clean, noisy, labels, num_classes, over), rtol=1e-12)
-    np.testing.assert_allclose(float(pf(absent, 'all_base')), float(pf(absent, 'batch')) * 3 / num_classes,
-                               rtol=1e-12)
-    assert float(pf(absent, 'all_base')) < 0.6 * float(pf(absent, 'batch'))
-    np.testing.assert_allclose(float(pf(every, 'all_base')), float(pf(every, 'batch')), rtol=1e-12)
-    grad = jax.grad(lambda n: objectives.prototype_fixing(jnp.asarray(clean), n, jnp.asarray(absent), num_classes,
-                                                          'all_base'))(jnp.asarray(noisy))
+      np.testing.assert_allclose(float(pf(labels)), naive_prototype_fixing(clean, noisy, labels, num_classes),
+                                 rtol=1e-12)
+    grad = jax.grad(lambda n: objectives.prototype_fixing(jnp.asarray(clean), n, jnp.asarray(absent),
+                                                          num_classes))(jnp.asarray(noisy))
     assert float(jnp.abs(grad).sum()) > 0
-  with pytest.raises(ValueError, match=r"noise.pf_classes='all'.*'batch', 'all_base'"):
-    objectives.prototype_fixing(jnp.asarray(clean), jnp.asarray(noisy), jnp.asarray(absent), num_classes, 'all')
 
 
 def test_flat_minima_objective_std_term():

@@ -23,7 +23,7 @@ def session_settings(exp, trainable_paths) -> incremental.SessionSettings:
       model=exp.model, trainable_paths=tuple(trainable_paths), steps=c.steps, lr=c.lr, momentum=c.momentum,
       weight_decay=c.weight_decay, bound=exp.config.noise.bound, clamp=c.clamp, distance=c.distance,
       augment=exp.bench.augment, image_size=exp.bench.image_size, mean=exp.bench.mean, std=exp.bench.std,
-      round_steps=c.round_steps, normalize_base_prototypes=c.normalize_base_prototypes)
+      round_steps=c.round_steps, prototype_norm=c.prototype_norm)
 
 
 def finetune_sizes(exp) -> tuple:
