@@ -35,7 +35,7 @@ from f2m_jax import sharding  # noqa: E402
 
 def busy_seconds(intervals) -> float:
   """The length of the union of [start, end) intervals (microseconds in, seconds out)."""
-  total, end = 0.0, -np.inf
+  total, end = 0.0, float('-inf')
   for s, e in sorted(intervals):
     if e > end:
       total += e - max(s, end)
