@@ -1,4 +1,6 @@
-"""What run.py does per --mode, with user errors turned into one clear message and exit code 2."""
+"""What run.py does per --mode, with user errors turned into one clear message and exit code 2, and
+faults of the records (a checkpoint that cannot be read or written, a diverged training, a file
+system error) into one line and exit code 3."""
 from __future__ import annotations
 
 import difflib
@@ -16,7 +18,7 @@ from f2m_jax import members
 from f2m_jax import pipeline
 from f2m_jax import report
 from f2m_jax import sharding
-from f2m_jax.checkpoint import CheckpointError
+from f2m_jax.checkpoint import CheckpointError, CheckpointFault
 from f2m_jax.data import sources
 from f2m_jax.experiment import TrainingError
 from f2m_jax.workdir import RENAMED_FIELDS, WorkdirError
@@ -49,11 +51,17 @@ def main(config, workdir: str, mode: str, checkpoint=None, origin=None) -> int:
       bench.run(config, workdir)
       return 0
     raise ValueError(f'--mode {mode} is not implemented yet')
+  except CheckpointFault as e:
+    print(f'error: {e}', file=sys.stderr, flush=True)
+    return 3
   except USER_ERRORS as e:
     print(f'error: {e}', file=sys.stderr, flush=True)
     return 2
   except TrainingError as e:
     print(f'training stopped: {e}', file=sys.stderr, flush=True)
+    return 3
+  except OSError as e:  # the file system refused a write or read that the checks could not foresee
+    print(f'error: {type(e).__name__}: {e}', file=sys.stderr, flush=True)
     return 3
 
 
