@@ -16,7 +16,9 @@ _MODE = flags.DEFINE_enum('mode', 'train', ['train', 'eval', 'bench', 'flatness'
                           'train: train and evaluate (resumes); eval: restore checkpoints and recompute results; '
                           'bench: time steps; flatness: flatness of a base checkpoint.')
 _CHECKPOINT = flags.DEFINE_string('checkpoint', None, 'A workdir whose base model to use instead of training one.')
-flags.mark_flags_as_required(['config', 'workdir'])
+_DRY_RUN = flags.DEFINE_bool('dry-run', False, 'Print the effective config (presets, overrides, what each '
+                             "'auto' becomes here) and stop without writing anything.")
+flags.mark_flags_as_required(['config'])
 
 
 def main(argv):
@@ -24,7 +26,9 @@ def main(argv):
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
   origin = {'config': config_flags.get_config_filename(flags.FLAGS['config']),  # what the user changed
             'changes': config_flags.get_override_values(flags.FLAGS['config'])}
-  return cli.main(_CONFIG.value, _WORKDIR.value, _MODE.value, _CHECKPOINT.value, origin=origin)
+  if not (_WORKDIR.value or _DRY_RUN.value):
+    raise app.UsageError('--workdir is required (except with --dry-run)')
+  return cli.main(_CONFIG.value, _WORKDIR.value, _MODE.value, _CHECKPOINT.value, origin=origin, dry_run=_DRY_RUN.value)
 
 
 if __name__ == '__main__':

@@ -216,6 +216,22 @@ def base_config() -> ml_collections.ConfigDict:
   return c
 
 
+def folder_section() -> ml_collections.ConfigDict:
+  """data.folder: the folder source's fields (f2m_jax/data/folder.py, docs/data.md 'Your own images').
+  Paths may use ~ and $VARIABLES (e.g. '$F2M_DATA_DIR/birds/train')."""
+  return ml_collections.ConfigDict(dict(
+      train='',  # a folder with one subfolder of images per class, or a CSV of path,label[,split]
+      test='',  # the test images the same way ('' where the CSV's split column gives them)
+      root='',  # the folder a CSV's relative paths start from ('': the CSV's own folder)
+      classes='',  # '' (the sorted class names) or a file listing the class names in order
+      lists='',  # '' or a folder of TOPIC-style lists session_1.txt .. session_<num_sessions>.txt
+      num_base=0,  # classes in session 1 (0: every class no later session takes)
+      way=5,  # classes each later session brings
+      num_sessions=9,  # sessions, the base session included
+      resize=8 / 7,  # stored training images and the test Resize: round(data.image_size x resize) pixels
+      augment='rrc_flip'))  # or 'crop_flip' (pad-4 crops, for small images; needs resize=1)
+
+
 def make_smoke(c: ml_collections.ConfigDict) -> None:
   """Shrinks a config to a synthetic run of well under a minute on a CPU, same code path: 20 base
   classes + 8 sessions of 2-way 5-shot, 16x16 images, a width-8 network, 100 base steps, 2 runs."""

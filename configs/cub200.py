@@ -4,7 +4,7 @@
   python run.py --config configs/cub200.py --workdir W          # full protocol; data in $F2M_DATA_DIR
   python run.py --config configs/cub200.py:smoke --workdir W    # tiny generated folder, < 1 min on a CPU
 
-Data (`f2m_jax/data/cub200.py`): the official archive unpacked as `$F2M_DATA_DIR/CUB_200_2011/`
+Data (`f2m_jax/data/layouts.py`, read by the folder source): the official archive unpacked as `$F2M_DATA_DIR/CUB_200_2011/`
 (`images/`, `images.txt`, `train_test_split.txt`, `image_class_labels.txt`, `classes.txt`), TOPIC lists
 in `$F2M_DATA_DIR/index_list/cub200` (downloaded into the cache when absent). The first run decodes the
 11,788 JPEGs once into `$F2M_CACHE_DIR` (default ~/.cache/f2m_jax; about 2 GB).

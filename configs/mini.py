@@ -3,7 +3,7 @@
   python run.py --config configs/mini.py --workdir W          # full protocol; data in $F2M_DATA_DIR
   python run.py --config configs/mini.py:smoke --workdir W    # tiny generated folder, < 1 min on a CPU
 
-Data (`f2m_jax/data/mini_imagenet.py`): `$F2M_DATA_DIR/miniimagenet/images/*.jpg` and
+Data (`f2m_jax/data/layouts.py`, read by the folder source): `$F2M_DATA_DIR/miniimagenet/images/*.jpg` and
 `miniimagenet/split/{train,test}.csv` (the FSCIL/CEC layout), TOPIC lists in
 `$F2M_DATA_DIR/index_list/mini_imagenet` (downloaded into the cache when absent). The first run decodes
 the 60,000 JPEGs once into `$F2M_CACHE_DIR` (default ~/.cache/f2m_jax; about 1.5 GB).

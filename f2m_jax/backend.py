@@ -13,18 +13,15 @@ import functools
 import jax
 import ml_collections
 
-# The fields `resolve` decides, and their concrete values.
+# The fields `resolve` decides, and their concrete values (the figures: experiments/results/README.md).
 CHOICES = {
-    # How the M noisy passes share one program: 'vmap' (the paper's shape; an H200 ran M = 2 at 1.13x a
-    # plain step against 1.29x unrolled, M = 4 at 1.26x against 1.54x) or 'unroll' (XLA:CPU runs vmapped
-    # convolutions as grouped ones, 2-9x slower than the passes written out). 'Per-step and whole-run
-    # benchmarks'.
+    # How the M noisy passes share one program: 'vmap' (the paper's shape; faster on an H200) or
+    # 'unroll' (written out; XLA:CPU runs vmapped convolutions as slow grouped ones). Section
+    # 'Per-step and whole-run benchmarks'.
     'noise.draw_map': ('vmap', 'unroll'),
     # The convolutions' backward: 'xla' (XLA's own transposes, with a batching rule that keeps vmapped
-    # draws and members on the same three convolutions; GPU figures unmeasured) or 'cpu' (the forms
-    # XLA:CPU's Eigen kernels run fast: its own kernel gradient took 500 ms against 80 ms at ResNet-20's
-    # first stage, and its transposes ran 6-60x slower inside a lax.scan). 'CPU speed: the convolution
-    # backward's forms'.
+    # draws and members on the same three convolutions; unmeasured on a GPU) or 'cpu' (the forms XLA:CPU's
+    # Eigen kernels run fast, also inside a lax.scan). Section 'CPU speed: the convolution backward's forms'.
     'model.conv_backward': ('xla', 'cpu'),
 }
 

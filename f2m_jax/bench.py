@@ -69,6 +69,13 @@ def dataset_shapes(config: ml_collections.ConfigDict) -> dict:
     s = config.data.synthetic
     return dict(image_size=s.image_size, num_base=s.num_base, num_sessions=s.num_sessions, way=s.way,
                 augment='crop_flip')
+  if config.data.dataset not in DATASET_SHAPES and 'folder' in config.data:  # your own images: its layout
+    f = config.data.folder
+    if f.num_base < 1:
+      raise ValueError(f'data.folder.num_base={f.num_base} is invalid for --mode bench, which reads no data: '
+                       'give the number of base classes')
+    return dict(image_size=config.data.image_size, num_base=f.num_base, num_sessions=f.num_sessions, way=f.way,
+                augment=f.augment)
   if config.data.dataset not in DATASET_SHAPES:
     raise ValueError(f'data.dataset={config.data.dataset!r} has no entry in bench.DATASET_SHAPES '
                      f'(known: {sorted(DATASET_SHAPES)})')

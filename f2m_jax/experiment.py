@@ -29,6 +29,10 @@ class TrainingError(RuntimeError):
   """Training diverged (NaN or inf loss)."""
 
 
+class Interrupted(Exception):
+  """The user asked the run to stop (SIGINT, SIGTERM); raised at a step or session boundary."""
+
+
 # A run's progress hook: hook(kind, **info), called after every base step ('base_step', step=n) and
 # every saved session ('session', run=r, session=t); tests use it to interrupt a run.
 Hook = Optional[Callable[..., None]]

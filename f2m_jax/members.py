@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from typing import Optional
 
 import ml_collections
@@ -71,9 +72,9 @@ def member_configs(config) -> list:
 
 
 def summarize(member_results: list) -> dict:
-  """results.json's format over the members (evaluation.build_results): each session's accuracies
-  as the mean and 95% interval of the members' means over their draws; 'pooled': the same over
-  members x draws."""
+  """results.json's format over the members of one setting (a seed sweep; evaluation.build_results):
+  each session's accuracies as the mean and 95% interval of the members' means over their draws;
+  'pooled': the same over members x draws."""
   head = member_results[0]
   keys = ('acc', 'acc_base', 'acc_novel', 'hm')
   num_classes = [s['num_classes'] for s in head['sessions']]
@@ -85,6 +86,14 @@ def summarize(member_results: list) -> dict:
   build = lambda rows: evaluation.build_results(head['dataset'], head['method'], head['protocol'], num_classes, rows)
   return {**build(means), 'interval_over': 'members',
           'pooled': {**build(draws), 'interval_over': 'members x draws'}}
+
+
+def summarize_values(field: str, values, member_results: list) -> dict:
+  """A sweep over `field`: each value's results (one member each, its mean and 95% interval over its
+  draws), never pooled across values."""
+  keep = ('dataset', 'method', 'protocol', 'runs', 'sessions', 'pd', 'avg')
+  return {'field': field, 'values': [{'value': v, **{k: r[k] for k in keep}, 'interval_over': 'draws'}
+                                     for v, r in zip(values, member_results)]}
 
 
 def run(config: ml_collections.ConfigDict, root: str, mode: str = 'train', checkpoint: Optional[str] = None,
@@ -113,14 +122,29 @@ def run(config: ml_collections.ConfigDict, root: str, mode: str = 'train', check
                for i, (c, d) in enumerate(zip(configs, dirs))]
   finally:
     lock.close()
-  summary = summarize(results)
+  m = config.members
+  summary = summarize_values(m.field, m.field_values, results) if m.field_values else summarize(results)
   summary['members'] = [{'workdir': os.path.basename(d), 'seed': int(c.seed),
-                         **({config.members.field: v} if config.members.field_values else {}),
+                         **({m.field: v} if m.field_values else {}),
                          'acc_last': r['sessions'][-1]['acc']['mean'], 'pd': r['pd']['mean']}
-                        for d, c, r, v in zip(dirs, configs, results, config.members.field_values or [None] * len(dirs))]
+                        for d, c, r, v in zip(dirs, configs, results, m.field_values or [None] * len(dirs))]
   summary['provenance'] = {**workdir_lib.provenance(sweep.to_dict()), **({'origin': origin} if origin else {})}
-  workdir_lib.atomic_write(os.path.join(root, 'summary.json'), json.dumps(summary, indent=1))
+  print(write_summary(root, summary, mode), flush=True)
   return summary
+
+
+def write_summary(root: str, summary: dict, mode: str) -> str:
+  """root/summary.json; returns a line saying what was written. In eval mode an existing summary.json
+  that the members' results reproduce is left alone (another is written beside it otherwise)."""
+  path = os.path.join(root, 'summary.json')
+  if mode == 'eval' and os.path.exists(path):
+    saved = workdir_lib.read_json(path)
+    strip = lambda d: {k: v for k, v in json.loads(json.dumps(d)).items() if k != 'provenance'}
+    if strip(saved) == strip(summary):
+      return f'the members reproduce {path}; it is unchanged'
+    path = os.path.join(root, f'summary_eval_{time.strftime("%Y%m%d-%H%M%S")}.json')
+  workdir_lib.atomic_write(path, json.dumps(summary, indent=1))
+  return f'summary written to {path}; each member in {root}/member_<i>/'
 
 
 def train_members(exps: list, dirs: list, hook: Hook) -> None:
@@ -141,12 +165,26 @@ def train_members(exps: list, dirs: list, hook: Hook) -> None:
 
 
 def format_summary(summary: dict) -> str:
-  """Per session: the mean over the members and its 95% interval, then over members x draws."""
-  lines = [f'{summary["runs"]} members: accuracy per session, mean +- 95% interval over the members '
+  """A seed sweep: per session the mean over the members and its 95% interval, then over members x
+  draws. A sweep over a field: per session each value's mean and interval over its draws."""
+  if 'values' in summary:
+    return format_values(summary)
+  lines = [f'{summary["runs"]} members: accuracy per session, mean ± 95% interval over the members '
            '(over members x draws)']
   for s, p in zip(summary['sessions'], summary['pooled']['sessions']):
-    lines.append(f'  session {s["session"]:2d}: {s["acc"]["mean"]:6.2f} +- {s["acc"]["ci95"]:.2f} '
-                 f'(+- {p["acc"]["ci95"]:.2f})')
-  lines.append(f'  PD {summary["pd"]["mean"]:.2f} +- {summary["pd"]["ci95"]:.2f}, '
-               f'AVG {summary["avg"]["mean"]:.2f} +- {summary["avg"]["ci95"]:.2f}')
+    lines.append(f'  session {s["session"]:2d}: {s["acc"]["mean"]:6.2f} ± {s["acc"]["ci95"]:.2f} '
+                 f'(± {p["acc"]["ci95"]:.2f})')
+  lines.append(f'  PD {summary["pd"]["mean"]:.2f} ± {summary["pd"]["ci95"]:.2f}, '
+               f'AVG {summary["avg"]["mean"]:.2f} ± {summary["avg"]["ci95"]:.2f}')
   return '\n'.join(lines)
+
+
+def format_values(summary: dict) -> str:
+  """`summarize_values`' table: a column per value, a row per session, then PD and AVG."""
+  values = summary['values']
+  ci = lambda d: f'{d["mean"]:.2f} ± {d["ci95"]:.2f}'
+  row = lambda name, pick: f'  {name:>8}' + ''.join(f'{pick(v):>18}' for v in values)
+  lines = [f'{len(values)} values of {summary["field"]}: accuracy per session, mean ± 95% interval over each '
+           "value's draws", row('session', lambda v: f'{summary["field"].split(".")[-1]}={v["value"]:g}')]
+  lines += [row(str(t + 1), lambda v, t=t: ci(v['sessions'][t]['acc'])) for t in range(len(values[0]['sessions']))]
+  return '\n'.join(lines + [row('PD', lambda v: ci(v['pd'])), row('AVG', lambda v: ci(v['avg']))])

@@ -233,7 +233,7 @@ def start_line(config, bench, workdir: str, mode: str, ckpts: Checkpoints, base_
   else:
     step = ckpts.latest_base_step()
     base = (f'base training {report.base_budget(config.to_dict())}'
-            + (f', resuming at step {step}' if step is not None else ''))
+            + ('' if step is None else ', trained already' if step >= config.base.steps else f', resuming at step {step}'))
   done = sum(len(ckpts.sessions_done(r)) for r in range(config.runs)) if ckpts.any_sessions() else 0
   sessions = f'{config.runs} runs x {later} sessions' + (f' ({done} restored)' if done else '')
   return (f'f2m-jax {mode}: {_what(config, origin)} on {backend.devices()}; workdir {workdir}; '

@@ -1,10 +1,12 @@
 """Gather the `results.json` of several training runs into tables and plots.
 
-    python -m f2m_jax.report W1 W2 ... --out DIR [--reference LABEL_OR_INDEX] [--labels a,b,..]
+    python -m f2m_jax.report W1 W2 ... [--out DIR] [--reference LABEL_OR_INDEX] [--labels a,b,..]
                              [--base-novel {last,all}]
 
-Each W is a workdir holding `results.json` or the path of a results file. The report folder DIR
-(created if missing; files in it are overwritten) receives:
+Each W is a workdir holding `results.json`, a sweep's folder holding `summary.json` (members.py), or
+the path of either file. The main table is printed; the gap column subtracts only runs of the same
+dataset, protocol and session count (others get 'n/a' and a warning). With --out, the report folder
+DIR (created if missing; files in it are overwritten) receives, and the command names:
 
   report.md      the main table in the paper's layout (one row per run: accuracy per session as
                  mean ± ci95, PD, AVG and the gap of the last-session accuracy to the reference row),
@@ -14,8 +16,8 @@ Each W is a workdir holding `results.json` or the path of a results file. The re
   accuracy.png   accuracy per session, one line per run with a shaded 95% band;
   base_novel.png base (solid) and novel (dashed) accuracy per session.
 
-The main table is also printed to stdout. `format_session_table` renders a single results dict as a
-short plain-text table; the training run prints it at the end.
+`format_session_table` renders a single results dict as a short plain-text table; the training run
+prints it at the end.
 
 Only the standard library is imported at module level; matplotlib is imported lazily by the plot
 functions and draws on an explicit Agg canvas (no pyplot, no global backend change), so importing
@@ -32,12 +34,15 @@ import sys
 from typing import Any, Iterable, Optional, Sequence
 
 RESULTS_NAME = 'results.json'
+SUMMARY_NAME = 'summary.json'  # a member sweep's (members.py), in results.json's format
 FLATNESS_NAME = 'flatness.json'  # written by `run.py --mode flatness` into the workdir
 TOP_KEYS = ('dataset', 'method', 'protocol', 'runs', 'sessions', 'pd', 'avg')
 SESSION_KEYS = ('session', 'num_classes', 'acc', 'acc_base')
 NULLABLE_SESSION_KEYS = ('acc_novel', 'hm')  # null (or absent) in session 1
 STAT_KEYS = ('mean', 'ci95')
 MISSING = '-'
+PD_AVG = ('PD: accuracy of session 1 minus that of the last session (what was forgotten; lower is better); '
+          'AVG: accuracy averaged over all sessions')
 
 
 class ResultsError(ValueError):
@@ -57,8 +62,13 @@ class Row:
 
 
 def results_path(path: str) -> str:
-  """The results file for `path`: `path/results.json` for a directory, else `path` itself."""
-  return os.path.join(path, RESULTS_NAME) if os.path.isdir(path) else path
+  """The results file for `path`: a directory's results.json, else its summary.json (a sweep's) where
+  only that exists; a file itself."""
+  if not os.path.isdir(path):
+    return path
+  summary = os.path.join(path, SUMMARY_NAME)
+  results = os.path.join(path, RESULTS_NAME)
+  return summary if os.path.isfile(summary) and not os.path.isfile(results) else results
 
 
 def _check_stat(stat: Any, where: str, file: str) -> None:
@@ -113,13 +123,24 @@ def load_results(path: str) -> dict:
   """Read and validate a results.json (a workdir or the file itself); see `validate_results`."""
   file = results_path(path)
   if not os.path.isfile(file):
-    raise ResultsError(f'{file}: no such results file')
+    raise ResultsError(f'{file}: no such results file' + (f' (nor a sweep\'s {SUMMARY_NAME} in {path})'
+                                                          if os.path.isdir(path) else ''))
   try:
     with open(file, encoding='utf-8') as f:
       results = json.load(f)
   except json.JSONDecodeError as e:
     raise ResultsError(f'{file}: not valid JSON ({e})') from e
+  if isinstance(results, dict) and isinstance(results.get('values'), list):  # a sweep over a field
+    return {**results, 'values': [validate_results(v, f'{file}: values[{i}]') for i, v in enumerate(results['values'])]}
   return validate_results(results, file)
+
+
+def per_value(results: dict) -> list:
+  """[(label suffix, results)]: a results file as it is, or a sweep over a field (members.py) as one
+  results per value, never pooled."""
+  if 'values' not in results:
+    return [('', results)]
+  return [(f' {results["field"]}={v["value"]:g}', v) for v in results['values']]
 
 
 def default_label(results: dict, path: str) -> str:
@@ -164,9 +185,25 @@ def last_session(results: dict) -> dict:
   return max(results['sessions'], key=lambda s: s['session'])
 
 
-def gap(row: Row, reference: Row) -> float:
-  """Last-session accuracy of `row` minus that of `reference` (each row's own last session)."""
+def setting(results: dict) -> str:
+  """'dataset, protocol, N sessions': what a gap needs two runs to share."""
+  return f'{results["dataset"]}, {results["protocol"]}, {len(results["sessions"])} sessions'
+
+
+def gap(row: Row, reference: Row) -> Optional[float]:
+  """Last-session accuracy of `row` minus that of `reference`; None for runs of another dataset,
+  protocol or session count (their difference measures nothing)."""
+  if setting(row.results) != setting(reference.results):
+    return None
   return last_session(row.results)['acc']['mean'] - last_session(reference.results)['acc']['mean']
+
+
+def gap_warnings(rows: Sequence[Row], reference: Any = 0) -> list:
+  """One line per row whose gap to the reference is refused (`gap`)."""
+  ref = rows[resolve_reference(rows, reference)]
+  return [f'no gap for "{r.label}" ({setting(r.results)}): the reference "{ref.label}" is {setting(ref.results)}, '
+          'and only runs of the same dataset, protocol and session count are subtracted'
+          for r in rows if gap(r, ref) is None]
 
 
 def resolve_reference(rows: Sequence[Row], reference: Any = None) -> int:
@@ -302,8 +339,12 @@ def format_table(rows: Sequence[Row], reference: Any = 0) -> str:
     by_number, ci = session_map(row.results), has_interval(row.results)
     cells = [format_stat(by_number[n]['acc'], interval=ci) if n in by_number else MISSING for n in numbers]
     body.append([table_label(row)] + cells + [format_stat(row.results['pd'], interval=ci),
-                                       format_stat(row.results['avg'], interval=ci), f'{gap(row, ref):+.2f}'])
+                                       format_stat(row.results['avg'], interval=ci), format_gap(gap(row, ref))])
   return markdown_table(header, body)
+
+
+def format_gap(value: Optional[float]) -> str:
+  return 'n/a' if value is None else f'{value:+.2f}'
 
 
 def format_base_novel_table(rows: Sequence[Row], all_sessions: bool = False) -> str:
@@ -334,7 +375,8 @@ def format_session_table(results: dict) -> str:
            f' ({results.get("protocol", "?")}, {results.get("runs", "?")} runs, '
            f'{"mean ± 95% CI" if ci else "no interval"}, %)')
   rule = '-' * len(render(header))
-  footer = f'PD  {format_stat(results["pd"], interval=ci)}    AVG  {format_stat(results["avg"], interval=ci)}'
+  footer = (f'PD  {format_stat(results["pd"], interval=ci)}    AVG  {format_stat(results["avg"], interval=ci)}\n'
+            f'{PD_AVG}')
   if reads_test_set(results):
     footer += (f'\nbase model: step {results["base_model"]["step"]}, chosen on the base classes\' TEST images '
                '(base.select_on_test)')
@@ -361,14 +403,15 @@ def csv_rows(rows: Sequence[Row], reference: Any = 0) -> list:
     r = row.results
     record = {'label': row.label, 'dataset': r['dataset'], 'method': r['method'],
               'protocol': r['protocol'], 'runs': r['runs']}
-    by_number = session_map(r)
+    by_number, difference = session_map(r), gap(row, ref)
     ci95 = lambda stat: '' if stat is None or not has_interval(r) else stat['ci95']  # one run: no interval
     for n in numbers:
       acc = by_number[n]['acc'] if n in by_number else None
       record[f's{n}'] = '' if acc is None else acc['mean']
       record[f's{n}_ci95'] = ci95(acc)
     record.update(pd=r['pd']['mean'], pd_ci95=ci95(r['pd']), avg=r['avg']['mean'],
-                  avg_ci95=ci95(r['avg']), gap=gap(row, ref), budget=budget(r), hardware=hardware(r))
+                  avg_ci95=ci95(r['avg']), gap='' if difference is None else difference, budget=budget(r),
+                  hardware=hardware(r))
     out.append(record)
   return out
 
@@ -451,14 +494,15 @@ def plot_base_novel(rows: Sequence[Row], path: str) -> str:
 
 
 def build_rows(paths: Sequence[str], labels: Optional[Sequence[str]] = None) -> list:
-  """Load every path into a Row; `labels` (one per path) override the default labels."""
+  """Load every path into a Row (a sweep over a field into one Row per value); `labels` (one per path)
+  override the default labels."""
   if labels is not None and len(labels) != len(paths):
     raise ValueError(f'got {len(labels)} labels for {len(paths)} results: {list(labels)}')
   rows = []
   for i, path in enumerate(paths):
-    results = load_results(path)
-    label = labels[i] if labels is not None else default_label(results, path)
-    rows.append(Row(label=label, results=results, source=results_path(path), flatness=load_flatness(path)))
+    for suffix, results in per_value(load_results(path)):
+      label = labels[i] if labels is not None else default_label(results, path)
+      rows.append(Row(label=label + suffix, results=results, source=results_path(path), flatness=load_flatness(path)))
   return rows
 
 
@@ -525,11 +569,13 @@ def format_report(rows: Sequence[Row], reference: Any = 0, all_sessions: bool = 
                                           hardware(r.results)) if x) + ')' for r in rows]
   flatness = format_flatness_table(rows)
   norms = format_norms_table(rows)
+  refused = [f'- {_escape(w)}' for w in gap_warnings(rows, reference)]
   return '\n'.join([
       '# F2M report', '',
       '## Accuracy per session (%, mean ± 95% CI over runs)', '',
       format_table(rows, reference), '',
-      f'gap: last-session accuracy minus that of the reference row "{_escape(ref.label)}".', '',
+      f'{PD_AVG}; gap: last-session accuracy minus that of the reference row "{_escape(ref.label)}".', '',
+  ] + refused + [''] * bool(refused) + [
       f'## Base vs novel accuracy ({which})', '',
       format_base_novel_table(rows, all_sessions), '',
   ] + (['## Flatness of the base model (base loss over noise draws)', '', flatness, ''] if flatness else [])
@@ -541,6 +587,8 @@ def write_report(rows: Sequence[Row], out: str, reference: Any = 0,
                  all_sessions: bool = False) -> dict:
   """Write report.md, report.csv, accuracy.png and base_novel.png into `out` (created if missing,
   files overwritten); return {name: path}."""
+  if not out or (os.path.exists(out) and not os.path.isdir(out)):
+    raise ValueError(f'--out {out!r} is not a folder: give a folder (created if missing) for the report\'s files')
   os.makedirs(out, exist_ok=True)
   paths = {name: os.path.join(out, name)
            for name in ('report.md', 'report.csv', 'accuracy.png', 'base_novel.png')}
@@ -555,9 +603,11 @@ def write_report(rows: Sequence[Row], out: str, reference: Any = 0,
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
   """Command-line arguments (see the module docstring)."""
   p = argparse.ArgumentParser(prog='python -m f2m_jax.report',
-                              description='Tabulate and plot the results.json of training runs.')
-  p.add_argument('paths', nargs='+', help='workdirs holding results.json, or results files')
-  p.add_argument('--out', required=True, help='report folder (created if missing)')
+                              description='Tabulate (and with --out, plot) the results of training runs.')
+  p.add_argument('paths', nargs='+', help="workdirs holding results.json, sweeps' folders holding summary.json, "
+                                          'or those files')
+  p.add_argument('--out', default=None, help='report folder for report.md, report.csv and the plots (created if '
+                                              'missing); without it, nothing is written')
   p.add_argument('--reference', default=None,
                  help='row whose last-session accuracy the gap column subtracts: a label or a '
                       '0-based index (default: the first row)')
@@ -568,17 +618,22 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-  """CLI entry point: write the report and print the main table. Returns the exit status."""
+  """CLI entry point: print the main table (and the gaps refused), write the report where --out asks
+  and name its files. Returns the exit status."""
   args = parse_args(argv)
   labels = [s.strip() for s in args.labels.split(',')] if args.labels is not None else None
   try:
     rows = build_rows(args.paths, labels)
     reference = resolve_reference(rows, args.reference)
-    write_report(rows, args.out, reference, all_sessions=args.base_novel == 'all')
+    written = write_report(rows, args.out, reference, args.base_novel == 'all') if args.out is not None else {}
   except ValueError as e:  # ResultsError included
     print(f'report: error: {e}', file=sys.stderr)
     return 2
+  for warning in gap_warnings(rows, reference):
+    print(f'report: warning: {warning}', file=sys.stderr)
   print(format_table(rows, reference))
+  print('\n'.join(['wrote:'] + [f'  {p}' for p in written.values()]) if written else
+        '(nothing written: --out DIR writes report.md, report.csv, accuracy.png and base_novel.png)')
   return 0
 
 

@@ -12,6 +12,7 @@ from f2m_jax import base as base_lib
 from f2m_jax import noise as noise_lib
 from f2m_jax import objectives
 from f2m_jax.data import cifar100
+from f2m_jax.data import folder as folder_lib
 from f2m_jax.data import protocol as protocol_lib
 from f2m_jax.data import sources
 from f2m_jax.experiment import Experiment
@@ -92,25 +93,46 @@ def validate_incremental(c: ml_collections.ConfigDict) -> None:
 
 
 def validate_data(c: ml_collections.ConfigDict) -> None:
-  need(c.data.protocol in protocol_lib.PROTOCOLS, 'data.protocol', c.data.protocol,
-       f'allowed: {protocol_lib.PROTOCOLS}')
-  need(c.data.source in sources.SOURCES, 'data.source', c.data.source, f'allowed: {sources.SOURCES}')
-  need(c.data.shots >= 1, 'data.shots', c.data.shots, 'must be >= 1')
-  if c.data.source == 'synthetic':
-    need(min(c.data.synthetic.train_per_class, c.data.synthetic.test_per_class) >= 1, 'data.synthetic',
-         dict(c.data.synthetic), 'train_per_class and test_per_class must be >= 1')
-  if c.data.split:
-    need(c.data.split in cifar100.SPLITS and c.data.dataset == 'cifar100'
-         and c.data.source in ('tfds', 'trainsplit'), 'data.split', c.data.split,
-         f'one of {sorted(cifar100.SPLITS)} for CIFAR-100 (tfds or trainsplit source), or empty')
-    need(c.data.protocol in ('draws', 'validation'), 'data.protocol', c.data.protocol,
+  """The data section's fields (the folder source's data.folder fields: `validate_folder`)."""
+  d = c.data
+  need(d.protocol in protocol_lib.PROTOCOLS, 'data.protocol', d.protocol, f'allowed: {protocol_lib.PROTOCOLS}')
+  need(d.source in sources.SOURCES, 'data.source', d.source, f'allowed: {sources.SOURCES}')
+  need(d.shots >= 1, 'data.shots', d.shots, 'must be >= 1')
+  if d.source == 'synthetic':
+    need(min(d.synthetic.train_per_class, d.synthetic.test_per_class) >= 1, 'data.synthetic', dict(d.synthetic),
+         'train_per_class and test_per_class must be >= 1')
+  if d.split:
+    need(d.split in cifar100.SPLITS, 'data.split', d.split, f'allowed: {sorted(cifar100.SPLITS)}, or empty')
+    need(d.dataset == 'cifar100' and d.source in ('tfds', 'trainsplit'), 'data.split', d.split,
+         "the class splits regroup CIFAR-100's 100 real classes, so they need data.dataset='cifar100' from "
+         f"data.source 'tfds' or 'trainsplit' (this config: {d.dataset!r} from {d.source!r}), e.g. --config "
+         f'configs/cifar100.py:trainsplit --config.data.split={d.split}')
+    need(d.protocol in ('draws', 'validation'), 'data.protocol', d.protocol,
          "the class splits have no TOPIC lists: use 'draws' (or 'validation')")
+  if d.source in ('folder', 'fake_folder') and not sources.uses_layout(c):
+    need('folder' in d, 'data.dataset', d.dataset, f'the folder source reads the files of {sources.FOLDER_DATASETS}, '
+         'any other dataset through the data.folder fields: use --config configs/folder.py')
+    validate_folder(d)
+
+
+def validate_folder(d: ml_collections.ConfigDict) -> None:
+  """The folder source's fields (f2m_jax/data/folder.py; the files themselves are checked when read)."""
+  f = d.folder
+  need(bool(f.train) or d.source == 'fake_folder', 'data.folder.train', f.train,
+       'a folder with one subfolder of images per class, or a CSV of path,label[,split]')
+  need(f.num_base >= 0, 'data.folder.num_base', f.num_base, 'must be >= 0 (0: every class no later session takes)')
+  need(f.way >= 1, 'data.folder.way', f.way, 'must be >= 1: the classes each later session brings')
+  need(f.num_sessions >= 2, 'data.folder.num_sessions', f.num_sessions, 'must be >= 2: the base session and more')
+  need(d.get('image_size', 0) >= 8, 'data.image_size', d.get('image_size'), 'must be >= 8 (pixels)')
+  need(f.augment in folder_lib.AUGMENTS, 'data.folder.augment', f.augment, f'allowed: {folder_lib.AUGMENTS}')
+  need(f.resize >= 1 and (f.augment == 'rrc_flip' or f.resize == 1), 'data.folder.resize', f.resize,
+       "the stored images' side over data.image_size: >= 1, and 1 with augment 'crop_flip'")
 
 
 def check_data_folder(c: ml_collections.ConfigDict) -> None:
   """Raises ValueError where the config's source reads a data folder that is unset or missing."""
   help_text = sources.how_to_get(c)
-  if c.data.source in ('trainsplit', 'folder') and not sources.data_dir(c):
+  if sources.needs_data_dir(c) and not sources.data_dir(c):
     raise ValueError(f'data.source={c.data.source!r} needs a data folder: set F2M_DATA_DIR or '
                      '--config.data.data_dir' + (f'.\n{help_text}' if help_text else ''))
   if sources.data_dir(c) and not os.path.isdir(sources.data_dir(c)):

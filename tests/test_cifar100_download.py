@@ -139,3 +139,28 @@ def test_without_a_prepared_tfds_copy_tfds_is_not_opened(served, monkeypatch, tm
   first = capsys.readouterr().err.splitlines()[0]
   assert first.startswith(f'CIFAR-100: not in the cache folder ({cache}') and 'downloading the official archive' in first
   assert str(tmp_path / 'tensorflow_datasets') in first
+
+
+def test_offline_the_first_message_names_the_archive_and_the_lists(tmp_path, monkeypatch):
+  """configs/cifar100.py offline with nothing at hand: the first message names the 169 MB official
+  archive (where it goes, what to do offline) and the TOPIC index lists, not the lists alone; with
+  the archive at hand, only the lists."""
+  from configs import cifar100 as cifar_cfg
+  from f2m_jax.data import index_lists, sources
+  monkeypatch.delenv('F2M_DATA_DIR', raising=False)
+  monkeypatch.setenv('TFDS_DATA_DIR', str(tmp_path / 'tensorflow_datasets'))
+  monkeypatch.setattr(index_lists, 'BASE_URL', (tmp_path / 'offline').as_uri())  # every download fails
+  config = cifar_cfg.get_config()
+  config.data.cache_dir = str(tmp_path / 'cache')
+  with pytest.raises(DataError) as e:
+    sources.load_benchmark(config)
+  msg = str(e.value)
+  for part in ('CIFAR-100 needs two things', '1. The official archive cifar-100-binary.tar.gz (169 MB',
+               str(tmp_path / 'cache' / 'downloads'), 'offline, put it there yourself', 'trainsplit',
+               '2. The TOPIC index lists for cifar100'):
+    assert part in msg, part
+  (tmp_path / 'cache' / 'downloads').mkdir(parents=True)
+  (tmp_path / 'cache' / 'downloads' / 'cifar-100-binary.tar.gz').write_bytes(b'at hand')
+  with pytest.raises(DataError) as e:
+    sources.load_benchmark(config)
+  assert str(e.value).startswith('The TOPIC index lists for cifar100')

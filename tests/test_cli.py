@@ -2,6 +2,7 @@
 and what is allowed, exit code 2, no traceback, no workdir left behind."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -82,3 +83,17 @@ def test_no_data_folder_says_what_to_put_there(tmp_path, spec, what):
   assert r.stderr.startswith('error: ') and 'needs a data folder: set F2M_DATA_DIR' in r.stderr
   assert 'How to obtain it' in r.stderr and what in r.stderr
   assert not workdir.exists()
+
+
+def test_a_dry_run_prints_the_effective_config_and_writes_nothing(tmp_path):
+  r = subprocess.run([sys.executable, 'run.py', '--config', 'configs/cifar100.py:smoke', '--dry-run',
+                      '--config.method=baseline', '--config.eval.normalize_prototypes=True',
+                      '--workdir', str(tmp_path / 'w')], capture_output=True, text=True, cwd=REPO, timeout=300)
+  assert r.returncode == 0, r.stderr
+  printed, _, notes = r.stdout.partition('set when the run starts')
+  config = json.loads(printed)
+  assert config['method'] == 'baseline' and config['noise']['enabled'] is False
+  assert config['eval']['normalize_prototypes'] is True  # the command line wins over the presets
+  assert "noise.draw_map: 'auto' -> 'unroll'" in notes and "noise.enabled: True -> False" in notes
+  assert 'eval.normalize_prototypes' not in notes and notes.strip().endswith('dry run: nothing was written')
+  assert not (tmp_path / 'w').exists()

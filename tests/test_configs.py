@@ -16,7 +16,7 @@ CONFIG_MODULES = sorted(p.stem for p in (REPO / 'configs').glob('*.py') if p.ste
 
 
 def test_every_config_module_is_known():
-  assert CONFIG_MODULES == ['cifar100', 'cifar100_incremental', 'common', 'cub200', 'f2m_v', 'mini']
+  assert CONFIG_MODULES == ['cifar100', 'cifar100_incremental', 'common', 'cub200', 'f2m_v', 'folder', 'mini']
 
 
 @pytest.mark.parametrize('module', CONFIG_MODULES)

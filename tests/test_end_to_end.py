@@ -138,11 +138,11 @@ def test_workdir_of_another_config_is_refused(smoke_run):
 @pytest.mark.slow
 def test_bench_whole_runs_time_the_pipeline(smoke_run, smoke_config):
   """--mode bench's whole runs through the pipeline's own loops: F2M and the Baseline, 2 calls of 2
-  steps for the Baseline, what each 'auto' became recorded."""
+  steps each, what each 'auto' became recorded."""
   from f2m_jax import bench
   two = ml_collections.ConfigDict(smoke_config.to_dict())
   two.base.steps_per_call = 2
-  rows = [bench.whole_run(smoke_config, 'f2m', 4, 1), bench.whole_run(two, 'baseline', 4, 1)]
+  rows = [bench.whole_run(two, 'f2m', 4, 1), bench.whole_run(two, 'baseline', 4, 1)]
   for r in rows:
     assert (r['steps'], r['runs'], r['sessions'], r['batch']) == (4, 1, 8, 80)
     assert r['base_steps_per_s'] > 0 and r['first_step_s'] > 0
@@ -150,7 +150,7 @@ def test_bench_whole_runs_time_the_pipeline(smoke_run, smoke_config):
     assert r['choices'] == {'noise.draw_map': 'unroll', 'model.conv_backward': 'cpu'}
   table = bench.format_whole_runs(rows).splitlines()
   assert len(table) == 3 and table[1].startswith('f2m') and table[2].startswith('baseline')
-  assert [r['steps_per_call'] for r in rows] == [4, 2]
+  assert [r['steps_per_call'] for r in rows] == [2, 2]
 
 
 def test_bench_whole_runs_need_no_data_folder(monkeypatch):
@@ -193,3 +193,14 @@ def test_validation_protocol_run_never_reads_a_test_image(tmp_path, monkeypatch)
   monkeypatch.setattr(sources, '_load', poisoned)
   other = pipeline.run(config, str(tmp_path / 'poisoned'))
   assert [s['acc'] for s in other['sessions']] == [s['acc'] for s in clean['sessions']]
+
+
+def test_bench_takes_the_shapes_of_your_own_folder_from_its_layout():
+  from configs import folder
+  from f2m_jax import bench
+  config = folder.get_config('smoke')
+  shapes = bench.dataset_shapes(config)
+  assert (shapes['num_base'], shapes['way'], shapes['num_sessions'], shapes['image_size']) == (10, 2, 6, 32)
+  config.data.folder.num_base = 0  # 'the rest': only the data could say how many
+  with pytest.raises(ValueError, match='data.folder.num_base=0 is invalid for --mode bench'):
+    bench.dataset_shapes(config)

@@ -91,3 +91,13 @@ def test_the_measured_arrays_are_recognised():
   with np.load(real) as f:
     assert make_trainsplit.content_sha256({'x_train': f['x_train'], 'y_train': f['y_train']}) == \
         make_trainsplit.CONTENT_SHA256
+
+
+@pytest.mark.parametrize('argv', [['--out'], ['--out', '']])
+def test_an_empty_out_says_the_variable_is_unset(argv, capsys):
+  """README's `make_trainsplit --out $F2M_DATA_DIR` with the variable unset (argv ['--out']), or quoted
+  (['--out', '']): one line saying so, exit status 2, no usage dump."""
+  assert make_trainsplit.main(argv) == 2
+  err = capsys.readouterr().err
+  assert err.startswith('error: --out got no folder (is F2M_DATA_DIR unset?)') and len(err.splitlines()) == 1
+  assert 'cifar100_train.npz' in err and 'usage' not in err

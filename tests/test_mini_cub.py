@@ -1,6 +1,6 @@
-"""miniImageNet and CUB-200: the TOPIC lists (real copies in $F2M_DATA_DIR/index_list, skipped if
-absent), the folder loaders on the generated fake folders, the array cache, the errors for missing
-data, and the `:smoke` configs end to end (files on disk -> results.json)."""
+"""miniImageNet and CUB-200, the layouts of the folder source: the TOPIC lists (real copies in
+$F2M_DATA_DIR/index_list, skipped if absent), the loaders on the generated fake folders, the array
+cache, the errors for missing data, and the `:smoke` configs end to end (files on disk -> results.json)."""
 import json
 import shutil
 
@@ -9,7 +9,7 @@ import pytest
 
 from conftest import DATA_DIR
 
-from f2m_jax.data import augment, cub200, fake_folders, mini_imagenet, sources
+from f2m_jax.data import augment, fake_folders, folder, layouts, sources
 from f2m_jax.data.types import DataError
 
 MINI_LISTS = DATA_DIR / 'index_list' / 'mini_imagenet'
@@ -29,19 +29,22 @@ def _no_decode(*args):
 
 @pytest.mark.skipif(not (MINI_LISTS / 'session_1.txt').is_file(), reason=f'no lists in {MINI_LISTS}')
 def test_real_mini_imagenet_lists():
-  p = mini_imagenet.read_protocol(MINI_LISTS)
-  assert len(p.class_names) == 100 and p.class_names == sorted(p.class_names)
+  spec = folder.Spec('mini_imagenet', train=str(MINI_LISTS / 'train.csv'), test=str(MINI_LISTS / 'test.csv'),
+                     root='/no-images-needed', lists=str(MINI_LISTS), num_base=60, way=5, num_sessions=9,
+                     protocol='topic')
+  p = folder.read_protocol(spec)
+  assert len(p.order) == 100 and list(p.order) == sorted(p.order)
   assert [len(c) for c in p.session_classes] == [60] + [5] * 8
   assert p.session_classes[0] == tuple(range(60))
   assert p.session_classes[8] == tuple(range(95, 100))
-  base = p.train_labels[p.session_indices[0]]
+  base = p.train_labels[p.base_train]
   assert len(base) == 30000 and np.array_equal(np.bincount(base, minlength=60), np.full(60, 500))
-  assert all(len(i) == 25 for i in p.session_indices[1:])
-  for t, idx in enumerate(p.session_indices[1:], start=2):
+  assert all(len(i) == 25 for i in p.topic_shots)
+  for idx in p.topic_shots:
     assert np.array_equal(np.unique(p.train_labels[idx], return_counts=True)[1], [5] * 5)
-  assert len(p.test_files) == 10000
+  assert len(p.test.files) == 10000
   assert np.array_equal(np.bincount(p.test_labels), np.full(100, 100))
-  assert len(set(p.test_files) & set(p.train_files)) == 0
+  assert len(set(p.test.files) & set(p.train.files)) == 0
 
 
 @pytest.mark.skipif(not (CUB_LISTS / 'session_1.txt').is_file(), reason=f'no lists in {CUB_LISTS}')
@@ -61,21 +64,20 @@ def test_real_cub200_lists(tmp_path):
   (root / 'image_class_labels.txt').write_text(''.join(f'{i + 1} {cls[r.split("/")[0]]}\n' for i, r in enumerate(rel)))
   (root / 'classes.txt').write_text(''.join(f'{cls[d]} {d}\n' for d in dirs))
 
-  p = cub200.read_protocol(tmp_path, CUB_LISTS)
+  p = folder.read_protocol(*layouts.spec('cub200', tmp_path, CUB_LISTS, protocol='topic'))
   assert [len(c) for c in p.session_classes] == [100] + [10] * 10
   assert p.session_classes[0] == tuple(range(100)) and p.session_classes[10] == tuple(range(190, 200))
-  base = p.train_labels[p.session_indices[0]]
+  base = p.train_labels[p.base_train]
   assert len(base) == 3000 and np.array_equal(np.bincount(base, minlength=100), np.full(100, 30))
-  for idx in p.session_indices[1:]:
+  for idx in p.topic_shots:
     assert np.array_equal(np.unique(p.train_labels[idx], return_counts=True)[1], [5] * 10)
-  assert p.class_names[0] == '001.Black_footed_Albatross'
+  assert p.order[0] == '001.Black_footed_Albatross'
 
 
 # ---------------------------------------------------------------- loaders on the fake folders
 
 def test_fake_mini_imagenet_benchmark(fake_root, tmp_path):
-  b = mini_imagenet.load_mini_imagenet(fake_root, fake_root / 'index_list' / 'mini_imagenet', tmp_path,
-                                       image_size=32)
+  b = layouts.load('mini_imagenet', fake_root, fake_root / 'index_list' / 'mini_imagenet', tmp_path, image_size=32)
   spec = fake_folders.MINI_SPEC
   assert b.name == 'mini_imagenet' and b.num_sessions == 9 and b.num_base_classes == 8
   assert b.session_classes[1:] == tuple((8 + 2 * i, 9 + 2 * i) for i in range(8))
@@ -85,20 +87,19 @@ def test_fake_mini_imagenet_benchmark(fake_root, tmp_path):
   assert np.array_equal(np.bincount(b.train.labels[b.base_train]), np.full(8, spec.train_per_class))
   assert len(b.topic_shots) == 8 and all(len(s) == 10 for s in b.topic_shots)
   assert np.all(b.train.labels[b.shot_pool] >= 8) and len(b.shot_pool) == 16 * spec.train_per_class
-  assert (b.image_size, b.augment, b.mean, b.std) == (32, 'rrc_flip', mini_imagenet.IMAGENET_MEAN,
-                                                      mini_imagenet.IMAGENET_STD)
+  assert (b.image_size, b.augment, b.mean, b.std) == (32, 'rrc_flip', folder.IMAGENET_MEAN, folder.IMAGENET_STD)
   # Test image 0 is its file through Resize(35) + CenterCrop(32); the centre crop of a stored
   # training image is that same test transform (the view prototypes need).
   name = (fake_root / 'index_list' / 'mini_imagenet' / 'test.csv').read_text().splitlines()[1].split(',')[0]
-  want = mini_imagenet.decode_file(fake_root / 'miniimagenet' / 'images' / name, 35, 32)
+  want = folder.decode_file(fake_root / 'miniimagenet' / 'images' / name, 35, 32)
   assert np.array_equal(b.test.images[0], want)
   first_train = (fake_root / 'index_list' / 'mini_imagenet' / 'train.csv').read_text().splitlines()[1].split(',')[0]
   view = augment.eval_view(b.train.images[:1], 32)[0]
-  assert np.array_equal(view, mini_imagenet.decode_file(fake_root / 'miniimagenet' / 'images' / first_train, 35, 32))
+  assert np.array_equal(view, folder.decode_file(fake_root / 'miniimagenet' / 'images' / first_train, 35, 32))
 
 
 def test_fake_cub200_benchmark(fake_root, tmp_path):
-  b = cub200.load_cub200(fake_root, fake_root / 'index_list' / 'cub200', tmp_path, image_size=56)
+  b = layouts.load('cub200', fake_root, fake_root / 'index_list' / 'cub200', tmp_path, image_size=56)
   spec = fake_folders.CUB_SPEC
   n_cls = fake_folders.num_classes(spec)
   assert b.name == 'cub200' and b.num_sessions == 11 and b.num_base_classes == 8
@@ -112,7 +113,7 @@ def test_fake_cub200_benchmark(fake_root, tmp_path):
   split = [l.split()[1] for l in (fake_root / 'CUB_200_2011' / 'train_test_split.txt').read_text().splitlines()]
   train_rel = [r for r, s in zip(rel, split) if s == '1']
   for k in (0, 1, 2):  # the fake JPEGs cycle through three shapes
-    want = mini_imagenet.decode_file(fake_root / 'CUB_200_2011' / 'images' / train_rel[k], 64, 56)
+    want = folder.decode_file(fake_root / 'CUB_200_2011' / 'images' / train_rel[k], 64, 56)
     assert np.array_equal(augment.eval_view(b.train.images[k:k + 1], 56)[0], want)
 
 
@@ -131,22 +132,22 @@ def test_cache_is_reused_and_keyed_by_files(fake_root, tmp_path):
   root = tmp_path / 'data'
   shutil.copytree(fake_root / 'CUB_200_2011', root / 'CUB_200_2011')
   lists = fake_root / 'index_list' / 'cub200'
-  first = cub200.load_cub200(root, lists, tmp_path / 'cache', image_size=32)
+  first = layouts.load('cub200', root, lists, tmp_path / 'cache', image_size=32)
   cached = sorted((tmp_path / 'cache' / 'arrays' / 'cub200').iterdir())
   assert [p.suffix for p in cached] == ['.npy', '.npy']
-  again = cub200.load_cub200(root, lists, tmp_path / 'cache', image_size=32, decode=_no_decode)
+  again = layouts.load('cub200', root, lists, tmp_path / 'cache', image_size=32, decode=_no_decode)
   assert np.array_equal(first.train.images, again.train.images)
   assert np.array_equal(first.test.images, again.test.images)
   # A changed file (another size) changes the key: that split is decoded again.
   img = next((root / 'CUB_200_2011' / 'images').rglob('*.jpg'))
   img.write_bytes(img.read_bytes() + b'\0')
   with pytest.raises(DataError, match='although the cache should have been used'):
-    cub200.load_cub200(root, lists, tmp_path / 'cache', image_size=32, decode=_no_decode)
+    layouts.load('cub200', root, lists, tmp_path / 'cache', image_size=32, decode=_no_decode)
 
 
 def test_data_folder_is_only_read(fake_root, tmp_path):
   before = sorted(str(p) for p in fake_root.rglob('*'))
-  mini_imagenet.load_mini_imagenet(fake_root, fake_root / 'index_list' / 'mini_imagenet', tmp_path, image_size=32)
+  layouts.load('mini_imagenet', fake_root, fake_root / 'index_list' / 'mini_imagenet', tmp_path, image_size=32)
   assert sorted(str(p) for p in fake_root.rglob('*')) == before
   assert list((tmp_path / 'arrays' / 'mini_imagenet').glob('*.npy'))
 
@@ -155,11 +156,11 @@ def test_data_folder_is_only_read(fake_root, tmp_path):
 
 def test_missing_data_errors(tmp_path):
   with pytest.raises(DataError, match=r'(?s)miniimagenet/images.*How to obtain'):
-    mini_imagenet.load_mini_imagenet(tmp_path, None, tmp_path / 'cache')
+    layouts.load('mini_imagenet', tmp_path, None, tmp_path / 'cache')
   with pytest.raises(DataError, match=r'(?s)CUB_200_2011/images.*images.txt.*How to obtain'):
-    cub200.load_cub200(tmp_path, None, tmp_path / 'cache')
+    layouts.load('cub200', tmp_path, None, tmp_path / 'cache')
   with pytest.raises(DataError, match='needs a data folder'):
-    mini_imagenet.load_mini_imagenet('', None, tmp_path / 'cache')
+    layouts.load('mini_imagenet', '', None, tmp_path / 'cache')
 
 
 def test_incomplete_data_errors(fake_root, tmp_path):
@@ -168,15 +169,15 @@ def test_incomplete_data_errors(fake_root, tmp_path):
   victim = sorted((root / 'miniimagenet' / 'images').iterdir())[3]
   victim.unlink()
   with pytest.raises(DataError, match=f'(?s)1 of .* image files are missing:.*{victim.name}'):
-    mini_imagenet.load_mini_imagenet(root, root / 'index_list' / 'mini_imagenet', tmp_path / 'cache', image_size=32)
+    layouts.load('mini_imagenet', root, root / 'index_list' / 'mini_imagenet', tmp_path / 'cache', image_size=32)
   (root / 'CUB_200_2011' / 'train_test_split.txt').unlink()
   with pytest.raises(DataError, match='train_test_split.txt'):
-    cub200.load_cub200(root, root / 'index_list' / 'cub200', tmp_path / 'cache', image_size=32)
+    layouts.load('cub200', root, root / 'index_list' / 'cub200', tmp_path / 'cache', image_size=32)
   # A list naming an image the split does not have.
   s2 = root / 'index_list' / 'mini_imagenet' / 'session_2.txt'
   s2.write_text(s2.read_text().replace('.jpg', 'x.jpg', 1))
-  with pytest.raises(DataError, match='which train.csv lacks'):
-    mini_imagenet.read_protocol(root / 'index_list' / 'mini_imagenet')
+  with pytest.raises(DataError, match='x.jpg, which is not a training image of .*train.csv'):
+    folder.read_protocol(*layouts.spec('mini_imagenet', root, root / 'index_list' / 'mini_imagenet'))
 
 
 # ---------------------------------------------------------------- configs

@@ -86,7 +86,7 @@ def test_format_table_numbers_and_gap(workdirs):
   # Gap: last-session accuracy minus the first row's (55.125).
   assert f2m.endswith('| +0.00 |')
   assert base.endswith(f'| {50.0 - 55.125:+.2f} |') and base.endswith('| -5.12 |')
-  assert cub.endswith('| +1.88 |')  # 57.0 - 55.125 = 1.875 -> +1.88 (half-even)
+  assert cub.endswith('| n/a |')  # another dataset and session count: nothing to subtract
   # Runs with 9 sessions are padded with '-' in the CUB run's sessions 10 and 11.
   cells = lambda line: [c.strip() for c in line.strip('|').split('|')]
   assert cells(f2m)[10:12] == ['-', '-'] and cells(base)[10:12] == ['-', '-']
@@ -99,7 +99,7 @@ def test_format_table_reference_by_label_and_index(workdirs):
   by_index = report.format_table(rows, 1).splitlines()
   assert by_label == by_index
   assert by_label[2].endswith('| +5.12 |') and by_label[3].endswith('| +0.00 |')
-  assert by_label[4].endswith('| +7.00 |')
+  assert by_label[4].endswith('| n/a |')
   assert report.resolve_reference(rows, '-1') == 2
   with pytest.raises(ValueError, match='neither a label'):
     report.resolve_reference(rows, 'nope')
@@ -141,7 +141,7 @@ def test_csv_round_trip(workdirs, tmp_path):
   assert float(base['avg']) == sum(BASE_ACCS) / 9 and float(base['avg_ci95']) == 0.27
   assert float(f2m['gap']) == 0.0
   assert float(base['gap']) == 50.0 - 55.125
-  assert float(cub['gap']) == 57.0 - 55.125
+  assert cub['gap'] == ''  # refused: another dataset and session count
 
 
 def test_plots_written(workdirs, tmp_path):
@@ -158,13 +158,14 @@ def test_main_writes_report(workdirs, tmp_path, capsys):
   argv = workdirs + ['--out', str(out), '--labels', 'f2m, base,cub', '--reference', 'base']
   assert report.main(argv) == 0
   stdout = capsys.readouterr().out
-  assert stdout.strip() == report.format_table(report.build_rows(workdirs, ['f2m', 'base', 'cub']),
-                                               1)
+  table = report.format_table(report.build_rows(workdirs, ['f2m', 'base', 'cub']), 1)
+  assert stdout == table + '\nwrote:\n' + ''.join(f'  {out / n}\n' for n in (
+      'report.md', 'report.csv', 'accuracy.png', 'base_novel.png'))
   assert '| f2m | 81.23 ± 0.10 |' in stdout and stdout.splitlines()[2].endswith('| +5.12 |')
   for name in ('report.md', 'report.csv', 'accuracy.png', 'base_novel.png'):
     assert (out / name).stat().st_size > 0
   md = (out / 'report.md').read_text()
-  assert stdout.strip() in md
+  assert table in md
   assert 'reference row "base"' in md and '| cub | 11 | 200 |' in md
   # Overwriting the report folder's own files is fine.
   assert report.main(argv + ['--base-novel', 'all']) == 0
@@ -239,7 +240,7 @@ def test_format_session_table():
     else:
       assert report.format_stat(s['acc_novel']) in line and report.format_stat(s['hm']) in line
   assert '81.23 ± 0.10' in body[0] and '35.12 ± 1.80' in body[8] and '40.12 ± 2.70' in body[8]
-  assert lines[-1] == f'PD  {81.234 - 55.125:.2f} ± 0.31    AVG  {sum(F2M_ACCS) / 9:.2f} ± 0.27'
+  assert lines[-2] == f'PD  {81.234 - 55.125:.2f} ± 0.31    AVG  {sum(F2M_ACCS) / 9:.2f} ± 0.27'
 
 
 def test_one_run_shows_no_interval(tmp_path, workdirs):
@@ -256,3 +257,73 @@ def test_one_run_shows_no_interval(tmp_path, workdirs):
   record = report.csv_rows(rows)[1]
   assert record['s1'] == 80.0 and record['s1_ci95'] == '' and record['pd_ci95'] == ''
   assert report.csv_rows(rows)[0]['s1_ci95'] == 0.1
+
+
+def test_the_printed_table_explains_pd_and_avg():
+  text = report.format_session_table(make_results('f2m', F2M_ACCS, [0.1] * 9))
+  assert text.splitlines()[-1] == ('PD: accuracy of session 1 minus that of the last session (what was forgotten; '
+                                   'lower is better); AVG: accuracy averaged over all sessions')
+
+
+def test_without_out_the_table_is_printed_and_nothing_written(workdirs, tmp_path, capsys, monkeypatch):
+  monkeypatch.chdir(tmp_path)
+  before = sorted(p for p in tmp_path.rglob('*'))
+  assert report.main(workdirs[:2]) == 0
+  out = capsys.readouterr().out
+  assert out.startswith(report.format_table(report.build_rows(workdirs[:2])))
+  assert out.rstrip().endswith('(nothing written: --out DIR writes report.md, report.csv, accuracy.png and '
+                               'base_novel.png)')
+  assert sorted(p for p in tmp_path.rglob('*')) == before
+
+
+def test_a_sweeps_folder_is_read_through_its_summary(tmp_path, capsys):
+  """A member sweep's folder holds summary.json (results.json's format over the members) and no
+  results.json: the report reads it, by the folder as by the file (docs/performance.md's command)."""
+  summary = {**make_results('f2m', F2M_ACCS, [0.5] * 9), 'runs': 3, 'interval_over': 'members',
+             'members': [{'workdir': f'member_{i}', 'seed': i} for i in range(3)]}
+  sweep = tmp_path / 'seeds'
+  sweep.mkdir()
+  (sweep / 'summary.json').write_text(json.dumps(summary))
+  (sweep / 'member_0').mkdir()
+  for path in (str(sweep), str(sweep / 'summary.json')):
+    assert report.main([path]) == 0
+    assert '| f2m seeds | 81.23 ± 0.50 |' in capsys.readouterr().out
+  with pytest.raises(report.ResultsError, match=r"member_0/results.json: no such results file \(nor a sweep's "
+                                                 r'summary.json in'):
+    report.load_results(str(sweep / 'member_0'))
+
+
+def test_a_field_sweep_is_one_row_per_value(tmp_path, capsys):
+  """A sweep over noise.bound (members.summarize_values) is read as one row per value, never pooled."""
+  values = [{'value': b, **make_results('f2m', [a - i for a in F2M_ACCS], [0.5] * 9), 'interval_over': 'draws'}
+            for i, b in enumerate((0.0025, 0.01))]
+  sweep = tmp_path / 'bounds'
+  sweep.mkdir()
+  (sweep / 'summary.json').write_text(json.dumps({'field': 'noise.bound', 'values': values, 'members': []}))
+  rows = report.build_rows([str(sweep)])
+  assert [r.label for r in rows] == ['f2m bounds noise.bound=0.0025', 'f2m bounds noise.bound=0.01']
+  assert [r.results['sessions'][0]['acc']['mean'] for r in rows] == [F2M_ACCS[0], F2M_ACCS[0] - 1]
+
+
+def test_runs_of_another_protocol_or_session_count_are_not_subtracted(tmp_path, capsys):
+  """Draws with 9 sessions against the validation protocol with 6: a warning naming both settings, and
+  no gap (n/a in the table, empty in the CSV); rows of the reference's setting keep theirs."""
+  draws = make_results('f2m', F2M_ACCS, [0.1] * 9)
+  other = make_results('baseline', BASE_ACCS, [0.1] * 9)
+  validation = {**make_results('f2m', F2M_ACCS[:6], [0.1] * 6, base_classes=35), 'protocol': 'validation'}
+  dirs = [write_workdir(tmp_path, n, r) for n, r in (('d', draws), ('o', other), ('v', validation))]
+  assert report.main(dirs + ['--out', str(tmp_path / 'out')]) == 0
+  captured = capsys.readouterr()
+  lines = report.format_table(report.build_rows(dirs)).splitlines()
+  assert lines[3].endswith(f'| {50.0 - 55.125:+.2f} |') and lines[4].endswith('| n/a |')
+  assert captured.err == ('report: warning: no gap for "f2m v" (cifar100, validation, 6 sessions): the reference '
+                          '"f2m d" is cifar100, draws, 9 sessions, and only runs of the same dataset, protocol and '
+                          'session count are subtracted\n')
+  assert [r['gap'] for r in report.csv_rows(report.build_rows(dirs))][1:] == [50.0 - 55.125, '']
+  assert 'no gap for "f2m v"' in (tmp_path / 'out' / 'report.md').read_text()
+
+
+def test_an_out_that_is_a_file_is_refused(workdirs, tmp_path, capsys):
+  (tmp_path / 'taken').write_text('mine')
+  assert report.main(workdirs + ['--out', str(tmp_path / 'taken')]) == 2
+  assert "is not a folder" in capsys.readouterr().err and (tmp_path / 'taken').read_text() == 'mine'

@@ -103,3 +103,17 @@ def test_config_field_is_validated():
     pipeline.resolve(config)
   config.data.protocol = 'draws'
   assert pipeline.resolve(config).data.split == 'superclass1'
+
+
+def test_a_split_on_generated_data_says_why_it_is_refused(smoke_config):
+  """`data.split=superclass1` on the smoke config (generated data) is refused for the real reason: the
+  splits need CIFAR-100's real classes, from the tfds or trainsplit source; not with a list of allowed
+  values that holds superclass1."""
+  from f2m_jax import validation
+  smoke_config.data.split = 'superclass1'
+  with pytest.raises(ValueError) as e:
+    validation.validate(smoke_config)
+  msg = str(e.value)
+  assert msg.startswith("data.split='superclass1' is invalid: the class splits regroup CIFAR-100's 100 real classes")
+  assert "data.source 'tfds' or 'trainsplit' (this config: 'cifar100' from 'synthetic')" in msg
+  assert 'configs/cifar100.py:trainsplit --config.data.split=superclass1' in msg and "['incremental50'" not in msg

@@ -41,6 +41,7 @@ TFDS_BATCH = 1000
 ARCHIVE_URL = 'https://www.cs.toronto.edu/~kriz/cifar-100-binary.tar.gz'
 ARCHIVE_SIZE = 168513733
 ARCHIVE_SHA256 = '58a81ae192c23a4be8b1804d68e518ed807d710a4eb253b1f2a199162a40d8ec'
+ARCHIVE_NAME = 'cifar-100-binary.tar.gz'
 CONVERTED = 'cifar100_official.npz'
 TRAINSPLIT_HOW_TO_GET = (
     f'How to obtain it: {NPZ_NAME} is the official training set as arrays (docs/data.md); build it with '
@@ -173,6 +174,23 @@ def parse_binary(data: bytes) -> Split:
   return Split(np.ascontiguousarray(images), rows[:, 1].astype(np.int32))
 
 
+def images_at_hand(tfds_data_dir: Optional[str], cache_dir) -> bool:
+  """Whether the 'tfds' source finds the images without a download: a prepared TFDS cifar100, the
+  converted arrays or the official archive in the cache folder."""
+  cache = pathlib.Path(cache_dir)
+  return (tfds_prepared(tfds_data_dir) or (cache / 'cifar100' / CONVERTED).is_file()
+          or (cache / 'downloads' / ARCHIVE_NAME).is_file())
+
+
+def archive_help(cache_dir) -> str:
+  """Where the 'tfds' source's images come from, and what to do offline."""
+  return (f'The official archive {ARCHIVE_NAME} ({ARCHIVE_SIZE / 1e6:.0f} MB, {ARCHIVE_URL}, sha256 {ARCHIVE_SHA256}), '
+          f'downloaded into {pathlib.Path(cache_dir) / "downloads"}/ when online; offline, put it there yourself, '
+          'or prepare a TFDS cifar100 with TensorFlow (pip install tensorflow; tfds build cifar100 '
+          f'--file_format=array_record), or use configs/cifar100.py:trainsplit on {NPZ_NAME} (python -m '
+          'f2m_jax.data.make_trainsplit builds it from the archive).')
+
+
 def official_arrays(cache_dir) -> tuple:
   """(train, test) Splits in the official order, from `<cache>/cifar100/cifar100_official.npz`;
   made once from the official archive (ARCHIVE_URL, downloaded to `<cache>/downloads/`, resumable,
@@ -182,7 +200,7 @@ def official_arrays(cache_dir) -> tuple:
   converted = folder / CONVERTED
   if not converted.is_file():
     archive = download.fetch(
-        url, pathlib.Path(cache_dir) / 'downloads' / 'cifar-100-binary.tar.gz', sha256, size,
+        url, pathlib.Path(cache_dir) / 'downloads' / ARCHIVE_NAME, sha256, size,
         f'CIFAR-100 ({size / 1e6:.0f} MB)',
         help_text=(f'Alternatives: a TFDS cifar100 prepared with TensorFlow (pip install tensorflow; tfds build '
                    f'cifar100 --file_format=array_record), or the trainsplit protocol on {NPZ_NAME} '

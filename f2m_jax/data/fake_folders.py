@@ -1,6 +1,7 @@
 """Tiny generated datasets in the real on-disk layouts of miniImageNet and CUB-200-2011, with matching
-TOPIC-style index lists, so smoke runs and tests exercise the whole path: JPEG files -> decode ->
-array cache -> Benchmark -> training -> results.json. Never a fallback for missing real data.
+TOPIC-style index lists, and a folder of 20 classes for the folder source (configs/folder.py:smoke),
+so smoke runs and tests exercise the whole path: image files -> decode -> array cache -> Benchmark ->
+training -> results.json. Never a fallback for missing real data.
 
 Each class is a coloured sinusoidal grating of its own orientation, frequency and colour at a random
 phase per image, plus pixel noise (as `synthetic.py`), saved as JPEG. Everything is a deterministic
@@ -11,6 +12,7 @@ function of the spec, so the folder can be regenerated anywhere.
            image_class_labels.txt, classes.txt
     <root>/index_list/mini_imagenet/session_{1..9}.txt, train.csv, test.csv
     <root>/index_list/cub200/session_{1..11}.txt
+    <root>/folder/{train,test}/class_<cc>/<k>.{jpg,png}, folder/lists/session_{1..6}.txt
 """
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ import tempfile
 
 import numpy as np
 
-VERSION = 1
+VERSION = 2  # 2: the folder of 20 classes added
 COMPLETE = 'COMPLETE'
 
 
@@ -44,6 +46,9 @@ MINI_SPEC = FakeSpec(num_base=8, way=2, num_sessions=9, train_per_class=12, test
 # CUB: images of varied aspect ratio; 8 base classes + 10 sessions x 2-way (11 sessions).
 CUB_SPEC = FakeSpec(num_base=8, way=2, num_sessions=11, train_per_class=10, test_per_class=6,
                     sizes=((40, 48), (52, 40), (44, 44)), seed=2)
+# The folder source: 20 classes, 10 base + 5 sessions x 2-way; JPEG and PNG files of varied shapes.
+FOLDER_SPEC = FakeSpec(num_base=10, way=2, num_sessions=6, train_per_class=12, test_per_class=6,
+                       sizes=((40, 48), (52, 40), (44, 44)), seed=3)
 
 
 def num_classes(spec: FakeSpec) -> int:
@@ -66,10 +71,14 @@ def render(rng: np.random.Generator, label: int, height: int, width: int, seed: 
   return np.clip(img * 255.0, 0, 255).astype(np.uint8)
 
 
-def _save_jpeg(path: pathlib.Path, image: np.ndarray):
+def _save_image(path: pathlib.Path, image: np.ndarray):
+  """A JPEG (quality 95), or a PNG where `path` ends in .png."""
   from PIL import Image  # pylint: disable=g-import-not-at-top
   path.parent.mkdir(parents=True, exist_ok=True)
-  Image.fromarray(image).save(path, format='JPEG', quality=95)
+  if path.suffix == '.png':
+    Image.fromarray(image).save(path, format='PNG')
+  else:
+    Image.fromarray(image).save(path, format='JPEG', quality=95)
 
 
 def _write_lines(path: pathlib.Path, lines):
@@ -102,8 +111,15 @@ def _images(spec: FakeSpec):
       yield c, k, render(rng, c, h, w, spec.seed, num_classes(spec))
 
 
-def _session_of(spec: FakeSpec, c: int) -> int:
-  return 1 if c < spec.num_base else 2 + (c - spec.num_base) // spec.way
+def _write_lists(folder: pathlib.Path, spec: FakeSpec, splits, line):
+  """session_1.txt (every training image of the base classes) .. session_<T>.txt (the shots of each
+  later session's classes), each image written as `line(class, k)`."""
+  sessions = [[] for _ in range(spec.num_sessions)]
+  for c, (_, train_pos, shots) in enumerate(splits):
+    session = 0 if c < spec.num_base else 1 + (c - spec.num_base) // spec.way
+    sessions[session] += [line(c, k) for k in (train_pos if shots is None else train_pos[shots])]
+  for t, lines in enumerate(sessions, start=1):
+    _write_lines(folder / f'session_{t}.txt', lines)
 
 
 def write_fake_mini_imagenet(root, spec: FakeSpec = MINI_SPEC):
@@ -113,21 +129,16 @@ def write_fake_mini_imagenet(root, spec: FakeSpec = MINI_SPEC):
   wnid = lambda c: f'n{c + 1:08d}'
   fname = lambda c, k: f'{wnid(c)}{k + 1:08d}.jpg'
   for c, k, img in _images(spec):
-    _save_jpeg(root / 'miniimagenet' / 'images' / fname(c, k), img)
+    _save_image(root / 'miniimagenet' / 'images' / fname(c, k), img)
   train_rows, test_rows = [], []
-  sessions = [[] for _ in range(spec.num_sessions)]
-  for c, (is_test, train_pos, shots) in enumerate(splits):
-    n = len(is_test)
-    test_rows += [f'{fname(c, k)},{wnid(c)}' for k in range(n) if is_test[k]]
+  for c, (is_test, train_pos, _) in enumerate(splits):
+    test_rows += [f'{fname(c, k)},{wnid(c)}' for k in range(len(is_test)) if is_test[k]]
     train_rows += [f'{fname(c, k)},{wnid(c)}' for k in train_pos]
-    listed = train_pos if shots is None else train_pos[shots]
-    sessions[_session_of(spec, c) - 1] += [f'MINI-ImageNet/train/{wnid(c)}/{fname(c, k)}' for k in listed]
   lists = root / 'index_list' / 'mini_imagenet'
   for folder in (root / 'miniimagenet' / 'split', lists):
     _write_lines(folder / 'train.csv', ['filename,label'] + train_rows)
     _write_lines(folder / 'test.csv', ['filename,label'] + test_rows)
-  for t, lines in enumerate(sessions, start=1):
-    _write_lines(lists / f'session_{t}.txt', lines)
+  _write_lists(lists, spec, splits, lambda c, k: f'MINI-ImageNet/train/{wnid(c)}/{fname(c, k)}')
 
 
 def write_fake_cub200(root, spec: FakeSpec = CUB_SPEC):
@@ -138,30 +149,31 @@ def write_fake_cub200(root, spec: FakeSpec = CUB_SPEC):
   cdir = lambda c: f'{c + 1:03d}.Fake_Bird_{c + 1:03d}'
   fname = lambda c, k: f'Fake_Bird_{c + 1:03d}_{k + 1:04d}_{1000 * (c + 1) + k}.jpg'
   for c, k, img in _images(spec):
-    _save_jpeg(cub / 'images' / cdir(c) / fname(c, k), img)
-  images, split, labels = [], [], []
-  sessions = [[] for _ in range(spec.num_sessions)]
-  image_id = 0
-  for c, (is_test, train_pos, shots) in enumerate(splits):
-    for k in range(len(is_test)):
-      image_id += 1
-      images.append(f'{image_id} {cdir(c)}/{fname(c, k)}')
-      split.append(f'{image_id} {0 if is_test[k] else 1}')
-      labels.append(f'{image_id} {c + 1}')
-    listed = train_pos if shots is None else train_pos[shots]
-    sessions[_session_of(spec, c) - 1] += [f'CUB_200_2011/images/{cdir(c)}/{fname(c, k)}' for k in listed]
-  _write_lines(cub / 'images.txt', images)
-  _write_lines(cub / 'train_test_split.txt', split)
-  _write_lines(cub / 'image_class_labels.txt', labels)
+    _save_image(cub / 'images' / cdir(c) / fname(c, k), img)
+  rows = [(c, k, is_test[k]) for c, (is_test, _, _) in enumerate(splits) for k in range(len(is_test))]
+  _write_lines(cub / 'images.txt', [f'{i} {cdir(c)}/{fname(c, k)}' for i, (c, k, _) in enumerate(rows, start=1)])
+  _write_lines(cub / 'train_test_split.txt', [f'{i} {0 if t else 1}' for i, (_, _, t) in enumerate(rows, start=1)])
+  _write_lines(cub / 'image_class_labels.txt', [f'{i} {c + 1}' for i, (c, _, _) in enumerate(rows, start=1)])
   _write_lines(cub / 'classes.txt', [f'{c + 1} {cdir(c)}' for c in range(num_classes(spec))])
-  for t, lines in enumerate(sessions, start=1):
-    _write_lines(root / 'index_list' / 'cub200' / f'session_{t}.txt', lines)
+  _write_lists(root / 'index_list' / 'cub200', spec, splits, lambda c, k: f'CUB_200_2011/images/{cdir(c)}/{fname(c, k)}')
+
+
+def write_fake_class_folders(root, spec: FakeSpec = FOLDER_SPEC):
+  """The folder source's layout under `root`/folder: train/ and test/ with one subfolder per class
+  (every fourth image a PNG), and TOPIC-style lists naming training images by train/<class>/<file>."""
+  base = pathlib.Path(root) / 'folder'
+  splits = _split_and_shots(spec)
+  fname = lambda k: f'{k:03d}.{"png" if k % 4 == 3 else "jpg"}'
+  for c, k, img in _images(spec):
+    _save_image(base / ('test' if splits[c][0][k] else 'train') / f'class_{c:02d}' / fname(k), img)
+  _write_lists(base / 'lists', spec, splits, lambda c, k: f'train/class_{c:02d}/{fname(k)}')
 
 
 def write_fake_folders(root):
-  """Both fake datasets under `root` (which may exist)."""
+  """The three fake datasets under `root` (which may exist)."""
   write_fake_mini_imagenet(root)
   write_fake_cub200(root)
+  write_fake_class_folders(root)
 
 
 def fake_folder(cache_dir) -> pathlib.Path:

@@ -30,7 +30,7 @@ from f2m_jax.data.types import DataError
 # training set this project's CIFAR-100 numbers were measured on.
 CONTENT_SHA256 = {'x_train': '4e457917601a66aed021f5fa37957b56c6319557c0a8ed5484de3c390af45430',
                   'y_train': '1b4e4a7e6f08db2814efc0132c4c0df0b1b2b648aa74cb470f3e8e6976f2936b'}
-ARCHIVE_NAME = 'cifar-100-binary.tar.gz'
+ARCHIVE_NAME = cifar100.ARCHIVE_NAME
 
 
 def content_sha256(arrays: dict) -> dict:
@@ -86,7 +86,8 @@ def build(archive, out_dir, verify: bool = True) -> dict:
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
   p = argparse.ArgumentParser(description=__doc__.split('\n\n')[0],
                               formatter_class=argparse.RawDescriptionHelpFormatter)
-  p.add_argument('--out', required=True, help='the data folder to write cifar100_train.npz into')
+  p.add_argument('--out', nargs='?', const='', required=True,
+                 help='the data folder to write cifar100_train.npz into')
   p.add_argument('--archive', help=f'a local {ARCHIVE_NAME}; without it, it is downloaded into the cache folder')
   p.add_argument('--cache_dir', default='', help='cache folder for the download (default: $F2M_CACHE_DIR, '
                  'else ~/.cache/f2m_jax)')
@@ -97,6 +98,10 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
   args = parse_args(argv)
+  if not args.out:  # `--out $F2M_DATA_DIR` with the variable unset
+    print(f'error: --out got no folder (is F2M_DATA_DIR unset?): name the data folder to write {cifar100.NPZ_NAME} '
+          'into, e.g. `export F2M_DATA_DIR=~/f2m_data` and rerun, or --out ~/f2m_data', file=sys.stderr)
+    return 2
   try:
     archive = args.archive
     if not archive:

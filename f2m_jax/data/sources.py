@@ -3,12 +3,12 @@ from __future__ import annotations
 
 import os
 
-from f2m_jax.data import cifar100, cub200, fake_folders, holdout, index_lists, mini_imagenet
+from f2m_jax.data import cifar100, fake_folders, folder, holdout, index_lists, layouts
 from f2m_jax.data.synthetic import make_synthetic
-from f2m_jax.data.types import Benchmark
+from f2m_jax.data.types import Benchmark, DataError
 
 SOURCES = ('tfds', 'trainsplit', 'folder', 'fake_folder', 'synthetic')
-FOLDER_DATASETS = ('mini_imagenet', 'cub200')
+FOLDER_DATASETS = tuple(layouts.FOLDER)  # the datasets whose own files the folder source reads
 
 
 def data_dir(config) -> str:
@@ -22,19 +22,31 @@ def cache_dir(config) -> str:
           or os.path.join(os.path.expanduser('~'), '.cache', 'f2m_jax'))
 
 
+def uses_layout(config) -> bool:
+  """Whether a folder source reads miniImageNet's or CUB's own files (else the data.folder fields)."""
+  fields = config.data.get('folder')
+  return config.data.dataset in FOLDER_DATASETS and not (fields and fields.train)
+
+
+def needs_data_dir(config) -> bool:
+  """Whether the config's source reads the data folder."""
+  return config.data.source == 'trainsplit' or (config.data.source == 'folder' and uses_layout(config))
+
+
 def how_to_get(config) -> str:
   """What to put into the data folder for the config's dataset and source, and how to get it ('' for
   sources that read no data folder)."""
   dataset, source = config.data.dataset, config.data.source
-  if source == 'folder' and dataset in FOLDER_DATASETS:
-    return {'mini_imagenet': mini_imagenet.HOW_TO_GET, 'cub200': cub200.HOW_TO_GET}[dataset]
+  if source == 'folder' and uses_layout(config):
+    return layouts.HOW_TO_GET[dataset]
   if dataset == 'cifar100' and source == 'trainsplit':
     return cifar100.TRAINSPLIT_HOW_TO_GET
   return ''
 
 
 def load_benchmark(config) -> Benchmark:
-  """The config's benchmark; with data.protocol='validation' its validation protocol (holdout.py)."""
+  """The config's benchmark; with data.protocol='validation' its validation protocol (holdout.py).
+  Every problem with the data stops here, before the pipeline writes anything."""
   bench = _load(config)
   return holdout.validation_benchmark(bench) if config.data.protocol == 'validation' else bench
 
@@ -47,36 +59,64 @@ def _load(config) -> Benchmark:
                           train_per_class=s.train_per_class, test_per_class=s.test_per_class,
                           image_size=s.image_size)
   if dataset == 'cifar100' and source in ('tfds', 'trainsplit'):
-    if source == 'trainsplit':  # the images' file is named before the index lists are looked for
-      folder = data_dir(config)
-      if not folder:
-        raise ValueError("data.source='trainsplit' reads cifar100_train.npz from a folder: set F2M_DATA_DIR "
-                         f'or --config.data.data_dir.\n{cifar100.TRAINSPLIT_HOW_TO_GET}')
-      npz = os.path.join(folder, cifar100.NPZ_NAME)
-      if not os.path.isfile(npz):
-        cifar100.load_train_npz(npz)  # raises the DataError saying what to put there
-    index_dir = index_lists.index_list_dir('cifar100', data_dir(config) or None, cache_dir(config))
-    if source == 'tfds':
-      bench = cifar100.load_cifar100_tfds(config.data.tfds_data_dir or None, index_dir, cache_dir(config))
-    else:
-      bench = cifar100.load_cifar100_trainsplit(npz, index_dir)
+    bench = _load_cifar100(config)
     split = config.data.get('split', '')
     return cifar100.class_split(bench, split) if split else bench
-  if dataset in FOLDER_DATASETS and source in ('folder', 'fake_folder'):
-    return _load_folder_dataset(config, dataset, source)
+  if source in ('folder', 'fake_folder') and (uses_layout(config) or 'folder' in config.data):
+    return _load_folder(config, source)
   raise ValueError(f'data.source={source!r} is not available for data.dataset={dataset!r} '
-                   f'(sources: {SOURCES})')
+                   f'(sources: {SOURCES}; the folder source reads any dataset through configs/folder.py)')
 
 
-def _load_folder_dataset(config, dataset: str, source: str) -> Benchmark:
-  """miniImageNet / CUB-200 from their folder layout: the user's data folder ('folder') or the tiny
-  generated copy in the cache folder ('fake_folder', created on first use). The loaders check the
-  image folder before looking for (or downloading) the index lists, so missing data is named first."""
-  module = {'mini_imagenet': mini_imagenet, 'cub200': cub200}[dataset]
-  load = mini_imagenet.load_mini_imagenet if dataset == 'mini_imagenet' else cub200.load_cub200
-  image_size = int(config.data.get('image_size', 0) or 0) or module.IMAGE_SIZE
+def _load_cifar100(config) -> Benchmark:
+  """CIFAR-100 from TFDS or the official archive ('tfds') or from cifar100_train.npz ('trainsplit'): the
+  images' files are named before the index lists are looked for, or with them where both are missing."""
   cache = cache_dir(config)
-  if source == 'fake_folder':
-    root = fake_folders.fake_folder(cache)
-    return load(str(root), root / 'index_list' / dataset, cache, image_size=image_size)
-  return load(data_dir(config), None, cache, image_size=image_size)
+  if config.data.source == 'trainsplit':
+    folder_path = data_dir(config)
+    if not folder_path:
+      raise ValueError("data.source='trainsplit' reads cifar100_train.npz from a folder: set F2M_DATA_DIR "
+                       f'or --config.data.data_dir.\n{cifar100.TRAINSPLIT_HOW_TO_GET}')
+    npz = os.path.join(folder_path, cifar100.NPZ_NAME)
+    if not os.path.isfile(npz):
+      cifar100.load_train_npz(npz)  # raises the DataError saying what to put there
+    return cifar100.load_cifar100_trainsplit(npz, index_lists.index_list_dir('cifar100', folder_path, cache))
+  tfds_dir = config.data.tfds_data_dir or None
+  try:
+    index_dir = index_lists.index_list_dir('cifar100', data_dir(config) or None, cache)
+  except DataError as e:
+    if cifar100.images_at_hand(tfds_dir, cache):
+      raise
+    raise DataError(f'CIFAR-100 needs two things this machine has not got:\n1. {cifar100.archive_help(cache)}\n'
+                    f'2. {e}') from e
+  return cifar100.load_cifar100_tfds(tfds_dir, index_dir, cache)
+
+
+def _load_folder(config, source: str) -> Benchmark:
+  """miniImageNet / CUB-200 from their files, any other dataset from the data.folder fields (folder.py):
+  the user's files ('folder') or the tiny generated copy in the cache folder ('fake_folder', created on
+  first use). Missing or inconsistent files are named before any image is decoded."""
+  cache = cache_dir(config)
+  fields = dict(shots=config.data.shots, protocol=config.data.protocol)
+  root = fake_folders.fake_folder(cache) if source == 'fake_folder' else None
+  if uses_layout(config):
+    dataset = config.data.dataset
+    size = int(config.data.get('image_size', 0) or 0)
+    if root is None:
+      return layouts.load(dataset, data_dir(config), None, cache, image_size=size, **fields)
+    return layouts.load(dataset, str(root), root / 'index_list' / dataset, cache, image_size=size, **fields)
+  return folder.load(folder_spec(config, root, **fields), cache)
+
+
+def folder_spec(config, fake_root=None, **fields) -> folder.Spec:
+  """The folder source's `Spec` from the config's data.folder fields (paths with ~ and $VARIABLES
+  expanded); under 'fake_folder', the generated folder of 20 classes and its lists instead of the
+  user's files."""
+  f = config.data.folder
+  path = lambda p: os.path.expanduser(os.path.expandvars(p)) if p else ''
+  files = dict(train=path(f.train), test=path(f.test), root=path(f.root), lists=path(f.lists))
+  if fake_root is not None:
+    files = {name: str(fake_root / 'folder' / name) for name in ('train', 'test', 'lists')}
+  return folder.Spec(name=config.data.dataset or 'folder', classes=path(f.classes),
+                     num_base=f.num_base, way=f.way, num_sessions=f.num_sessions, image_size=config.data.image_size,
+                     resize=float(f.resize), augment=f.augment, **files, **fields)

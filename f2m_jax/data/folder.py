@@ -1,0 +1,424 @@
+"""Any image dataset as an incremental few-shot benchmark (`data.source='folder'`, configs/folder.py;
+what it reads and checks: docs/data.md, 'Your own images'). miniImageNet and CUB-200 are layouts of it.
+
+`read_protocol` reads the file lists (class subfolders or a CSV), the class order, the session layout
+and the TOPIC-style lists, and checks them without reading an image: each problem stops with one
+message naming the file and what is allowed. `load` then decodes every image once with PIL into a
+uint8 `.npy` in the cache folder (never the data folder), keyed by the files (path, size, modification
+time) and the transform, memory-mapped afterwards. With S = round(image_size x resize): test images
+Resize(S) + CenterCrop(image_size), the torchvision test transform; training images Resize(S) +
+CenterCrop(S), from which the device takes RandomResizedCrop(image_size) + flip ('rrc_flip'), their
+centre crop (`augment.eval_view`) being exactly the test transform, the view prototypes come from.
+ImageNet normalisation.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import csv
+import dataclasses
+import glob
+import hashlib
+import json
+import os
+import pathlib
+import tempfile
+from typing import Callable, Optional, Sequence, Union
+
+import numpy as np
+
+from f2m_jax.data.index_lists import read_index_file, session_lists
+from f2m_jax.data.types import Benchmark, DataError, Split, sessions_from_counts
+
+IMAGE_SUFFIXES = ('.bmp', '.gif', '.jpeg', '.jpg', '.png', '.tif', '.tiff', '.webp')
+AUGMENTS = ('rrc_flip', 'crop_flip')
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+CACHE_VERSION = 2
+
+
+@dataclasses.dataclass(frozen=True)
+class Spec:
+  """What the source reads (the data.folder fields, configs/common.py: folder_section); '' for none."""
+  name: str
+  train: str = ''
+  test: str = ''
+  root: str = ''
+  classes: Union[str, tuple] = ''  # '', a file, or the names themselves (a layout's official order)
+  lists: str = ''
+  num_base: int = 0
+  way: int = 0
+  num_sessions: int = 0
+  shots: int = 5
+  protocol: str = 'draws'
+  image_size: int = 84
+  resize: float = 8 / 7
+  augment: str = 'rrc_flip'
+  how_to_get: str = ''  # appended to the message about missing image files
+
+
+@dataclasses.dataclass(frozen=True)
+class Table:
+  """Images listed by one folder or CSV (`where`): paths relative to `root` and each one's class name
+  and split ('train' or 'test')."""
+  root: pathlib.Path
+  files: tuple
+  names: tuple
+  splits: tuple
+  where: str
+
+  def select(self, keep: Sequence[bool]) -> 'Table':
+    pick = lambda values: tuple(v for v, k in zip(values, keep) if k)
+    return dataclasses.replace(self, files=pick(self.files), names=pick(self.names), splits=pick(self.splits))
+
+  def paths(self) -> list:
+    return [self.root / f for f in self.files]
+
+
+@dataclasses.dataclass(frozen=True)
+class Protocol:
+  """Everything but the pixels: the images of the classes in `order` and their labels (positions in
+  `order`), the session classes, the base session's training images and the fixed shots (lists)."""
+  order: tuple
+  train: Table
+  test: Table
+  train_labels: np.ndarray
+  test_labels: np.ndarray
+  session_classes: tuple
+  base_train: np.ndarray
+  topic_shots: Optional[tuple]
+
+
+# ================================================================ reading the file lists
+
+def scan_folder(folder: pathlib.Path, split: str) -> Table:
+  """Every image under `<folder>/<class>/`, class folders and files in sorted order."""
+  files, names = [], []
+  for cls in sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith('.')):
+    for path in sorted(cls.rglob('*')):
+      rel = path.relative_to(folder)
+      if path.suffix.lower() in IMAGE_SUFFIXES and not any(p.startswith('.') for p in rel.parts) and path.is_file():
+        files.append(rel.as_posix())
+        names.append(cls.name)
+  if not files:
+    raise DataError(f'{folder} holds no images in class subfolders: expected {folder}/<class name>/<image> '
+                    f'(suffixes {", ".join(IMAGE_SUFFIXES)})')
+  return Table(folder, tuple(files), tuple(names), (split,) * len(files), str(folder))
+
+
+def read_csv(path: pathlib.Path, root: pathlib.Path, split: str) -> Table:
+  """The rows of a CSV with a header naming path (or filename), label and optionally split; rows
+  without a split column are `split`."""
+  with open(path, newline='', encoding='utf-8') as f:
+    rows = [[c.strip() for c in r] for r in csv.reader(f) if any(c.strip() for c in r)]
+  path_col, label_col, split_col = csv_columns(path, rows)
+  wanted = [c for c in (path_col, label_col, split_col) if c is not None]
+  for n, r in enumerate(rows[1:], start=2):
+    if len(r) <= max(wanted) or not all(r[i] for i in wanted):
+      raise DataError(f'{path}:{n}: every row needs a value in each of the columns {", ".join(rows[0])}; got {r}')
+  splits = tuple(split if split_col is None else r[split_col].lower() for r in rows[1:])
+  bad = sorted(set(splits) - {'train', 'test'})
+  if bad:
+    raise DataError(f'{path}: the split column holds {bad[:3]}; allowed: train, test')
+  return Table(root, tuple(r[path_col] for r in rows[1:]), tuple(r[label_col] for r in rows[1:]), splits, str(path))
+
+
+def csv_columns(path: pathlib.Path, rows: list) -> tuple:
+  """(path, label, split or None) column numbers of a CSV's header row; a DataError without them."""
+  header = [c.lower() for c in rows[0]] if rows else []
+  column = {name: header.index(name) for name in ('path', 'filename', 'label', 'split') if name in header}
+  path_col = column.get('path', column.get('filename'))
+  if path_col is None or 'label' not in column or len(rows) < 2:
+    raise DataError(f'{path}: expected a header naming the columns path (or filename), label and optionally '
+                    f'split, then one row per image; got {rows[0] if rows else "an empty file"}'
+                    + ('' if len(rows) != 1 else ' and no rows'))
+  return path_col, column['label'], column.get('split')
+
+
+def read_images(given: str, root: str, field: str, split: str) -> Table:
+  """The Table of a folder of class subfolders or of a CSV (paths relative to `root`, else the CSV's folder)."""
+  path = pathlib.Path(given)
+  if path.is_dir():
+    return scan_folder(path, split)
+  if path.is_file() and path.suffix.lower() == '.csv':
+    return read_csv(path, pathlib.Path(root) if root else path.parent, split)
+  unset = ' (an environment variable in it is unset?)' if '$' in given else ''
+  raise DataError(f'{field}={given!r}{" does not exist" if not path.exists() else " is not a folder or a .csv"}'
+                  f'{unset}; allowed: a folder with one subfolder of images per class, or a CSV of path,label[,split]')
+
+
+def read_tables(spec: Spec) -> tuple:
+  """(train Table, test Table): `spec.train`'s rows (its split=test rows are test images), and
+  `spec.test`'s rows as the test images where given."""
+  if not spec.train:
+    raise DataError('data.folder.train is empty: set it to a folder with one subfolder of images per class, '
+                    'or to a CSV of path,label[,split]')
+  given = read_images(spec.train, spec.root, 'data.folder.train', 'train')
+  is_test = [s == 'test' for s in given.splits]
+  train, test = given.select([not t for t in is_test]), given.select(is_test)
+  if not spec.test:
+    return train, dataclasses.replace(test, where=f'{given.where} (its split=test rows; data.folder.test is empty)')
+  if test.files:
+    raise DataError(f'{given.where} has split=test rows and data.folder.test={spec.test!r} is set too: '
+                    'give the test images one way')
+  return train, read_images(spec.test, spec.root, 'data.folder.test', 'test')
+
+
+# ================================================================ classes, layout, lists
+
+def class_order(spec: Spec, train: Table) -> tuple:
+  """The class names in label order: `spec.classes` (names, or a file listing them), else sorted."""
+  if isinstance(spec.classes, tuple):
+    return spec.classes
+  present = sorted(set(train.names))
+  if not spec.classes:
+    return tuple(present)
+  if not os.path.isfile(spec.classes):
+    raise DataError(f'data.folder.classes={spec.classes!r} does not exist; allowed: empty (the sorted class '
+                    'names) or a file listing the class names in order, one per line')
+  names = read_index_file(spec.classes)
+  absent = [n for n in names if n not in set(present)]
+  if absent or len(set(names)) != len(names):
+    raise DataError(f'{spec.classes} must list distinct classes of {train.where} ({", ".join(present[:8])}'
+                    f'{", ..." if len(present) > 8 else ""}); it lists {absent[:5] or "a class twice"}')
+  return tuple(names)
+
+
+def labelled(table: Table, order: tuple, strict: bool) -> tuple:
+  """(the table's rows of classes in `order`, their labels); `strict`: a class not in it is an error."""
+  index = {n: i for i, n in enumerate(order)}
+  unknown = sorted(set(table.names) - set(index))
+  if strict and unknown:
+    raise DataError(f'{table.where} has images of classes without training images: {unknown[:5]}; allowed: '
+                    f'the classes of the training images')
+  kept = table.select([n in index for n in table.names])
+  return kept, np.asarray([index[n] for n in kept.names], np.int32)
+
+
+def session_layout(spec: Spec, num_classes: int, where: str) -> tuple:
+  """The class ids of each session (types.sessions_from_counts), checked against the class count."""
+  later = spec.way * (spec.num_sessions - 1)
+  base = spec.num_base or num_classes - later
+  if base < 1 or spec.way < 1 or spec.num_sessions < 2 or base + later != num_classes:
+    raise DataError(
+        f'the session layout does not add up: data.folder.num_base={spec.num_base} + data.folder.way={spec.way} '
+        f'x (data.folder.num_sessions={spec.num_sessions} - 1) = {base + later} classes, but {where} has '
+        f'{num_classes}; allowed: num_base + way x (num_sessions - 1) = {num_classes}, way >= 1, num_sessions >= 2 '
+        '(num_base=0: every class no later session takes)')
+  return sessions_from_counts(base, spec.way, spec.num_sessions)
+
+
+def check_counts(spec: Spec, train: Table, test: Table, train_labels, test_labels, order: tuple) -> None:
+  """Every class has at least `spec.shots` training images and (except under the validation protocol,
+  which makes its own test set) a test image."""
+  n_train = np.bincount(train_labels, minlength=len(order))
+  few = np.flatnonzero(n_train < spec.shots)
+  if few.size:
+    raise DataError(f'{train.where}: class {order[few[0]]!r} has {n_train[few[0]]} training images'
+                    f'{f" (and {few.size - 1} more classes too few)" if few.size > 1 else ""}; data.shots='
+                    f'{spec.shots} needs at least {spec.shots} per class: add images, lower --config.data.shots '
+                    'or leave the class out (data.folder.classes)')
+  if spec.protocol == 'validation':
+    return
+  empty = np.flatnonzero(np.bincount(test_labels, minlength=len(order)) == 0)
+  if empty.size:
+    raise DataError(f'no test images of class {order[empty[0]]!r} ({empty.size} of {len(order)} classes have none) '
+                    f'in {test.where}: every class needs test images: a test folder or CSV (data.folder.test) or '
+                    'split=test rows; or --config.data.protocol=validation, which holds out training images instead')
+
+
+def suffix_index(train: Table) -> dict:
+  """{every trailing part of every training path: its index}, -1 for a part several paths share."""
+  out = {}
+  for i, f in enumerate(train.files):
+    parts = f.split('/')
+    for k in range(len(parts)):
+      key = '/'.join(parts[k:])
+      out[key] = -1 if key in out else i
+  return out
+
+
+def find_listed(line: str, index: dict, train: Table, names: set, where: str) -> int:
+  """The training image a list line names (its longest trailing part that names one)."""
+  parts = line.replace('\\', '/').split('/')
+  for k in range(len(parts)):
+    i = index.get('/'.join(parts[k:]))
+    if i == -1:
+      raise DataError(f'{where}: {line} names several training images of {train.where}; name it by more of its path')
+    if i is not None:
+      if len(parts) > 1 and parts[-2] in names and parts[-2] != train.names[i]:
+        raise DataError(f'{where}: {line} is of class {train.names[i]} in {train.where}')
+      return i
+  raise DataError(f'{where} names {line}, which is not a training image of {train.where}')
+
+
+def map_lists(spec: Spec, train: Table, order: tuple) -> list:
+  """Indices into `train` of the images each list names: session_1.txt .. session_<num_sessions>.txt
+  (num_sessions 0: as many as the folder holds)."""
+  count = spec.num_sessions or len(glob.glob(os.path.join(glob.escape(spec.lists), 'session_*.txt')))
+  index, names = suffix_index(train), set(order)
+  return [np.asarray([find_listed(line, index, train, names, os.path.join(spec.lists, f'session_{t}.txt'))
+                      for line in lines], np.int64)
+          for t, lines in enumerate(session_lists(spec.lists, max(1, count)), start=1)]
+
+
+def check_lists(spec: Spec, indices: list, labels: np.ndarray, order: tuple, classes: tuple) -> tuple:
+  """(base_train, topic_shots): the lists, each checked against its session of the layout."""
+  for t, idx in enumerate(indices, start=1):
+    where = os.path.join(spec.lists, f'session_{t}.txt')
+    counts = np.bincount(labels[idx], minlength=len(order))[list(classes[t - 1])]
+    if set(labels[idx].tolist()) != set(classes[t - 1]) or (t > 1 and len(set(counts.tolist())) != 1):
+      raise DataError(f'{where}: its images are of the classes {sorted({order[c] for c in labels[idx]})[:6]}; '
+                      f'allowed: those of session {t} of the layout, {[order[c] for c in classes[t - 1]][:6]}, '
+                      + ('each with as many images' if t > 1 else 'each with its base training images'))
+    if t > 1 and spec.protocol == 'topic' and counts[0] != spec.shots:
+      raise DataError(f'{where} lists {counts[0]} images per class; protocol topic takes them as the shots, '
+                      f'so data.shots must be {counts[0]} (is {spec.shots})')
+  return indices[0], tuple(indices[1:])
+
+
+def lists_layout(spec: Spec, indices: list, labels: np.ndarray) -> Spec:
+  """`spec` with the layout the lists give where it has none (way 0: a layout's own files)."""
+  if spec.way or len(indices) < 2:
+    return spec
+  return dataclasses.replace(spec, num_base=len(set(labels[indices[0]].tolist())),
+                             way=len(set(labels[indices[1]].tolist())), num_sessions=len(indices))
+
+
+def read_protocol(spec: Spec, tables: Optional[tuple] = None) -> Protocol:
+  """The `Protocol` of `spec` from its tables (`read_tables` where None), every check made; no
+  image is read."""
+  train, test = tables or read_tables(spec)
+  order = class_order(spec, train)
+  train, train_labels = labelled(train, order, strict=False)
+  test, test_labels = labelled(test, order, strict=not spec.classes)
+  overlap = set(map(str, train.paths())) & set(map(str, test.paths()))
+  if overlap:
+    raise DataError(f'{min(overlap)} is both a training and a test image ({len(overlap)} such files): the test '
+                    f'images of {test.where} must not be training images of {train.where}')
+  check_counts(spec, train, test, train_labels, test_labels, order)
+  if spec.protocol == 'topic' and not spec.lists:
+    raise DataError("protocol 'topic' takes each session's shots from TOPIC-style lists: set data.folder.lists "
+                    "to a folder holding session_1.txt .. session_<T>.txt, or use protocol 'draws'")
+  indices = map_lists(spec, train, order) if spec.lists else None
+  spec = lists_layout(spec, indices, train_labels) if indices else spec
+  classes = session_layout(spec, len(order), train.where)
+  base_train, topic_shots = (check_lists(spec, indices, train_labels, order, classes) if indices
+                             else (np.flatnonzero(train_labels < len(classes[0])), None))
+  return Protocol(order, train, test, train_labels, test_labels, classes, base_train, topic_shots)
+
+
+# ================================================================ decoding and the array cache
+
+def decode_file(path, resize: int, crop: int) -> np.ndarray:
+  """RGB uint8 [crop, crop, 3]: the image file through torchvision's Resize(resize) (the shorter side to
+  `resize`, the longer int(resize x long / short), PIL's bilinear filter) and CenterCrop(crop)."""
+  from PIL import Image  # pylint: disable=g-import-not-at-top
+  with Image.open(path) as img:
+    img = img.convert('RGB')
+    w, h = img.size
+    if min(w, h) != resize:
+      img = img.resize((resize, int(resize * h / w)) if w <= h else (int(resize * w / h), resize), Image.BILINEAR)
+    w, h = img.size
+    if w < crop or h < crop:
+      raise ValueError(f'image {w}x{h} is smaller than the crop {crop}')
+    top, left = int(round((h - crop) / 2.0)), int(round((w - crop) / 2.0))
+    return np.asarray(img.crop((left, top, left + crop, top + crop)), np.uint8)
+
+
+def file_stats(paths: Sequence[pathlib.Path], what: str, how_to_get: str) -> list:
+  """(size, modification time) of every file; DataError listing the missing ones (the first 10 and a count)."""
+  stats, missing = [], []
+  for p in paths:
+    try:
+      s = os.stat(p)
+      stats.append((s.st_size, s.st_mtime_ns))
+    except OSError:
+      missing.append(str(p))
+  if missing:
+    shown = '\n  '.join(missing[:10])
+    more = f'\n  ... and {len(missing) - 10} more' if len(missing) > 10 else ''
+    raise DataError(f'{what}: {len(missing)} of {len(paths)} image files are missing:\n  {shown}{more}'
+                    + (f'\n{how_to_get}' if how_to_get else ''))
+  return stats
+
+
+def cache_key(paths: Sequence[pathlib.Path], stats: Sequence[tuple], transform: dict) -> str:
+  """sha256 over the cache version, the transform and every (absolute path, size, modification time)."""
+  h = hashlib.sha256()
+  h.update(json.dumps({'version': CACHE_VERSION, 'transform': transform}, sort_keys=True).encode())
+  for p, (size, mtime) in zip(paths, stats):
+    h.update(f'\n{os.path.abspath(p)}\t{int(size)}\t{int(mtime)}'.encode())
+  return h.hexdigest()
+
+
+def _cached(target: pathlib.Path, shape: tuple) -> Optional[np.ndarray]:
+  """The memory-mapped cache file when it is complete, else None."""
+  try:
+    arr = np.load(target, mmap_mode='r')
+  except (OSError, ValueError):  # absent, unreadable or truncated: decode again
+    return None
+  return arr if arr.shape == shape and arr.dtype == np.uint8 else None
+
+
+def decode_cached(paths: Sequence[pathlib.Path], cache_folder, name: str, resize: int, crop: int,
+                  desc: str = '', how_to_get: str = '', decode: Optional[Callable] = None,
+                  workers: Optional[int] = None) -> np.ndarray:
+  """uint8 [N, crop, crop, 3]: the images at `paths` through `decode_file`, from the cache file
+  `<cache_folder>/<name>-<key>.npy` (memory-mapped, read-only) when it exists; otherwise decoded once
+  (threads, progress bar) into a temporary file that is renamed into place when complete."""
+  paths = [pathlib.Path(p) for p in paths]
+  shape = (len(paths), crop, crop, 3)
+  if not paths:
+    return np.zeros(shape, np.uint8)
+  key = cache_key(paths, file_stats(paths, desc or name, how_to_get), {'resize': int(resize), 'crop': int(crop)})
+  folder = pathlib.Path(cache_folder)
+  target = folder / f'{name}-{key[:20]}.npy'
+  done = _cached(target, shape)
+  if done is not None:
+    return done
+  decode = decode or decode_file
+  folder.mkdir(parents=True, exist_ok=True)
+  fd, tmp = tempfile.mkstemp(dir=folder, prefix=f'.{name}-', suffix='.npy.tmp')
+  os.close(fd)
+  try:
+    out = np.lib.format.open_memmap(tmp, mode='w+', dtype=np.uint8, shape=shape)
+
+    def work(i):
+      try:
+        out[i] = decode(paths[i], resize, crop)
+      except Exception as e:  # PIL raises many types for a broken file
+        raise DataError(f'could not read {paths[i]} as an image ({type(e).__name__}: {e}); every listed file must '
+                        'be an image PIL reads (JPEG, PNG, ...): replace or remove it') from e
+
+    from tqdm.auto import tqdm  # pylint: disable=g-import-not-at-top
+    with concurrent.futures.ThreadPoolExecutor(workers or max(1, min(16, os.cpu_count() or 1))) as pool, \
+        tqdm(total=len(paths), desc=f'decoding {desc or name} (once, cached in {folder})', unit='img',
+             disable=None) as bar:
+      for _ in pool.map(work, range(len(paths))):
+        bar.update(1)
+    out.flush()
+    del out
+    os.chmod(tmp, 0o644)  # mkstemp makes it private; the cache may be shared
+    os.replace(tmp, target)
+  finally:
+    if os.path.exists(tmp):
+      os.remove(tmp)
+  return np.load(target, mmap_mode='r')
+
+
+# ================================================================ the benchmark
+
+def load(spec: Spec, cache_dir, decode: Optional[Callable] = None, tables: Optional[tuple] = None) -> Benchmark:
+  """The `Benchmark` of `spec` (`read_protocol`, then the images from the cache folder's
+  `arrays/<name>/`); `tables` replaces `read_tables` (a layout's own files), `decode` `decode_file`."""
+  p = read_protocol(spec, tables)
+  folder, size = pathlib.Path(cache_dir) / 'arrays' / spec.name, int(round(spec.image_size * spec.resize))
+  images = {split: decode_cached(table.paths(), folder, split, size, size if split == 'train' else spec.image_size,
+                                 desc=f'{spec.name} {split}', how_to_get=spec.how_to_get, decode=decode)
+            for split, table in (('train', p.train), ('test', p.test))}
+  num_base = len(p.session_classes[0])
+  return Benchmark(
+      name=spec.name, train=Split(images['train'], p.train_labels), test=Split(images['test'], p.test_labels),
+      base_train=p.base_train, session_classes=p.session_classes,
+      shot_pool=np.flatnonzero(p.train_labels >= num_base), topic_shots=p.topic_shots,
+      image_size=spec.image_size, mean=IMAGENET_MEAN, std=IMAGENET_STD, augment=spec.augment)

@@ -1,0 +1,125 @@
+"""The datasets whose own files the folder source (folder.py) reads, in the TOPIC protocol; the files
+each needs are listed in docs/data.md, 'Datasets and sources'. Session 1 trains on session_1.txt, each
+later session's fixed shots are session_<t>.txt, the session layout is the lists' (found, or
+downloaded into the cache, by `index_lists.index_list_dir`).
+
+  - `mini_imagenet` (60 base classes, 8 sessions of 5-way 5-shot; the copy of the FSCIL codebases,
+    CEC, FACT, ...): train.csv's rows in order (from index_list/mini_imagenet, pinned by checksum,
+    else miniimagenet/split/), then test.csv's; paths under miniimagenet/images/; classes the sorted
+    wnids (the TOPIC order); list lines matched by file name. Stored at 92 for 84: Resize(92) +
+    CenterCrop(84) is the original's test transform.
+  - `cub200` (100 base classes, 10 sessions of 10-way 5-shot; the official archive): images.txt's
+    order, train_test_split.txt's split, each image of the class folder it is in (checked against
+    image_class_labels.txt), the classes in classes.txt's id order (class id = official id - 1).
+    Stored at 256 for 224; the original's random crops come from the whole image, here from its centre
+    square (a small, documented difference).
+"""
+from __future__ import annotations
+
+import pathlib
+from typing import Callable, Optional
+
+import numpy as np
+
+from f2m_jax.data import folder, index_lists
+from f2m_jax.data.index_lists import DATA_DIR_ENV
+from f2m_jax.data.types import Benchmark, DataError
+
+IMAGE_SIZE = {'mini_imagenet': 84, 'cub200': 224}
+RESIZE = {'mini_imagenet': 92 / 84, 'cub200': 256 / 224}  # the stored side over the image size
+FOLDER = {'mini_imagenet': 'miniimagenet', 'cub200': 'CUB_200_2011'}
+CUB_FILES = ('images.txt', 'train_test_split.txt', 'image_class_labels.txt', 'classes.txt')
+NEEDED = {'mini_imagenet': ('images', 'split'), 'cub200': ('images',) + CUB_FILES}
+HOW_TO_GET = {
+    'mini_imagenet': (
+        'How to obtain it: miniImageNet as distributed for the FSCIL codebases (CEC, '
+        'https://github.com/icoz69/CEC-CVPR2021, "Datasets": the miniimagenet folder with images/ and split/), '
+        'or build images/ from ImageNet with the miniImageNet split (Ravi & Larochelle) at 84x84. Put it so '
+        'that <data folder>/miniimagenet/images/ holds the JPEGs (such as n0153282900000005.jpg) and <data '
+        f'folder>/miniimagenet/split/ the CSVs train.csv and test.csv (filename,label); the data folder is '
+        f'${DATA_DIR_ENV} or --config.data.data_dir.'),
+    'cub200': (
+        'How to obtain it: download CUB_200_2011.tgz (Caltech-UCSD Birds-200-2011, '
+        'https://www.vision.caltech.edu/datasets/cub_200_2011/ or https://data.caltech.edu/records/65de6-vzc59) '
+        f'and unpack it in the data folder (${DATA_DIR_ENV} or --config.data.data_dir), so that '
+        '<data folder>/CUB_200_2011/images/<class dir>/<file>.jpg and <data folder>/CUB_200_2011/images.txt exist.'),
+}
+
+
+def check_layout(dataset: str, data_dir) -> pathlib.Path:
+  """`<data_dir>/<the dataset's folder>` holding what it needs, or a DataError saying what is missing,
+  what the folder must hold and how to get it."""
+  if not data_dir:
+    raise DataError(f'{dataset} needs a data folder: set ${DATA_DIR_ENV} or --config.data.data_dir.\n'
+                    f'{HOW_TO_GET[dataset]}')
+  root = pathlib.Path(data_dir) / FOLDER[dataset]
+  missing = [str(root / n) for n in NEEDED[dataset] if not (root / n).exists()]
+  if missing:
+    raise DataError(f'{dataset} not found or incomplete: missing {", ".join(missing)}, and the TOPIC lists in '
+                    f'{pathlib.Path(data_dir) / "index_list" / dataset} are looked for (downloaded into the '
+                    f'cache when absent).\n{HOW_TO_GET[dataset]}')
+  return root
+
+
+def mini_csv(root: pathlib.Path, index_dir, name: str) -> pathlib.Path:
+  """`<index_dir>/<name>.csv` if present, else `<root>/split/<name>.csv`."""
+  for path in (pathlib.Path(index_dir) / f'{name}.csv', root / 'split' / f'{name}.csv'):
+    if path.is_file():
+      return path
+  raise DataError(f'miniImageNet split file {name}.csv not found in {index_dir} or {root / "split"}.\n'
+                  f'{HOW_TO_GET["mini_imagenet"]}')
+
+
+def _read_pairs(path: pathlib.Path) -> dict:
+  """{int id: value} from '<id> <value>' lines."""
+  out = {}
+  for n, line in enumerate(path.read_text().splitlines(), start=1):
+    parts = line.strip().split(maxsplit=1)
+    if parts and (len(parts) != 2 or not parts[0].isdigit()):
+      raise DataError(f'{path}:{n}: expected "<id> <value>", got {line!r}')
+    if parts:
+      out[int(parts[0])] = parts[1].strip()
+  return out
+
+
+def cub_tables(root: pathlib.Path) -> tuple:
+  """(train Table, test Table, class order) of CUB's official files (module docstring)."""
+  images, split, labels, classes = (_read_pairs(root / n) for n in CUB_FILES)
+  ids = sorted(images)
+  if set(split) != set(ids) or set(labels) != set(ids):
+    raise DataError(f'{root}: images.txt, train_test_split.txt and image_class_labels.txt list different '
+                    'image ids (incomplete download?)')
+  if sorted(classes) != list(range(1, len(classes) + 1)):
+    raise DataError(f'{root}/classes.txt: class ids must be 1..{len(classes)}')
+  for i in ids:
+    if images[i].split('/')[0] != classes.get(int(labels[i])):
+      raise DataError(f'{root}: image {i} ({images[i]}) is not in the folder of its class {labels[i]} '
+                      f'({classes.get(int(labels[i]), "absent from classes.txt")})')
+  is_train = np.asarray([split[i].strip() == '1' for i in ids])
+  table = folder.Table(root / 'images', tuple(images[i] for i in ids), tuple(images[i].split('/')[0] for i in ids),
+                       tuple('train' if t else 'test' for t in is_train), str(root / 'images.txt'))
+  return table.select(is_train), table.select(~is_train), tuple(classes[c] for c in sorted(classes))
+
+
+def spec(dataset: str, data_dir, index_dir=None, cache_dir=None, image_size: int = 0, **fields) -> tuple:
+  """(the folder source's Spec, the tables it reads: None where the Spec names them) of `dataset` in
+  `data_dir`; `fields`: shots, protocol."""
+  root = check_layout(dataset, data_dir)
+  if index_dir is None:
+    index_dir = index_lists.index_list_dir(dataset, str(data_dir), str(cache_dir or index_lists.default_cache_dir()))
+  common = dict(name=dataset, lists=str(index_dir), image_size=image_size or IMAGE_SIZE[dataset],
+                resize=RESIZE[dataset], how_to_get=HOW_TO_GET[dataset], **fields)
+  if dataset == 'mini_imagenet':
+    return folder.Spec(train=str(mini_csv(root, index_dir, 'train')), test=str(mini_csv(root, index_dir, 'test')),
+                       root=str(root / 'images'), **common), None
+  train, test, order = cub_tables(root)
+  return folder.Spec(classes=order, **common), (train, test)
+
+
+def load(dataset: str, data_dir, index_dir=None, cache_dir=None, image_size: int = 0,
+         decode: Optional[Callable] = None, **fields) -> Benchmark:
+  """The `Benchmark` of `dataset` from the files in `data_dir` (`spec`); `cache_dir` None:
+  `index_lists.default_cache_dir()`; `decode` replaces `folder.decode_file` (tests)."""
+  cache_dir = pathlib.Path(cache_dir) if cache_dir else index_lists.default_cache_dir()
+  s, tables = spec(dataset, data_dir, index_dir, cache_dir, image_size, **fields)
+  return folder.load(s, cache_dir, decode, tables)

@@ -1,0 +1,317 @@
+"""The folder source (`data.source='folder'`, f2m_jax/data/folder.py, configs/folder.py): any folder of
+class subfolders or CSV as a benchmark, on generated images. The layouts it reads, the class order,
+TOPIC-style lists, the validation protocol without test images, every problem stopped with one message
+naming the file (before any workdir), the miniImageNet fake folder through the generic fields equal to
+its own layout, and configs/folder.py:smoke end to end."""
+import csv
+import json
+import pathlib
+import shutil
+
+import numpy as np
+import pytest
+
+from conftest import without_provenance
+
+from f2m_jax.data import augment, fake_folders, folder, protocol, sources
+from f2m_jax.data.types import DataError
+
+SPEC = fake_folders.FOLDER_SPEC  # 20 classes: 10 base + 5 sessions x 2-way, 12 train and 6 test images each
+
+
+@pytest.fixture(scope='module')
+def fake_root(tmp_path_factory):
+  return fake_folders.fake_folder(tmp_path_factory.mktemp('cache'))
+
+
+def spec_of(data: pathlib.Path, **fields) -> folder.Spec:
+  base = dict(name='mine', train=str(data / 'folder' / 'train'), test=str(data / 'folder' / 'test'), num_base=10,
+              way=2, num_sessions=6, image_size=32)
+  return folder.Spec(**{**base, **fields})
+
+
+def copy_of(fake_root, tmp_path) -> pathlib.Path:
+  shutil.copytree(fake_root / 'folder', tmp_path / 'data' / 'folder')
+  return tmp_path / 'data'
+
+
+def write_csv(path: pathlib.Path, rows, header=('path', 'label', 'split')) -> str:
+  with open(path, 'w', newline='') as f:
+    csv.writer(f).writerows([header] + list(rows))
+  return str(path)
+
+
+def folder_rows(root: pathlib.Path) -> list:
+  """(path relative to root, class, split) of the fake folder's images, in the order the scan reads them."""
+  out = []
+  for split in ('train', 'test'):
+    t = folder.scan_folder(root / 'folder' / split, split)
+    out += [(f'{split}/{f}', n, split) for f, n in zip(t.files, t.names)]
+  return out
+
+
+# ---------------------------------------------------------------- what the source reads
+
+def test_class_folders(fake_root, tmp_path):
+  b = folder.load(spec_of(fake_root), tmp_path)
+  n = 20
+  assert (b.name, b.num_sessions, b.num_base_classes, b.image_size, b.augment) == ('mine', 6, 10, 32, 'rrc_flip')
+  assert b.session_classes[1:] == ((10, 11), (12, 13), (14, 15), (16, 17), (18, 19))
+  assert b.train.images.shape == (n * SPEC.train_per_class, 37, 37, 3)  # round(32 x 8/7)
+  assert b.test.images.shape == (n * SPEC.test_per_class, 32, 32, 3)
+  assert np.array_equal(b.train.labels, np.repeat(np.arange(n), SPEC.train_per_class))
+  assert np.array_equal(b.base_train, np.arange(10 * SPEC.train_per_class))
+  assert np.array_equal(b.shot_pool, np.arange(10 * SPEC.train_per_class, n * SPEC.train_per_class))
+  assert b.topic_shots is None and (b.mean, b.std) == (folder.IMAGENET_MEAN, folder.IMAGENET_STD)
+  # Class order = sorted names; images in sorted order; a PNG and a JPEG of non-square shapes decoded as
+  # torchvision's Resize + CenterCrop, and a stored training image's centre crop is the test transform.
+  files = sorted((fake_root / 'folder' / 'train' / 'class_03').iterdir())
+  suffixes = [f.suffix for f in files]
+  for k in (suffixes.index('.jpg'), suffixes.index('.png')):
+    want = folder.decode_file(files[k], 37, 32)
+    assert np.array_equal(augment.eval_view(b.train.images[3 * 12 + k:3 * 12 + k + 1], 32)[0], want)
+  test0 = sorted((fake_root / 'folder' / 'test' / 'class_00').iterdir())[0]
+  assert np.array_equal(b.test.images[0], folder.decode_file(test0, 37, 32))
+
+
+def test_a_csv_with_a_split_column_reads_as_the_folders(fake_root, tmp_path):
+  """The same images listed in a CSV (paths relative to `root`; or to the CSV's folder), or as a train
+  CSV and a test CSV, give the very same benchmark."""
+  want = folder.load(spec_of(fake_root), tmp_path / 'c1')
+  listing = write_csv(tmp_path / 'all.csv', folder_rows(fake_root))
+  got = folder.load(spec_of(fake_root, train=listing, test='', root=str(fake_root / 'folder')), tmp_path / 'c2')
+  rows = folder_rows(fake_root)
+  train_csv = write_csv(tmp_path / 'train.csv', [r[:2] for r in rows if r[2] == 'train'], ('filename', 'label'))
+  test_csv = write_csv(tmp_path / 'test.csv', [(str(fake_root / 'folder' / r[0]), r[1]) for r in rows
+                                               if r[2] == 'test'], ('path', 'label'))  # absolute paths
+  shutil.copytree(fake_root / 'folder' / 'train', tmp_path / 'train')  # the train CSV's paths start at its folder
+  split = folder.load(spec_of(fake_root, train=train_csv, test=test_csv), tmp_path / 'c3')
+  for b in (got, split):
+    for a, z in ((want.train, b.train), (want.test, b.test)):
+      assert np.array_equal(a.images, z.images) and np.array_equal(a.labels, z.labels)
+    assert np.array_equal(want.base_train, b.base_train) and want.session_classes == b.session_classes
+
+
+def test_a_class_file_sets_the_order_and_leaves_classes_out(fake_root, tmp_path):
+  order = [f'class_{c:02d}' for c in (5, 0, 19, 2, 7, 9, 11, 13)]
+  (tmp_path / 'classes.txt').write_text('\n'.join(order) + '\n')
+  s = spec_of(fake_root, classes=str(tmp_path / 'classes.txt'), num_base=4, way=2, num_sessions=3)
+  p = folder.read_protocol(s)
+  assert p.order == tuple(order) and p.session_classes == ((0, 1, 2, 3), (4, 5), (6, 7))
+  assert [p.train.names[i] for i in np.flatnonzero(p.train_labels == 2)] == ['class_19'] * 12
+  assert set(p.test.names) == set(order) and len(p.test.files) == 8 * SPEC.test_per_class
+  assert np.array_equal(np.bincount(p.train_labels[p.base_train]), [12] * 4)
+
+
+def test_topic_lists(fake_root, tmp_path):
+  """TOPIC-style lists name training images by a trailing part of their path: session 1 becomes the
+  base training images, the later lists the fixed shots of protocol 'topic'."""
+  lists = fake_root / 'folder' / 'lists'
+  b = folder.load(spec_of(fake_root, lists=str(lists), protocol='topic'), tmp_path)
+  assert len(b.base_train) == 10 * 12 and len(b.topic_shots) == 5
+  p = folder.read_protocol(spec_of(fake_root, lists=str(lists)))
+  for t in range(2, 7):
+    shots = protocol.session_shots(b, 'topic', run=0, session=t, shots=5, seed=0)
+    named = [f'train/{p.train.files[i]}' for i in shots]
+    assert named == (lists / f'session_{t}.txt').read_text().split()
+    assert sorted(set(b.train.labels[shots].tolist())) == list(b.session_classes[t - 1])
+
+
+def test_the_validation_protocol_needs_no_test_images(fake_root, tmp_path):
+  b = folder.load(spec_of(fake_root, test='', protocol='validation'), tmp_path)
+  assert len(b.test) == 0
+  from f2m_jax.data import holdout
+  v = holdout.validation_benchmark(b)
+  assert v.session_classes[0] == tuple(range(6)) and len(v.session_classes) == 3
+  assert len(v.test) == 10 * 3 and len(v.base_train) == 6 * 9
+
+
+# ---------------------------------------------------------------- problems, each one message
+
+def _corrupt(root):
+  bad = root / 'folder' / 'train' / 'class_04' / '001.jpg'
+  bad.write_bytes(b'not an image at all')
+  return bad
+
+
+PROBLEMS = [
+    # (what to change, the message's parts)
+    (lambda root, tmp: dict(shots=13), ['folder/train: class \'class_00\' has 12 training images', '19 more classes',
+                                        'data.shots=13 needs at least 13 per class']),
+    (lambda root, tmp: dict(num_base=10, way=3), ['the session layout does not add up', 'num_base=10',
+                                                  'way=3', '= 25 classes', 'folder/train has 20',
+                                                  'num_base + way x (num_sessions - 1) = 20']),
+    (lambda root, tmp: dict(test=''), ["no test images of class 'class_00'", "folder/train (its split=test rows; data.folder.test is empty)",
+                                       'protocol=validation']),
+    (lambda root, tmp: dict(train=str(root / 'nope')), ["data.folder.train='", "nope' does not exist",
+                                                        'allowed: a folder with one subfolder of images per class']),
+    (lambda root, tmp: dict(train=write_csv(tmp / 'a.csv', [('x.jpg', 'c')], ('file', 'label'))),
+     ['a.csv: expected a header naming the columns path (or filename), label']),
+    (lambda root, tmp: dict(train=write_csv(tmp / 'b.csv', [('x.jpg', 'c', 'val')])),
+     ["b.csv: the split column holds ['val']; allowed: train, test"]),
+    (lambda root, tmp: dict(test=str(root / 'folder' / 'train')), ['is both a training and a test image']),
+    (lambda root, tmp: dict(protocol='topic'), ["protocol 'topic' takes each session's shots from TOPIC-style lists",
+                                                'data.folder.lists']),
+    (lambda root, tmp: dict(classes=str(tmp / 'none.txt')), ["data.folder.classes='", 'none.txt\' does not exist']),
+    (lambda root, tmp: dict(lists=str(root / 'folder' / 'lists'), protocol='topic', shots=4),
+     ['session_2.txt lists 5 images per class; protocol topic takes them as the shots, so data.shots must be 5']),
+]
+
+
+@pytest.mark.parametrize('case', range(len(PROBLEMS)))
+def test_each_problem_is_one_message_naming_the_file(fake_root, tmp_path, case):
+  root = copy_of(fake_root, tmp_path)
+  change, parts = PROBLEMS[case]
+  with pytest.raises(DataError) as e:
+    folder.read_protocol(spec_of(root, **change(root, tmp_path)))
+  for part in parts:
+    assert part in str(e.value), (part, str(e.value))
+  assert not (tmp_path / 'cache').exists()
+
+
+def test_a_list_naming_an_unknown_image_or_a_test_class_unknown(fake_root, tmp_path):
+  root = copy_of(fake_root, tmp_path)
+  s2 = root / 'folder' / 'lists' / 'session_2.txt'
+  original = s2.read_text()
+  s2.write_text(original.replace('.jpg', '.jpeg', 1))
+  with pytest.raises(DataError, match=r'session_2.txt names train/class_10/\d+.jpeg, which is not a training image'):
+    folder.read_protocol(spec_of(root, lists=str(root / 'folder' / 'lists')))
+  s2.write_text(original.replace('train/class_10/', '', 1))  # a bare file name: one in every class folder
+  with pytest.raises(DataError, match=r'session_2.txt: \d+.jpe?g names several training images of .*train; name it by '
+                                      'more of its path'):
+    folder.read_protocol(spec_of(root, lists=str(root / 'folder' / 'lists')))
+  (root / 'folder' / 'test' / 'class_99').mkdir()
+  shutil.copy(next((root / 'folder' / 'test' / 'class_00').iterdir()), root / 'folder' / 'test' / 'class_99' / 'x.jpg')
+  with pytest.raises(DataError, match=r"folder/test has images of classes without training images: \['class_99'\]"):
+    folder.read_protocol(spec_of(root))
+
+
+def test_an_unreadable_image_is_named_and_nothing_is_cached(fake_root, tmp_path):
+  root = copy_of(fake_root, tmp_path)
+  bad = _corrupt(root)
+  with pytest.raises(DataError, match=f'could not read {bad} as an image .*every listed file must be an image'):
+    folder.load(spec_of(root), tmp_path / 'cache')
+  assert not list((tmp_path / 'cache').rglob('*.npy*'))
+
+
+def test_problems_stop_run_py_before_the_workdir(fake_root, tmp_path):
+  """Through run.py's entry (cli.main): one 'error:' line, exit code 2, no workdir; the data folder
+  and its files are only read."""
+  from configs import folder as folder_cfg
+  from f2m_jax import cli
+  root = copy_of(fake_root, tmp_path)
+  before = sorted((p.relative_to(root), p.stat().st_mtime_ns) for p in root.rglob('*'))
+  config = folder_cfg.get_config('')
+  config.data.folder.update(train=str(root / 'folder' / 'train'), test=str(root / 'folder' / 'test'),
+                            num_base=12, way=2, num_sessions=6)
+  config.data.cache_dir = str(tmp_path / 'cache')
+  assert cli.main(config, str(tmp_path / 'w'), 'train') == 2
+  assert not (tmp_path / 'w').exists()
+  assert sorted((p.relative_to(root), p.stat().st_mtime_ns) for p in root.rglob('*')) == before
+
+
+@pytest.mark.parametrize('field,value,allowed', [
+    ('way', 0, 'data.folder.way=0 is invalid: must be >= 1'),
+    ('num_sessions', 1, 'data.folder.num_sessions=1 is invalid: must be >= 2'),
+    ('augment', 'crop_flip', "data.folder.resize=1.1428571428571428 is invalid: the stored images' side over "
+                             "data.image_size: >= 1, and 1 with augment 'crop_flip'"),
+    ('train', '', "data.folder.train='' is invalid: a folder with one subfolder of images per class"),
+])
+def test_bad_folder_fields_are_refused_before_reading(field, value, allowed):
+  from configs import folder as folder_cfg
+  from f2m_jax import validation
+  config = folder_cfg.get_config('')
+  config.data.folder.train = '/somewhere'
+  config.data.folder[field] = value
+  with pytest.raises(ValueError, match=allowed.replace('(', r'\(').replace(')', r'\)').replace('.', r'\.')):
+    validation.validate(config)
+
+
+# ---------------------------------------------------------------- the configs
+
+def _mini_through_the_folder_fields(config, fake_root):
+  """configs/mini.py:smoke on the miniImageNet fake folder read through the generic data.folder fields."""
+  from configs import common
+  mini = fake_root / 'miniimagenet'
+  lists = fake_root / 'index_list' / 'mini_imagenet'
+  config.data.source = 'folder'
+  config.data.folder = common.folder_section()
+  config.data.folder.update(train=str(mini / 'split' / 'train.csv'), test=str(mini / 'split' / 'test.csv'),
+                            root=str(mini / 'images'), lists=str(lists), num_base=8, way=2, num_sessions=9,
+                            resize=92 / 84)
+  return config
+
+
+@pytest.mark.parametrize('protocol_name', ['draws', 'topic', 'validation'])
+def test_the_mini_fake_folder_through_the_folder_fields_is_its_layout(tmp_path, protocol_name):
+  """The real-looking miniImageNet folder read through the generic fields gives the benchmark of its
+  own layout, array for array (so every result computed from it is the same)."""
+  from configs import mini
+  layout = mini.get_config('smoke')
+  layout.data.update(cache_dir=str(tmp_path / 'cache'), protocol=protocol_name)
+  want = sources.load_benchmark(layout)
+  fake_root = fake_folders.fake_folder(tmp_path / 'cache')
+  got = sources.load_benchmark(_mini_through_the_folder_fields(layout, fake_root))
+  for name in ('train', 'test'):
+    a, b = getattr(want, name), getattr(got, name)
+    assert np.array_equal(a.images, b.images) and np.array_equal(a.labels, b.labels) and a.labels.dtype == b.labels.dtype
+  for name in ('base_train', 'shot_pool'):
+    assert np.array_equal(getattr(want, name), getattr(got, name))
+  assert (want.topic_shots is None) == (got.topic_shots is None)
+  assert all(np.array_equal(a, b) for a, b in zip(want.topic_shots or (), got.topic_shots or ()))
+  for name in ('name', 'session_classes', 'image_size', 'mean', 'std', 'augment'):
+    assert getattr(want, name) == getattr(got, name), name
+
+
+def test_the_smoke_config_under_every_protocol(tmp_path):
+  """configs/folder.py:smoke's generated folder under draws, topic (its lists) and validation."""
+  from configs import folder as folder_cfg
+  got = {}
+  for name in protocol.PROTOCOLS:
+    config = folder_cfg.get_config('smoke')
+    config.data.update(cache_dir=str(tmp_path), protocol=name)
+    got[name] = sources.load_benchmark(config)
+  assert [len(c) for c in got['draws'].session_classes] == [10, 2, 2, 2, 2, 2] and got['draws'].topic_shots
+  assert np.array_equal(got['draws'].base_train, got['topic'].base_train)  # session_1.txt: every base image
+  assert [len(c) for c in got['validation'].session_classes] == [6, 2, 2]
+  assert len(got['validation'].base_train) == 6 * 9  # 12 images less the held-out 3; a batch is 6 x 8
+
+
+@pytest.mark.slow
+def test_folder_smoke_end_to_end(tmp_path, capsys):
+  """configs/folder.py:smoke through run.py's entry: a generated folder of 20 classes (written once into
+  the cache folder) to results.json."""
+  from configs import folder as folder_cfg
+  from f2m_jax import cli
+  config = folder_cfg.get_config('smoke')
+  config.data.cache_dir = str(tmp_path / 'cache')
+  argv = ['run.py', '--config', 'configs/folder.py:smoke', '--workdir', str(tmp_path / 'work')]
+  assert cli.main(config, str(tmp_path / 'work'), 'train', argv=argv) == 0
+  results = json.loads((tmp_path / 'work' / 'results.json').read_text())
+  assert results['dataset'] == 'folder' and results['protocol'] == 'draws' and results['runs'] == 2
+  assert [s['num_classes'] for s in results['sessions']] == [10, 12, 14, 16, 18, 20]
+  assert results['sessions'][0]['acc']['mean'] > 50  # 10 generated classes are easy
+  assert 'f2m on folder (draws, 2 runs' in capsys.readouterr().out
+  root = tmp_path / 'cache' / 'fake_folder' / f'v{fake_folders.VERSION}'
+  assert (root / fake_folders.COMPLETE).is_file() and len(list((root / 'folder').rglob('*.png'))) == 20 * 4
+  assert len(list((tmp_path / 'cache' / 'arrays' / 'folder').glob('*.npy'))) == 2
+
+
+@pytest.mark.slow
+def test_the_mini_fake_folder_gives_the_results_of_its_layout(tmp_path):
+  """The miniImageNet fake folder through the generic fields and through its own layout: the same
+  results.json (but for its provenance), run through the pipeline."""
+  from configs import mini
+  from f2m_jax import pipeline
+
+  def config():
+    c = mini.get_config('smoke')
+    c.data.cache_dir = str(tmp_path / 'cache')
+    c.runs = 1
+    c.base.update(steps=30, milestones=(20,), checkpoint_every=10)
+    return c
+
+  want = pipeline.run(config(), str(tmp_path / 'layout'))
+  got = pipeline.run(_mini_through_the_folder_fields(config(), fake_folders.fake_folder(tmp_path / 'cache')),
+                     str(tmp_path / 'generic'))
+  assert without_provenance(got) == without_provenance(want)

@@ -1,0 +1,55 @@
+"""Ctrl-C (SIGINT) and SIGTERM stop a run at its next step or session boundary: one line saying where
+and how to resume, exit code 130, no traceback; the rerun of the same command ends with the results
+of an uninterrupted run."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import REPO, without_provenance
+
+ARGS = ['--config', 'configs/cifar100.py:smoke', '--config.tensorboard=False', '--config.runs=1',
+        '--config.data.synthetic.num_sessions=3', '--config.base.steps=400', '--config.base.milestones=(300,)',
+        '--config.base.checkpoint_every=50']
+
+
+def _run(workdir, **kw):
+  return subprocess.Popen([sys.executable, 'run.py', *ARGS, '--workdir', str(workdir)], cwd=REPO, text=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kw)
+
+
+def _base_steps(workdir) -> list:
+  path = os.path.join(workdir, 'metrics.jsonl')
+  if not os.path.exists(path):
+    return []
+  with open(path) as f:
+    return [json.loads(line)['step'] for line in f if '"phase": "base"' in line]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('sig', [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_stops_the_run_cleanly_and_the_rerun_resumes_exactly(tmp_path, sig):
+  reference = _run(tmp_path / 'reference')
+  assert reference.wait(timeout=900) == 0, reference.stderr.read()[-2000:]
+  child = _run(tmp_path / 'w')
+  deadline = time.time() + 600
+  while not [s for s in _base_steps(tmp_path / 'w') if s >= 60] and time.time() < deadline:
+    time.sleep(0.05)
+  child.send_signal(sig)
+  _, err = child.communicate(timeout=300)
+  lines = [line for line in err.splitlines() if line.strip()]
+  assert child.returncode == 130, err[-3000:]
+  assert 'Traceback' not in err and len(lines) == 1, lines
+  assert lines[0].startswith(f'interrupted ({sig.name}) after base step ') and 'rerun the same command' in lines[0]
+  stopped_at = int(lines[0].split('after base step ')[1].split(';')[0])
+  assert 60 <= stopped_at < 400 and not os.path.exists(tmp_path / 'w' / 'results.json')
+  rerun = _run(tmp_path / 'w')
+  assert rerun.wait(timeout=900) == 0, rerun.stderr.read()[-2000:]
+  with open(tmp_path / 'w' / 'results.json') as f, open(tmp_path / 'reference' / 'results.json') as g:
+    assert without_provenance(json.load(f)) == without_provenance(json.load(g))
