@@ -9,7 +9,7 @@ import numpy as np
 from tqdm import tqdm
 
 from f2m_jax import trees
-from f2m_jax.checkpoint import CheckpointError, Checkpoints
+from f2m_jax.checkpoint import CheckpointError, CheckpointFault, Checkpoints
 from f2m_jax.data import protocol as protocol_lib
 from f2m_jax.experiment import Experiment, Hook, TrainingError
 
@@ -20,9 +20,9 @@ def run_sessions(exp: Experiment, runner, ckpts: Checkpoints, log, train: bool =
                  hook: Hook = None) -> tuple:
   """All runs x sessions for any method (its `runner`, f2m_jax/methods), run by run, session by
   session. Returns per-run lists of per-session accuracy dicts and per-run prototype norms (None
-  where the method has none). Sessions already checkpointed are restored; with `train=False` (eval
-  mode) a missing session is an error, and each restored session's accuracies are computed again
-  from its state, as the run computed them."""
+  where the method has none). Sessions already checkpointed are restored, their accuracies computed
+  again from the restored state as the run computed them; with `train=False` (eval mode) a missing
+  session is an error."""
   cfg, bench = exp.config, exp.bench
   print(f'session 1: accuracy on the {len(protocol_lib.test_indices(bench, 1)):,} test images of the base classes, '
         f'then {cfg.runs} runs x {bench.num_sessions - 1} sessions', flush=True)
@@ -37,7 +37,7 @@ def run_sessions(exp: Experiment, runner, ckpts: Checkpoints, log, train: bool =
       shots = protocol_lib.session_shots(bench, cfg.data.protocol, run, session, cfg.data.shots, cfg.seed)
       exemplars = np.concatenate([exemplars, shots])
       if session in done:
-        state, acc = restore_session(runner, ckpts, run, session, exemplars, recompute=not train)
+        state, acc = restore_session(runner, ckpts, run, session, exemplars)
       elif train:
         state, acc = train_session(cfg.method, runner, ckpts, log, state, run, session, exemplars)
         if hook:
@@ -82,20 +82,18 @@ def train_session(method: str, runner, ckpts: Checkpoints, log, state, run: int,
   return state, acc
 
 
-def restore_session(runner, ckpts: Checkpoints, run: int, session: int, exemplars: np.ndarray,
-                    recompute: bool = False) -> tuple:
-  """(state, accuracies) of `run` after `session`: the accuracies as saved, or (`recompute`) computed
-  again from the restored state, each difference from the saved ones printed; a CheckpointError where
-  its exemplars are not those the protocol gives now."""
+def restore_session(runner, ckpts: Checkpoints, run: int, session: int, exemplars: np.ndarray) -> tuple:
+  """(state, accuracies) of `run` after `session`, restored: the accuracies computed again from the
+  state (never taken on trust from the file), each difference from those saved beside it printed; a
+  CheckpointFault where its exemplars are not those the protocol gives now."""
   saved = ckpts.restore_session(run, session, {**runner.template(session), 'exemplars': exemplars,
                                                 'accuracy': np.zeros((len(ACCURACY_KEYS),), np.float64)})
   if not np.array_equal(saved['exemplars'], exemplars):
-    raise CheckpointError(f'run {run} session {session}: saved exemplars differ from the protocol '
-                          '(the data or protocol changed since it was saved)')
+    raise CheckpointFault(f'run {run} session {session}: the exemplars saved in {ckpts.root}/run_{run}/{session} '
+                          'differ from the protocol\'s: the file is corrupt, or the data or the code changed since '
+                          'it was saved')
   acc = {k: None if np.isnan(v) else float(v) for k, v in zip(ACCURACY_KEYS, np.asarray(saved['accuracy']))}
   state = runner.restore(saved)
-  if not recompute:
-    return state, acc
   again = runner.accuracies(state, session)
   if again != acc:
     differ = ', '.join(f'{k} {again[k]} (saved {acc[k]})' for k in ACCURACY_KEYS if again[k] != acc[k])
