@@ -144,6 +144,7 @@ class Lock:
 
   def __init__(self, workdir: str):
     self.path, self._fd = os.path.join(workdir, 'lock'), None
+    self._created = not os.path.exists(self.path)
     if not primary():
       return
     fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -162,8 +163,12 @@ class Lock:
       os.ftruncate(self._fd, 0)
       os.pwrite(self._fd, f'{os.getpid()}\n'.encode(), 0)
 
-  def close(self) -> None:
+  def close(self, undo: bool = False) -> None:
+    """Releases the lock; `undo`: and removes the lock file if this process created it (a workdir
+    refused by its checks is left as it was)."""
     if self._fd is not None:
+      if undo and self._created:
+        os.remove(self.path)
       os.close(self._fd)  # closing the file releases the flock
       self._fd = None
 
@@ -187,6 +192,15 @@ def _check_record(path: str, workdir: str, config: dict, method_sections, base_s
                           ': its base model is its own; drop --checkpoint, or use another --workdir'))
 
 
+def holds_checkpoints(workdir: str) -> bool:
+  """Whether W/checkpoints holds a saved step (checkpoints/<kind>/<step>; the empty folders a
+  process opening its checkpoints creates do not count: the other processes of a multi-host run may
+  create them before the primary process has written config.json)."""
+  root = os.path.join(workdir, 'checkpoints')
+  kinds = [os.path.join(root, k) for k in (os.listdir(root) if os.path.isdir(root) else [])]
+  return any(n.isdigit() for k in kinds if os.path.isdir(k) for n in os.listdir(k))
+
+
 def prepare(workdir: str, config: dict, method_sections: Optional[dict] = None,
             base_source: Optional[dict] = None, records: tuple = RECORDS) -> Lock:
   """Takes the workdir (creating it, and its Lock) and checks each existing record of its config
@@ -201,8 +215,7 @@ def prepare(workdir: str, config: dict, method_sections: Optional[dict] = None,
   try:
     paths = [os.path.join(workdir, r) for r in records]
     present = [p for p in paths if os.path.exists(p)]
-    if not present and os.path.isdir(os.path.join(workdir, 'checkpoints')) and \
-        os.listdir(os.path.join(workdir, 'checkpoints')):
+    if not present and holds_checkpoints(workdir):
       raise WorkdirError(f'{workdir} holds checkpoints but no record of the config they were trained with '
                          f'({" and ".join(paths)} are missing): restore one, or use another --workdir')
     for path in present:
@@ -212,7 +225,7 @@ def prepare(workdir: str, config: dict, method_sections: Optional[dict] = None,
       atomic_write(path, json.dumps({**config, SOURCE_KEY: base_source}, indent=2, sort_keys=True))
     lock.claim()
   except BaseException:
-    lock.close()
+    lock.close(undo=True)
     raise
   return lock
 

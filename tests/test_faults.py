@@ -125,6 +125,15 @@ def test_checkpoint_with_other_base_classes_is_refused_before_anything_is_writte
   assert not workdir.exists()
 
 
+def test_checkpoints_without_a_record_of_their_config_are_refused(tmp_path):
+  workdir = str(tmp_path / 'w')
+  save_base_model(workdir, tiny_config())  # checkpoints/model/0, and neither config.json nor its copy
+  before = snapshot(workdir)
+  with pytest.raises(WorkdirError, match='holds checkpoints but no record of the config they were trained with'):
+    pipeline.run(tiny_config(), workdir)
+  assert snapshot(workdir) == before
+
+
 # ----------------------------------------------------------------------------- 6. a workdir has one owner
 
 def hold_lock(workdir: str) -> subprocess.Popen:
