@@ -23,6 +23,9 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from f2m_jax import trees
+from f2m_jax import workdir as workdir_lib
+
 
 # What orbax logs (as absl warnings) on every read-only manager, i.e. every --checkpoint, eval or
 # flatness run: notes on options it ignores for reading, nothing a user can act on.
@@ -39,7 +42,30 @@ logging.getLogger('absl').addFilter(_DropReadOnlyNotes())
 
 
 class CheckpointError(RuntimeError):
-  """A checkpoint is missing, truncated or unreadable."""
+  """A checkpoint is missing, or was written for another config (exit code 2)."""
+
+
+class CheckpointFault(CheckpointError):
+  """A checkpoint that cannot be read back (unreadable, truncated, or holding NaN or inf), or
+  cannot be written (exit code 3)."""
+
+
+# Leaves that may hold NaN: a session's accuracies, where NaN stands for None (f2m_jax/sessions.py).
+MAY_BE_NAN = ("['accuracy']",)
+
+
+def _cause(e: Exception, limit: int = 300) -> str:
+  """An exception as one line of at most `limit` characters (orbax's run over many lines)."""
+  text = ' '.join(f'{type(e).__name__}: {e}'.split())
+  return text if len(text) <= limit else text[:limit] + ' ...'
+
+
+def _writable(directory: str, what: str) -> None:
+  """A CheckpointFault naming `directory` and the cause where it cannot take a checkpoint, before
+  orbax tries (its writes in the background would fail late, or hang)."""
+  why = workdir_lib.writable_folder(directory)
+  if why:
+    raise CheckpointFault(f'cannot write the {what} into {directory}: {why}')
 
 
 def _manager(directory: str, keep: Optional[int], read_only: bool = False,
@@ -47,6 +73,8 @@ def _manager(directory: str, keep: Optional[int], read_only: bool = False,
   # In the background on one process only: with several, orbax's per-save barriers of concurrent
   # managers (a member sweep saves S workdirs at once) could meet in another order on each process.
   background = background and not read_only and jax.process_count() == 1
+  if not read_only:
+    _writable(directory, 'checkpoints')
   options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=not read_only, read_only=read_only,
                                          enable_async_checkpointing=background)
   return ocp.CheckpointManager(os.path.abspath(directory), options=options)
@@ -90,16 +118,38 @@ class Checkpoints:
                                             for n in os.listdir(self.root))
 
   @staticmethod
-  def _restore(manager: ocp.CheckpointManager, step: int, template: Any, what: str):
+  def _restore(manager: ocp.CheckpointManager, step: int, template: Any, what: str, advice: str):
+    """The checkpoint `step` of `manager` in the shapes of `template`; a CheckpointFault naming it
+    (with `advice`: what to do that works) where it cannot be read or holds NaN or inf, a
+    CheckpointError where its arrays have other shapes (another network or data)."""
     path = os.path.join(str(manager.directory), str(step))
     manager.wait_until_finished()
     try:
-      return manager.restore(step, args=ocp.args.StandardRestore(template))
+      out = manager.restore(step, args=ocp.args.StandardRestore(template))
     except Exception as e:  # orbax raises many types for truncated or corrupt files
-      raise CheckpointError(
-          f'cannot restore the {what} checkpoint {path}: {type(e).__name__}: {e}. The file is missing, '
-          f'truncated or corrupt. Delete the folder {path} to fall back to the previous checkpoint, '
-          'or start with a new --workdir.') from e
+      raise CheckpointFault(f'cannot restore the {what} checkpoint {path} ({_cause(e)}): it is missing, '
+                            f'truncated or corrupt; {advice}') from e
+    other = [f'{jax.tree_util.keystr(k)} {np.shape(o)} there, {np.shape(t)} here' for (k, o), t in
+             zip(jax.tree_util.tree_flatten_with_path(out)[0], jax.tree_util.tree_leaves(template))
+             if np.shape(o) != np.shape(t)]
+    if other:  # orbax restores the saved shapes whatever the template's
+      raise CheckpointError(f'the {what} checkpoint {path} holds arrays of other shapes than this config needs '
+                            f'({"; ".join(other[:3])}): it was written for another network or data (another '
+                            'number of classes?)')
+    bad = [k for k in trees.non_finite(out) if not k.startswith(MAY_BE_NAN)]
+    if bad:
+      raise CheckpointFault(f'the {what} checkpoint {path} holds NaN or inf (in {", ".join(bad[:3])}): it is '
+                            f'corrupt; {advice}')
+    return out
+
+  @staticmethod
+  def _save(manager: ocp.CheckpointManager, step: int, item: Any, what: str) -> None:
+    """Saves `item` as `step`; a CheckpointFault naming the folder and the cause where it cannot."""
+    _writable(str(manager.directory), f'{what} checkpoint')
+    try:
+      manager.save(step, args=ocp.args.StandardSave(item), force=True)
+    except Exception as e:
+      raise CheckpointFault(f'cannot write the {what} checkpoint {manager.directory}/{step}: {_cause(e)}') from e
 
   # Base training state.
   def latest_base_step(self) -> Optional[int]:
@@ -107,11 +157,14 @@ class Checkpoints:
     return self._base.latest_step()
 
   def save_base_state(self, step: int, state: Any) -> None:
-    self._base.save(step, args=ocp.args.StandardSave(_host_copy(state)), force=True)
+    self._save(self._base, step, _host_copy(state), 'base train state')
 
   def restore_base_state(self, template: Any, step: Optional[int] = None):
     step = self.latest_base_step() if step is None else step
-    return self._restore(self._base, step, _to_numpy(template), 'base train state')
+    earlier = [s for s in self._base.all_steps() if s < step]
+    advice = (f'delete that folder to resume from the base train state of step {max(earlier)}' if earlier else
+              'delete that folder to train the base session again from step 0')
+    return self._restore(self._base, step, _to_numpy(template), 'base train state', advice)
 
   # The best base model on the base test images (base.select_on_test).
   def _best_manager(self) -> Optional[ocp.CheckpointManager]:
@@ -128,13 +181,14 @@ class Checkpoints:
 
   def save_best_base(self, step: int, params, batch_stats, test_acc: float) -> None:
     item = {'params': params, 'batch_stats': batch_stats, 'test_acc': np.asarray(test_acc, np.float64)}
-    self._best_manager().save(step, args=ocp.args.StandardSave(_to_numpy(item)), force=True)
+    self._save(self._best_manager(), step, _to_numpy(item), 'best base model')
 
   def restore_best_base(self, template: dict) -> dict:
     """{'params', 'batch_stats', 'test_acc'} of the best model; template: params and batch_stats."""
     template = {**template, 'test_acc': np.zeros((), np.float64)}
     manager = self._best_manager()
-    return self._restore(manager, manager.latest_step(), _to_numpy(template), 'best base model')
+    return self._restore(manager, manager.latest_step(), _to_numpy(template), 'best base model',
+                         'the best model so far cannot be recovered; start again with a new --workdir')
 
   # Base model phi* and base prototypes.
   def has_model(self) -> bool:
@@ -142,12 +196,23 @@ class Checkpoints:
 
   def save_model(self, params, batch_stats, prototypes: np.ndarray) -> None:
     item = {'params': params, 'batch_stats': batch_stats, 'prototypes': prototypes}
-    self._model.save(0, args=ocp.args.StandardSave(_to_numpy(item)), force=True)
+    self._save(self._model, 0, _to_numpy(item), 'base model')
 
   def restore_model(self, template) -> dict:
     if not self.has_model():
       raise CheckpointError(f'no base model checkpoint in {self._model.directory}')
-    return self._restore(self._model, 0, _to_numpy(template), 'base model')
+    return self._restore(self._model, 0, _to_numpy(template), 'base model', self._model_advice())
+
+  def _model_advice(self) -> str:
+    """What works where the base model cannot be read: it has no earlier version; it can be computed
+    again from the last base train state, if one is kept (the sessions, computed on it, go too)."""
+    step = self.latest_base_step()
+    if step is None:
+      return 'there is no earlier base model, nor a base train state to compute it from: start again with a new --workdir'
+    sessions = f' and the sessions ({self.root}/run_*)' if self.any_sessions() else ''
+    return (f'there is no earlier base model; delete {self.root}/model{sessions} (and move a finished run\'s '
+            'results.json away), then run without --mode eval to compute it again from the last base train state '
+            f'({self.root}/base/{step})')
 
   # A training of its own per run and session (joint training): train states, the last kept.
   def training(self, run: int, session: int) -> '_Training':
@@ -160,10 +225,12 @@ class Checkpoints:
     return sorted(self._run(run).all_steps())
 
   def save_session(self, run: int, session: int, item: dict) -> None:
-    self._run(run).save(session, args=ocp.args.StandardSave(_host_copy(item)), force=True)
+    self._save(self._run(run), session, _host_copy(item), f'run {run} session {session}')
 
   def restore_session(self, run: int, session: int, template: dict) -> dict:
-    return self._restore(self._run(run), session, _to_numpy(template), f'run {run} session {session}')
+    advice = (f'delete that folder and those of the later sessions of run {run} (and move a finished run\'s '
+              'results.json away), then run without --mode eval to compute them again')
+    return self._restore(self._run(run), session, _to_numpy(template), f'run {run} session {session}', advice)
 
   def close(self) -> None:
     """Waits for the saves in flight, then releases the managers."""
@@ -181,10 +248,11 @@ class _Training:
     return self._manager.latest_step()
 
   def save(self, step: int, state: Any) -> None:
-    self._manager.save(step, args=ocp.args.StandardSave(_to_numpy(state)), force=True)
+    self._owner._save(self._manager, step, _to_numpy(state), self._what)
 
   def restore(self, template: Any) -> Any:
-    return self._owner._restore(self._manager, self._manager.latest_step(), _to_numpy(template), self._what)
+    return self._owner._restore(self._manager, self._manager.latest_step(), _to_numpy(template), self._what,
+                                'delete that folder to start this training again')
 
   def close(self) -> None:
     self._manager.close()

@@ -1,4 +1,6 @@
-"""What run.py does per --mode, with user errors turned into one clear message and exit code 2."""
+"""What run.py does per --mode, with user errors turned into one clear message and exit code 2, and
+faults of the records (a checkpoint that cannot be read or written, a diverged training, a file
+system error) into one line and exit code 3."""
 from __future__ import annotations
 
 import contextlib
@@ -21,7 +23,7 @@ from f2m_jax import members
 from f2m_jax import pipeline
 from f2m_jax import report
 from f2m_jax import sharding
-from f2m_jax.checkpoint import CheckpointError
+from f2m_jax.checkpoint import CheckpointError, CheckpointFault
 from f2m_jax.data import sources
 from f2m_jax.experiment import Interrupted, TrainingError
 from f2m_jax.workdir import RENAMED_FIELDS, WorkdirError, flat_items
@@ -82,8 +84,8 @@ def stopping_at_boundaries():
 
 
 def run_mode(config, workdir: str, mode: str, checkpoint, origin, hook) -> int:
-  """`main`'s work: the mode, with errors as one line and exit codes (2 user error, 3 training
-  stopped, 130 interrupted)."""
+  """`main`'s work: the mode, with errors as one line and exit codes (2 user error; 3 training
+  stopped, a checkpoint that cannot be read back or written, a file system error; 130 interrupted)."""
   try:
     sharding.maybe_initialize_distributed(config.get('distributed', False))
     if mode != 'bench':
@@ -106,6 +108,9 @@ def run_mode(config, workdir: str, mode: str, checkpoint, origin, hook) -> int:
       print(describe(config, origin), flush=True)
       return 0
     raise ValueError(f'--mode {mode} is not implemented yet')
+  except CheckpointFault as e:
+    print(f'error: {e}', file=sys.stderr, flush=True)
+    return 3
   except USER_ERRORS as e:
     print(f'error: {e}', file=sys.stderr, flush=True)
     return 2
@@ -116,6 +121,9 @@ def run_mode(config, workdir: str, mode: str, checkpoint, origin, hook) -> int:
     print(f'{e}; every checkpoint written is complete: rerun the same command to resume', file=sys.stderr,
           flush=True)
     return 130
+  except OSError as e:  # the file system refused a write or read that the checks could not foresee
+    print(f'error: {type(e).__name__}: {e}', file=sys.stderr, flush=True)
+    return 3
 
 
 def enable_compilation_cache(config):

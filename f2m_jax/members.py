@@ -32,7 +32,7 @@ from f2m_jax import train_loop
 from f2m_jax import workdir as workdir_lib
 from f2m_jax.checkpoint import CheckpointError, Checkpoints
 from f2m_jax.data import sources
-from f2m_jax.experiment import Experiment, Hook
+from f2m_jax.experiment import Hook
 from f2m_jax.validation import need
 
 FIELDS = ('noise.bound',)  # scalars a sweep may vary besides the seed (members written out side by side)
@@ -110,14 +110,18 @@ def run(config: ml_collections.ConfigDict, root: str, mode: str = 'train', check
   configs = [pipeline.resolve(c, changes) for c in member_configs(config)]
   sweep = pipeline.resolve(config, changes)
   bench = sources.load_benchmark(configs[0])  # before anything is written: missing data stop here
+  exps = [pipeline.check(c, bench) for c in configs]  # and what the data and the networks allow
   if mode == 'eval' and not os.path.exists(os.path.join(root, 'config.json')):
     raise CheckpointError(f'nothing to evaluate: {root} holds no sweep (no config.json); train it first')
-  workdir_lib.prepare(root, sweep.to_dict())
-  dirs = [os.path.join(root, f'member_{i}') for i in range(len(configs))]
-  if mode == 'train':
-    train_members(configs, dirs, bench, hook)
-  results = [pipeline.run(c, d, mode=mode, hook=hook, origin={**origin, 'sweep_member': i} if origin else None)
-             for i, (c, d) in enumerate(zip(configs, dirs))]
+  lock = workdir_lib.prepare(root, sweep.to_dict(), records=('config.json',))
+  try:
+    dirs = [os.path.join(root, f'member_{i}') for i in range(len(configs))]
+    if mode == 'train':
+      train_members(exps, dirs, hook)
+    results = [pipeline.run(c, d, mode=mode, hook=hook, origin={**origin, 'sweep_member': i} if origin else None)
+               for i, (c, d) in enumerate(zip(configs, dirs))]
+  finally:
+    lock.close()
   m = config.members
   summary = summarize_values(m.field, m.field_values, results) if m.field_values else summarize(results)
   summary['members'] = [{'workdir': os.path.basename(d), 'seed': int(c.seed),
@@ -134,8 +138,7 @@ def write_summary(root: str, summary: dict, mode: str) -> str:
   that the members' results reproduce is left alone (another is written beside it otherwise)."""
   path = os.path.join(root, 'summary.json')
   if mode == 'eval' and os.path.exists(path):
-    with open(path) as f:
-      saved = json.load(f)
+    saved = workdir_lib.read_json(path)
     strip = lambda d: {k: v for k, v in json.loads(json.dumps(d)).items() if k != 'provenance'}
     if strip(saved) == strip(summary):
       return f'the members reproduce {path}; it is unchanged'
@@ -144,24 +147,21 @@ def write_summary(root: str, summary: dict, mode: str) -> str:
   return f'summary written to {path}; each member in {root}/member_<i>/'
 
 
-def train_members(configs: list, dirs: list, bench, hook: Hook) -> None:
-  """The members' base sessions in lockstep, each saved into its own workdir (created here), unless
-  every member already holds its base model."""
-  exps = [Experiment.create(c, bench) for c in configs]
-  ckpts, logs = [], []
-  for d, c in zip(dirs, configs):
-    workdir_lib.prepare(d, c.to_dict(), registry.method_sections())
-    ckpts.append(Checkpoints(d))
-    logs.append(workdir_lib.MetricsLog(d, tensorboard=c.tensorboard))
+def train_members(exps: list, dirs: list, hook: Hook) -> None:
+  """The members' base sessions in lockstep, each saved into its own workdir (created and held here),
+  unless every member already holds its base model."""
+  ckpts, logs, locks = [], [], []
   try:
+    for d, e in zip(dirs, exps):
+      locks.append(workdir_lib.prepare(d, e.config.to_dict(), registry.method_sections()))
+      ckpts.append(Checkpoints(d))
+      logs.append(workdir_lib.MetricsLog(d, tensorboard=e.config.tensorboard))
     if not all(ck.has_model() for ck in ckpts):
       train_loop.train_base_sessions(exps, ckpts, logs, f'base sessions of {len(exps)} members '
-                                     f'({configs[0].members.map})', hook=hook)
+                                     f'({exps[0].config.members.map})', hook=hook)
   finally:
-    for ck in ckpts:
-      ck.close()
-    for log in logs:
-      log.close()
+    for item in ckpts + logs + locks:
+      item.close()
 
 
 def format_summary(summary: dict) -> str:

@@ -112,8 +112,7 @@ def describe_source(checkpoint: str, config: ml_collections.ConfigDict) -> dict:
       source.close()
   results_path = os.path.join(checkpoint, 'results.json')
   if os.path.exists(results_path):
-    with open(results_path) as f:
-      git = ((json.load(f).get('provenance') or {}).get('git') or {})
+    git = (workdir_lib.read_json(results_path).get('provenance') or {}).get('git') or {}
     out['commit'] = git.get('commit')
     out['dirty'] = git.get('dirty')
   if out['method'] and out['method'] != config.method:
@@ -125,39 +124,69 @@ def run(config: ml_collections.ConfigDict, workdir: str, mode: str = 'train',
         checkpoint: Optional[str] = None, hook: Hook = None, origin: Optional[dict] = None) -> dict:
   """Trains (or, mode='eval', only restores) and writes results.json / results.csv; returns results.
 
-  Every check that can be made before training comes first (the config, the data, --checkpoint and
-  its network, that eval has a trained workdir): a run that fails them writes nothing. A workdir
-  whose results.json exists is complete: train mode returns its results and rewrites nothing.
-  `origin` ({'config': the --config argument, 'changes': {field: value} set on the command line},
-  f2m_jax/cli.py) decides which presets apply (`resolve`) and goes into the results' provenance and
-  the start-up line; so does --checkpoint's `base_source` (`describe_source`), as where the base
-  model came from (a run on the same base model from its own workdir computes the same results)."""
+  Every check that can be made before training comes first (the config, the data and its limits, the
+  network, --checkpoint and its base model, that eval has a trained workdir): a run that fails them
+  writes nothing. The workdir is then held (workdir_lib.Lock) until the run ends. A workdir whose
+  results.json exists is complete: train mode returns its results and rewrites nothing (but a
+  missing results.csv). `origin` ({'config': the --config argument, 'changes': {field: value} set on
+  the command line}, f2m_jax/cli.py) decides which presets apply (`resolve`) and goes into the
+  results' provenance and the start-up line; so does --checkpoint's `base_source` (`describe_source`),
+  as where the base model came from (a run on the same base model from its own workdir computes the
+  same results)."""
   config = resolve(config, (origin or {}).get('changes'))
   base_source = describe_source(checkpoint, config) if checkpoint else None
-  if mode == 'eval' and not os.path.exists(os.path.join(workdir, 'config.json')):
+  if mode == 'eval' and not any(os.path.exists(os.path.join(workdir, r)) for r in workdir_lib.RECORDS):
     raise CheckpointError(f'nothing to evaluate: {workdir} holds no run (no config.json); --mode eval recomputes '
                           'the results of a trained workdir from its checkpoints. Train it first (without '
                           '--mode eval)')
-  bench = sources.load_benchmark(config)
-  workdir_lib.prepare(workdir, config.to_dict(), registry.method_sections(), base_source=base_source)
+  exp = check(config, sources.load_benchmark(config), checkpoint)
+  lock = workdir_lib.prepare(workdir, config.to_dict(), registry.method_sections(), base_source=base_source)
+  try:
+    if mode == 'train' and os.path.exists(os.path.join(workdir, 'results.json')):
+      return finished(workdir)
+    results = compute(exp, workdir, mode, checkpoint, base_source, hook, origin)
+    print(write_outputs(workdir, results, mode), flush=True)
+    return results
+  finally:
+    lock.close()
+
+
+def check(config: ml_collections.ConfigDict, bench, checkpoint: Optional[str] = None) -> Experiment:
+  """The run's Experiment, once what the data, the network and --checkpoint's base model allow is
+  checked (before anything is written): the network and its noise set (noise.num_layers), the data's
+  limits (validation.check_benchmark), and --checkpoint's base model read into this network's shapes
+  (the number of base classes, a corrupt file)."""
+  exp = Experiment.create(config, bench)
+  validation.check_benchmark(exp)
+  if checkpoint:
+    source = Checkpoints(checkpoint, read_only=True)
+    try:
+      source.restore_model(common.model_template(exp))
+    finally:
+      source.close()
+  return exp
+
+
+def finished(workdir: str) -> dict:
+  """A finished run's results.json, rewriting nothing but its results.csv where that is missing."""
   path = os.path.join(workdir, 'results.json')
-  if mode == 'train' and os.path.exists(path):
-    with open(path) as f:
-      saved = json.load(f)
-    print(f'{workdir} is already complete ({path}, written {saved.get("provenance", {}).get("time", "earlier")}): '
-          'nothing was recomputed or rewritten; --mode eval recomputes it from the checkpoints and compares',
-          flush=True)
-    return saved
-  results = compute(config, bench, workdir, mode, checkpoint, base_source, hook, origin)
-  print(write_outputs(workdir, results, mode), flush=True)
-  return results
+  saved = workdir_lib.read_json(path)
+  rewrote = ''
+  if not os.path.exists(os.path.join(workdir, 'results.csv')):
+    workdir_lib.write_csv(os.path.join(workdir, 'results.csv'), evaluation.results_rows(saved))
+    rewrote = '; results.csv was missing and was written again from it'
+  print(f'{workdir} is already complete ({path}, written {saved.get("provenance", {}).get("time", "earlier")}): '
+        f'nothing was recomputed or rewritten{rewrote}; --mode eval recomputes it from the checkpoints and compares',
+        flush=True)
+  return saved
 
 
-def compute(config, bench, workdir: str, mode: str, checkpoint: Optional[str], base_source: Optional[dict],
+def compute(exp: Experiment, workdir: str, mode: str, checkpoint: Optional[str], base_source: Optional[dict],
             hook: Hook, origin: Optional[dict]) -> dict:
   """`run`'s work once the checks passed: session 1 and every run's sessions through the method, then
-  the results document (not yet written)."""
-  exp = Experiment.create(config, bench)
+  the results document (not yet written). Its wall time is summed over the invocations that trained
+  it (an interrupted run's resumes: metrics.jsonl's 'start' lines)."""
+  config, bench = exp.config, exp.bench
   log = workdir_lib.MetricsLog(workdir, tensorboard=config.tensorboard)
   ckpts = Checkpoints(workdir)
   source = Checkpoints(checkpoint, read_only=True) if checkpoint else None
@@ -165,6 +194,8 @@ def compute(config, bench, workdir: str, mode: str, checkpoint: Optional[str], b
     raise CheckpointError(f'{ckpts.root}/model has no base model checkpoint (deleted?) although this workdir '
                           'is meant to hold one; restore it, pass --checkpoint WORKDIR, or use a new --workdir')
   print(start_line(config, bench, workdir, mode, ckpts, base_source, origin), flush=True)
+  earlier = log.invocation_times(mode) if mode == 'train' else []
+  log.start(mode)
   t0 = time.time()
   method = registry.get(config.method)
   try:
@@ -180,7 +211,8 @@ def compute(config, bench, workdir: str, mode: str, checkpoint: Optional[str], b
   results['base_model'] = base_info
   wall = round(time.time() - t0, 1)
   results['provenance'] = {**workdir_lib.provenance(config.to_dict()), 'choices': backend.used(config),
-                           'wall_time_s': wall, **({'origin': origin} if origin else {}),
+                           'wall_time_s': round(sum(earlier) + wall, 1), 'invocation_times_s': earlier + [wall],
+                           **({'origin': origin} if origin else {}),
                            **({'base_source': base_source} if base_source else {})}
   log.write(phase='done', mode=mode, wall_time_s=wall,
             base_checkpoint=os.path.abspath(checkpoint) if checkpoint else None)
@@ -224,13 +256,12 @@ def write_outputs(workdir: str, results: dict, mode: str) -> str:
   file each time) and reported."""
   path = os.path.join(workdir, 'results.json')
   if mode == 'eval' and os.path.exists(path):
-    with open(path) as f:
-      saved = json.load(f)
+    saved = workdir_lib.read_json(path)
     strip = lambda r: {k: v for k, v in r.items() if k != 'provenance'}  # when and where differ, nothing else may
     saved, new = strip(saved), strip(json.loads(json.dumps(results)))
     if saved == new:
-      return (f'evaluation reproduced {path} exactly (every run and session, restored from the checkpoints); '
-              'results.json unchanged, nothing written but its line in metrics.jsonl')
+      return (f'evaluation reproduced {path} exactly (every run and session computed again from its checkpoint); '
+              'results.json unchanged, nothing written but its lines in metrics.jsonl')
     name = 'results_eval'
     if os.path.exists(os.path.join(workdir, f'{name}.json')):
       name = f'results_eval_{time.strftime("%Y%m%d-%H%M%S")}'

@@ -8,9 +8,10 @@ import sys
 import numpy as np
 from tqdm import tqdm
 
-from f2m_jax.checkpoint import CheckpointError, Checkpoints
+from f2m_jax import trees
+from f2m_jax.checkpoint import CheckpointError, CheckpointFault, Checkpoints
 from f2m_jax.data import protocol as protocol_lib
-from f2m_jax.experiment import Experiment, Hook
+from f2m_jax.experiment import Experiment, Hook, TrainingError
 
 ACCURACY_KEYS = ('acc', 'acc_base', 'acc_novel', 'hm')
 
@@ -19,8 +20,9 @@ def run_sessions(exp: Experiment, runner, ckpts: Checkpoints, log, train: bool =
                  hook: Hook = None) -> tuple:
   """All runs x sessions for any method (its `runner`, f2m_jax/methods), run by run, session by
   session. Returns per-run lists of per-session accuracy dicts and per-run prototype norms (None
-  where the method has none). Sessions already checkpointed are restored; with `train=False` a
-  missing session is an error (eval mode)."""
+  where the method has none). Sessions already checkpointed are restored, their accuracies computed
+  again from the restored state as the run computed them; with `train=False` (eval mode) a missing
+  session is an error."""
   cfg, bench = exp.config, exp.bench
   print(f'session 1: accuracy on the {len(protocol_lib.test_indices(bench, 1)):,} test images of the base classes, '
         f'then {cfg.runs} runs x {bench.num_sessions - 1} sessions', flush=True)
@@ -37,7 +39,7 @@ def run_sessions(exp: Experiment, runner, ckpts: Checkpoints, log, train: bool =
       if session in done:
         state, acc = restore_session(runner, ckpts, run, session, exemplars)
       elif train:
-        state, acc = train_session(runner, ckpts, log, state, run, session, exemplars)
+        state, acc = train_session(cfg.method, runner, ckpts, log, state, run, session, exemplars)
         if hook:
           hook('session', run=run, session=session)
       else:
@@ -61,10 +63,18 @@ def saved_sessions(ckpts: Checkpoints, run: int) -> set:
   return done
 
 
-def train_session(runner, ckpts: Checkpoints, log, state, run: int, session: int, exemplars: np.ndarray) -> tuple:
-  """(state, accuracies) of `run` after training `session`; saved and logged."""
+def train_session(method: str, runner, ckpts: Checkpoints, log, state, run: int, session: int,
+                  exemplars: np.ndarray) -> tuple:
+  """(state, accuracies) of `run` after training `session`; saved, then logged. A TrainingError,
+  before anything is saved, where the state, its accuracies or the training's metrics hold NaN or
+  inf (every method's sessions come through here)."""
   state, info = runner.update(state, run, session, exemplars)
   acc = runner.accuracies(state, session)
+  bad = trees.non_finite({'state': runner.item(state), 'accuracies': acc, 'metrics': info})
+  if bad:
+    kept = f'run {run} session {session - 1}' if session > 2 else 'the base model'
+    raise TrainingError(f'non-finite values ({", ".join(bad[:3])}) of method {method} in run {run} session '
+                        f'{session}; it was not saved, the last good checkpoint ({kept}) is kept')
   ckpts.save_session(run, session, {**runner.item(state), 'exemplars': exemplars,
                                     'accuracy': np.asarray([np.nan if acc[k] is None else acc[k]
                                                             for k in ACCURACY_KEYS], np.float64)})
@@ -73,12 +83,20 @@ def train_session(runner, ckpts: Checkpoints, log, state, run: int, session: int
 
 
 def restore_session(runner, ckpts: Checkpoints, run: int, session: int, exemplars: np.ndarray) -> tuple:
-  """(state, accuracies) of `run` after `session`, as saved; a CheckpointError where its exemplars are
-  not those the protocol gives now."""
+  """(state, accuracies) of `run` after `session`, restored: the accuracies computed again from the
+  state (never taken on trust from the file), each difference from those saved beside it printed; a
+  CheckpointFault where its exemplars are not those the protocol gives now."""
   saved = ckpts.restore_session(run, session, {**runner.template(session), 'exemplars': exemplars,
                                                 'accuracy': np.zeros((len(ACCURACY_KEYS),), np.float64)})
   if not np.array_equal(saved['exemplars'], exemplars):
-    raise CheckpointError(f'run {run} session {session}: saved exemplars differ from the protocol '
-                          '(the data or protocol changed since it was saved)')
+    raise CheckpointFault(f'run {run} session {session}: the exemplars saved in {ckpts.root}/run_{run}/{session} '
+                          'differ from the protocol\'s: the file is corrupt, or the data or the code changed since '
+                          'it was saved')
   acc = {k: None if np.isnan(v) else float(v) for k, v in zip(ACCURACY_KEYS, np.asarray(saved['accuracy']))}
-  return runner.restore(saved), acc
+  state = runner.restore(saved)
+  again = runner.accuracies(state, session)
+  if again != acc:
+    differ = ', '.join(f'{k} {again[k]} (saved {acc[k]})' for k in ACCURACY_KEYS if again[k] != acc[k])
+    print(f'run {run} session {session}: the accuracies computed again from {ckpts.root}/run_{run}/{session} '
+          f'differ from those saved in it: {differ}', flush=True)
+  return state, again

@@ -102,7 +102,7 @@ def train_steps(exp: Experiment, objective: base_lib.BaseObjective, members: Seq
   keys, bounds = sharding.replicate((jnp.stack([m.key for m in members]),
                                      np.asarray([m.bound for m in members], np.float32)), mesh)
   states = sharding.replicate(states, mesh)
-  records = Records(cfg, members, phase, title, start, select, hook)
+  records = Records(exp.config, members, phase, title, start, select, hook)
   print(f'{title}: compiling the step{f" of {len(members)} members" if len(members) > 1 else ""} '
         f'(steps {start}-{cfg.steps}, {per_call} a call)', flush=True)
   pending = None  # (first step, steps, metrics, snapshot) of the call dispatched last
@@ -123,9 +123,9 @@ class Records:
   after the first call, so its rate leaves out the compile), the metrics log's averages over windows
   of base.log_every steps, the test-set selection, the checkpoints and the hook."""
 
-  def __init__(self, cfg, members: Sequence[Member], phase: str, title: str, start: int,
+  def __init__(self, config, members: Sequence[Member], phase: str, title: str, start: int,
                select: Optional[Callable], hook: Hook):
-    self.cfg, self.members, self.phase, self.title = cfg, members, phase, title
+    self.cfg, self.method, self.members, self.phase, self.title = config.base, config.method, members, phase, title
     self.select, self.hook = select, hook
     self.window, self.t0, self.saved, self.bar = [], time.time(), (start or None), None
     for m in members:
@@ -166,8 +166,8 @@ class Records:
       if bad.size:
         who = f' in member {int(bad[0])}' if len(self.members) > 1 else ''
         kept = f'the last good checkpoint (step {self.saved}) is kept' if self.saved else 'no checkpoint was saved yet'
-        raise TrainingError(f'non-finite loss or parameters (loss {m["loss"][bad[0]]}){who} at {self.phase} step '
-                            f'{first + i + 1}; {kept}')
+        raise TrainingError(f'non-finite loss or parameters (loss {m["loss"][bad[0]]}){who} of method {self.method} '
+                            f'at {self.phase} step {first + i + 1}; {kept}')
 
   def _log(self, done: int) -> None:
     rate = round(len(self.window) / (time.time() - self.t0), 3)

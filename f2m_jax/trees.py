@@ -7,6 +7,7 @@ from typing import Iterable, Mapping
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import traverse_util
 
 
@@ -43,3 +44,11 @@ def stack(items):
 def index(tree, i: int):
   """Entry `i` of a tree's leading axis (the inverse of `stack`)."""
   return jax.tree_util.tree_map(lambda x: x[i], tree)
+
+
+def non_finite(tree) -> list:
+  """The paths (jax.tree_util.keystr) of the floating leaves of `tree` that hold a NaN or an infinity:
+  the one test of what a training step, a session or a restored checkpoint produced."""
+  leaves = [(path, np.asarray(leaf)) for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]]
+  return [jax.tree_util.keystr(path) for path, x in leaves
+          if jnp.issubdtype(x.dtype, jnp.inexact) and not np.isfinite(x).all()]

@@ -15,6 +15,7 @@ from f2m_jax.data import cifar100
 from f2m_jax.data import folder as folder_lib
 from f2m_jax.data import protocol as protocol_lib
 from f2m_jax.data import sources
+from f2m_jax.experiment import Experiment
 from f2m_jax.models import HEADS
 
 SAMPLERS = ('task_epochs', 'balanced', 'shuffle')
@@ -35,6 +36,12 @@ def validate(c: ml_collections.ConfigDict) -> None:
   validate_incremental(c)
   validate_data(c)
   need(c.runs >= 1, 'runs', c.runs, 'must be >= 1')
+  need(c.eval.batch_size >= 1, 'eval.batch_size', c.eval.batch_size, 'must be >= 1')
+  for name, section in c.items():  # every optimizer's settings: base, incremental, each method's section
+    if isinstance(section, ml_collections.ConfigDict) and 'momentum' in section:
+      need(0 <= section.momentum < 1, f'{name}.momentum', section.momentum, 'must be in [0, 1)')
+    if isinstance(section, ml_collections.ConfigDict) and 'weight_decay' in section:
+      need(section.weight_decay >= 0, f'{name}.weight_decay', section.weight_decay, 'must be >= 0')
   need(c.model.dtype in ('float32', 'bfloat16'), 'model.dtype', c.model.dtype, "'float32' or 'bfloat16'")
   need(c.model.head in HEADS, 'model.head', c.model.head, f'allowed: {HEADS}')
   need(c.members.map in base_lib.MEMBER_MAPS, 'members.map', c.members.map, f'allowed: {base_lib.MEMBER_MAPS}')
@@ -55,6 +62,8 @@ def validate_noise(c: ml_collections.ConfigDict) -> None:
 
 def validate_base(c: ml_collections.ConfigDict) -> None:
   need(c.base.steps >= 1, 'base.steps', c.base.steps, 'must be >= 1')
+  need(c.base.batch_size >= 1, 'base.batch_size', c.base.batch_size, 'must be >= 1')
+  need(c.base.log_every >= 1, 'base.log_every', c.base.log_every, 'must be >= 1')
   need(c.base.sampler in SAMPLERS, 'base.sampler', c.base.sampler, f'allowed: {SAMPLERS}')
   if c.base.sampler == 'task_epochs':
     need(c.base.batch_size % c.base.shots == 0, 'base.batch_size', c.base.batch_size,
@@ -87,6 +96,9 @@ def validate_data(c: ml_collections.ConfigDict) -> None:
   need(d.protocol in protocol_lib.PROTOCOLS, 'data.protocol', d.protocol, f'allowed: {protocol_lib.PROTOCOLS}')
   need(d.source in sources.SOURCES, 'data.source', d.source, f'allowed: {sources.SOURCES}')
   need(d.shots >= 1, 'data.shots', d.shots, 'must be >= 1')
+  if d.source == 'synthetic':
+    need(min(d.synthetic.train_per_class, d.synthetic.test_per_class) >= 1, 'data.synthetic', dict(d.synthetic),
+         'train_per_class and test_per_class must be >= 1')
   if d.split:
     need(d.split in cifar100.SPLITS, 'data.split', d.split, f'allowed: {sorted(cifar100.SPLITS)}, or empty')
     need(d.dataset == 'cifar100' and d.source in ('tfds', 'trainsplit'), 'data.split', d.split,
@@ -124,3 +136,14 @@ def check_data_folder(c: ml_collections.ConfigDict) -> None:
   if sources.data_dir(c) and not os.path.isdir(sources.data_dir(c)):
     raise ValueError(f'data folder {sources.data_dir(c)!r} (data.data_dir or F2M_DATA_DIR) does not exist'
                      + (f'.\n{help_text}' if help_text else ''))
+
+
+def check_benchmark(exp: Experiment) -> None:
+  """The limits the data sets, checked before anything is written: the base session's first batch
+  drawn as the run will draw it (the sampler's pool against base.batch_size, base.shots, base.ways),
+  and the first run's shots of every session (the TOPIC lists of protocol 'topic'; data.shots against
+  each novel class's shot pool). Raises ValueError naming the value and what the data allow."""
+  c = exp.config
+  exp.batch_indices(0)
+  for session in range(2, exp.bench.num_sessions + 1):
+    protocol_lib.session_shots(exp.bench, c.data.protocol, 0, session, c.data.shots, c.seed)

@@ -3,8 +3,10 @@ produced is overwritten: a workdir started with another result-relevant config i
 from __future__ import annotations
 
 import csv
+import fcntl
 import json
 import os
+import tempfile
 import time
 from typing import Iterable, Optional
 
@@ -91,13 +93,25 @@ def config_differences(saved: dict, current: dict, ignore: Iterable[str] = NON_R
 
 
 SOURCE_KEY = 'base_source'  # config.json's record of --checkpoint's base model (not a config field)
+# Where a workdir's config is recorded: config.json, and a copy that travels with the checkpoints
+# (a resume or an evaluation is compared with each that exists, whatever happened to the other).
+RECORDS = ('config.json', os.path.join('checkpoints', 'config.json'))
+
+
+def read_json(path: str):
+  """The JSON document in `path`; a WorkdirError naming the file where it is not valid JSON."""
+  with open(path) as f:
+    text = f.read()
+  try:
+    return json.loads(text)
+  except json.JSONDecodeError as e:
+    raise WorkdirError(f'{path} is not valid JSON ({e}); repair it or move it away') from e
 
 
 def saved_config(workdir: str, defaults: dict) -> dict:
   """W/config.json as a full config: fields added after it was written take their LEGACY_VALUES
   value where they have one, else the value in `defaults` (a section only another method reads)."""
-  with open(os.path.join(workdir, 'config.json')) as f:
-    saved = json.load(f)
+  saved = read_json(os.path.join(workdir, 'config.json'))
   saved.pop(SOURCE_KEY, None)
   items = flat_items(defaults)
   items.update(LEGACY_VALUES)
@@ -110,34 +124,127 @@ def _removed_detail(field: str, value) -> str:
           f'{field}={REMOVED_FIELDS[field]!r} did, so this run cannot be resumed or evaluated with it')
 
 
+def writable_folder(path: str) -> Optional[str]:
+  """Why `path` cannot be a folder this process writes into ('it is a file', 'Permission denied',
+  'Read-only file system', ...), or None where it can: created where missing, then probed with a
+  file (permissions alone do not tell: root ignores them, a read-only mount does not)."""
+  if os.path.lexists(path) and not os.path.isdir(path):
+    return 'it is a file, not a folder'
+  try:
+    os.makedirs(path, exist_ok=True)
+    fd, probe = tempfile.mkstemp(dir=path, prefix='.write_probe')
+    os.close(fd)
+    os.remove(probe)
+  except OSError as e:
+    return e.strerror or str(e)
+  return None
+
+
+def check_folders(workdir: str) -> None:
+  """A WorkdirError unless the workdir and the folders a run writes in it (checkpoints, tensorboard)
+  are writable folders, or absent (the workdir's parent then takes a new folder); creates none of
+  them but a missing workdir."""
+  for path in [workdir] + [os.path.join(workdir, n) for n in ('checkpoints', 'tensorboard')
+                           if os.path.lexists(os.path.join(workdir, n))]:
+    why = writable_folder(path)
+    if why:
+      raise WorkdirError(f'cannot write into {path}: {why}. Make it a folder this user can write, or use '
+                         'another --workdir')
+
+
+class Lock:
+  """A workdir's owner: an exclusive flock on W/lock, which holds the owner's pid. A second process
+  is refused, naming that pid; the OS releases the lock when its process ends, however it ends, so
+  a lock left by a killed process is simply taken over. Only the primary process locks (the other
+  processes of a multi-host run share its workdir)."""
+
+  def __init__(self, workdir: str):
+    self.path, self._fd = os.path.join(workdir, 'lock'), None
+    self._created = not os.path.exists(self.path)
+    if not primary():
+      return
+    fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError as e:
+      holder = os.read(fd, 64).decode(errors='replace').strip() or 'unknown'
+      os.close(fd)
+      raise WorkdirError(f'{workdir} is in use by process {holder} (it holds {self.path}): wait for it to end, '
+                         'or stop it, then rerun') from e
+    self._fd = fd
+
+  def claim(self) -> None:
+    """Writes this process's pid into the lock file (once the workdir's checks passed)."""
+    if self._fd is not None:
+      os.ftruncate(self._fd, 0)
+      os.pwrite(self._fd, f'{os.getpid()}\n'.encode(), 0)
+
+  def close(self, undo: bool = False) -> None:
+    """Releases the lock; `undo`: and removes the lock file if this process created it (a workdir
+    refused by its checks is left as it was)."""
+    if self._fd is not None:
+      if undo and self._created:
+        os.remove(self.path)
+      os.close(self._fd)  # closing the file releases the flock
+      self._fd = None
+
+
+def _check_record(path: str, workdir: str, config: dict, method_sections, base_source) -> None:
+  """A WorkdirError where the config recorded in `path` differs from `config` in a result-relevant
+  field, or names another --checkpoint (a record written before that was kept is not checked)."""
+  saved = read_json(path)
+  recorded, saved_base = SOURCE_KEY in saved, saved.pop(SOURCE_KEY, None)
+  diff = config_differences(saved, config, method_sections=method_sections)
+  if diff:
+    details = '; '.join(_removed_detail(k, flat_items(saved)[k]) if k in REMOVED_FIELDS else
+                        f'{k}: saved {flat_items(saved).get(k, "<absent>")!r}, now '
+                        f'{flat_items(config).get(k, "<absent>")!r}' for k in diff)
+    raise WorkdirError(f'{workdir} holds a run of a different config ({details}; recorded in {path}). Use another '
+                       '--workdir, or pass --checkpoint to start new sessions from its base model.')
+  was, now = (saved_base or {}).get('path'), (base_source or {}).get('path')
+  if recorded and was != now:
+    raise WorkdirError(f'{workdir} was started with ' + (f'--checkpoint {was}' if was else 'no --checkpoint')
+                       + ', now ' + (f'--checkpoint {now}' if now else 'without one')
+                       + (f': pass --checkpoint {was} to resume or evaluate it' if was else
+                          ': its base model is its own; drop --checkpoint, or use another --workdir'))
+
+
+def holds_checkpoints(workdir: str) -> bool:
+  """Whether W/checkpoints holds a saved step (checkpoints/<kind>/<step>; the empty folders a
+  process opening its checkpoints creates do not count: the other processes of a multi-host run may
+  create them before the primary process has written config.json)."""
+  root = os.path.join(workdir, 'checkpoints')
+  kinds = [os.path.join(root, k) for k in (os.listdir(root) if os.path.isdir(root) else [])]
+  return any(n.isdigit() for k in kinds if os.path.isdir(k) for n in os.listdir(k))
+
+
 def prepare(workdir: str, config: dict, method_sections: Optional[dict] = None,
-            base_source: Optional[dict] = None) -> None:
-  """Creates the workdir and config.json, or checks an existing config.json against `config`
-  (`method_sections`: as `config_differences`). `base_source` ({'path', ...}: --checkpoint's base
-  model) is recorded beside the config; a workdir started from one base model is refused with
-  another or none (a config.json written before it was recorded is not checked)."""
-  path = os.path.join(workdir, 'config.json')
-  if os.path.exists(path):
-    with open(path) as f:
-      saved = json.load(f)
-    recorded, saved_base = SOURCE_KEY in saved, saved.pop(SOURCE_KEY, None)
-    diff = config_differences(saved, config, method_sections=method_sections)
-    if diff:
-      details = '; '.join(_removed_detail(k, flat_items(saved)[k]) if k in REMOVED_FIELDS else
-                          f'{k}: saved {flat_items(saved).get(k, "<absent>")!r}, now '
-                          f'{flat_items(config).get(k, "<absent>")!r}' for k in diff)
-      raise WorkdirError(f'{workdir} holds a run of a different config ({details}). Use another --workdir, '
-                         'or pass --checkpoint to start new sessions from its base model.')
-    was, now = (saved_base or {}).get('path'), (base_source or {}).get('path')
-    if recorded and was != now:
-      raise WorkdirError(f'{workdir} was started with ' + (f'--checkpoint {was}' if was else 'no --checkpoint')
-                         + ', now ' + (f'--checkpoint {now}' if now else 'without one')
-                         + (f': pass --checkpoint {was} to resume or evaluate it' if was else
-                            ': its base model is its own; drop --checkpoint, or use another --workdir'))
-    return
+            base_source: Optional[dict] = None, records: tuple = RECORDS) -> Lock:
+  """Takes the workdir (creating it, and its Lock) and checks each existing record of its config
+  (`records`: config.json and checkpoints/config.json; a sweep's folder has no checkpoints) against
+  `config` (`method_sections`: as `config_differences`), then writes the missing ones. `base_source`
+  ({'path', ...}: --checkpoint's base model) is recorded beside the config; a workdir started from
+  one base model is refused with another or none. A workdir that holds checkpoints but no record
+  of their config is refused. Returns the Lock, for the caller to release when done."""
+  check_folders(workdir)
   os.makedirs(workdir, exist_ok=True)
-  record = {**config, SOURCE_KEY: base_source}
-  atomic_write(path, json.dumps(record, indent=2, sort_keys=True))
+  lock = Lock(workdir)
+  try:
+    paths = [os.path.join(workdir, r) for r in records]
+    present = [p for p in paths if os.path.exists(p)]
+    if not present and holds_checkpoints(workdir):
+      raise WorkdirError(f'{workdir} holds checkpoints but no record of the config they were trained with '
+                         f'({" and ".join(paths)} are missing): restore one, or use another --workdir')
+    for path in present:
+      _check_record(path, workdir, config, method_sections, base_source)
+    for path in set(paths) - set(present):
+      os.makedirs(os.path.dirname(path), exist_ok=True)
+      atomic_write(path, json.dumps({**config, SOURCE_KEY: base_source}, indent=2, sort_keys=True))
+    lock.claim()
+  except BaseException:
+    lock.close(undo=True)
+    raise
+  return lock
 
 
 def git_state(path: str = None) -> dict:
@@ -199,19 +306,53 @@ class MetricsLog:
   viewing them needs `pip install tensorboard`): base training as base/<name> against the step, the
   test-set selection as select/<name>, and each run's sessions as run_<r>/<name> against the
   session. Units as their writers give them: phase 'base' logs `acc` (the training batches'
-  accuracy) as a fraction 0..1; phases 'session' and 'select_on_test' log accuracies in percent."""
+  accuracy) as a fraction 0..1; phases 'session' and 'select_on_test' log accuracies in percent.
+  A line of a (phase, step) the log already holds is not written again: a resumed run recomputes
+  the steps after its checkpoint exactly as the interrupted invocation had logged them."""
 
   def __init__(self, workdir: str, tensorboard: bool = False):
     self.path = os.path.join(workdir, 'metrics.jsonl')
     self._tb_dir = os.path.join(workdir, 'tensorboard') if tensorboard else None
     self._tb = None  # opened with the first scalar, so a run that fails before any adds no file
+    self._logged = {(r.get('phase'), r['step']) for r in self.records() if 'step' in r}
+    self._start = None
+
+  def records(self) -> list:
+    """The lines written so far, as dicts (a line cut short by a kill is skipped)."""
+    out = []
+    if os.path.exists(self.path):
+      with open(self.path) as f:
+        for line in f:
+          try:
+            out.append(json.loads(line))
+          except json.JSONDecodeError:
+            pass
+    return out
+
+  def invocation_times(self, mode: str = 'train') -> list:
+    """Seconds each invocation in `mode` logged so far ran: from its 'start' line to its last line
+    (for one that was killed, the last line it wrote)."""
+    spans = []
+    for r in self.records():
+      if r.get('phase') == 'start':
+        spans.append([r.get('mode'), r['time'], r['time']])
+      elif spans:
+        spans[-1][2] = r['time']
+    return [round(end - start, 1) for m, start, end in spans if m == mode]
+
+  def start(self, mode: str) -> None:
+    """Marks an invocation's start: its 'start' line goes in with the first line it writes (one that
+    stops before it writes any leaves the log as it was)."""
+    self._start = {'time': round(time.time(), 3), 'phase': 'start', 'mode': mode}
 
   def write(self, **record) -> None:
-    if not primary():
+    if not primary() or ('step' in record and (record.get('phase'), record['step']) in self._logged):
       return
     record = {'time': round(time.time(), 3), **record}
+    lines = [self._start, record] if self._start else [record]
+    self._start = None
     with open(self.path, 'a') as f:
-      f.write(json.dumps(record) + '\n')
+      f.write(''.join(json.dumps(r) + '\n' for r in lines))
     if self._tb_dir is not None:
       self._scalars(record)
 
@@ -246,9 +387,16 @@ def write_results(workdir: str, results: dict, rows: list, name: str = 'results'
   if not primary():
     return
   atomic_write(os.path.join(workdir, f'{name}.json'), json.dumps(results, indent=2))
-  tmp = os.path.join(workdir, f'{name}.csv.tmp{os.getpid()}')
+  write_csv(os.path.join(workdir, f'{name}.csv'), rows)
+
+
+def write_csv(path: str, rows: list) -> None:
+  """`rows` (dicts of one set of keys) into the CSV file `path`, atomically (on the primary process)."""
+  if not primary():
+    return
+  tmp = f'{path}.tmp{os.getpid()}'
   with open(tmp, 'w', newline='') as f:
     writer = csv.DictWriter(f, fieldnames=list(rows[0]))
     writer.writeheader()
     writer.writerows(rows)
-  os.replace(tmp, os.path.join(workdir, f'{name}.csv'))
+  os.replace(tmp, path)

@@ -261,4 +261,4 @@ def test_eval_of_a_sweep_leaves_its_summary_alone(sweep, capsys):
   members.run(tiny(seeds=SEEDS, map='unroll'), root, mode='eval')
   assert open(os.path.join(root, 'summary.json')).read() == before
   assert 'it is unchanged' in capsys.readouterr().out
-  assert sorted(os.listdir(root)) == ['config.json', 'member_0', 'member_1', 'member_2', 'summary.json']
+  assert sorted(os.listdir(root)) == ['config.json', 'lock', 'member_0', 'member_1', 'member_2', 'summary.json']

@@ -13,6 +13,7 @@ from f2m_jax import experiment as experiment_lib
 from f2m_jax import pipeline
 from f2m_jax.methods import rebalance
 from f2m_jax.models import build_model, uniform_columns
+from f2m_jax.sessions import ACCURACY_KEYS
 
 
 def test_cosine_classifier_logits_and_init():
@@ -103,7 +104,7 @@ def test_rebalance_end_to_end_keeps_old_columns(rebalance_run):
   for run in range(2):
     shots = [protocol.session_shots(exp.bench, 'draws', run, t, 5, 0) for t in (2, 3)]
     saved = [ck.restore_session(run, t, {**runner.template(t), 'exemplars': np.concatenate(shots[:t - 1]),
-                                         'accuracy': np.zeros(t + 1)}) for t in (2, 3)]
+                                         'accuracy': np.zeros(len(ACCURACY_KEYS))}) for t in (2, 3)]
     kernels = [np.asarray(first['params']['fc']['kernel'])] + [s['params']['fc']['kernel'] for s in saved]
     np.testing.assert_array_equal(kernels[1][:, :6], kernels[0])  # the base columns, frozen in session 2
     np.testing.assert_array_equal(kernels[2][:, :8], kernels[1][:, :8])  # and session 2's in session 3

@@ -64,7 +64,7 @@ def _check(bench: Benchmark, split: str, per_class: int, test_per_class: int):
   for session in range(2, 6):  # the F2M-style draws work; TOPIC shots do not exist
     shots = protocol.session_shots(bench, 'draws', run=0, session=session, shots=5, seed=0)
     assert sorted(set(bench.train.labels[shots].tolist())) == list(bench.session_classes[session - 1])
-  with pytest.raises(ValueError, match="protocol 'topic'"):
+  with pytest.raises(ValueError, match="data.protocol='topic' is invalid: it needs the TOPIC lists"):
     protocol.session_shots(bench, 'topic', 0, 2, 5, 0)
   return order
 

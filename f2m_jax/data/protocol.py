@@ -20,8 +20,8 @@ def session_shots(benchmark: Benchmark, protocol: str, run: int, session: int, s
     raise ValueError(f'session must be in [2, {benchmark.num_sessions}], got {session}')
   if protocol == 'topic':
     if benchmark.topic_shots is None:
-      raise ValueError(f"protocol 'topic' needs the TOPIC lists, which dataset {benchmark.name!r} lacks; "
-                       "use protocol='draws'")
+      raise ValueError(f"data.protocol='topic' is invalid: it needs the TOPIC lists, which dataset "
+                       f"{benchmark.name!r} lacks; use 'draws'")
     indices = np.asarray(benchmark.topic_shots[session - 2])
   elif protocol in ('draws', 'validation'):  # the validation protocol draws its shots as 'draws'
     rng = np.random.default_rng([seed, run, session])
@@ -30,7 +30,8 @@ def session_shots(benchmark: Benchmark, protocol: str, run: int, session: int, s
     for c in benchmark.session_classes[session - 1]:
       candidates = benchmark.shot_pool[pool_labels == c]
       if len(candidates) < shots:
-        raise ValueError(f'class {c} has {len(candidates)} images in the shot pool, fewer than shots={shots}')
+        raise ValueError(f'data.shots={shots} is invalid: class {c} has {len(candidates)} images in the shot pool, '
+                         f'fewer than that')
       picks.append(np.sort(rng.choice(candidates, shots, replace=False)))
     indices = np.concatenate(picks)
   else:

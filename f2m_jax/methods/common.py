@@ -27,23 +27,27 @@ def base_model(exp: Experiment, ckpts: Checkpoints, log, source: Optional[Checkp
   """Session 1 of every method that starts from one base network (`Method.first_session`): phi*, its
   BN statistics and the base prototypes (Eq. 1), restored from `source` (--checkpoint) or the
   workdir if saved, else trained (train_loop.train_base) and saved."""
-  template = exp.variables_template()
-  model_template = {**template, 'prototypes': np.zeros((exp.bench.num_base_classes, exp.embedding_dim()), np.float32)}
   if source is not None:
-    return source.restore_model(model_template)
+    return source.restore_model(model_template(exp))
   if ckpts.has_model():
-    return ckpts.restore_model(model_template)
+    return ckpts.restore_model(model_template(exp))
   state = train_base(exp, ckpts, log, hook)
   variables = jax.device_get({'params': state.params, 'batch_stats': state.batch_stats})  # host arrays,
   # as every later stage passes them (one compiled embedding program for all)
   if exp.config.base.select_on_test and ckpts.best_base_step() is not None:
-    best = ckpts.restore_best_base(template)
+    best = ckpts.restore_best_base(exp.variables_template())
     variables = {'params': best['params'], 'batch_stats': best['batch_stats']}
     print(f'base model: step {ckpts.best_base_step()} of {exp.config.base.steps}, chosen on the base TEST '
           f'images ({float(best["test_acc"]):.2f}%; base.select_on_test reads the test set)', flush=True)
   protos = base_prototypes(exp, variables)
   ckpts.save_model(variables['params'], variables['batch_stats'], protos)
   return {'params': variables['params'], 'batch_stats': variables['batch_stats'], 'prototypes': protos}
+
+
+def model_template(exp: Experiment) -> dict:
+  """Host zeros of the shapes of a saved base model: {'params', 'batch_stats', 'prototypes'}."""
+  return {**exp.variables_template(),
+          'prototypes': np.zeros((exp.bench.num_base_classes, exp.embedding_dim()), np.float32)}
 
 
 def base_prototypes(exp: Experiment, variables) -> np.ndarray:

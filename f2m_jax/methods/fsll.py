@@ -30,7 +30,6 @@ from f2m_jax import optim
 from f2m_jax import trees
 from f2m_jax.data import augment as augment_lib
 from f2m_jax.data import protocol as protocol_lib
-from f2m_jax.experiment import TrainingError
 from f2m_jax.methods import Method, common
 from f2m_jax.validation import need
 
@@ -160,8 +159,6 @@ class FSLLRunner:
                                                     bench.train.images[idx], labels[idx],
                                                     jax.random.fold_in(key, len(losses)))
         losses.append(float(loss))
-    if not np.all(np.isfinite(losses)):
-      raise TrainingError(f'non-finite FSLL loss in run {run} session {session}: {losses}')
     variables = {'params': jax.device_get(params), 'batch_stats': jax.device_get(batch_stats)}
     novel_classes = [c for s in bench.session_classes[1:session] for c in s]
     novel = evaluation.prototypes(self.embed(variables, exp.train_view(exemplars)), labels[exemplars], novel_classes)

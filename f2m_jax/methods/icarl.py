@@ -33,7 +33,6 @@ from f2m_jax import optim
 from f2m_jax import padding
 from f2m_jax.data import augment as augment_lib
 from f2m_jax.data import protocol as protocol_lib
-from f2m_jax.experiment import TrainingError
 from f2m_jax.methods import Method, common
 from f2m_jax.validation import need
 
@@ -197,8 +196,6 @@ class ICaRLRunner:
           params, batch_stats, opt_state, former, bench.train.images[idx], bench.train.labels[idx],
           jax.random.fold_in(key, s + 1), np.float32(lr), num_old, num_seen)
       losses.append(float(loss))
-    if not np.all(np.isfinite(losses)):
-      raise TrainingError(f'non-finite {self.section} loss in run {run} session {session}: {losses}')
     variables = {'params': jax.device_get(params), 'batch_stats': jax.device_get(batch_stats)}
     emb = self.embed(variables, exp.train_view(pool))
     protos = evaluation.prototypes(emb, bench.train.labels[pool], range(num_seen))

@@ -1,0 +1,507 @@
+"""Faults that must not produce records that look valid (issue 48): bad values and data limits
+stopped before anything is written, one owner per workdir, checkpoints that carry their config and
+are read back only when whole, eval that computes every session again, a diverged session stopped,
+a checkpoint that cannot be written failing fast, and resumes after SIGKILL equal to a whole run.
+Each test here failed on 4928fab."""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+
+from conftest import REPO, without_provenance
+from f2m_jax import cli
+from f2m_jax import experiment as experiment_lib
+from f2m_jax import pipeline
+from f2m_jax import workdir as workdir_lib
+from f2m_jax.checkpoint import CheckpointError, CheckpointFault, Checkpoints
+from f2m_jax.data import sources
+from f2m_jax.workdir import WorkdirError
+
+# tiny_config as command-line overrides of configs/cifar100.py:smoke (run.py in a child process)
+TINY_ARGS = ['--config', 'configs/cifar100.py:smoke', '--config.data.synthetic.num_sessions=3',
+             '--config.base.steps=20', '--config.base.checkpoint_every=10', '--config.base.milestones=(15,)']
+
+
+def tiny_config(**changes):
+  from configs import cifar100 as cifar100_config
+  c = cifar100_config.get_config('smoke')
+  c.data.synthetic.num_sessions = 3
+  c.base.steps = 20
+  c.base.checkpoint_every = 10
+  c.base.milestones = (15,)
+  for field, value in changes.items():
+    *sections, name = field.split('.')
+    node = c
+    for s in sections:
+      node = node[s]
+    node[name] = value
+  return c
+
+
+def snapshot(workdir) -> dict:
+  out = {}
+  for root, _, files in os.walk(workdir):
+    for f in files:
+      with open(os.path.join(root, f), 'rb') as fh:
+        out[os.path.relpath(os.path.join(root, f), workdir)] = hashlib.sha256(fh.read()).hexdigest()
+  return out
+
+
+def one_line_error(capsys) -> str:
+  """The one line a failed cli.main printed to stderr."""
+  lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+  assert len(lines) == 1 and lines[0].startswith(('error: ', 'training stopped: ')), lines
+  return lines[0]
+
+
+@pytest.fixture(scope='module')
+def reference(tmp_path_factory):
+  workdir = str(tmp_path_factory.mktemp('reference') / 'f2m')
+  return workdir, pipeline.run(tiny_config(), workdir)
+
+
+def copy_of(reference, tmp_path, unfinished: bool = False) -> str:
+  """A copy of the reference workdir; `unfinished`: without results.json (a run stopped after its
+  checkpoints were saved, which train mode reads again)."""
+  workdir = str(tmp_path / 'copy')
+  shutil.copytree(reference[0], workdir)
+  if unfinished:
+    os.remove(os.path.join(workdir, 'results.json'))
+  return workdir
+
+
+# ----------------------------------------------------------------------------- 5. every check before any write
+
+@pytest.mark.parametrize('field,value,message', [
+    ('base.batch_size', 0, 'base.batch_size=0 is invalid'),
+    ('base.log_every', 0, 'base.log_every=0 is invalid'),
+    ('eval.batch_size', 0, 'eval.batch_size=0 is invalid'),
+    ('base.momentum', -1.0, 'base.momentum=-1.0 is invalid: must be in [0, 1)'),
+    ('incremental.momentum', 1.0, 'incremental.momentum=1.0 is invalid: must be in [0, 1)'),
+    ('base.weight_decay', -0.1, 'base.weight_decay=-0.1 is invalid: must be >= 0'),
+    ('data.synthetic.train_per_class', 0, 'train_per_class and test_per_class must be >= 1'),
+    ('noise.num_layers', 0, 'noise.num_layers=0 must be in [1, '),
+    ('data.shots', 100, 'data.shots=100 is invalid: class 20 has 40 images in the shot pool'),
+    ('data.protocol', 'topic', "data.protocol='topic' is invalid: it needs the TOPIC lists"),
+    ('base.batch_size', 5000, 'base.batch_size=5000 exceeds one epoch of 20 classes x 8 shots: allowed up to 160'),
+])
+def test_bad_value_is_refused_before_anything_is_written(tmp_path, field, value, message):
+  workdir = tmp_path / 'w'
+  with pytest.raises(ValueError) as e:
+    pipeline.run(tiny_config(**{field: value}), str(workdir))
+  assert message in str(e.value)
+  assert not workdir.exists()  # so the corrected command is not refused as 'a different config'
+
+
+def save_base_model(workdir: str, config) -> None:
+  """A workdir holding only an (untrained) base model of `config`'s network and data."""
+  config = pipeline.resolve(config)
+  exp = experiment_lib.Experiment.create(config, sources.load_benchmark(config))
+  state = exp.init_state()
+  ckpts = Checkpoints(workdir)
+  ckpts.save_model(state.params, state.batch_stats,
+                   np.zeros((exp.bench.num_base_classes, exp.embedding_dim()), np.float32))
+  ckpts.close()
+
+
+def test_checkpoint_with_other_base_classes_is_refused_before_anything_is_written(tmp_path):
+  source = str(tmp_path / 'source')
+  save_base_model(source, tiny_config())  # 20 base classes
+  workdir = tmp_path / 'w'
+  with pytest.raises(CheckpointError, match=r"checkpoints/model/0 holds arrays of other shapes.*"
+                                            r"\['fc'\]\['bias'\] \(20,\) there, \(30,\) here"):
+    pipeline.run(tiny_config(**{'data.synthetic.num_base': 30}), str(workdir), checkpoint=source)
+  assert not workdir.exists()
+
+
+def test_checkpoints_without_a_record_of_their_config_are_refused(tmp_path):
+  workdir = str(tmp_path / 'w')
+  save_base_model(workdir, tiny_config())  # checkpoints/model/0, and neither config.json nor its copy
+  before = snapshot(workdir)
+  with pytest.raises(WorkdirError, match='holds checkpoints but no record of the config they were trained with'):
+    pipeline.run(tiny_config(), workdir)
+  assert snapshot(workdir) == before
+
+
+# ----------------------------------------------------------------------------- 6. a workdir has one owner
+
+def hold_lock(workdir: str) -> subprocess.Popen:
+  """A child process that takes `workdir`'s lock and keeps it until killed."""
+  child = subprocess.Popen([sys.executable, '-c', 'import sys, time; from f2m_jax import workdir as w; '
+                            'w.Lock(sys.argv[1]).claim(); print("held", flush=True); time.sleep(600)', workdir],
+                           cwd=REPO, stdout=subprocess.PIPE, text=True)
+  assert child.stdout.readline().strip() == 'held'
+  return child
+
+
+def test_a_held_workdir_is_refused_naming_the_holder(tmp_path, capsys):
+  workdir = tmp_path / 'w'
+  workdir.mkdir()
+  child = hold_lock(str(workdir))
+  try:
+    assert cli.main(tiny_config(), str(workdir), 'train') == 2
+    line = one_line_error(capsys)
+    assert f'{workdir} is in use by process {child.pid}' in line, line
+    assert sorted(os.listdir(workdir)) == ['lock']  # nothing else written
+  finally:
+    child.kill()
+    child.wait()
+
+
+def test_a_lock_left_by_a_killed_process_is_taken_over(tmp_path):
+  workdir = tmp_path / 'w'
+  workdir.mkdir()
+  child = hold_lock(str(workdir))
+  os.kill(child.pid, signal.SIGKILL)
+  child.wait()
+  assert (workdir / 'lock').read_text().strip() == str(child.pid)  # a stale lock file, a dead pid
+  lock = workdir_lib.prepare(str(workdir), pipeline.resolve(tiny_config()).to_dict())
+  try:
+    assert (workdir / 'lock').read_text().strip() == str(os.getpid())
+  finally:
+    lock.close()
+
+
+# ----------------------------------------------------------------------------- 7. files and folders a user broke
+
+def test_invalid_config_json_is_named(tmp_path, capsys):
+  workdir = tmp_path / 'w'
+  workdir.mkdir()
+  (workdir / 'config.json').write_text('{"method": "f2m",\n')
+  assert cli.main(tiny_config(), str(workdir), 'train') == 2
+  line = one_line_error(capsys)
+  assert f'{workdir}/config.json is not valid JSON' in line, line
+
+
+def writable(path) -> bool:
+  try:
+    with open(os.path.join(path, '.probe'), 'w'):
+      pass
+    os.remove(os.path.join(path, '.probe'))
+    return True
+  except OSError:
+    return False
+
+
+@contextlib.contextmanager
+def read_only(path):
+  """`path` read-only for this process: by its mode, or (root ignores modes) a read-only bind mount;
+  the test is skipped where neither works."""
+  mode, mounted = os.stat(path).st_mode, False
+  os.chmod(path, 0o555)
+  try:
+    if writable(path):
+      mounted = subprocess.run(['mount', '--bind', '-o', 'ro', str(path), str(path)], capture_output=True,
+                               check=False).returncode == 0
+      if writable(path):
+        pytest.skip('cannot make a folder read-only here (root, and no read-only mount)')
+    yield
+  finally:
+    if mounted:
+      subprocess.run(['umount', str(path)], check=False)
+    os.chmod(path, mode)
+
+
+@pytest.mark.parametrize('where', ['workdir', 'checkpoints', 'tensorboard', 'read-only workdir',
+                                   'read-only checkpoints'])
+def test_a_folder_that_cannot_be_written_is_one_line(tmp_path, capsys, where):
+  workdir = tmp_path / 'w'
+  name = where.split()[-1]
+  target = workdir if name == 'workdir' else workdir / name
+  if where.startswith('read-only'):
+    target.mkdir(parents=True)
+  else:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text('a file where a folder belongs')
+  before = snapshot(tmp_path)
+  with read_only(target) if where.startswith('read-only') else contextlib.nullcontext():
+    rc = cli.main(tiny_config(), str(workdir), 'train')
+  assert rc == 2
+  line = one_line_error(capsys)
+  assert f'cannot write into {target}: ' in line, line
+  assert snapshot(tmp_path) == before
+
+
+# ----------------------------------------------------------------------------- 1. eval computes every session again
+
+def rewrite_checkpoint(step_dir: str, change) -> None:
+  """The orbax checkpoint in `step_dir` (.../checkpoints/<folder>/<step>) saved again as change(tree)."""
+  tree = ocp.StandardCheckpointer().restore(os.path.join(step_dir, 'default'))
+  tree = change(jax_to_numpy(tree))
+  shutil.rmtree(step_dir)
+  manager = ocp.CheckpointManager(os.path.dirname(step_dir))
+  manager.save(int(os.path.basename(step_dir)), args=ocp.args.StandardSave(tree), force=True)
+  manager.wait_until_finished()
+  manager.close()
+
+
+def jax_to_numpy(tree):
+  import jax  # pylint: disable=g-import-not-at-top
+  return jax.tree_util.tree_map(lambda x: np.array(x), tree)
+
+
+def with_nan(tree):
+  tree['prototypes'][0, 0] = np.nan
+  return tree
+
+
+def flipped(tree):
+  """Other values, all finite: the prototypes negated."""
+  tree['prototypes'] = -tree['prototypes']
+  return tree
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('folder', ['run_0/3', 'model/0'])
+def test_eval_names_a_checkpoint_that_holds_nan(reference, tmp_path, capsys, folder):
+  workdir = copy_of(reference, tmp_path)
+  rewrite_checkpoint(os.path.join(workdir, 'checkpoints', folder), with_nan)
+  capsys.readouterr()
+  assert cli.main(tiny_config(), workdir, 'eval') == 3
+  out = capsys.readouterr()
+  assert 'reproduced' not in out.out
+  assert f'{workdir}/checkpoints/{folder} holds NaN or inf' in out.err, out.err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('folder', ['run_0/3', 'model/0'])
+def test_eval_computes_every_session_again(reference, tmp_path, capsys, folder):
+  """A checkpoint whose values changed (the accuracies it stores kept) is not 'reproduced'."""
+  workdir = copy_of(reference, tmp_path)
+  rewrite_checkpoint(os.path.join(workdir, 'checkpoints', folder), flipped)
+  capsys.readouterr()
+  assert cli.main(tiny_config(), workdir, 'eval') == 0
+  out = capsys.readouterr().out
+  assert 'reproduced' not in out and f'evaluation differs from {workdir}/results.json' in out, out
+  if folder == 'run_0/3':
+    assert f'run 0 session 3: the accuracies computed again from {workdir}/checkpoints/run_0/3 differ' in out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('folder', ['run_0/2', 'model/0'])
+def test_eval_of_flipped_bytes_fails_or_differs(reference, tmp_path, capsys, folder):
+  workdir = copy_of(reference, tmp_path)
+  rng = np.random.default_rng(0)
+  for root, _, files in os.walk(os.path.join(workdir, 'checkpoints', folder)):
+    for name in files:
+      if os.sep + 'd' in root[len(workdir):]:  # the array data files (ocdbt's d/ folders)
+        path = os.path.join(root, name)
+        data = bytearray(open(path, 'rb').read())
+        for i in rng.choice(len(data), max(1, len(data) // 50), replace=False):
+          data[i] ^= 0xFF
+        open(path, 'wb').write(bytes(data))
+  capsys.readouterr()
+  rc = cli.main(tiny_config(), workdir, 'eval')
+  out = capsys.readouterr()
+  assert 'reproduced' not in out.out
+  assert (rc == 3 and f'{workdir}/checkpoints/{folder}' in out.err) or (rc == 0 and 'evaluation differs' in out.out), \
+      (rc, out.err[-2000:])
+
+
+# ----------------------------------------------------------------------------- 2. a diverged session stops
+
+@pytest.mark.slow
+def test_a_diverged_session_stops_unsaved(reference, tmp_path, capsys):
+  workdir = str(tmp_path / 'diverged')
+  config = tiny_config(**{'incremental.lr': 1e30, 'incremental.clamp': False})
+  assert cli.main(config, workdir, 'train', checkpoint=reference[0]) == 3
+  line = one_line_error(capsys)
+  assert line.startswith('training stopped: non-finite values (') and 'of method f2m in run 0 session 2;' in line
+  assert line.endswith('it was not saved, the last good checkpoint (the base model) is kept'), line
+  assert Checkpoints(workdir).sessions_done(0) == []
+  assert lines_of(os.path.join(workdir, 'metrics.jsonl'), 'session') == 0
+  assert not os.path.exists(os.path.join(workdir, 'results.json'))
+
+
+# ----------------------------------------------------------------------------- 3. a checkpoint that cannot be written
+
+@pytest.mark.slow
+@pytest.mark.parametrize('how', ['file', 'read-only'])
+def test_a_checkpoint_that_cannot_be_written_fails_fast(reference, tmp_path, capsys, how):
+  workdir = copy_of(reference, tmp_path, unfinished=True)
+  run_1 = os.path.join(workdir, 'checkpoints', 'run_1')
+  shutil.rmtree(run_1)
+  with open(os.path.join(workdir, 'metrics.jsonl')) as f:
+    lines = len(f.readlines())
+  if how == 'file':
+    open(run_1, 'w').close()
+  else:
+    os.mkdir(run_1)
+  start = time.time()
+  with read_only(run_1) if how == 'read-only' else contextlib.nullcontext():
+    rc = cli.main(tiny_config(), workdir, 'train')
+  assert rc == 3 and time.time() - start < 120
+  line = one_line_error(capsys)
+  assert line.startswith(f'error: cannot write the checkpoints into {run_1}: '), line
+  with open(os.path.join(workdir, 'metrics.jsonl')) as f:
+    new = [json.loads(line) for line in f.readlines()[lines:]]
+  assert not [r for r in new if r['phase'] == 'session'] and not os.path.exists(os.path.join(workdir, 'results.json'))
+
+
+@pytest.mark.slow
+def test_a_folder_that_turns_read_only_during_the_run_fails_fast(reference, tmp_path):
+  workdir = copy_of(reference, tmp_path, unfinished=True)
+  run_1 = os.path.join(workdir, 'checkpoints', 'run_1')
+  shutil.rmtree(run_1)
+  shutil.rmtree(os.path.join(workdir, 'checkpoints', 'run_0', '3'))
+  before = lines_of(os.path.join(workdir, 'metrics.jsonl'), 'session')
+  stack = contextlib.ExitStack()
+
+  def hook(name, **info):  # run_1 exists (its manager is open) when run 0's last session is saved
+    if name == 'session' and (info['run'], info['session']) == (0, 3):
+      stack.enter_context(read_only(run_1))
+
+  start = time.time()
+  with stack, pytest.raises(CheckpointFault, match=f'cannot write the run 1 session 2 checkpoint into {run_1}: '):
+    pipeline.run(tiny_config(), workdir, hook=hook)
+  assert time.time() - start < 120
+  assert lines_of(os.path.join(workdir, 'metrics.jsonl'), 'session') == before + 1  # run 0 session 3 only
+  assert not os.listdir(run_1)
+
+
+# ----------------------------------------------------------------------------- 4. the config travels with the checkpoints
+
+class Interrupt(Exception):
+  pass
+
+
+def interrupt_at(step: int, sleep_at: int = 0, seconds: float = 0.0):
+  def hook(name, **info):
+    if name == 'base_step' and info['step'] == sleep_at:
+      time.sleep(seconds)
+    if name == 'base_step' and info['step'] == step:
+      raise Interrupt
+  return hook
+
+
+@pytest.mark.slow
+def test_a_workdir_without_config_json_is_checked_against_its_checkpoints(reference, tmp_path):
+  workdir = str(tmp_path / 'w')
+  with pytest.raises(Interrupt):
+    pipeline.run(tiny_config(), workdir, hook=interrupt_at(15))
+  os.remove(os.path.join(workdir, 'config.json'))
+  before = snapshot(workdir)
+  for mode in ('train', 'eval'):
+    with pytest.raises(WorkdirError, match=r'holds a run of a different config \(base.lr: saved 0.1, now 0.05; '
+                                           r'noise.M: saved 2, now 4; recorded in .*checkpoints/config.json\)'):
+      pipeline.run(tiny_config(**{'noise.M': 4, 'base.lr': 0.05}), workdir, mode=mode)
+  assert snapshot(workdir) == before
+  assert without_provenance(pipeline.run(tiny_config(), workdir)) == without_provenance(reference[1])
+  assert os.path.exists(os.path.join(workdir, 'config.json'))
+
+
+# ----------------------------------------------------------------------------- 7. the smaller ones
+
+@pytest.mark.slow
+def test_a_resume_logs_no_step_twice_and_sums_the_wall_time(reference, tmp_path):
+  workdir = str(tmp_path / 'w')
+  config = lambda: tiny_config(**{'base.log_every': 5})  # a line at 15, after the checkpoint of step 10
+  with pytest.raises(Interrupt):
+    pipeline.run(config(), workdir, hook=interrupt_at(15, sleep_at=5, seconds=3.0))
+  results = pipeline.run(config(), workdir)
+  assert without_provenance(results) == without_provenance(reference[1])
+  with open(os.path.join(workdir, 'metrics.jsonl')) as f:
+    records = [json.loads(line) for line in f]
+  steps = [r['step'] for r in records if r['phase'] == 'base']
+  assert steps == [5, 10, 15, 20]
+  assert [r['mode'] for r in records if r['phase'] == 'start'] == ['train', 'train']
+  times = results['provenance']['invocation_times_s']
+  assert len(times) == 2 and times[0] >= 3.0
+  assert results['provenance']['wall_time_s'] == round(sum(times), 1)
+
+
+@pytest.mark.slow
+def test_a_missing_results_csv_of_a_finished_run_is_written_again(reference, tmp_path, capsys):
+  workdir = copy_of(reference, tmp_path)
+  os.remove(os.path.join(workdir, 'results.csv'))
+  before = snapshot(workdir)
+  capsys.readouterr()
+  pipeline.run(tiny_config(), workdir)
+  assert 'results.csv was missing and was written again' in capsys.readouterr().out
+  after = snapshot(workdir)
+  assert after.pop('results.csv') == snapshot(reference[0])['results.csv']
+  assert {k: v for k, v in after.items() if k != 'lock'} == {k: v for k, v in before.items() if k != 'lock'}
+
+
+@pytest.mark.slow
+def test_the_fall_back_advice_works(reference, tmp_path):
+  """The base model has no earlier version: the message says what works, and doing it works."""
+  workdir = copy_of(reference, tmp_path, unfinished=True)
+  model = os.path.join(workdir, 'checkpoints', 'model')
+  for root, _, files in os.walk(model):
+    for name in files:
+      with open(os.path.join(root, name), 'wb') as f:
+        f.write(b'garbage')
+  with pytest.raises(CheckpointError, match=r'there is no earlier base model; delete .*/checkpoints/model and the '
+                                            r'sessions \(.*/checkpoints/run_\*\)') as e:
+    pipeline.run(tiny_config(), workdir)
+  assert 'base/20' in str(e.value)
+  shutil.rmtree(model)
+  for name in ('run_0', 'run_1'):
+    shutil.rmtree(os.path.join(workdir, 'checkpoints', name))
+  assert without_provenance(pipeline.run(tiny_config(), workdir)) == without_provenance(reference[1])
+
+
+@pytest.mark.slow
+def test_a_corrupt_base_train_state_falls_back_to_the_previous_one(reference, tmp_path):
+  workdir = str(tmp_path / 'w')
+  with pytest.raises(Interrupt):  # after the last base step's save, before the base model
+    pipeline.run(tiny_config(), workdir, hook=interrupt_at(20))
+  for root, _, files in os.walk(os.path.join(workdir, 'checkpoints', 'base', '20')):
+    for name in files:
+      with open(os.path.join(root, name), 'wb') as f:
+        f.write(b'garbage')
+  with pytest.raises(CheckpointError, match=r'checkpoints/base/20 \(.*\): it is missing, truncated or corrupt; '
+                                            'delete that folder to resume from the base train state of step 10'):
+    pipeline.run(tiny_config(), workdir)
+  shutil.rmtree(os.path.join(workdir, 'checkpoints', 'base', '20'))
+  assert without_provenance(pipeline.run(tiny_config(), workdir)) == without_provenance(reference[1])
+
+
+# ----------------------------------------------------------------------------- SIGKILL at chosen moments
+
+def wait_for(condition, child, timeout: float = 300.0) -> None:
+  end = time.time() + timeout
+  while not condition():
+    assert child.poll() is None, 'the run ended before the moment to kill it'
+    assert time.time() < end
+    time.sleep(0.01)
+
+
+def lines_of(path: str, phase: str) -> int:
+  if not os.path.exists(path):
+    return 0
+  with open(path) as f:
+    return sum(f'"phase": "{phase}"' in line for line in f)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('moment', ['base step 10 logged', 'first session logged'])
+def test_sigkill_then_the_same_command_gives_the_same_results(reference, tmp_path, moment):
+  """run.py killed with SIGKILL (its checkpoints possibly mid-write, its lock held), then run again:
+  the lock is taken over and the results equal an uninterrupted run's."""
+  workdir = str(tmp_path / 'w')
+  metrics = os.path.join(workdir, 'metrics.jsonl')
+  command = [sys.executable, 'run.py', *TINY_ARGS, '--workdir', workdir]
+  child = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  try:
+    wait_for(lambda: lines_of(metrics, 'base' if moment.startswith('base') else 'session') >= 1, child)
+  finally:
+    child.kill()
+    child.wait()
+  assert not os.path.exists(os.path.join(workdir, 'results.json'))
+  r = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
+  assert r.returncode == 0, r.stderr[-3000:]
+  with open(os.path.join(workdir, 'results.json')) as f:
+    assert without_provenance(json.load(f)) == without_provenance(reference[1])
