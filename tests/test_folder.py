@@ -285,8 +285,8 @@ def test_folder_smoke_end_to_end(tmp_path, capsys):
   from f2m_jax import cli
   config = folder_cfg.get_config('smoke')
   config.data.cache_dir = str(tmp_path / 'cache')
-  argv = ['run.py', '--config', 'configs/folder.py:smoke', '--workdir', str(tmp_path / 'work')]
-  assert cli.main(config, str(tmp_path / 'work'), 'train', argv=argv) == 0
+  origin = {'config': 'configs/folder.py:smoke', 'changes': {}}  # as run.py passes it
+  assert cli.main(config, str(tmp_path / 'work'), 'train', origin=origin) == 0
   results = json.loads((tmp_path / 'work' / 'results.json').read_text())
   assert results['dataset'] == 'folder' and results['protocol'] == 'draws' and results['runs'] == 2
   assert [s['num_classes'] for s in results['sessions']] == [10, 12, 14, 16, 18, 20]
