@@ -140,6 +140,7 @@ def test_the_gpu_layout_sweep_equals_the_cpu_layout_sweep(tmp_path):
       np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-6 * scale)  # relative to the weights, not each leaf
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('conv_backward', ['cpu', 'xla'])
 def test_vmapped_members_of_a_bound_sweep_equal_their_single_steps(conv_backward):
   """The member axis mapped with jax.vmap gives each member, of its own noise bound, its own single
