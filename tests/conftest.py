@@ -1,5 +1,6 @@
 """Shared test setup: repo root on sys.path (for `configs`), the real data folder, the smoke config."""
 import dataclasses
+import hashlib
 import os
 import pathlib
 import sys
@@ -129,3 +130,31 @@ def resumed_after_interruption(make_config, workdir: str, run: int, session: int
   with pytest.raises(Interrupt):
     pipeline.run(make_config(), workdir, hook=stop)
   return pipeline.run(make_config(), workdir)
+
+
+def snapshot(workdir) -> dict:
+  """{relative path: sha256} of every file under `workdir`: equal snapshots, nothing written."""
+  out = {}
+  for root, _, files in os.walk(workdir):
+    for f in files:
+      path = os.path.join(root, f)
+      with open(path, 'rb') as fh:
+        out[os.path.relpath(path, workdir)] = hashlib.sha256(fh.read()).hexdigest()
+  return out
+
+
+def tiny_smoke(**changes):
+  """The smoke config with 3 sessions and 20 base steps (checkpoints every 10, the rate cut at 15),
+  and `changes` ({dotted field: value}) on top."""
+  from configs import cifar100  # pylint: disable=g-import-not-at-top
+  c = cifar100.get_config('smoke')
+  c.data.synthetic.num_sessions = 3
+  c.base.update(steps=20, checkpoint_every=10, milestones=(15,))
+  for field, value in changes.items():
+    section, _, name = field.rpartition('.')
+    node = c
+    for part in section.split('.') if section else ():
+      node = node[part]
+    node[name] = value
+  return c
+

@@ -1,6 +1,5 @@
 """Checkpoints: bit-exact save/restore, resume after interruption, eval mode, and bad input (the NaN
 stop and its last good checkpoint: tests/test_base_program.py)."""
-import hashlib
 import json
 import os
 import shutil
@@ -10,7 +9,7 @@ import jax
 import numpy as np
 import pytest
 
-from conftest import without_provenance
+from conftest import snapshot, without_provenance
 from f2m_jax import base as base_lib
 from f2m_jax import experiment as experiment_lib
 from f2m_jax import pipeline
@@ -43,16 +42,6 @@ def interrupt_at(event, **where):
     if name == event and all(info[k] == v for k, v in where.items()):
       raise Interrupt(f'{name} {info}')
   return hook
-
-
-def snapshot(workdir):
-  out = {}
-  for root, _, files in os.walk(workdir):
-    for f in files:
-      path = os.path.join(root, f)
-      with open(path, 'rb') as fh:
-        out[os.path.relpath(path, workdir)] = hashlib.sha256(fh.read()).hexdigest()
-  return out
 
 
 @pytest.fixture(scope='module')

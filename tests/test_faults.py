@@ -6,7 +6,6 @@ Each test here failed on 4928fab."""
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import shutil
@@ -19,7 +18,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from conftest import REPO, without_provenance
+from conftest import REPO, snapshot, tiny_smoke as tiny_config, without_provenance
 from f2m_jax import cli
 from f2m_jax import experiment as experiment_lib
 from f2m_jax import pipeline
@@ -31,31 +30,6 @@ from f2m_jax.workdir import WorkdirError
 # tiny_config as command-line overrides of configs/cifar100.py:smoke (run.py in a child process)
 TINY_ARGS = ['--config', 'configs/cifar100.py:smoke', '--config.data.synthetic.num_sessions=3',
              '--config.base.steps=20', '--config.base.checkpoint_every=10', '--config.base.milestones=(15,)']
-
-
-def tiny_config(**changes):
-  from configs import cifar100 as cifar100_config
-  c = cifar100_config.get_config('smoke')
-  c.data.synthetic.num_sessions = 3
-  c.base.steps = 20
-  c.base.checkpoint_every = 10
-  c.base.milestones = (15,)
-  for field, value in changes.items():
-    *sections, name = field.split('.')
-    node = c
-    for s in sections:
-      node = node[s]
-    node[name] = value
-  return c
-
-
-def snapshot(workdir) -> dict:
-  out = {}
-  for root, _, files in os.walk(workdir):
-    for f in files:
-      with open(os.path.join(root, f), 'rb') as fh:
-        out[os.path.relpath(os.path.join(root, f), workdir)] = hashlib.sha256(fh.read()).hexdigest()
-  return out
 
 
 def one_line_error(capsys) -> str:

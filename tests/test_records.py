@@ -1,12 +1,12 @@
 """What a workdir records: a failed start writes nothing, a finished run is never rewritten, and the
 results name the base model they were computed on (--checkpoint)."""
-import hashlib
 import json
 import os
 import shutil
 
 import pytest
 
+from conftest import snapshot, tiny_smoke as tiny_config
 from f2m_jax import cli
 from f2m_jax import pipeline
 from f2m_jax import report
@@ -14,28 +14,6 @@ from f2m_jax.checkpoint import CheckpointError
 from f2m_jax.data import cifar100, index_lists
 from f2m_jax.data.types import DataError
 from f2m_jax.workdir import WorkdirError
-
-
-def tiny_config(**changes):
-  from configs import cifar100 as cifar100_config
-  c = cifar100_config.get_config('smoke')
-  c.data.synthetic.num_sessions = 3
-  c.base.steps = 20
-  c.base.checkpoint_every = 10
-  c.base.milestones = (15,)
-  for field, value in changes.items():
-    section, _, name = field.rpartition('.')
-    (c[section] if section else c)[name] = value
-  return c
-
-
-def snapshot(workdir) -> dict:
-  out = {}
-  for root, _, files in os.walk(workdir):
-    for f in files:
-      with open(os.path.join(root, f), 'rb') as fh:
-        out[os.path.relpath(os.path.join(root, f), workdir)] = hashlib.sha256(fh.read()).hexdigest()
-  return out
 
 
 @pytest.fixture(scope='module')
