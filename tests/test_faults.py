@@ -238,28 +238,22 @@ def flipped(tree):
 
 @pytest.mark.slow
 @pytest.mark.parametrize('folder', ['run_0/3', 'model/0'])
-def test_eval_names_a_checkpoint_that_holds_nan(reference, tmp_path, capsys, folder):
+@pytest.mark.parametrize('change', [with_nan, flipped], ids=['nan', 'finite'])
+def test_eval_of_a_changed_checkpoint_is_never_reproduced(reference, tmp_path, capsys, folder, change):
+  """A checkpoint holding NaN is named (exit 3); one whose values changed but stay finite (the
+  accuracies it stores kept) is computed again and differs."""
   workdir = copy_of(reference, tmp_path)
-  rewrite_checkpoint(os.path.join(workdir, 'checkpoints', folder), with_nan)
+  rewrite_checkpoint(os.path.join(workdir, 'checkpoints', folder), change)
   capsys.readouterr()
-  assert cli.main(tiny_config(), workdir, 'eval') == 3
+  rc = cli.main(tiny_config(), workdir, 'eval')
   out = capsys.readouterr()
   assert 'reproduced' not in out.out
-  assert f'{workdir}/checkpoints/{folder} holds NaN or inf' in out.err, out.err
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize('folder', ['run_0/3', 'model/0'])
-def test_eval_computes_every_session_again(reference, tmp_path, capsys, folder):
-  """A checkpoint whose values changed (the accuracies it stores kept) is not 'reproduced'."""
-  workdir = copy_of(reference, tmp_path)
-  rewrite_checkpoint(os.path.join(workdir, 'checkpoints', folder), flipped)
-  capsys.readouterr()
-  assert cli.main(tiny_config(), workdir, 'eval') == 0
-  out = capsys.readouterr().out
-  assert 'reproduced' not in out and f'evaluation differs from {workdir}/results.json' in out, out
+  if change is with_nan:
+    assert rc == 3 and f'{workdir}/checkpoints/{folder} holds NaN or inf' in out.err, out.err
+    return
+  assert rc == 0 and f'evaluation differs from {workdir}/results.json' in out.out, out.out
   if folder == 'run_0/3':
-    assert f'run 0 session 3: the accuracies computed again from {workdir}/checkpoints/run_0/3 differ' in out
+    assert f'run 0 session 3: the accuracies computed again from {workdir}/checkpoints/run_0/3 differ' in out.out
 
 
 @pytest.mark.slow

@@ -32,11 +32,19 @@ def _base_steps(workdir) -> list:
     return [json.loads(line)['step'] for line in f if '"phase": "base"' in line]
 
 
+@pytest.fixture(scope='module')
+def reference(tmp_path_factory):
+  """The uninterrupted run's results.json, shared by both signals."""
+  workdir = tmp_path_factory.mktemp('reference')
+  run = _run(workdir)
+  assert run.wait(timeout=900) == 0, run.stderr.read()[-2000:]
+  with open(workdir / 'results.json') as f:
+    return json.load(f)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize('sig', [signal.SIGINT, signal.SIGTERM])
-def test_a_signal_stops_the_run_cleanly_and_the_rerun_resumes_exactly(tmp_path, sig):
-  reference = _run(tmp_path / 'reference')
-  assert reference.wait(timeout=900) == 0, reference.stderr.read()[-2000:]
+def test_a_signal_stops_the_run_cleanly_and_the_rerun_resumes_exactly(tmp_path, reference, sig):
   child = _run(tmp_path / 'w')
   deadline = time.time() + 600
   while not [s for s in _base_steps(tmp_path / 'w') if s >= 60] and time.time() < deadline:
@@ -51,5 +59,5 @@ def test_a_signal_stops_the_run_cleanly_and_the_rerun_resumes_exactly(tmp_path, 
   assert 60 <= stopped_at < 400 and not os.path.exists(tmp_path / 'w' / 'results.json')
   rerun = _run(tmp_path / 'w')
   assert rerun.wait(timeout=900) == 0, rerun.stderr.read()[-2000:]
-  with open(tmp_path / 'w' / 'results.json') as f, open(tmp_path / 'reference' / 'results.json') as g:
-    assert without_provenance(json.load(f)) == without_provenance(json.load(g))
+  with open(tmp_path / 'w' / 'results.json') as f:
+    assert without_provenance(json.load(f)) == without_provenance(reference)
