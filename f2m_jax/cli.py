@@ -39,7 +39,7 @@ def main(config, workdir: str, mode: str, checkpoint=None, origin=None, dry_run:
   logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
   if dry_run:
     return run_mode(config, workdir, 'dry_run', checkpoint, origin, None)
-  with stopping_at_boundaries() as hook:
+  with stopping_at_boundaries(at_once='' if mode in ('train', 'eval') else mode) as hook:
     return run_mode(config, workdir, mode, checkpoint, origin, hook)
 
 
@@ -59,15 +59,24 @@ def describe(config, origin) -> str:
 
 
 @contextlib.contextmanager
-def stopping_at_boundaries():
+def stopping_at_boundaries(at_once: str = ''):
   """Yields a run hook that raises Interrupted at the first step or session boundary after a SIGINT
-  or SIGTERM; a second signal stops at once. The previous handlers are restored afterwards."""
+  or SIGTERM; a second signal stops at once. `at_once` names a mode that calls no hook and saves
+  nothing (bench, flatness): its first signal ends the process (exit 130), since an exception raised
+  from a handler can land in one of XLA's callbacks, which ignore it or crash. The previous handlers
+  are restored afterwards."""
   received = []
 
   def handler(signum, frame):
-    if received:
-      raise KeyboardInterrupt
-    received.append(signal.Signals(signum).name)
+    name = signal.Signals(signum).name
+    if at_once:
+      print(f'interrupted ({name}); --mode {at_once} saves nothing: rerun the same command', file=sys.stderr,
+            flush=True)
+      sys.stdout.flush()
+      os._exit(130)
+    if received:  # a KeyboardInterrupt passes the handlers that turn errors into messages
+      raise KeyboardInterrupt(f'interrupted ({name}) at once')
+    received.append(name)
 
   def hook(kind, **info):
     if received:
@@ -117,9 +126,9 @@ def run_mode(config, workdir: str, mode: str, checkpoint, origin, hook) -> int:
   except TrainingError as e:
     print(f'training stopped: {e}', file=sys.stderr, flush=True)
     return 3
-  except Interrupted as e:
-    print(f'{e}; every checkpoint written is complete: rerun the same command to resume', file=sys.stderr,
-          flush=True)
+  except (Interrupted, KeyboardInterrupt) as e:
+    print(f'{e or "interrupted"}; every checkpoint written is complete: rerun the same command to resume',
+          file=sys.stderr, flush=True)
     return 130
   except OSError as e:  # the file system refused a write or read that the checks could not foresee
     print(f'error: {type(e).__name__}: {e}', file=sys.stderr, flush=True)

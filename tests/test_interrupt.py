@@ -61,3 +61,17 @@ def test_a_signal_stops_the_run_cleanly_and_the_rerun_resumes_exactly(tmp_path, 
   assert rerun.wait(timeout=900) == 0, rerun.stderr.read()[-2000:]
   with open(tmp_path / 'w' / 'results.json') as f:
     assert without_provenance(json.load(f)) == without_provenance(reference)
+
+
+
+def test_a_signal_stops_a_mode_without_boundaries_at_once(tmp_path):
+  """--mode bench (and flatness) calls no hook and saves nothing, so the first signal ends it at once:
+  one line, exit 130. (Deferred to a boundary that never came, SIGTERM let the bench run on.)"""
+  child = subprocess.Popen([sys.executable, 'run.py', '--config', 'configs/cifar100.py:smoke', '--mode', 'bench',
+                            '--workdir', str(tmp_path / 'bench')], cwd=REPO, text=True, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE)
+  assert child.stdout.readline().startswith('bench on ')  # the signal handlers are installed by now
+  child.send_signal(signal.SIGTERM)
+  _, err = child.communicate(timeout=60)
+  assert child.returncode == 130, err[-3000:]
+  assert err.strip() == 'interrupted (SIGTERM); --mode bench saves nothing: rerun the same command', err[-3000:]
