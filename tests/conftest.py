@@ -157,4 +157,3 @@ def tiny_smoke(**changes):
       node = node[part]
     node[name] = value
   return c
-

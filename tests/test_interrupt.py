@@ -63,7 +63,6 @@ def test_a_signal_stops_the_run_cleanly_and_the_rerun_resumes_exactly(tmp_path, 
     assert without_provenance(json.load(f)) == without_provenance(reference)
 
 
-
 def test_a_signal_stops_a_mode_without_boundaries_at_once(tmp_path):
   """--mode bench (and flatness) calls no hook and saves nothing, so the first signal ends it at once:
   one line, exit 130. (Deferred to a boundary that never came, SIGTERM let the bench run on.)"""
