@@ -33,6 +33,16 @@ if '--xla_backend_optimization_level' not in os.environ.get('XLA_FLAGS', ''):
   os.environ['XLA_FLAGS'] = f"{os.environ.get('XLA_FLAGS', '')} {TEST_XLA_FLAGS}".strip()
 
 
+def init_variables(model, image_size: int, key=None) -> dict:
+  """`model`'s variables for `image_size` px images, initialised in one jitted program: flax's init
+  run op by op compiles each of its hundreds of small ops in turn (about 10 s in a fresh worker).
+  Jitting it changes no bit (tests/test_init.py)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  x = jnp.zeros((1, image_size, image_size, 3), jnp.float32)
+  return jax.jit(lambda k: model.init(k, x, train=False))(jax.random.key(0) if key is None else key)
+
+
 def xla_flags(*flags: str) -> str:
   """XLA_FLAGS for a child process: this process's flags and `flags`."""
   return ' '.join([os.environ.get('XLA_FLAGS', ''), *flags]).strip()

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from configs import f2m_v
-from conftest import far_above_chance
+from conftest import far_above_chance, init_variables
 from f2m_jax import base as base_lib
 from f2m_jax import noise as noise_lib
 from f2m_jax import pipeline, workdir
@@ -36,7 +36,7 @@ def test_pf_does_nothing_in_the_variants_base_training():
   n = f2m_v.get_config('cifar100:smoke').noise
   assert n.prototype_fixing and not n.pf_gradient and n.std_weight == 0
   model = resnet20(4, width=4)
-  variables = model.init(jax.random.key(0), jnp.zeros((1, 16, 16, 3)), train=False)
+  variables = init_variables(model, 16)
   paths = tuple(noise_set_paths(model, n.num_layers))
   x = jax.random.normal(jax.random.key(1), (12, 16, 16, 3))
   y = jnp.arange(12) % 4

@@ -5,6 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from conftest import init_variables
 from f2m_jax import incremental
 from f2m_jax import objectives
 from f2m_jax import trees
@@ -15,7 +16,7 @@ from f2m_jax.models import noise_set_paths, resnet20
 @pytest.fixture(scope='module')
 def setup():
   model = resnet20(6, width=4)
-  variables = model.init(jax.random.key(0), jnp.zeros((1, 16, 16, 3)), train=False)
+  variables = init_variables(model, 16)
   rng = np.random.default_rng(0)
   images = rng.integers(0, 255, (10, 16, 16, 3), dtype=np.uint8)
   labels = np.repeat(np.array([6, 7], np.int32), 5)

@@ -15,7 +15,7 @@ import pytest
 from conftest import REPO, without_provenance
 
 ARGS = ['--config', 'configs/cifar100.py:smoke', '--config.tensorboard=False', '--config.runs=1',
-        '--config.data.synthetic.num_sessions=3', '--config.base.steps=400', '--config.base.milestones=(300,)',
+        '--config.data.synthetic.num_sessions=3', '--config.base.steps=200', '--config.base.milestones=(150,)',
         '--config.base.checkpoint_every=50']
 
 
@@ -56,7 +56,7 @@ def test_a_signal_stops_the_run_cleanly_and_the_rerun_resumes_exactly(tmp_path, 
   assert 'Traceback' not in err and len(lines) == 1, lines
   assert lines[0].startswith(f'interrupted ({sig.name}) after base step ') and 'rerun the same command' in lines[0]
   stopped_at = int(lines[0].split('after base step ')[1].split(';')[0])
-  assert 60 <= stopped_at < 400 and not os.path.exists(tmp_path / 'w' / 'results.json')
+  assert 60 <= stopped_at < 200 and not os.path.exists(tmp_path / 'w' / 'results.json')
   rerun = _run(tmp_path / 'w')
   assert rerun.wait(timeout=900) == 0, rerun.stderr.read()[-2000:]
   with open(tmp_path / 'w' / 'results.json') as f:

@@ -23,7 +23,7 @@ from f2m_jax.checkpoint import CheckpointError, Checkpoints
 from f2m_jax.data import sources
 from f2m_jax.experiment import Experiment
 
-SEEDS = (0, 1, 2)
+SEEDS = (0, 1)
 
 
 def tiny(seed: int = 0, **members_fields):
@@ -60,7 +60,7 @@ def base_model(workdir: str, seed: int) -> dict:
 
 
 @pytest.mark.slow
-def test_a_sweep_of_three_seeds_equals_three_single_runs(sweep):
+def test_a_sweep_of_two_seeds_equals_two_single_runs(sweep):
   root, summary, singles = sweep
   for i, (seed, single) in enumerate(zip(SEEDS, singles)):
     member = os.path.join(root, f'member_{i}')
@@ -75,7 +75,7 @@ def test_a_sweep_of_three_seeds_equals_three_single_runs(sweep):
     for x, y in zip(jax.tree_util.tree_leaves(mine), jax.tree_util.tree_leaves(single_model)):
       np.testing.assert_allclose(x, y, rtol=0, atol=1e-5 * np.abs(y).max())  # parameters to float tolerance
   # the seeds really differ, and the summary is over them
-  accs = [summary['members'][i]['acc_last'] for i in range(3)]
+  accs = [summary['members'][i]['acc_last'] for i in range(len(SEEDS))]
   assert len(set(accs)) > 1
   assert summary['sessions'][-1]['acc']['mean'] == pytest.approx(np.mean(accs))
 
@@ -106,7 +106,7 @@ def test_a_resumed_sweep_equals_an_uninterrupted_one(sweep, tmp_path):
   resumed = members.run(tiny(seeds=SEEDS, map='unroll'), root)
   strip = lambda s: {k: v for k, v in without_provenance(s).items() if k != 'members'}
   assert strip(resumed) == strip(sweep[1])
-  for i in range(3):
+  for i in range(len(SEEDS)):
     with open(os.path.join(root, f'member_{i}', 'results.json')) as f, \
          open(os.path.join(sweep[0], f'member_{i}', 'results.json')) as g:
       assert without_provenance(json.load(f)) == without_provenance(json.load(g))
@@ -115,29 +115,29 @@ def test_a_resumed_sweep_equals_an_uninterrupted_one(sweep, tmp_path):
 @pytest.mark.slow
 def test_the_gpu_layout_sweep_equals_the_cpu_layout_sweep(tmp_path):
   """The members vmapped (members.map='vmap') with XLA's own convolution backward and its batching rule
-  (model.conv_backward='xla'), the layout for a GPU, on this CPU: every member trained as by the
-  default layout (members unrolled, the CPU backward): the same logged steps and each member's base
-  model to float rounding. At lr 1e-3 and no std term (as tests/test_base_program.py), so that
-  20 steps do not amplify the programs' different rounding."""
-  def smooth(**fields):
-    config = tiny(seeds=SEEDS[:2], **fields)
-    config.base.lr, config.noise.std_weight = 1e-3, 0.0
-    return config
-
-  gpu = smooth(map='vmap')
-  gpu.model.conv_backward = 'xla'
-  roots = {name: str(tmp_path / name) for name in ('cpu', 'gpu')}
-  members.run(smooth(map='unroll'), roots['cpu'])
-  members.run(gpu, roots['gpu'])
-  for i, seed in enumerate(SEEDS[:2]):
-    ours, theirs = os.path.join(roots['gpu'], f'member_{i}'), os.path.join(roots['cpu'], f'member_{i}')
+  (model.conv_backward='xla'), the layout for a GPU, on this CPU: every member's base session trained
+  as by the default layout (members unrolled, the CPU backward): the same logged steps and each
+  member's last base train state to float rounding (the sessions after it take no member axis). At
+  lr 1e-3 and no std term (as tests/test_base_program.py), so that 20 steps do not amplify the
+  programs' different rounding."""
+  def base_sessions(name, conv_backward='auto', **fields):
+    config = tiny(seeds=SEEDS, **fields)
+    config.base.lr, config.noise.std_weight, config.model.conv_backward = 1e-3, 0.0, conv_backward
+    configs = [pipeline.resolve(c) for c in members.member_configs(config)]
+    bench = sources.load_benchmark(configs[0])
+    exps = [pipeline.check(c, bench) for c in configs]
+    dirs = [str(tmp_path / name / f'member_{i}') for i in range(len(exps))]
+    members.train_members(exps, dirs, hook=None)
     steps = lambda w: [r['step'] for r in map(json.loads, open(os.path.join(w, 'metrics.jsonl')))
                        if r.get('phase') == 'base']
-    assert steps(ours) == steps(theirs) == [5, 10, 15, 20]
-    mine, default = base_model(ours, seed), base_model(theirs, seed)
-    scale = max(float(np.abs(y).max()) for y in jax.tree_util.tree_leaves(default['params']))
-    for x, y in zip(jax.tree_util.tree_leaves(mine), jax.tree_util.tree_leaves(default)):  # float32 rounding is
-      np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-6 * scale)  # relative to the weights, not each leaf
+    assert [steps(d) for d in dirs] == [[5, 10, 15, 20]] * len(dirs)
+    return [Checkpoints(d, read_only=True).restore_base_state(e.state_template()) for d, e in zip(dirs, exps)]
+
+  for mine, default in zip(base_sessions('gpu', map='vmap', conv_backward='xla'), base_sessions('cpu', map='unroll')):
+    model = lambda state: {'params': state.params, 'batch_stats': state.batch_stats}
+    scale = max(float(np.abs(y).max()) for y in jax.tree_util.tree_leaves(default.params))
+    for x, y in zip(jax.tree_util.tree_leaves(model(mine)), jax.tree_util.tree_leaves(model(default))):
+      np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-6 * scale)  # float32 rounding is relative to the weights
 
 
 @pytest.mark.slow
@@ -262,4 +262,4 @@ def test_eval_of_a_sweep_leaves_its_summary_alone(sweep, capsys):
   members.run(tiny(seeds=SEEDS, map='unroll'), root, mode='eval')
   assert open(os.path.join(root, 'summary.json')).read() == before
   assert 'it is unchanged' in capsys.readouterr().out
-  assert sorted(os.listdir(root)) == ['config.json', 'lock', 'member_0', 'member_1', 'member_2', 'summary.json']
+  assert sorted(os.listdir(root)) == ['config.json', 'lock', 'member_0', 'member_1', 'summary.json']

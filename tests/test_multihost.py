@@ -71,22 +71,12 @@ def written_once(workdir):
 
 
 @pytest.mark.slow
-def test_two_processes_equal_one_process_with_two_devices(tmp_path):
-  """Each process holds one CPU device: the global mesh has two, the batch is split over them, and
-  the run equals a single process with two devices (the same SPMD program), file for file."""
-  two_processes(tmp_path / 'hosts')
-  one_process(tmp_path / 'one', devices=2)
-  ours, theirs = load(tmp_path / 'hosts' / 'results.json'), load(tmp_path / 'one' / 'results.json')
-  assert without_provenance(ours) == without_provenance(theirs)
-  assert ours['provenance']['hardware']['process_count'] == 2
-  written_once(tmp_path / 'hosts')
-
-
-@pytest.mark.slow
-def test_a_member_sweep_over_two_processes_equals_one_process(tmp_path):
-  """A seed sweep run by two processes: the members' base sessions are data parallel over the two
-  processes' devices (as a single run's), every process computes every member's sessions, the files
-  are written once, and the sweep equals one process's with two devices."""
+def test_a_member_sweep_over_two_processes_equals_one_process_with_two_devices(tmp_path):
+  """A seed sweep run by two processes, each holding one CPU device: the global mesh has two, the
+  members' base sessions split their batches over them (the one base program, which a single run
+  calls as a sweep of one member), every process computes every member's sessions, the files are
+  written once (process 0), and the sweep equals one process's with two devices (the same SPMD
+  program), file for file."""
   sweep = '--config.members.seeds=(0,1)'
   two_processes(tmp_path / 'hosts', sweep)
   one_process(tmp_path / 'one', sweep, devices=2)
@@ -94,8 +84,9 @@ def test_a_member_sweep_over_two_processes_equals_one_process(tmp_path):
   assert without_provenance(ours) == without_provenance(theirs)
   for i in range(2):
     member = tmp_path / 'hosts' / f'member_{i}'
-    assert without_provenance(load(member / 'results.json')) == without_provenance(
-        load(tmp_path / 'one' / f'member_{i}' / 'results.json'))
+    results = load(member / 'results.json')
+    assert without_provenance(results) == without_provenance(load(tmp_path / 'one' / f'member_{i}' / 'results.json'))
+    assert results['provenance']['hardware']['process_count'] == 2
     written_once(member)
 
 

@@ -4,6 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from conftest import init_variables
 from f2m_jax import base as base_lib
 from f2m_jax import noise as noise_lib
 from f2m_jax import objectives
@@ -14,7 +15,7 @@ from f2m_jax.models import noise_set_paths, resnet18, resnet20, split_block
 @pytest.fixture(scope='module')
 def net():
   model = resnet20(10, width=4)
-  variables = model.init(jax.random.key(0), jnp.zeros((1, 16, 16, 3)), train=False)
+  variables = init_variables(model, 16)
   return model, variables
 
 

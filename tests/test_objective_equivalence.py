@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from conftest import init_variables
 from f2m_jax import base as base_lib
 from f2m_jax import noise as noise_lib
 from f2m_jax import optim
@@ -25,7 +26,7 @@ def setup(arch: str, width: int, image_size: int, num_layers: int, num_draws: in
           std_weight: float = 0.0, dtype=jnp.float32):
   """(objective, params, batch_stats, images, labels, eps) for a random network and batch."""
   model = build_model(arch, CLASSES, width, dtype)
-  variables = model.init(jax.random.key(0), jnp.zeros((1, image_size, image_size, 3)), train=False)
+  variables = init_variables(model, image_size)
   paths = tuple(noise_set_paths(model, num_layers))
   objective = base_lib.BaseObjective(model=model, noise_paths=paths, split=split_block(model, paths),
                                      num_draws=num_draws, distribution='uniform', pf_weight=1.0,

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import tiny_method_run, tiny_protocol
+from conftest import init_variables, tiny_method_run, tiny_protocol
 from f2m_jax import experiment as experiment_lib
 from f2m_jax import pipeline
 from f2m_jax.methods import rebalance
@@ -19,7 +19,7 @@ from f2m_jax.sessions import ACCURACY_KEYS
 def test_cosine_classifier_logits_and_init():
   model = build_model('resnet20', 5, 4, head='cosine')
   x = jax.random.normal(jax.random.key(0), (3, 16, 16, 3))
-  variables = model.init(jax.random.key(1), x, train=False)
+  variables = init_variables(model, 16, jax.random.key(1))
   fc = variables['params']['fc']
   assert set(fc) == {'kernel', 'sigma'} and float(fc['sigma']) == 1.0
   params = {**variables['params'], 'fc': {'kernel': fc['kernel'], 'sigma': jnp.float32(3.0)}}

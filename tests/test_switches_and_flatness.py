@@ -4,6 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from conftest import init_variables
 from f2m_jax import base as base_lib
 from f2m_jax import flatness
 from f2m_jax import noise as noise_lib
@@ -24,7 +25,7 @@ def test_flatness_stats_known_answer():
 @pytest.fixture(scope='module')
 def tiny():
   model = resnet20(4, width=4)
-  variables = model.init(jax.random.key(0), jnp.zeros((1, 8, 8, 3)), train=False)
+  variables = init_variables(model, 8)
   rng = np.random.default_rng(0)
   images = rng.integers(0, 255, (30, 8, 8, 3), dtype=np.uint8)
   labels = rng.integers(0, 4, 30).astype(np.int32)
