@@ -56,14 +56,14 @@ def _step_setup(num_draws: int, draw_map: str):
                                      std_weight=2.0, shared_trunk=True, draw_map=draw_map)
   tx = optim.sgd(0.1, 0.9, 5e-4, (), 0.1)
   step = base_lib.make_train_step(objective, tx, 'crop_flip', 16, data.mean, data.std)
-  state = base_lib.init_state(model, jax.random.key(0), 16, tx)
+  state = jax.jit(lambda k: base_lib.init_state(model, k, 16, tx))(jax.random.key(0))
   return step, state, data.train.images[:8], data.train.labels[:8]
 
 
 @pytest.mark.parametrize('members, draws', [(1, 2), (2, 2), (3, 1)])
 def test_member_and_draw_steps_keep_kernel_gradients_on_backward_filter_convolutions(members, draws):
   step, state, images, labels = _step_setup(draws, 'vmap')
-  stacked = jax.tree_util.tree_map(lambda x: jnp.stack([x] * members), state)
+  stacked = jax.tree_util.tree_map(lambda x: np.stack([x] * members), state)  # on the host: no op-by-op compiles
   fn = base_lib.map_members(step, 'vmap')
   convs = convolutions(fn, stacked, np.stack([images] * members), np.stack([labels] * members),
                        jnp.stack([jax.random.key(i) for i in range(members)]), jnp.full((members,), 0.01))

@@ -170,7 +170,7 @@ def test_prototype_norm_sets_the_norm_of_eq5s_prototypes(setup):
   anchor = {p: flat0[p] for p in paths}
   frozen = {p: v for p, v in flat0.items() if p not in anchor}
   x = (jnp.asarray(images, jnp.float32) / 255.0 - 0.5) * 0.25  # embeddings of norm ~4: distances ~10
-  emb = np.asarray(model.apply(variables, x, train=False)[0], np.float64)
+  emb = np.asarray(jax.jit(lambda v: model.apply(v, x, train=False)[0])(variables), np.float64)
   rng = np.random.default_rng(1)
   base = emb.mean(0) + rng.normal(scale=0.3, size=(6, emb.shape[1]))
   stored = np.concatenate([base, np.zeros((2, emb.shape[1]))]).astype(np.float32)  # rows 6, 7: the novel classes
@@ -179,8 +179,9 @@ def test_prototype_norm_sets_the_norm_of_eq5s_prototypes(setup):
   assert np.all(np.abs(np.linalg.norm([emb[labels == c].mean(0) for c in (6, 7)], axis=1) - 1) > 1)  # novel too
   raw = _settings(model, paths, 1)
   assert raw.prototype_norm == 'raw'  # the default: the authors' raw prototypes
-  loss = lambda settings: float(incremental.session_loss(anchor, frozen, variables['batch_stats'], x, labels,
-                                                         jnp.asarray(stored), len(stored), settings))
+  session_loss = jax.jit(incremental.session_loss, static_argnums=(6, 7))  # one program, not op by op
+  loss = lambda settings: float(session_loss(anchor, frozen, variables['batch_stats'], x, labels,
+                                             jnp.asarray(stored), len(stored), settings))
   losses, tolerance = {}, {}
   for norm in incremental.PROTOTYPE_NORMS:
     settings = incremental.SessionSettings(**{**raw.__dict__, 'prototype_norm': norm})
@@ -209,8 +210,8 @@ def test_metric_loss_with_unit_prototypes_float64():
     return naive_metric_loss(e[valid], labels[valid], stored, 'unit_all')[0]
 
   with jax.enable_x64(True):
-    f = lambda e: objectives.metric_loss(e, jnp.asarray(labels), jnp.asarray(stored), 'squared_euclidean',
-                                         unit_prototypes=True)
+    f = jax.jit(lambda e: objectives.metric_loss(e, jnp.asarray(labels), jnp.asarray(stored), 'squared_euclidean',
+                                                 unit_prototypes=True))
     got = f(jnp.asarray(emb))
     assert got.dtype == jnp.float64
     np.testing.assert_allclose(float(got), naive(emb), rtol=1e-12)

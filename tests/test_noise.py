@@ -88,10 +88,11 @@ def test_noise_bounded_and_only_on_masked_leaves(net, distribution):
   # running the network on explicitly perturbed parameters.
   x = jax.random.normal(jax.random.key(4), (4, 16, 16, 3))
   draw = {p: e[0] for p, e in eps.items()}
-  with_noise, _ = model.apply({**variables, 'noise': noise_lib.collection(draw)}, x, train=False)
+  apply = jax.jit(lambda v: model.apply(v, x, train=False))  # one program a variables structure, not op by op
+  with_noise, _ = apply({**variables, 'noise': noise_lib.collection(draw)})
   perturbed = trees.unflatten({p: v + draw[p] if p in draw else v for p, v in flat.items()})
-  explicit, _ = model.apply({**variables, 'params': perturbed}, x, train=False)
-  clean, _ = model.apply(variables, x, train=False)
+  explicit, _ = apply({**variables, 'params': perturbed})
+  clean, _ = apply(variables)
   np.testing.assert_allclose(with_noise, explicit, rtol=1e-5, atol=1e-6)
   assert float(jnp.abs(with_noise - clean).max()) > 1e-4
 
@@ -104,8 +105,9 @@ def test_zero_bound_equals_plain_cross_entropy(net):
   eps = noise_lib.sample_noise(jax.random.key(3), variables['params'], paths, 2, 0.0)
   for shared in (True, False):
     obj = base_lib.BaseObjective(model, paths, split_block(model, paths), 2, 'uniform', 1.0, 0.0, shared)
-    loss, (_, metrics) = base_lib.base_loss(variables['params'], variables['batch_stats'], x, y, eps, obj)
-    (_, logits), _ = model.apply(variables, x, train=True, mutable=['batch_stats'])
+    loss, (_, metrics) = jax.jit(base_lib.base_loss, static_argnums=5)(variables['params'], variables['batch_stats'],
+                                                                       x, y, eps, obj)
+    (_, logits), _ = jax.jit(lambda v: model.apply(v, x, train=True, mutable=['batch_stats']))(variables)
     np.testing.assert_allclose(loss, objectives.cross_entropy(logits, y), rtol=1e-5)
     assert float(metrics['pf']) < 1e-10  # zero up to float rounding between the clean and noisy passes
 

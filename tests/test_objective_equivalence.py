@@ -120,8 +120,9 @@ def test_bfloat16_compute_keeps_float32_state():
   out = {}
   for dtype in (jnp.float32, jnp.bfloat16):
     objective = setup('resnet20', 8, 16, 4, dtype=dtype)[0]
-    state = base_lib.init_state(objective.model, jax.random.key(0), 16, tx)
-    step = base_lib.make_train_step(objective, tx, 'crop_flip', 16, bench.mean, bench.std)
+    model = objective.model
+    state = jax.jit(lambda k, m=model: base_lib.init_state(m, k, 16, tx))(jax.random.key(0))
+    step = jax.jit(base_lib.make_train_step(objective, tx, 'crop_flip', 16, bench.mean, bench.std))
     state, metrics = step(state, bench.train.images, bench.train.labels, jax.random.key(3), 0.05)
     out[dtype] = float(metrics['loss'])
     leaves = jax.tree_util.tree_leaves((state.params, state.batch_stats, state.opt_state))

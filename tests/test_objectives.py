@@ -72,22 +72,24 @@ def test_metric_loss_uses_batch_means_for_present_classes():
 
 
 def test_metric_loss_ignores_padding_rows_and_classes():
+  metric_loss = jax.jit(objectives.metric_loss, static_argnums=(3, 4))  # one program, not op by op
   rng = np.random.default_rng(0)
   emb, stored = jnp.asarray(rng.normal(size=(6, 4))), jnp.asarray(rng.normal(size=(5, 4)))
   labels = jnp.array([3, 3, 4, 4, 1, 3])
-  loss = objectives.metric_loss(emb, labels, stored, 'squared_euclidean')
+  loss = metric_loss(emb, labels, stored, 'squared_euclidean')
   padded_emb = jnp.concatenate([emb, jnp.asarray(rng.normal(size=(3, 4)))])  # padding rows: any values
   padded_labels = jnp.concatenate([labels, -jnp.ones(3, labels.dtype)])
   padded_stored = jnp.concatenate([stored, jnp.asarray(rng.normal(size=(2, 4)))])  # two unseen classes
-  padded = objectives.metric_loss(padded_emb, padded_labels, padded_stored, 'squared_euclidean', num_seen=5)
+  padded = metric_loss(padded_emb, padded_labels, padded_stored, 'squared_euclidean', num_seen=5)
   np.testing.assert_allclose(padded, loss, rtol=1e-6)
-  g = jax.grad(lambda e: objectives.metric_loss(e, padded_labels, padded_stored, 'squared_euclidean', 5))(padded_emb)
-  np.testing.assert_allclose(g[:6], jax.grad(lambda e: objectives.metric_loss(e, labels, stored,
-                                                                            'squared_euclidean'))(emb), rtol=1e-5)
+  g = jax.grad(lambda e: metric_loss(e, padded_labels, padded_stored, 'squared_euclidean', 5))(padded_emb)
+  np.testing.assert_allclose(g[:6], jax.grad(lambda e: metric_loss(e, labels, stored, 'squared_euclidean'))(emb),
+                             rtol=1e-5)
   np.testing.assert_array_equal(g[6:], 0.0)
   # without num_seen the extra rows are classes: the loss changes (the test above can fail)
-  assert abs(float(objectives.metric_loss(padded_emb, padded_labels, padded_stored, 'squared_euclidean'))
+  assert abs(float(metric_loss(padded_emb, padded_labels, padded_stored, 'squared_euclidean'))
              - float(loss)) > 1e-4
+
 
 def test_ncm_with_and_without_prototype_normalisation():
   protos = np.array([[10., 0.], [0., 1.]])

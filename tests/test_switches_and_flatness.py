@@ -44,7 +44,7 @@ def test_flatness_zero_bound_and_chunking(tiny):
   np.testing.assert_allclose(a, b, rtol=1e-4)
   assert np.std(a) > 0
   # the clean loss equals the plain mean CE of the full network
-  _, logits = model.apply(variables, (images / 255.0 - 0.5) / 0.25, train=False)
+  _, logits = jax.jit(lambda v, x: model.apply(v, x, train=False))(variables, (images / 255.0 - 0.5) / 0.25)
   ce = -jnp.take_along_axis(jax.nn.log_softmax(logits), labels[:, None], 1).mean()
   np.testing.assert_allclose(clean, ce, rtol=1e-5)
 
@@ -58,8 +58,8 @@ def test_fm_off_draws_no_noise(tiny, monkeypatch):
   monkeypatch.setattr(noise_lib, 'sample_noise', forbidden)
   obj = base_lib.BaseObjective(model, (), split, 2, 'uniform', 1.0, 0.0, True)
   tx = optim.sgd(0.1, 0.9, 5e-4, (), 0.1)
-  state = base_lib.init_state(model, jax.random.key(0), 8, tx)
-  step = base_lib.make_train_step(obj, tx, 'crop_flip', 8, (0.5,) * 3, (0.25,) * 3)
+  state = jax.jit(lambda k: base_lib.init_state(model, k, 8, tx))(jax.random.key(0))
+  step = jax.jit(base_lib.make_train_step(obj, tx, 'crop_flip', 8, (0.5,) * 3, (0.25,) * 3))
   state, metrics = step(state, images[:8], labels[:8], jax.random.key(2), 0.01)
   assert float(metrics['loss']) == pytest.approx(float(metrics['ce_clean']))
 
