@@ -10,18 +10,14 @@ DIR (created if missing; files in it are overwritten) receives, and the command 
 
   report.md      the main table in the paper's layout (one row per run: accuracy per session as
                  mean ± ci95, PD, AVG and the gap of the last-session accuracy to the reference row),
-                 a base/novel/HM table, the flatness table (I, sigma^2) from the flatness files that
-                 `run.py --mode flatness` wrote into the workdirs, and the list of sources;
+                 the base/novel/HM table, the flatness table (I, sigma^2) of the flatness files that
+                 `run.py --mode flatness` wrote into the workdirs, the prototype norms, the sources;
   report.csv     the main table, machine-readable, full precision;
   accuracy.png   accuracy per session, one line per run with a shaded 95% band;
   base_novel.png base (solid) and novel (dashed) accuracy per session.
 
-`format_session_table` renders a single results dict as a short plain-text table; the training run
-prints it at the end.
-
-Only the standard library is imported at module level; matplotlib is imported lazily by the plot
-functions and draws on an explicit Agg canvas (no pyplot, no global backend change), so importing
-this module never touches jax or a display.
+Only the standard library is imported at module level (matplotlib lazily, on an Agg canvas of its own:
+no pyplot, no global backend change), so importing this module never touches jax or a display.
 """
 from __future__ import annotations
 
@@ -232,18 +228,17 @@ def base_budget(config: dict) -> str:
   return text
 
 
-def base_source(results: dict) -> Optional[dict]:
-  """The --checkpoint workdir the run's base model came from (results.json's provenance.base_source), or None."""
-  return (results.get('provenance') or {}).get('base_source')
+def recorded(results: dict, key: str) -> Any:
+  """results.json's provenance[key] (e.g. base_source: the --checkpoint workdir of the base model), or None."""
+  return (results.get('provenance') or {}).get(key)
 
 
 def budget(results: dict) -> str:
   """The base budget of a run ('' without a recorded config); for a base model from --checkpoint, that
   of the config that trained it (this run's config with the source's differing values)."""
-  config = (results.get('provenance') or {}).get('config')
+  config, source = recorded(results, 'config'), recorded(results, 'base_source')
   if not config:
     return ''
-  source = base_source(results)
   if source and source.get('differences'):
     config = json.loads(json.dumps(config))
     for field, (there, _) in source['differences'].items():
@@ -259,7 +254,7 @@ def budget(results: dict) -> str:
 def origin(results: dict) -> str:
   """'configs/x.py:arg with field=value, ...': the command line's config and its changes ('' if
   not recorded)."""
-  o = (results.get('provenance') or {}).get('origin') or {}
+  o = recorded(results, 'origin') or {}
   if not o.get('config'):
     return ''
   changes = o.get('changes') or {}
@@ -269,7 +264,7 @@ def origin(results: dict) -> str:
 def source_text(results: dict) -> str:
   """Where a --checkpoint run's base model came from: its folder, the method and commit that trained
   it and the fields its config set otherwise ('' for a base model trained in the run's own workdir)."""
-  source = base_source(results)
+  source = recorded(results, 'base_source')
   if not source:
     return ''
   commit = source.get('commit')
@@ -381,9 +376,8 @@ def format_flatness_table(rows: Sequence[Row]) -> str:
 
 
 def format_norms_table(rows: Sequence[Row]) -> str:
-  """The paper's norm table: per row the mean and std (over classes) of the L2 norms of the base and
-  the novel prototypes after the last session, each averaged over runs (± 95% CI). '' when no row
-  has them (results written before they were recorded)."""
+  """The paper's norm table: per row the mean and std over classes of the L2 norms of the base and novel
+  prototypes after the last session, averaged over runs; '' when no row has them (older results)."""
   body = [[_escape(r.label)] + [format_stat(r.results['prototype_norms'][k], has_interval(r.results))
                                 for k in ('base_mean', 'base_std', 'novel_mean', 'novel_std')]
           for r in rows if r.results.get('prototype_norms')]
@@ -480,7 +474,6 @@ def format_report(rows: Sequence[Row], reference: Any = 0, all_sessions: bool = 
   """The full report.md text: main table, base/novel table, flatness and norm tables (where there are
   any) and the list of sources."""
   ref = rows[resolve_reference(rows, reference)]
-  which = 'every session' if all_sessions else 'last session'
   sources = [f'- {_escape(r.label)}: `{r.source}` ({r.results["dataset"]}, {r.results["method"]}, '
              f'{r.results["protocol"]}, {r.results["runs"]} runs'
              + (f'; base model of step {r.results["base_model"]["step"]}, chosen on the base classes\' test '
@@ -496,7 +489,7 @@ def format_report(rows: Sequence[Row], reference: Any = 0, all_sessions: bool = 
       format_table(rows, reference), '',
       f'{PD_AVG}; gap: last-session accuracy minus that of the reference row "{_escape(ref.label)}".', '',
   ] + refused + [''] * bool(refused) + [
-      f'## Base vs novel accuracy ({which})', '',
+      f'## Base vs novel accuracy ({"every" if all_sessions else "last"} session)', '',
       format_base_novel_table(rows, all_sessions), '',
   ] + (['## Flatness of the base model (base loss over noise draws)', '', flatness, ''] if flatness else [])
       + (['## Prototype norms after the last session (L2; mean ± 95% CI over runs)', '', norms, ''] if norms else [])
