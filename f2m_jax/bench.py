@@ -1,22 +1,9 @@
-"""`--mode bench`: times the base training program (`base.make_train_program`, the very program a
-run calls, at the config's base.steps_per_call steps a call) and the sessions' programs, on random data
-of the config's shapes.
-
-Variants, for each compute dtype of config.bench.dtypes:
-  plain              the base program without noise (the reference of the 'x plain' column);
-  f2m_naive          F2M with the whole network mapped over the M draws, for each M of bench.M_list;
-  f2m_shared         F2M with the unperturbed trunk run once (noise.draw_map mapping the draws);
-  f2m_shared_<other> the same with the other draw_map, where bench.other_draw_map;
-  incremental_step   one fine-tuning step of the largest incremental session;
-  ncm_eval           the test-view embedding of one eval batch of images, and ncm_eval_suffix from
-                     cached trunk features (the incremental phase's evaluation).
-Each is compiled once (timed apart); then config.bench.warmup untimed and config.bench.iters timed
-rounds call every variant once each; a base call's time is divided by its steps.
-
-Then S runs (a sweep's members) in the same program for every S of bench.member_sizes, and whole runs
-(`whole_run`) of F2M and the Baseline through the pipeline for config.bench.whole_run_steps base steps
-and config.bench.whole_run_runs runs of sessions: the first call's time (compile included), base
-steps/s after it, the base phase and the incremental phase (and that phase after its first session).
+"""`--mode bench` (docs/performance.md): times the base training program (`base.make_train_program`,
+the very program a run calls, at the config's base.steps_per_call steps a call) and the sessions'
+programs, on random data of the config's shapes: the variants of the base step (plain, f2m_naive,
+f2m_shared[_<other draw_map>]) for each M and compute dtype, one incremental step and the evaluation's
+embedding; then S runs in one program for each S of bench.member_sizes, and whole runs of F2M and the
+Baseline through the pipeline. A base call's time is divided by its steps.
 
 The records go to W/bench.json as {'provenance': ..., 'records': [...], 'whole_runs': [...],
 'members': [...]} (never overwriting one: then W/bench_<timestamp>.json). No dataset is read: images
@@ -59,29 +46,28 @@ DATASET_SHAPES = {
     'mini_imagenet': dict(image_size=84, num_base=60, num_sessions=9, way=5, augment='rrc_flip'),
     'cub200': dict(image_size=224, num_base=100, num_sessions=11, way=10, augment='rrc_flip'),
 }
-FIELDS = ('variant', 'M', 'batch', 'steps_per_call', 'step_ms_median', 'step_ms_min', 'images_per_s', 'compile_s',
-          'peak_bytes', 'backend', 'device_kind', 'num_devices', 'dtype')
 
 
 def dataset_shapes(config: ml_collections.ConfigDict) -> dict:
-  """image_size, num_base, num_sessions, way and augment of the config's dataset (no data read)."""
+  """image_size, num_base, num_sessions, way, augment and num_classes of the config's dataset (no data read)."""
   if config.data.source == 'synthetic':
     s = config.data.synthetic
-    return dict(image_size=s.image_size, num_base=s.num_base, num_sessions=s.num_sessions, way=s.way,
-                augment='crop_flip')
-  if config.data.dataset not in DATASET_SHAPES and 'folder' in config.data:  # your own images: its layout
+    shapes = dict(image_size=s.image_size, num_base=s.num_base, num_sessions=s.num_sessions, way=s.way,
+                  augment='crop_flip')
+  elif config.data.dataset not in DATASET_SHAPES and 'folder' in config.data:  # your own images: its layout
     f = config.data.folder
     if f.num_base < 1:
       raise ValueError(f'data.folder.num_base={f.num_base} is invalid for --mode bench, which reads no data: '
                        'give the number of base classes')
-    return dict(image_size=config.data.image_size, num_base=f.num_base, num_sessions=f.num_sessions, way=f.way,
-                augment=f.augment)
-  if config.data.dataset not in DATASET_SHAPES:
+    shapes = dict(image_size=config.data.image_size, num_base=f.num_base, num_sessions=f.num_sessions, way=f.way,
+                  augment=f.augment)
+  elif config.data.dataset not in DATASET_SHAPES:
     raise ValueError(f'data.dataset={config.data.dataset!r} has no entry in bench.DATASET_SHAPES '
                      f'(known: {sorted(DATASET_SHAPES)})')
-  shapes = dict(DATASET_SHAPES[config.data.dataset])
-  shapes['image_size'] = int(config.data.get('image_size', 0) or 0) or shapes['image_size']
-  return shapes
+  else:
+    shapes = dict(DATASET_SHAPES[config.data.dataset])
+    shapes['image_size'] = int(config.data.get('image_size', 0) or 0) or shapes['image_size']
+  return dict(shapes, num_classes=shapes['num_base'] + shapes['way'] * (shapes['num_sessions'] - 1))
 
 
 def random_benchmark(config: ml_collections.ConfigDict, num_train: int, num_test: int,
@@ -89,11 +75,10 @@ def random_benchmark(config: ml_collections.ConfigDict, num_train: int, num_test
   """A Benchmark of random uint8 images with the dataset's shapes and class layout."""
   s = dataset_shapes(config)
   rng = np.random.default_rng(seed)
-  num_classes = s['num_base'] + s['way'] * (s['num_sessions'] - 1)
 
   def split(n):
     images = rng.integers(0, 256, (n, s['image_size'], s['image_size'], 3), dtype=np.uint8)
-    return Split(images, (np.arange(n) % num_classes).astype(np.int32))
+    return Split(images, (np.arange(n) % s['num_classes']).astype(np.int32))
 
   train = split(num_train)
   return Benchmark(name=config.data.dataset or 'synthetic', train=train, test=split(num_test),
@@ -117,9 +102,8 @@ def peak_bytes(compiled) -> int | None:
     m = compiled.memory_analysis()
   except Exception:  # pylint: disable=broad-except
     return None
-  if m is None:
-    return None
-  return int(m.temp_size_in_bytes + m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes)
+  return None if m is None else int(m.temp_size_in_bytes + m.argument_size_in_bytes + m.output_size_in_bytes
+                                    - m.alias_size_in_bytes)
 
 
 @dataclasses.dataclass
@@ -135,26 +119,21 @@ class Case:
   steps: int = 1
 
 
-def _compiled(fn: Callable, args: tuple) -> tuple:
-  """(callable, peak bytes): a jitted `fn` compiled ahead for `args`; any other called once."""
-  if hasattr(fn, 'lower'):
-    compiled = fn.lower(*args).compile()
-    return compiled, peak_bytes(compiled)
-  jax.block_until_ready(fn(*args))
-  return fn, None
-
-
-def time_cases(cases: Sequence[Case], warmup: int, iters: int) -> list:
+def time_cases(cases: Sequence[Case], dtype: str, warmup: int, iters: int) -> list:
   """Compiles each case (timed apart), then runs `warmup` rounds and `iters` timed rounds, each round
   calling every case once: load from other processes then falls on all cases alike, which keeps
-  their ratios meaningful on a shared machine. Returns one timing dict per case, per step."""
+  their ratios meaningful on a shared machine. Returns one record per case, times per step."""
   compiled, compile_s, peaks = [], [], []
   for c in cases:
     t0 = time.perf_counter()
-    fn, peak = _compiled(c.fn, c.args)
-    compiled.append(fn)
+    if hasattr(c.fn, 'lower'):  # jitted: compiled ahead for its arguments
+      compiled.append(c.fn.lower(*c.args).compile())
+      peaks.append(peak_bytes(compiled[-1]))
+    else:  # anything else: called once
+      jax.block_until_ready(c.fn(*c.args))
+      compiled.append(c.fn)
+      peaks.append(None)
     compile_s.append(time.perf_counter() - t0)
-    peaks.append(peak)
   args = [c.args for c in cases]
   times = [[] for _ in cases]
   for r in range(warmup + iters):
@@ -165,16 +144,15 @@ def time_cases(cases: Sequence[Case], warmup: int, iters: int) -> list:
         times[i].append((time.perf_counter() - t0) / c.steps)
       if c.carry is not None:
         args[i] = c.carry(args[i], out)
-  return [{'step_ms_median': 1e3 * statistics.median(t), 'step_ms_min': 1e3 * min(t), 'compile_s': s,
-           'peak_bytes': p} for t, s, p in zip(times, compile_s, peaks)]
-
-
-def _record(case: Case, dtype: str, timing: dict) -> dict:
-  device = jax.devices()[0]
-  rec = dict(variant=case.variant, M=case.m, batch=case.batch, steps_per_call=case.steps, dtype=dtype,
-             backend=jax.default_backend(), images_per_s=case.batch / (timing['step_ms_median'] / 1e3),
-             device_kind=device.device_kind, num_devices=jax.device_count(), **timing)
-  return {k: (round(rec[k], 4) if isinstance(rec[k], float) else rec[k]) for k in FIELDS}
+  records = []
+  for c, t, s, p in zip(cases, times, compile_s, peaks):
+    median = 1e3 * statistics.median(t)
+    rec = dict(variant=c.variant, M=c.m, batch=c.batch, steps_per_call=c.steps, step_ms_median=median,
+               step_ms_min=1e3 * min(t), images_per_s=c.batch / (median / 1e3), compile_s=s, peak_bytes=p,
+               backend=jax.default_backend(), device_kind=jax.devices()[0].device_kind,
+               num_devices=jax.device_count(), dtype=dtype)
+    records.append({k: round(v, 4) if isinstance(v, float) else v for k, v in rec.items()})
+  return records
 
 
 def program_case(exp: Experiment, objective: base_lib.BaseObjective, variant: str, m: Optional[int],
@@ -219,8 +197,7 @@ def bench_dtype(config: ml_collections.ConfigDict, dtype: str, mesh) -> list:
       cases.append(program_case(exp, variant(num_draws=m, shared_trunk=True, draw_map=other), f'f2m_shared_{other}',
                                 m, 1, mesh))
   cases += [incremental_case(exp)] + ncm_cases(exp)
-  timings = time_cases(cases, config.bench.warmup, config.bench.iters)
-  return [_record(c, dtype, t) for c, t in zip(cases, timings)]
+  return time_cases(cases, dtype, config.bench.warmup, config.bench.iters)
 
 
 def incremental_case(exp: Experiment) -> Case:
@@ -271,25 +248,18 @@ def format_members(records: Sequence[dict]) -> str:
   return '\n'.join(lines)
 
 
-def _row(r: dict, plain: dict) -> str:
-  ratio = (f"{r['step_ms_median'] / plain['step_ms_median']:6.2f}"
-           if r['variant'].startswith(('plain', 'f2m')) else '     -')
-  peak = '-' if r['peak_bytes'] is None else f"{r['peak_bytes'] / 2**20:.0f}"
-  m = '-' if r['M'] is None else r['M']
-  return (f"{r['variant']:<17} {r['dtype']:<9} {m!s:>2} {r['batch']:>5} {r['step_ms_median']:>10.1f} "
-          f"{r['step_ms_min']:>9.1f} {r['images_per_s']:>9.0f} {r['compile_s']:>9.1f} {peak:>8} {ratio}")
-
-
-HEADER = (f"{'variant':<17} {'dtype':<9} {'M':>2} {'batch':>5} {'median ms':>10} {'min ms':>9} {'img/s':>9} "
-          f"{'compile s':>9} {'peak MiB':>8} x plain")
-
-
 def format_table(records: Sequence[dict]) -> str:
   """The bench table; 'x plain' is each base-step variant's median over the plain step's (same dtype)."""
-  lines = [HEADER]
+  lines = [f"{'variant':<17} {'dtype':<9} {'M':>2} {'batch':>5} {'median ms':>10} {'min ms':>9} {'img/s':>9} "
+           f"{'compile s':>9} {'peak MiB':>8} x plain"]
   for r in records:
     plain = next(p for p in records if p['variant'] == 'plain' and p['dtype'] == r['dtype'])
-    lines.append(_row(r, plain))
+    ratio = (f"{r['step_ms_median'] / plain['step_ms_median']:6.2f}"
+             if r['variant'].startswith(('plain', 'f2m')) else '     -')
+    peak = '-' if r['peak_bytes'] is None else f"{r['peak_bytes'] / 2**20:.0f}"
+    m = '-' if r['M'] is None else r['M']
+    lines.append(f"{r['variant']:<17} {r['dtype']:<9} {m!s:>2} {r['batch']:>5} {r['step_ms_median']:>10.1f} "
+                 f"{r['step_ms_min']:>9.1f} {r['images_per_s']:>9.0f} {r['compile_s']:>9.1f} {peak:>8} {ratio}")
   return '\n'.join(lines)
 
 
@@ -311,9 +281,8 @@ def whole_run(config: ml_collections.ConfigDict, method: str, steps: int, runs: 
   cfg.base.update(steps=steps, log_every=steps, checkpoint_every=steps, select_on_test=False)
   cfg = pipeline.resolve(cfg, reads_data=False)
   s = dataset_shapes(cfg)
-  num_classes = s['num_base'] + s['way'] * (s['num_sessions'] - 1)
   per_class = max(cfg.base.shots, cfg.data.shots, -(-base_batch(cfg) // s['num_base']))
-  exp = Experiment.create(cfg, random_benchmark(cfg, num_classes * per_class, num_classes * 10))
+  exp = Experiment.create(cfg, random_benchmark(cfg, s['num_classes'] * per_class, s['num_classes'] * 10))
   stamps = {}
   hook = lambda phase, **_: stamps.setdefault(phase, []).append(time.perf_counter())
   with tempfile.TemporaryDirectory() as tmp:
@@ -361,9 +330,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> list:
     records.extend(new)
   member_records = []
   if config.bench.member_sizes:
-    cases = member_cases(config, mesh)
-    member_records = [_record(c, config.model.dtype, t) for c, t in
-                      zip(cases, time_cases(cases, config.bench.warmup, config.bench.iters))]
+    member_records = time_cases(member_cases(config, mesh), config.model.dtype, config.bench.warmup,
+                                config.bench.iters)
     print(format_members(member_records), flush=True)
   whole = []
   if config.bench.whole_run_steps > 0:

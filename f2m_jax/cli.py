@@ -102,21 +102,18 @@ def run_mode(config, workdir: str, mode: str, checkpoint, origin, hook) -> int:
     if mode in ('train', 'eval') and members.enabled(config):
       summary = members.run(config, workdir, mode=mode, checkpoint=checkpoint, origin=origin, hook=hook)
       print(members.format_summary(summary), flush=True)
-      return 0
-    if mode in ('train', 'eval'):
+    elif mode in ('train', 'eval'):
       results = pipeline.run(config, workdir, mode=mode, checkpoint=checkpoint, origin=origin, hook=hook)
       print(report.format_session_table(results), flush=True)
-      return 0
-    if mode == 'flatness':
+    elif mode == 'flatness':
       pipeline.run_flatness(config, workdir, checkpoint, origin=origin)
-      return 0
-    if mode == 'bench':
+    elif mode == 'bench':
       bench.run(config, workdir)
-      return 0
-    if mode == 'dry_run':
+    elif mode == 'dry_run':
       print(describe(config, origin), flush=True)
-      return 0
-    raise ValueError(f'--mode {mode} is not implemented yet')
+    else:
+      raise ValueError(f'--mode {mode} is not implemented yet')
+    return 0
   except CheckpointFault as e:
     print(f'error: {e}', file=sys.stderr, flush=True)
     return 3
@@ -136,12 +133,10 @@ def run_mode(config, workdir: str, mode: str, checkpoint, origin, hook) -> int:
 
 
 def enable_compilation_cache(config):
-  """Turns on JAX's persistent compilation cache in <cache folder>/jax_compilation_cache where
-  config.compilation_cache asks for it, for every program however fast it compiled (JAX's default
-  keeps only those of 1 s or more, and the many small ones then compile again in every run;
-  JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS, where set, wins; the figures: experiments/results/
-  README.md, 'Figures behind the code's choices'). Returns the folder in use (one already set,
-  e.g. through JAX_COMPILATION_CACHE_DIR, is kept with JAX's settings), or None."""
+  """Where config.compilation_cache asks for it, JAX's persistent compilation cache in <cache folder>/
+  jax_compilation_cache, for every program however fast it compiled (JAX keeps only those of 1 s or more
+  unless JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS says otherwise; figures: experiments/results/README.md).
+  Returns the folder in use (one already set, e.g. by JAX_COMPILATION_CACHE_DIR, is kept as is), or None."""
   if jax.config.jax_compilation_cache_dir:
     return jax.config.jax_compilation_cache_dir
   if not config.get('compilation_cache', False):
@@ -165,15 +160,11 @@ def parse_flags(argv):
     try:
       return flags.FLAGS(argv)
     except Exception as e:  # whatever absl or ml_collections raise
-      problem = unknown_field(argv) or _flag_error(' '.join(str(e).split()))
+      message = ' '.join(str(e).split())
+      match = re.match(r"flag --(config\.[\w.]+)=(.*?): (.*)", message)  # absl's 'flag --config.F=V: reason'
+      problem = unknown_field(argv) or (f'{match[1]}={match[2]!r} is invalid: {match[3]}' if match else message)
   print(f'error: {problem}', file=sys.stderr, flush=True)
   sys.exit(2)
-
-
-def _flag_error(message: str) -> str:
-  """absl's 'flag --config.F=V: reason' as "config.F='V' is invalid: reason"."""
-  match = re.match(r"flag --(config\.[\w.]+)=(.*?): (.*)", message)
-  return f'{match[1]}={match[2]!r} is invalid: {match[3]}' if match else message
 
 
 def config_problem(argv):

@@ -10,18 +10,14 @@ DIR (created if missing; files in it are overwritten) receives, and the command 
 
   report.md      the main table in the paper's layout (one row per run: accuracy per session as
                  mean ± ci95, PD, AVG and the gap of the last-session accuracy to the reference row),
-                 a base/novel/HM table, the flatness table (I, sigma^2) from the flatness files that
-                 `run.py --mode flatness` wrote into the workdirs, and the list of sources;
+                 the base/novel/HM table, the flatness table (I, sigma^2) of the flatness files that
+                 `run.py --mode flatness` wrote into the workdirs, the prototype norms, the sources;
   report.csv     the main table, machine-readable, full precision;
   accuracy.png   accuracy per session, one line per run with a shaded 95% band;
   base_novel.png base (solid) and novel (dashed) accuracy per session.
 
-`format_session_table` renders a single results dict as a short plain-text table; the training run
-prints it at the end.
-
-Only the standard library is imported at module level; matplotlib is imported lazily by the plot
-functions and draws on an explicit Agg canvas (no pyplot, no global backend change), so importing
-this module never touches jax or a display.
+Only the standard library is imported at module level (matplotlib lazily, on an Agg canvas of its own:
+no pyplot, no global backend change), so importing this module never touches jax or a display.
 """
 from __future__ import annotations
 
@@ -39,7 +35,9 @@ FLATNESS_NAME = 'flatness.json'  # written by `run.py --mode flatness` into the 
 TOP_KEYS = ('dataset', 'method', 'protocol', 'runs', 'sessions', 'pd', 'avg')
 SESSION_KEYS = ('session', 'num_classes', 'acc', 'acc_base')
 NULLABLE_SESSION_KEYS = ('acc_novel', 'hm')  # null (or absent) in session 1
+STAT_SESSION_KEYS = ('acc', 'acc_base') + NULLABLE_SESSION_KEYS  # a session's statistics, in the tables' order
 STAT_KEYS = ('mean', 'ci95')
+SESSION_HEADER = ['Session', 'Classes', 'Acc', 'Base', 'Novel', 'HM']  # the cells of `session_cells`
 MISSING = '-'
 PD_AVG = ('PD: accuracy of session 1 minus that of the last session (what was forgotten; lower is better); '
           'AVG: accuracy averaged over all sessions')
@@ -71,29 +69,29 @@ def results_path(path: str) -> str:
   return summary if os.path.isfile(summary) and not os.path.isfile(results) else results
 
 
+def _check_keys(obj: dict, keys: Sequence[str], file: str, prefix: str = '') -> None:
+  """Raise ResultsError naming the first of `keys` that `obj` lacks."""
+  for key in keys:
+    if key not in obj:
+      raise ResultsError(f'{file}: missing key {prefix + key!r}')
+
+
 def _check_stat(stat: Any, where: str, file: str) -> None:
   """Raise ResultsError unless `stat` is a dict with numeric 'mean' and 'ci95'."""
   if not isinstance(stat, dict):
     raise ResultsError(f'{file}: {where!r} must be an object with keys {STAT_KEYS}, got {stat!r}')
   for key in STAT_KEYS:
-    if key not in stat:
-      raise ResultsError(f'{file}: missing key {where + "." + key!r}')
-    value = stat[key]
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-      raise ResultsError(f'{file}: {where + "." + key!r} must be a number, got {value!r}')
+    _check_keys(stat, (key,), file, f'{where}.')
+    if isinstance(stat[key], bool) or not isinstance(stat[key], (int, float)):
+      raise ResultsError(f'{file}: {where + "." + key!r} must be a number, got {stat[key]!r}')
 
 
 def validate_results(results: Any, file: str = '<results>') -> dict:
-  """Check that `results` has the results.json shape; return it unchanged.
-
-  Raises ResultsError naming `file` and the dotted path of the first missing or malformed key
-  (e.g. "sessions[2].acc.ci95"). 'config' and 'label' are optional and not checked.
-  """
+  """Return `results` if it has the results.json shape, else raise ResultsError naming `file` and the
+  dotted path of the first bad key (e.g. "sessions[2].acc.ci95"). 'config' and 'label' are not checked."""
   if not isinstance(results, dict):
     raise ResultsError(f'{file}: top level must be a JSON object, got {type(results).__name__}')
-  for key in TOP_KEYS:
-    if key not in results:
-      raise ResultsError(f'{file}: missing key {key!r}')
+  _check_keys(results, TOP_KEYS, file)
   sessions = results['sessions']
   if not isinstance(sessions, list) or not sessions:
     raise ResultsError(f'{file}: \'sessions\' must be a non-empty list')
@@ -101,21 +99,17 @@ def validate_results(results: Any, file: str = '<results>') -> dict:
     where = f'sessions[{i}]'
     if not isinstance(session, dict):
       raise ResultsError(f'{file}: {where!r} must be an object')
-    for key in SESSION_KEYS:
-      if key not in session:
-        raise ResultsError(f'{file}: missing key {where + "." + key!r}')
+    _check_keys(session, SESSION_KEYS, file, f'{where}.')
     if isinstance(session['session'], bool) or not isinstance(session['session'], int):
       raise ResultsError(f'{file}: {where + ".session"!r} must be an integer')
-    _check_stat(session['acc'], f'{where}.acc', file)
-    _check_stat(session['acc_base'], f'{where}.acc_base', file)
-    for key in NULLABLE_SESSION_KEYS:
-      if session.get(key) is not None:
+    for key in STAT_SESSION_KEYS:
+      if key not in NULLABLE_SESSION_KEYS or session.get(key) is not None:
         _check_stat(session[key], f'{where}.{key}', file)
   numbers = [s['session'] for s in sessions]
   if len(set(numbers)) != len(numbers):
     raise ResultsError(f'{file}: duplicate session numbers {numbers}')
-  _check_stat(results['pd'], 'pd', file)
-  _check_stat(results['avg'], 'avg', file)
+  for key in ('pd', 'avg'):
+    _check_stat(results[key], key, file)
   return results
 
 
@@ -135,34 +129,14 @@ def load_results(path: str) -> dict:
   return validate_results(results, file)
 
 
-def per_value(results: dict) -> list:
-  """[(label suffix, results)]: a results file as it is, or a sweep over a field (members.py) as one
-  results per value, never pooled."""
-  if 'values' not in results:
-    return [('', results)]
-  return [(f' {results["field"]}={v["value"]:g}', v) for v in results['values']]
-
-
-def default_label(results: dict, path: str) -> str:
-  """results' "label" if set, else "<method> <workdir basename>"."""
-  if results.get('label'):
-    return str(results['label'])
-  file = results_path(path)
-  workdir = os.path.dirname(os.path.abspath(file))
-  return f'{results["method"]} {os.path.basename(workdir)}'
-
-
 # ----------------------------------------------------------------------------- table helpers
 
 
-def format_stat(stat: Optional[dict], digits: int = 2, interval: bool = True) -> str:
-  """'mean ± ci95' with `digits` decimals ('mean' alone without an interval), or '-' for a
-  missing/null statistic."""
+def format_stat(stat: Optional[dict], interval: bool = True) -> str:
+  """'mean ± ci95' to 2 decimals ('mean' alone without an interval), or '-' for a missing/null statistic."""
   if stat is None:
     return MISSING
-  if not interval:
-    return f'{stat["mean"]:.{digits}f}'
-  return f'{stat["mean"]:.{digits}f} ± {stat["ci95"]:.{digits}f}'
+  return f'{stat["mean"]:.2f}' + (f' ± {stat["ci95"]:.2f}' if interval else '')
 
 
 def has_interval(results: dict) -> bool:
@@ -170,9 +144,9 @@ def has_interval(results: dict) -> bool:
   return results.get('runs', 2) > 1
 
 
-def session_map(results: dict) -> dict:
-  """{session number: session dict}."""
-  return {s['session']: s for s in results['sessions']}
+def in_order(results: dict) -> list:
+  """The session dicts by session number, the last session last."""
+  return sorted(results['sessions'], key=lambda s: s['session'])
 
 
 def session_numbers(rows: Sequence[Row]) -> list:
@@ -180,9 +154,10 @@ def session_numbers(rows: Sequence[Row]) -> list:
   return sorted({s['session'] for row in rows for s in row.results['sessions']})
 
 
-def last_session(results: dict) -> dict:
-  """The session dict with the highest session number."""
-  return max(results['sessions'], key=lambda s: s['session'])
+def session_cells(session: dict, interval: bool) -> list:
+  """A session's number, classes, accuracy, base, novel and HM as table cells."""
+  return ([str(session['session']), str(session['num_classes'])]
+          + [format_stat(session.get(k), interval) for k in STAT_SESSION_KEYS])
 
 
 def setting(results: dict) -> str:
@@ -195,7 +170,7 @@ def gap(row: Row, reference: Row) -> Optional[float]:
   protocol or session count (their difference measures nothing)."""
   if setting(row.results) != setting(reference.results):
     return None
-  return last_session(row.results)['acc']['mean'] - last_session(reference.results)['acc']['mean']
+  return in_order(row.results)[-1]['acc']['mean'] - in_order(reference.results)[-1]['acc']['mean']
 
 
 def gap_warnings(rows: Sequence[Row], reference: Any = 0) -> list:
@@ -235,18 +210,12 @@ def markdown_table(header: Sequence[str], body: Iterable[Sequence[str]], align: 
   return '\n'.join('| ' + ' | '.join(_escape(c) for c in line) + ' |' for line in lines)
 
 
-# ----------------------------------------------------------------------------- tables
+# ----------------------------------------------------------------------------- provenance
 
 
 def reads_test_set(results: dict) -> bool:
   """Whether the run chose its base model on test images (base.select_on_test)."""
   return bool((results.get('base_model') or {}).get('reads_test_set'))
-
-
-def table_label(row: Row) -> str:
-  """The row's label, marked where its base model was chosen on the test set."""
-  return (row.label + ('' if has_interval(row.results) else ' (1 run, no interval)')
-          + (' (base model chosen on test images)' if reads_test_set(row.results) else ''))
 
 
 def base_budget(config: dict) -> str:
@@ -259,19 +228,17 @@ def base_budget(config: dict) -> str:
   return text
 
 
-def base_source(results: dict) -> Optional[dict]:
-  """The --checkpoint workdir the run's base model came from (results.json's provenance.base_source), or None."""
-  return (results.get('provenance') or {}).get('base_source')
+def recorded(results: dict, key: str) -> Any:
+  """results.json's provenance[key] (e.g. base_source: the --checkpoint workdir of the base model), or None."""
+  return (results.get('provenance') or {}).get(key)
 
 
 def budget(results: dict) -> str:
-  """The base budget of a run, from its provenance ('' for results written without one); for a base
-  model from --checkpoint, the budget of the config that trained it (this run's config with the
-  source's differing values)."""
-  config = (results.get('provenance') or {}).get('config')
+  """The base budget of a run ('' without a recorded config); for a base model from --checkpoint, that
+  of the config that trained it (this run's config with the source's differing values)."""
+  config, source = recorded(results, 'config'), recorded(results, 'base_source')
   if not config:
     return ''
-  source = base_source(results)
   if source and source.get('differences'):
     config = json.loads(json.dumps(config))
     for field, (there, _) in source['differences'].items():
@@ -287,7 +254,7 @@ def budget(results: dict) -> str:
 def origin(results: dict) -> str:
   """'configs/x.py:arg with field=value, ...': the command line's config and its changes ('' if
   not recorded)."""
-  o = (results.get('provenance') or {}).get('origin') or {}
+  o = recorded(results, 'origin') or {}
   if not o.get('config'):
     return ''
   changes = o.get('changes') or {}
@@ -297,7 +264,7 @@ def origin(results: dict) -> str:
 def source_text(results: dict) -> str:
   """Where a --checkpoint run's base model came from: its folder, the method and commit that trained
   it and the fields its config set otherwise ('' for a base model trained in the run's own workdir)."""
-  source = base_source(results)
+  source = recorded(results, 'base_source')
   if not source:
     return ''
   commit = source.get('commit')
@@ -323,92 +290,64 @@ def hardware(results: dict) -> str:
   return text
 
 
-def format_table(rows: Sequence[Row], reference: Any = 0) -> str:
-  """The main markdown table: label, accuracy per session (mean ± ci95), PD, AVG and gap.
+# ----------------------------------------------------------------------------- tables
 
-  `reference` is a row index or label (see `resolve_reference`); gap = the row's last-session
-  accuracy minus the reference row's, signed, 2 decimals. Rows with fewer sessions get '-'.
-  """
+
+def format_table(rows: Sequence[Row], reference: Any = 0) -> str:
+  """The main markdown table: label, accuracy per session ('-' where a row has none), PD, AVG and the
+  gap (the last-session accuracy minus that of the `reference` row, see `resolve_reference`)."""
   if not rows:
     raise ValueError('no rows to tabulate')
   ref = rows[resolve_reference(rows, reference)]
   numbers = session_numbers(rows)
-  header = ['Method'] + [str(n) for n in numbers] + ['PD', 'AVG', 'gap']
   body = []
   for row in rows:
-    by_number, ci = session_map(row.results), has_interval(row.results)
-    cells = [format_stat(by_number[n]['acc'], interval=ci) if n in by_number else MISSING for n in numbers]
-    body.append([table_label(row)] + cells + [format_stat(row.results['pd'], interval=ci),
-                                       format_stat(row.results['avg'], interval=ci), format_gap(gap(row, ref))])
-  return markdown_table(header, body)
-
-
-def format_gap(value: Optional[float]) -> str:
-  return 'n/a' if value is None else f'{value:+.2f}'
+    r, ci, difference = row.results, has_interval(row.results), gap(row, ref)
+    by_number = {s['session']: s['acc'] for s in r['sessions']}
+    label = (row.label + ('' if ci else ' (1 run, no interval)')
+             + (' (base model chosen on test images)' if reads_test_set(r) else ''))
+    body.append([label] + [format_stat(by_number.get(n), ci) for n in numbers] + [
+        format_stat(r['pd'], ci), format_stat(r['avg'], ci), 'n/a' if difference is None else f'{difference:+.2f}'])
+  return markdown_table(['Method'] + [str(n) for n in numbers] + ['PD', 'AVG', 'gap'], body)
 
 
 def format_base_novel_table(rows: Sequence[Row], all_sessions: bool = False) -> str:
   """Markdown table of base / novel accuracy and HM: each row's last session, or every session."""
-  header = ['Method', 'Session', 'Classes', 'Acc', 'Base', 'Novel', 'HM']
-  body = []
-  for row in rows:
-    sessions = (sorted(row.results['sessions'], key=lambda s: s['session']) if all_sessions
-                else [last_session(row.results)])
-    ci = has_interval(row.results)
-    for s in sessions:
-      body.append([row.label, str(s['session']), str(s['num_classes'])] + [
-          format_stat(s.get(k), interval=ci) for k in ('acc', 'acc_base', 'acc_novel', 'hm')])
-  return markdown_table(header, body)
+  body = [[row.label] + session_cells(s, has_interval(row.results))
+          for row in rows for s in (in_order(row.results) if all_sessions else in_order(row.results)[-1:])]
+  return markdown_table(['Method'] + SESSION_HEADER, body)
 
 
 def format_session_table(results: dict) -> str:
-  """A short plain-text table of one results dict: per session the number of classes, accuracy,
-  base, novel and HM (mean ± ci95), then PD and AVG. Printed at the end of a training run."""
-  header = ['Session', 'Classes', 'Acc', 'Base', 'Novel', 'HM']
+  """A short plain-text table of one results dict, printed at the end of a training run: per session
+  the classes, accuracy, base, novel and HM (mean ± ci95), then PD and AVG."""
   ci = has_interval(results)
-  lines = [[str(s['session']), str(s['num_classes'])] + [format_stat(s.get(k), interval=ci)
-                                                         for k in ('acc', 'acc_base', 'acc_novel', 'hm')]
-           for s in sorted(results['sessions'], key=lambda s: s['session'])]
-  widths = [max(len(r[i]) for r in [header] + lines) for i in range(len(header))]
+  lines = [session_cells(s, ci) for s in in_order(results)]
+  widths = [max(len(r[i]) for r in [SESSION_HEADER] + lines) for i in range(len(SESSION_HEADER))]
   render = lambda r: '  '.join(c.rjust(w) for c, w in zip(r, widths)).rstrip()
   title = (f'{results.get("label") or results.get("method", "?")} on {results.get("dataset", "?")}'
            f' ({results.get("protocol", "?")}, {results.get("runs", "?")} runs, '
            f'{"mean ± 95% CI" if ci else "no interval"}, %)')
-  rule = '-' * len(render(header))
-  footer = (f'PD  {format_stat(results["pd"], interval=ci)}    AVG  {format_stat(results["avg"], interval=ci)}\n'
-            f'{PD_AVG}')
+  rule = '-' * len(render(SESSION_HEADER))
+  footer = f'PD  {format_stat(results["pd"], ci)}    AVG  {format_stat(results["avg"], ci)}\n{PD_AVG}'
   if reads_test_set(results):
     footer += (f'\nbase model: step {results["base_model"]["step"]}, chosen on the base classes\' TEST images '
                '(base.select_on_test)')
-  return '\n'.join([title, render(header), rule] + [render(r) for r in lines] + [rule, footer])
-
-
-# ----------------------------------------------------------------------------- csv
-
-
-def csv_header(numbers: Sequence[int]) -> list:
-  """CSV column names for the given session numbers."""
-  cols = ['label', 'dataset', 'method', 'protocol', 'runs']
-  for n in numbers:
-    cols += [f's{n}', f's{n}_ci95']
-  return cols + ['pd', 'pd_ci95', 'avg', 'avg_ci95', 'gap', 'budget', 'hardware']
+  return '\n'.join([title, render(SESSION_HEADER), rule] + [render(r) for r in lines] + [rule, footer])
 
 
 def csv_rows(rows: Sequence[Row], reference: Any = 0) -> list:
-  """The main table as a list of dicts keyed by `csv_header`; missing sessions are ''."""
+  """The main table as dicts in the CSV's column order; '' for a missing session, for a refused gap and
+  for the intervals of a single run."""
   ref = rows[resolve_reference(rows, reference)]
-  numbers = session_numbers(rows)
   out = []
   for row in rows:
-    r = row.results
-    record = {'label': row.label, 'dataset': r['dataset'], 'method': r['method'],
-              'protocol': r['protocol'], 'runs': r['runs']}
-    by_number, difference = session_map(r), gap(row, ref)
+    r, difference = row.results, gap(row, ref)
+    by_number = {s['session']: s['acc'] for s in r['sessions']}
     ci95 = lambda stat: '' if stat is None or not has_interval(r) else stat['ci95']  # one run: no interval
-    for n in numbers:
-      acc = by_number[n]['acc'] if n in by_number else None
-      record[f's{n}'] = '' if acc is None else acc['mean']
-      record[f's{n}_ci95'] = ci95(acc)
+    record = {'label': row.label, **{k: r[k] for k in ('dataset', 'method', 'protocol', 'runs')}}
+    for n in session_numbers(rows):
+      record.update({f's{n}': by_number[n]['mean'] if n in by_number else '', f's{n}_ci95': ci95(by_number.get(n))})
     record.update(pd=r['pd']['mean'], pd_ci95=ci95(r['pd']), avg=r['avg']['mean'],
                   avg_ci95=ci95(r['avg']), gap='' if difference is None else difference, budget=budget(r),
                   hardware=hardware(r))
@@ -418,41 +357,55 @@ def csv_rows(rows: Sequence[Row], reference: Any = 0) -> list:
 
 def write_csv(rows: Sequence[Row], path: str, reference: Any = 0) -> str:
   """Write the main table to `path` as CSV (full-precision floats); return `path`."""
+  records = csv_rows(rows, reference)
   with open(path, 'w', newline='', encoding='utf-8') as f:
-    writer = csv.DictWriter(f, fieldnames=csv_header(session_numbers(rows)))
+    writer = csv.DictWriter(f, fieldnames=list(records[0]))
     writer.writeheader()
-    writer.writerows(csv_rows(rows, reference))
+    writer.writerows(records)
   return path
+
+
+def format_flatness_table(rows: Sequence[Row]) -> str:
+  """The paper's flatness table (indicator I and variance sigma^2 on the training and test sets), one
+  line per flatness file of each row; '' if no row has one."""
+  body = [[_escape(r.label), f'{f["bound"]:g}'] + [f'{f[s][k]:.4g}' for k in ('I', 'sigma2') for s in ('train', 'test')]
+          + [str(f['train']['num_draws']), f'{f["train"]["num_images"]} / {f["test"]["num_images"]}']
+          for r in rows for f in r.flatness]
+  header = ['Method', 'b', 'I (train)', 'I (test)', 'sigma^2 (train)', 'sigma^2 (test)', 'draws', 'images']
+  return markdown_table(header, body) if body else ''
+
+
+def format_norms_table(rows: Sequence[Row]) -> str:
+  """The paper's norm table: per row the mean and std over classes of the L2 norms of the base and novel
+  prototypes after the last session, averaged over runs; '' when no row has them (older results)."""
+  body = [[_escape(r.label)] + [format_stat(r.results['prototype_norms'][k], has_interval(r.results))
+                                for k in ('base_mean', 'base_std', 'novel_mean', 'novel_std')]
+          for r in rows if r.results.get('prototype_norms')]
+  header = ['Method', 'base norm mean', 'base norm std', 'novel norm mean', 'novel norm std']
+  return markdown_table(header, body) if body else ''
 
 
 # ----------------------------------------------------------------------------- plots
 
 
-def _series(results: dict, key: str) -> tuple:
-  """(session numbers, means, ci95s) of statistic `key`, skipping sessions where it is null."""
-  points = [(s['session'], s[key]['mean'], s[key]['ci95'])
-            for s in sorted(results['sessions'], key=lambda s: s['session']) if s.get(key)]
-  return tuple(list(v) for v in zip(*points)) if points else ([], [], [])
-
-
-def _new_figure(figsize=(7.0, 4.5)):
-  """A matplotlib Figure on the Agg canvas (no pyplot, no global backend change)."""
+def _plot(rows: Sequence[Row], path: str, title: str, curves: Sequence[tuple], alpha: float) -> str:
+  """Each row's `curves` ((statistic, line style, label suffix)) per session with a shaded mean ± ci95
+  band, one colour per row, skipping null sessions; PNG at `path`. Draws on an Agg canvas of its own."""
   from matplotlib.backends.backend_agg import FigureCanvasAgg
   from matplotlib.figure import Figure
-  fig = Figure(figsize=figsize)
+  fig = Figure(figsize=(7.0, 4.5))
   FigureCanvasAgg(fig)
-  return fig
-
-
-def _color(i: int) -> str:
-  """The i-th colour of matplotlib's default cycle."""
-  return f'C{i % 10}'
-
-
-def _finish(fig, ax, rows: Sequence[Row], path: str, title: str) -> str:
-  """Label the axes, add the legend and save the figure as a PNG at `path`; return `path`."""
-  numbers = session_numbers(rows)
-  ax.set_xticks(numbers)
+  ax = fig.add_subplot()
+  for i, row in enumerate(rows):
+    for key, style, suffix in curves:
+      points = [(s['session'], s[key]['mean'], s[key]['ci95']) for s in in_order(row.results) if s.get(key)]
+      if not points:
+        continue
+      x, mean, ci = (list(v) for v in zip(*points))
+      ax.plot(x, mean, style, marker='o', markersize=3, color=f'C{i % 10}', label=row.label + suffix)
+      ax.fill_between(x, [m - c for m, c in zip(mean, ci)], [m + c for m, c in zip(mean, ci)],
+                      color=f'C{i % 10}', alpha=alpha, linewidth=0)
+  ax.set_xticks(session_numbers(rows))
   ax.set_xlabel('session')
   ax.set_ylabel('accuracy (%)')
   ax.set_title(title)
@@ -465,44 +418,32 @@ def _finish(fig, ax, rows: Sequence[Row], path: str, title: str) -> str:
 
 def plot_accuracy(rows: Sequence[Row], path: str) -> str:
   """Accuracy per session, one line per row with a shaded mean ± ci95 band; PNG at `path`."""
-  fig = _new_figure()
-  ax = fig.add_subplot()
-  for i, row in enumerate(rows):
-    x, mean, ci = _series(row.results, 'acc')
-    ax.plot(x, mean, marker='o', markersize=3, color=_color(i), label=row.label)
-    ax.fill_between(x, [m - c for m, c in zip(mean, ci)], [m + c for m, c in zip(mean, ci)],
-                    color=_color(i), alpha=0.2, linewidth=0)
-  return _finish(fig, ax, rows, path, 'Accuracy per session (mean ± 95% CI)')
+  return _plot(rows, path, 'Accuracy per session (mean ± 95% CI)', [('acc', '-', '')], 0.2)
 
 
 def plot_base_novel(rows: Sequence[Row], path: str) -> str:
   """Base (solid) and novel (dashed) accuracy per session, one colour per row; PNG at `path`."""
-  fig = _new_figure()
-  ax = fig.add_subplot()
-  for i, row in enumerate(rows):
-    for key, style, name in (('acc_base', '-', 'base'), ('acc_novel', '--', 'novel')):
-      x, mean, ci = _series(row.results, key)
-      if not x:
-        continue
-      ax.plot(x, mean, style, marker='o', markersize=3, color=_color(i), label=f'{row.label} {name}')
-      ax.fill_between(x, [m - c for m, c in zip(mean, ci)], [m + c for m, c in zip(mean, ci)],
-                      color=_color(i), alpha=0.12, linewidth=0)
-  return _finish(fig, ax, rows, path, 'Base (solid) and novel (dashed) accuracy')
+  return _plot(rows, path, 'Base (solid) and novel (dashed) accuracy',
+               [('acc_base', '-', ' base'), ('acc_novel', '--', ' novel')], 0.12)
 
 
 # ----------------------------------------------------------------------------- report
 
 
 def build_rows(paths: Sequence[str], labels: Optional[Sequence[str]] = None) -> list:
-  """Load every path into a Row (a sweep over a field into one Row per value); `labels` (one per path)
-  override the default labels."""
+  """One Row per path (a sweep over a field: one per value, never pooled), labelled by `labels` (one per
+  path), else by the results' "label", else "<method> <workdir basename>"."""
   if labels is not None and len(labels) != len(paths):
     raise ValueError(f'got {len(labels)} labels for {len(paths)} results: {list(labels)}')
   rows = []
   for i, path in enumerate(paths):
-    for suffix, results in per_value(load_results(path)):
-      label = labels[i] if labels is not None else default_label(results, path)
-      rows.append(Row(label=label + suffix, results=results, source=results_path(path), flatness=load_flatness(path)))
+    results, file, flatness = load_results(path), results_path(path), load_flatness(path)
+    values = ([(f' {results["field"]}={v["value"]:g}', v) for v in results['values']] if 'values' in results
+              else [('', results)])
+    for suffix, r in values:
+      label = (labels[i] if labels is not None else str(r['label']) if r.get('label')
+               else f'{r["method"]} {os.path.basename(os.path.dirname(os.path.abspath(file)))}')
+      rows.append(Row(label=label + suffix, results=r, source=file, flatness=flatness))
   return rows
 
 
@@ -529,38 +470,10 @@ def load_flatness(path: str) -> tuple:
   return tuple(out)
 
 
-def format_flatness_table(rows: Sequence[Row]) -> str:
-  """The paper's flatness table (indicator I and variance sigma^2 on the training and test sets), one
-  line per flatness file of each row; '' if no row has one."""
-  body = [[_escape(r.label), f'{f["bound"]:g}'] + [f'{f[s][k]:.4g}' for k in ('I', 'sigma2') for s in ('train', 'test')]
-          + [str(f['train']['num_draws']), f'{f["train"]["num_images"]} / {f["test"]["num_images"]}']
-          for r in rows for f in r.flatness]
-  if not body:
-    return ''
-  header = ['Method', 'b', 'I (train)', 'I (test)', 'sigma^2 (train)', 'sigma^2 (test)', 'draws', 'images']
-  return markdown_table(header, body)
-
-
-def format_norms_table(rows: Sequence[Row]) -> str:
-  """The paper's norm table: per row the mean and std (over classes) of the L2 norms of the base and
-  the novel prototypes after the last session, each averaged over runs (± 95% CI). '' when no row
-  has them (results written before they were recorded)."""
-  have = [r for r in rows if r.results.get('prototype_norms')]
-  if not have:
-    return ''
-  body = []
-  for r in have:
-    n = r.results['prototype_norms']
-    body.append([_escape(r.label)] + [format_stat(n[k], interval=has_interval(r.results))
-                                              for k in ('base_mean', 'base_std', 'novel_mean', 'novel_std')])
-  return markdown_table(['Method', 'base norm mean', 'base norm std', 'novel norm mean', 'novel norm std'], body)
-
-
 def format_report(rows: Sequence[Row], reference: Any = 0, all_sessions: bool = False) -> str:
-  """The full report.md text: main table, base/novel table, flatness table (where the workdirs hold
-  flatness.json) and the list of sources."""
+  """The full report.md text: main table, base/novel table, flatness and norm tables (where there are
+  any) and the list of sources."""
   ref = rows[resolve_reference(rows, reference)]
-  which = 'every session' if all_sessions else 'last session'
   sources = [f'- {_escape(r.label)}: `{r.source}` ({r.results["dataset"]}, {r.results["method"]}, '
              f'{r.results["protocol"]}, {r.results["runs"]} runs'
              + (f'; base model of step {r.results["base_model"]["step"]}, chosen on the base classes\' test '
@@ -576,7 +489,7 @@ def format_report(rows: Sequence[Row], reference: Any = 0, all_sessions: bool = 
       format_table(rows, reference), '',
       f'{PD_AVG}; gap: last-session accuracy minus that of the reference row "{_escape(ref.label)}".', '',
   ] + refused + [''] * bool(refused) + [
-      f'## Base vs novel accuracy ({which})', '',
+      f'## Base vs novel accuracy ({"every" if all_sessions else "last"} session)', '',
       format_base_novel_table(rows, all_sessions), '',
   ] + (['## Flatness of the base model (base loss over noise draws)', '', flatness, ''] if flatness else [])
       + (['## Prototype norms after the last session (L2; mean ± 95% CI over runs)', '', norms, ''] if norms else [])
@@ -600,27 +513,22 @@ def write_report(rows: Sequence[Row], out: str, reference: Any = 0,
   return paths
 
 
-def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
-  """Command-line arguments (see the module docstring)."""
-  p = argparse.ArgumentParser(prog='python -m f2m_jax.report',
-                              description='Tabulate (and with --out, plot) the results of training runs.')
-  p.add_argument('paths', nargs='+', help="workdirs holding results.json, sweeps' folders holding summary.json, "
-                                          'or those files')
-  p.add_argument('--out', default=None, help='report folder for report.md, report.csv and the plots (created if '
-                                              'missing); without it, nothing is written')
-  p.add_argument('--reference', default=None,
-                 help='row whose last-session accuracy the gap column subtracts: a label or a '
-                      '0-based index (default: the first row)')
-  p.add_argument('--labels', default=None, help='comma-separated labels, one per path')
-  p.add_argument('--base-novel', choices=('last', 'all'), default='last',
-                 help='base/novel table for the last session only or for every session')
-  return p.parse_args(argv)
-
-
 def main(argv: Optional[Sequence[str]] = None) -> int:
-  """CLI entry point: print the main table (and the gaps refused), write the report where --out asks
-  and name its files. Returns the exit status."""
-  args = parse_args(argv)
+  """CLI entry point (see the module docstring): print the main table (and the gaps refused), write the
+  report where --out asks and name its files. Returns the exit status."""
+  parser = argparse.ArgumentParser(prog='python -m f2m_jax.report',
+                                   description='Tabulate (and with --out, plot) the results of training runs.')
+  parser.add_argument('paths', nargs='+', help="workdirs holding results.json, sweeps' folders holding "
+                                               'summary.json, or those files')
+  parser.add_argument('--out', default=None, help='report folder for report.md, report.csv and the plots '
+                                                   '(created if missing); without it, nothing is written')
+  parser.add_argument('--reference', default=None,
+                      help='row whose last-session accuracy the gap column subtracts: a label or a '
+                           '0-based index (default: the first row)')
+  parser.add_argument('--labels', default=None, help='comma-separated labels, one per path')
+  parser.add_argument('--base-novel', choices=('last', 'all'), default='last',
+                      help='base/novel table for the last session only or for every session')
+  args = parser.parse_args(argv)
   labels = [s.strip() for s in args.labels.split(',')] if args.labels is not None else None
   try:
     rows = build_rows(args.paths, labels)

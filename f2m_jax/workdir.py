@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import fcntl
+import io
 import json
 import os
 import tempfile
@@ -59,10 +60,6 @@ def renamed(flat: dict) -> dict:
   return out
 
 
-def _ignored(key: str, ignore: Iterable[str]) -> bool:
-  return any(key == i or (i.endswith('.') and key.startswith(i)) for i in ignore)
-
-
 class WorkdirError(RuntimeError):
   """The workdir belongs to another config or holds something we must not overwrite."""
 
@@ -88,8 +85,8 @@ def config_differences(saved: dict, current: dict, ignore: Iterable[str] = NON_R
   a.update({k: v for k, v in LEGACY_VALUES.items() if k not in a and k in b})
   methods = {a.get('method'), b.get('method')}
   ignore = tuple(ignore) + tuple(f'{s}.' for s, m in (method_sections or {}).items() if m not in methods)
-  return sorted(k for k in set(a) | set(b)
-                if not _ignored(k, ignore) and a.get(k, '<absent>') != b.get(k, '<absent>'))
+  ignored = lambda k: any(k == i or (i.endswith('.') and k.startswith(i)) for i in ignore)  # 'x.': all of x
+  return sorted(k for k in set(a) | set(b) if not ignored(k) and a.get(k, '<absent>') != b.get(k, '<absent>'))
 
 
 SOURCE_KEY = 'base_source'  # config.json's record of --checkpoint's base model (not a config field)
@@ -266,7 +263,6 @@ def provenance(config: dict) -> dict:
   was dirty), the library versions and the hardware. Written into results.json, flatness.json and
   bench.json."""
   import platform
-  import jax
   import jaxlib
   import flax
   import optax
@@ -384,8 +380,6 @@ class MetricsLog:
 
 def write_results(workdir: str, results: dict, rows: list, name: str = 'results') -> None:
   """<name>.json and <name>.csv, each written atomically (on the primary process)."""
-  if not primary():
-    return
   atomic_write(os.path.join(workdir, f'{name}.json'), json.dumps(results, indent=2))
   write_csv(os.path.join(workdir, f'{name}.csv'), rows)
 
@@ -394,9 +388,8 @@ def write_csv(path: str, rows: list) -> None:
   """`rows` (dicts of one set of keys) into the CSV file `path`, atomically (on the primary process)."""
   if not primary():
     return
-  tmp = f'{path}.tmp{os.getpid()}'
-  with open(tmp, 'w', newline='') as f:
-    writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-    writer.writeheader()
-    writer.writerows(rows)
-  os.replace(tmp, path)
+  text = io.StringIO(newline='')
+  writer = csv.DictWriter(text, fieldnames=list(rows[0]))
+  writer.writeheader()
+  writer.writerows(rows)
+  atomic_write(path, text.getvalue())

@@ -232,7 +232,7 @@ def test_bench_times_members_against_single_steps():
   config = tiny()
   config.bench.update(member_sizes=(2,), warmup=0, iters=1)
   cases = bench.member_cases(pipeline.resolve(config), sharding.data_mesh())
-  records = [bench._record(c, 'float32', t) for c, t in zip(cases, bench.time_cases(cases, 0, 1))]  # pylint: disable=protected-access
+  records = bench.time_cases(cases, 'float32', 0, 1)
   assert [(r['variant'], r['M']) for r in records] == [('members_1_unroll', 1), ('members_2_unroll', 2)]
   table = bench.format_members(records).splitlines()
   assert len(table) == 3 and table[1].split()[-2] == '1.00'  # the single step against itself
