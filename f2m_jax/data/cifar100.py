@@ -201,9 +201,8 @@ def official_arrays(cache_dir) -> tuple:
         parsed = parse_binary(member.read())
         arrays[f'x_{split}'], arrays[f'y_{split}'] = parsed.images, parsed.labels.astype(np.int16)
     folder.mkdir(parents=True, exist_ok=True)
-    tmp = folder / f'.{CONVERTED}.{os.getpid()}.npz'
-    np.savez(tmp, **arrays)
-    os.replace(tmp, converted)
+    with download.written_atomically(converted, '.npz') as tmp:
+      np.savez(tmp, **arrays)
     os.remove(archive)
     print(f'converted CIFAR-100 once into {converted}', file=sys.stderr, flush=True)
   with np.load(converted) as f:

@@ -17,11 +17,11 @@ import hashlib
 import json
 import os
 import pathlib
-import tempfile
 from typing import Callable, Optional, Sequence, Union
 
 import numpy as np
 
+from f2m_jax.data.download import written_atomically
 from f2m_jax.data.index_lists import read_index_file, session_lists
 from f2m_jax.data.types import Benchmark, DataError, Split, sessions_from_counts
 
@@ -345,9 +345,7 @@ def decode_cached(paths: Sequence[pathlib.Path], cache_folder, name: str, resize
   except (OSError, ValueError):  # absent, unreadable or truncated: decode again
     pass
   folder.mkdir(parents=True, exist_ok=True)
-  fd, tmp = tempfile.mkstemp(dir=folder, prefix=f'.{name}-', suffix='.npy.tmp')
-  os.close(fd)
-  try:
+  with written_atomically(target) as tmp:
     out = np.lib.format.open_memmap(tmp, mode='w+', dtype=np.uint8, shape=shape)
 
     def work(i):
@@ -365,11 +363,6 @@ def decode_cached(paths: Sequence[pathlib.Path], cache_folder, name: str, resize
         bar.update(1)
     out.flush()
     del out
-    os.chmod(tmp, 0o644)  # mkstemp makes it private; the cache may be shared
-    os.replace(tmp, target)
-  finally:
-    if os.path.exists(tmp):
-      os.remove(tmp)
   return np.load(target, mmap_mode='r')
 
 

@@ -72,9 +72,8 @@ def build(archive, out_dir, verify: bool = True) -> dict:
                       f'from {cifar100.ARCHIVE_URL}, or pass --no-verify to build from it anyway')
   arrays = read_archive(archive)
   out.parent.mkdir(parents=True, exist_ok=True)
-  tmp = out.with_name(f'.{out.name}.{os.getpid()}.npz')
-  np.savez(tmp, source=np.asarray(f'{cifar100.ARCHIVE_URL} (train.bin, file order)'), **arrays)
-  os.replace(tmp, out)
+  with download.written_atomically(out, '.npz') as tmp:
+    np.savez(tmp, source=np.asarray(f'{cifar100.ARCHIVE_URL} (train.bin, file order)'), **arrays)
   content = content_sha256(arrays)
   return {'path': str(out), 'sha256': download.sha256_file(out), 'content': content,
           'as_measured': content == CONTENT_SHA256}
