@@ -63,6 +63,12 @@ SHA256 = {
 }
 
 
+def cache_folder(given: str = '') -> str:
+  """Where downloads and converted files go (never into the data folder): `given`, else $F2M_CACHE_DIR,
+  else ~/.cache/f2m_jax."""
+  return given or os.environ.get('F2M_CACHE_DIR', '') or os.path.join(os.path.expanduser('~'), '.cache', 'f2m_jax')
+
+
 def default_cache_dir() -> pathlib.Path:
   """`$XDG_CACHE_HOME/f2m_jax`, or `~/.cache/f2m_jax`."""
   root = os.environ.get('XDG_CACHE_HOME') or os.path.join(os.path.expanduser('~'), '.cache')

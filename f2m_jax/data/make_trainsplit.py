@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import os
 import pathlib
 import sys
 import tarfile
@@ -21,7 +20,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from f2m_jax.data import cifar100, download
+from f2m_jax.data import cifar100, download, index_lists
 from f2m_jax.data.types import DataError
 
 # sha256 of x_train's and of y_train's (int16, little-endian) bytes in the copy of the official
@@ -99,10 +98,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print(f'error: --out got no folder (is F2M_DATA_DIR unset?): name the data folder to write {cifar100.NPZ_NAME} '
           'into, e.g. `export F2M_DATA_DIR=~/f2m_data` and rerun, or --out ~/f2m_data', file=sys.stderr)
     return 2
-  cache = (args.cache_dir or os.environ.get('F2M_CACHE_DIR', '')
-           or os.path.join(os.path.expanduser('~'), '.cache', 'f2m_jax'))
   try:
-    done = build(args.archive or cifar100.fetch_archive(cache), args.out, verify=args.verify)
+    done = build(args.archive or cifar100.fetch_archive(index_lists.cache_folder(args.cache_dir)), args.out,
+                 verify=args.verify)
   except DataError as e:
     print(f'error: {e}', file=sys.stderr)
     return 2
