@@ -11,7 +11,7 @@ from test_superclass import _official_like
 
 
 def test_order_is_lucirs_seed_1993_permutation():
-  order, sizes = cifar100.class_incremental_order('incremental50')
+  order, sizes = cifar100.split_order('incremental50')
   assert sizes == (50, 10, 10, 10, 10, 10)
   assert sorted(order.tolist()) == list(range(100))
   # NumPy's legacy RNG seeded with 1993 shuffling 0..99, as LUCIR's CIFAR-100 runs order the classes
@@ -40,7 +40,7 @@ def test_split_of_the_tfds_shaped_benchmark():
   bench = _official_like()
   new = cifar100.class_split(bench, 'incremental50')
   _check(new, per_class=8, test_per_class=3)
-  order, _ = cifar100.class_incremental_order('incremental50')
+  order, _ = cifar100.split_order('incremental50')
   k = np.flatnonzero(bench.train.labels == order[57])[0]  # relabelled in LUCIR's order, pixels kept
   assert new.train.labels[k] == 57 and np.array_equal(new.train.images[k], bench.train.images[k])
 

@@ -24,7 +24,7 @@ def test_every_superclass_has_exactly_five_classes():
 @pytest.mark.parametrize('split', ['superclass1', 'superclass2'])
 def test_split_class_sets_in_the_papers_order(split):
   names, fine_to_coarse = cifar100.superclasses()
-  order, sizes = cifar100.superclass_order(split)
+  order, sizes = cifar100.split_order(split)
   assert sizes == (30, 5, 5, 5, 5) and len(set(order.tolist())) == 50
   base, sessions = cifar100.SUPERCLASS_SPLITS[split]
   groups = [names[fine_to_coarse[f]] for f in order[::5]]
@@ -37,7 +37,7 @@ def test_split_class_sets_in_the_papers_order(split):
   else:
     assert base[4] == 'household_furniture' and sessions[0] == 'people'
   with pytest.raises(ValueError, match='data.split'):
-    cifar100.superclass_order('superclass3')
+    cifar100.split_order('superclass3')
 
 
 def _official_like(per_class=8, test_per_class=3) -> Benchmark:
@@ -55,7 +55,7 @@ def _official_like(per_class=8, test_per_class=3) -> Benchmark:
 
 
 def _check(bench: Benchmark, split: str, per_class: int, test_per_class: int):
-  order, _ = cifar100.superclass_order(split)
+  order, _ = cifar100.split_order(split)
   assert bench.num_base_classes == 30 and bench.num_sessions == 5
   assert [len(c) for c in bench.session_classes] == [30, 5, 5, 5, 5]
   assert np.array_equal(np.bincount(bench.train.labels[bench.base_train], minlength=30), np.full(30, per_class))

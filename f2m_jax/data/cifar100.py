@@ -1,18 +1,15 @@
 """CIFAR-100 in the TOPIC protocol: 60 base classes, then 8 sessions of 5 classes x 5 shots.
 
-Two sources, both giving a `Benchmark` whose class ids are the official fine labels (already in TOPIC
-session order) and whose `train` is the whole official training set in its official order, so the
-TOPIC index lists apply unchanged:
-  - `load_cifar100_tfds`: official train and test sets from a TFDS `cifar100` already prepared with
-    TensorFlow (`tfds build`; TFDS's own download-and-prepare encodes images with TensorFlow, which
-    f2m-jax does not need, so it is never started here); where none is prepared, from the official
-    archive (the one TFDS itself downloads, same size and sha256), downloaded into the cache folder
-    with a progress bar, resumable, and converted once (`official_arrays`).
-  - `load_cifar100_trainsplit`: only the training set (`cifar100_train.npz`); the `trainsplit`
-    protocol holds out 100 training images per class as the test set (see the data README).
+Both sources give class ids = the official fine labels (already in TOPIC session order) and `train` =
+the official training set in its official order, so the TOPIC index lists apply unchanged:
+`load_cifar100_tfds` (official test set; from a TFDS cifar100 prepared with TensorFlow, which is never
+started here, else from the official archive, downloaded into the cache and converted once) and
+`load_cifar100_trainsplit` (`cifar100_train.npz`; 100 training images per class held out as the test
+set). Also the paper's superclass splits and LUCIR's class-incremental split (`class_split`).
 """
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import re
@@ -30,13 +27,11 @@ from f2m_jax.data.types import Benchmark, DataError, Split, check_session_indice
 MEAN = (0.5071, 0.4866, 0.4409)
 STD = (0.2009, 0.1984, 0.2023)
 IMAGE_SIZE = 32
-AUGMENT = 'crop_flip'
 
 NUM_BASE, WAY, SHOTS, NUM_SESSIONS = 60, 5, 5, 9
 SESSION_CLASSES = sessions_from_counts(NUM_BASE, WAY, NUM_SESSIONS)
 TEST_PER_CLASS = 100  # trainsplit: held-out images per class
 NPZ_NAME = 'cifar100_train.npz'
-TFDS_BATCH = 1000
 # The official binary archive, pinned as TFDS pins it (tensorflow_datasets/url_checksums/cifar100.txt).
 ARCHIVE_URL = 'https://www.cs.toronto.edu/~kriz/cifar-100-binary.tar.gz'
 ARCHIVE_SIZE = 168513733
@@ -73,7 +68,7 @@ def _benchmark(name: str, train: Split, test: Split, base_train: np.ndarray, sho
   bench = Benchmark(
       name=name, train=train, test=test, base_train=base_train, session_classes=SESSION_CLASSES,
       shot_pool=shot_pool, topic_shots=topic_shots, image_size=IMAGE_SIZE, mean=MEAN, std=STD,
-      augment=AUGMENT)
+      augment='crop_flip')
   _check_in_range((base_train, shot_pool, *topic_shots), len(train))
   try:
     if np.any(train.labels[base_train] >= NUM_BASE):
@@ -87,36 +82,21 @@ def _benchmark(name: str, train: Split, test: Split, base_train: np.ndarray, sho
 
 # ---------------------------------------------------------------- TFDS source
 
-def _id_number(record_id) -> int:
-  """'train_00012' -> 12 (the record's position in the official file)."""
-  if isinstance(record_id, bytes):
-    record_id = record_id.decode()
-  match = re.search(r'(\d+)$', str(record_id))
-  if match is None:
-    raise DataError(f'CIFAR-100 record id {record_id!r} does not end in an integer')
-  return int(match.group(1))
-
-
 def official_order(ids: Sequence) -> np.ndarray:
-  """The permutation that puts records in official order: sorted by the integer ending each id.
-  Raises DataError unless those integers are exactly 0..N-1."""
-  numbers = np.asarray([_id_number(i) for i in ids], np.int64)
+  """The permutation that sorts records by the integer ending each id ('train_00012': 12, its position
+  in the official file); a DataError unless those are exactly 0..N-1."""
+  numbers = []
+  for record_id in ids:
+    record_id = record_id.decode() if isinstance(record_id, bytes) else str(record_id)
+    match = re.search(r'(\d+)$', record_id)
+    if match is None:
+      raise DataError(f'CIFAR-100 record id {record_id!r} does not end in an integer')
+    numbers.append(int(match.group(1)))
+  numbers = np.asarray(numbers, np.int64)
   order = np.argsort(numbers, kind='stable')
   if not np.array_equal(numbers[order], np.arange(len(numbers))):
     raise DataError('CIFAR-100 record ids do not number the images 0..N-1 exactly once')
   return order
-
-
-def _tfds_help(split: str, data_dir: Optional[str], error: Exception) -> str:
-  where = f' --data_dir={data_dir}' if data_dir else ''
-  return (
-      f'Could not open TFDS cifar100 (split {split!r}, data_dir {data_dir or "default"}): '
-      f'{type(error).__name__}: {error}\n'
-      'Prepare it once in array_record format; this needs TensorFlow and internet:\n'
-      '  pip install tensorflow\n'
-      f'  tfds build cifar100 --file_format=array_record{where}\n'
-      f'Alternative without the official test set: the trainsplit protocol on {NPZ_NAME} '
-      f'(config variant ":trainsplit", file in ${DATA_DIR_ENV}).')
 
 
 def tfds_folder(data_dir: Optional[str]) -> pathlib.Path:
@@ -131,18 +111,22 @@ def tfds_prepared(data_dir: Optional[str]) -> bool:
 
 
 def open_tfds_split(split: str, data_dir: Optional[str]):
-  """`tfds.data_source('cifar100', split=...)` of a prepared copy (random access, no TensorFlow;
-  never downloading), with a clear error."""
+  """`tfds.data_source('cifar100', split=...)` of a prepared copy (random access, no TensorFlow; never
+  downloading)."""
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top (optional, slow import)
   try:
     return tfds.data_source('cifar100', split=split, data_dir=data_dir, download=False)
   except Exception as e:  # tfds raises many types here (ImportError, NotImplementedError, ...)
-    raise DataError(_tfds_help(split, data_dir, e)) from e
+    raise DataError(
+        f'Could not open TFDS cifar100 (split {split!r}, data_dir {data_dir or "default"}): {type(e).__name__}: '
+        f'{e}\nPrepare it once in array_record format; this needs TensorFlow and internet:\n'
+        f'  pip install tensorflow\n  tfds build cifar100 --file_format=array_record'
+        f'{f" --data_dir={data_dir}" if data_dir else ""}\nAlternative without the official test set: the '
+        f'trainsplit protocol on {NPZ_NAME} (config variant ":trainsplit", file in ${DATA_DIR_ENV}).') from e
 
 
-def read_records(source, desc: str = '', batch_size: int = TFDS_BATCH) -> tuple:
-  """(images uint8 [N, 32, 32, 3], labels int32 [N], ids [N]) in the source's storage order,
-  read in batches with `__getitems__`."""
+def read_records(source, desc: str = '', batch_size: int = 1000) -> tuple:
+  """(images uint8 [N, 32, 32, 3], labels int32 [N], ids [N]) in the source's storage order."""
   from tqdm.auto import tqdm  # pylint: disable=g-import-not-at-top
   n = len(source)
   images, labels, ids = [], [], []
@@ -191,20 +175,23 @@ def archive_help(cache_dir) -> str:
           'f2m_jax.data.make_trainsplit builds it from the archive).')
 
 
+def fetch_archive(cache_dir, help_text: str = '') -> pathlib.Path:
+  """The official archive, downloaded once into `<cache_dir>/downloads/` (resumable, checked against
+  ARCHIVE_SIZE and ARCHIVE_SHA256)."""
+  return download.fetch(ARCHIVE_URL, pathlib.Path(cache_dir) / 'downloads' / ARCHIVE_NAME, ARCHIVE_SHA256,
+                        ARCHIVE_SIZE, f'CIFAR-100 ({ARCHIVE_SIZE / 1e6:.0f} MB)', help_text)
+
+
 def official_arrays(cache_dir) -> tuple:
-  """(train, test) Splits in the official order, from `<cache>/cifar100/cifar100_official.npz`;
-  made once from the official archive (ARCHIVE_URL, downloaded to `<cache>/downloads/`, resumable,
-  checked against ARCHIVE_SIZE and ARCHIVE_SHA256, deleted after a successful conversion)."""
-  url, sha256, size = ARCHIVE_URL, ARCHIVE_SHA256, ARCHIVE_SIZE
+  """(train, test) Splits in the official order, from `<cache>/cifar100/cifar100_official.npz`, made once
+  from the official archive (`fetch_archive`, deleted after a successful conversion)."""
   folder = pathlib.Path(cache_dir) / 'cifar100'
   converted = folder / CONVERTED
   if not converted.is_file():
-    archive = download.fetch(
-        url, pathlib.Path(cache_dir) / 'downloads' / ARCHIVE_NAME, sha256, size,
-        f'CIFAR-100 ({size / 1e6:.0f} MB)',
-        help_text=(f'Alternatives: a TFDS cifar100 prepared with TensorFlow (pip install tensorflow; tfds build '
-                   f'cifar100 --file_format=array_record), or the trainsplit protocol on {NPZ_NAME} '
-                   f'(configs/cifar100.py:trainsplit; python -m f2m_jax.data.make_trainsplit builds it).'))
+    archive = fetch_archive(
+        cache_dir, f'Alternatives: a TFDS cifar100 prepared with TensorFlow (pip install tensorflow; tfds build '
+        f'cifar100 --file_format=array_record), or the trainsplit protocol on {NPZ_NAME} '
+        f'(configs/cifar100.py:trainsplit; python -m f2m_jax.data.make_trainsplit builds it).')
     arrays = {}
     with tarfile.open(archive, 'r:*') as tar:
       for split in ('train', 'test'):
@@ -214,9 +201,8 @@ def official_arrays(cache_dir) -> tuple:
         parsed = parse_binary(member.read())
         arrays[f'x_{split}'], arrays[f'y_{split}'] = parsed.images, parsed.labels.astype(np.int16)
     folder.mkdir(parents=True, exist_ok=True)
-    tmp = folder / f'.{CONVERTED}.{os.getpid()}.npz'
-    np.savez(tmp, **arrays)
-    os.replace(tmp, converted)
+    with download.written_atomically(converted, '.npz') as tmp:
+      np.savez(tmp, **arrays)
     os.remove(archive)
     print(f'converted CIFAR-100 once into {converted}', file=sys.stderr, flush=True)
   with np.load(converted) as f:
@@ -314,22 +300,9 @@ SUPERCLASS_SPLITS = {
 
 def superclasses() -> tuple:
   """(coarse names [20], fine_to_coarse [100]) from the shipped CIFAR-100 superclass table."""
-  import json  # pylint: disable=g-import-not-at-top
   with open(SUPERCLASS_FILE) as f:
     table = json.load(f)
   return tuple(table['coarse_names']), np.asarray(table['fine_to_coarse'], np.int64)
-
-
-def superclass_order(split: str) -> tuple:
-  """(fine labels in the split's class order, classes per session): each superclass's 5 fine
-  classes in ascending fine-label order, base superclasses first."""
-  if split not in SUPERCLASS_SPLITS:
-    raise ValueError(f'data.split={split!r} is not one of {sorted(SUPERCLASS_SPLITS)} (or empty)')
-  names, fine_to_coarse = superclasses()
-  base, sessions = SUPERCLASS_SPLITS[split]
-  groups = [np.flatnonzero(fine_to_coarse == names.index(n)) for n in base + sessions]
-  base_fine = np.concatenate(groups[:len(base)])
-  return np.concatenate(groups), (len(base_fine),) + tuple(len(g) for g in groups[len(base):])
 
 
 # ---------------------------------------------------------------- class-incremental split
@@ -343,30 +316,24 @@ CLASS_INCREMENTAL_SPLITS = {'incremental50': (50, 10, 1993)}
 SPLITS = tuple(SUPERCLASS_SPLITS) + tuple(CLASS_INCREMENTAL_SPLITS)
 
 
-def class_incremental_order(split: str) -> tuple:
-  """(fine labels in the split's class order, classes per session)."""
-  if split not in CLASS_INCREMENTAL_SPLITS:
-    raise ValueError(f'data.split={split!r} is not one of {sorted(CLASS_INCREMENTAL_SPLITS)}')
-  base, way, seed = CLASS_INCREMENTAL_SPLITS[split]
-  order = np.random.RandomState(seed).permutation(100)
-  return order, (base,) + (way,) * ((100 - base) // way)
-
-
 def split_order(split: str) -> tuple:
-  """(fine labels in class order, classes per session) of any split in SPLITS."""
+  """(fine labels in the split's class order, classes per session) of any split in SPLITS: a superclass
+  split's superclasses base first, each one's 5 fine classes ascending; LUCIR's seeded permutation."""
   if split in CLASS_INCREMENTAL_SPLITS:
-    return class_incremental_order(split)
-  if split in SUPERCLASS_SPLITS:
-    return superclass_order(split)
-  raise ValueError(f'data.split={split!r} is not one of {sorted(SPLITS)} (or empty)')
+    base, way, seed = CLASS_INCREMENTAL_SPLITS[split]
+    return np.random.RandomState(seed).permutation(100), (base,) + (way,) * ((100 - base) // way)
+  if split not in SUPERCLASS_SPLITS:
+    raise ValueError(f'data.split={split!r} is not one of {sorted(SPLITS)} (or empty)')
+  names, fine_to_coarse = superclasses()
+  base, sessions = SUPERCLASS_SPLITS[split]
+  groups = [np.flatnonzero(fine_to_coarse == names.index(n)) for n in base + sessions]
+  return np.concatenate(groups), (sum(len(g) for g in groups[:len(base)]),) + tuple(len(g) for g in groups[len(base):])
 
 
 def class_split(bench: Benchmark, split: str) -> Benchmark:
-  """The CIFAR-100 benchmark `bench` (official fine labels, from TFDS or trainsplit) relabelled into
-  `split` (a superclass or class-incremental split): class ids in the split's order (base first,
-  then each session's), training images of the split's classes only (those `bench` may train on:
-  base_train and shot_pool), the test images of its classes. No TOPIC shots: the shots are the
-  F2M-style draws."""
+  """The CIFAR-100 benchmark `bench` (official fine labels) relabelled into `split`: class ids in the
+  split's order, training images of its classes among base_train and shot_pool, test images of its
+  classes; no TOPIC shots (the shots are F2M-style draws)."""
   order, sizes = split_order(split)
   new_id = np.full(100, -1, np.int64)
   new_id[order] = np.arange(len(order))
@@ -376,10 +343,8 @@ def class_split(bench: Benchmark, split: str) -> Benchmark:
   num_base = sizes[0]
   keep_test = new_id[bench.test.labels] >= 0
   test = Split(bench.test.images[keep_test], new_id[bench.test.labels[keep_test]].astype(np.int32))
-  classes = [tuple(range(num_base))]
-  for n in sizes[1:]:
-    start = sum(len(c) for c in classes)
-    classes.append(tuple(range(start, start + n)))
+  bounds = np.cumsum((0,) + sizes).tolist()
+  classes = [tuple(range(start, end)) for start, end in zip(bounds[:-1], bounds[1:])]
   return Benchmark(
       name=f'{bench.name}_{split}', train=Split(bench.train.images, train_labels), test=test,
       base_train=np.flatnonzero(usable & (train_labels >= 0) & (train_labels < num_base)),

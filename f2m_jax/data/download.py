@@ -6,10 +6,12 @@ resumes it (an HTTP Range request; file:// URLs seek), so a rerun of the same co
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import http.client
 import os
 import pathlib
+import tempfile
 import urllib.parse
 import urllib.request
 
@@ -25,6 +27,22 @@ def sha256_file(path, chunk: int = CHUNK) -> str:
     for block in iter(lambda: f.read(chunk), b''):
       h.update(block)
   return h.hexdigest()
+
+
+@contextlib.contextmanager
+def written_atomically(path, suffix: str = ''):
+  """A temporary file beside `path` (its name ending in `suffix`) to write in the block; made readable by
+  all (a cache may be shared) and renamed to `path` when the block completes, removed when it fails."""
+  path = pathlib.Path(path)
+  fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f'.{path.name}.', suffix=f'.tmp{suffix}')
+  os.close(fd)
+  try:
+    yield pathlib.Path(tmp)
+    os.chmod(tmp, 0o644)  # mkstemp makes it private
+    os.replace(tmp, path)
+  finally:
+    if os.path.exists(tmp):
+      os.remove(tmp)
 
 
 def _open(url: str, offset: int):

@@ -1,15 +1,11 @@
 """Any image dataset as an incremental few-shot benchmark (`data.source='folder'`, configs/folder.py;
-what it reads and checks: docs/data.md, 'Your own images'). miniImageNet and CUB-200 are layouts of it.
+docs/data.md, 'Your own images'). miniImageNet and CUB-200 are layouts of it (layouts.py).
 
-`read_protocol` reads the file lists (class subfolders or a CSV), the class order, the session layout
-and the TOPIC-style lists, and checks them without reading an image: each problem stops with one
-message naming the file and what is allowed. `load` then decodes every image once with PIL into a
-uint8 `.npy` in the cache folder (never the data folder), keyed by the files (path, size, modification
-time) and the transform, memory-mapped afterwards. With S = round(image_size x resize): test images
-Resize(S) + CenterCrop(image_size), the torchvision test transform; training images Resize(S) +
-CenterCrop(S), from which the device takes RandomResizedCrop(image_size) + flip ('rrc_flip'), their
-centre crop (`augment.eval_view`) being exactly the test transform, the view prototypes come from.
-ImageNet normalisation.
+`read_protocol` reads and checks the file lists, class order, session layout and TOPIC-style lists
+without reading an image; `load` then decodes every image once into a uint8 `.npy` in the cache folder,
+memory-mapped afterwards. With S = round(image_size x resize): test images Resize(S) +
+CenterCrop(image_size), torchvision's test transform; training images Resize(S) + CenterCrop(S), whose
+centre crop (`augment.eval_view`) is exactly the test transform. ImageNet normalisation.
 """
 from __future__ import annotations
 
@@ -21,11 +17,11 @@ import hashlib
 import json
 import os
 import pathlib
-import tempfile
 from typing import Callable, Optional, Sequence, Union
 
 import numpy as np
 
+from f2m_jax.data.download import written_atomically
 from f2m_jax.data.index_lists import read_index_file, session_lists
 from f2m_jax.data.types import Benchmark, DataError, Split, sessions_from_counts
 
@@ -106,8 +102,7 @@ def scan_folder(folder: pathlib.Path, split: str) -> Table:
 
 
 def read_csv(path: pathlib.Path, root: pathlib.Path, split: str) -> Table:
-  """The rows of a CSV with a header naming path (or filename), label and optionally split; rows
-  without a split column are `split`."""
+  """The rows of a CSV with a header naming path (or filename), label and optionally split (else `split`)."""
   with open(path, newline='', encoding='utf-8') as f:
     rows = [[c.strip() for c in r] for r in csv.reader(f) if any(c.strip() for c in r)]
   path_col, label_col, split_col = csv_columns(path, rows)
@@ -147,8 +142,7 @@ def read_images(given: str, root: str, field: str, split: str) -> Table:
 
 
 def read_tables(spec: Spec) -> tuple:
-  """(train Table, test Table): `spec.train`'s rows (its split=test rows are test images), and
-  `spec.test`'s rows as the test images where given."""
+  """(train Table, test Table): `spec.train`'s rows, its split=test rows or `spec.test`'s the test images."""
   if not spec.train:
     raise DataError('data.folder.train is empty: set it to a folder with one subfolder of images per class, '
                     'or to a CSV of path,label[,split]')
@@ -208,8 +202,7 @@ def session_layout(spec: Spec, num_classes: int, where: str) -> tuple:
 
 
 def check_counts(spec: Spec, train: Table, test: Table, train_labels, test_labels, order: tuple) -> None:
-  """Every class has at least `spec.shots` training images and (except under the validation protocol,
-  which makes its own test set) a test image."""
+  """Every class has `spec.shots` training images and (but under the validation protocol) a test image."""
   n_train = np.bincount(train_labels, minlength=len(order))
   few = np.flatnonzero(n_train < spec.shots)
   if few.size:
@@ -224,17 +217,6 @@ def check_counts(spec: Spec, train: Table, test: Table, train_labels, test_label
     raise DataError(f'no test images of class {order[empty[0]]!r} ({empty.size} of {len(order)} classes have none) '
                     f'in {test.where}: every class needs test images: a test folder or CSV (data.folder.test) or '
                     'split=test rows; or --config.data.protocol=validation, which holds out training images instead')
-
-
-def suffix_index(train: Table) -> dict:
-  """{every trailing part of every training path: its index}, -1 for a part several paths share."""
-  out = {}
-  for i, f in enumerate(train.files):
-    parts = f.split('/')
-    for k in range(len(parts)):
-      key = '/'.join(parts[k:])
-      out[key] = -1 if key in out else i
-  return out
 
 
 def find_listed(line: str, index: dict, train: Table, names: set, where: str) -> int:
@@ -252,10 +234,15 @@ def find_listed(line: str, index: dict, train: Table, names: set, where: str) ->
 
 
 def map_lists(spec: Spec, train: Table, order: tuple) -> list:
-  """Indices into `train` of the images each list names: session_1.txt .. session_<num_sessions>.txt
-  (num_sessions 0: as many as the folder holds)."""
+  """Indices into `train` of the images each session_<t>.txt names (num_sessions 0: as many as there are)."""
+  index = {}  # every trailing part of every training path: its index, -1 where several paths share it
+  for i, f in enumerate(train.files):
+    parts = f.split('/')
+    for k in range(len(parts)):
+      key = '/'.join(parts[k:])
+      index[key] = -1 if key in index else i
   count = spec.num_sessions or len(glob.glob(os.path.join(glob.escape(spec.lists), 'session_*.txt')))
-  index, names = suffix_index(train), set(order)
+  names = set(order)
   return [np.asarray([find_listed(line, index, train, names, os.path.join(spec.lists, f'session_{t}.txt'))
                       for line in lines], np.int64)
           for t, lines in enumerate(session_lists(spec.lists, max(1, count)), start=1)]
@@ -276,17 +263,8 @@ def check_lists(spec: Spec, indices: list, labels: np.ndarray, order: tuple, cla
   return indices[0], tuple(indices[1:])
 
 
-def lists_layout(spec: Spec, indices: list, labels: np.ndarray) -> Spec:
-  """`spec` with the layout the lists give where it has none (way 0: a layout's own files)."""
-  if spec.way or len(indices) < 2:
-    return spec
-  return dataclasses.replace(spec, num_base=len(set(labels[indices[0]].tolist())),
-                             way=len(set(labels[indices[1]].tolist())), num_sessions=len(indices))
-
-
 def read_protocol(spec: Spec, tables: Optional[tuple] = None) -> Protocol:
-  """The `Protocol` of `spec` from its tables (`read_tables` where None), every check made; no
-  image is read."""
+  """The `Protocol` of `spec` from its tables (`read_tables` where None), every check made; no image is read."""
   train, test = tables or read_tables(spec)
   order = class_order(spec, train)
   train, train_labels = labelled(train, order, strict=False)
@@ -300,7 +278,9 @@ def read_protocol(spec: Spec, tables: Optional[tuple] = None) -> Protocol:
     raise DataError("protocol 'topic' takes each session's shots from TOPIC-style lists: set data.folder.lists "
                     "to a folder holding session_1.txt .. session_<T>.txt, or use protocol 'draws'")
   indices = map_lists(spec, train, order) if spec.lists else None
-  spec = lists_layout(spec, indices, train_labels) if indices else spec
+  if indices and not spec.way and len(indices) > 1:  # the lists' layout (way 0: a layout's own files)
+    spec = dataclasses.replace(spec, num_base=len(set(train_labels[indices[0]].tolist())),
+                               way=len(set(train_labels[indices[1]].tolist())), num_sessions=len(indices))
   classes = session_layout(spec, len(order), train.where)
   base_train, topic_shots = (check_lists(spec, indices, train_labels, order, classes) if indices
                              else (np.flatnonzero(train_labels < len(classes[0])), None))
@@ -325,100 +305,79 @@ def decode_file(path, resize: int, crop: int) -> np.ndarray:
     return np.asarray(img.crop((left, top, left + crop, top + crop)), np.uint8)
 
 
-def file_stats(paths: Sequence[pathlib.Path], what: str, how_to_get: str) -> list:
-  """(size, modification time) of every file; DataError listing the missing ones (the first 10 and a count)."""
-  stats, missing = [], []
+def cache_key(paths: Sequence[pathlib.Path], transform: dict, what: str, how_to_get: str) -> str:
+  """sha256 over the cache version, the transform and every (absolute path, size, modification time);
+  a DataError listing the missing files (the first 10 and a count)."""
+  h = hashlib.sha256()
+  h.update(json.dumps({'version': CACHE_VERSION, 'transform': transform}, sort_keys=True).encode())
+  missing = []
   for p in paths:
     try:
       s = os.stat(p)
-      stats.append((s.st_size, s.st_mtime_ns))
     except OSError:
       missing.append(str(p))
+      continue
+    h.update(f'\n{os.path.abspath(p)}\t{int(s.st_size)}\t{int(s.st_mtime_ns)}'.encode())
   if missing:
     shown = '\n  '.join(missing[:10])
     more = f'\n  ... and {len(missing) - 10} more' if len(missing) > 10 else ''
     raise DataError(f'{what}: {len(missing)} of {len(paths)} image files are missing:\n  {shown}{more}'
                     + (f'\n{how_to_get}' if how_to_get else ''))
-  return stats
-
-
-def cache_key(paths: Sequence[pathlib.Path], stats: Sequence[tuple], transform: dict) -> str:
-  """sha256 over the cache version, the transform and every (absolute path, size, modification time)."""
-  h = hashlib.sha256()
-  h.update(json.dumps({'version': CACHE_VERSION, 'transform': transform}, sort_keys=True).encode())
-  for p, (size, mtime) in zip(paths, stats):
-    h.update(f'\n{os.path.abspath(p)}\t{int(size)}\t{int(mtime)}'.encode())
   return h.hexdigest()
 
 
-def _cached(target: pathlib.Path, shape: tuple) -> Optional[np.ndarray]:
-  """The memory-mapped cache file when it is complete, else None."""
-  try:
-    arr = np.load(target, mmap_mode='r')
-  except (OSError, ValueError):  # absent, unreadable or truncated: decode again
-    return None
-  return arr if arr.shape == shape and arr.dtype == np.uint8 else None
-
-
 def decode_cached(paths: Sequence[pathlib.Path], cache_folder, name: str, resize: int, crop: int,
-                  desc: str = '', how_to_get: str = '', decode: Optional[Callable] = None,
-                  workers: Optional[int] = None) -> np.ndarray:
-  """uint8 [N, crop, crop, 3]: the images at `paths` through `decode_file`, from the cache file
-  `<cache_folder>/<name>-<key>.npy` (memory-mapped, read-only) when it exists; otherwise decoded once
-  (threads, progress bar) into a temporary file that is renamed into place when complete."""
+                  desc: str = '', how_to_get: str = '', decode: Optional[Callable] = None) -> np.ndarray:
+  """uint8 [N, crop, crop, 3]: the images at `paths` through `decode`, memory-mapped from the cache file
+  `<cache_folder>/<name>-<key>.npy`; where it is absent or incomplete, decoded once (threads) into a
+  temporary file renamed into place when complete."""
   paths = [pathlib.Path(p) for p in paths]
   shape = (len(paths), crop, crop, 3)
   if not paths:
     return np.zeros(shape, np.uint8)
-  key = cache_key(paths, file_stats(paths, desc or name, how_to_get), {'resize': int(resize), 'crop': int(crop)})
+  key = cache_key(paths, {'resize': int(resize), 'crop': int(crop)}, desc or name, how_to_get)
   folder = pathlib.Path(cache_folder)
   target = folder / f'{name}-{key[:20]}.npy'
-  done = _cached(target, shape)
-  if done is not None:
-    return done
-  decode = decode or decode_file
-  folder.mkdir(parents=True, exist_ok=True)
-  fd, tmp = tempfile.mkstemp(dir=folder, prefix=f'.{name}-', suffix='.npy.tmp')
-  os.close(fd)
   try:
+    done = np.load(target, mmap_mode='r')
+    if done.shape == shape and done.dtype == np.uint8:
+      return done
+  except (OSError, ValueError):  # absent, unreadable or truncated: decode again
+    pass
+  folder.mkdir(parents=True, exist_ok=True)
+  with written_atomically(target) as tmp:
     out = np.lib.format.open_memmap(tmp, mode='w+', dtype=np.uint8, shape=shape)
 
     def work(i):
       try:
-        out[i] = decode(paths[i], resize, crop)
+        out[i] = (decode or decode_file)(paths[i], resize, crop)
       except Exception as e:  # PIL raises many types for a broken file
         raise DataError(f'could not read {paths[i]} as an image ({type(e).__name__}: {e}); every listed file must '
                         'be an image PIL reads (JPEG, PNG, ...): replace or remove it') from e
 
     from tqdm.auto import tqdm  # pylint: disable=g-import-not-at-top
-    with concurrent.futures.ThreadPoolExecutor(workers or max(1, min(16, os.cpu_count() or 1))) as pool, \
+    with concurrent.futures.ThreadPoolExecutor(max(1, min(16, os.cpu_count() or 1))) as pool, \
         tqdm(total=len(paths), desc=f'decoding {desc or name} (once, cached in {folder})', unit='img',
              disable=None) as bar:
       for _ in pool.map(work, range(len(paths))):
         bar.update(1)
     out.flush()
     del out
-    os.chmod(tmp, 0o644)  # mkstemp makes it private; the cache may be shared
-    os.replace(tmp, target)
-  finally:
-    if os.path.exists(tmp):
-      os.remove(tmp)
   return np.load(target, mmap_mode='r')
 
 
 # ================================================================ the benchmark
 
 def load(spec: Spec, cache_dir, decode: Optional[Callable] = None, tables: Optional[tuple] = None) -> Benchmark:
-  """The `Benchmark` of `spec` (`read_protocol`, then the images from the cache folder's
-  `arrays/<name>/`); `tables` replaces `read_tables` (a layout's own files), `decode` `decode_file`."""
+  """The `Benchmark` of `spec`, images cached in `<cache_dir>/arrays/<name>/`; `tables` replaces
+  `read_tables` (a layout's own files), `decode` `decode_file`."""
   p = read_protocol(spec, tables)
   folder, size = pathlib.Path(cache_dir) / 'arrays' / spec.name, int(round(spec.image_size * spec.resize))
   images = {split: decode_cached(table.paths(), folder, split, size, size if split == 'train' else spec.image_size,
                                  desc=f'{spec.name} {split}', how_to_get=spec.how_to_get, decode=decode)
             for split, table in (('train', p.train), ('test', p.test))}
-  num_base = len(p.session_classes[0])
   return Benchmark(
       name=spec.name, train=Split(images['train'], p.train_labels), test=Split(images['test'], p.test_labels),
       base_train=p.base_train, session_classes=p.session_classes,
-      shot_pool=np.flatnonzero(p.train_labels >= num_base), topic_shots=p.topic_shots,
+      shot_pool=np.flatnonzero(p.train_labels >= len(p.session_classes[0])), topic_shots=p.topic_shots,
       image_size=spec.image_size, mean=IMAGENET_MEAN, std=IMAGENET_STD, augment=spec.augment)

@@ -1,20 +1,7 @@
-"""The validation protocol (`data.protocol='validation'`): an incremental few-shot benchmark made of
-the base classes' training images only, to choose settings without reading a test image.
-
-From any benchmark (CIFAR-100 through TFDS or `trainsplit`, miniImageNet, CUB-200):
-  - of each base class's training images (`base_train`, in index order) the last HOLDOUT (20%,
-    rounded up) are held out as that class's test images; the rest are its training images;
-  - the base classes split into pseudo-base and pseudo-novel classes in the class order: the last
-    `way` x S classes are pseudo-novel, S the number of sessions that keeps the real protocol's share
-    of novel classes (rounded to whole sessions, at least one): CIFAR-100 and miniImageNet 35 + 5 x 5
-    (60 base classes), CUB-200 50 + 5 x 10 (100);
-  - session 1 trains on the pseudo-base classes' training images; each later session brings `way`
-    pseudo-novel classes whose shots are drawn, run by run, from their training images (as the
-    `draws` protocol); after every session the test set is the held-out images of all classes seen.
-
-No image of the real novel classes and no real test image is used; the roles (pseudo-base training,
-pseudo-novel shot pool, held-out test images) are disjoint (tests/test_protocol.py). Class ids are
-unchanged (the pseudo-base classes are the first ids), so a label is still its prototype's row.
+"""The validation protocol (`data.protocol='validation'`; docs/data.md): an incremental few-shot benchmark
+made of the base classes' training images only, to choose settings without reading a test image. Of
+each base class's training images the last HOLDOUT are its test images; the last `way` x S base classes
+are pseudo-novel. Class ids are unchanged, so a label is still its prototype's row.
 """
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""The TOPIC session lists (`index_list/<dataset>/session_*.txt`): find them, or fetch and cache them.
-
-Lookup order for `index_list_dir`:
-  1. `<data_dir>/index_list/<dataset>`, data_dir from the argument or `$F2M_DATA_DIR`;
-  2. `<cache_dir>/index_list/<dataset>` (a copy this module downloaded earlier);
-  3. download from the CEC repository at a pinned commit into the cache, checking a pinned sha256 per
-     file. The data folder is only ever read; downloads go to the cache.
+"""The TOPIC session lists (`index_list/<dataset>/session_*.txt`): found in the data folder or the cache,
+else downloaded into the cache from the CEC repository at a pinned commit, each file's sha256 pinned.
 """
 from __future__ import annotations
 
@@ -12,10 +7,10 @@ import hashlib
 import http.client
 import os
 import pathlib
-import tempfile
 import urllib.request
 from typing import Optional
 
+from f2m_jax.data.download import written_atomically
 from f2m_jax.data.types import DataError
 
 DATA_DIR_ENV = 'F2M_DATA_DIR'
@@ -68,29 +63,22 @@ SHA256 = {
 }
 
 
+def cache_folder(given: str = '') -> str:
+  """Where downloads and converted files go (never into the data folder): `given`, else $F2M_CACHE_DIR,
+  else ~/.cache/f2m_jax."""
+  return given or os.environ.get('F2M_CACHE_DIR', '') or os.path.join(os.path.expanduser('~'), '.cache', 'f2m_jax')
+
+
 def default_cache_dir() -> pathlib.Path:
   """`$XDG_CACHE_HOME/f2m_jax`, or `~/.cache/f2m_jax`."""
   root = os.environ.get('XDG_CACHE_HOME') or os.path.join(os.path.expanduser('~'), '.cache')
   return pathlib.Path(root) / 'f2m_jax'
 
 
-def file_url(dataset: str, name: str) -> str:
-  """The pinned download address of one list file."""
-  return f'{BASE_URL}/{dataset}/{name}'
-
-
-def sha256_hex(data: bytes) -> str:
-  return hashlib.sha256(data).hexdigest()
-
-
 def index_list_dir(dataset: str, data_dir: Optional[str] = None,
                    cache_dir: Optional[str] = None) -> pathlib.Path:
-  """The folder holding `session_*.txt` for `dataset` (cifar100, mini_imagenet, cub200).
-
-  Looks in `<data_dir>/index_list/<dataset>` (data_dir defaults to `$F2M_DATA_DIR`), then in
-  `<cache_dir>/index_list/<dataset>`; otherwise downloads the lists into the cache. Raises `DataError`
-  saying where to put the files when the download fails.
-  """
+  """The folder holding `session_*.txt` for `dataset` (cifar100, mini_imagenet, cub200): `<data_dir or
+  $F2M_DATA_DIR>/index_list/<dataset>`, else `<cache_dir>/index_list/<dataset>`, downloaded where absent."""
   if dataset not in SHA256:
     raise ValueError(f'unknown dataset {dataset!r}; expected one of {sorted(SHA256)}')
   data_dir = data_dir or os.environ.get(DATA_DIR_ENV)
@@ -99,45 +87,28 @@ def index_list_dir(dataset: str, data_dir: Optional[str] = None,
     if (local / 'session_1.txt').is_file():
       return local
   cached = pathlib.Path(cache_dir or default_cache_dir()) / 'index_list' / dataset
-  if not _missing_files(dataset, cached):
-    return cached
   download_index_lists(dataset, cached)
   return cached
-
-
-def _missing_files(dataset: str, folder: pathlib.Path) -> list:
-  return [name for name in SHA256[dataset] if not (folder / name).is_file()]
 
 
 def download_index_lists(dataset: str, folder: pathlib.Path):
   """Downloads the missing list files of `dataset` into `folder`, each checked against its sha256
   and written atomically (temp file + rename), so the folder never holds a partial or wrong file."""
-  folder.mkdir(parents=True, exist_ok=True)
-  for name in _missing_files(dataset, folder):
-    url = file_url(dataset, name)
+  for name in [name for name in SHA256[dataset] if not (folder / name).is_file()]:
+    folder.mkdir(parents=True, exist_ok=True)
+    url = f'{BASE_URL}/{dataset}/{name}'
     try:
       with urllib.request.urlopen(url, timeout=TIMEOUT_S) as response:
         data = response.read()
     except (OSError, ValueError, http.client.HTTPException) as e:  # URLError, timeouts: OSError
       raise DataError(_download_help(dataset, folder, f'could not download {url}: {e}')) from e
-    got = sha256_hex(data)
+    got = hashlib.sha256(data).hexdigest()
     if got != SHA256[dataset][name]:
       raise DataError(_download_help(
           dataset, folder,
           f'checksum mismatch for {url}: sha256 {got}, expected {SHA256[dataset][name]}'))
-    _write_atomic(folder / name, data)
-
-
-def _write_atomic(path: pathlib.Path, data: bytes):
-  fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f'.{path.name}.', suffix='.tmp')
-  try:
-    with os.fdopen(fd, 'wb') as f:
-      f.write(data)
-    os.replace(tmp, path)
-  except BaseException:
-    if os.path.exists(tmp):
-      os.remove(tmp)
-    raise
+    with written_atomically(folder / name) as tmp:
+      tmp.write_bytes(data)
 
 
 def _download_help(dataset: str, cache_folder: pathlib.Path, reason: str) -> str:

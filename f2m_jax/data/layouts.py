@@ -1,18 +1,13 @@
-"""The datasets whose own files the folder source (folder.py) reads, in the TOPIC protocol; the files
-each needs are listed in docs/data.md, 'Datasets and sources'. Session 1 trains on session_1.txt, each
-later session's fixed shots are session_<t>.txt, the session layout is the lists' (found, or
-downloaded into the cache, by `index_lists.index_list_dir`).
+"""The datasets whose own files (docs/data.md, 'Datasets and sources') the folder source reads, in the
+TOPIC protocol: session_<t>.txt (`index_lists.index_list_dir`) give session 1's training images, the
+later sessions' shots and the session layout.
 
-  - `mini_imagenet` (60 base classes, 8 sessions of 5-way 5-shot; the copy of the FSCIL codebases,
-    CEC, FACT, ...): train.csv's rows in order (from index_list/mini_imagenet, pinned by checksum,
-    else miniimagenet/split/), then test.csv's; paths under miniimagenet/images/; classes the sorted
-    wnids (the TOPIC order); list lines matched by file name. Stored at 92 for 84: Resize(92) +
-    CenterCrop(84) is the original's test transform.
-  - `cub200` (100 base classes, 10 sessions of 10-way 5-shot; the official archive): images.txt's
-    order, train_test_split.txt's split, each image of the class folder it is in (checked against
-    image_class_labels.txt), the classes in classes.txt's id order (class id = official id - 1).
-    Stored at 256 for 224; the original's random crops come from the whole image, here from its centre
-    square (a small, documented difference).
+  - `mini_imagenet` (60 + 8 x 5-way; the FSCIL codebases' copy): train.csv's rows in order (index_list's,
+    else miniimagenet/split/'s), then test.csv's; classes the sorted wnids (the TOPIC order). Stored at
+    92 for 84: Resize(92) + CenterCrop(84) is the original's test transform.
+  - `cub200` (100 + 10 x 10-way; the official archive): images.txt's order, train_test_split.txt's split,
+    each image of its class folder (checked against image_class_labels.txt), classes in classes.txt's id
+    order. Stored at 256 for 224; random crops come from the centre square, not the whole image.
 """
 from __future__ import annotations
 
@@ -47,8 +42,7 @@ HOW_TO_GET = {
 
 
 def check_layout(dataset: str, data_dir) -> pathlib.Path:
-  """`<data_dir>/<the dataset's folder>` holding what it needs, or a DataError saying what is missing,
-  what the folder must hold and how to get it."""
+  """`<data_dir>/<the dataset's folder>`; a DataError naming what is missing and how to get it."""
   if not data_dir:
     raise DataError(f'{dataset} needs a data folder: set ${DATA_DIR_ENV} or --config.data.data_dir.\n'
                     f'{HOW_TO_GET[dataset]}')
@@ -102,7 +96,7 @@ def cub_tables(root: pathlib.Path) -> tuple:
 
 
 def spec(dataset: str, data_dir, index_dir=None, cache_dir=None, image_size: int = 0, **fields) -> tuple:
-  """(the folder source's Spec, the tables it reads: None where the Spec names them) of `dataset` in
+  """(the folder source's Spec, its tables or None where the Spec names the files) of `dataset` in
   `data_dir`; `fields`: shots, protocol."""
   root = check_layout(dataset, data_dir)
   if index_dir is None:
@@ -118,8 +112,7 @@ def spec(dataset: str, data_dir, index_dir=None, cache_dir=None, image_size: int
 
 def load(dataset: str, data_dir, index_dir=None, cache_dir=None, image_size: int = 0,
          decode: Optional[Callable] = None, **fields) -> Benchmark:
-  """The `Benchmark` of `dataset` from the files in `data_dir` (`spec`); `cache_dir` None:
-  `index_lists.default_cache_dir()`; `decode` replaces `folder.decode_file` (tests)."""
+  """The `Benchmark` of `dataset` in `data_dir` (`spec`); `decode` replaces `folder.decode_file` (tests)."""
   cache_dir = pathlib.Path(cache_dir) if cache_dir else index_lists.default_cache_dir()
   s, tables = spec(dataset, data_dir, index_dir, cache_dir, image_size, **fields)
   return folder.load(s, cache_dir, decode, tables)

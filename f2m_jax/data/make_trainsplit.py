@@ -3,19 +3,16 @@ binary archive:
 
     python -m f2m_jax.data.make_trainsplit --out DATA_FOLDER [--archive cifar-100-binary.tar.gz]
 
-Without --archive the archive is downloaded into the cache folder (resumable, as the `tfds` source
-does). The archive must have the pinned size and sha256 (f2m_jax/data/cifar100.py: ARCHIVE_SIZE,
-ARCHIVE_SHA256) unless --no-verify is given. The npz holds the training file's images in file order
-(`x_train` uint8 [50000, 32, 32, 3]), its fine labels (`y_train` int16) and `label_names`; the TOPIC
-index lists then apply unchanged. It is written atomically and never over an existing file. Printed
-at the end: the sha256 of the npz and of its two arrays' bytes, and whether the arrays equal
-CONTENT_SHA256, those of the copy every CIFAR-100 number of this project was measured on.
+Without --archive the archive is downloaded into the cache folder. It must have the pinned size and
+sha256 unless --no-verify is given. The npz holds train.bin's images in file order (`x_train` uint8
+[50000, 32, 32, 3]), its fine labels (`y_train` int16) and `label_names`, written atomically and never
+over an existing file. Printed at the end: the sha256 of the npz and of its arrays' bytes, and whether
+the arrays equal CONTENT_SHA256, those every CIFAR-100 number of this project was measured on.
 """
 from __future__ import annotations
 
 import argparse
 import hashlib
-import os
 import pathlib
 import sys
 import tarfile
@@ -23,14 +20,13 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from f2m_jax.data import cifar100, download
+from f2m_jax.data import cifar100, download, index_lists
 from f2m_jax.data.types import DataError
 
 # sha256 of x_train's and of y_train's (int16, little-endian) bytes in the copy of the official
 # training set this project's CIFAR-100 numbers were measured on.
 CONTENT_SHA256 = {'x_train': '4e457917601a66aed021f5fa37957b56c6319557c0a8ed5484de3c390af45430',
                   'y_train': '1b4e4a7e6f08db2814efc0132c4c0df0b1b2b648aa74cb470f3e8e6976f2936b'}
-ARCHIVE_NAME = cifar100.ARCHIVE_NAME
 
 
 def content_sha256(arrays: dict) -> dict:
@@ -75,9 +71,8 @@ def build(archive, out_dir, verify: bool = True) -> dict:
                       f'from {cifar100.ARCHIVE_URL}, or pass --no-verify to build from it anyway')
   arrays = read_archive(archive)
   out.parent.mkdir(parents=True, exist_ok=True)
-  tmp = out.with_name(f'.{out.name}.{os.getpid()}.npz')
-  np.savez(tmp, source=np.asarray(f'{cifar100.ARCHIVE_URL} (train.bin, file order)'), **arrays)
-  os.replace(tmp, out)
+  with download.written_atomically(out, '.npz') as tmp:
+    np.savez(tmp, source=np.asarray(f'{cifar100.ARCHIVE_URL} (train.bin, file order)'), **arrays)
   content = content_sha256(arrays)
   return {'path': str(out), 'sha256': download.sha256_file(out), 'content': content,
           'as_measured': content == CONTENT_SHA256}
@@ -88,7 +83,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                               formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument('--out', nargs='?', const='', required=True,
                  help='the data folder to write cifar100_train.npz into')
-  p.add_argument('--archive', help=f'a local {ARCHIVE_NAME}; without it, it is downloaded into the cache folder')
+  p.add_argument('--archive',
+                 help=f'a local {cifar100.ARCHIVE_NAME}; without it, it is downloaded into the cache folder')
   p.add_argument('--cache_dir', default='', help='cache folder for the download (default: $F2M_CACHE_DIR, '
                  'else ~/.cache/f2m_jax)')
   p.add_argument('--no-verify', dest='verify', action='store_false',
@@ -103,14 +99,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
           'into, e.g. `export F2M_DATA_DIR=~/f2m_data` and rerun, or --out ~/f2m_data', file=sys.stderr)
     return 2
   try:
-    archive = args.archive
-    if not archive:
-      cache = (args.cache_dir or os.environ.get('F2M_CACHE_DIR', '')
-               or os.path.join(os.path.expanduser('~'), '.cache', 'f2m_jax'))
-      archive = download.fetch(cifar100.ARCHIVE_URL, pathlib.Path(cache) / 'downloads' / ARCHIVE_NAME,
-                               cifar100.ARCHIVE_SHA256, cifar100.ARCHIVE_SIZE,
-                               f'CIFAR-100 ({cifar100.ARCHIVE_SIZE / 1e6:.0f} MB)')
-    done = build(archive, args.out, verify=args.verify)
+    done = build(args.archive or cifar100.fetch_archive(index_lists.cache_folder(args.cache_dir)), args.out,
+                 verify=args.verify)
   except DataError as e:
     print(f'error: {e}', file=sys.stderr)
     return 2

@@ -9,13 +9,9 @@ PROTOCOLS = ('topic', 'draws', 'validation')
 
 
 def session_shots(benchmark: Benchmark, protocol: str, run: int, session: int, shots: int, seed: int) -> np.ndarray:
-  """Indices into `benchmark.train` of the few-shot images of `session` (2..T) in run `run`.
-
-  'topic': the fixed TOPIC list (identical for every run). 'draws' (and 'validation', whose benchmark
-  is f2m_jax/data/holdout.py's): per new class, `shots` images drawn
-  without replacement from the class's pool by an RNG seeded with (seed, run, session); the class
-  order stays fixed, so runs differ only in which shots are drawn.
-  """
+  """Indices into `benchmark.train` of the few-shot images of `session` (2..T) in run `run`: 'topic' the
+  fixed list; 'draws' and 'validation' per new class `shots` images of its pool, drawn without
+  replacement by an RNG seeded with (seed, run, session), so runs differ only in the shots."""
   if not 2 <= session <= benchmark.num_sessions:
     raise ValueError(f'session must be in [2, {benchmark.num_sessions}], got {session}')
   if protocol == 'topic':
@@ -76,10 +72,8 @@ def test_indices(benchmark: Benchmark, session: int) -> np.ndarray:
 
 
 def balanced_batch(labels: np.ndarray, pool: np.ndarray, ways: int, shots: int, seed: int, step: int) -> np.ndarray:
-  """A class-balanced batch: `ways` distinct classes x `shots` images each, in class-contiguous blocks.
-
-  A pure function of (seed, step), so a resumed run sees the same batches. Mirrors the original's
-  TaskSampler (16 classes x 16 images per batch), which prototype fixing relies on."""
+  """`ways` distinct classes x `shots` images each, in class-contiguous blocks (the original's TaskSampler,
+  which prototype fixing relies on); a function of (seed, step), so a resumed run sees the same batches."""
   rng = np.random.default_rng([seed, step])
   pool_labels = labels[pool]
   classes = np.unique(pool_labels)

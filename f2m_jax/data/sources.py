@@ -17,9 +17,8 @@ def data_dir(config) -> str:
 
 
 def cache_dir(config) -> str:
-  """Where downloads and converted files go (never into the data folder)."""
-  return (config.data.cache_dir or os.environ.get('F2M_CACHE_DIR', '')
-          or os.path.join(os.path.expanduser('~'), '.cache', 'f2m_jax'))
+  """Where downloads and converted files go: config.data.cache_dir, else index_lists.cache_folder's default."""
+  return index_lists.cache_folder(config.data.cache_dir)
 
 
 def uses_layout(config) -> bool:
@@ -93,30 +92,22 @@ def _load_cifar100(config) -> Benchmark:
 
 
 def _load_folder(config, source: str) -> Benchmark:
-  """miniImageNet / CUB-200 from their files, any other dataset from the data.folder fields (folder.py):
-  the user's files ('folder') or the tiny generated copy in the cache folder ('fake_folder', created on
-  first use). Missing or inconsistent files are named before any image is decoded."""
+  """miniImageNet / CUB-200 from their files (layouts.py), any other dataset from the data.folder fields
+  (~ and $VARIABLES expanded): the user's files, or under 'fake_folder' the generated copy in the cache
+  folder (created on first use). Missing or inconsistent files are named before any image is decoded."""
   cache = cache_dir(config)
   fields = dict(shots=config.data.shots, protocol=config.data.protocol)
   root = fake_folders.fake_folder(cache) if source == 'fake_folder' else None
   if uses_layout(config):
-    dataset = config.data.dataset
-    size = int(config.data.get('image_size', 0) or 0)
-    if root is None:
-      return layouts.load(dataset, data_dir(config), None, cache, image_size=size, **fields)
-    return layouts.load(dataset, str(root), root / 'index_list' / dataset, cache, image_size=size, **fields)
-  return folder.load(folder_spec(config, root, **fields), cache)
-
-
-def folder_spec(config, fake_root=None, **fields) -> folder.Spec:
-  """The folder source's `Spec` from the config's data.folder fields (paths with ~ and $VARIABLES
-  expanded); under 'fake_folder', the generated folder of 20 classes and its lists instead of the
-  user's files."""
+    dataset, size = config.data.dataset, int(config.data.get('image_size', 0) or 0)
+    where = (data_dir(config), None) if root is None else (str(root), root / 'index_list' / dataset)
+    return layouts.load(dataset, *where, cache, image_size=size, **fields)
   f = config.data.folder
   path = lambda p: os.path.expanduser(os.path.expandvars(p)) if p else ''
   files = dict(train=path(f.train), test=path(f.test), root=path(f.root), lists=path(f.lists))
-  if fake_root is not None:
-    files = {name: str(fake_root / 'folder' / name) for name in ('train', 'test', 'lists')}
-  return folder.Spec(name=config.data.dataset or 'folder', classes=path(f.classes),
-                     num_base=f.num_base, way=f.way, num_sessions=f.num_sessions, image_size=config.data.image_size,
-                     resize=float(f.resize), augment=f.augment, **files, **fields)
+  if root is not None:  # the generated folder of 20 classes and its lists instead of the user's files
+    files = {name: str(root / 'folder' / name) for name in ('train', 'test', 'lists')}
+  spec = folder.Spec(name=config.data.dataset or 'folder', classes=path(f.classes), num_base=f.num_base, way=f.way,
+                     num_sessions=f.num_sessions, image_size=config.data.image_size, resize=float(f.resize),
+                     augment=f.augment, **files, **fields)
+  return folder.load(spec, cache)

@@ -1,9 +1,6 @@
-"""The in-memory form every data source produces.
-
-A source (TFDS, local arrays, image folders, synthetic) returns one `Benchmark`: all images as uint8
-arrays plus the protocol facts (which classes each session introduces, which training images the base
-session uses, which images may be drawn as shots). Class ids are in session order: the base classes
-are 0..B-1 and session t introduces the next `way` ids, so a label is also the row of its prototype.
+"""The in-memory form every data source produces: one `Benchmark`, all images as uint8 arrays plus the
+protocol facts. Class ids are in session order (the base classes 0..B-1, then each session's next ids),
+so a label is also the row of its prototype.
 """
 from __future__ import annotations
 
@@ -77,11 +74,8 @@ class Benchmark:
 
 def sessions_from_counts(num_base: int, way: int, num_sessions: int) -> tuple:
   """Class ids per session for a contiguous class order: (0..B-1), (B..B+way-1), ..."""
-  classes = [tuple(range(num_base))]
-  for t in range(1, num_sessions):
-    start = num_base + (t - 1) * way
-    classes.append(tuple(range(start, start + way)))
-  return tuple(classes)
+  later = tuple(tuple(range(num_base + t * way, num_base + (t + 1) * way)) for t in range(num_sessions - 1))
+  return (tuple(range(num_base)),) + later
 
 
 def check_session_indices(benchmark: Benchmark, indices: Sequence[int], session: int, shots: int):
