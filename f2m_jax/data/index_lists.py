@@ -63,22 +63,16 @@ SHA256 = {
 }
 
 
-def cache_folder(given: str = '') -> str:
+def cache_folder(given=None) -> str:
   """Where downloads and converted files go (never into the data folder): `given`, else $F2M_CACHE_DIR,
   else ~/.cache/f2m_jax."""
   return given or os.environ.get('F2M_CACHE_DIR', '') or os.path.join(os.path.expanduser('~'), '.cache', 'f2m_jax')
 
 
-def default_cache_dir() -> pathlib.Path:
-  """`$XDG_CACHE_HOME/f2m_jax`, or `~/.cache/f2m_jax`."""
-  root = os.environ.get('XDG_CACHE_HOME') or os.path.join(os.path.expanduser('~'), '.cache')
-  return pathlib.Path(root) / 'f2m_jax'
-
-
 def index_list_dir(dataset: str, data_dir: Optional[str] = None,
                    cache_dir: Optional[str] = None) -> pathlib.Path:
   """The folder holding `session_*.txt` for `dataset` (cifar100, mini_imagenet, cub200): `<data_dir or
-  $F2M_DATA_DIR>/index_list/<dataset>`, else `<cache_dir>/index_list/<dataset>`, downloaded where absent."""
+  $F2M_DATA_DIR>/index_list/<dataset>`, else `<cache folder>/index_list/<dataset>` (`cache_folder`), downloaded where absent."""
   if dataset not in SHA256:
     raise ValueError(f'unknown dataset {dataset!r}; expected one of {sorted(SHA256)}')
   data_dir = data_dir or os.environ.get(DATA_DIR_ENV)
@@ -86,7 +80,7 @@ def index_list_dir(dataset: str, data_dir: Optional[str] = None,
     local = pathlib.Path(data_dir) / 'index_list' / dataset
     if (local / 'session_1.txt').is_file():
       return local
-  cached = pathlib.Path(cache_dir or default_cache_dir()) / 'index_list' / dataset
+  cached = pathlib.Path(cache_folder(cache_dir)) / 'index_list' / dataset
   download_index_lists(dataset, cached)
   return cached
 

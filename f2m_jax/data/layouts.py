@@ -100,7 +100,7 @@ def spec(dataset: str, data_dir, index_dir=None, cache_dir=None, image_size: int
   `data_dir`; `fields`: shots, protocol."""
   root = check_layout(dataset, data_dir)
   if index_dir is None:
-    index_dir = index_lists.index_list_dir(dataset, str(data_dir), str(cache_dir or index_lists.default_cache_dir()))
+    index_dir = index_lists.index_list_dir(dataset, str(data_dir), str(index_lists.cache_folder(cache_dir)))
   common = dict(name=dataset, lists=str(index_dir), image_size=image_size or IMAGE_SIZE[dataset],
                 resize=RESIZE[dataset], how_to_get=HOW_TO_GET[dataset], **fields)
   if dataset == 'mini_imagenet':
@@ -113,6 +113,6 @@ def spec(dataset: str, data_dir, index_dir=None, cache_dir=None, image_size: int
 def load(dataset: str, data_dir, index_dir=None, cache_dir=None, image_size: int = 0,
          decode: Optional[Callable] = None, **fields) -> Benchmark:
   """The `Benchmark` of `dataset` in `data_dir` (`spec`); `decode` replaces `folder.decode_file` (tests)."""
-  cache_dir = pathlib.Path(cache_dir) if cache_dir else index_lists.default_cache_dir()
+  cache_dir = pathlib.Path(index_lists.cache_folder(cache_dir))
   s, tables = spec(dataset, data_dir, index_dir, cache_dir, image_size, **fields)
   return folder.load(s, cache_dir, decode, tables)
