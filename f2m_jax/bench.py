@@ -102,8 +102,9 @@ def peak_bytes(compiled) -> int | None:
     m = compiled.memory_analysis()
   except Exception:  # pylint: disable=broad-except
     return None
-  return None if m is None else int(m.temp_size_in_bytes + m.argument_size_in_bytes + m.output_size_in_bytes
-                                    - m.alias_size_in_bytes)
+  if m is None:
+    return None
+  return int(m.temp_size_in_bytes + m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes)
 
 
 @dataclasses.dataclass

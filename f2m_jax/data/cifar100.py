@@ -110,6 +110,18 @@ def tfds_prepared(data_dir: Optional[str]) -> bool:
   return any(tfds_folder(data_dir).glob('cifar100/*/dataset_info.json'))
 
 
+def _tfds_help(split: str, data_dir: Optional[str], error: Exception) -> str:
+  where = f' --data_dir={data_dir}' if data_dir else ''
+  return (
+      f'Could not open TFDS cifar100 (split {split!r}, data_dir {data_dir or "default"}): '
+      f'{type(error).__name__}: {error}\n'
+      'Prepare it once in array_record format; this needs TensorFlow and internet:\n'
+      '  pip install tensorflow\n'
+      f'  tfds build cifar100 --file_format=array_record{where}\n'
+      f'Alternative without the official test set: the trainsplit protocol on {NPZ_NAME} '
+      f'(config variant ":trainsplit", file in ${DATA_DIR_ENV}).')
+
+
 def open_tfds_split(split: str, data_dir: Optional[str]):
   """`tfds.data_source('cifar100', split=...)` of a prepared copy (random access, no TensorFlow; never
   downloading)."""
@@ -117,12 +129,7 @@ def open_tfds_split(split: str, data_dir: Optional[str]):
   try:
     return tfds.data_source('cifar100', split=split, data_dir=data_dir, download=False)
   except Exception as e:  # tfds raises many types here (ImportError, NotImplementedError, ...)
-    raise DataError(
-        f'Could not open TFDS cifar100 (split {split!r}, data_dir {data_dir or "default"}): {type(e).__name__}: '
-        f'{e}\nPrepare it once in array_record format; this needs TensorFlow and internet:\n'
-        f'  pip install tensorflow\n  tfds build cifar100 --file_format=array_record'
-        f'{f" --data_dir={data_dir}" if data_dir else ""}\nAlternative without the official test set: the '
-        f'trainsplit protocol on {NPZ_NAME} (config variant ":trainsplit", file in ${DATA_DIR_ENV}).') from e
+    raise DataError(_tfds_help(split, data_dir, e)) from e
 
 
 def read_records(source, desc: str = '', batch_size: int = 1000) -> tuple:
