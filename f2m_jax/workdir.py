@@ -14,6 +14,8 @@ from typing import Iterable, Optional
 import jax
 from flax import traverse_util
 
+from f2m_jax.data import download
+
 # Fields that never change what a run computes, or only how it is rounded (paths, logging, how the
 # programs are laid out, batching and caching of evaluation, other modes' settings): a workdir may be
 # resumed or evaluated with different values of these. A name ending in '.' covers every field below
@@ -290,10 +292,8 @@ def atomic_write(path: str, text: str) -> None:
   primary process."""
   if not primary():
     return
-  tmp = f'{path}.tmp{os.getpid()}'
-  with open(tmp, 'w') as f:
-    f.write(text)
-  os.replace(tmp, path)
+  with download.written_atomically(path) as tmp:
+    tmp.write_text(text)
 
 
 class MetricsLog:

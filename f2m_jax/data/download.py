@@ -31,8 +31,9 @@ def sha256_file(path, chunk: int = CHUNK) -> str:
 
 @contextlib.contextmanager
 def written_atomically(path, suffix: str = ''):
-  """A temporary file beside `path` (its name ending in `suffix`) to write in the block; made readable by
-  all (a cache may be shared) and renamed to `path` when the block completes, removed when it fails."""
+  """A temporary file beside `path` (its name ending in `suffix`) to write in the block: a reader never
+  sees half a file. Made readable by all (a cache may be shared; a record is, as with umask 022) and
+  renamed to `path` when the block completes, removed when it fails."""
   path = pathlib.Path(path)
   fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f'.{path.name}.', suffix=f'.tmp{suffix}')
   os.close(fd)
