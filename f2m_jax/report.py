@@ -339,14 +339,14 @@ def format_session_table(results: dict) -> str:
 def csv_rows(rows: Sequence[Row], reference: Any = 0) -> list:
   """The main table as dicts in the CSV's column order; '' for a missing session, for a refused gap and
   for the intervals of a single run."""
-  ref = rows[resolve_reference(rows, reference)]
+  ref, numbers = rows[resolve_reference(rows, reference)], session_numbers(rows)
   out = []
   for row in rows:
     r, difference = row.results, gap(row, ref)
     by_number = {s['session']: s['acc'] for s in r['sessions']}
     ci95 = lambda stat: '' if stat is None or not has_interval(r) else stat['ci95']  # one run: no interval
     record = {'label': row.label, **{k: r[k] for k in ('dataset', 'method', 'protocol', 'runs')}}
-    for n in session_numbers(rows):
+    for n in numbers:
       record.update({f's{n}': by_number[n]['mean'] if n in by_number else '', f's{n}_ci95': ci95(by_number.get(n))})
     record.update(pd=r['pd']['mean'], pd_ci95=ci95(r['pd']), avg=r['avg']['mean'],
                   avg_ci95=ci95(r['avg']), gap='' if difference is None else difference, budget=budget(r),
@@ -441,8 +441,12 @@ def build_rows(paths: Sequence[str], labels: Optional[Sequence[str]] = None) -> 
     values = ([(f' {results["field"]}={v["value"]:g}', v) for v in results['values']] if 'values' in results
               else [('', results)])
     for suffix, r in values:
-      label = (labels[i] if labels is not None else str(r['label']) if r.get('label')
-               else f'{r["method"]} {os.path.basename(os.path.dirname(os.path.abspath(file)))}')
+      if labels is not None:
+        label = labels[i]
+      elif r.get('label'):
+        label = str(r['label'])
+      else:
+        label = f'{r["method"]} {os.path.basename(os.path.dirname(os.path.abspath(file)))}'
       rows.append(Row(label=label + suffix, results=r, source=file, flatness=flatness))
   return rows
 

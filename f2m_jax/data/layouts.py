@@ -100,7 +100,7 @@ def spec(dataset: str, data_dir, index_dir=None, cache_dir=None, image_size: int
   `data_dir`; `fields`: shots, protocol."""
   root = check_layout(dataset, data_dir)
   if index_dir is None:
-    index_dir = index_lists.index_list_dir(dataset, str(data_dir), str(index_lists.cache_folder(cache_dir)))
+    index_dir = index_lists.index_list_dir(dataset, str(data_dir), cache_dir)
   common = dict(name=dataset, lists=str(index_dir), image_size=image_size or IMAGE_SIZE[dataset],
                 resize=RESIZE[dataset], how_to_get=HOW_TO_GET[dataset], **fields)
   if dataset == 'mini_imagenet':
