@@ -286,24 +286,26 @@ class FedFinetune:
     paths = settings.trainable_paths
 
     @jax.jit
-    def run(params, batch_stats, anchor, steps_images, labels, stored):
+    def run(params, batch_stats, anchor, steps_images, labels, stored, num_seen):
       tree_ = trees.flatten(params)
       trainable = {p: tree_[p] for p in paths}
       frozen = {p: v for p, v in tree_.items() if p not in set(paths)}
       trainable, losses = incremental.finetune_session(
-          trainable, frozen, batch_stats, anchor, lambda i: steps_images[i], labels, stored,
-          jnp.int32(stored.shape[0]), settings)
+          trainable, frozen, batch_stats, anchor, lambda i: steps_images[i], labels, stored, num_seen, settings)
       return trees.unflatten({**frozen, **trainable}), losses
 
     self.run = run
 
   def __call__(self, params, batch_stats, anchor, images, labels, stored, num_seen, key):
     del images, key  # the fixture's augmented views of the same images, in the same order
+    # The session as NCMRunner padded it to the last session's size, so one program serves every
+    # session: the fixture's views of the session's own images, then zero images in the padded rows
+    # (label -1), which the loss must ignore.
+    rows = len(labels)
     steps = jnp.stack([inputs(self.fx[f'{self.prefix}/step{k}/images'], self.fx)
                        for k in range(self.settings.steps)])
-    labels = np.asarray(labels)  # the session as NCMRunner padded it: its own rows and classes only
-    return self.run(params, batch_stats, anchor, steps, jnp.asarray(labels[labels >= 0]),
-                    jnp.asarray(np.asarray(stored)[:int(num_seen)]))
+    steps = jnp.pad(steps, ((0, 0), (0, rows - steps.shape[1]), (0, 0), (0, 0), (0, 0)))
+    return self.run(params, batch_stats, anchor, steps, labels, stored, num_seen)
 
 
 def session_runner(fx, bound):
