@@ -43,20 +43,24 @@ def test_pf_does_nothing_in_the_variants_base_training():
   bound = 0.05  # ten times the smoke config's b, so that PF's values are far from zero
   eps = noise_lib.sample_noise(jax.random.key(2), variables['params'], paths, n.M, bound, n.distribution)
 
-  def step(pf_weight, std_weight):
-    objective = base_lib.BaseObjective(model, paths, split_block(model, paths), n.M, n.distribution,
-                                       pf_weight, std_weight, True, pf_gradient=n.pf_gradient)
-    (loss, (_, metrics)), grads = jax.jit(jax.value_and_grad(base_lib.base_loss, has_aux=True), static_argnums=5)(
-        variables['params'], variables['batch_stats'], x, y, eps, objective)
-    return float(loss), float(metrics['pf']), grads
+  def steps(std_weight):
+    """fn(lambda) -> (loss, PF, grads), jitted: lambda is an argument, so PF on and off share a program."""
+    def step(pf_weight):
+      objective = base_lib.BaseObjective(model, paths, split_block(model, paths), n.M, n.distribution,
+                                         pf_weight, std_weight, True, pf_gradient=n.pf_gradient)
+      (loss, (_, metrics)), grads = jax.value_and_grad(base_lib.base_loss, has_aux=True)(
+          variables['params'], variables['batch_stats'], x, y, eps, objective)
+      return loss, metrics['pf'], grads
+    return jax.jit(step)
 
-  loss_pf, pf, with_pf = step(n.pf_weight, n.std_weight)
-  loss_none, _, without = step(0.0, n.std_weight)
+  variant = steps(n.std_weight)
+  (loss_pf, pf, with_pf), (loss_none, _, without) = variant(n.pf_weight), variant(0.0)
+  loss_pf, pf, loss_none = float(loss_pf), float(pf), float(loss_none)
   assert pf > 1e-4  # PF's value is in the loss: the two losses differ by it, up to float32 rounding at the loss's size
   assert abs((loss_pf - loss_none) - n.pf_weight * pf) <= 4 * np.finfo(np.float32).eps * loss_pf
   chex.assert_trees_all_close(with_pf, without, rtol=0, atol=0)
-  _, _, authors_pf = step(n.pf_weight, 2.0)
-  _, _, authors_none = step(0.0, 2.0)
+  authors = steps(2.0)
+  (_, _, authors_pf), (_, _, authors_none) = authors(n.pf_weight), authors(0.0)
   differences = jax.tree_util.tree_map(lambda a, b: float(jnp.abs(a - b).max() / (jnp.abs(b).max() + 1e-30)),
                                        authors_pf, authors_none)
   assert max(jax.tree_util.tree_leaves(differences)) > 1e-3
