@@ -61,12 +61,13 @@ def test_save_restore_is_bit_identical(tmp_path):
   config = pipeline.resolve(tiny_config())
   bench = sources.load_benchmark(config)
   exp = experiment_lib.Experiment.create(config, bench)
-  state = exp.init_state()
-  step = base_lib.make_train_step(exp.base_objective(), exp.optimizer(), bench.augment, bench.image_size,
-                                  bench.mean, bench.std)
-  idx = exp.batch_indices(0)
-  state, _ = jax.jit(step)(state, bench.train.images[idx], bench.train.labels[idx], exp.key(0),
-                           config.noise.bound)  # non-zero momentum
+  rng = np.random.default_rng(0)
+  # Every float leaf random, the momentum included (a fresh optimizer's is all zeros).
+  rand = lambda tree: jax.tree.map(lambda x: rng.normal(size=np.shape(x)).astype(x.dtype)
+                                   if np.issubdtype(x.dtype, np.floating) else np.asarray(x), jax.device_get(tree))
+  init = exp.init_state()
+  state = base_lib.TrainState(np.int32(1), rand(init.params), rand(init.batch_stats), rand(init.opt_state))
+  assert any(np.abs(x).max() > 0 for x in jax.tree.leaves(state.opt_state))  # a momentum to save
   ckpts = Checkpoints(str(tmp_path))
   ckpts.save_base_state(1, state)
   _leaves_equal(jax.device_get(state), ckpts.restore_base_state(exp.state_template(), 1))  # zeros of the shapes
