@@ -114,21 +114,22 @@ def test_mapped_draws_equal_a_loop_over_draws(std_weight, draw_map):
 
 
 def test_bfloat16_compute_keeps_float32_state():
-  """model.dtype='bfloat16': a train step runs, the loss is finite and close to float32's, and the
-  parameters, BN statistics and optimizer state stay float32."""
+  """model.dtype='bfloat16': the loss is close to float32's on the same batch and draws, and a train
+  step runs, with a finite loss, leaving the parameters, BN statistics and optimizer state float32."""
   from f2m_jax.data import synthetic
+  losses = {}
+  for dtype in (jnp.float32, jnp.bfloat16):
+    objective, params, stats, images, labels, eps = setup('resnet20', 8, 16, 4, dtype=dtype)
+    losses[dtype] = float(_forward(params, stats, images, labels, eps, objective)[0])
+  np.testing.assert_allclose(losses[jnp.bfloat16], losses[jnp.float32], rtol=5e-2)
+  assert losses[jnp.bfloat16] != losses[jnp.float32]  # computed in bfloat16 indeed
   bench = synthetic.make_synthetic(num_base=CLASSES, way=1, num_sessions=1, train_per_class=4,
                                    test_per_class=1, image_size=16)
   tx = optim.sgd(0.1, 0.9, 5e-4, (), 0.1)
-  out = {}
-  for dtype in (jnp.float32, jnp.bfloat16):
-    objective = setup('resnet20', 8, 16, 4, dtype=dtype)[0]
-    model = objective.model
-    state = jax.jit(lambda k, m=model: base_lib.init_state(m, k, 16, tx))(jax.random.key(0))
-    step = jax.jit(base_lib.make_train_step(objective, tx, 'crop_flip', 16, bench.mean, bench.std))
-    state, metrics = step(state, bench.train.images, bench.train.labels, jax.random.key(3), 0.05)
-    out[dtype] = float(metrics['loss'])
-    leaves = jax.tree_util.tree_leaves((state.params, state.batch_stats, state.opt_state))
-    assert all(leaf.dtype == jnp.float32 for leaf in leaves if jnp.issubdtype(leaf.dtype, jnp.floating))
-  assert np.isfinite(out[jnp.bfloat16])
-  np.testing.assert_allclose(out[jnp.bfloat16], out[jnp.float32], rtol=5e-2)
+  model = objective.model
+  state = jax.jit(lambda k: base_lib.init_state(model, k, 16, tx))(jax.random.key(0))
+  step = jax.jit(base_lib.make_train_step(objective, tx, 'crop_flip', 16, bench.mean, bench.std))
+  state, metrics = step(state, bench.train.images, bench.train.labels, jax.random.key(3), 0.05)
+  assert np.isfinite(float(metrics['loss']))
+  leaves = jax.tree_util.tree_leaves((state.params, state.batch_stats, state.opt_state))
+  assert all(leaf.dtype == jnp.float32 for leaf in leaves if jnp.issubdtype(leaf.dtype, jnp.floating))
