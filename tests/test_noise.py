@@ -12,6 +12,9 @@ from f2m_jax import trees
 from f2m_jax.models import noise_set_paths, resnet18, resnet20, split_block
 
 
+_loss = jax.jit(base_lib.base_loss, static_argnums=5)  # one program per objective, shared by the tests
+
+
 @pytest.fixture(scope='module')
 def net():
   model = resnet20(10, width=4)
@@ -103,11 +106,10 @@ def test_zero_bound_equals_plain_cross_entropy(net):
   x = jax.random.normal(jax.random.key(2), (12, 16, 16, 3))
   y = jnp.arange(12) % 4
   eps = noise_lib.sample_noise(jax.random.key(3), variables['params'], paths, 2, 0.0)
+  (_, logits), _ = jax.jit(lambda v: model.apply(v, x, train=True, mutable=['batch_stats']))(variables)
   for shared in (True, False):
     obj = base_lib.BaseObjective(model, paths, split_block(model, paths), 2, 'uniform', 1.0, 0.0, shared)
-    loss, (_, metrics) = jax.jit(base_lib.base_loss, static_argnums=5)(variables['params'], variables['batch_stats'],
-                                                                       x, y, eps, obj)
-    (_, logits), _ = jax.jit(lambda v: model.apply(v, x, train=True, mutable=['batch_stats']))(variables)
+    loss, (_, metrics) = _loss(variables['params'], variables['batch_stats'], x, y, eps, obj)
     np.testing.assert_allclose(loss, objectives.cross_entropy(logits, y), rtol=1e-5)
     assert float(metrics['pf']) < 1e-10  # zero up to float rounding between the clean and noisy passes
 
@@ -120,7 +122,7 @@ def test_pf_reaches_the_objective(net):
   y = jnp.arange(12) % 4
   eps = noise_lib.sample_noise(jax.random.key(3), variables['params'], paths, 2, 0.05, 'uniform')
   obj = base_lib.BaseObjective(model, paths, split_block(model, paths), 2, 'uniform', 1.0, 0.0, True)
-  loss, (_, metrics) = base_lib.base_loss(variables['params'], variables['batch_stats'], x, y, eps, obj)
+  loss, (_, metrics) = _loss(variables['params'], variables['batch_stats'], x, y, eps, obj)
   loss, ce, pf = float(loss), float(metrics['ce']), float(metrics['pf'])
   assert pf > 0
   f32 = float(np.finfo(np.float32).eps)  # up to a few roundings at the loss's magnitude
