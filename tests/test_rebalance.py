@@ -23,7 +23,7 @@ def test_cosine_classifier_logits_and_init():
   fc = variables['params']['fc']
   assert set(fc) == {'kernel', 'sigma'} and float(fc['sigma']) == 1.0
   params = {**variables['params'], 'fc': {'kernel': fc['kernel'], 'sigma': jnp.float32(3.0)}}
-  embedding, logits = model.apply({**variables, 'params': params}, x, train=False)
+  embedding, logits = jax.jit(lambda v: model.apply(v, x, train=False))({**variables, 'params': params})
   e, w = np.asarray(embedding, np.float64), np.asarray(fc['kernel'], np.float64)
   want = 3.0 * (e / np.linalg.norm(e, axis=1, keepdims=True)) @ (w / np.linalg.norm(w, axis=0, keepdims=True))
   np.testing.assert_allclose(logits, want, rtol=1e-5, atol=1e-6)
