@@ -39,8 +39,6 @@ def setup(arch: str, width: int, image_size: int, num_layers: int, num_draws: in
 
 
 _value_and_grad = jax.jit(jax.value_and_grad(base_lib.base_loss, has_aux=True), static_argnums=5)
-
-
 _forward = jax.jit(base_lib.base_loss, static_argnums=5)
 
 
@@ -117,17 +115,15 @@ def test_bfloat16_compute_keeps_float32_state():
   """model.dtype='bfloat16': the loss is close to float32's on the same batch and draws, and a train
   step runs, with a finite loss, leaving the parameters, BN statistics and optimizer state float32."""
   from f2m_jax.data import synthetic
-  losses = {}
-  for dtype in (jnp.float32, jnp.bfloat16):
-    objective, params, stats, images, labels, eps = setup('resnet20', 8, 16, 4, dtype=dtype)
-    losses[dtype] = float(_forward(params, stats, images, labels, eps, objective)[0])
+  cases = {dtype: setup('resnet20', 8, 16, 4, dtype=dtype) for dtype in (jnp.float32, jnp.bfloat16)}
+  losses = {dtype: float(_forward(*case[1:], case[0])[0]) for dtype, case in cases.items()}
   np.testing.assert_allclose(losses[jnp.bfloat16], losses[jnp.float32], rtol=5e-2)
   assert losses[jnp.bfloat16] != losses[jnp.float32]  # computed in bfloat16 indeed
   bench = synthetic.make_synthetic(num_base=CLASSES, way=1, num_sessions=1, train_per_class=4,
                                    test_per_class=1, image_size=16)
   tx = optim.sgd(0.1, 0.9, 5e-4, (), 0.1)
-  model = objective.model
-  state = jax.jit(lambda k: base_lib.init_state(model, k, 16, tx))(jax.random.key(0))
+  objective = cases[jnp.bfloat16][0]
+  state = jax.jit(lambda k: base_lib.init_state(objective.model, k, 16, tx))(jax.random.key(0))
   step = jax.jit(base_lib.make_train_step(objective, tx, 'crop_flip', 16, bench.mean, bench.std))
   state, metrics = step(state, bench.train.images, bench.train.labels, jax.random.key(3), 0.05)
   assert np.isfinite(float(metrics['loss']))
