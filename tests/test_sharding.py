@@ -42,11 +42,12 @@ CHILD = textwrap.dedent('''
                                        std_weight=0.0, shared_trunk=True, draw_map='unroll')
     tx = optim.sgd(0.1, 0.9, 5e-4, (), 0.1)
     step = base_lib.make_train_step(objective, tx, 'crop_flip', 16, data.mean, data.std)
+    init = jax.jit(lambda key: base_lib.init_state(model, key, 16, tx))  # one program, not op by op
     indices = np.stack([np.arange(8), np.arange(8)[::-1]]).astype(np.int32)[:, None]  # 2 steps x 1 member
 
     def train(mesh, calls):
       program = base_lib.make_train_program(step, 'unroll', mesh)
-      state = sharding.replicate(trees.stack([base_lib.init_state(model, jax.random.key(0), 16, tx)]), mesh)
+      state = sharding.replicate(trees.stack([init(jax.random.key(0))]), mesh)
       data_ = sharding.replicate((data.train.images, data.train.labels), mesh)
       keys, bounds = sharding.replicate((jnp.stack([jax.random.key(1)]), np.asarray([0.05], np.float32)), mesh)
       for rows in calls:
