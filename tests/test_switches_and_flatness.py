@@ -61,7 +61,7 @@ def test_fm_off_draws_no_noise(tiny, monkeypatch):
   # Tracing the train step is where noise would be drawn: shapes suffice, nothing need compile.
   state = jax.eval_shape(lambda k: base_lib.init_state(model, k, 8, tx), jax.random.key(0))
   step = base_lib.make_train_step(obj, tx, 'crop_flip', 8, (0.5,) * 3, (0.25,) * 3)
-  jax.jit(step).trace(state, images[:8], labels[:8], jax.random.key(2), 0.01)
+  jax.eval_shape(step, state, images[:8], labels[:8], jax.random.key(2), 0.01)
   loss, (_, metrics) = jax.jit(base_lib.base_loss, static_argnums=5)(
       variables['params'], variables['batch_stats'], images[:8], labels[:8], {}, obj)
   assert float(loss) == float(metrics['ce_clean'])  # the loss is the clean pass's CE
