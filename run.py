@@ -1,13 +1,14 @@
 """Entry point: python run.py --config configs/cifar100.py[:arg] --workdir DIR [--mode train|eval].
 
-Kept thin on purpose: it parses flags and hands over to f2m_jax.cli (which calls f2m_jax.pipeline).
+Kept thin on purpose: it parses flags (f2m_jax.command_line, which imports no JAX, so that a bad command
+line is answered at once) and hands over to f2m_jax.cli (which calls f2m_jax.pipeline).
 """
 import sys
 
 from absl import app, flags
 from ml_collections import config_flags
 
-from f2m_jax import cli
+from f2m_jax import command_line
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'A config file, e.g. configs/cifar100.py:smoke.',
                                           lock_config=True)
@@ -28,8 +29,9 @@ def main(argv):
             'changes': config_flags.get_override_values(flags.FLAGS['config'])}
   if not (_WORKDIR.value or _DRY_RUN.value):
     raise app.UsageError('--workdir is required (except with --dry-run)')
+  from f2m_jax import cli  # pylint: disable=g-import-not-at-top  (JAX and the pipeline: the command line parsed)
   return cli.main(_CONFIG.value, _WORKDIR.value, _MODE.value, _CHECKPOINT.value, origin=origin, dry_run=_DRY_RUN.value)
 
 
 if __name__ == '__main__':
-  sys.exit(app.run(main, flags_parser=cli.parse_flags))
+  sys.exit(app.run(main, flags_parser=command_line.parse_flags))

@@ -14,6 +14,7 @@ from typing import Iterable, Optional
 import jax
 from flax import traverse_util
 
+from f2m_jax.command_line import RENAMED_FIELDS  # read in saved config.json files too (renamed)
 from f2m_jax.data import download
 
 # Fields that never change what a run computes, or only how it is rounded (paths, logging, how the
@@ -34,13 +35,6 @@ NON_RESULT_FIELDS = ('data.data_dir', 'data.tfds_data_dir', 'data.cache_dir', 'b
 LEGACY_VALUES = {'data.split': '', 'noise.pf_gradient': True, 'noise.bn_updates': 'clean',
                  'noise.backward_weights': 'noisy', 'base.select_on_test': False, 'base.select_every': 1500,
                  'model.head': 'linear', 'data.synthetic.seed': 0, 'incremental.prototype_norm': 'raw'}
-
-# Fields renamed since workdirs were written: old name -> (new name, {old value: new value}). A saved
-# config.json is read in the new names; the old name given as an override is refused with the new one
-# (f2m_jax/cli.py).
-RENAMED_FIELDS = {'noise.clean_backward': ('noise.backward_weights', {True: 'clean', False: 'noisy'}),
-                  'incremental.normalize_base_prototypes': ('incremental.prototype_norm',
-                                                            {False: 'raw', True: 'unit_base'})}
 
 # Fields removed since workdirs were written, with the one value whose behaviour the code still
 # computes: a saved config.json holding that value reads as if it did not hold the field (so it

@@ -45,6 +45,15 @@ def test_bad_override_is_one_clear_line(tmp_path, override, what, allowed):
   assert not workdir.exists()
 
 
+def test_the_command_line_is_checked_before_jax_is_imported():
+  """run.py parses and checks its flags with f2m_jax.command_line, which imports no JAX, flax or
+  TensorFlow: a typo is answered at once, not after seconds of imports."""
+  r = subprocess.run([sys.executable, '-c', 'import sys, run; print(sorted(m for m in sys.modules if m.split(".")[0] '
+                      'in ("jax", "jaxlib", "flax", "optax", "orbax", "tensorflow", "tensorflow_datasets")))'],
+                     capture_output=True, text=True, cwd=REPO, timeout=300)
+  assert r.returncode == 0 and r.stdout.strip() == '[]', (r.stdout[-2000:], r.stderr[-2000:])
+
+
 def test_good_overrides_pass_the_check(tmp_path):
   """Overrides of every kind parse; the run then stops at its first check of the workdir (eval of a
   folder that holds no run), so nothing trains."""
