@@ -22,6 +22,17 @@ _DRY_RUN = flags.DEFINE_bool('dry-run', False, 'Print the effective config (pres
 flags.mark_flags_as_required(['config'])
 
 
+def parse_flags(argv):
+  """command_line.parse_flags, which needs no JAX; where argv names a flag that run.py does not define
+  (one of the libraries', such as orbax's --experimental_orbax_use_distributed_barrier), after importing
+  f2m_jax.cli, whose imports define those flags."""
+  args = argv[1:argv.index('--')] if '--' in argv else argv[1:]
+  names = {a.lstrip('-').split('=')[0] for a in args if a.startswith('-') and not a.lstrip('-').startswith('config.')}
+  if names - {n for name in flags.FLAGS for n in (name, 'no' + name)}:
+    from f2m_jax import cli  # pylint: disable=g-import-not-at-top,unused-import
+  return command_line.parse_flags(argv)
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
@@ -34,4 +45,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  sys.exit(app.run(main, flags_parser=command_line.parse_flags))
+  sys.exit(app.run(main, flags_parser=parse_flags))

@@ -54,6 +54,22 @@ def test_the_command_line_is_checked_before_jax_is_imported():
   assert r.returncode == 0 and r.stdout.strip() == '[]', (r.stdout[-2000:], r.stderr[-2000:])
 
 
+def test_run_py_takes_the_flags_its_libraries_define():
+  """A flag that f2m_jax.cli's imports define (orbax's) is taken as before run.py checked its command
+  line without JAX; a flag nobody defines is still one line."""
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  import orbax.checkpoint  # pylint: disable=g-import-not-at-top,unused-import  (defines its flags)
+  if 'experimental_orbax_use_distributed_barrier' not in flags.FLAGS:
+    pytest.skip('this orbax defines no --experimental_orbax_use_distributed_barrier')
+  r = subprocess.run([sys.executable, 'run.py', '--config', 'configs/cifar100.py:smoke', '--dry-run',
+                      '--experimental_orbax_use_distributed_barrier=false'], capture_output=True, text=True, cwd=REPO,
+                     timeout=300)
+  assert r.returncode == 0 and r.stdout.strip().endswith('dry run: nothing was written'), r.stderr[-2000:]
+  r = subprocess.run([sys.executable, 'run.py', '--config', 'configs/cifar100.py:smoke', '--dry-run', '--nosuchflag=1'],
+                     capture_output=True, text=True, cwd=REPO, timeout=300)
+  assert r.returncode == 2 and r.stderr.strip() == "error: Unknown command line flag 'nosuchflag'", r.stderr[-2000:]
+
+
 def test_good_overrides_pass_the_check(tmp_path):
   """Overrides of every kind parse; the run then stops at its first check of the workdir (eval of a
   folder that holds no run), so nothing trains."""
