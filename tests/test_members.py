@@ -119,10 +119,13 @@ def test_the_gpu_layout_sweep_equals_the_cpu_layout_sweep(tmp_path):
   as by the default layout (members unrolled, the CPU backward): the same logged steps and each
   member's last base train state to float rounding (the sessions after it take no member axis). At
   lr 1e-3 and no std term (as tests/test_base_program.py), so that 20 steps do not amplify the
-  programs' different rounding."""
+  programs' different rounding. On 8 px images: the layout does not depend on the image size, and
+  inside the scanned steps XLA:CPU runs XLA's own convolution transposes several times slower than
+  the CPU backward's (tests/test_fidelity.py), which made this test's 16 px run take 60-84 s."""
   def base_sessions(name, conv_backward='auto', **fields):
     config = tiny(seeds=SEEDS, **fields)
     config.base.lr, config.noise.std_weight, config.model.conv_backward = 1e-3, 0.0, conv_backward
+    config.data.synthetic.image_size = 8
     configs = [pipeline.resolve(c) for c in members.member_configs(config)]
     bench = sources.load_benchmark(configs[0])
     exps = [pipeline.check(c, bench) for c in configs]
