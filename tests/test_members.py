@@ -121,7 +121,7 @@ def test_the_gpu_layout_sweep_equals_the_cpu_layout_sweep(tmp_path):
   lr 1e-3 and no std term (as tests/test_base_program.py), so that 20 steps do not amplify the
   programs' different rounding. On 8 px images: the layout does not depend on the image size, and
   inside the scanned steps XLA:CPU runs XLA's own convolution transposes several times slower than
-  the CPU backward's (tests/test_fidelity.py), which made this test's 16 px run take 60-84 s."""
+  the CPU backward's (tests/test_fidelity.py)."""
   def base_sessions(name, conv_backward='auto', **fields):
     config = tiny(seeds=SEEDS, **fields)
     config.base.lr, config.noise.std_weight, config.model.conv_backward = 1e-3, 0.0, conv_backward
