@@ -140,13 +140,17 @@ class Experiment:
     return _init_program(network or self.model, self.bench.image_size, self.optimizer_settings())
 
   def init_state(self, network: Optional[ResNet] = None, key: Optional[jax.Array] = None):
-    """A fresh train state of `network` (default: the config's, from model.pretrained where set) from
-    `key` (default: the init's stream, key(1))."""
+    """A fresh train state of `network` (default: the config's; `network(n)` for another classifier
+    size) from `key` (default: the init's stream, key(1)). Where model.pretrained is set, the trunk
+    comes from it for every such network (joint training's per-session networks too, as the
+    authors' joint starts from the ImageNet weights); a classifier of another size than the file's
+    stays `key`'s fresh init."""
     key = self.key(1) if key is None else key
+    network = network or self.model
     params = batch_stats = None
-    if network is None and self.config.model.pretrained:
+    if self.config.model.pretrained:
       params, batch_stats = torch_import.load_torchvision_resnet18(
-          self.config.model.pretrained, self.model, self.bench.image_size, key=key)
+          self.config.model.pretrained, network, self.bench.image_size, key=key)
     return self.init_program(network)(key, params, batch_stats)
 
 

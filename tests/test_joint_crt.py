@@ -31,6 +31,46 @@ def workdirs(tmp_path_factory):
   return root, joint, crt
 
 
+def test_joint_sessions_start_from_the_pretrained_trunk(monkeypatch):
+  """model.pretrained reaches the network of every joint session (and so cRT's), not only session
+  1's: the trunk and BN statistics are the file's, the classifier of the session's size a fresh init
+  from the session's key."""
+  import jax
+  from configs import cifar100
+  from f2m_jax import train_loop
+  from f2m_jax import trees
+  from f2m_jax.data import sources
+  from f2m_jax.methods import joint
+  from f2m_jax.models import torch_import
+  config = tiny(cifar100.get_config('smoke'), 'joint')
+  config.model.arch, config.model.pretrained = 'resnet18', '/weights/resnet18.pth'
+  config = pipeline.resolve(config)
+  exp = experiment_lib.Experiment.create(config, sources.load_benchmark(config))
+  rng = np.random.default_rng(0)
+  shapes = exp.state_shapes()  # the 6 base classes' network: the file's classifier has another size
+  params, stats = (jax.tree_util.tree_map(lambda s: rng.normal(size=s.shape).astype(np.float32), tree)
+                   for tree in (shapes.params, shapes.batch_stats))
+  monkeypatch.setattr(torch_import, 'read_state_dict', lambda path: torch_import.to_state_dict(params, stats))
+  started = []
+  monkeypatch.setattr(train_loop, 'train_steps', lambda _, __, ___, states, *rest: started.append(states) or states)
+
+  class Fresh:  # a session's training checkpoints, none saved yet
+    save = None
+
+    @staticmethod
+    def latest_step():
+      return None
+
+  network, key = exp.network(exp.bench.num_seen_classes(3)), exp.key(4, 0, 3)
+  joint.train_network(exp, network, exp.bench.base_train, key, Fresh(), None, 'joint run 0 session 3', (0, 3))
+  state = trees.index(started[0], 0)
+  trunk = lambda p: {k: v for k, v in p.items() if k != 'fc'}
+  chex.assert_trees_all_equal(trunk(state.params), trunk(params))
+  chex.assert_trees_all_equal(state.batch_stats, stats)
+  chex.assert_trees_all_equal(state.params['fc'], exp.init_program(network)(key, None, None).params['fc'])
+  assert state.params['fc']['kernel'].shape[-1] == 10
+
+
 @pytest.mark.slow
 def test_joint_and_crt_end_to_end(workdirs):
   root, joint, crt = workdirs

@@ -1,6 +1,7 @@
 """Joint training and cRT: the paper's approximate upper bound (the gap column of its tables).
 
-joint: for every session t, a network trained from scratch on all base training images plus the
+joint: for every session t, a network trained from scratch (from model.pretrained's trunk where
+  set, as the authors' CUB joint starts from ImageNet weights) on all base training images plus the
   shots of sessions 2..t of the run's own draw, with a classifier over all seen classes and
   shuffled batches (the base.* budget per session); classified by that linear classifier. Session 1
   (base data only, the same for every run) is trained once.
@@ -48,10 +49,10 @@ def linear_accuracies(exp, variables, network, session: int, logits_fn=None) -> 
 
 
 def train_network(exp, network, pool: np.ndarray, key, training, log, desc: str, stream: tuple) -> dict:
-  """A network trained from scratch on `pool` (indices into the training images; labels are the
-  class ids, all below the network's class count) with shuffled batches and the base.* budget,
-  through the base session's loop, resuming from `training` (a Checkpoints.training manager).
-  Returns {'params', 'batch_stats'}."""
+  """A network trained from scratch (model.pretrained's trunk where set) on `pool` (indices into the
+  training images; labels are the class ids, all below the network's class count) with shuffled
+  batches and the base.* budget, through the base session's loop, resuming from `training` (a
+  Checkpoints.training manager). Returns {'params', 'batch_stats'}."""
   cfg = exp.config.base
   state = exp.init_state(network, key)
   start = training.latest_step()
