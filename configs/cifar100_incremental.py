@@ -13,10 +13,12 @@ trainsplit); 20 exemplars per class chosen by herding; nearest-mean-of-exemplars
 images of all classes seen. Every run sees the same images, so one run by default.
 
 Everything else is the FSCIL setting of configs/cifar100.py with its `trainsplit` budget: the
-ResNet-20, the Baseline's base session (3,000 iterations of 256 on trainsplit, 30,003 on TFDS), and
-the authors' FSCIL session schedule of `icarl` / `rebalance` (90 epochs of batch 120, lr 0.1 x 0.1
-after epochs 50 and 70). LUCIR's own runs use a ResNet-32 and 160 epochs per session: this is a
-check of the curves' shape (Rebalance forgets less than iCaRL), not of their values.
+ResNet-20, each method's own base session (3,000 iterations of 256 on trainsplit, 30,003 on TFDS),
+and the authors' FSCIL session schedule of `icarl` / `rebalance` (90 epochs of batch 120, lr 0.1 x 0.1
+after epochs 50 and 70). Rebalance keeps LUCIR's published CIFAR-100 settings here (lambda_base 5,
+herding, nearest mean of exemplars), not the authors' FSCIL ones. LUCIR's own runs use a ResNet-32 and
+160 epochs per session: this is a check of the curves' shape (Rebalance forgets less than iCaRL), not
+of their values.
 """
 from configs import cifar100, common
 
@@ -29,5 +31,5 @@ def get_config(arg: str = ''):
   config.data.shots = 400 if variant == 'trainsplit' else 500
   config.runs = 1
   config.icarl.memory = 20
-  config.rebalance.memory = 20
+  config.rebalance.update(memory=20, lambda_base=5.0, exemplars='herding', classifier='nearest_mean')
   return config

@@ -4,20 +4,30 @@ loading a config imports neither JAX nor a method."""
 import ml_collections
 
 # The settings of the methods that own a config section (f2m_jax/methods/<section>.py reads them):
-# the authors' re-implementations with their CIFAR-100 values.
-# iCaRL: `memory` exemplars per class; each session `epochs` epochs of shuffled batches over memory +
-# shots (remainder dropped), SGD with the rate x lr_gamma after each milestone epoch.
-ICARL = dict(memory=2, epochs=90, batch_size=120, lr=0.1, milestones=(50, 70), lr_gamma=0.1, momentum=0.9,
-             weight_decay=5e-4)
+# the authors' re-implementations with the values of their CIFAR-100 YAMLs (docs/method.md, 'The
+# compared methods', says where each comes from and what differs).
+# iCaRL (their incremental_res18_cifar_iCaRL_5shots_SGD.yml): `memory` exemplars per class, chosen by
+# `exemplars` ('herding' as theirs on CIFAR-100 and miniImageNet, or 'random': `memory` drawn per class,
+# their CUB value); each session `epochs` epochs of shuffled batches over memory + shots (remainder
+# dropped), SGD with the rate x lr_gamma after each milestone epoch. Its base session is its own
+# (method=icarl sets model.head='linear_no_bias', their bias-free classifier).
+ICARL = dict(memory=2, exemplars='herding', epochs=90, batch_size=120, lr=0.1, milestones=(50, 70), lr_gamma=0.1,
+             momentum=0.9, weight_decay=5e-4)
 # cRT: the classifier's retraining (the original's CIFAR-100 schedule: 17 epochs of max-class-size x
 # classes samples, lr 0.1 x 0.5 after epochs 8, 12 and 14; 4 images per visit of a class).
-# method=joint trains every session's network with the base.* budget.
+# method=joint trains every session's network with the base.* budget, as the Baseline (theirs: 241
+# epochs, the rate cut after epoch 120; docs/method.md gives the override).
 CRT = dict(epochs=17, lr=0.1, milestones=(8, 12, 14), lr_gamma=0.5, per_class=4, batch_size=256, momentum=0.9,
            weight_decay=5e-4)
-# Rebalance (LUCIR; the authors' repository has no config for it): iCaRL's memory and session
-# schedule, with LUCIR's published loss settings: less-forget weight lambda_base x sqrt(old / new
-# classes), margin ranking against the K highest new-class cosines with `margin`.
-REBALANCE = {**ICARL, 'lambda_base': 5.0, 'K': 2, 'margin': 0.5, 'weight': 1.0}
+# Rebalance (LUCIR) as their incremental_res18_cifar_NCM_5shots_SGD.yml runs it (its loss block is what
+# their methods/Rebalance_model.py reads): iCaRL's memory and session schedule, the memory drawn at
+# random (their `random: true`); less-forget weight lambda_base x sqrt(old / new classes) (4 on
+# CIFAR-100, their miniImageNet 3 and CUB 5; LUCIR's paper 5), margin ranking of each old-class
+# image's cosine against the K highest new-class cosines with `margin`, times `weight`; classified by
+# `classifier`: 'cosine' (the cosine classifier's argmax over the seen classes, their `test_type: CNN`)
+# or 'nearest_mean' (nearest mean of exemplars, as iCaRL).
+REBALANCE = {**ICARL, 'exemplars': 'random', 'lambda_base': 4.0, 'K': 2, 'margin': 0.5, 'weight': 1.0,
+             'classifier': 'cosine'}
 # FSLL: tensors with max |value| <= threshold fine-tuned for `epochs` TaskSampler epochs (way x shots
 # per batch); loss = triplet + pn_weight x prototype loss (cosine, scale omega) + reg_weight x L1
 # drift, the drift without gradient as their code adds it (reg_gradient=True: with). Their milestone
@@ -74,7 +84,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.width = 0  # 0: the architecture's standard width
   c.model.dtype = 'float32'  # compute dtype: 'float32' or 'bfloat16' (params stay float32)
   c.model.pretrained = ''  # a torchvision .pth state dict (ResNet-18 only)
-  c.model.head = 'linear'  # or 'cosine' (LUCIR's classifier: method=rebalance sets it)
+  # or 'linear_no_bias' (the authors' iCaRL classifier: method=icarl sets it) or 'cosine' (LUCIR's:
+  # method=rebalance sets it)
+  c.model.head = 'linear'
   # How the convolutions' gradients are written: 'cpu' (the forms XLA:CPU runs fast), 'xla' (XLA's
   # own), or 'auto': 'cpu' on a CPU, 'xla' elsewhere (f2m_jax/backend.py, the one place that decides).
   c.model.conv_backward = 'auto'

@@ -71,8 +71,8 @@ def get_config(arg: str = ''):
   config.eval.normalize_prototypes = False
   config.runs = 5
   config.crt.update(epochs=13, lr=1e-2, milestones=(8,), lr_gamma=0.01)  # the original's CUB cRT
-  config.icarl.lr = 1e-2  # the original's iCaRL sessions on miniImageNet and CUB
-  config.rebalance.lr = 1e-2  # its schedule is iCaRL's (no Rebalance config in the original)
+  config.icarl.update(lr=1e-2, exemplars='random')  # the original's CUB iCaRL sessions
+  config.rebalance.update(lr=1e-2, lambda_base=5.0)  # the original's CUB Rebalance (its NCM config)
   config.fsll.update(threshold=0.15, lr=5e-4, epochs=10)  # the original's CUB FSLL
 
   variant = common.parse_arg(arg, ('', 'smoke'))

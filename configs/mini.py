@@ -55,7 +55,7 @@ def get_config(arg: str = ''):
   config.runs = 10
   config.crt.update(epochs=15, milestones=(4, 6, 10), lr_gamma=0.1)  # the original's miniImageNet cRT
   config.icarl.lr = 1e-2  # the original's iCaRL sessions on miniImageNet and CUB
-  config.rebalance.lr = 1e-2  # its schedule is iCaRL's (no Rebalance config in the original)
+  config.rebalance.update(lr=1e-2, lambda_base=3.0)  # the original's miniImageNet Rebalance (its NCM config)
   config.fsll.threshold = 0.16  # the original's miniImageNet FSLL
 
   variant = common.parse_arg(arg, ('', 'smoke'))

@@ -78,8 +78,9 @@ def check_source_network(checkpoint: str, config: ml_collections.ConfigDict) -> 
   diff = [f'{k}={saved.get(k)!r} there, {ours[k]!r} here' for k in NETWORK_FIELDS if saved.get(k) != ours[k]]
   if diff:
     raise CheckpointError(f'--checkpoint {checkpoint} holds another network than method={config.method} builds '
-                          f'({"; ".join(diff)}); pass a workdir trained with the same network, or none (the '
-                          'base session is then trained here)')
+                          f'({"; ".join(diff)}); pass a workdir trained with the same network, set these fields '
+                          'to the values there on the command line, or pass none (the base session is then '
+                          'trained here)')
 
 
 def describe_source(checkpoint: str, config: ml_collections.ConfigDict) -> dict:

@@ -34,7 +34,8 @@ NON_RESULT_FIELDS = ('data.data_dir', 'data.tfds_data_dir', 'data.cache_dir', 'b
 # value, so such a workdir resumes unless the current config asks for something else.
 LEGACY_VALUES = {'data.split': '', 'noise.pf_gradient': True, 'noise.bn_updates': 'clean',
                  'noise.backward_weights': 'noisy', 'base.select_on_test': False, 'base.select_every': 1500,
-                 'model.head': 'linear', 'data.synthetic.seed': 0, 'incremental.prototype_norm': 'raw'}
+                 'model.head': 'linear', 'data.synthetic.seed': 0, 'incremental.prototype_norm': 'raw',
+                 'icarl.exemplars': 'herding', 'rebalance.exemplars': 'herding', 'rebalance.classifier': 'nearest_mean'}
 
 # Fields removed since workdirs were written, with the one value whose behaviour the code still
 # computes: a saved config.json holding that value reads as if it did not hold the field (so it

@@ -78,6 +78,60 @@ def test_new_columns_initialise_only_the_new_classes():
   assert abs(np.std(big['fc']['kernel']) / np.sqrt(2 / 64) - 1) < 0.02  # kaiming_normal_, fan_out = 64
 
 
+def test_random_exemplars_draw_per_class():
+  """The authors' `random: true` memory (their sample_data_index): per class, the first m of a random
+  permutation of its images; all of a class that has fewer; a function of the generator's seed."""
+  labels = np.array([0, 1, 0, 1, 2, 0, 1, 0, 2])
+  pool = np.arange(100, 109)
+  draw = lambda seed: icarl.random_exemplars(labels, pool, [0, 1, 2], 2, np.random.default_rng(seed))
+  for seed in range(20):
+    got = draw(seed)
+    assert got.tolist() == draw(seed).tolist()
+    order = np.random.default_rng(seed)  # the same permutations, class after class
+    want = [pool[labels == c][order.permutation(int(np.sum(labels == c)))[:2]] for c in (0, 1, 2)]
+    assert got.tolist() == np.concatenate(want).tolist()
+    assert len(set(got[:2])) == 2 and set(got[:2]) <= {100, 102, 105, 107} and set(got[4:]) == {104, 108}
+  assert len({tuple(draw(seed)) for seed in range(20)}) > 1
+  assert icarl.random_exemplars(labels, pool, [2], 5, np.random.default_rng(0)).tolist() in ([104, 108], [108, 104])
+
+
+def test_icarl_classifier_is_bias_free_with_fan_out_init_float64():
+  """iCaRL's own base classifier (model.head='linear_no_bias', their cf_matrix): logits = embedding @ W
+  with no bias, in float64 against numpy; W drawn N(0, 2 / embedding) (kaiming_normal_, fan_out)."""
+  from conftest import init_variables
+  from f2m_jax.models import build_model
+  from f2m_jax.models.resnet import fan_out_init
+  with jax.enable_x64(True):
+    model = build_model('resnet20', 6, 4, dtype=jnp.float64, head='linear_no_bias')
+    variables = init_variables(model, 16, jax.random.key(1))
+    assert set(variables['params']['fc']) == {'kernel'}
+    x = jax.random.normal(jax.random.key(0), (5, 16, 16, 3), jnp.float64)
+    embedding, logits = jax.jit(lambda v: model.apply(v, x, train=False))(variables)
+    assert logits.dtype == jnp.float64
+    want = np.asarray(embedding, np.float64) @ np.asarray(variables['params']['fc']['kernel'], np.float64)
+    np.testing.assert_allclose(np.asarray(logits), want, rtol=1e-12, atol=1e-14)
+  wide = np.asarray(fan_out_init(jax.random.key(2), (64, 5000)))
+  assert abs(wide.std() / np.sqrt(2 / 64) - 1) < 0.01 and abs(wide.mean()) < 0.01 * np.sqrt(2 / 64)
+
+
+def test_icarl_defaults_are_the_authors():
+  """method=icarl as the authors' configs run it: its own base (plain CE, shuffled batches, the
+  bias-free classifier; FSIL_train_res18_cifar_ICaRL_SGD_01.yml), their session settings
+  (incremental_res18_<dataset>_iCaRL*.yml): 2 exemplars per class by herding (random on CUB), 90
+  epochs of batch 120, lr 0.1 (1e-2 on miniImageNet and CUB) x 0.1 after epochs 50 and 70."""
+  from configs import cifar100, cub200, mini
+  from f2m_jax import pipeline
+  config = cifar100.get_config()
+  config.method = 'icarl'
+  config = pipeline.resolve(config, reads_data=False)
+  assert config.model.head == 'linear_no_bias' and config.base.sampler == 'shuffle' and not config.noise.enabled
+  assert not config.incremental.finetune and not config.eval.normalize_prototypes
+  assert dict(config.icarl) == dict(memory=2, exemplars='herding', epochs=90, batch_size=120, lr=0.1,
+                                    milestones=(50, 70), lr_gamma=0.1, momentum=0.9, weight_decay=5e-4)
+  assert (mini.get_config().icarl.lr, mini.get_config().icarl.exemplars) == (1e-2, 'herding')
+  assert (cub200.get_config().icarl.lr, cub200.get_config().icarl.exemplars) == (1e-2, 'random')
+
+
 def tiny():
   return tiny_protocol('icarl', epochs=3, milestones=(2,), batch_size=8)
 
@@ -104,6 +158,7 @@ def test_icarl_end_to_end(icarl_run):
     assert set(memory[12:16]) <= set(shots[0]) and set(memory[16:]) <= set(shots[1])
     np.testing.assert_array_equal(memory[:12], runner.base_memory)
     assert saved['prototypes'].shape == (10, 32) and np.isfinite(saved['params']['fc']['kernel']).all()
+  assert set(icarl_run.first['params']['fc']) == {'kernel'}  # its own base: the bias-free classifier
 
 
 @pytest.mark.slow

@@ -82,6 +82,46 @@ def test_masked_cross_entropy_ignores_unseen_columns():
   np.testing.assert_allclose(rebalance.masked_cross_entropy(logits, labels, 5), want, rtol=1e-5)
 
 
+def test_cosine_classifier_test_float64():
+  """The authors' Rebalance test (`test_type: CNN`): the argmax of sigma * cos(f(x), w_c) over the
+  seen classes, in float64 against numpy; the zero columns of classes not seen yet never win, also
+  where every seen cosine is negative (a plain argmax would pick them: they score 0)."""
+  rng = np.random.default_rng(4)
+  emb = rng.normal(size=(7, 6))
+  kernel = np.concatenate([rng.normal(size=(6, 5)), np.zeros((6, 3))], axis=1)  # 5 seen, 3 unseen columns
+  kernel[:, 0] = -emb[0] + 0.01 * rng.normal(size=6)  # image 0: every seen cosine negative
+  kernel[:, 1:5] = np.abs(kernel[:, 1:5]) * -np.sign(emb[0])[:, None]
+  sigma = 4.5
+  unit = lambda a, axis: a / np.linalg.norm(a, axis=axis, keepdims=True)
+  want = sigma * unit(emb, 1) @ unit(kernel[:, :5], 0)
+  assert np.all(want[0] < 0)
+  with jax.enable_x64(True):
+    scores = np.asarray(jax.jit(rebalance.cosine_classifier_scores)(jnp.asarray(emb), jnp.asarray(kernel),
+                                                                      jnp.float64(sigma), 5))
+  assert scores.dtype == np.float64
+  np.testing.assert_allclose(scores[:, :5], want, rtol=1e-12, atol=1e-14)
+  assert np.all(scores[:, 5:] == -np.inf)
+  np.testing.assert_array_equal(scores.argmax(1), want.argmax(1))
+  assert np.argmax(sigma * unit(emb, 1)[:1] @ np.concatenate([unit(kernel[:, :5], 0), kernel[:, 5:]], 1)) >= 5
+
+
+def test_rebalance_defaults_are_the_authors():
+  """method=rebalance as the authors' NCM configs run it (incremental_res18_<dataset>_NCM_5shots_SGD.yml,
+  the loss block their Rebalance_model.py reads): lambda_base 4 (miniImageNet 3, CUB 5), K 2, weight 1,
+  margin 0.5; 2 exemplars per class drawn at random; 90 epochs of batch 120, lr 0.1 (1e-2 on
+  miniImageNet and CUB) x 0.1 after epochs 50 and 70; the cosine classifier's test."""
+  from configs import cifar100, cub200, mini
+  config = cifar100.get_config()
+  config.method = 'rebalance'
+  config = pipeline.resolve(config, reads_data=False)
+  assert config.model.head == 'cosine' and config.base.sampler == 'shuffle' and not config.noise.enabled
+  assert dict(config.rebalance) == dict(memory=2, exemplars='random', epochs=90, batch_size=120, lr=0.1,
+                                        milestones=(50, 70), lr_gamma=0.1, momentum=0.9, weight_decay=5e-4,
+                                        lambda_base=4.0, K=2, margin=0.5, weight=1.0, classifier='cosine')
+  assert (mini.get_config().rebalance.lambda_base, mini.get_config().rebalance.lr) == (3.0, 1e-2)
+  assert (cub200.get_config().rebalance.lambda_base, cub200.get_config().rebalance.lr) == (5.0, 1e-2)
+
+
 def tiny():
   """Rebalance's own base session (cosine classifier) learns more slowly than the linear one: 80 base
   steps instead of 40, for a session 1 clearly above chance."""
@@ -101,6 +141,7 @@ def test_rebalance_end_to_end_keeps_old_columns(rebalance_run):
   exp, ck, first = rebalance_run.exp, rebalance_run.ckpts, rebalance_run.first
   assert exp.config.model.head == 'cosine'
   runner = rebalance.RebalanceRunner(exp, first)
+  memories = []
   for run in range(2):
     shots = [protocol.session_shots(exp.bench, 'draws', run, t, 5, 0) for t in (2, 3)]
     saved = [ck.restore_session(run, t, {**runner.template(t), 'exemplars': np.concatenate(shots[:t - 1]),
@@ -111,6 +152,10 @@ def test_rebalance_end_to_end_keeps_old_columns(rebalance_run):
     assert not np.array_equal(kernels[2][:, 8:], 0) and np.all(kernels[1][:, 8:] == 0)  # unseen: still zero
     assert saved[1]['params']['fc']['sigma'] != first['params']['fc']['sigma']  # the scale is trained
     assert np.bincount(exp.bench.train.labels[saved[1]['memory']], minlength=10).tolist() == [2] * 10
+    memories.append(saved[1]['memory'])
+  assert set(memories[0][:12]) <= set(exp.bench.base_train)
+  assert not np.array_equal(memories[0][:12], memories[1][:12])  # drawn at random, each run its own
+  assert 'prototype_norms' not in rebalance_run.results  # classified by the cosine classifier, not by means
 
 
 def test_k_larger_than_a_session_is_refused():

@@ -89,7 +89,8 @@ def test_saved_config_fills_fields_added_later(tmp_path):
       'method': 'f2m', 'noise': {'bound': 0.01, 'pf_gradient': True, 'bn_updates': 'clean', 'backward_weights': 'noisy'},
       'incremental': {'prototype_norm': 'raw'},
       'crt': {'lr': 0.1}, 'data': {'split': '', 'synthetic': {'seed': 0}}, 'base': {'select_on_test': False, 'select_every': 1500},
-      'model': {'head': 'linear'}}
+      'model': {'head': 'linear'}, 'icarl': {'exemplars': 'herding'},
+      'rebalance': {'exemplars': 'herding', 'classifier': 'nearest_mean'}}
 
 
 def test_fields_of_earlier_versions_that_changed_no_result_never_block_a_resume():

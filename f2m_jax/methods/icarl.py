@@ -2,9 +2,12 @@
 `methods/iCaRL_model.py` and `incremental_procedure_buffer.py`; the paper compares with it in every
 main table).
 
-session 1: the Baseline's base network (plain CE, shuffled batches; pass `--checkpoint BASELINE` to
-  reuse one) and NCM over the means of all base training images; then `icarl.memory` exemplars of
-  every base class chosen by herding.
+session 1: iCaRL's own base network, as their FSIL_train_res18_cifar_ICaRL_SGD_01.yml trains it: plain
+  cross-entropy on shuffled batches through a classifier without bias, initialised
+  kaiming_normal_(mode='fan_out') (`model.head='linear_no_bias'`, set by the presets), on the base.*
+  budget; then NCM over the means of all base training images, and `icarl.memory` exemplars of every
+  base class (`icarl.exemplars`: by herding, or drawn at random per run). `--checkpoint W` reuses W's
+  base model instead; a Baseline's (a linear classifier with bias) with `--config.model.head=linear`.
 session t > 1: the whole network and a classifier over every seen class (the previous one plus new
   columns, Kaiming-normal fan-out) trained on the memory and the session's shots together: shuffled
   batches of `icarl.batch_size`, the remainder dropped, `icarl.epochs` epochs, a fresh SGD whose rate
@@ -14,7 +17,8 @@ session t > 1: the whole network and a classifier over every seen class (the pre
   images) for the old ones (`distillation_targets`).
   Classification: nearest mean of exemplars under the new network, with the old classes' means taken
   over their memory and the new classes' over their shots (raw embeddings, Euclidean: the authors'
-  `p_norm: ~`). Then `icarl.memory` exemplars of each new class by herding among its shots.
+  `p_norm: ~`). Then `icarl.memory` exemplars of each new class among its shots, by herding or at
+  random.
 
 The classifier is kept at the size of the last session (columns of unseen classes zero and left out
 of the loss), so one compiled step serves every session.
@@ -37,10 +41,17 @@ from f2m_jax.methods import Method, common
 from f2m_jax.validation import need
 
 
+EXEMPLARS = ('herding', 'random')
+# The heads whose logits iCaRL's distillation reads: its own, and the Baseline's (--checkpoint).
+HEADS = ('linear_no_bias', 'linear')
+
+
 def validate_icarl(config) -> None:
   c = config.icarl
   need(c.memory >= 1 and c.epochs >= 1 and c.batch_size >= 1 and c.lr > 0, 'icarl', dict(c),
        'needs memory, epochs, batch_size >= 1 and lr > 0')
+  need(c.exemplars in EXEMPLARS, 'icarl.exemplars', c.exemplars, f'allowed: {EXEMPLARS}')
+  need(config.model.head in HEADS, 'model.head', config.model.head, f'method=icarl needs one of {HEADS}')
 
 
 def herding(features: np.ndarray, mean: np.ndarray, m: int) -> np.ndarray:
@@ -60,6 +71,18 @@ def herding(features: np.ndarray, mean: np.ndarray, m: int) -> np.ndarray:
   return np.asarray(chosen, np.int64)
 
 
+def random_exemplars(labels: np.ndarray, pool: np.ndarray, classes: Sequence[int], m: int,
+                     rng: np.random.Generator) -> np.ndarray:
+  """The authors' `random: true` memory: for each class in turn, the first `m` of a random
+  permutation of its images in `pool` (all of them where it has fewer), as their
+  sample_data_index. `labels` are those of `pool`."""
+  picks = []
+  for c in classes:
+    members = pool[labels == c]
+    picks.append(members[rng.permutation(len(members))[:m]])
+  return np.concatenate(picks)
+
+
 def distillation_targets(labels: jax.Array, former_logits: jax.Array, num_old, num_classes: int) -> jax.Array:
   """iCaRL's targets: one-hot over `num_classes` columns, the first `num_old` of which are replaced
   by the previous network's sigmoid outputs (its knowledge of the old classes)."""
@@ -76,12 +99,15 @@ def masked_sigmoid_cross_entropy(logits: jax.Array, targets: jax.Array, num_seen
 
 def new_columns(key, params: dict, start: int, stop: int) -> dict:
   """params with classifier columns [start, stop) initialised as the authors' new classifier
-  columns: kaiming_normal_(mode='fan_out') of an [embedding, classes] matrix, N(0, 2 / embedding)."""
-  kernel, bias = params['fc']['kernel'], params['fc']['bias']
+  columns: kaiming_normal_(mode='fan_out') of an [embedding, classes] matrix, N(0, 2 / embedding);
+  a bias, where the head has one (a Baseline's), 0 there."""
+  kernel = params['fc']['kernel']
   dim = kernel.shape[0]
   fresh = jnp.sqrt(2.0 / dim) * jax.random.normal(key, (dim, stop - start), kernel.dtype)
-  return {**params, 'fc': {'kernel': jnp.asarray(kernel).at[:, start:stop].set(fresh),
-                           'bias': jnp.asarray(bias).at[start:stop].set(0.0)}}
+  fc = {'kernel': jnp.asarray(kernel).at[:, start:stop].set(fresh)}
+  if 'bias' in params['fc']:
+    fc['bias'] = jnp.asarray(params['fc']['bias']).at[start:stop].set(0.0)
+  return {**params, 'fc': fc}
 
 
 def pad_classifier(params: dict, num_classes: int) -> dict:
@@ -132,9 +158,11 @@ def make_session_step(network, loss_fn, momentum: float, weight_decay: float, au
 class ICaRLRunner:
   """State of a run: {'params', 'batch_stats'} of the current network (classifier padded to every
   class of the protocol), 'memory' (indices of the exemplars of every class learned before the
-  current session, in class order) and 'prototypes' (the means NCM uses, one per seen class).
+  current session, in class order; None before session 2 where they are drawn per run) and
+  'prototypes' (the means NCM uses, one per seen class).
 
-  A subclass (Rebalance) changes the config section, the session's step and the new columns' init."""
+  A subclass (Rebalance) changes the config section, the session's step, the new columns' init and
+  the classification."""
   section = 'icarl'
 
   def __init__(self, exp, first: dict, ckpts=None, source=None, log=None):
@@ -146,9 +174,13 @@ class ICaRLRunner:
                   'prototypes': np.asarray(first['prototypes'])}
     self.embed = evaluation.make_embed(self.network, bench.mean, bench.std, exp.config.eval.batch_size)
     self.step, self.tx = self.make_step()
-    variables = {'params': self.first['params'], 'batch_stats': self.first['batch_stats']}
-    self.base_memory = self.select(variables, bench.base_train, bench.session_classes[0],
-                                   self.first['prototypes'])
+    counts = np.bincount(bench.train.labels[bench.base_train], minlength=bench.num_base_classes)
+    self.base_memory_size = int(np.minimum(counts[np.asarray(bench.session_classes[0])], cfg.memory).sum())
+    self.base_memory = None  # herding's base memory: the same for every run, chosen once
+    if cfg.exemplars == 'herding':
+      variables = {'params': self.first['params'], 'batch_stats': self.first['batch_stats']}
+      self.base_memory = self.select(variables, bench.base_train, bench.session_classes[0],
+                                     self.first['prototypes'], 0, 1)
 
   def make_step(self):
     bench = self.exp.bench
@@ -158,10 +190,15 @@ class ICaRLRunner:
   def new_columns(self, key, params: dict, start: int, stop: int) -> dict:
     return new_columns(key, params, start, stop)
 
-  def select(self, variables, pool: np.ndarray, classes: Sequence[int], means: np.ndarray) -> np.ndarray:
-    """`icarl.memory` exemplars of each class by herding towards its mean under `variables`."""
-    emb = self.embed(variables, self.exp.train_view(pool))
+  def select(self, variables, pool: np.ndarray, classes: Sequence[int], means: np.ndarray, run: int,
+             session: int) -> np.ndarray:
+    """`memory` exemplars of each class among `pool` after session `session` of run `run`: by herding
+    towards its mean under `variables`, or at random (a function of the seed, run and session)."""
     labels = self.exp.bench.train.labels[pool]
+    if self.cfg.exemplars == 'random':
+      rng = np.random.default_rng([self.exp.config.seed, 8, run, session])
+      return random_exemplars(labels, pool, classes, self.cfg.memory, rng)
+    emb = self.embed(variables, self.exp.train_view(pool))
     picks = []
     for c, mean in zip(classes, means):
       members = np.flatnonzero(labels == c)
@@ -179,7 +216,10 @@ class ICaRLRunner:
     num_old, num_seen = bench.num_seen_classes(session - 1), bench.num_seen_classes(session)
     classes = bench.session_classes[session - 1]
     shots = exemplars[np.isin(bench.train.labels[exemplars], classes)]
-    pool = np.concatenate([state['memory'], shots])
+    memory = state['memory']
+    if memory is None:  # random exemplars: each run draws its own base memory, as theirs
+      memory = self.select(None, bench.base_train, bench.session_classes[0], None, run, 1)
+    pool = np.concatenate([memory, shots])
     if cfg.batch_size > len(pool):
       raise ValueError(f'{self.section}.batch_size={cfg.batch_size} exceeds the {len(pool)} images of run {run} '
                        f'session {session} (memory and shots); the last batch of an epoch is dropped')
@@ -199,7 +239,7 @@ class ICaRLRunner:
     variables = {'params': jax.device_get(params), 'batch_stats': jax.device_get(batch_stats)}
     emb = self.embed(variables, exp.train_view(pool))
     protos = evaluation.prototypes(emb, bench.train.labels[pool], range(num_seen))
-    memory = np.concatenate([state['memory'], self.select(variables, shots, classes, protos[num_old:])])
+    memory = np.concatenate([memory, self.select(variables, shots, classes, protos[num_old:], run, session)])
     return {**variables, 'memory': memory, 'prototypes': protos}, {'losses': losses, 'images': int(len(pool))}
 
   def accuracies(self, state, session: int) -> dict:
@@ -209,7 +249,7 @@ class ICaRLRunner:
     bench = self.exp.bench
     per_novel = min(self.cfg.memory, self.exp.config.data.shots)
     novel = bench.num_seen_classes(session) - bench.num_base_classes
-    memory = np.zeros((len(self.base_memory) + novel * per_novel,), np.int64)
+    memory = np.zeros((self.base_memory_size + novel * per_novel,), np.int64)
     dim = self.first['prototypes'].shape[1]
     return {**self.exp.variables_template(self.network), 'memory': memory,
             'prototypes': np.zeros((bench.num_seen_classes(session), dim), np.float32)}
@@ -224,7 +264,10 @@ class ICaRLRunner:
     return evaluation.prototype_norms(state['prototypes'], self.exp.bench.num_base_classes)
 
 
-ICARL = Method('icarl', common.BASELINE_PRESETS,  # the Baseline's base session; NCM over raw means
-                common.base_model, ICaRLRunner,
-               "the Baseline's base; whole network on memory + shots with iCaRL's distillation; "
-               'nearest mean of exemplars', section='icarl', validate=validate_icarl)
+# The Baseline's base session (plain CE, shuffled batches) with the authors' iCaRL classifier: no bias,
+# Kaiming fan-out init; NCM over raw means.
+PRESETS = {**common.BASELINE_PRESETS, 'model.head': 'linear_no_bias'}
+
+ICARL = Method('icarl', PRESETS, common.base_model, ICaRLRunner,
+               "its own base (CE, a bias-free classifier); whole network on memory + shots with iCaRL's "
+               'distillation; nearest mean of exemplars', section='icarl', validate=validate_icarl)

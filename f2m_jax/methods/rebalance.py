@@ -1,13 +1,16 @@
 """Rebalance (LUCIR: Hou et al., "Learning a Unified Classifier Incrementally via Rebalancing", CVPR
-2019) as the F2M authors re-implemented it for few-shot class-incremental learning (their
-`methods/Rebalance_model.py` on `incremental_procedure_buffer.py`, a subclass of their iCaRL; the
-paper compares with it in every main table).
+2019) as the F2M authors re-implemented it for few-shot class-incremental learning and configured it
+(their `methods/Rebalance_model.py` on `incremental_procedure_buffer.py`, a subclass of their iCaRL;
+their configs `FSIL_train_res18_cifar_NCM_SGD.yml` and `incremental_res18_cifar_NCM_5shots_SGD.yml`,
+which name a model `NCMModel` missing from the release but hold the loss block Rebalance_model.py
+reads; the paper cites the method as [NCM] and compares with it in every main table).
 
 session 1: a network whose classifier is cosine-normalised with a learned scale (`model.head='cosine'`:
   logits = sigma * cos(f(x), w_c)), trained by plain cross-entropy on shuffled batches, the Baseline's
   schedule otherwise. Its base model is its own: a Baseline workdir (linear classifier) cannot be
-  passed as --checkpoint. NCM over the means of all base training images; then `rebalance.memory`
-  exemplars of every base class by herding (iCaRL's).
+  passed as --checkpoint. The means of all base training images (for `rebalance.classifier=
+  'nearest_mean'`), then `rebalance.memory` exemplars of every base class (`rebalance.exemplars`:
+  drawn at random per run, their `random: true`, or by herding).
 session t > 1: the whole network and the classifier trained on the memory and the session's shots
   together (shuffled batches of `rebalance.batch_size`, the remainder dropped, `rebalance.epochs`
   epochs, a fresh SGD x lr_gamma after each milestone epoch, BN in train mode). The new classes'
@@ -18,27 +21,35 @@ session t > 1: the whole network and the classifier trained on the memory and th
     (`less_forget`, the previous session's network in eval mode on the same augmented images)
   + inter-class separation: margin ranking of each old-class image's ground-truth cosine against the
     K highest novel-class cosines (`inter_class_separation`).
-  Classification: nearest mean of exemplars as iCaRL (raw embeddings, Euclidean). Then
-  `rebalance.memory` exemplars of each new class by herding among its shots.
+  Then `rebalance.memory` exemplars of each new class among its shots.
+Classification in every session: the cosine classifier's argmax over the seen classes
+(`rebalance.classifier='cosine'`, their `test_type: CNN`; `cosine_classifier_scores`), or the nearest
+mean of exemplars as iCaRL (`'nearest_mean'`, raw embeddings, Euclidean).
 
 Not in the authors' code, so not here: LUCIR's class-balanced fine-tuning of the classifier after
-each session. Their repository has no configuration file for Rebalance, so its settings are LUCIR's
-published ones (lambda_base 5, K 2, margin 0.5) on the authors' iCaRL session schedule (config.rebalance,
-configs/common.py); none was chosen on data here.
+each session. The settings are their configs' (config.rebalance, configs/common.py): lambda_base 4
+on CIFAR-100 (3 miniImageNet, 5 CUB; LUCIR's paper 5 on CIFAR-100), K 2, margin 0.5, weight 1, on
+iCaRL's session schedule; none was chosen on data here.
 """
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
+from f2m_jax import evaluation
+from f2m_jax.data import protocol as protocol_lib
 from f2m_jax.methods import Method, common, icarl
 from f2m_jax.validation import need
 from f2m_jax.models import cosine_scores, uniform_columns
 
 
-# The Baseline's base session with LUCIR's cosine classifier; NCM over raw means.
+# The Baseline's base session (plain CE, shuffled batches) with LUCIR's cosine classifier.
 PRESETS = {**common.BASELINE_PRESETS, 'model.head': 'cosine'}
+
+
+CLASSIFIERS = ('cosine', 'nearest_mean')
 
 
 def validate_rebalance(config) -> None:
@@ -46,6 +57,8 @@ def validate_rebalance(config) -> None:
   need(r.memory >= 1 and r.epochs >= 1 and r.batch_size >= 1 and r.lr > 0 and r.K >= 1 and r.margin >= 0
        and r.lambda_base >= 0 and r.weight >= 0, 'rebalance', dict(r),
        'needs memory, epochs, batch_size, K >= 1, lr > 0, margin, lambda_base, weight >= 0')
+  need(r.exemplars in icarl.EXEMPLARS, 'rebalance.exemplars', r.exemplars, f'allowed: {icarl.EXEMPLARS}')
+  need(r.classifier in CLASSIFIERS, 'rebalance.classifier', r.classifier, f'allowed: {CLASSIFIERS}')
   need(config.model.head == 'cosine', 'model.head', config.model.head, "method=rebalance needs 'cosine' (LUCIR's "
        'classifier)')
 
@@ -77,6 +90,14 @@ def inter_class_separation(cos: jax.Array, labels: jax.Array, num_old, num_seen,
   old = (labels < num_old).astype(cos.dtype)[:, None]
   hinge = jnp.maximum(0.0, margin - (gt - top)) * old
   return weight * jnp.sum(hinge) / jnp.maximum(k * jnp.sum(old), 1.0)
+
+
+def cosine_classifier_scores(embedding: jax.Array, kernel: jax.Array, sigma, num_seen) -> jax.Array:
+  """The scores the authors' Rebalance test ranks (`test_type: CNN`, their CNN_test): sigma * cos(f(x),
+  w_c) for the seen classes' columns, -inf for the rest (classes not seen yet, whose zero columns
+  would otherwise score 0 against negative cosines). The prediction is their argmax."""
+  scores = sigma * cosine_scores(embedding, kernel)
+  return jnp.where(jnp.arange(kernel.shape[-1]) < num_seen, scores, -jnp.inf)
 
 
 def masked_cross_entropy(logits: jax.Array, labels: jax.Array, num_seen) -> jax.Array:
@@ -137,8 +158,25 @@ class RebalanceRunner(icarl.ICaRLRunner):
   def new_columns(self, key, params: dict, start: int, stop: int) -> dict:
     return new_columns(key, params, start, stop)
 
+  def accuracies(self, state, session: int) -> dict:
+    if self.cfg.classifier == 'nearest_mean':
+      return super().accuracies(state, session)
+    bench = self.exp.bench
+    idx = protocol_lib.test_indices(bench, session)
+    emb = self.embed({'params': state['params'], 'batch_stats': state['batch_stats']}, bench.test.images[idx])
+    fc = state['params']['fc']
+    scores = _scores(emb, np.asarray(fc['kernel']), np.asarray(fc['sigma']), bench.num_seen_classes(session))
+    return evaluation.accuracies_from_predictions(np.argmax(np.asarray(scores), -1), bench.test.labels[idx],
+                                                  bench.num_base_classes)
+
+  def norms(self, state):
+    return super().norms(state) if self.cfg.classifier == 'nearest_mean' else None
+
+
+_scores = jax.jit(cosine_classifier_scores)
+
 
 REBALANCE = Method('rebalance', PRESETS, common.base_model, RebalanceRunner,
                    "LUCIR's cosine classifier base; whole network on memory + shots with less-forget and "
-                   'margin-ranking losses, old columns frozen; nearest mean of exemplars',
+                   "margin-ranking losses, old columns frozen; the cosine classifier's argmax",
                    section='rebalance', validate=validate_rebalance)

@@ -40,6 +40,12 @@ def fc_init(key, shape, dtype=jnp.float32) -> jax.Array:
   return _scaled_normal(key, shape, dtype, 1e-3)
 
 
+def fan_out_init(key, shape, dtype=jnp.float32) -> jax.Array:
+  """The authors' iCaRL classifier init: kaiming_normal_(mode='fan_out') of their [embedding, classes]
+  matrix (a 2-d tensor's fan_out is its first dimension), N(0, 2 / embedding)."""
+  return _scaled_normal(key, shape, dtype, np.sqrt(np.asarray(2.0 / shape[0], dtype)))
+
+
 BN_MOMENTUM = 0.1  # PyTorch's convention: running = (1 - m) * running + m * batch statistic
 BN_EPSILON = 1e-5
 
@@ -313,7 +319,9 @@ class ResNet(nn.Module):
     num_classes: outputs of the classifier (the base classes).
     clean_backward: how noised convs are differentiated (see `conv2d`); False (the default, as
       config.noise.backward_weights='noisy'): at the noisy weights; True: at the clean weights.
-    head: 'linear' (Dense `fc`) or 'cosine' (`CosineClassifier`: LUCIR's, for method=rebalance).
+    head: 'linear' (Dense `fc`), 'linear_no_bias' (a Dense `fc` without bias, `fan_out_init`: the
+      authors' iCaRL classifier, for method=icarl) or 'cosine' (`CosineClassifier`: LUCIR's, for
+      method=rebalance).
     conv_backward: how the convolutions' gradients are written ('xla' or 'cpu'; see `conv2d`).
   """
   stage_sizes: Sequence[int]
@@ -366,6 +374,8 @@ class ResNet(nn.Module):
     if self.head == 'linear':
       logits = nn.Dense(self.num_classes, kernel_init=fc_init,
                         bias_init=nn.initializers.zeros, name='fc')(embedding)
+    elif self.head == 'linear_no_bias':
+      logits = nn.Dense(self.num_classes, use_bias=False, kernel_init=fan_out_init, name='fc')(embedding)
     elif self.head == 'cosine':
       logits = CosineClassifier(self.num_classes, name='fc')(embedding)
     else:
@@ -373,7 +383,7 @@ class ResNet(nn.Module):
     return embedding, logits
 
 
-HEADS = ('linear', 'cosine')
+HEADS = ('linear', 'linear_no_bias', 'cosine')
 
 
 def cosine_scores(embedding: jax.Array, kernel: jax.Array) -> jax.Array:
