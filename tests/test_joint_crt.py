@@ -71,6 +71,21 @@ def test_joint_sessions_start_from_the_pretrained_trunk(monkeypatch):
   assert state.params['fc']['kernel'].shape[-1] == 10
 
 
+def test_crt_reinitialises_any_head_of_the_linear_family():
+  """cRT's fresh classifier, N(0, 0.001) and a zero bias, also for the bias-free head
+  (model.head='linear_no_bias'); the trunk untouched."""
+  import jax
+  from f2m_jax.methods import joint
+  trunk = {'conv1': {'kernel': np.ones((3, 3, 3, 4), np.float32)}}
+  linear = {**trunk, 'fc': {'kernel': np.ones((64, 10), np.float32), 'bias': np.ones(10, np.float32)}}
+  fresh = joint._reinit_classifier(linear, jax.random.key(0))  # pylint: disable=protected-access
+  assert np.all(np.asarray(fresh['fc']['bias']) == 0) and np.abs(np.asarray(fresh['fc']['kernel'])).max() < 1e-2
+  no_bias = joint._reinit_classifier({**trunk, 'fc': {'kernel': linear['fc']['kernel']}}, jax.random.key(0))  # pylint: disable=protected-access
+  assert set(no_bias['fc']) == {'kernel'}
+  np.testing.assert_array_equal(no_bias['fc']['kernel'], fresh['fc']['kernel'])
+  chex.assert_trees_all_equal(no_bias['conv1'], trunk['conv1'])
+
+
 @pytest.mark.slow
 def test_joint_and_crt_end_to_end(workdirs):
   root, joint, crt = workdirs

@@ -123,10 +123,13 @@ class JointRunner:
 # ----------------------------------------------------------------------------- cRT
 
 def _reinit_classifier(params, key):
-  """The classifier re-initialised as the original: N(0, 0.001) weights, zero bias."""
-  fc = params['fc']
-  return {**params, 'fc': {'kernel': 1e-3 * jax.random.normal(key, fc['kernel'].shape, fc['kernel'].dtype),
-                           'bias': jnp.zeros_like(fc['bias'])}}
+  """The classifier re-initialised as the original: N(0, 0.001) weights, zero bias (where the head
+  has one; another head's other parameters kept)."""
+  fc = dict(params['fc'])
+  fc['kernel'] = 1e-3 * jax.random.normal(key, fc['kernel'].shape, fc['kernel'].dtype)
+  if 'bias' in fc:
+    fc['bias'] = jnp.zeros_like(fc['bias'])
+  return {**params, 'fc': fc}
 
 
 def retrain_classifier(exp, network, variables, pool: np.ndarray, key, stream: tuple) -> dict:
