@@ -24,7 +24,6 @@ import ml_collections  # noqa: E402
 import numpy as np  # noqa: E402
 import orbax.checkpoint as ocp  # noqa: E402
 
-from configs import common  # noqa: E402
 from f2m_jax import evaluation, pipeline  # noqa: E402
 from f2m_jax import experiment as experiment_lib  # noqa: E402
 from f2m_jax import workdir as workdir_lib  # noqa: E402
@@ -36,7 +35,7 @@ def main() -> None:
   parser.add_argument('workdir')
   parser.add_argument('--watch', type=float, default=0.0, help='poll every SECONDS until the run ends')
   args = parser.parse_args()
-  saved = workdir_lib.saved_config(args.workdir, common.base_config().to_dict())
+  saved = workdir_lib.recorded_config(os.path.join(args.workdir, 'config.json'))
   config = pipeline.resolve(ml_collections.ConfigDict(saved))
   bench = sources.load_benchmark(config)
   exp = experiment_lib.Experiment.create(config, bench)

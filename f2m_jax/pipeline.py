@@ -36,23 +36,33 @@ from f2m_jax.train_loop import selection_info
 
 def resolve(config: ml_collections.ConfigDict, changes: Optional[dict] = None,
             reads_data: bool = True) -> ml_collections.ConfigDict:
-  """The effective config: the method's presets (f2m_jax/methods; e.g. `method=baseline` turns off
-  noise, fine-tuning and PN and uses shuffled batches, as the paper's Baseline) over the config
-  file's values, except on the fields the user changed on the command line (`changes`, the
-  `origin['changes']` of `run`); every 'auto' resolved to its value on this backend
-  (f2m_jax/backend.py); every value validated; and (`reads_data`) the data folder it will read
-  checked. Nothing is written before this passes. The bench's whole runs pass reads_data=False: they
-  train on random data of the config's shapes."""
+  """The effective config (`effective`), every value validated and (`reads_data`) the data folder it
+  will read checked (`validate`). Nothing is written before this passes."""
+  config = effective(config, changes)
+  validate(config, reads_data)
+  return config
+
+
+def effective(config: ml_collections.ConfigDict, changes: Optional[dict] = None) -> ml_collections.ConfigDict:
+  """The method's presets (f2m_jax/methods; e.g. `method=baseline` turns off noise, fine-tuning and PN
+  and uses shuffled batches, as the paper's Baseline) over the config file's values, except on the
+  fields the user changed on the command line (`changes`, the `origin['changes']` of `run`), and
+  every 'auto' resolved to its value on this backend (f2m_jax/backend.py)."""
   config = ml_collections.ConfigDict(config.to_dict())
-  method = registry.get(config.method)
-  apply_presets(config, method.presets, keep=changes or {})
-  config = backend.resolve(config)
+  apply_presets(config, registry.get(config.method).presets, keep=changes or {})
+  return backend.resolve(config)
+
+
+def validate(config: ml_collections.ConfigDict, reads_data: bool = True) -> None:
+  """Every value of an effective config checked (validation.py, the method's `validate`), and with
+  `reads_data` the data folder it will read. The bench's whole runs train on random data of the
+  config's shapes: they pass reads_data=False."""
   validation.validate(config)
+  method = registry.get(config.method)
   if method.validate is not None:
     method.validate(config)
   if reads_data:
     validation.check_data_folder(config)
-  return config
 
 
 def apply_presets(config: ml_collections.ConfigDict, presets, keep=()) -> None:
@@ -62,63 +72,6 @@ def apply_presets(config: ml_collections.ConfigDict, presets, keep=()) -> None:
     if field not in keep:
       *sections, name = field.split('.')
       functools.reduce(lambda node, key: node[key], sections, config)[name] = value
-
-
-NETWORK_FIELDS = ('model.arch', 'model.width', 'model.head')
-
-
-def check_source_network(checkpoint: str, config: ml_collections.ConfigDict) -> None:
-  """--checkpoint W must hold the network this config builds (W's config.json, fields added since
-  read as their legacy values): else a clear error instead of orbax's tree mismatch."""
-  path = os.path.join(checkpoint, 'config.json')
-  if not os.path.exists(path):
-    return  # a folder of checkpoints alone: restoring will tell
-  saved = workdir_lib.flat_items(workdir_lib.saved_config(checkpoint, config.to_dict()))
-  ours = workdir_lib.flat_items(config.to_dict())
-  diff = [f'{k}={saved.get(k)!r} there, {ours[k]!r} here' for k in NETWORK_FIELDS if saved.get(k) != ours[k]]
-  if diff:
-    raise CheckpointError(f'--checkpoint {checkpoint} holds another network than method={config.method} builds '
-                          f'({"; ".join(diff)}); pass a workdir trained with the same network, set these fields '
-                          'to the values there on the command line, or pass none (the base session is then '
-                          'trained here)')
-
-
-def describe_source(checkpoint: str, config: ml_collections.ConfigDict) -> dict:
-  """What --checkpoint W's base model is, for config.json and results.json's provenance: W's absolute
-  path, the method and config that trained it (W/config.json; None where W has none), the
-  result-relevant fields where that config differs from this run's ({field: [there, here]}), how
-  its base model was chosen (`selection`, results.json's base_model), the commit of W's
-  results.json (None where W has none), and, where W's method is not this run's, a plain `note`
-  such as 'baseline sessions on a base model trained by f2m'. Raises CheckpointError where W does
-  not exist, holds no base model or holds another network."""
-  if not os.path.isdir(checkpoint):
-    raise CheckpointError(f'--checkpoint {checkpoint} does not exist: pass a workdir that holds a trained base '
-                          'model (its checkpoints/model), or drop --checkpoint to train one here')
-  if not checkpoint_lib.has_base_model(checkpoint):
-    raise CheckpointError(f'--checkpoint {checkpoint} holds no base model ({os.path.join(checkpoint, "checkpoints", "model")} '
-                          'is missing): train it first, or pass another workdir')
-  check_source_network(checkpoint, config)
-  out = {'path': os.path.abspath(checkpoint), 'method': None, 'differences': None, 'commit': None}
-  ours = config.to_dict()
-  if os.path.exists(os.path.join(checkpoint, 'config.json')):
-    saved = workdir_lib.saved_config(checkpoint, ours)
-    there, here = workdir_lib.flat_items(saved), workdir_lib.flat_items(ours)
-    out['method'] = saved.get('method')
-    out['differences'] = {k: [there.get(k), here.get(k)] for k in workdir_lib.config_differences(
-        saved, ours, method_sections=registry.method_sections())}
-    source = Checkpoints(checkpoint, read_only=True)
-    try:
-      out['selection'] = selection_info(ml_collections.ConfigDict(saved), source)  # the source's own steps
-    finally:
-      source.close()
-  results_path = os.path.join(checkpoint, 'results.json')
-  if os.path.exists(results_path):
-    git = (workdir_lib.read_json(results_path).get('provenance') or {}).get('git') or {}
-    out['commit'] = git.get('commit')
-    out['dirty'] = git.get('dirty')
-  if out['method'] and out['method'] != config.method:
-    out['note'] = f'{config.method} sessions on a base model trained by {out["method"]}'
-  return out
 
 
 def run(config: ml_collections.ConfigDict, workdir: str, mode: str = 'train',
@@ -131,16 +84,17 @@ def run(config: ml_collections.ConfigDict, workdir: str, mode: str = 'train',
   results.json exists is complete: train mode returns its results and rewrites nothing (but a
   missing results.csv). `origin` ({'config': the --config argument, 'changes': {field: value} set on
   the command line}, f2m_jax/cli.py) decides which presets apply (`resolve`) and goes into the
-  results' provenance and the start-up line; so does --checkpoint's `base_source` (`describe_source`),
-  as where the base model came from (a run on the same base model from its own workdir computes the
-  same results)."""
-  config = resolve(config, (origin or {}).get('changes'))
-  base_source = describe_source(checkpoint, config) if checkpoint else None
+  results' provenance and the start-up line; so does --checkpoint's `base_source`, as where the base
+  model came from (a run on the same base model from its own workdir computes the same results)."""
+  config = effective(config, (origin or {}).get('changes'))
+  workdir_lib.check_records(workdir, config.to_dict(), registry.method_sections(), source_path(checkpoint))
+  validate(config)
   if mode == 'eval' and not any(os.path.exists(os.path.join(workdir, r)) for r in workdir_lib.RECORDS):
     raise CheckpointError(f'nothing to evaluate: {workdir} holds no run (no config.json); --mode eval recomputes '
                           'the results of a trained workdir from its checkpoints. Train it first (without '
                           '--mode eval)')
-  exp = check(config, sources.load_benchmark(config), checkpoint)
+  exp = check(config, sources.load_benchmark(config))
+  base_source = source(checkpoint, exp) if checkpoint else None
   lock = workdir_lib.prepare(workdir, config.to_dict(), registry.method_sections(), base_source=base_source)
   try:
     if mode == 'train' and os.path.exists(os.path.join(workdir, 'results.json')):
@@ -152,20 +106,74 @@ def run(config: ml_collections.ConfigDict, workdir: str, mode: str = 'train',
     lock.close()
 
 
-def check(config: ml_collections.ConfigDict, bench, checkpoint: Optional[str] = None) -> Experiment:
-  """The run's Experiment, once what the data, the network and --checkpoint's base model allow is
-  checked (before anything is written): the network and its noise set (noise.num_layers), the data's
-  limits (validation.check_benchmark), and --checkpoint's base model read into this network's shapes
-  (the number of base classes, a corrupt file)."""
+def source_path(checkpoint: Optional[str]) -> Optional[dict]:
+  """--checkpoint as the records compare it (the `path` of `source`'s description), None without one."""
+  return {'path': os.path.abspath(checkpoint)} if checkpoint else None
+
+
+def check(config: ml_collections.ConfigDict, bench) -> Experiment:
+  """The run's Experiment, once what the data and the network allow is checked (before anything is
+  written): the network and its noise set (noise.num_layers), the data's limits
+  (validation.check_benchmark)."""
   exp = Experiment.create(config, bench)
   validation.check_benchmark(exp)
-  if checkpoint:
-    source = Checkpoints(checkpoint, read_only=True)
-    try:
-      source.restore_model(common.model_template(exp))
-    finally:
-      source.close()
   return exp
+
+
+NETWORK_FIELDS = ('model.arch', 'model.width', 'model.head')
+
+
+def source(checkpoint: str, exp: Experiment) -> dict:
+  """--checkpoint W's base model, checked before anything is written (W exists and holds a base
+  model of this network: W/config.json's NETWORK_FIELDS, then its arrays read into this network's
+  shapes; else a CheckpointError), and described for config.json and results.json's provenance:
+  W's absolute path, the method and config that trained it (None where W has no config.json), the
+  result-relevant fields where that config differs from this run's ({field: [there, here]}), how its
+  base model was chosen (`selection`), the commit of W's results.json (None where W has none), and,
+  where W's method is not this run's, a plain `note` such as 'baseline sessions on a base model
+  trained by f2m'."""
+  saved, ours = source_config(checkpoint, exp.config), exp.config.to_dict()
+  out = {'path': os.path.abspath(checkpoint), 'method': None, 'differences': None, 'commit': None}
+  ckpts = Checkpoints(checkpoint, read_only=True)
+  try:
+    ckpts.restore_model(common.model_template(exp))
+    if saved is not None:
+      there, here = workdir_lib.flat_items(saved), workdir_lib.flat_items(ours)
+      fields = workdir_lib.config_differences(saved, ours, method_sections=registry.method_sections())
+      out.update(method=saved.get('method'), differences={k: [there.get(k), here.get(k)] for k in fields})
+      out['selection'] = selection_info(ml_collections.ConfigDict(saved), ckpts)  # the source's own steps
+  finally:
+    ckpts.close()
+  results = os.path.join(checkpoint, 'results.json')
+  if os.path.exists(results):
+    git = (workdir_lib.read_json(results).get('provenance') or {}).get('git') or {}
+    out.update(commit=git.get('commit'), dirty=git.get('dirty'))
+  if out['method'] and out['method'] != exp.config.method:
+    out['note'] = f'{exp.config.method} sessions on a base model trained by {out["method"]}'
+  return out
+
+
+def source_config(checkpoint: str, config: ml_collections.ConfigDict) -> Optional[dict]:
+  """The config W/config.json records (workdir.recorded_config), None where W has none; a
+  CheckpointError where W holds no base model, or one of another network than `config` builds."""
+  if not os.path.isdir(checkpoint):
+    raise CheckpointError(f'--checkpoint {checkpoint} does not exist: pass a workdir that holds a trained base '
+                          'model (its checkpoints/model), or drop --checkpoint to train one here')
+  if not checkpoint_lib.has_base_model(checkpoint):
+    raise CheckpointError(f'--checkpoint {checkpoint} holds no base model ({os.path.join(checkpoint, "checkpoints", "model")} '
+                          'is missing): train it first, or pass another workdir')
+  path = os.path.join(checkpoint, 'config.json')
+  if not os.path.exists(path):
+    return None  # a folder of checkpoints alone: restoring will tell
+  saved = workdir_lib.recorded_config(path, registry.method_sections())
+  there, ours = workdir_lib.flat_items(saved), workdir_lib.flat_items(config.to_dict())
+  diff = [f'{k}={there.get(k)!r} there, {ours[k]!r} here' for k in NETWORK_FIELDS if there.get(k) != ours[k]]
+  if diff:
+    raise CheckpointError(f'--checkpoint {checkpoint} holds another network than method={config.method} builds '
+                          f'({"; ".join(diff)}); pass a workdir trained with the same network, set these fields '
+                          'to the values there on the command line, or pass none (the base session is then '
+                          'trained here)')
+  return saved
 
 
 def finished(workdir: str) -> dict:
@@ -211,14 +219,19 @@ def compute(exp: Experiment, workdir: str, mode: str, checkpoint: Optional[str],
                                      per_run, norms if all(n is not None for n in norms) else None)
   results['base_model'] = base_info
   wall = round(time.time() - t0, 1)
-  results['provenance'] = {**workdir_lib.provenance(config.to_dict()), 'choices': backend.used(config),
-                           'wall_time_s': round(sum(earlier) + wall, 1), 'invocation_times_s': earlier + [wall],
-                           **({'origin': origin} if origin else {}),
-                           **({'base_source': base_source} if base_source else {})}
+  results['provenance'] = run_provenance(config, earlier + [wall], origin, base_source)
   log.write(phase='done', mode=mode, wall_time_s=wall,
             base_checkpoint=os.path.abspath(checkpoint) if checkpoint else None)
   log.close()
   return results
+
+
+def run_provenance(config, times: list, origin: Optional[dict], base_source: Optional[dict]) -> dict:
+  """results.json's provenance: workdir.provenance, what each 'auto' became, the seconds of each
+  invocation that trained the run (`times`) and their sum, and `origin` and `base_source` where given."""
+  return {**workdir_lib.provenance(config.to_dict()), 'choices': backend.used(config),
+          'wall_time_s': round(sum(times), 1), 'invocation_times_s': times,
+          **({'origin': origin} if origin else {}), **({'base_source': base_source} if base_source else {})}
 
 
 def start_line(config, bench, workdir: str, mode: str, ckpts: Checkpoints, base_source: Optional[dict],
@@ -280,7 +293,9 @@ def run_flatness(config: ml_collections.ConfigDict, workdir: str, checkpoint: Op
   """--mode flatness: I and sigma^2 of the base loss around the base model of `workdir` (or of
   `checkpoint`) on the base training images and the base classes' test images; writes flatness.json.
   `origin`: as `run`'s, for the start-up line and the provenance."""
-  config = resolve(config, (origin or {}).get('changes'))
+  config = effective(config, (origin or {}).get('changes'))
+  workdir_lib.check_records(workdir, config.to_dict(), registry.method_sections(), source_path(checkpoint))
+  validate(config)
   bench = sources.load_benchmark(config)
   exp = Experiment.create(config, bench)
   ckpts = Checkpoints(checkpoint or workdir, read_only=True)

@@ -14,47 +14,25 @@ from typing import Iterable, Optional
 import jax
 from flax import traverse_util
 
-from f2m_jax.command_line import RENAMED_FIELDS  # read in saved config.json files too (renamed)
+from configs import common as config_defaults
 from f2m_jax.data import download
 
 # Fields that never change what a run computes, or only how it is rounded (paths, logging, how the
 # programs are laid out, batching and caching of evaluation, other modes' settings): a workdir may be
-# resumed or evaluated with different values of these. A name ending in '.' covers every field below
-# it. Some are fields of earlier versions, still found in saved config.json files.
+# resumed or evaluated with different values of these. A name ending in '.' covers every field below it.
 NON_RESULT_FIELDS = ('data.data_dir', 'data.tfds_data_dir', 'data.cache_dir', 'base.log_every',
                      'base.checkpoint_every', 'base.steps_per_call', 'noise.draw_map', 'model.conv_backward',
                      'members.map', 'eval.batch_size', 'eval.cache_trunk', 'distributed', 'tensorboard',
-                     'compilation_cache', 'bench.', 'flatness.',
-                     'base.data_placement', 'base.prefetch', 'incremental.parallel_runs', 'compile_ahead',
-                     'set_by_user')
+                     'compilation_cache', 'bench.', 'flatness.')
 
-
-# Fields added after workdirs were already being written, with the value that reproduces what a run
-# did before the field existed: a saved config.json without the field is compared as if it held this
-# value, so such a workdir resumes unless the current config asks for something else.
-LEGACY_VALUES = {'data.split': '', 'noise.pf_gradient': True, 'noise.bn_updates': 'clean',
-                 'noise.backward_weights': 'noisy', 'base.select_on_test': False, 'base.select_every': 1500,
-                 'model.head': 'linear', 'data.synthetic.seed': 0, 'incremental.prototype_norm': 'raw',
-                 'icarl.exemplars': 'herding', 'rebalance.exemplars': 'herding', 'rebalance.classifier': 'nearest_mean'}
-
-# Fields removed since workdirs were written, with the one value whose behaviour the code still
-# computes: a saved config.json holding that value reads as if it did not hold the field (so it
-# resumes), any other value stays and is reported as a difference (so it is refused).
-# noise.pf_classes: 'all_base' only rescaled lambda by |C_z|/|C^1| (docs/method.md, Eq. 4).
-REMOVED_FIELDS = {'noise.pf_classes': 'batch'}
-
-
-def renamed(flat: dict) -> dict:
-  """Flat config items in the current names: RENAMED_FIELDS' old names and values translated to the
-  new ones, and REMOVED_FIELDS dropped where they hold the value the code still computes."""
-  out = dict(flat)
-  for old, (new, values) in RENAMED_FIELDS.items():
-    if old in out:
-      out[new] = values[out.pop(old)]
-  for field, value in REMOVED_FIELDS.items():
-    if field in out and out[field] == value:
-      del out[field]
-  return out
+# How a saved config.json is read (docs/development.md, "Adding a config field"): one of CONFIG_FORMAT
+# takes the defaults of the fields it lacks; one of another format (0: it records none) is read as it
+# stands. Bump it where a field's default stops computing what the code computed before.
+CONFIG_FORMAT = 1
+SOURCE_KEY = 'base_source'  # config.json's record of --checkpoint's base model
+FORMAT_KEY, GIT_KEY = 'config_format', 'git'  # and of how it was written
+RECORD_KEYS = (SOURCE_KEY, FORMAT_KEY, GIT_KEY)  # not config fields
+ABSENT = '<absent>'
 
 
 class WorkdirError(RuntimeError):
@@ -72,21 +50,57 @@ def flat_items(d: dict, prefix: str = '') -> dict:
   return out
 
 
-def config_differences(saved: dict, current: dict, ignore: Iterable[str] = NON_RESULT_FIELDS,
-                       method_sections: Optional[dict] = None) -> list:
-  """Dotted names of fields whose values differ (or exist on one side only), ignoring `ignore`.
-  `method_sections` ({section: method}, f2m_jax/registry.py) names the sections one method alone
-  reads: they are compared only when one of the two configs runs that method (so a workdir written
-  before a method existed resumes, and its settings never block another method's resume)."""
-  a, b = renamed(flat_items(saved)), flat_items(current)
-  a.update({k: v for k, v in LEGACY_VALUES.items() if k not in a and k in b})
+def default_items(folder: bool) -> dict:
+  """Every field's default (configs/common.py) as flat items, the folder source's section with `folder`."""
+  config = config_defaults.base_config()
+  if folder:
+    config.data.folder = config_defaults.folder_section()
+  return flat_items(config.to_dict())
+
+
+def saved_items(saved: dict, defaults: dict) -> dict:
+  """The fields of a saved config (config.json's contents), as flat items; where it is of
+  CONFIG_FORMAT, `defaults` ({field: value}) fills the fields it lacks."""
+  items = flat_items({k: v for k, v in saved.items() if k not in RECORD_KEYS})
+  return {**defaults, **items} if saved.get(FORMAT_KEY, 0) == CONFIG_FORMAT else items
+
+
+def config_differences(saved: dict, current: dict, defaults: Optional[dict] = None,
+                       ignore: Iterable[str] = NON_RESULT_FIELDS, method_sections: Optional[dict] = None) -> list:
+  """Dotted names of the result-relevant fields where a saved config (config.json's contents) and
+  `current` differ: a field only one of them has is a difference, except one `saved` lacks where it
+  is of CONFIG_FORMAT, which takes its value in `defaults` (flat; default: `default_items`).
+  `ignore`'s fields are not compared, nor the sections one method alone reads (`method_sections`,
+  {section: method}, f2m_jax/registry.py) where neither config runs that method."""
+  b = flat_items(current)
+  fill = default_items(any(k.startswith('data.folder.') for k in b)) if defaults is None else defaults
+  a = saved_items(saved, {k: v for k, v in fill.items() if k in b})
   methods = {a.get('method'), b.get('method')}
   ignore = tuple(ignore) + tuple(f'{s}.' for s, m in (method_sections or {}).items() if m not in methods)
   ignored = lambda k: any(k == i or (i.endswith('.') and k.startswith(i)) for i in ignore)  # 'x.': all of x
-  return sorted(k for k in set(a) | set(b) if not ignored(k) and a.get(k, '<absent>') != b.get(k, '<absent>'))
+  return sorted(k for k in set(a) | set(b) if not ignored(k) and a.get(k, ABSENT) != b.get(k, ABSENT))
 
 
-SOURCE_KEY = 'base_source'  # config.json's record of --checkpoint's base model (not a config field)
+def difference_details(fields: list, saved: dict, current: dict, path: str) -> str:
+  """'field: saved A, now B; ...' for `fields`, and where one of them is absent on a side, which commit
+  reads `saved` (config.json in `path`)."""
+  a, b = flat_items({k: v for k, v in saved.items() if k not in RECORD_KEYS}), flat_items(current)
+  text = '; '.join(f'{k}: saved {a.get(k, ABSENT)!r}, now {b.get(k, ABSENT)!r}' for k in fields)
+  if all(k in a and k in b for k in fields):
+    return text
+  commit = (saved.get(GIT_KEY) or {}).get('commit') or results_commit(os.path.dirname(path))
+  return (f'{text}; a field absent on one side is read only by the commit that wrote {path}: '
+          + (f'{commit}, check it out to resume or evaluate this workdir' if commit else
+             'it names none (config format 0); check that commit out to resume or evaluate this workdir'))
+
+
+def results_commit(folder: str) -> Optional[str]:
+  """The commit folder/results.json was computed by, where it says."""
+  path = os.path.join(folder, 'results.json')
+  results = read_json(path) if os.path.exists(path) else {}
+  return ((results.get('provenance') or {}).get('git') or {}).get('commit')
+
+
 # Where a workdir's config is recorded: config.json, and a copy that travels with the checkpoints
 # (a resume or an evaluation is compared with each that exists, whatever happened to the other).
 RECORDS = ('config.json', os.path.join('checkpoints', 'config.json'))
@@ -102,20 +116,20 @@ def read_json(path: str):
     raise WorkdirError(f'{path} is not valid JSON ({e}); repair it or move it away') from e
 
 
-def saved_config(workdir: str, defaults: dict) -> dict:
-  """W/config.json as a full config: fields added after it was written take their LEGACY_VALUES
-  value where they have one, else the value in `defaults` (a section only another method reads)."""
-  saved = read_json(os.path.join(workdir, 'config.json'))
-  saved.pop(SOURCE_KEY, None)
-  items = flat_items(defaults)
-  items.update(LEGACY_VALUES)
-  items.update(renamed(flat_items(saved)))
-  return traverse_util.unflatten_dict(items, sep='.')
-
-
-def _removed_detail(field: str, value) -> str:
-  return (f'{field}: saved {value!r}, a field since removed; the code now always computes what '
-          f'{field}={REMOVED_FIELDS[field]!r} did, so this run cannot be resumed or evaluated with it')
+def recorded_config(path: str, method_sections: Optional[dict] = None) -> dict:
+  """The config recorded in `path` (a workdir's config.json) as a config dict (sequences as tuples),
+  read as a resume reads it (`config_differences`): the defaults filling the fields it lacks, the
+  fields that change no result and that this code no longer has dropped. A WorkdirError where it lacks
+  or holds a field this code cannot read it with, naming the field and the commit that reads it."""
+  saved = read_json(path)
+  items = saved_items(saved, {})
+  fill = default_items(any(k.startswith('data.folder.') for k in items))
+  config = {**fill, **{k: v for k, v in items.items() if k in fill or k.startswith('data.')}}  # data.x: a dataset's own
+  diff = config_differences(saved, config, fill, method_sections=method_sections)
+  if diff:
+    raise WorkdirError(f'{path} cannot be read as this code reads configs '
+                       f'({difference_details(diff, saved, config, path)})')
+  return traverse_util.unflatten_dict({k: tuple(v) if isinstance(v, list) else v for k, v in config.items()}, sep='.')
 
 
 def writable_folder(path: str) -> Optional[str]:
@@ -183,24 +197,28 @@ class Lock:
       self._fd = None
 
 
-def _check_record(path: str, workdir: str, config: dict, method_sections, base_source) -> None:
-  """A WorkdirError where the config recorded in `path` differs from `config` in a result-relevant
-  field, or names another --checkpoint (a record written before that was kept is not checked)."""
-  saved = read_json(path)
-  recorded, saved_base = SOURCE_KEY in saved, saved.pop(SOURCE_KEY, None)
-  diff = config_differences(saved, config, method_sections=method_sections)
-  if diff:
-    details = '; '.join(_removed_detail(k, flat_items(saved)[k]) if k in REMOVED_FIELDS else
-                        f'{k}: saved {flat_items(saved).get(k, "<absent>")!r}, now '
-                        f'{flat_items(config).get(k, "<absent>")!r}' for k in diff)
-    raise WorkdirError(f'{workdir} holds a run of a different config ({details}; recorded in {path}). Use another '
-                       '--workdir, or pass --checkpoint to start new sessions from its base model.')
-  was, now = (saved_base or {}).get('path'), (base_source or {}).get('path')
-  if recorded and was != now:
-    raise WorkdirError(f'{workdir} was started with ' + (f'--checkpoint {was}' if was else 'no --checkpoint')
-                       + ', now ' + (f'--checkpoint {now}' if now else 'without one')
-                       + (f': pass --checkpoint {was} to resume or evaluate it' if was else
-                          ': its base model is its own; drop --checkpoint, or use another --workdir'))
+def check_records(workdir: str, config: dict, method_sections: Optional[dict] = None,
+                  base_source: Optional[dict] = None, records: tuple = RECORDS) -> list:
+  """The paths of `records` in `workdir` that exist, once each is checked: a WorkdirError where the
+  config it records differs from `config` in a result-relevant field (`config_differences`), or it
+  names another --checkpoint than `base_source` ({'path', ...}; a record older than that key is not
+  checked for it)."""
+  present = [p for p in (os.path.join(workdir, r) for r in records) if os.path.exists(p)]
+  for path in present:
+    saved = read_json(path)
+    diff = config_differences(saved, config, method_sections=method_sections)
+    if diff:
+      raise WorkdirError(f'{workdir} holds a run of a different config '
+                         f'({difference_details(diff, saved, config, path)}; recorded in {path}). Drop --config '
+                         'and its changes to use the recorded config, use another --workdir, or pass --checkpoint '
+                         'to start new sessions from its base model.')
+    was, now = (saved.get(SOURCE_KEY) or {}).get('path'), (base_source or {}).get('path')
+    if SOURCE_KEY in saved and was != now:
+      raise WorkdirError(f'{workdir} was started with ' + (f'--checkpoint {was}' if was else 'no --checkpoint')
+                         + ', now ' + (f'--checkpoint {now}' if now else 'without one')
+                         + (f': pass --checkpoint {was} to resume or evaluate it' if was else
+                            ': its base model is its own; drop --checkpoint, or use another --workdir'))
+  return present
 
 
 def holds_checkpoints(workdir: str) -> bool:
@@ -216,24 +234,23 @@ def prepare(workdir: str, config: dict, method_sections: Optional[dict] = None,
             base_source: Optional[dict] = None, records: tuple = RECORDS) -> Lock:
   """Takes the workdir (creating it, and its Lock) and checks each existing record of its config
   (`records`: config.json and checkpoints/config.json; a sweep's folder has no checkpoints) against
-  `config` (`method_sections`: as `config_differences`), then writes the missing ones. `base_source`
-  ({'path', ...}: --checkpoint's base model) is recorded beside the config; a workdir started from
-  one base model is refused with another or none. A workdir that holds checkpoints but no record
-  of their config is refused. Returns the Lock, for the caller to release when done."""
+  `config` (`check_records`), then writes the missing ones: the config, `base_source` ({'path', ...}:
+  --checkpoint's base model), CONFIG_FORMAT and the commit. A workdir that holds checkpoints but no
+  record of their config is refused. Returns the Lock, for the caller to release when done."""
   check_folders(workdir)
   os.makedirs(workdir, exist_ok=True)
   lock = Lock(workdir)
   try:
     paths = [os.path.join(workdir, r) for r in records]
-    present = [p for p in paths if os.path.exists(p)]
+    present = check_records(workdir, config, method_sections, base_source, records)
     if not present and holds_checkpoints(workdir):
       raise WorkdirError(f'{workdir} holds checkpoints but no record of the config they were trained with '
                          f'({" and ".join(paths)} are missing): restore one, or use another --workdir')
-    for path in present:
-      _check_record(path, workdir, config, method_sections, base_source)
-    for path in set(paths) - set(present):
+    missing = sorted(set(paths) - set(present))
+    record = {**config, SOURCE_KEY: base_source, FORMAT_KEY: CONFIG_FORMAT, GIT_KEY: git_state() if missing else {}}
+    for path in missing:
       os.makedirs(os.path.dirname(path), exist_ok=True)
-      atomic_write(path, json.dumps({**config, SOURCE_KEY: base_source}, indent=2, sort_keys=True))
+      atomic_write(path, json.dumps(record, indent=2, sort_keys=True))
     lock.claim()
   except BaseException:
     lock.close(undo=True)

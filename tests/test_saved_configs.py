@@ -1,28 +1,50 @@
-"""Saved workdir configs stay readable: fields added since read as the behaviour of their time, a
-renamed field as its new name, a method's own section compared only when that method runs, and the
-fields of earlier versions that never changed a result (what the user typed, how programs were laid
-out) never block a resume."""
+"""How a saved config.json is read (workdir.config_differences; docs/development.md, "Adding a config
+field"): a field it lacks takes its default only where it records the current config format, a field
+this code no longer has is refused unless it changes no result, and a refusal names the commit that
+reads it. A method's own section is compared only when that method runs."""
 import json
 
 import pytest
+from flax import traverse_util
 
 from f2m_jax import registry
 from f2m_jax import workdir
 
+F = {workdir.FORMAT_KEY: workdir.CONFIG_FORMAT}  # written under the rule
+DEFAULTS = {'method': 'f2m', 'noise.bound': 0.005, 'noise.pf_gradient': False, 'base.milestones': []}
+NOW = {'method': 'f2m', 'noise': {'bound': 0.005, 'pf_gradient': False}, 'base': {'milestones': ()}}
+BEFORE_PF_GRADIENT = {'method': 'f2m', 'noise': {'bound': 0.005}, 'base': {'milestones': []}}
 
-def test_workdirs_older_than_a_field_resume_only_with_its_old_behaviour():
-  current = {'data': {'split': ''}, 'noise': {'pf_gradient': False, 'bn_updates': 'all_passes'}}
-  before_split = {'data': {}, 'noise': {'pf_gradient': False, 'bn_updates': 'all_passes'}}
-  assert workdir.config_differences(before_split, current) == []
-  before_switches = {'data': {}, 'noise': {}}  # written before the authors' behaviours were fields
-  assert workdir.config_differences(before_switches, current) == ['noise.bn_updates', 'noise.pf_gradient']
-  paper = {'data': {'split': ''}, 'noise': {'pf_gradient': True, 'bn_updates': 'clean'}}
-  assert workdir.config_differences(before_switches, paper) == []
-  # Written before Eq. 5's prototypes could be normalised: they were raw.
-  assert workdir.config_differences({'incremental': {}}, {'incremental': {'prototype_norm': 'raw'}}) == []
-  for norm in ('unit_base', 'unit_all'):
-    assert workdir.config_differences({'incremental': {}}, {'incremental': {'prototype_norm': norm}}) == [
-        'incremental.prototype_norm']
+CASES = [
+    # (what, saved config.json, current config, differences)
+    ('identical', {**F, **NOW}, NOW, []),
+    ('records beside the config are not fields',
+     {**F, **NOW, 'base_source': {'path': '/w'}, 'git': {'commit': 'abc', 'dirty': False}}, NOW, []),
+    ('a value changed', {**F, **NOW, 'noise': {'bound': 0.01, 'pf_gradient': False}}, NOW, ['noise.bound']),
+    ('a field added since: its default', {**F, **BEFORE_PF_GRADIENT}, NOW, []),
+    ('a field added since, now set otherwise than its default', {**F, **BEFORE_PF_GRADIENT},
+     {**NOW, 'noise': {'bound': 0.005, 'pf_gradient': True}}, ['noise.pf_gradient']),
+    # noise.pf_gradient was True before the field existed; its default is False: a config.json older than
+    # the format must never read as False.
+    ('a field added since, written before configs recorded their format', BEFORE_PF_GRADIENT, NOW,
+     ['noise.pf_gradient']),
+    ('the same under the old behaviour', BEFORE_PF_GRADIENT, {**NOW, 'noise': {'bound': 0.005, 'pf_gradient': True}},
+     ['noise.pf_gradient']),
+    ('written before configs recorded their format, holding every field', NOW, NOW, []),
+    ('written by a newer format', {workdir.FORMAT_KEY: workdir.CONFIG_FORMAT + 1, **BEFORE_PF_GRADIENT}, NOW,
+     ['noise.pf_gradient']),
+    ('a field with no default, added since', {**F, **NOW}, {**NOW, 'data': {'image_size': 84}}, ['data.image_size']),
+    ('a field removed since', {**F, **NOW, 'noise': {'bound': 0.005, 'pf_gradient': False, 'pf_classes': 'batch'}},
+     NOW, ['noise.pf_classes']),
+    ('a field removed since that changed no result', {**F, **NOW, 'model': {'conv_backward': 'cpu'}}, NOW, []),
+    ('fields that change no result', {**F, **NOW, 'eval': {'batch_size': 100}, 'bench': {'iters': 3}},
+     {**NOW, 'eval': {'batch_size': 500}}, []),
+]
+
+
+@pytest.mark.parametrize('what,saved,current,differences', CASES, ids=[c[0] for c in CASES])
+def test_how_a_saved_config_compares(what, saved, current, differences):
+  assert workdir.config_differences(saved, current, DEFAULTS) == differences, what
 
 
 def test_a_methods_own_section_is_compared_only_for_that_method():
@@ -37,69 +59,53 @@ def test_a_methods_own_section_is_compared_only_for_that_method():
   assert differences({'method': 'f2m'}, crt) == ['crt.epochs', 'crt.lr', 'method']
 
 
-def test_a_renamed_field_in_a_saved_config_reads_as_the_new_one():
-  """Workdirs written with noise.clean_backward (True was the default then) resume under
-  noise.backward_weights='clean', and only under it."""
-  saved = {'noise': {'clean_backward': True}}
-  assert workdir.config_differences(saved, {'noise': {'backward_weights': 'clean'}}) == []
-  assert workdir.config_differences(saved, {'noise': {'backward_weights': 'noisy'}}) == ['noise.backward_weights']
-  assert workdir.config_differences({'noise': {'clean_backward': False}}, {'noise': {'backward_weights': 'noisy'}}) == []
-  assert workdir.config_differences({'noise': {}}, {'noise': {'backward_weights': 'noisy'}}) == []  # older still
-  # incremental.normalize_base_prototypes (issue 40) became incremental.prototype_norm: True was 'unit_base'.
-  for old, new in ((False, 'raw'), (True, 'unit_base')):
-    saved = {'incremental': {'normalize_base_prototypes': old}}
-    for norm in ('raw', 'unit_base', 'unit_all'):
-      want = [] if norm == new else ['incremental.prototype_norm']
-      assert workdir.config_differences(saved, {'incremental': {'prototype_norm': norm}}) == want
+def write(folder, name, doc):
+  folder.mkdir(exist_ok=True)
+  (folder / name).write_text(json.dumps(doc))
+  return str(folder / name)
 
 
-def test_a_removed_field_resumes_only_with_the_value_the_code_still_computes(tmp_path):
-  """noise.pf_classes is gone and the code computes what 'batch' did: a config.json holding 'batch'
-  resumes and evaluates as a current one; one holding 'all_base' is refused, naming the field, the
-  saved value and the value the code computes."""
-  now = {'method': 'f2m', 'noise': {'bound': 0.005, 'pf_weight': 1.0}}
-  batch = {'method': 'f2m', 'noise': {'bound': 0.005, 'pf_weight': 1.0, 'pf_classes': 'batch'}}
-  all_base = {'method': 'f2m', 'noise': {'bound': 0.005, 'pf_weight': 1.0, 'pf_classes': 'all_base'}}
-  assert workdir.config_differences(batch, now) == []
-  assert workdir.config_differences(all_base, now) == ['noise.pf_classes']
-  # other differences are still found beside a dropped removed field
-  assert workdir.config_differences({'method': 'f2m', 'noise': {'pf_classes': 'batch', 'bound': 0.01, 'pf_weight': 1.0}},
-                                    now) == ['noise.bound']
-  for name, saved in (('batch', batch), ('all_base', all_base)):
-    folder = tmp_path / name
-    folder.mkdir()
-    (folder / 'config.json').write_text(json.dumps(saved))
-    if name == 'batch':
-      workdir.prepare(str(folder), now)  # resumes: no error
-      assert 'pf_classes' not in workdir.saved_config(str(folder), now)['noise']
-    else:
-      with pytest.raises(workdir.WorkdirError) as error:
-        workdir.prepare(str(folder), now)
-      message = str(error.value)
-      assert "noise.pf_classes: saved 'all_base', a field since removed" in message
-      assert "noise.pf_classes='batch'" in message
-      # read as a source (--checkpoint), the value stays, so its differences name it
-      assert workdir.saved_config(str(folder), now)['noise']['pf_classes'] == 'all_base'
+def test_a_recorded_config_reads_as_a_resume_reads_it(tmp_path):
+  """A config.json of the current format read as a config: the fields it lacks take configs/common.py's
+  defaults, lists are tuples again, the fields of a dataset config of its own (data.image_size) and the
+  records beside the config are kept and dropped as they are; a removed field that changes no result is
+  dropped."""
+  defaults = workdir.default_items(folder=False)
+  saved = {k: v for k, v in defaults.items() if k != 'noise.pf_gradient'}
+  saved.update({'noise.bound': 0.01, 'base.milestones': [50], 'data.image_size': 84, 'bench.gone': 1})
+  doc = {**traverse_util.unflatten_dict(saved, sep='.'), **F, 'base_source': None, 'git': {'commit': 'c'}}
+  config = workdir.recorded_config(write(tmp_path, 'config.json', doc))
+  assert config['noise']['pf_gradient'] is defaults['noise.pf_gradient']
+  assert config['noise']['bound'] == 0.01 and config['base']['milestones'] == (50,)
+  assert config['data']['image_size'] == 84 and 'gone' not in config['bench']
+  assert not set(config) & set(workdir.RECORD_KEYS)
+  assert set(workdir.flat_items(config)) == set(defaults) | {'data.image_size'}
 
 
-def test_saved_config_fills_fields_added_later(tmp_path):
-  (tmp_path / 'config.json').write_text(json.dumps({'method': 'f2m', 'noise': {'bound': 0.01}}))
-  defaults = {'method': 'f2m', 'noise': {'bound': 0.005, 'pf_gradient': False}, 'crt': {'lr': 0.1}}
-  assert workdir.saved_config(str(tmp_path), defaults) == {
-      'method': 'f2m', 'noise': {'bound': 0.01, 'pf_gradient': True, 'bn_updates': 'clean', 'backward_weights': 'noisy'},
-      'incremental': {'prototype_norm': 'raw'},
-      'crt': {'lr': 0.1}, 'data': {'split': '', 'synthetic': {'seed': 0}}, 'base': {'select_on_test': False, 'select_every': 1500},
-      'model': {'head': 'linear'}, 'icarl': {'exemplars': 'herding'},
-      'rebalance': {'exemplars': 'herding', 'classifier': 'nearest_mean'}}
+@pytest.mark.parametrize('fmt', [None, workdir.CONFIG_FORMAT])
+def test_a_recorded_config_this_code_cannot_read_is_refused_with_the_commit_to_go_back_to(tmp_path, fmt):
+  """Lacking a field before configs recorded their format, or holding a result-relevant field this code
+  no longer has: refused by name, with the commit that wrote it (recorded, else its results.json's)."""
+  defaults = traverse_util.unflatten_dict(workdir.default_items(folder=False), sep='.')
+  if fmt is None:
+    del defaults['noise']['pf_gradient']
+    doc, field = defaults, "noise.pf_gradient: saved '<absent>', now False"
+    write(tmp_path, 'results.json', {'provenance': {'git': {'commit': 'abc123'}}})
+  else:
+    defaults['noise']['pf_classes'] = 'all_base'
+    doc, field = {**defaults, **F, 'git': {'commit': 'abc123'}}, "noise.pf_classes: saved 'all_base', now '<absent>'"
+  path = write(tmp_path, 'config.json', doc)
+  with pytest.raises(workdir.WorkdirError) as error:
+    workdir.recorded_config(path)
+  assert field in str(error.value) and 'commit that wrote' in str(error.value) and 'abc123' in str(error.value)
 
 
-def test_fields_of_earlier_versions_that_changed_no_result_never_block_a_resume():
-  saved = {'method': 'baseline', 'eval': {'normalize_prototypes': False}, 'set_by_user': ['method'],
-           'compile_ahead': 'auto', 'base': {'data_placement': 'auto', 'prefetch': 2, 'steps_per_call': 0},
-           'incremental': {'parallel_runs': 0}, 'noise': {'draw_map': 'auto'}, 'members': {'map': 'auto'}}
-  now = {'method': 'baseline', 'eval': {'normalize_prototypes': False}, 'base': {'steps_per_call': 20},
-         'incremental': {}, 'noise': {'draw_map': 'unroll'}, 'members': {'map': 'unroll'},
-         'model': {'conv_backward': 'cpu'}}
-  assert workdir.config_differences(saved, now) == []
-  now['eval']['normalize_prototypes'] = True
-  assert workdir.config_differences(saved, now) == ['eval.normalize_prototypes']
+def test_a_new_record_holds_the_config_format_and_the_commit(tmp_path):
+  config = {'method': 'f2m', 'noise': {'bound': 0.005}}
+  workdir.prepare(str(tmp_path / 'w'), config).close()
+  saved = json.loads((tmp_path / 'w' / 'config.json').read_text())
+  assert saved[workdir.FORMAT_KEY] == workdir.CONFIG_FORMAT and saved['base_source'] is None
+  assert saved['git'] == workdir.git_state() and saved['noise'] == config['noise']
+  workdir.prepare(str(tmp_path / 'w'), config).close()  # and resumes under the same config
+  with pytest.raises(workdir.WorkdirError, match=r"noise.bound: saved 0.005, now 0.01.*Drop --config"):
+    workdir.prepare(str(tmp_path / 'w'), {'method': 'f2m', 'noise': {'bound': 0.01}})
