@@ -122,14 +122,21 @@ def run(config: ml_collections.ConfigDict, root: str, mode: str = 'train', check
                for i, (c, d) in enumerate(zip(configs, dirs))]
   finally:
     lock.close()
-  m = config.members
+  summary = sweep_summary(sweep, dirs, configs, results, origin)
+  print(write_summary(root, summary, mode), flush=True)
+  return summary
+
+
+def sweep_summary(sweep, dirs: list, configs: list, results: list, origin: Optional[dict]) -> dict:
+  """summary.json's contents: `summarize` (a seed sweep) or `summarize_values` (a field's), each
+  member's workdir, seed (and value), last accuracy and PD, and the provenance."""
+  m = sweep.members
   summary = summarize_values(m.field, m.field_values, results) if m.field_values else summarize(results)
   summary['members'] = [{'workdir': os.path.basename(d), 'seed': int(c.seed),
                          **({m.field: v} if m.field_values else {}),
                          'acc_last': r['sessions'][-1]['acc']['mean'], 'pd': r['pd']['mean']}
                         for d, c, r, v in zip(dirs, configs, results, m.field_values or [None] * len(dirs))]
   summary['provenance'] = {**workdir_lib.provenance(sweep.to_dict()), **({'origin': origin} if origin else {})}
-  print(write_summary(root, summary, mode), flush=True)
   return summary
 
 
