@@ -28,7 +28,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), '..'))
 import jax  # noqa: E402
 
 from f2m_jax import bench as bench_lib  # noqa: E402
-from f2m_jax import command_line  # noqa: E402
+from f2m_jax import cli  # noqa: E402
 from f2m_jax import pipeline  # noqa: E402
 from f2m_jax import sharding  # noqa: E402
 
@@ -77,7 +77,7 @@ def main(argv=None) -> dict:
   p.add_argument('--calls', type=int, default=3)
   p.add_argument('--steps_per_call', type=int, default=10)
   args = p.parse_args(argv)
-  config = command_line.load_config_file(args.config)
+  config = cli.load_config(args.config)
   n = args.steps_per_call
   config.base.update(steps_per_call=n, log_every=n, checkpoint_every=n)
   config = pipeline.resolve(config, reads_data=False)

@@ -1,24 +1,33 @@
-"""What run.py does per --mode, with user errors turned into one clear message and exit code 2, and
-faults of the records (a checkpoint that cannot be read or written, a diverged training, a file
-system error) into one line and exit code 3."""
+"""run.py's command line, and what it does per --mode, with user errors turned into one clear message
+and exit code 2, and faults of the records (a checkpoint that cannot be read or written, a diverged
+training, a file system error) into one line and exit code 3."""
 from __future__ import annotations
 
 import contextlib
+import difflib
+import importlib.util
 import json
 import os
+import re
 import signal
 import sys
 import threading
+from typing import Optional
 
 import jax
+import ml_collections
+from absl import flags
 from absl import logging
+from ml_collections import config_flags
 
 from f2m_jax import backend
 from f2m_jax import bench
 from f2m_jax import members
 from f2m_jax import pipeline
+from f2m_jax import registry
 from f2m_jax import report
 from f2m_jax import sharding
+from f2m_jax import workdir as workdir_lib
 from f2m_jax.checkpoint import CheckpointError, CheckpointFault
 from f2m_jax.data import sources
 from f2m_jax.experiment import Interrupted, TrainingError
@@ -142,3 +151,155 @@ def enable_compilation_cache(config):
   if 'JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS' not in os.environ:
     jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.0)
   return path
+
+
+# ----------------------------------------------------------------------------- run.py's command line
+
+def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
+  """run.py's flags, in `flag_values`."""
+  config_flags.DEFINE_config_file('config', None, "A config file (configs/cifar100.py:smoke) or a workdir's "
+                                  "config.json; default: --workdir's config.json.", flag_values=flag_values)
+  flag_values['config'].parser = ConfigFile()
+  flags.DEFINE_string('workdir', None, 'Folder for config.json, metrics, checkpoints, results.', flag_values=flag_values)
+  flags.DEFINE_enum('mode', 'train', ['train', 'eval', 'bench', 'flatness'],
+                    'train: train and evaluate (resumes); eval: restore checkpoints and recompute results; '
+                    'bench: time steps; flatness: flatness of a base checkpoint.', flag_values=flag_values)
+  flags.DEFINE_string('checkpoint', None, 'A workdir whose base model to use instead of training one.',
+                      flag_values=flag_values)
+  flags.DEFINE_bool('dry-run', False, "Print the effective config (presets, overrides, what each 'auto' becomes "
+                    'here) and stop without writing anything.', flag_values=flag_values)
+
+
+def parse_flags(argv: list, flag_values: flags.FlagValues = flags.FLAGS) -> list:
+  """run.py's absl flags parser. Without --config, --workdir's config.json is the config
+  (`with_recorded_config`). A bad --config file or argument, an override of a field that does not
+  exist, or a value of the wrong type stops with one line naming it and what is allowed (exit code 2)
+  before anything is written; values out of range are caught by f2m_jax/validation.py."""
+  argv = with_recorded_config(argv)
+  try:
+    return flag_values(argv)
+  except Exception as e:  # whatever absl or ml_collections raise
+    print(f'error: {flag_problem(e, argv, flag_values["config"].parser.loaded)}', file=sys.stderr, flush=True)
+    sys.exit(2)
+
+
+def main_flags(argv: list, flag_values: flags.FlagValues = flags.FLAGS) -> int:
+  """run.py's main, from its parsed flags. A missing flag is one line (exit code 2). A saved config (a
+  workdir's config.json) is effective: no method preset replaces its values (`departures`), and its
+  --checkpoint is used unless another is given."""
+  f = {name: flag_values[name].value for name in ('config', 'workdir', 'mode', 'checkpoint', 'dry-run')}
+  problem = usage_problem(argv, f['config'], f['workdir'], f['dry-run'])
+  if problem:
+    print(f'error: {problem}', file=sys.stderr, flush=True)
+    return 2
+  spec, checkpoint = config_flags.get_config_filename(flag_values['config']), f['checkpoint']
+  origin = {'config': spec, 'changes': config_flags.get_override_values(flag_values['config'])}
+  if spec.endswith('.json'):
+    origin['changes'] = {**departures(f['config']), **origin['changes']}
+    checkpoint = checkpoint or (workdir_lib.read_json(spec).get(workdir_lib.SOURCE_KEY) or {}).get('path')
+  return main(f['config'], f['workdir'], f['mode'], checkpoint, origin=origin, dry_run=f['dry-run'])
+
+
+def usage_problem(argv: list, config, workdir: Optional[str], dry_run: bool) -> Optional[str]:
+  """What run.py's command line lacks or has too much of, in one line, or None."""
+  if len(argv) > 1:
+    return f'unexpected arguments: {argv[1:]}'
+  if config is None:
+    return ("--config is required: a config file such as configs/cifar100.py:smoke, or a workdir's config.json"
+            + (f' ({workdir} holds no config.json to read instead)' if workdir else
+               "; without it, --workdir of a run is read with that run's config.json"))
+  if not (workdir or dry_run):
+    return '--workdir is required (except with --dry-run)'
+  return None
+
+
+def departures(config) -> dict:
+  """The fields where an effective config departs from its method's presets: the values its command
+  line set over them, which no preset may replace when it is read again."""
+  method = registry.METHODS.get(config.method)
+  items = flat_items(config.to_dict())
+  return {k: items[k] for k, v in flat_items(dict(method.presets) if method else {}).items() if items.get(k) != v}
+
+
+class ConfigFile(flags.ArgumentParser):
+  """--config's parser (run.py): `load_config`, locked. The last config it loaded stays in `loaded`,
+  for the message naming the fields close to an unknown one."""
+  loaded = None
+
+  def parse(self, argument):
+    self.loaded = load_config(argument)
+    self.loaded.lock()
+    return self.loaded
+
+  def flag_type(self):
+    return 'config object'
+
+
+def load_config(spec: str) -> ml_collections.ConfigDict:
+  """The config that `spec` (--config's value) names: a workdir's config.json, read as a resume reads
+  it (workdir.recorded_config), or get_config(arg) of the config file `path[:arg]`. A ValueError of
+  one line where there is no such file (naming the configs in its folder), the config.json cannot be
+  read, or the file refuses the argument."""
+  path, _, arg = spec.partition(':')
+  if not os.path.isfile(path):
+    raise ValueError(missing_file(path))
+  try:
+    if path.endswith('.json'):
+      return ml_collections.ConfigDict(workdir_lib.recorded_config(path, registry.method_sections()))
+    module_spec = importlib.util.spec_from_file_location('_f2m_config', os.path.abspath(path))
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    return module.get_config(arg) if arg else module.get_config()
+  except Exception as e:  # whatever the file raises for a bad argument
+    raise ValueError(' '.join(str(e).split())) from e
+
+
+def missing_file(path: str) -> str:
+  folder = os.path.dirname(path) or '.'
+  options = sorted(f for f in os.listdir(folder) if f.endswith('.py') and not f.startswith('_')) \
+      if os.path.isdir(folder) else []
+  close = difflib.get_close_matches(os.path.basename(path), options, n=1, cutoff=0.6)
+  return (f'there is no file {path}' + (f'; did you mean {os.path.join(folder, close[0])}?' if close else '')
+          + (f' (configs in {folder}/: {", ".join(options)})' if options else ''))
+
+
+def with_recorded_config(argv: list) -> list:
+  """`argv`, with --config=W/config.json first where it gives no --config and --workdir W holds one."""
+  if any(re.match(r'-{1,2}config(=|$)', a) for a in argv):
+    return argv
+  values = [a.partition('=')[2] if '=' in a else argv[i + 1] if i + 1 < len(argv) else ''
+            for i, a in enumerate(argv) if re.match(r'-{1,2}workdir(=|$)', a)]
+  path = os.path.join(values[-1], 'config.json') if values and values[-1] else ''
+  return argv[:1] + [f'--config={path}'] + argv[1:] if os.path.isfile(path) else argv
+
+
+def flag_problem(error: Exception, argv: list, config=None) -> str:
+  """One line for what absl or ml_collections raised while parsing `argv` (`config`: --config's config,
+  where it loaded)."""
+  message = ' '.join(str(error).split())
+  field = re.match(r'flag --(config\.[\w.]+)=(.*?): (.*)', message)  # absl's 'flag --config.F=V: reason'
+  spec = re.match(r'flag --config=(.*?): (.*)', message)
+  names = [m[2] for m in (re.match(r'-{1,2}(no)?config\.([\w.]+)', a) for a in argv) if m]
+  return ((config is not None and unknown_field(config, names))
+          or (f'{field[1]}={field[2]!r} is invalid: {field[3]}' if field else
+              f'--config {spec[1]}: {spec[2]}' if spec else message))
+
+
+def unknown_field(config, names: list) -> Optional[str]:
+  """'unknown config field ...' for the first of `names` (dotted, the command line's --config.FIELD)
+  that `config` lacks, with the close names, or None."""
+  for name in names:
+    *parents, leaf = name.split('.')
+    node = config
+    for i, part in enumerate(parents):
+      if part not in node or not hasattr(node[part], 'keys'):
+        near = difflib.get_close_matches(part, [k for k in node.keys() if hasattr(node[k], 'keys')], n=1)
+        return (f"unknown config field config.{name}; config.{'.'.join(parents[:i + 1])} does not exist"
+                + (f' (did you mean config.{".".join(parents[:i] + near)}?)' if near else ''))
+      node = node[part]
+    if leaf not in node:
+      close = difflib.get_close_matches(leaf, list(node.keys()), n=3, cutoff=0.5)
+      hint = (f'did you mean {", ".join(f"config.{name[:-len(leaf)]}{c}" for c in close)}?' if close
+              else f'the fields there are {", ".join(sorted(node.keys()))}')
+      return f'unknown config field config.{name}; {hint}'
+  return None

@@ -167,3 +167,17 @@ def tiny_smoke(**changes):
       node = node[part]
     node[name] = value
   return c
+
+
+def run_py(argv: list, monkeypatch) -> int:
+  """What `python run.py <argv[1:]>` does, in this process: run.py's flags, in a FlagValues of their own,
+  parsed from `argv` (as run.py parses sys.argv), then its main; the exit code (a SystemExit's too)."""
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  from f2m_jax import cli  # pylint: disable=g-import-not-at-top
+  flag_values = flags.FlagValues()
+  cli.define_flags(flag_values)
+  monkeypatch.setattr(sys, 'argv', list(argv))
+  try:
+    return cli.main_flags(cli.parse_flags(list(argv), flag_values), flag_values)
+  except SystemExit as e:
+    return e.code

@@ -1,5 +1,6 @@
-"""Bad --config overrides through run.py as a user types them: one line naming the field, the value
-and what is allowed, exit code 2, no traceback, no workdir left behind."""
+"""run.py's command line as a user types it: a bad --config, override or value is one line naming
+the field, the value and what is allowed, exit code 2, no traceback, no workdir left behind; a
+missing flag is one line; a workdir's config.json is a config, and --workdir alone reads it."""
 from __future__ import annotations
 
 import json
@@ -9,7 +10,10 @@ import sys
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, run_py
+from f2m_jax import cli
+from f2m_jax import pipeline
+from f2m_jax import workdir as workdir_lib
 
 CASES = [
     ('--config.nosuchkey=1', 'unknown config field config.nosuchkey', 'config.noise'),
@@ -21,12 +25,12 @@ CASES = [
     ('--config.noise.enabled=maybe', "config.noise.enabled='maybe' is invalid", 'Non-boolean argument'),
     ('--config.noise.M=-1', 'noise.M=-1 is invalid', 'must be >= 1'),
     ('--config.noise.distribution=gauss', "noise.distribution='gauss' is invalid", 'discrete_beta'),
-    ('--config.noise.clean_backward=True', 'config.noise.clean_backward was renamed',
-     "--config.noise.backward_weights='clean' (the old True)"),
+    ('--config.noise.clean_backward=True', 'unknown config field config.noise.clean_backward',
+     'did you mean config.noise.backward_weights?'),
     ('--config.noise.backward_weights=exact', "noise.backward_weights='exact' is invalid", "('noisy', 'clean')"),
     ('--config.noise.pf_classes=batch', 'unknown config field config.noise.pf_classes', 'config.noise.'),
-    ('--config.incremental.normalize_base_prototypes=True', 'config.incremental.normalize_base_prototypes was renamed',
-     "--config.incremental.prototype_norm='unit_base' (the old True)"),
+    ('--config.incremental.normalize_base_prototypes=True',
+     'unknown config field config.incremental.normalize_base_prototypes', 'prototype_norm'),
     ('--config.incremental.prototype_norm=unit', "incremental.prototype_norm='unit' is invalid",
      "('raw', 'unit_base', 'unit_all')"),
 ]
@@ -45,18 +49,8 @@ def test_bad_override_is_one_clear_line(tmp_path, override, what, allowed):
   assert not workdir.exists()
 
 
-def test_the_command_line_is_checked_before_jax_is_imported():
-  """run.py parses and checks its flags with f2m_jax.command_line, which imports no JAX, flax or
-  TensorFlow: a typo is answered at once, not after seconds of imports."""
-  r = subprocess.run([sys.executable, '-c', 'import sys, run; print(sorted(m for m in sys.modules if m.split(".")[0] '
-                      'in ("jax", "jaxlib", "flax", "optax", "orbax", "tensorflow", "tensorflow_datasets")))'],
-                     capture_output=True, text=True, cwd=REPO, timeout=300)
-  assert r.returncode == 0 and r.stdout.strip() == '[]', (r.stdout[-2000:], r.stderr[-2000:])
-
-
 def test_run_py_takes_the_flags_its_libraries_define():
-  """A flag that f2m_jax.cli's imports define (orbax's) is taken as before run.py checked its command
-  line without JAX; a flag nobody defines is still one line."""
+  """A flag that f2m_jax.cli's imports define (orbax's) is taken; a flag nobody defines is one line."""
   from absl import flags  # pylint: disable=g-import-not-at-top
   import orbax.checkpoint  # pylint: disable=g-import-not-at-top,unused-import  (defines its flags)
   if 'experimental_orbax_use_distributed_barrier' not in flags.FLAGS:
@@ -124,3 +118,66 @@ def test_a_dry_run_prints_the_effective_config_and_writes_nothing(tmp_path):
   assert "noise.draw_map: 'auto' -> 'unroll'" in notes and "noise.enabled: True -> False" in notes
   assert 'eval.normalize_prototypes' not in notes and notes.strip().endswith('dry run: nothing was written')
   assert not (tmp_path / 'w').exists()
+
+
+# ----------------------------------------------------------------------------- a workdir is enough
+
+def test_no_config_and_a_workdir_without_a_run_is_one_line(tmp_path):
+  """The exit code and the whole output of the process: before, a traceback (IndexError)."""
+  r = subprocess.run([sys.executable, 'run.py', '--workdir', str(tmp_path), '--mode', 'eval'], capture_output=True,
+                     text=True, cwd=REPO, timeout=300)
+  assert r.returncode == 2 and r.stdout == '', (r.stdout, r.stderr)
+  assert r.stderr == (f"error: --config is required: a config file such as configs/cifar100.py:smoke, or a workdir's "
+                      f'config.json ({tmp_path} holds no config.json to read instead)\n')
+
+
+@pytest.mark.parametrize('argv,config,workdir,dry_run,problem', [
+    (['run.py'], None, None, False, '--config is required'),
+    (['run.py'], None, 'w', False, '(w holds no config.json to read instead)'),
+    (['run.py'], {}, None, False, '--workdir is required (except with --dry-run)'),
+    (['run.py'], {}, None, True, None),
+    (['run.py', 'extra'], {}, 'w', False, "unexpected arguments: ['extra']"),
+    (['run.py'], {}, 'w', False, None),
+])
+def test_what_the_command_line_lacks(argv, config, workdir, dry_run, problem):
+  found = cli.usage_problem(argv, config, workdir, dry_run)
+  assert found == problem if problem is None else problem in found
+
+
+def test_a_workdir_without_config_is_read_with_its_config_json(tmp_path):
+  run = tmp_path / 'run'
+  run.mkdir()
+  (run / 'config.json').write_text('{}')
+  saved = f'--config={run / "config.json"}'
+  for argv, want in [
+      (['run.py', '--workdir', str(run), '--mode', 'eval'], ['run.py', saved, '--workdir', str(run), '--mode', 'eval']),
+      (['run.py', f'--workdir={run}', '--config.eval.batch_size=9'], ['run.py', saved, f'--workdir={run}',
+                                                                      '--config.eval.batch_size=9']),
+      (['run.py', '--config', 'c.py', '--workdir', str(run)], ['run.py', '--config', 'c.py', '--workdir', str(run)]),
+      (['run.py', '--workdir', str(tmp_path)], ['run.py', '--workdir', str(tmp_path)]),  # no run there
+      (['run.py', '--mode', 'eval', '--workdir'], ['run.py', '--mode', 'eval', '--workdir']),  # no value
+  ]:
+    assert cli.with_recorded_config(argv) == want
+
+
+def test_a_saved_config_is_a_config_as_its_run_had_it(tmp_path, monkeypatch):
+  """W/config.json as --config (or --workdir W alone): its values, overridable with --config.FIELD, and
+  no preset replaces those its command line set (the Baseline with PN stays with PN)."""
+  from configs import cifar100  # pylint: disable=g-import-not-at-top
+  config = cifar100.get_config('smoke')
+  config.method, config.eval.normalize_prototypes = 'baseline', True
+  resolved = pipeline.resolve(config, {'eval.normalize_prototypes': True})
+  workdir = str(tmp_path / 'w')
+  workdir_lib.prepare(workdir, resolved.to_dict()).close()
+  path = os.path.join(workdir, 'config.json')
+  seen = {}
+  monkeypatch.setattr(cli, 'main', lambda config, workdir, mode, checkpoint, origin, dry_run: seen.update(
+      config=config, origin=origin) or 0)
+  assert run_py(['run.py', '--workdir', workdir, '--mode', 'eval', '--config.base.milestones=(50,)'], monkeypatch) == 0
+  assert seen['origin'] == {'config': path, 'changes': {'eval.normalize_prototypes': True, 'base.milestones': (50,)}}
+  again = pipeline.effective(seen['config'], seen['origin']['changes'])
+  with open(path) as f:
+    assert workdir_lib.config_differences(json.load(f), again.to_dict()) == ['base.milestones']
+  assert run_py(['run.py', '--config', path, '--workdir', str(tmp_path / 'rerun')], monkeypatch) == 0
+  with open(path) as f:
+    assert workdir_lib.config_differences(json.load(f), seen['config'].to_dict()) == []

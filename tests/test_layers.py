@@ -18,7 +18,7 @@ PACKAGE = pathlib.Path(__file__).resolve().parents[1] / 'f2m_jax'
 # Bottom to top. Patterns are module names relative to f2m_jax ('data.*': every module of data/).
 LAYERS = (
     ('foundations', ('data', 'data.*', 'models', 'models.*', 'trees', 'padding', 'optim', 'noise', 'objectives',
-                     'sharding', 'checkpoint', 'workdir', 'backend', 'report', 'command_line')),
+                     'sharding', 'checkpoint', 'workdir', 'backend', 'report')),
     ('algorithms', ('base', 'incremental', 'evaluation', 'flatness')),
     ('run description', ('experiment', 'validation')),
     ('run stages', ('train_loop', 'evaluator', 'sessions')),

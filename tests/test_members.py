@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import Interrupt, without_provenance
+from conftest import Interrupt, run_py, without_provenance
 from configs import cifar100
 from f2m_jax import base as base_lib
 from f2m_jax import cli
@@ -261,10 +261,13 @@ def test_a_field_sweep_reports_each_value_apart():
 
 
 @pytest.mark.slow
-def test_eval_of_a_sweep_leaves_its_summary_alone(sweep, capsys):
+def test_eval_of_a_sweep_leaves_its_summary_alone(sweep, capsys, monkeypatch):
   root, summary, _ = sweep
   before = open(os.path.join(root, 'summary.json')).read()
   members.run(tiny(seeds=SEEDS, map='unroll'), root, mode='eval')
   assert open(os.path.join(root, 'summary.json')).read() == before
   assert 'it is unchanged' in capsys.readouterr().out
+  assert run_py(['run.py', '--workdir', root, '--mode', 'eval'], monkeypatch) == 0  # the sweep's config.json alone
+  assert 'it is unchanged' in capsys.readouterr().out
+  assert open(os.path.join(root, 'summary.json')).read() == before
   assert sorted(os.listdir(root)) == ['config.json', 'lock', 'member_0', 'member_1', 'summary.json']

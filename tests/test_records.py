@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 
-from conftest import snapshot, tiny_smoke as tiny_config
+from conftest import run_py, snapshot, tiny_smoke as tiny_config
 from f2m_jax import cli
 from f2m_jax import pipeline
 from f2m_jax import report
@@ -144,7 +144,7 @@ def sources_line(workdir: str) -> str:
 
 
 @pytest.mark.slow
-def test_results_name_the_base_models_source(reference, tmp_path):
+def test_results_name_the_base_models_source(reference, tmp_path, monkeypatch):
   ref_dir, ref = reference
   workdir = str(tmp_path / 'bl')
   results = pipeline.run(tiny_config(method='baseline'), workdir, checkpoint=ref_dir)
@@ -162,6 +162,7 @@ def test_results_name_the_base_models_source(reference, tmp_path):
   assert '20 steps of 80 (task_epochs), lr 0.1, M=2, b=0.005' in line  # the source's budget, not '(shuffle)'
   with pytest.raises(WorkdirError, match=f'was started with --checkpoint {os.path.abspath(ref_dir)}, now without'):
     pipeline.run(tiny_config(method='baseline'), workdir)
+  assert run_py(['run.py', '--workdir', workdir, '--mode', 'eval'], monkeypatch) == 0  # with its --checkpoint
   with open(os.path.join(ref_dir, 'config.json')) as f:
     assert json.load(f)['base_source'] is None  # a base model of its own
 
@@ -193,3 +194,32 @@ def test_orbax_notes_on_reading_are_silenced_and_nothing_else(reference, caplog)
   messages = [r.getMessage() for r in caplog.records]
   assert not [m for m in messages if 'read_only' in m or 'read only' in m], messages
   assert 'a warning of our own' in messages
+
+
+# ----------------------------------------------------------------------------- a workdir is enough
+
+@pytest.mark.slow
+def test_a_workdir_alone_is_evaluated_with_its_recorded_config(reference, tmp_path, monkeypatch, capsys):
+  """run.py --workdir W --mode eval (and flatness) reads W's config.json. What is given beside it is
+  checked as a resume is: a change of no result is taken, another (or another config file, even one
+  that would not validate) refused by name, one line, before anything is read or written."""
+  workdir, _ = reference
+  before = snapshot(workdir)
+  capsys.readouterr()
+  assert run_py(['run.py', '--workdir', workdir, '--mode', 'eval', '--config.eval.batch_size=100'], monkeypatch) == 0
+  assert f'reproduced {workdir}/results.json exactly' in capsys.readouterr().out
+  for change, refused in (('--config.incremental.lr=0.02', 'incremental.lr: saved 0.01, now 0.02'),
+                          ('--config=configs/folder.py', "data.dataset: saved 'cifar100', now 'folder'")):
+    assert run_py(['run.py', '--workdir', workdir, '--mode', 'eval', change], monkeypatch) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f'error: {workdir} holds a run of a different config (') and err.count('\n') == 1, err
+    assert refused in err and 'Drop --config and its changes to use the recorded config' in err
+  after = snapshot(workdir)
+  assert after.pop('metrics.jsonl') != before.pop('metrics.jsonl') and after == before  # the first eval's lines
+  copy = str(tmp_path / 'copy')
+  shutil.copytree(workdir, copy)
+  flatness = ['run.py', '--workdir', copy, '--mode', 'flatness', '--config.flatness.num_draws=2',
+              '--config.flatness.max_images=8']
+  assert run_py(flatness + ['--config.noise.bound=0.01'], monkeypatch) == 2
+  assert 'noise.bound: saved 0.005, now 0.01' in capsys.readouterr().err
+  assert run_py(flatness, monkeypatch) == 0 and os.path.exists(os.path.join(copy, 'flatness.json'))
