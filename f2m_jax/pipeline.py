@@ -1,11 +1,5 @@
 """A whole run of any method (f2m_jax/methods): session 1, R runs of the later sessions, results; and
-the flatness of a base model. `resolve` and `run` are the entry points run.py, the tests and the
-scripts call.
-
-Every stage checkpoints what it produced, and rerunning on the same workdir continues from there.
-The stages live one layer down: train_loop (session 1's training), evaluator, sessions; the
-Experiment (static description of the run, PRNG keys) in experiment.py.
-"""
+the flatness of a base model. Rerunning on the same workdir continues from the last checkpoint."""
 from __future__ import annotations
 
 import functools
@@ -44,10 +38,8 @@ def resolve(config: ml_collections.ConfigDict, changes: Optional[dict] = None,
 
 
 def effective(config: ml_collections.ConfigDict, changes: Optional[dict] = None) -> ml_collections.ConfigDict:
-  """The method's presets (f2m_jax/methods; e.g. `method=baseline` turns off noise, fine-tuning and PN
-  and uses shuffled batches, as the paper's Baseline) over the config file's values, except on the
-  fields the user changed on the command line (`changes`, the `origin['changes']` of `run`), and
-  every 'auto' resolved to its value on this backend (f2m_jax/backend.py)."""
+  """The method's presets over the config's values, except on the fields the command line changed
+  (`changes`, the `origin['changes']` of `run`), and every 'auto' resolved on this backend."""
   config = ml_collections.ConfigDict(config.to_dict())
   apply_presets(config, registry.get(config.method).presets, keep=changes or {})
   return backend.resolve(config)
