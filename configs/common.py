@@ -97,8 +97,11 @@ def base_config() -> ml_collections.ConfigDict:
   # images each, class-contiguous, cut into batches of batch_size, remainder dropped), 'balanced'
   # (per step `ways` random classes x `shots` images) or 'shuffle' (plain shuffled batches)
   c.base.sampler = 'task_epochs'
-  c.base.ways = 16  # 'balanced' only
-  c.base.shots = 16
+  # Classes per batch of 'task_epochs' and 'balanced', kept at any batch size (the authors' 16 x 16 at
+  # 256): `shots` images each, 0 meaning batch_size / ways (16 here; a batch of 64 takes 4 of each).
+  # A shots set must make ways x shots = batch_size under 'task_epochs' (data/protocol.py: sampler_shots).
+  c.base.ways = 16
+  c.base.shots = 0
   c.base.batch_size = 256  # 'task_epochs' and 'shuffle'
   # Base-model selection on the base classes' *test* images, as the original's train.py: every
   # select_every steps the linear classifier's accuracy on them is measured and the best model kept.
@@ -250,8 +253,7 @@ def make_smoke(c: ml_collections.ConfigDict) -> None:
   c.model.width = 8
   c.runs = 2
   c.base.steps = 100
-  c.base.ways = 10
-  c.base.shots = 8
+  c.base.ways = 10  # x 8 images
   c.base.batch_size = 80
   c.base.milestones = (80,)
   c.base.lr_gamma = 0.1

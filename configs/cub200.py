@@ -63,8 +63,7 @@ def get_config(arg: str = ''):
   config.base.classifier_lr = 1e-2
   config.base.milestones = (1800, 2700)
   config.base.lr_gamma = 0.1
-  config.base.ways = 32
-  config.base.shots = 8
+  config.base.ways = 32  # x 8 images (base.shots=0: batch_size / ways)
   config.base.checkpoint_every = 200
   config.base.select_every = 200  # the original's CUB val_freq (read only with base.select_on_test)
   config.incremental.finetune = False

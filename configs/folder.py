@@ -34,7 +34,7 @@ def get_config(arg: str = ''):
   if variant == 'smoke':
     mini.make_folder_smoke(config)
     config.data.folder.update(num_base=10, way=2, num_sessions=6)
-    config.base.batch_size = 48  # 6 classes x 8 images: the validation protocol keeps 6 pseudo-base classes
+    config.base.update(ways=6, batch_size=48)  # 6 classes x 8 images: the validation protocol keeps 6 pseudo-base classes
     for section in ('icarl', 'rebalance'):  # session 2 holds 10 x 2 exemplars + 2 x 5 shots
       config[section].batch_size = 24
   return config

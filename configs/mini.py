@@ -46,8 +46,7 @@ def get_config(arg: str = ''):
   config.base.lr = 0.1
   config.base.milestones = (15000, 21000)
   config.base.lr_gamma = 0.1
-  config.base.ways = 16
-  config.base.shots = 16
+  config.base.ways = 16  # x 16 images (base.shots=0: batch_size / ways)
   config.base.checkpoint_every = 1000
   config.incremental.finetune = False
   config.incremental.lr = 0.01
@@ -72,5 +71,4 @@ def make_folder_smoke(config) -> None:
   config.data.image_size = 32
   config.model.width = 8
   config.base.ways = 8
-  config.base.shots = 8
   config.base.batch_size = 64

@@ -39,10 +39,14 @@ def resolve(config: ml_collections.ConfigDict, changes: Optional[dict] = None,
 
 def effective(config: ml_collections.ConfigDict, changes: Optional[dict] = None) -> ml_collections.ConfigDict:
   """The method's presets over the config's values, except on the fields the command line changed
-  (`changes`, the `origin['changes']` of `run`), and every 'auto' resolved on this backend."""
+  (`changes`, the `origin['changes']` of `run`), every 'auto' resolved on this backend, and
+  base.shots=0 resolved to base.batch_size / base.ways (protocol.sampler_shots)."""
   config = ml_collections.ConfigDict(config.to_dict())
   apply_presets(config, registry.get(config.method).presets, keep=changes or {})
-  return backend.resolve(config)
+  config = backend.resolve(config)
+  b = config.base
+  b.shots = protocol_lib.sampler_shots(b.sampler, b.batch_size, b.ways, b.shots)
+  return config
 
 
 def validate(config: ml_collections.ConfigDict, reads_data: bool = True) -> None:

@@ -65,11 +65,9 @@ def validate_base(c: ml_collections.ConfigDict) -> None:
   need(c.base.batch_size >= 1, 'base.batch_size', c.base.batch_size, 'must be >= 1')
   need(c.base.log_every >= 1, 'base.log_every', c.base.log_every, 'must be >= 1')
   need(c.base.sampler in SAMPLERS, 'base.sampler', c.base.sampler, f'allowed: {SAMPLERS}')
-  if c.base.sampler == 'task_epochs':
-    need(c.base.batch_size % c.base.shots == 0, 'base.batch_size', c.base.batch_size,
-         f'the task_epochs sampler needs a multiple of base.shots={c.base.shots}')
   need(c.base.select_every >= 1, 'base.select_every', c.base.select_every, 'must be >= 1')
-  need(c.base.ways >= 1 and c.base.shots >= 1, 'base.ways/shots', (c.base.ways, c.base.shots), 'must be >= 1')
+  need(c.base.ways >= 1, 'base.ways', c.base.ways, 'must be >= 1 (classes per batch)')
+  need(c.base.shots >= 0, 'base.shots', c.base.shots, 'must be >= 0 (0: base.batch_size / base.ways)')
   need(c.base.lr > 0, 'base.lr', c.base.lr, 'must be > 0')
   need(all(isinstance(m, int) and not isinstance(m, bool) for m in c.base.milestones), 'base.milestones',
        tuple(c.base.milestones), 'a tuple of step numbers such as (15000,)')

@@ -74,7 +74,7 @@ def tiny_protocol(method: str, **section):
   config.method = method
   config.runs = 2
   config.data.synthetic.update(num_base=6, way=2, num_sessions=3, train_per_class=20, test_per_class=10)
-  config.base.update(steps=40, milestones=(30,), batch_size=24, log_every=10, checkpoint_every=20)
+  config.base.update(steps=40, milestones=(30,), batch_size=24, ways=3, log_every=10, checkpoint_every=20)
   if section:
     if method not in config:
       raise ValueError(f'method {method!r} owns no config section; tiny_protocol({method!r}) takes no settings '

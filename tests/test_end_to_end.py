@@ -7,7 +7,7 @@ import sys
 import ml_collections
 import pytest
 
-from conftest import REPO
+from conftest import REPO, far_above_chance
 from f2m_jax import pipeline
 
 
@@ -17,6 +17,21 @@ def smoke_run(tmp_path_factory):
   workdir = str(tmp_path_factory.mktemp('smoke'))
   results = pipeline.run(cifar100.get_config('smoke'), workdir)
   return workdir, results
+
+
+@pytest.mark.slow
+def test_f2m_learns_at_a_quarter_of_the_authors_batch(tmp_path):
+  """The dataset configs' sampler (16 classes per batch) at base.batch_size=64 on the smoke data:
+  F2M learns. At 0739cee a batch of 64 held 4 classes of 16 images and session 1 stayed at chance
+  (5.00% of 20 classes)."""
+  from configs import cifar100
+  config = cifar100.get_config('smoke')
+  full = cifar100.get_config().base
+  config.base.update(ways=full.ways, shots=full.shots, batch_size=64)
+  config.runs, config.tensorboard = 1, False
+  config.data.synthetic.num_sessions = 2
+  results = pipeline.run(config, str(tmp_path / 'w'))
+  assert far_above_chance(results['sessions'][0]['acc']['mean'], images=400, classes=20), results['sessions'][0]
 
 
 @pytest.mark.slow

@@ -34,7 +34,7 @@ def test_defaults_are_the_authors_code_and_baseline_turns_them_off():
     assert config.incremental.round_steps and not config.base.select_on_test
   assert [c.noise.bound for c in (cifar100.get_config(), mini.get_config(), cub200.get_config())] == [
       0.005, 0.008, 0.0001]
-  assert (mini.get_config().base.shots, cub200.get_config().base.shots) == (16, 8)
+  assert [pipeline.resolve(c(), reads_data=False).base.shots for c in (mini.get_config, cub200.get_config)] == [16, 8]
   # their test-set selection every val_freq iterations (read only with base.select_on_test)
   assert [c.base.select_every for c in (cifar100.get_config(), mini.get_config(), cub200.get_config())] == [
       1500, 1500, 200]

@@ -17,7 +17,7 @@ def tiny(config, method):
   config.method = method
   config.runs = 2
   config.data.synthetic.update(num_base=6, way=2, num_sessions=3, train_per_class=20, test_per_class=10)
-  config.base.update(steps=12, milestones=(8,), batch_size=24, log_every=4, checkpoint_every=4, shots=4)
+  config.base.update(steps=12, milestones=(8,), batch_size=24, ways=6, log_every=4, checkpoint_every=4)
   config.crt.update(epochs=2, milestones=(1,), batch_size=12)
   return config
 

@@ -31,7 +31,7 @@ def tiny(seed: int = 0, **members_fields):
   c = cifar100.get_config('smoke')
   c.seed, c.runs, c.tensorboard = seed, 2, False
   c.data.synthetic.update(num_base=10, num_sessions=3)
-  c.base.update(steps=20, milestones=(15,), log_every=5, checkpoint_every=5, ways=5)
+  c.base.update(steps=20, milestones=(15,), log_every=5, checkpoint_every=5)
   c.members.update(members_fields)
   return c
 

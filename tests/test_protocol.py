@@ -93,3 +93,36 @@ def test_validation_protocol_roles(num_base, way, sessions, expected):
   shots = protocol.session_shots(val, 'validation', 1, 2, 5, 0)
   assert np.isin(shots, val.shot_pool).all()
   np.testing.assert_array_equal(shots, protocol.session_shots(val, 'draws', 1, 2, 5, 0))
+
+
+@pytest.mark.parametrize('config_name, changes, expected', [
+    ('folder', dict(batch_size=64), 4),  # the authors' 16 classes per batch at a quarter of their batch
+    ('folder', dict(batch_size=256), 16),
+    ('mini', dict(batch_size=32), 2),
+    ('mini', dict(batch_size=64, shots=4), 4),
+    ('cub200', dict(), 8),  # 32 classes x 8 images at 256, as their CUB config
+    ('cub200', dict(batch_size=128), 4),
+    ('mini', dict(batch_size=64, shots=16), 'base.shots=16 is invalid: the task_epochs sampler keeps base.ways=16'),
+    ('mini', dict(batch_size=100), 'base.batch_size=100 is invalid: the task_epochs sampler takes base.ways=16 '
+                                   'classes per batch, base.batch_size / base.ways images each (base.shots=0), so it '
+                                   'needs a multiple of 16 (e.g. 96 or 112); or set base.ways, or base.shots'),
+    ('mini', dict(batch_size=100, sampler='shuffle'), 0),  # not read by shuffled batches: no refusal
+    ('mini', dict(sampler='balanced', shots=3), 3),  # ways x shots is the batch
+    ('mini', dict(sampler='balanced', batch_size=8), 'base.batch_size=8 is invalid: the balanced sampler'),
+])
+def test_the_class_aware_samplers_keep_their_classes_per_batch_at_any_batch_size(config_name, changes, expected):
+  """base.shots=0 (every dataset config) is base.batch_size / base.ways when the run starts, so a
+  smaller batch keeps the classes per batch (at 0739cee, 64 took 4 classes of 16 and F2M stayed at
+  chance); a combination that cannot keep them is refused, naming base.shots."""
+  import importlib
+  from f2m_jax import pipeline
+  config = importlib.import_module(f'configs.{config_name}').get_config()
+  config.base.update(changes)
+  if 'folder' in config.data:
+    config.data.folder.train = 'any'
+  if isinstance(expected, int):
+    assert pipeline.resolve(config, reads_data=False).base.shots == expected
+  else:
+    with pytest.raises(ValueError) as e:
+      pipeline.resolve(config, reads_data=False)
+    assert str(e.value).startswith(expected), str(e.value)

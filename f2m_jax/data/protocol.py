@@ -104,6 +104,35 @@ def task_epoch(labels: np.ndarray, pool: np.ndarray, shots: int, seed: int, epoc
   return np.concatenate(blocks)
 
 
+CLASS_AWARE = ('task_epochs', 'balanced')  # the samplers that fill a batch with base.ways classes
+
+
+def sampler_shots(sampler: str, batch: int, ways: int, shots: int) -> int:
+  """base.shots as the run uses it: images per class in a batch of the class-aware samplers, which
+  keep base.ways classes per batch at any batch size (the authors' 16 classes x 16 images at 256).
+  0 means batch / ways; a value set must give that batch ('task_epochs'), so that a smaller
+  base.batch_size never leaves 4 classes in a batch (F2M stayed at chance there). Under 'shuffle',
+  0 where batch is no multiple of ways (unused). Raises ValueError naming base.shots."""
+  if (sampler == 'balanced' and shots) or ways < 1:
+    return shots  # balanced: ways x shots is the batch, base.batch_size is not read; ways < 1 is refused
+  if shots and (sampler != 'task_epochs' or shots * ways == batch):
+    return shots
+  if shots:
+    raise ValueError(f'base.shots={shots} is invalid: the task_epochs sampler keeps base.ways={ways} classes per '
+                     f'batch, so base.ways x base.shots must be base.batch_size={batch} (is {ways * shots}); leave '
+                     'base.shots=0 (base.batch_size / base.ways images per class), or set base.ways to '
+                     'base.batch_size / base.shots for another number of classes per batch')
+  if batch % ways == 0:
+    return batch // ways
+  if sampler in CLASS_AWARE:
+    near = ' or '.join(str(m) for m in (batch // ways * ways, (batch // ways + 1) * ways) if m)
+    raise ValueError(f'base.batch_size={batch} is invalid: the {sampler} sampler takes base.ways={ways} classes per '
+                     f'batch, base.batch_size / base.ways images each (base.shots=0), so it needs a multiple of '
+                     f'{ways} (e.g. {near}); or set base.ways, or base.shots with '
+                     'base.ways = base.batch_size / base.shots')
+  return 0
+
+
 def task_epoch_batches(num_classes: int, shots: int, batch: int) -> int:
   """Batches per TaskSampler epoch: the epoch's num_classes x shots indices cut into `batch`-sized
   batches, the remainder dropped (the original's DataLoader with drop_last=True)."""
