@@ -164,10 +164,9 @@ class Records:
     for i, m in enumerate(per_step):
       bad = np.flatnonzero(~np.asarray(m['finite']))
       if bad.size:
-        who = f' in member {int(bad[0])}' if len(self.members) > 1 else ''
-        kept = f'the last good checkpoint (step {self.saved}) is kept' if self.saved else 'no checkpoint was saved yet'
-        raise TrainingError(f'non-finite loss or parameters (loss {m["loss"][bad[0]]}){who} of method {self.method} '
-                            f'at {self.phase} step {first + i + 1}; {kept}')
+        who = f' (member {int(bad[0])})' if len(self.members) > 1 else ''
+        raise TrainingError(diverged(float(m['loss'][bad[0]]), first + i + 1, f'method {self.method}{who}',
+                                     self.phase, self.saved, self.cfg.lr, self.cfg.classifier_lr))
 
   def _log(self, done: int) -> None:
     rate = round(len(self.window) / (time.time() - self.t0), 3)
@@ -181,6 +180,19 @@ class Records:
 
   def close(self) -> None:
     self.bar.close()
+
+
+def diverged(loss: float, step: int, who: str, phase: str, saved: Optional[int], lr: float,
+             classifier_lr: float = -1.0) -> str:
+  """Why a training stopped at `step`, whose loss was `loss` (a step is good only if its loss and the
+  parameters it leaves are finite), what was kept, and the learning rate to try: a tenth."""
+  what = (f'the parameters became non-finite after a finite loss of {loss:.3g}' if math.isfinite(loss)
+          else f'the loss was {loss}')
+  kept = f'the last good checkpoint (step {saved}) is kept' if saved else 'no checkpoint was saved yet'
+  lower = f'--config.base.lr={lr / 10:g}' + (f' --config.base.classifier_lr={classifier_lr / 10:g}'
+                                             if classifier_lr > 0 else '')
+  return (f'{who} diverged at {phase} step {step}: {what}; {kept}. The learning rate is too large for this '
+          f'batch and network: try a tenth of it, {lower}, in a new --workdir (the lr is part of its config)')
 
 
 class TestSetSelector:

@@ -168,17 +168,35 @@ def test_nan_stop_names_the_same_step_and_keeps_the_last_good_checkpoint(tmp_pat
     config.base.update(lr=1e3, steps_per_call=4, log_every=20, checkpoint_every=20)  # diverges at step 6
     if calls == 'one':
       config.base.update(checkpoint_every=2, steps_per_call=1)  # a checkpoint before the divergence
-    with pytest.raises(experiment_lib.TrainingError, match=r'non-finite loss or parameters .* at base step (\d+);') as e:
+    with pytest.raises(experiment_lib.TrainingError, match=r'method f2m diverged at base step (\d+): ') as e:
       pipeline.run(config, str(tmp_path / calls))
-    steps[calls] = int(str(e.value).split('base step ')[1].split(';')[0])
+    steps[calls] = int(str(e.value).split('base step ')[1].split(':')[0])
     messages[calls] = str(e.value)
   assert steps['one'] == steps['four'] and steps['one'] % 4  # a step inside one of the device path's calls
-  assert messages['four'].endswith('; no checkpoint was saved yet')
+  assert '; no checkpoint was saved yet. ' in messages['four'] and 'try a tenth of it, --config.base.lr=100,' in messages['four']
   # The host run's last checkpoint is the last one before the divergence, and finite.
   ckpts = Checkpoints(str(tmp_path / 'one'), read_only=True)
   last = ckpts.latest_base_step()
   assert last is not None and steps['one'] - 2 <= last < steps['one']
-  assert messages['one'].endswith(f'; the last good checkpoint (step {last}) is kept')
+  assert f'; the last good checkpoint (step {last}) is kept. ' in messages['one']
   config = pipeline.resolve(_tiny(5))
   state = ckpts.restore_base_state(experiment_lib.Experiment.create(config, sources.load_benchmark(config)).init_state(), last)
   assert all(np.isfinite(x).all() for x in jax.tree_util.tree_leaves(jax.device_get(state.params)))
+
+
+@pytest.mark.parametrize('loss, saved, classifier_lr, expected', [
+    (4.10, None, -1.0, 'method f2m diverged at base step 188: the parameters became non-finite after a finite loss '
+                       'of 4.1; no checkpoint was saved yet. The learning rate is too large for this batch and '
+                       'network: try a tenth of it, --config.base.lr=0.01, in a new --workdir'),
+    (1.0e29, 150, -1.0, 'method f2m diverged at base step 188: the parameters became non-finite after a finite loss '
+                        'of 1e+29; the last good checkpoint (step 150) is kept. '),
+    (float('nan'), 150, -1.0, 'method f2m diverged at base step 188: the loss was nan; the last good checkpoint'),
+    (float('inf'), None, 0.01, 'method f2m diverged at base step 188: the loss was inf; no checkpoint was saved yet. '
+                               'The learning rate is too large for this batch and network: try a tenth of it, '
+                               '--config.base.lr=0.01 --config.base.classifier_lr=0.001, in a new --workdir'),
+])
+def test_a_diverged_training_says_why_and_which_lr_to_try(loss, saved, classifier_lr, expected):
+  """The stop names the loss that was not finite, or the finite loss (4.10, 1e29) after which the
+  parameters were not (0739cee called both 'non-finite loss'), and a tenth of the lr."""
+  from f2m_jax import train_loop
+  assert train_loop.diverged(loss, 188, 'method f2m', 'base', saved, 0.1, classifier_lr).startswith(expected)
