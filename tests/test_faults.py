@@ -68,7 +68,8 @@ def copy_of(reference, tmp_path, unfinished: bool = False) -> str:
     ('noise.num_layers', 0, 'noise.num_layers=0 must be in [1, '),
     ('data.shots', 100, 'data.shots=100 is invalid: class 20 has 40 images in the shot pool'),
     ('data.protocol', 'topic', "data.protocol='topic' is invalid: it needs the TOPIC lists"),
-    ('base.batch_size', 5000, 'base.batch_size=5000 exceeds one epoch of 20 classes x 8 shots: allowed up to 160'),
+    ('base.batch_size', 5000, 'has 40 base training images, fewer than the base.shots=500 a batch takes of each'),
+    ('base.ways', 40, 'base.batch_size=80 exceeds one epoch of 20 classes x 2 shots: allowed up to 40'),
 ])
 def test_bad_value_is_refused_before_anything_is_written(tmp_path, field, value, message):
   workdir = tmp_path / 'w'

@@ -99,7 +99,9 @@ def task_epoch(labels: np.ndarray, pool: np.ndarray, shots: int, seed: int, epoc
   for c in classes[rng.permutation(len(classes))]:
     members = pool[pool_labels == c]
     if len(members) < shots:
-      raise ValueError(f'class {c} has {len(members)} base training images, fewer than base.shots={shots}')
+      raise ValueError(f'class {c} has {len(members)} base training images, fewer than the base.shots={shots} a '
+                       'batch takes of each class (base.batch_size / base.ways where base.shots=0): lower '
+                       'base.batch_size or raise base.ways')
     blocks.append(members[rng.permutation(len(members))[:shots]])
   return np.concatenate(blocks)
 
