@@ -84,26 +84,40 @@ def ncm_dtype(*dtypes):
 
 
 def ncm_accuracies(embeddings: np.ndarray, labels: np.ndarray, protos: np.ndarray, num_base: int,
-                   normalize: bool, pad_to: Optional[tuple] = None) -> dict:
+                   normalize: bool, pad_to: Optional[tuple] = None, session_ends: Sequence[int] = ()) -> dict:
   """NCM over all seen classes; returns acc, acc_base, acc_novel (None without novel images) and
-  hm (harmonic mean of base and novel), in percent. `pad_to` = (rows, classes): the embeddings and
+  hm (harmonic mean of base and novel), in percent, and `accuracies_from_predictions`'s acc_sessions
+  where `session_ends` is given. `pad_to` = (rows, classes): the embeddings and
   prototypes are padded to these sizes (the padded classes never predicted), so every session of a
   benchmark runs one compiled program instead of compiling anew for each session's shapes."""
   dtype = ncm_dtype(np.asarray(embeddings).dtype, np.asarray(protos).dtype)
   embeddings, protos = np.asarray(embeddings, dtype), np.asarray(protos, dtype)
   rows, classes = pad_to or (len(embeddings), len(protos))
   pred = ncm_predict_padded(pad_rows(embeddings, rows), pad_rows(protos, classes), np.int32(len(protos)), normalize)
-  return accuracies_from_predictions(np.asarray(pred)[:len(embeddings)], labels, num_base)
+  return accuracies_from_predictions(np.asarray(pred)[:len(embeddings)], labels, num_base, session_ends)
 
 
-def accuracies_from_predictions(pred: np.ndarray, labels: np.ndarray, num_base: int) -> dict:
-  """acc, acc_base, acc_novel (None without novel images) and hm, in percent."""
+def session_ends(bench: Benchmark, session: int) -> tuple:
+  """The classes seen after each session up to `session`: class ids are in session order, so session
+  i's classes are those from session_ends[i - 1] (0 for i = 0) to session_ends[i]."""
+  return tuple(bench.num_seen_classes(t) for t in range(1, session + 1))
+
+
+def accuracies_from_predictions(pred: np.ndarray, labels: np.ndarray, num_base: int,
+                                session_ends: Sequence[int] = ()) -> dict:
+  """acc, acc_base, acc_novel (None without novel images) and hm, in percent; with `session_ends`
+  (`session_ends`), acc_sessions: the accuracy on the test images of each session's classes (a row
+  of the accuracy matrix; None for a session without test images)."""
   correct = np.asarray(pred) == labels
   base = labels < num_base
   acc_base = 100.0 * correct[base].mean()
   acc_novel = 100.0 * correct[~base].mean() if (~base).any() else None
-  return {'acc': 100.0 * correct.mean(), 'acc_base': acc_base, 'acc_novel': acc_novel,
-          'hm': harmonic_mean(acc_base, acc_novel) if acc_novel is not None else None}
+  out = {'acc': 100.0 * correct.mean(), 'acc_base': acc_base, 'acc_novel': acc_novel,
+         'hm': harmonic_mean(acc_base, acc_novel) if acc_novel is not None else None}
+  if session_ends:
+    groups = [(labels >= lo) & (labels < hi) for lo, hi in zip((0,) + tuple(session_ends[:-1]), session_ends)]
+    out['acc_sessions'] = [100.0 * float(correct[g].mean()) if g.any() else None for g in groups]
+  return out
 
 
 def harmonic_mean(a: float, b: float) -> float:
@@ -156,7 +170,22 @@ def build_results(dataset: str, method: str, protocol: str, num_classes: Sequenc
   if norms:
     out['prototype_norms'] = {key: None if any(n[key] is None for n in norms) else summarize([n[key] for n in norms])
                               for key in norms[0]}
+  if all('acc_sessions' in s for run in per_run for s in run):
+    out['accuracy_matrix'] = accuracy_matrix([[s['acc_sessions'] for s in run] for run in per_run])
   return out
+
+
+def accuracy_matrix(per_run: Sequence[Sequence[Sequence[Optional[float]]]]) -> dict:
+  """The accuracy on the classes of session i after session j (rows: session of origin i, columns:
+  after session j; None for j < i) as mean and 95% interval over runs, from per-run, per-session
+  acc_sessions lists ([runs][j][i])."""
+  sessions = len(per_run[0])
+  cells = [[[run[j][i] for run in per_run] if j >= i else None for j in range(sessions)] for i in range(sessions)]
+  stat = lambda v, key: None if v is None or None in v else summarize(v)[key]
+  return {'rows': 'session whose classes are tested', 'columns': 'after session',
+          'mean': [[stat(v, 'mean') for v in row] for row in cells],
+          'ci95': [[stat(v, 'ci95') for v in row] for row in cells],
+          'runs': [[[None if v is None else v[r] for v in row] for row in cells] for r in range(len(per_run))]}
 
 
 def results_rows(results: dict) -> list:

@@ -56,4 +56,5 @@ class Evaluator:
     idx = protocol_lib.test_indices(bench, session)
     emb = self.embeddings(variables, changed)[idx]
     return evaluation.ncm_accuracies(emb, bench.test.labels[idx], protos, bench.num_base_classes,
-                                     self.exp.config.eval.normalize_prototypes, pad_to=evaluation.eval_shapes(bench))
+                                     self.exp.config.eval.normalize_prototypes, pad_to=evaluation.eval_shapes(bench),
+                                     session_ends=evaluation.session_ends(bench, session))

@@ -267,7 +267,9 @@ def write_outputs(workdir: str, results: dict, mode: str) -> str:
   path = os.path.join(workdir, 'results.json')
   if mode == 'eval' and os.path.exists(path):
     saved = workdir_lib.read_json(path)
-    strip = lambda r: {k: v for k, v in r.items() if k != 'provenance'}  # when and where differ, nothing else may
+    # when and where differ, nothing else may; keys a results.json of an earlier version lacks
+    # (accuracy_matrix) are not compared
+    strip = lambda r: {k: v for k, v in r.items() if k != 'provenance' and k in saved}
     saved, new = strip(saved), strip(json.loads(json.dumps(results)))
     if saved == new:
       return (f'evaluation reproduced {path} exactly (every run and session computed again from its checkpoint); '

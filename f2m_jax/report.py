@@ -4,17 +4,21 @@
                              [--base-novel {last,all}]
 
 Each W is a workdir holding `results.json`, a sweep's folder holding `summary.json` (members.py), or
-the path of either file. The main table is printed; the gap column subtracts only runs of the same
-dataset, protocol and session count (others get 'n/a' and a warning). With --out, the report folder
+the path of either file. The main table is printed, then each run's accuracy matrix; the gap column
+subtracts only runs of the same dataset, protocol and session count (others get 'n/a' and a warning).
+With --out, the report folder
 DIR (created if missing; files in it are overwritten) receives, and the command names:
 
   report.md      the main table in the paper's layout (one row per run: accuracy per session as
                  mean ± ci95, PD, AVG and the gap of the last-session accuracy to the reference row),
-                 the base/novel/HM table, the flatness table (I, sigma^2) of the flatness files that
-                 `run.py --mode flatness` wrote into the workdirs, the prototype norms, the sources;
+                 the base/novel/HM table, the accuracy matrices, the flatness table (I, sigma^2) of the
+                 flatness files that `run.py --mode flatness` wrote into the workdirs, the prototype
+                 norms, the sources;
   report.csv     the main table, machine-readable, full precision;
   accuracy.png   accuracy per session, one line per run with a shaded 95% band;
-  base_novel.png base (solid) and novel (dashed) accuracy per session.
+  base_novel.png base (solid) and novel (dashed) accuracy per session;
+  accuracy_matrix.png  per run, the accuracy on each session's classes after every later session
+                 (results of an earlier version have none: no file).
 
 Only the standard library is imported at module level (matplotlib lazily, on an Agg canvas of its own:
 no pyplot, no global backend change), so importing this module never touches jax or a display.
@@ -32,15 +36,14 @@ from typing import Any, Iterable, Optional, Sequence
 RESULTS_NAME = 'results.json'
 SUMMARY_NAME = 'summary.json'  # a member sweep's (members.py), in results.json's format
 FLATNESS_NAME = 'flatness.json'  # written by `run.py --mode flatness` into the workdir
-TOP_KEYS = ('dataset', 'method', 'protocol', 'runs', 'sessions', 'pd', 'avg')
-SESSION_KEYS = ('session', 'num_classes', 'acc', 'acc_base')
-NULLABLE_SESSION_KEYS = ('acc_novel', 'hm')  # null (or absent) in session 1
-STAT_SESSION_KEYS = ('acc', 'acc_base') + NULLABLE_SESSION_KEYS  # a session's statistics, in the tables' order
-STAT_KEYS = ('mean', 'ci95')
+STAT_SESSION_KEYS = ('acc', 'acc_base', 'acc_novel', 'hm')  # a session's statistics, in the tables' order
 SESSION_HEADER = ['Session', 'Classes', 'Acc', 'Base', 'Novel', 'HM']  # the cells of `session_cells`
 MISSING = '-'
 PD_AVG = ('PD: accuracy of session 1 minus that of the last session (what was forgotten; lower is better); '
           'AVG: accuracy averaged over all sessions')
+GAP = 'gap: last-session accuracy minus that of the reference row'
+MATRIX = ("accuracy on each session's classes (rows: the session that brought them) after every later session "
+          '(columns), mean over runs: the diagonal is what a session learned, the fall along a row what was forgotten')
 
 
 class ResultsError(ValueError):
@@ -69,52 +72,8 @@ def results_path(path: str) -> str:
   return summary if os.path.isfile(summary) and not os.path.isfile(results) else results
 
 
-def _check_keys(obj: dict, keys: Sequence[str], file: str, prefix: str = '') -> None:
-  """Raise ResultsError naming the first of `keys` that `obj` lacks."""
-  for key in keys:
-    if key not in obj:
-      raise ResultsError(f'{file}: missing key {prefix + key!r}')
-
-
-def _check_stat(stat: Any, where: str, file: str) -> None:
-  """Raise ResultsError unless `stat` is a dict with numeric 'mean' and 'ci95'."""
-  if not isinstance(stat, dict):
-    raise ResultsError(f'{file}: {where!r} must be an object with keys {STAT_KEYS}, got {stat!r}')
-  for key in STAT_KEYS:
-    _check_keys(stat, (key,), file, f'{where}.')
-    if isinstance(stat[key], bool) or not isinstance(stat[key], (int, float)):
-      raise ResultsError(f'{file}: {where + "." + key!r} must be a number, got {stat[key]!r}')
-
-
-def validate_results(results: Any, file: str = '<results>') -> dict:
-  """Return `results` if it has the results.json shape, else raise ResultsError naming `file` and the
-  dotted path of the first bad key (e.g. "sessions[2].acc.ci95"). 'config' and 'label' are not checked."""
-  if not isinstance(results, dict):
-    raise ResultsError(f'{file}: top level must be a JSON object, got {type(results).__name__}')
-  _check_keys(results, TOP_KEYS, file)
-  sessions = results['sessions']
-  if not isinstance(sessions, list) or not sessions:
-    raise ResultsError(f'{file}: \'sessions\' must be a non-empty list')
-  for i, session in enumerate(sessions):
-    where = f'sessions[{i}]'
-    if not isinstance(session, dict):
-      raise ResultsError(f'{file}: {where!r} must be an object')
-    _check_keys(session, SESSION_KEYS, file, f'{where}.')
-    if isinstance(session['session'], bool) or not isinstance(session['session'], int):
-      raise ResultsError(f'{file}: {where + ".session"!r} must be an integer')
-    for key in STAT_SESSION_KEYS:
-      if key not in NULLABLE_SESSION_KEYS or session.get(key) is not None:
-        _check_stat(session[key], f'{where}.{key}', file)
-  numbers = [s['session'] for s in sessions]
-  if len(set(numbers)) != len(numbers):
-    raise ResultsError(f'{file}: duplicate session numbers {numbers}')
-  for key in ('pd', 'avg'):
-    _check_stat(results[key], key, file)
-  return results
-
-
 def load_results(path: str) -> dict:
-  """Read and validate a results.json (a workdir or the file itself); see `validate_results`."""
+  """Read a results.json (a workdir or the file itself), or a sweep's summary.json."""
   file = results_path(path)
   if not os.path.isfile(file):
     raise ResultsError(f'{file}: no such results file' + (f' (nor a sweep\'s {SUMMARY_NAME} in {path})'
@@ -124,9 +83,9 @@ def load_results(path: str) -> dict:
       results = json.load(f)
   except json.JSONDecodeError as e:
     raise ResultsError(f'{file}: not valid JSON ({e})') from e
-  if isinstance(results, dict) and isinstance(results.get('values'), list):  # a sweep over a field
-    return {**results, 'values': [validate_results(v, f'{file}: values[{i}]') for i, v in enumerate(results['values'])]}
-  return validate_results(results, file)
+  if not isinstance(results, dict) or not ('sessions' in results or 'values' in results):
+    raise ResultsError(f'{file}: not the results.json (or summary.json) of a run: it holds no sessions')
+  return results
 
 
 # ----------------------------------------------------------------------------- table helpers
@@ -333,7 +292,28 @@ def format_session_table(results: dict) -> str:
   if reads_test_set(results):
     footer += (f'\nbase model: step {results["base_model"]["step"]}, chosen on the base classes\' TEST images '
                '(base.select_on_test)')
-  return '\n'.join([title, render(SESSION_HEADER), rule] + [render(r) for r in lines] + [rule, footer])
+  matrix = matrix_lines(results)
+  return '\n'.join([title, render(SESSION_HEADER), rule] + [render(r) for r in lines] + [rule, footer]
+                   + (['', MATRIX[0].upper() + MATRIX[1:] + ':'] + matrix if matrix else []))
+
+
+def matrix_cells(results: dict) -> list:
+  """The accuracy matrix (results.json's accuracy_matrix) as rows of cells: a header of the sessions,
+  then per session of origin its number and the mean accuracy after each session ('' before it); []
+  for results without one (written before it existed, or a sweep's summary)."""
+  mean = (results.get('accuracy_matrix') or {}).get('mean')
+  if not mean:
+    return []
+  numbers = [str(s['session']) for s in in_order(results)]
+  return [['from / after'] + numbers] + [[n] + ['' if v is None else f'{v:.2f}' for v in row]
+                                          for n, row in zip(numbers, mean)]
+
+
+def matrix_lines(results: dict) -> list:
+  """`matrix_cells` as plain-text lines, right-aligned columns."""
+  cells = matrix_cells(results)
+  widths = [max(len(r[i]) for r in cells) for i in range(len(cells[0]))] if cells else []
+  return ['  '.join(c.rjust(w) for c, w in zip(r, widths)).rstrip() for r in cells]
 
 
 def csv_rows(rows: Sequence[Row], reference: Any = 0) -> list:
@@ -427,6 +407,35 @@ def plot_base_novel(rows: Sequence[Row], path: str) -> str:
                [('acc_base', '-', ' base'), ('acc_novel', '--', ' novel')], 0.12)
 
 
+def plot_matrix(rows: Sequence[Row], path: str) -> Optional[str]:
+  """One heatmap per row with an accuracy matrix (the session of origin down, after which session
+  across, the mean accuracy in each cell); PNG at `path`, or None where no row has a matrix."""
+  from matplotlib.backends.backend_agg import FigureCanvasAgg
+  from matplotlib.figure import Figure
+  shown = [r for r in rows if matrix_cells(r.results)]
+  if not shown:
+    return None
+  fig = Figure(figsize=(4.6 * len(shown), 4.2))
+  FigureCanvasAgg(fig)
+  for k, row in enumerate(shown):
+    ax = fig.add_subplot(1, len(shown), k + 1)
+    mean = [[float('nan') if v is None else v for v in r] for r in row.results['accuracy_matrix']['mean']]
+    image = ax.imshow(mean, vmin=0, vmax=100, cmap='viridis')
+    for i, r in enumerate(mean):
+      for j, v in enumerate(r):
+        if v == v:  # not NaN
+          ax.text(j, i, f'{v:.0f}', ha='center', va='center', fontsize=7, color='white' if v < 60 else 'black')
+    numbers = [s['session'] for s in in_order(row.results)]
+    ax.set_xticks(range(len(numbers)), numbers)
+    ax.set_yticks(range(len(numbers)), numbers)
+    ax.set_xlabel('after session')
+    ax.set_ylabel('classes of session')
+    ax.set_title(row.label, fontsize='small')
+  fig.colorbar(image, ax=fig.axes, label='accuracy (%)', shrink=0.8)
+  fig.savefig(path, dpi=120)
+  return path
+
+
 # ----------------------------------------------------------------------------- report
 
 
@@ -486,16 +495,19 @@ def format_report(rows: Sequence[Row], reference: Any = 0, all_sessions: bool = 
                                           hardware(r.results)) if x) + ')' for r in rows]
   flatness = format_flatness_table(rows)
   norms = format_norms_table(rows)
+  matrices = [line for r in rows if matrix_cells(r.results) for line in
+              [f'{_escape(r.label)}:', '', markdown_table(matrix_cells(r.results)[0], matrix_cells(r.results)[1:]), '']]
   refused = [f'- {_escape(w)}' for w in gap_warnings(rows, reference)]
   return '\n'.join([
       '# F2M report', '',
       '## Accuracy per session (%, mean ± 95% CI over runs)', '',
       format_table(rows, reference), '',
-      f'{PD_AVG}; gap: last-session accuracy minus that of the reference row "{_escape(ref.label)}".', '',
+      f'{PD_AVG}; {GAP} "{_escape(ref.label)}".', '',
   ] + refused + [''] * bool(refused) + [
       f'## Base vs novel accuracy ({"every" if all_sessions else "last"} session)', '',
       format_base_novel_table(rows, all_sessions), '',
-  ] + (['## Flatness of the base model (base loss over noise draws)', '', flatness, ''] if flatness else [])
+  ] + ([f'## The accuracy matrix: {MATRIX}', ''] + matrices if matrices else [])
+      + (['## Flatness of the base model (base loss over noise draws)', '', flatness, ''] if flatness else [])
       + (['## Prototype norms after the last session (L2; mean ± 95% CI over runs)', '', norms, ''] if norms else [])
       + ['## Sources', ''] + sources) + '\n'
 
@@ -508,12 +520,14 @@ def write_report(rows: Sequence[Row], out: str, reference: Any = 0,
     raise ValueError(f'--out {out!r} is not a folder: give a folder (created if missing) for the report\'s files')
   os.makedirs(out, exist_ok=True)
   paths = {name: os.path.join(out, name)
-           for name in ('report.md', 'report.csv', 'accuracy.png', 'base_novel.png')}
+           for name in ('report.md', 'report.csv', 'accuracy.png', 'base_novel.png', 'accuracy_matrix.png')}
   with open(paths['report.md'], 'w', encoding='utf-8') as f:
     f.write(format_report(rows, reference, all_sessions))
   write_csv(rows, paths['report.csv'], reference)
   plot_accuracy(rows, paths['accuracy.png'])
   plot_base_novel(rows, paths['base_novel.png'])
+  if not plot_matrix(rows, paths['accuracy_matrix.png']):
+    del paths['accuracy_matrix.png']
   return paths
 
 
@@ -544,8 +558,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   for warning in gap_warnings(rows, reference):
     print(f'report: warning: {warning}', file=sys.stderr)
   print(format_table(rows, reference))
+  print(f'{PD_AVG}; {GAP} "{rows[reference].label}" (--reference)')
+  for row in rows:
+    if matrix_cells(row.results):
+      print('\n'.join(['', f'{row.label}: {MATRIX}'] + matrix_lines(row.results)))
   print('\n'.join(['wrote:'] + [f'  {p}' for p in written.values()]) if written else
-        '(nothing written: --out DIR writes report.md, report.csv, accuracy.png and base_novel.png)')
+        '(nothing written: --out DIR writes report.md, report.csv, accuracy.png, base_novel.png and '
+        'accuracy_matrix.png)')
   return 0
 
 

@@ -95,7 +95,7 @@ def restore_session(runner, ckpts: Checkpoints, run: int, session: int, exemplar
   acc = {k: None if np.isnan(v) else float(v) for k, v in zip(ACCURACY_KEYS, np.asarray(saved['accuracy']))}
   state = runner.restore(saved)
   again = runner.accuracies(state, session)
-  if again != acc:
+  if any(again[k] != acc[k] for k in ACCURACY_KEYS):  # the checkpoint holds these (not acc_sessions)
     differ = ', '.join(f'{k} {again[k]} (saved {acc[k]})' for k in ACCURACY_KEYS if again[k] != acc[k])
     print(f'run {run} session {session}: the accuracies computed again from {ckpts.root}/run_{run}/{session} '
           f'differ from those saved in it: {differ}', flush=True)

@@ -139,3 +139,26 @@ def test_breakdown_pd_avg_ci():
   assert r['pd']['mean'] == pytest.approx(25.0) and r['pd']['ci95'] == pytest.approx(1.96 * 5 / np.sqrt(2))
   assert r['avg']['mean'] == pytest.approx(57.5)
   assert r['sessions'][0]['acc_novel'] is None and r['sessions'][1]['acc_novel']['mean'] == 25.0
+
+
+def test_the_accuracy_matrix_is_the_accuracy_on_each_sessions_classes():
+  """acc_sessions: the accuracy on the test images of each session's classes (classes 0-1 came in
+  session 1, 2 in session 2, 3-4 in session 3); build_results turns them into the accuracy matrix
+  (rows: session of origin, columns: after session j) and changes no other key."""
+  labels = np.array([0, 0, 1, 1, 2, 2, 3, 4, 4, 4])
+  pred = np.array([0, 1, 1, 1, 0, 2, 3, 4, 0, 0])
+  acc = evaluation.accuracies_from_predictions(pred, labels, num_base=2, session_ends=(2, 3, 5))
+  np.testing.assert_allclose(acc['acc_sessions'], [75.0, 50.0, 50.0])
+  assert acc['acc'] == pytest.approx(60.0) and acc['acc_base'] == pytest.approx(75.0)
+  assert 'acc_sessions' not in evaluation.accuracies_from_predictions(pred, labels, num_base=2)
+  plain = lambda base, s2: {'acc': base, 'acc_base': base, 'acc_novel': None if s2 is None else s2, 'hm': None}
+  per_run = [[{**plain(80.0, None), 'acc_sessions': [80.0]}, {**plain(70.0, 40.0), 'acc_sessions': [70.0, 40.0]}],
+             [{**plain(60.0, None), 'acc_sessions': [60.0]}, {**plain(50.0, 20.0), 'acc_sessions': [50.0, 20.0]}]]
+  with_matrix = evaluation.build_results('d', 'f2m', 'draws', [2, 3], per_run)
+  without = evaluation.build_results('d', 'f2m', 'draws', [2, 3],
+                                     [[{k: v for k, v in s.items() if k != 'acc_sessions'} for s in r] for r in per_run])
+  matrix = with_matrix.pop('accuracy_matrix')
+  assert with_matrix == without
+  assert matrix['mean'] == [[70.0, 60.0], [None, 30.0]]
+  assert matrix['ci95'][0][1] == pytest.approx(1.96 * 10 / np.sqrt(2)) and matrix['ci95'][1][0] is None
+  assert matrix['runs'] == [[[80.0, 70.0], [None, 40.0]], [[60.0, 50.0], [None, 20.0]]]

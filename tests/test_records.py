@@ -4,6 +4,7 @@ import json
 import os
 import shutil
 
+import numpy as np
 import pytest
 
 from conftest import run_py, snapshot, tiny_smoke as tiny_config
@@ -124,6 +125,7 @@ def test_eval_that_differs_writes_beside_and_says_so(reference, tmp_path, capsys
   with open(path) as f:
     saved = json.load(f)
   saved['pd']['mean'] += 1.0
+  del saved['accuracy_matrix']  # as a results.json of an earlier version: a key it lacks is no difference
   with open(path, 'w') as f:
     json.dump(saved, f)
   before = open(path).read()
@@ -134,6 +136,20 @@ def test_eval_that_differs_writes_beside_and_says_so(reference, tmp_path, capsys
   assert open(path).read() == before
   pipeline.run(tiny_config(), workdir, mode='eval')  # a second evaluation keeps the first one's file
   assert len([n for n in os.listdir(workdir) if n.startswith('results_eval') and n.endswith('.json')]) == 2
+
+
+@pytest.mark.slow
+def test_the_accuracy_matrix_agrees_with_the_session_accuracies(reference):
+  """Run by run, the accuracy after session j is the mean of the matrix's column j weighted by each
+  session's test images, and the base classes' row is acc_base."""
+  _, results = reference
+  runs = np.asarray(results['accuracy_matrix']['runs'], np.float64)  # [run, session of origin, after session]
+  images = np.asarray([20 * 20, 20 * 2, 20 * 2], np.float64)  # 20 test images of each class: 20 base, then 2 a session
+  for j, s in enumerate(results['sessions']):
+    np.testing.assert_allclose(runs[:, :j + 1, j] @ images[:j + 1] / images[:j + 1].sum(), s['acc']['runs'], rtol=1e-12)
+    np.testing.assert_allclose(runs[:, 0, j], s['acc_base']['runs'], rtol=1e-12)
+    assert results['accuracy_matrix']['mean'][0][j] == pytest.approx(s['acc_base']['mean'], rel=1e-12)
+  assert np.isnan(runs[:, 1, 0]).all() and results['accuracy_matrix']['mean'][2][1] is None
 
 
 # ----------------------------------------------------------------------------- the base model's source

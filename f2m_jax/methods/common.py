@@ -66,4 +66,5 @@ def nearest_mean_accuracies(exp, embed, state: dict, session: int) -> dict:
   idx = protocol_lib.test_indices(bench, session)
   emb = embed({'params': state['params'], 'batch_stats': state['batch_stats']}, bench.test.images[idx])
   return evaluation.ncm_accuracies(emb, bench.test.labels[idx], state['prototypes'], bench.num_base_classes,
-                                   exp.config.eval.normalize_prototypes, pad_to=evaluation.eval_shapes(bench))
+                                   exp.config.eval.normalize_prototypes, pad_to=evaluation.eval_shapes(bench),
+                                   session_ends=evaluation.session_ends(bench, session))

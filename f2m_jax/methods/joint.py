@@ -45,7 +45,8 @@ def linear_accuracies(exp, variables, network, session: int, logits_fn=None) -> 
   idx = protocol_lib.test_indices(bench, session)
   fn = logits_fn or evaluation.make_embed(network, bench.mean, bench.std, exp.config.eval.batch_size, logits=True)
   pred = np.argmax(fn(variables, bench.test.images[idx]), -1)
-  return evaluation.accuracies_from_predictions(pred, bench.test.labels[idx], bench.num_base_classes)
+  return evaluation.accuracies_from_predictions(pred, bench.test.labels[idx], bench.num_base_classes,
+                                                evaluation.session_ends(bench, session))
 
 
 def train_network(exp, network, pool: np.ndarray, key, training, log, desc: str, stream: tuple) -> dict:
