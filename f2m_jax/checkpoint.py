@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
+import weakref
 from typing import Any, Optional
 
 import jax
@@ -68,6 +70,24 @@ def _writable(directory: str, what: str) -> None:
     raise CheckpointFault(f'cannot write the {what} into {directory}: {why}')
 
 
+# Every manager of this process that writes in the background, and a lock held through each save's
+# synchronous part: `finish_writes` takes it, then waits for the writes in flight, so that a process
+# ended at a signal (f2m_jax/stopping.py) leaves every checkpoint it wrote complete.
+_BACKGROUND = weakref.WeakSet()
+_SAVING = threading.Lock()
+
+
+def finish_writes(timeout_s: float = 120.0) -> None:
+  """Waits for the save in progress (at most `timeout_s`) and for every background write in flight;
+  keeps the saving lock, so that no save starts before the process ends."""
+  _SAVING.acquire(timeout=timeout_s)  # pylint: disable=consider-using-with
+  for manager in list(_BACKGROUND):
+    try:
+      manager.wait_until_finished()
+    except Exception:  # pylint: disable=broad-except  (a closed manager, or a write that failed: nothing to wait for)
+      pass
+
+
 def _manager(directory: str, keep: Optional[int], read_only: bool = False,
              background: bool = False) -> ocp.CheckpointManager:
   # In the background on one process only: with several, orbax's per-save barriers of concurrent
@@ -77,7 +97,10 @@ def _manager(directory: str, keep: Optional[int], read_only: bool = False,
     _writable(directory, 'checkpoints')
   options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=not read_only, read_only=read_only,
                                          enable_async_checkpointing=background)
-  return ocp.CheckpointManager(os.path.abspath(directory), options=options)
+  manager = ocp.CheckpointManager(os.path.abspath(directory), options=options)
+  if background:
+    _BACKGROUND.add(manager)
+  return manager
 
 
 def _to_numpy(tree):
@@ -147,7 +170,8 @@ class Checkpoints:
     """Saves `item` as `step`; a CheckpointFault naming the folder and the cause where it cannot."""
     _writable(str(manager.directory), f'{what} checkpoint')
     try:
-      manager.save(step, args=ocp.args.StandardSave(item), force=True)
+      with _SAVING:
+        manager.save(step, args=ocp.args.StandardSave(item), force=True)
     except Exception as e:
       raise CheckpointFault(f'cannot write the {what} checkpoint {manager.directory}/{step}: {_cause(e)}') from e
 

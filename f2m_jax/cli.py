@@ -3,15 +3,12 @@ and exit code 2, and faults of the records (a checkpoint that cannot be read or 
 training, a file system error) into one line and exit code 3."""
 from __future__ import annotations
 
-import contextlib
 import difflib
 import importlib.util
 import json
 import os
 import re
-import signal
 import sys
-import threading
 from typing import Optional
 
 import jax
@@ -24,9 +21,11 @@ from f2m_jax import backend
 from f2m_jax import bench
 from f2m_jax import members
 from f2m_jax import pipeline
+from f2m_jax import progress
 from f2m_jax import registry
 from f2m_jax import report
 from f2m_jax import sharding
+from f2m_jax import stopping
 from f2m_jax import workdir as workdir_lib
 from f2m_jax.checkpoint import CheckpointError, CheckpointFault
 from f2m_jax.data import sources
@@ -40,12 +39,12 @@ def main(config, workdir: str, mode: str, checkpoint=None, origin=None, dry_run:
   """Runs `mode`. `origin` ({'config': the --config argument, 'changes': {field: value} of the
   command line's --config.FIELD overrides}) is what the user changed: no method's presets replace
   those fields (f2m_jax/pipeline.py: resolve), and it goes into the start-up line and the records.
-  SIGINT and SIGTERM stop a run at its next step or session boundary (exit code 130)."""
+  SIGINT and SIGTERM stop a run at its next step or session boundary, or within seconds where none
+  comes (f2m_jax/stopping.py; exit code 130)."""
   logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
-  if dry_run:
-    return run_mode(config, workdir, 'dry_run', checkpoint, origin, None)
-  with stopping_at_boundaries(at_once='' if mode in ('train', 'eval') else mode) as hook:
-    return run_mode(config, workdir, mode, checkpoint, origin, hook)
+  at_once = '--dry-run' if dry_run else '' if mode in ('train', 'eval') else f'--mode {mode}'
+  with stopping.stopping(at_once=at_once) as stop:
+    return stop.exit(run_mode(config, workdir, 'dry_run' if dry_run else mode, checkpoint, origin, stop.hook))
 
 
 def describe(config, origin) -> str:
@@ -61,40 +60,6 @@ def describe(config, origin) -> str:
   return '\n'.join([json.dumps(resolved.to_dict(), indent=1, sort_keys=True),
                     f'set when the run starts (method {resolved.method}\'s presets, \'auto\' on {backend.devices()}):',
                     *(set_here or ['  nothing']), 'dry run: nothing was written'])
-
-
-@contextlib.contextmanager
-def stopping_at_boundaries(at_once: str = ''):
-  """Yields a run hook that raises Interrupted at the first step or session boundary after a SIGINT
-  or SIGTERM; a second signal stops at once. `at_once` names a mode that calls no hook and saves
-  nothing (bench, flatness): its first signal ends the process (exit 130), since an exception raised
-  from a handler can land in one of XLA's callbacks, which ignore it or crash. The previous handlers
-  are restored afterwards."""
-  received = []
-
-  def handler(signum, frame):
-    name = signal.Signals(signum).name
-    if at_once:
-      print(f'interrupted ({name}); --mode {at_once} saves nothing: rerun the same command', file=sys.stderr,
-            flush=True)
-      sys.stdout.flush()
-      os._exit(130)
-    if received:  # a KeyboardInterrupt passes the handlers that turn errors into messages
-      raise KeyboardInterrupt(f'interrupted ({name}) at once')
-    received.append(name)
-
-  def hook(kind, **info):
-    if received:
-      where = ', '.join(f'{k} {v}' for k, v in info.items())
-      raise Interrupted(f'interrupted ({received[0]}) after {"base " if kind == "base_step" else ""}{where}')
-
-  main_thread = threading.current_thread() is threading.main_thread()  # only it may take signals
-  previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)} if main_thread else {}
-  try:
-    yield hook
-  finally:
-    for s, h in previous.items():
-      signal.signal(s, h)
 
 
 def run_mode(config, workdir: str, mode: str, checkpoint, origin, hook) -> int:
@@ -120,21 +85,22 @@ def run_mode(config, workdir: str, mode: str, checkpoint, origin, hook) -> int:
       raise ValueError(f'--mode {mode} is not implemented yet')
     return 0
   except CheckpointFault as e:
-    print(f'error: {e}', file=sys.stderr, flush=True)
-    return 3
+    return message(f'error: {e}', 3)
   except USER_ERRORS as e:
-    print(f'error: {e}', file=sys.stderr, flush=True)
-    return 2
+    return message(f'error: {e}', 2)
   except TrainingError as e:
-    print(f'training stopped: {e}', file=sys.stderr, flush=True)
-    return 3
+    return message(f'training stopped: {e}', 3)
   except (Interrupted, KeyboardInterrupt) as e:
-    print(f'{e or "interrupted"}; every checkpoint written is complete: rerun the same command to resume',
-          file=sys.stderr, flush=True)
-    return 130
+    return message(f'{e or "interrupted"}; {stopping.RESUME}', stopping.EXIT_CODE)
   except OSError as e:  # the file system refused a write or read that the checks could not foresee
-    print(f'error: {type(e).__name__}: {e}', file=sys.stderr, flush=True)
-    return 3
+    return message(f'error: {type(e).__name__}: {e}', 3)
+
+
+def message(line: str, code: int) -> int:
+  """Prints `line` to stderr on a line of its own (a progress bar's line ended first); returns `code`."""
+  progress.end_lines()
+  print(line, file=sys.stderr, flush=True)
+  return code
 
 
 def enable_compilation_cache(config):

@@ -3,11 +3,9 @@ session checkpointed on its own and restored where saved.
 """
 from __future__ import annotations
 
-import sys
-
 import numpy as np
-from tqdm import tqdm
 
+from f2m_jax import progress
 from f2m_jax import trees
 from f2m_jax.checkpoint import CheckpointError, CheckpointFault, Checkpoints
 from f2m_jax.data import protocol as protocol_lib
@@ -27,8 +25,8 @@ def run_sessions(exp: Experiment, runner, ckpts: Checkpoints, log, train: bool =
   print(f'session 1: accuracy on the {len(protocol_lib.test_indices(bench, 1)):,} test images of the base classes, '
         f'then {cfg.runs} runs x {bench.num_sessions - 1} sessions', flush=True)
   first = runner.first_accuracies()
-  bar = tqdm(total=cfg.runs * (bench.num_sessions - 1), desc=f'sessions ({cfg.runs} runs x {bench.num_sessions - 1})',
-             unit='session', file=sys.stdout, mininterval=2.0)
+  bar = progress.bar(cfg.runs * (bench.num_sessions - 1), f'sessions ({cfg.runs} runs x {bench.num_sessions - 1})',
+                     unit='session')
   accs, norms = [], []
   for run in range(cfg.runs):
     done = saved_sessions(ckpts, run)

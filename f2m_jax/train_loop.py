@@ -8,17 +8,16 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import sys
 import time
 from typing import Callable, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from tqdm import tqdm
 
 from f2m_jax import base as base_lib
 from f2m_jax import evaluation
+from f2m_jax import progress
 from f2m_jax import sharding
 from f2m_jax import trees
 from f2m_jax import workdir as workdir_lib
@@ -102,31 +101,38 @@ def train_steps(exp: Experiment, objective: base_lib.BaseObjective, members: Seq
   keys, bounds = sharding.replicate((jnp.stack([m.key for m in members]),
                                      np.asarray([m.bound for m in members], np.float32)), mesh)
   states = sharding.replicate(states, mesh)
-  records = Records(exp.config, members, phase, title, start, select, hook)
-  print(f'{title}: compiling the step{f" of {len(members)} members" if len(members) > 1 else ""} '
-        f'(steps {start}-{cfg.steps}, {per_call} a call)', flush=True)
+  status = progress.Status(f'{title}: compiling the step{f" of {len(members)} members" if len(members) > 1 else ""} '
+                           f'(steps {start}-{cfg.steps}, {per_call} a call)')
+  records = Records(exp.config, members, phase, title, start, select, hook, status)
   pending = None  # (first step, steps, metrics, snapshot) of the call dispatched last
-  for first, n in call_spans(start, cfg.steps, per_call):
-    rows = np.stack([np.stack([m.batch_indices(s) for m in members]) for s in range(first, first + n)])
-    rows = sharding.shard_member_rows(mesh, pad_rows(rows.astype(np.int32), per_call))  # extra rows: masked
-    states, metrics = program(states, *data, rows, np.int32(n), keys, bounds)
-    if pending:
-      records(*pending)
-    pending = (first, n, metrics, jax.tree_util.tree_map(jnp.copy, states) if records.needs_state(first + n) else None)
-  records(*pending)
+  try:
+    for first, n in call_spans(start, cfg.steps, per_call):
+      rows = np.stack([np.stack([m.batch_indices(s) for m in members]) for s in range(first, first + n)])
+      rows = sharding.shard_member_rows(mesh, pad_rows(rows.astype(np.int32), per_call))  # extra rows: masked
+      if pending is None:  # compiled first, so that the status line can tell compiling from running
+        program = program.lower(states, *data, rows, np.int32(n), keys, bounds).compile()
+        status.set(f'{title}: compiled in {progress.elapsed(time.monotonic() - status.t0)}; first call: {n} steps')
+      states, metrics = program(states, *data, rows, np.int32(n), keys, bounds)
+      if pending:
+        records(*pending)
+      pending = (first, n, metrics, jax.tree_util.tree_map(jnp.copy, states) if records.needs_state(first + n) else None)
+    records(*pending)
+  finally:
+    status.close()
   records.close()
   return states
 
 
 class Records:
   """What the host does with each call's results: the non-finite stop, the progress bar (started
-  after the first call, so its rate leaves out the compile), the metrics log's averages over windows
+  after the first call, so its rate leaves out the compile; until then `status` says what runs), the
+  metrics log's averages over windows
   of base.log_every steps, the test-set selection, the checkpoints and the hook."""
 
   def __init__(self, config, members: Sequence[Member], phase: str, title: str, start: int,
-               select: Optional[Callable], hook: Hook):
+               select: Optional[Callable], hook: Hook, status: Optional[progress.Status] = None):
     self.cfg, self.method, self.members, self.phase, self.title = config.base, config.method, members, phase, title
-    self.select, self.hook = select, hook
+    self.select, self.hook, self.status = select, hook, status
     self.window, self.t0, self.saved, self.bar = [], time.time(), (start or None), None
     for m in members:
       m.log.open()
@@ -144,7 +150,9 @@ class Records:
     per_step = [{k: v[i] for k, v in metrics.items()} for i in range(n)]
     self._check_finite(first, per_step)
     if self.bar is None:
-      self.bar = tqdm(total=self.cfg.steps, desc=self.title, initial=first, file=sys.stdout, mininterval=2.0)
+      if self.status:
+        self.status.close()
+      self.bar = progress.bar(self.cfg.steps, self.title, initial=first)
     self.bar.update(n)
     host = None if snapshot is None else jax.device_get(snapshot)
     for done, m in enumerate(per_step, first + 1):
@@ -175,11 +183,12 @@ class Records:
       avg = {k: float(np.mean([w[k][j] for w in self.window])) for k in base_lib.LOGGED_METRICS}
       member.log.write(phase=self.phase, step=done, steps_per_s=rate, **extra, **avg)
     if len(self.members) == 1:
-      self.bar.set_postfix(loss=f'{avg["loss"]:.3f}', acc=f'{avg["acc"]:.3f}')
+      self.bar.set_postfix(loss=f'{avg["loss"]:.3f}', acc=f'{avg["acc"]:.3f}', refresh=False)
     self.window, self.t0 = [], time.time()
 
   def close(self) -> None:
-    self.bar.close()
+    if self.bar is not None:
+      self.bar.close()
 
 
 def diverged(loss: float, step: int, who: str, phase: str, saved: Optional[int], lr: float,

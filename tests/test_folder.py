@@ -315,3 +315,16 @@ def test_the_mini_fake_folder_gives_the_results_of_its_layout(tmp_path):
   got = pipeline.run(_mini_through_the_folder_fields(config(), fake_folders.fake_folder(tmp_path / 'cache')),
                      str(tmp_path / 'generic'))
   assert without_provenance(got) == without_provenance(want)
+
+
+def test_the_image_decode_shows_its_progress_off_a_terminal(tmp_path, capsys):
+  """At 0739cee the decode bar showed on a terminal only (tqdm's disable=None)."""
+  paths = []
+  for i in range(3):
+    paths.append(tmp_path / f'{i}.png')
+    paths[-1].write_bytes(b'')
+  images = folder.decode_cached(paths, tmp_path / 'cache', 'train', 8, 8, desc='mine train',
+                                decode=lambda path, resize, crop: np.zeros((crop, crop, 3), np.uint8))
+  assert images.shape == (3, 8, 8, 3)
+  err = capsys.readouterr().err.splitlines()
+  assert err[-1].startswith(f'decoding mine train (once, cached in {tmp_path / "cache"}): 100%')

@@ -1,10 +1,12 @@
-"""Ctrl-C (SIGINT) and SIGTERM stop a run at its next step or session boundary: one line saying where
-and how to resume, exit code 130, no traceback; the rerun of the same command ends with the results
-of an uninterrupted run."""
+"""Ctrl-C (SIGINT) and SIGTERM stop a run at its next step or session boundary, or within seconds where
+none comes (a long compile or first call, a restore): one line saying where and how to resume, exit
+code 130, no traceback; the rerun of the same command ends with the results of an uninterrupted run.
+A long call is staged in the child by a sleep where it happens (PATCHES)."""
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -19,9 +21,33 @@ ARGS = ['--config', 'configs/cifar100.py:smoke', '--config.tensorboard=False', '
         '--config.base.checkpoint_every=50']
 
 
-def _run(workdir, **kw):
-  return subprocess.Popen([sys.executable, 'run.py', *ARGS, '--workdir', str(workdir)], cwd=REPO, text=True,
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kw)
+# Python run before run.py's main: the base program's first call, or each restored session, takes a
+# minute (a call that holds the main thread, as an XLA compile does).
+PATCHES = {
+    'first_call': 'from f2m_jax import train_loop as m; f = m.Records.__call__; '
+                  'm.Records.__call__ = lambda self, *a: (self.bar is None and time.sleep(60), f(self, *a))[1]',
+    'restore': 'from f2m_jax import sessions as m; f = m.restore_session; '
+               'm.restore_session = lambda *a: (time.sleep(60), f(*a))[1]',
+}
+
+
+def _run(workdir, *extra, patch=''):
+  command = ['run.py', *ARGS, '--workdir', str(workdir), *extra]
+  if patch:
+    command = ['-c', f'import runpy, sys, time; sys.argv = {command!r}; {PATCHES[patch]}; '
+                     "runpy.run_path('run.py', run_name='__main__')"]
+  return subprocess.Popen([sys.executable, *command], cwd=REPO, text=True, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE)
+
+
+def _stop_when(child, sig, text: str) -> tuple:
+  """Sends `sig` once the child prints a line holding `text`; (seconds until it ended, its stderr's lines)."""
+  while text not in child.stdout.readline():
+    assert child.poll() is None, child.stderr.read()[-3000:]
+  t0 = time.time()
+  child.send_signal(sig)
+  _, err = child.communicate(timeout=300)
+  return time.time() - t0, [line for line in err.splitlines() if line.strip()]
 
 
 def _base_steps(workdir) -> list:
@@ -33,17 +59,23 @@ def _base_steps(workdir) -> list:
 
 
 @pytest.fixture(scope='module')
-def reference(tmp_path_factory):
-  """The uninterrupted run's results.json, shared by both signals."""
+def reference_workdir(tmp_path_factory):
+  """The uninterrupted run's workdir, shared by the tests."""
   workdir = tmp_path_factory.mktemp('reference')
   run = _run(workdir)
   assert run.wait(timeout=900) == 0, run.stderr.read()[-2000:]
-  with open(workdir / 'results.json') as f:
+  return workdir
+
+
+@pytest.fixture(scope='module')
+def reference(reference_workdir):
+  """The uninterrupted run's results.json."""
+  with open(reference_workdir / 'results.json') as f:
     return json.load(f)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize('sig', [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize('sig', [signal.SIGINT])  # SIGTERM: the first-call test below
 def test_a_signal_stops_the_run_cleanly_and_the_rerun_resumes_exactly(tmp_path, reference, sig):
   child = _run(tmp_path / 'w')
   deadline = time.time() + 600
@@ -74,3 +106,28 @@ def test_a_signal_stops_a_mode_without_boundaries_at_once(tmp_path):
   _, err = child.communicate(timeout=60)
   assert child.returncode == 130, err[-3000:]
   assert err.strip() == 'interrupted (SIGTERM); --mode bench saves nothing: rerun the same command', err[-3000:]
+
+
+@pytest.mark.slow
+def test_a_signal_during_a_long_first_call_ends_the_run_within_seconds(tmp_path, reference):
+  """No base step comes while the first call runs (0739cee waited for it, and a second signal left
+  the process running on); the line says so, and the rerun resumes exactly."""
+  seconds, lines = _stop_when(_run(tmp_path / 'w', patch='first_call'), signal.SIGTERM, 'first call: ')
+  assert seconds < 30 and lines == [
+      'interrupted (SIGTERM): no step or session boundary came within 5 s, so it stopped at once; every checkpoint '
+      'written is complete: rerun the same command to resume'], (seconds, lines)
+  rerun = _run(tmp_path / 'w')
+  assert rerun.wait(timeout=900) == 0, rerun.stderr.read()[-2000:]
+  with open(tmp_path / 'w' / 'results.json') as f:
+    assert without_provenance(json.load(f)) == without_provenance(reference)
+
+
+@pytest.mark.slow
+def test_a_signal_stops_eval_during_a_restore(tmp_path, reference_workdir):
+  """--mode eval ignored SIGINT at 0739cee (no trained session, no boundary)."""
+  workdir = tmp_path / 'w'
+  shutil.copytree(reference_workdir, workdir)
+  seconds, lines = _stop_when(_run(workdir, '--mode', 'eval', patch='restore'), signal.SIGINT, 'session 1: ')
+  assert seconds < 30 and len(lines) == 1 and lines[0].startswith('interrupted (SIGINT): no step or session '
+                                                                  'boundary came within 5 s'), (seconds, lines)
+  assert sorted(os.listdir(workdir)) == sorted(os.listdir(reference_workdir))

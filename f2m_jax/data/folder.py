@@ -17,10 +17,12 @@ import hashlib
 import json
 import os
 import pathlib
+import sys
 from typing import Callable, Optional, Sequence, Union
 
 import numpy as np
 
+from f2m_jax import progress
 from f2m_jax.data.download import written_atomically
 from f2m_jax.data.index_lists import read_index_file, session_lists
 from f2m_jax.data.types import Benchmark, DataError, Split, sessions_from_counts
@@ -355,10 +357,9 @@ def decode_cached(paths: Sequence[pathlib.Path], cache_folder, name: str, resize
         raise DataError(f'could not read {paths[i]} as an image ({type(e).__name__}: {e}); every listed file must '
                         'be an image PIL reads (JPEG, PNG, ...): replace or remove it') from e
 
-    from tqdm.auto import tqdm  # pylint: disable=g-import-not-at-top
     with concurrent.futures.ThreadPoolExecutor(max(1, min(16, os.cpu_count() or 1))) as pool, \
-        tqdm(total=len(paths), desc=f'decoding {desc or name} (once, cached in {folder})', unit='img',
-             disable=None) as bar:
+        progress.bar(len(paths), f'decoding {desc or name} (once, cached in {folder})', file=sys.stderr,
+                     unit='img') as bar:
       for _ in pool.map(work, range(len(paths))):
         bar.update(1)
     out.flush()

@@ -1,0 +1,58 @@
+"""What a run shows while it works: bars in place on a terminal and as lines elsewhere, the status line
+of a long call, and a message that never starts on a bar's line."""
+import io
+import sys
+import time
+
+from f2m_jax import cli
+from f2m_jax import progress
+
+
+class Terminal(io.StringIO):
+
+  def isatty(self):
+    return True
+
+
+def test_an_error_after_a_progress_bar_starts_on_its_own_line(monkeypatch):
+  """At 0739cee the line was glued to the bar's (stdout and stderr share the terminal)."""
+  terminal = Terminal()
+  monkeypatch.setattr(sys, 'stderr', terminal)
+  bar = progress.bar(100, 'base session', file=terminal)
+  bar.update(30)
+  bar.refresh()
+  assert cli.message('interrupted (SIGINT) after base step 30; every checkpoint written is complete', 130) == 130
+  bar.close()
+  lines = terminal.getvalue().split('\n')
+  assert lines[0].split('\r')[-1].startswith('base session:  30%')
+  assert lines[1] == 'interrupted (SIGINT) after base step 30; every checkpoint written is complete'
+
+
+def test_off_a_terminal_a_bar_is_lines():
+  log = io.StringIO()
+  with progress.bar(10, 'sessions', file=log) as bar:
+    bar.update(10)
+  lines = log.getvalue().splitlines()
+  assert '\r' not in log.getvalue() and lines[0].startswith('sessions:   0%') and lines[-1].startswith('sessions: 100%')
+
+
+def test_the_status_line_of_a_long_call_is_kept_up_to_date():
+  """Redrawn in place every second on a terminal, with the time since its text was set."""
+  terminal = Terminal()
+  status = progress.Status('base session: compiling the step', file=terminal)
+  time.sleep(2.5)
+  status.set('base session: compiled in 2 s; first call: 20 steps')
+  progress.end_lines()  # as an error does: the line ends, the updates stop
+  text = terminal.getvalue()
+  time.sleep(1.2)
+  assert terminal.getvalue() == text and text.endswith('\n')
+  draws = text.rstrip('\n').split('\r')[1:]
+  assert [d.rstrip() for d in draws[:3]] == ['base session: compiling the step (0 s)',
+                                             'base session: compiling the step (1 s)',
+                                             'base session: compiling the step (2 s)']
+  assert draws[-1].rstrip() == 'base session: compiled in 2 s; first call: 20 steps (0 s)'
+  log = io.StringIO()
+  progress.Status('base session: compiling the step', file=log).close()
+  assert log.getvalue() == 'base session: compiling the step (0 s)\n' * 2
+  assert [progress.elapsed(s) for s in (45, 723, 7500)] == ['45 s', '12 min 03 s', '2 h 05 min']
+
