@@ -155,7 +155,31 @@ PROBLEMS = [
     (lambda root, tmp: dict(classes=str(tmp / 'none.txt')), ["data.folder.classes='", 'none.txt\' does not exist']),
     (lambda root, tmp: dict(lists=str(root / 'folder' / 'lists'), protocol='topic', shots=4),
      ['session_2.txt lists 5 images per class; protocol topic takes them as the shots, so data.shots must be 5']),
+    # the classes used are counted apart from those found (0739cee: 'folder/train has 10')
+    (lambda root, tmp: dict(classes=listing(tmp / 'ten.txt', [f'class_{c:02d}' for c in range(10)])),
+     ['= 20 classes, but ', "folder/train has 20 classes and data.folder.classes='", "ten.txt' lists 10 of them, "
+      'the classes used; allowed: num_base + way x (num_sessions - 1) = 10']),
+    # test images in one folder, their labels in a file beside (Tiny-ImageNet's val/): the CSV route
+    (lambda root, tmp: dict(test=one_folder_of_test_images(root, tmp)),
+     ["val has images of classes without training images: ['images']", 'go in through a CSV of path,label: '
+      'data.folder.test=FILE.csv']),
 ]
+
+
+def listing(path: pathlib.Path, names) -> str:
+  path.write_text(''.join(f'{n}\n' for n in names))
+  return str(path)
+
+
+def one_folder_of_test_images(root: pathlib.Path, tmp: pathlib.Path) -> str:
+  """`tmp`/val/images/ holding the test images, and val_annotations.txt their classes."""
+  (tmp / 'val' / 'images').mkdir(parents=True)
+  lines = []
+  for path in sorted((root / 'folder' / 'test').rglob('*.jpg')):
+    shutil.copy(path, tmp / 'val' / 'images' / f'{path.parent.name}_{path.name}')
+    lines.append(f'{path.parent.name}_{path.name}\t{path.parent.name}')
+  listing(tmp / 'val' / 'val_annotations.txt', lines)
+  return str(tmp / 'val')
 
 
 @pytest.mark.parametrize('case', range(len(PROBLEMS)))

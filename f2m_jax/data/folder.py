@@ -185,20 +185,23 @@ def labelled(table: Table, order: tuple, strict: bool) -> tuple:
   unknown = sorted(set(table.names) - set(index))
   if strict and unknown:
     raise DataError(f'{table.where} has images of classes without training images: {unknown[:5]}; allowed: '
-                    f'the classes of the training images')
+                    'the classes of the training images, a subfolder each named as its training folder. Test '
+                    'images in one folder with a file of their labels (such as val/images and val_annotations.txt) '
+                    'go in through a CSV of path,label: data.folder.test=FILE.csv (docs/data.md, "Your own images")')
   kept = table.select([n in index for n in table.names])
   return kept, np.asarray([index[n] for n in kept.names], np.int32)
 
 
-def session_layout(spec: Spec, num_classes: int, where: str) -> tuple:
-  """The class ids of each session (types.sessions_from_counts), checked against the class count."""
+def session_layout(spec: Spec, num_classes: int, counted: str) -> tuple:
+  """The class ids of each session (types.sessions_from_counts), checked against the `num_classes`
+  used (`counted`: where they were counted, e.g. 'tin/train has 200 classes')."""
   later = spec.way * (spec.num_sessions - 1)
   base = spec.num_base or num_classes - later
   if base < 1 or spec.way < 1 or spec.num_sessions < 2 or base + later != num_classes:
     raise DataError(
         f'the session layout does not add up: data.folder.num_base={spec.num_base} + data.folder.way={spec.way} '
-        f'x (data.folder.num_sessions={spec.num_sessions} - 1) = {base + later} classes, but {where} has '
-        f'{num_classes}; allowed: num_base + way x (num_sessions - 1) = {num_classes}, way >= 1, num_sessions >= 2 '
+        f'x (data.folder.num_sessions={spec.num_sessions} - 1) = {base + later} classes, but {counted}; allowed: '
+        f'num_base + way x (num_sessions - 1) = {num_classes}, way >= 1, num_sessions >= 2 '
         '(num_base=0: every class no later session takes)')
   return sessions_from_counts(base, spec.way, spec.num_sessions)
 
@@ -269,6 +272,10 @@ def read_protocol(spec: Spec, tables: Optional[tuple] = None) -> Protocol:
   """The `Protocol` of `spec` from its tables (`read_tables` where None), every check made; no image is read."""
   train, test = tables or read_tables(spec)
   order = class_order(spec, train)
+  found = len(set(train.names))
+  counted = f'{train.where} has {found} classes' + (
+      f' and data.folder.classes={spec.classes!r} lists {len(order)} of them, the classes used'
+      if isinstance(spec.classes, str) and spec.classes else '')
   train, train_labels = labelled(train, order, strict=False)
   test, test_labels = labelled(test, order, strict=not spec.classes)
   overlap = set(map(str, train.paths())) & set(map(str, test.paths()))
@@ -283,7 +290,7 @@ def read_protocol(spec: Spec, tables: Optional[tuple] = None) -> Protocol:
   if indices and not spec.way and len(indices) > 1:  # the lists' layout (way 0: a layout's own files)
     spec = dataclasses.replace(spec, num_base=len(set(train_labels[indices[0]].tolist())),
                                way=len(set(train_labels[indices[1]].tolist())), num_sessions=len(indices))
-  classes = session_layout(spec, len(order), train.where)
+  classes = session_layout(spec, len(order), counted)
   base_train, topic_shots = (check_lists(spec, indices, train_labels, order, classes) if indices
                              else (np.flatnonzero(train_labels < len(classes[0])), None))
   return Protocol(order, train, test, train_labels, test_labels, classes, base_train, topic_shots)
@@ -328,6 +335,13 @@ def cache_key(paths: Sequence[pathlib.Path], transform: dict, what: str, how_to_
   return h.hexdigest()
 
 
+def cached_file(paths: Sequence[pathlib.Path], cache_folder, name: str, resize: int, crop: int, desc: str = '',
+                how_to_get: str = '') -> pathlib.Path:
+  """`<cache_folder>/<name>-<key>.npy`, the decoded array of the images at `paths` (`cache_key`)."""
+  key = cache_key(paths, {'resize': int(resize), 'crop': int(crop)}, desc or name, how_to_get)
+  return pathlib.Path(cache_folder) / f'{name}-{key[:20]}.npy'
+
+
 def decode_cached(paths: Sequence[pathlib.Path], cache_folder, name: str, resize: int, crop: int,
                   desc: str = '', how_to_get: str = '', decode: Optional[Callable] = None) -> np.ndarray:
   """uint8 [N, crop, crop, 3]: the images at `paths` through `decode`, memory-mapped from the cache file
@@ -337,9 +351,8 @@ def decode_cached(paths: Sequence[pathlib.Path], cache_folder, name: str, resize
   shape = (len(paths), crop, crop, 3)
   if not paths:
     return np.zeros(shape, np.uint8)
-  key = cache_key(paths, {'resize': int(resize), 'crop': int(crop)}, desc or name, how_to_get)
-  folder = pathlib.Path(cache_folder)
-  target = folder / f'{name}-{key[:20]}.npy'
+  target = cached_file(paths, cache_folder, name, resize, crop, desc, how_to_get)
+  folder = target.parent
   try:
     done = np.load(target, mmap_mode='r')
     if done.shape == shape and done.dtype == np.uint8:
@@ -369,14 +382,24 @@ def decode_cached(paths: Sequence[pathlib.Path], cache_folder, name: str, resize
 
 # ================================================================ the benchmark
 
+def cache_plan(spec: Spec, p: Protocol, cache_dir) -> dict:
+  """{split: (its image paths, `decode_cached`'s arguments: cache folder, name, resize, crop)}."""
+  folder, size = pathlib.Path(cache_dir) / 'arrays' / spec.name, int(round(spec.image_size * spec.resize))
+  return {split: (table.paths(), (folder, split, size, size if split == 'train' else spec.image_size))
+          for split, table in (('train', p.train), ('test', p.test))}
+
+
 def load(spec: Spec, cache_dir, decode: Optional[Callable] = None, tables: Optional[tuple] = None) -> Benchmark:
   """The `Benchmark` of `spec`, images cached in `<cache_dir>/arrays/<name>/`; `tables` replaces
   `read_tables` (a layout's own files), `decode` `decode_file`."""
   p = read_protocol(spec, tables)
-  folder, size = pathlib.Path(cache_dir) / 'arrays' / spec.name, int(round(spec.image_size * spec.resize))
-  images = {split: decode_cached(table.paths(), folder, split, size, size if split == 'train' else spec.image_size,
-                                 desc=f'{spec.name} {split}', how_to_get=spec.how_to_get, decode=decode)
-            for split, table in (('train', p.train), ('test', p.test))}
+  images = {split: decode_cached(paths, *args, desc=f'{spec.name} {split}', how_to_get=spec.how_to_get, decode=decode)
+            for split, (paths, args) in cache_plan(spec, p, cache_dir).items()}
+  return benchmark(spec, p, images)
+
+
+def benchmark(spec: Spec, p: Protocol, images: dict) -> Benchmark:
+  """The `Benchmark` of `p` with `images` ({'train', 'test'}: uint8 arrays)."""
   return Benchmark(
       name=spec.name, train=Split(images['train'], p.train_labels), test=Split(images['test'], p.test_labels),
       base_train=p.base_train, session_classes=p.session_classes,
