@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import difflib
 import importlib.util
-import json
 import os
 import re
 import sys
@@ -17,8 +16,8 @@ from absl import flags
 from absl import logging
 from ml_collections import config_flags
 
-from f2m_jax import backend
 from f2m_jax import bench
+from f2m_jax import dry_run as dry_run_lib
 from f2m_jax import members
 from f2m_jax import pipeline
 from f2m_jax import progress
@@ -30,12 +29,13 @@ from f2m_jax import workdir as workdir_lib
 from f2m_jax.checkpoint import CheckpointError, CheckpointFault
 from f2m_jax.data import sources
 from f2m_jax.experiment import Interrupted, TrainingError
-from f2m_jax.workdir import WorkdirError, flat_items
+from f2m_jax.workdir import WorkdirError
 
 USER_ERRORS = (ValueError, FileNotFoundError, CheckpointError, WorkdirError)
 
 
-def main(config, workdir: str, mode: str, checkpoint=None, origin=None, dry_run: bool = False) -> int:
+def main(config, workdir: str, mode: str, checkpoint=None, origin=None, dry_run: bool = False,
+         time_step: bool = False) -> int:
   """Runs `mode`. `origin` ({'config': the --config argument, 'changes': {field: value} of the
   command line's --config.FIELD overrides}) is what the user changed: no method's presets replace
   those fields (f2m_jax/pipeline.py: resolve), and it goes into the start-up line and the records.
@@ -44,22 +44,8 @@ def main(config, workdir: str, mode: str, checkpoint=None, origin=None, dry_run:
   logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
   at_once = '--dry-run' if dry_run else '' if mode in ('train', 'eval') else f'--mode {mode}'
   with stopping.stopping(at_once=at_once) as stop:
-    return stop.exit(run_mode(config, workdir, 'dry_run' if dry_run else mode, checkpoint, origin, stop.hook))
-
-
-def describe(config, origin) -> str:
-  """--dry-run: the effective config (presets and overrides applied, every 'auto' resolved, checked) as
-  JSON, then what the method's presets and each 'auto' set. A sweep shows its first member's."""
-  changes = (origin or {}).get('changes')
-  if members.enabled(config):
-    members.validate(config)
-    config = members.member_configs(config)[0]
-  resolved = pipeline.resolve(config, changes)
-  before, after = flat_items(config.to_dict()), flat_items(resolved.to_dict())
-  set_here = [f'  {k}: {before[k]!r} -> {after[k]!r}' for k in sorted(after) if before.get(k) != after[k]]
-  return '\n'.join([json.dumps(resolved.to_dict(), indent=1, sort_keys=True),
-                    f'set when the run starts (method {resolved.method}\'s presets, \'auto\' on {backend.devices()}):',
-                    *(set_here or ['  nothing']), 'dry run: nothing was written'])
+    return stop.exit(run_mode(config, workdir, ('time_step' if time_step else 'dry_run') if dry_run else mode,
+                              checkpoint, origin, stop.hook))
 
 
 def run_mode(config, workdir: str, mode: str, checkpoint, origin, hook) -> int:
@@ -79,8 +65,8 @@ def run_mode(config, workdir: str, mode: str, checkpoint, origin, hook) -> int:
       pipeline.run_flatness(config, workdir, checkpoint, origin=origin)
     elif mode == 'bench':
       bench.run(config, workdir)
-    elif mode == 'dry_run':
-      print(describe(config, origin), flush=True)
+    elif mode in ('dry_run', 'time_step'):
+      print(dry_run_lib.describe(config, origin, time_step=mode == 'time_step'), flush=True)
     else:
       raise ValueError(f'--mode {mode} is not implemented yet')
     return 0
@@ -133,7 +119,10 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
   flags.DEFINE_string('checkpoint', None, 'A workdir whose base model to use instead of training one.',
                       flag_values=flag_values)
   flags.DEFINE_bool('dry-run', False, "Print the effective config (presets, overrides, what each 'auto' becomes "
-                    'here) and stop without writing anything.', flag_values=flag_values)
+                    "here), the data, the cache and a base step's estimated cost, and stop without writing anything.",
+                    flag_values=flag_values)
+  flags.DEFINE_bool('time-step', False, "With --dry-run: measure one base step (compiled and run on random images "
+                    "of the config's shapes) instead of estimating it.", flag_values=flag_values)
 
 
 def parse_flags(argv: list, flag_values: flags.FlagValues = flags.FLAGS) -> list:
@@ -153,7 +142,7 @@ def main_flags(argv: list, flag_values: flags.FlagValues = flags.FLAGS) -> int:
   """run.py's main, from its parsed flags. A missing flag is one line (exit code 2). A saved config (a
   workdir's config.json) is effective: no method preset replaces its values (`departures`), and its
   --checkpoint is used unless another is given."""
-  f = {name: flag_values[name].value for name in ('config', 'workdir', 'mode', 'checkpoint', 'dry-run')}
+  f = {name: flag_values[name].value for name in ('config', 'workdir', 'mode', 'checkpoint', 'dry-run', 'time-step')}
   problem = usage_problem(argv, f['config'], f['workdir'], f['dry-run'])
   if problem:
     print(f'error: {problem}', file=sys.stderr, flush=True)
@@ -163,7 +152,8 @@ def main_flags(argv: list, flag_values: flags.FlagValues = flags.FLAGS) -> int:
   if spec.endswith('.json'):
     origin['changes'] = {**departures(f['config']), **origin['changes']}
     checkpoint = checkpoint or (workdir_lib.read_json(spec).get(workdir_lib.SOURCE_KEY) or {}).get('path')
-  return main(f['config'], f['workdir'], f['mode'], checkpoint, origin=origin, dry_run=f['dry-run'])
+  return main(f['config'], f['workdir'], f['mode'], checkpoint, origin=origin, dry_run=f['dry-run'],
+              time_step=f['time-step'])
 
 
 def usage_problem(argv: list, config, workdir: Optional[str], dry_run: bool) -> Optional[str]:

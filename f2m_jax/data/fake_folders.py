@@ -17,6 +17,7 @@ import os
 import pathlib
 import shutil
 import tempfile
+from typing import Optional
 
 import numpy as np
 
@@ -164,6 +165,12 @@ def write_fake_class_folders(root, spec: FakeSpec = FOLDER_SPEC):
   for c, k, img in _images(spec):
     _save_image(base / ('test' if splits[c][0][k] else 'train') / f'class_{c:02d}' / fname(k), img)
   _write_lists(base / 'lists', spec, splits, lambda c, k: f'train/class_{c:02d}/{fname(k)}')
+
+
+def generated(cache_dir) -> Optional[pathlib.Path]:
+  """`fake_folder`'s folder where it was generated already, else None."""
+  target = pathlib.Path(cache_dir) / 'fake_folder' / f'v{VERSION}'
+  return target if (target / COMPLETE).is_file() else None
 
 
 def fake_folder(cache_dir) -> pathlib.Path:

@@ -76,14 +76,21 @@ def index_list_dir(dataset: str, data_dir: Optional[str] = None,
   downloaded where absent."""
   if dataset not in SHA256:
     raise ValueError(f'unknown dataset {dataset!r}; expected one of {sorted(SHA256)}')
-  data_dir = data_dir or os.environ.get(DATA_DIR_ENV)
-  if data_dir:
-    local = pathlib.Path(data_dir) / 'index_list' / dataset
-    if (local / 'session_1.txt').is_file():
-      return local
   cached = pathlib.Path(cache_folder(cache_dir)) / 'index_list' / dataset
-  download_index_lists(dataset, cached)
-  return cached
+  found = local_index_list_dir(dataset, data_dir, cache_dir)
+  if found is None or found == cached:
+    download_index_lists(dataset, cached)  # the files missing there (none where all are)
+  return found or cached
+
+
+def local_index_list_dir(dataset: str, data_dir: Optional[str] = None,
+                         cache_dir: Optional[str] = None) -> Optional[pathlib.Path]:
+  """`index_list_dir`'s folder where the lists are at hand already (nothing downloaded), else None."""
+  data_dir = data_dir or os.environ.get(DATA_DIR_ENV)
+  if data_dir and (pathlib.Path(data_dir) / 'index_list' / dataset / 'session_1.txt').is_file():
+    return pathlib.Path(data_dir) / 'index_list' / dataset
+  cached = pathlib.Path(cache_folder(cache_dir)) / 'index_list' / dataset
+  return cached if all((cached / name).is_file() for name in SHA256[dataset]) else None
 
 
 def download_index_lists(dataset: str, folder: pathlib.Path):

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+from typing import Optional
 
 from f2m_jax.data import cifar100, fake_folders, folder, holdout, index_lists, layouts
 from f2m_jax.data.synthetic import make_synthetic
@@ -62,7 +63,7 @@ def _load(config) -> Benchmark:
     split = config.data.get('split', '')
     return cifar100.class_split(bench, split) if split else bench
   if source in ('folder', 'fake_folder') and (uses_layout(config) or 'folder' in config.data):
-    return _load_folder(config, source)
+    return _load_folder(config)
   raise ValueError(f'data.source={source!r} is not available for data.dataset={dataset!r} '
                    f'(sources: {SOURCES}; the folder source reads any dataset through configs/folder.py)')
 
@@ -91,17 +92,34 @@ def _load_cifar100(config) -> Benchmark:
   return cifar100.load_cifar100_tfds(tfds_dir, index_dir, cache)
 
 
-def _load_folder(config, source: str) -> Benchmark:
+def _load_folder(config) -> Benchmark:
   """miniImageNet / CUB-200 from their files (layouts.py), any other dataset from the data.folder fields
-  (~ and $VARIABLES expanded): the user's files, or under 'fake_folder' the generated copy in the cache
-  folder (created on first use). Missing or inconsistent files are named before any image is decoded."""
+  (`folder_spec`). Missing or inconsistent files are named before any image is decoded."""
+  spec, tables = folder_spec(config)
+  return folder.load(spec, cache_dir(config), tables=tables)
+
+
+def folder_spec(config, writes: bool = True) -> Optional[tuple]:
+  """(folder.Spec, its tables or None) of a folder source: miniImageNet's or CUB's own files
+  (layouts.py), else the data.folder fields (~ and $VARIABLES expanded), or under 'fake_folder' the
+  generated copy in the cache folder, created on first use. With `writes=False` (a dry run) None
+  where it would be created or a layout's TOPIC lists downloaded."""
   cache = cache_dir(config)
   fields = dict(shots=config.data.shots, protocol=config.data.protocol)
-  root = fake_folders.fake_folder(cache) if source == 'fake_folder' else None
+  root = None
+  if config.data.source == 'fake_folder':
+    root = fake_folders.fake_folder(cache) if writes else fake_folders.generated(cache)
+    if root is None:
+      return None
   if uses_layout(config):
     dataset, size = config.data.dataset, int(config.data.get('image_size', 0) or 0)
-    where = (data_dir(config), None) if root is None else (str(root), root / 'index_list' / dataset)
-    return layouts.load(dataset, *where, cache, image_size=size, **fields)
+    if root is not None:
+      index_dir = root / 'index_list' / dataset
+    else:  # found where they are (by layouts.spec, downloaded where absent)
+      index_dir = None if writes else index_lists.local_index_list_dir(dataset, data_dir(config), cache)
+      if index_dir is None and not writes:
+        return None
+    return layouts.spec(dataset, str(root) if root else data_dir(config), index_dir, cache, size, **fields)
   f = config.data.folder
   path = lambda p: os.path.expanduser(os.path.expandvars(p)) if p else ''
   files = dict(train=path(f.train), test=path(f.test), root=path(f.root), lists=path(f.lists))
@@ -110,4 +128,4 @@ def _load_folder(config, source: str) -> Benchmark:
   spec = folder.Spec(name=config.data.dataset or 'folder', classes=path(f.classes), num_base=f.num_base, way=f.way,
                      num_sessions=f.num_sessions, image_size=config.data.image_size, resize=float(f.resize),
                      augment=f.augment, **files, **fields)
-  return folder.load(spec, cache)
+  return spec, None
