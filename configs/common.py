@@ -244,6 +244,18 @@ def folder_section() -> ml_collections.ConfigDict:
       augment='rrc_flip'))  # or 'crop_flip' (pad-4 crops, for small images; needs resize=1)
 
 
+def make_cpu(c: ml_collections.ConfigDict) -> None:
+  """A budget a 2-core CPU trains in minutes, its fields set together (the `:cpu` of every dataset
+  config): 1,000 base steps of batch 64 (base.ways classes a batch, base.batch_size / base.ways = 4
+  images each: base.shots=0), lr 0.05 (x base.lr_gamma from step 700), 5 runs of the shots; a
+  ResNet-18 at 32 px with width 16 (a quarter of its channels; CIFAR's ResNet-20 stays as it is)."""
+  c.base.update(steps=1000, milestones=(700,), batch_size=64, lr=0.05, log_every=50, checkpoint_every=250)
+  c.runs = 5
+  if c.model.arch == 'resnet18':
+    c.model.width = 16
+    c.data.image_size = 32
+
+
 def make_smoke(c: ml_collections.ConfigDict) -> None:
   """Shrinks a config to a synthetic run of well under a minute on a CPU, same code path: 20 base
   classes + 8 sessions of 2-way 5-shot, 16x16 images, a width-8 network, 100 base steps, 2 runs."""

@@ -3,6 +3,7 @@
   export F2M_CUB_PRETRAINED=/path/to/resnet18-f37072fd.pth   # torchvision ImageNet weights (needs torch)
   python run.py --config configs/cub200.py --workdir W          # full protocol; data in $F2M_DATA_DIR
   python run.py --config configs/cub200.py:smoke --workdir W    # tiny generated folder, < 1 min on a CPU
+  python run.py --config configs/cub200.py:cpu --workdir W      # a 2-core CPU budget, from a random init
 
 Data (`f2m_jax/data/layouts.py`, read by the folder source): the official archive unpacked as `$F2M_DATA_DIR/CUB_200_2011/`
 (`images/`, `images.txt`, `train_test_split.txt`, `image_class_labels.txt`, `classes.txt`), TOPIC lists
@@ -28,6 +29,10 @@ iterations. Its incremental sessions use BaselineModel: no fine-tuning and NCM *
 normalisation; 5 runs of shot draws. Where this departs from the paper: b (the paper: 0.01 on every
 dataset), no fine-tuning and no PN in the sessions, and 5 runs (the paper: 10); docs/method.md lists
 each with its switch. Not measured here (no CUB data on our machines).
+
+`cpu`: the fields of a budget set together (common.make_cpu): 1,000 iterations of batch 64 (16
+classes x 4 images), lr 0.05 for the whole network from a random init (no ImageNet weights fit a
+width-16 ResNet-18 at 32 px), 5 runs. Not a sensible CUB setting for results, a way to try it.
 
 `smoke`: the same code path on `data.source='fake_folder'` (8 base classes + 10 sessions x 2-way,
 JPEGs generated once into the cache folder), 32x32 crops, a width-8 ResNet-18 from a random init,
@@ -74,10 +79,15 @@ def get_config(arg: str = ''):
   config.rebalance.update(lr=1e-2, lambda_base=5.0)  # the original's CUB Rebalance (its NCM config)
   config.fsll.update(threshold=0.15, lr=5e-4, epochs=10)  # the original's CUB FSLL
 
-  variant = common.parse_arg(arg, ('', 'smoke'))
+  variant = common.parse_arg(arg, ('', 'smoke', 'cpu'))
   if variant == 'smoke':
     mini.make_folder_smoke(config)
     config.model.pretrained = ''
     config.base.lr = 0.05  # from a random init: the backbone needs more than 1e-3 to learn in 100 steps
     config.base.classifier_lr = 0.1
+  elif variant == 'cpu':
+    common.make_cpu(config)
+    config.model.pretrained = ''  # a width-16 network: no ImageNet weights fit it
+    config.base.classifier_lr = -1.0  # from a random init, the classifier at the backbone's lr
+    config.base.ways = 16  # 16 classes x 4 images at batch 64 (32 x 2 would leave PF two images a class)
   return config

@@ -4,11 +4,13 @@
   python run.py --config configs/f2m_v.py:cifar100 --workdir W              # full protocol (TFDS)
   python run.py --config configs/f2m_v.py:mini --workdir W                  # miniImageNet
   python run.py --config configs/f2m_v.py:cub200 --workdir W                # CUB-200
+  python run.py --config configs/f2m_v.py:folder:cpu --workdir W --config.data.folder.train=... # your images
   python run.py --config configs/f2m_v.py:cifar100:smoke --workdir W        # synthetic, a minute
 
-The argument is a dataset config and its own argument (`cifar100[:trainsplit|:smoke]`,
-`mini[:smoke]`, `cub200[:smoke]`); F2M-V changes only the fields in CHOICES below and keeps
-everything else of that config (budget, schedule, b, M, K, PF, PN). It keeps the method's idea:
+The argument is a dataset config and its own argument (`cifar100[:trainsplit|:cpu|:smoke]`,
+`mini[:cpu|:smoke]`, `cub200[:cpu|:smoke]`, `folder[:cpu|:smoke]`, with that config's fields, e.g.
+`--config.data.folder.train`); F2M-V changes only the fields in CHOICES below and keeps everything
+else of that config (budget, schedule, b, M, K, PF, PN). It keeps the method's idea:
 base training on the mean loss over M noise draws within +- b on the noise set, then prototypes and
 NCM on that model. PF stays switched on but has no effect here: it enters the loss without gradient
 (noise.pf_gradient=False, as the authors' code) and with no std term (std_weight 0) there is nothing
@@ -25,7 +27,7 @@ import importlib
 
 from configs import common
 
-DATASETS = ('cifar100', 'mini', 'cub200')
+DATASETS = ('cifar100', 'mini', 'cub200', 'folder')
 
 # The fields F2M-V sets, with the reason (experiments/results/README.md, section 16, for the numbers).
 CHOICES = {

@@ -84,3 +84,39 @@ def test_command_line_overrides_survive_the_baseline(tmp_path):
   assert sorted(results['provenance']['origin']['changes']) == ['base.milestones', 'base.sampler', 'base.steps',
                                                                 'eval.normalize_prototypes', 'method', 'runs']
   assert 'set_by_user' not in saved
+
+
+CPU_BUDGET = dict(steps=1000, milestones=(700,), batch_size=64, shots=4, lr=0.05)
+
+
+@pytest.mark.parametrize('spec, arch, width, size, sampler, std_weight', [
+    ('cifar100.py:cpu', 'resnet20', 0, 32, 'task_epochs', 2.0),
+    ('mini.py:cpu', 'resnet18', 16, 32, 'task_epochs', 2.0),
+    ('cub200.py:cpu', 'resnet18', 16, 32, 'task_epochs', 2.0),
+    ('folder.py:cpu', 'resnet18', 16, 32, 'task_epochs', 2.0),
+    ('f2m_v.py:folder:cpu', 'resnet18', 16, 32, 'shuffle', 0.0),
+    ('f2m_v.py:mini:cpu', 'resnet18', 16, 32, 'shuffle', 0.0),
+    ('f2m_v.py:cub200:cpu', 'resnet18', 16, 32, 'shuffle', 0.0),
+    ('f2m_v.py:cifar100:cpu', 'resnet20', 0, 32, 'shuffle', 0.0),
+])
+def test_every_dataset_config_has_a_cpu_budget_and_f2m_v(spec, arch, width, size, sampler, std_weight):
+  """`:cpu` sets a budget's fields together (steps, milestones, batch, the sampler's shots, lr, width,
+  image size), and F2M-V takes every dataset config with its argument (0739cee refused
+  configs/f2m_v.py:folder and had no :cpu)."""
+  from f2m_jax import command_line  # pylint: disable=g-import-not-at-top
+  config = command_line.load_config_file(f'configs/{spec}')
+  if 'folder' in config.data:
+    config.data.folder.update(train='mine/train', num_base=60, way=5)
+  r = pipeline.resolve(config, reads_data=False)
+  assert {k: r.base[k] for k in CPU_BUDGET} == CPU_BUDGET and r.base.ways == 16 and r.runs == 5
+  assert (r.model.arch, r.model.width, r.data.get('image_size', 32), r.base.sampler, r.noise.std_weight) == (
+      arch, width, size, sampler, std_weight)
+  assert r.model.pretrained == ''  # CUB's ImageNet weights fit no width-16 network
+
+
+def test_f2m_v_takes_a_folder_with_its_fields():
+  from configs import f2m_v, folder  # pylint: disable=g-import-not-at-top
+  mine = f2m_v.get_config('folder')
+  plain = folder.get_config()
+  f2m_v.apply(plain)
+  assert mine.to_dict() == plain.to_dict() and 'folder' in mine.data
