@@ -170,22 +170,33 @@ def build_results(dataset: str, method: str, protocol: str, num_classes: Sequenc
   if norms:
     out['prototype_norms'] = {key: None if any(n[key] is None for n in norms) else summarize([n[key] for n in norms])
                               for key in norms[0]}
-  if all('acc_sessions' in s for run in per_run for s in run):
-    out['accuracy_matrix'] = accuracy_matrix([[s['acc_sessions'] for s in run] for run in per_run])
+  matrix = accuracy_matrix(per_run)
+  if matrix:
+    out['accuracy_matrix'] = matrix
   return out
 
 
-def accuracy_matrix(per_run: Sequence[Sequence[Sequence[Optional[float]]]]) -> dict:
+def accuracy_matrix(per_run: Sequence[Sequence[dict]]) -> Optional[dict]:
   """The accuracy on the classes of session i after session j (rows: session of origin i, columns:
-  after session j; None for j < i) as mean and 95% interval over runs, from per-run, per-session
-  acc_sessions lists ([runs][j][i])."""
-  sessions = len(per_run[0])
-  cells = [[[run[j][i] for run in per_run] if j >= i else None for j in range(sessions)] for i in range(sessions)]
-  stat = lambda v, key: None if v is None or None in v else summarize(v)[key]
+  after session j; None for j < i) as mean and 95% interval over runs (`summarize`) and per run,
+  from the per-run, per-session accuracy dicts' acc_sessions; None where one lacks them."""
+  if not all('acc_sessions' in s for run in per_run for s in run):
+    return None
+  n = len(per_run[0])
+  values = np.full((len(per_run), n, n), np.nan)  # [run, session of origin, after session]
+  for r, run in enumerate(per_run):
+    for j, s in enumerate(run):
+      values[r, :j + 1, j] = [np.nan if v is None else v for v in s['acc_sessions']]
+  cells = [[_cell(values[:, i, j]) for j in range(n)] for i in range(n)]
   return {'rows': 'session whose classes are tested', 'columns': 'after session',
-          'mean': [[stat(v, 'mean') for v in row] for row in cells],
-          'ci95': [[stat(v, 'ci95') for v in row] for row in cells],
-          'runs': [[[None if v is None else v[r] for v in row] for row in cells] for r in range(len(per_run))]}
+          'mean': [[c and c['mean'] for c in row] for row in cells],
+          'ci95': [[c and c['ci95'] for c in row] for row in cells],
+          'runs': np.where(np.isnan(values), None, values).tolist()}
+
+
+def _cell(values: np.ndarray) -> Optional[dict]:
+  """`summarize` of one cell's values over runs; None where a run has none (NaN)."""
+  return None if np.isnan(values).any() else summarize(values)
 
 
 def results_rows(results: dict) -> list:

@@ -11,6 +11,7 @@ mode that saves nothing (bench, flatness, a dry run) ends at the first signal.
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import signal
@@ -24,6 +25,7 @@ from f2m_jax import progress
 from f2m_jax.experiment import Interrupted
 
 GRACE_S = 5.0
+EXIT_HANDLERS_S = 5.0
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 EXIT_CODE = 130
 RESUME = 'every checkpoint written is complete: rerun the same command to resume'
@@ -71,9 +73,13 @@ class _Stop:
 
   def exit(self, code: int) -> int:
     """`code`, or where a signal came, the end of the process with that code once the checkpoint
-    writes are complete (no computation still in flight keeps it alive)."""
+    writes are complete and the exit handlers ran (TensorBoard's writer flushes there), for at most
+    EXIT_HANDLERS_S: no computation still in flight keeps it alive."""
     if self.received:
       checkpoint_lib.finish_writes()
+      handlers = threading.Thread(target=atexit._run_exitfuncs, daemon=True)  # pylint: disable=protected-access
+      handlers.start()
+      handlers.join(timeout=EXIT_HANDLERS_S)
       sys.stdout.flush()
       sys.stderr.flush()
       os._exit(code)  # pylint: disable=protected-access

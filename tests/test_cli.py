@@ -76,7 +76,7 @@ def test_good_overrides_pass_the_check(tmp_path):
 
 @pytest.mark.parametrize('spec,what', [
     ('configs/cifar10.py', 'there is no file configs/cifar10.py; did you mean configs/cifar100.py?'),
-    ('configs/cifar100.py:smok', "config argument 'smok' is not one of ['smoke', 'trainsplit']"),
+    ('configs/cifar100.py:smok', "config argument 'smok' is not one of ['smoke', 'trainsplit', 'cpu']"),
 ])
 def test_bad_config_argument_is_one_clear_line(tmp_path, spec, what):
   workdir = tmp_path / 'w'

@@ -18,7 +18,7 @@ PACKAGE = pathlib.Path(__file__).resolve().parents[1] / 'f2m_jax'
 # Bottom to top. Patterns are module names relative to f2m_jax ('data.*': every module of data/).
 LAYERS = (
     ('foundations', ('data', 'data.*', 'models', 'models.*', 'trees', 'padding', 'optim', 'noise', 'objectives',
-                     'sharding', 'checkpoint', 'workdir', 'backend', 'report')),
+                     'sharding', 'checkpoint', 'workdir', 'backend', 'report', 'progress')),
     ('algorithms', ('base', 'incremental', 'evaluation', 'flatness')),
     ('run description', ('experiment', 'validation')),
     ('run stages', ('train_loop', 'evaluator', 'sessions')),
@@ -27,7 +27,7 @@ LAYERS = (
     ('registry', ('registry',)),
     ('pipeline', ('pipeline',)),
     ('sweeps', ('members',)),
-    ('entry points', ('bench', 'cli', '__init__')),
+    ('entry points', ('bench', 'cli', 'dry_run', 'stopping', '__init__')),
 )
 
 
