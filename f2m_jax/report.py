@@ -29,6 +29,7 @@ import argparse
 import csv
 import dataclasses
 import json
+import math
 import os
 import sys
 from typing import Any, Iterable, Optional, Sequence
@@ -409,7 +410,8 @@ def plot_base_novel(rows: Sequence[Row], path: str) -> str:
 
 def plot_matrix(rows: Sequence[Row], path: str) -> Optional[str]:
   """One heatmap per row with an accuracy matrix (the session of origin down, after which session
-  across, the mean accuracy in each cell); PNG at `path`, or None where no row has a matrix."""
+  across, the mean accuracy in each cell), on one colour scale from the lowest cell (to the ten below)
+  to 100; PNG at `path`, or None where no row has a matrix."""
   from matplotlib.backends.backend_agg import FigureCanvasAgg
   from matplotlib.figure import Figure
   shown = [r for r in rows if matrix_cells(r.results)]
@@ -417,14 +419,17 @@ def plot_matrix(rows: Sequence[Row], path: str) -> Optional[str]:
     return None
   fig = Figure(figsize=(4.6 * len(shown), 4.2))
   FigureCanvasAgg(fig)
+  low = 10 * math.floor(min(v for r in shown for row in r.results['accuracy_matrix']['mean'] for v in row
+                            if v is not None) / 10)
   for k, row in enumerate(shown):
     ax = fig.add_subplot(1, len(shown), k + 1)
     mean = [[float('nan') if v is None else v for v in r] for r in row.results['accuracy_matrix']['mean']]
-    image = ax.imshow(mean, vmin=0, vmax=100, cmap='viridis')
+    image = ax.imshow(mean, vmin=low, vmax=100, cmap='viridis')
     for i, r in enumerate(mean):
       for j, v in enumerate(r):
         if v == v:  # not NaN
-          ax.text(j, i, f'{v:.0f}', ha='center', va='center', fontsize=7, color='white' if v < 60 else 'black')
+          ax.text(j, i, f'{v:.0f}', ha='center', va='center', fontsize=7,
+                  color='white' if v < low + 0.6 * (100 - low) else 'black')
     numbers = [s['session'] for s in in_order(row.results)]
     ax.set_xticks(range(len(numbers)), numbers)
     ax.set_yticks(range(len(numbers)), numbers)
