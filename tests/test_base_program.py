@@ -168,7 +168,7 @@ def test_nan_stop_names_the_same_step_and_keeps_the_last_good_checkpoint(tmp_pat
     config.base.update(lr=1e3, steps_per_call=4, log_every=20, checkpoint_every=20)  # diverges at step 6
     if calls == 'one':
       config.base.update(checkpoint_every=2, steps_per_call=1)  # a checkpoint before the divergence
-    with pytest.raises(experiment_lib.TrainingError, match=r'method f2m diverged at base step (\d+): ') as e:
+    with pytest.raises(experiment_lib.TrainingError, match=r'method baseline diverged at base step (\d+): ') as e:
       pipeline.run(config, str(tmp_path / calls))
     steps[calls] = int(str(e.value).split('base step ')[1].split(':')[0])
     messages[calls] = str(e.value)
