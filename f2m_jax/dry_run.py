@@ -138,7 +138,7 @@ def step_line(config, b, time_step: bool) -> str:
   flops, rate = step_flops(exp, mesh), matmul_rate()
   seconds = flops / rate
   return (f'base step: at least {seconds:.2g} s, estimated: its {flops / 1e9:.3g} GFLOP at the {rate / 1e9:.0f} '
-          'GFLOP/s a matrix product reaches here (a small network spends as long again or more on the rest); '
+          "GFLOP/s a matrix product reaches here (a small network's step takes several times that); "
           f'base.steps={steps:,}: at least {progress.elapsed(seconds * steps)}. --dry-run --time-step measures it')
 
 
