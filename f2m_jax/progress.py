@@ -72,17 +72,19 @@ class Status:
     self._thread = threading.Thread(target=self._tick, daemon=True, name='f2m-status')
     self._thread.start()
 
-  def _draw(self) -> None:
+  def _draw(self, last: bool = False) -> None:
     with self._lock:
       if self._done.is_set():
         return
       line = f'{self.text} ({elapsed(time.monotonic() - self.t0)})'
       if self.tty:
-        self.file.write('\r' + line.ljust(self.width))
+        self.file.write('\r' + line.ljust(self.width) + ('\n' if last else ''))
         self.width = len(line)
       else:
         self.file.write(line + '\n')
       self.file.flush()
+      if last:
+        self._done.set()
 
   def _tick(self) -> None:
     while not self._done.wait(1.0 if self.tty else LOG_EVERY_S):
@@ -95,26 +97,18 @@ class Status:
 
   def close(self) -> None:
     """Draws the line a last time (its time), ends it and stops the updates."""
-    self._draw()
-    with self._lock:
-      if self._done.is_set():
-        return
-      self._done.set()
-      if self.tty:
-        self.file.write('\n')
-        self.file.flush()
+    self._draw(last=True)
     _STATUS.discard(self)
 
 
 def end_lines() -> None:
-  """Ends the line each open bar or status line draws on in place, so that what is printed next
-  (an error, the line of an interrupted run) starts on a line of its own."""
+  """Closes every open bar and status line (each draws its last state and ends its line), so that
+  what is printed next (an error, the line of an interrupted run) starts on a line of its own and no
+  bar is drawn again after it."""
   for status in list(_STATUS):
     status.close()
-  for file in {id(b.fp): b.fp for b in list(tqdm._instances) if not getattr(b, 'disable', True)}.values():  # pylint: disable=protected-access
-    if not isinstance(getattr(file, '_wrapped', file), _Lines):
-      try:
-        file.write('\n')
-        file.flush()
-      except (OSError, ValueError):  # a closed stream
-        pass
+  for b in list(tqdm._instances):  # pylint: disable=protected-access
+    try:
+      b.close()
+    except (OSError, ValueError):  # a closed stream
+      pass

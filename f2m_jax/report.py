@@ -511,7 +511,8 @@ def format_report(rows: Sequence[Row], reference: Any = 0, all_sessions: bool = 
   ] + refused + [''] * bool(refused) + [
       f'## Base vs novel accuracy ({"every" if all_sessions else "last"} session)', '',
       format_base_novel_table(rows, all_sessions), '',
-  ] + ([f'## The accuracy matrix: {MATRIX}', ''] + matrices if matrices else [])
+  ] + (['## Accuracy matrix (%, mean over runs)', '', MATRIX[0].upper() + MATRIX[1:] + '.', ''] + matrices
+       if matrices else [])
       + (['## Flatness of the base model (base loss over noise draws)', '', flatness, ''] if flatness else [])
       + (['## Prototype norms after the last session (L2; mean ± 95% CI over runs)', '', norms, ''] if norms else [])
       + ['## Sources', ''] + sources) + '\n'

@@ -126,8 +126,8 @@ def train_steps(exp: Experiment, objective: base_lib.BaseObjective, members: Seq
 class Records:
   """What the host does with each call's results: the non-finite stop, the progress bar (started
   after the first call, so its rate leaves out the compile; until then `status` says what runs), the
-  metrics log's averages over windows
-  of base.log_every steps, the test-set selection, the checkpoints and the hook."""
+  metrics log's averages over windows of base.log_every steps, the test-set selection, the
+  checkpoints and the hook."""
 
   def __init__(self, config, members: Sequence[Member], phase: str, title: str, start: int,
                select: Optional[Callable], hook: Hook, status: Optional[progress.Status] = None):

@@ -346,10 +346,10 @@ def test_the_accuracy_matrix_is_printed_reported_and_plotted(tmp_path, capsys):
   assert ['2', '89.00', '84.00', '79.00', '74.00', '69.00', '64.00', '59.00', '54.00'] in [l.split() for l in out.splitlines()]
   assert 'F2M: accuracy on each session' in out and 'baseline: accuracy on' not in out
   md = (tmp_path / 'out' / 'report.md').read_text()
-  assert '## The accuracy matrix: accuracy on each session\'s classes' in md
+  assert "## Accuracy matrix (%, mean over runs)\n\nAccuracy on each session's classes" in md
   assert '| 9 |  |  |  |  |  |  |  |  | 82.00 |' in md and md.count('| from / after |') == 1
   assert (tmp_path / 'out' / 'accuracy_matrix.png').read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
-  assert '## The accuracy matrix' not in report.format_report(report.build_rows([plain]))
+  assert '## Accuracy matrix' not in report.format_report(report.build_rows([plain]))
   assert report.plot_matrix(report.build_rows([plain]), str(tmp_path / 'none.png')) is None
 
 
