@@ -167,7 +167,7 @@ class RebalanceRunner(icarl.ICaRLRunner):
     fc = state['params']['fc']
     scores = _scores(emb, np.asarray(fc['kernel']), np.asarray(fc['sigma']), bench.num_seen_classes(session))
     return evaluation.accuracies_from_predictions(np.argmax(np.asarray(scores), -1), bench.test.labels[idx],
-                                                  bench.num_base_classes)
+                                                  bench.num_base_classes, evaluation.session_ends(bench, session))
 
   def norms(self, state):
     return super().norms(state) if self.cfg.classifier == 'nearest_mean' else None
