@@ -29,7 +29,7 @@ from f2m_jax import workdir as workdir_lib
 from f2m_jax.checkpoint import CheckpointError, CheckpointFault
 from f2m_jax.data import sources
 from f2m_jax.experiment import Interrupted, TrainingError
-from f2m_jax.workdir import WorkdirError
+from f2m_jax.workdir import WorkdirError, flat_items
 
 USER_ERRORS = (ValueError, FileNotFoundError, CheckpointError, WorkdirError)
 

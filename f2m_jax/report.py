@@ -425,11 +425,7 @@ def plot_matrix(rows: Sequence[Row], path: str) -> Optional[str]:
     ax = fig.add_subplot(1, len(shown), k + 1)
     mean = [[float('nan') if v is None else v for v in r] for r in row.results['accuracy_matrix']['mean']]
     image = ax.imshow(mean, vmin=low, vmax=100, cmap='viridis')
-    for i, r in enumerate(mean):
-      for j, v in enumerate(r):
-        if v == v:  # not NaN
-          ax.text(j, i, f'{v:.0f}', ha='center', va='center', fontsize=7,
-                  color='white' if v < low + 0.6 * (100 - low) else 'black')
+    label_cells(ax, mean, low)
     numbers = [s['session'] for s in in_order(row.results)]
     ax.set_xticks(range(len(numbers)), numbers)
     ax.set_yticks(range(len(numbers)), numbers)
@@ -439,6 +435,15 @@ def plot_matrix(rows: Sequence[Row], path: str) -> Optional[str]:
   fig.colorbar(image, ax=fig.axes, label='accuracy (%)', shrink=0.8)
   fig.savefig(path, dpi=120)
   return path
+
+
+def label_cells(ax, mean: list, low: float) -> None:
+  """Each cell's mean written on it (none on NaN), white on the darker colours."""
+  for i, row in enumerate(mean):
+    for j, v in enumerate(row):
+      if v == v:  # not NaN
+        ax.text(j, i, f'{v:.0f}', ha='center', va='center', fontsize=7,
+                color='white' if v < low + 0.6 * (100 - low) else 'black')
 
 
 # ----------------------------------------------------------------------------- report

@@ -103,8 +103,8 @@ def test_every_dataset_config_has_a_cpu_budget_and_f2m_v(spec, arch, width, size
   """`:cpu` sets a budget's fields together (steps, milestones, batch, the sampler's shots, lr, width,
   image size), and F2M-V takes every dataset config with its argument (0739cee refused
   configs/f2m_v.py:folder and had no :cpu)."""
-  from f2m_jax import command_line  # pylint: disable=g-import-not-at-top
-  config = command_line.load_config_file(f'configs/{spec}')
+  from f2m_jax import cli  # pylint: disable=g-import-not-at-top
+  config = cli.load_config(f'configs/{spec}')
   if 'folder' in config.data:
     config.data.folder.update(train='mine/train', num_base=60, way=5)
   r = pipeline.resolve(config, reads_data=False)
