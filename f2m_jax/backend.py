@@ -19,9 +19,9 @@ CHOICES = {
     # 'unroll' (written out; XLA:CPU runs vmapped convolutions as slow grouped ones). Section
     # 'Per-step and whole-run benchmarks'.
     'noise.draw_map': ('vmap', 'unroll'),
-    # The convolutions' backward: 'xla' (XLA's own transposes, with a batching rule that keeps vmapped
-    # draws and members on the same three convolutions; unmeasured on a GPU) or 'cpu' (the forms XLA:CPU's
-    # Eigen kernels run fast, also inside a lax.scan). Section 'CPU speed: the convolution backward's forms'.
+    # The convolutions' backward: 'xla' (XLA's own transposes) or 'cpu' (the forms XLA:CPU's Eigen
+    # kernels run fast, also inside a lax.scan). Sections 'CPU speed: the convolution backward's forms'
+    # and 24.
     'model.conv_backward': ('xla', 'cpu'),
 }
 

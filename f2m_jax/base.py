@@ -1,24 +1,18 @@
-"""Base session (session 1): the flat-minima objective (Eq. 3-4, Alg. 1) and the one program that
-trains it.
+"""Base session (session 1): the flat-minima loss (Eq. 3-4), its train step (Alg. 1) and the one
+program every base training runs (and `--mode bench` times).
 
-`base_loss` is one pure function of (params, batch_stats, images, labels, eps). The M noise draws
-are mapped with `jax.vmap` (or written out: `draw_map`); with `shared_trunk` the unperturbed trunk
-(every block before the first noised conv) runs once and only the suffix is mapped over the draws.
-BatchNorm uses batch statistics in every pass; by default the running statistics are updated by the
-clean pass and then by each noisy pass in turn, as in the authors' code (`bn_updates`).
-
-`train_step` is one update of one run; `make_train_program` jits the program every base training
-runs (and `--mode bench` times): `steps_per_call` steps of S >= 1 runs (a sweep's members; a single
-run is S = 1) scanned in one call, each step's batches gathered on the device.
+`noise` is the run's config.noise, frozen (`Experiment.noise`): the loss reads its fields as they
+are. The noise bound b is not read from it but passed to the program, so that the members of a
+sweep over b share one program.
 """
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Callable
 
 import flax
 import jax
 import jax.numpy as jnp
+import ml_collections
 import optax
 
 from f2m_jax import noise as noise_lib
@@ -26,13 +20,11 @@ from f2m_jax import objectives
 from f2m_jax import sharding
 from f2m_jax import trees
 from f2m_jax.data import augment as augment_lib
-from f2m_jax.models import ResNet
+from f2m_jax.models import ResNet, noise_set_paths, split_block
 from f2m_jax.models.resnet import fold_batch_stats
 
-
-DRAW_MAPS = ('vmap', 'unroll')
-# The averages a training loop logs from a step's metrics (which also hold 'finite').
-LOGGED_METRICS = ('loss', 'ce', 'pf', 'acc', 'ce_clean')
+MEMBER_MAPS = ('unroll', 'vmap')
+BN_UPDATES = ('all_passes', 'clean')
 
 
 @flax.struct.dataclass
@@ -43,103 +35,67 @@ class TrainState:
   opt_state: Any
 
 
-BN_UPDATES = ('all_passes', 'clean')
-
-
-@dataclasses.dataclass(frozen=True)
-class BaseObjective:
-  """Static settings of the base objective.
-
-  model: the network; its `clean_backward` decides how noised convs are differentiated
-    (config.noise.backward_weights).
-  noise_paths: the noise set; empty means plain training (no draws).
-  split: index of the first block holding a noised conv (the trunk is blocks [0, split)).
-  num_draws: M. pf_weight: lambda. std_weight: gamma. (The bound b is an argument of the step, so
-    that the members of a sweep over it share one program.)
-  pf_gradient: whether PF is differentiated (the paper) or only its value counts (the authors' code).
-  bn_updates: 'all_passes' (running statistics updated by the clean pass, then by each noisy pass in
-    turn, as the authors' code) or 'clean' (the clean pass only).
-  draw_map: how the M noisy passes share the program: 'vmap' (one pass with a leading draw axis) or
-    'unroll' (M passes written out); config.noise.draw_map, resolved by f2m_jax/backend.py.
-  """
-  model: ResNet
-  noise_paths: tuple
-  split: int
-  num_draws: int
-  distribution: str
-  pf_weight: float
-  std_weight: float
-  shared_trunk: bool
-  draw_map: str = 'vmap'
-  pf_gradient: bool = False
-  bn_updates: str = 'all_passes'
-
-  def __post_init__(self):
-    if self.draw_map not in DRAW_MAPS:
-      raise ValueError(f'noise.draw_map={self.draw_map!r} is not one of {DRAW_MAPS}')
-    if self.bn_updates not in BN_UPDATES:
-      raise ValueError(f'noise.bn_updates={self.bn_updates!r} is not one of {BN_UPDATES}')
-
-  @property
-  def noisy(self) -> bool:
-    return bool(self.noise_paths) and self.num_draws > 0
+def perturb(params, eps: dict):
+  """params + eps: one draw ({path: array}) added to the noise set's leaves of `params`."""
+  noise_set, _ = trees.split(params, eps)
+  return trees.overlay(params, jax.tree_util.tree_map(jnp.add, noise_set, eps))
 
 
 def _add(a, b):
   return jax.tree_util.tree_map(jnp.add, a, b)
 
 
-def base_loss(params, batch_stats, images, labels, eps, objective: BaseObjective):
-  """Eq. 3 as run: L = 1/M sum_j L_j + gamma std_j(L_j), L_j = CE(z; phi + eps_j, psi) + lambda PF_j,
-  for eps {path: [M, ...]}. The clean pass's CE is not part of L (it gives PF's reference and BN
-  updates), as in the authors' code.
+def base_loss(params, batch_stats, images, labels, eps, model: ResNet, noise: ml_collections.FrozenConfigDict):
+  """Eq. 3-4 as the authors' code runs them (docs/method.md, 'Base session'), for the M draws `eps`
+  ({path: [M, ...]}):
 
-  Returns (loss, (new_batch_stats, metrics)). Without noise (objective.noisy False) it is plain CE.
-  Every pass runs on all-zero running statistics, so what it returns is BN_MOMENTUM times its own
-  batch statistics; `fold_batch_stats` then applies the passes' updates in PyTorch's order.
+      L = 1/M sum_j L_j + gamma std_j(L_j),   L_j = CE(z; phi + eps_j, psi) + lambda PF_j
+
+  gamma = noise.std_weight, lambda = noise.pf_weight (0 without noise.prototype_fixing). A clean pass
+  gives PF's reference embeddings; its CE is not in L. Without draws (eps empty) L is the clean
+  pass's CE. Returns (L, (new batch_stats, metrics)).
+
+  Every pass runs on all-zero running statistics, so it returns BN_MOMENTUM times its own batch
+  statistics; `fold_batch_stats` applies the passes' updates in PyTorch's order (noise.bn_updates).
   """
-  model = objective.model
-  num_classes = model.num_classes
   zeros = jax.tree_util.tree_map(jnp.zeros_like, batch_stats)
 
-  def run(x, first, last=None, noise=None):
-    variables = {'params': params, 'batch_stats': zeros}
-    if noise is not None:
-      variables['noise'] = noise_lib.collection(noise)
-    out, upd = model.apply(variables, x, train=True, first=first, last=last, mutable=['batch_stats'])
-    return out, upd['batch_stats']
+  def run(variables, x, first, last=None):
+    out, update = model.apply({**variables, 'batch_stats': zeros}, x, train=True, first=first, last=last,
+                              mutable=['batch_stats'])
+    return out, update['batch_stats']
 
-  if objective.noisy and objective.shared_trunk:
-    inputs, trunk_update = run(images, 0, objective.split)
-    first = objective.split
-  else:
-    inputs, first, trunk_update = images, 0, zeros
-  (emb, logits), suffix_update = run(inputs, first)
+  split = split_block(model, list(eps)) if eps and noise.shared_trunk else 0  # the trunk runs once
+  inputs, trunk_update = run({'params': params}, images, 0, split) if split else (images, zeros)
+  (emb, logits), suffix_update = run({'params': params}, inputs, split)
   clean_update = _add(trunk_update, suffix_update)  # each pass leaves the other's layers at zero
-  clean_ce = objectives.cross_entropy(logits, labels)
-  metrics = {'acc': jnp.mean(jnp.argmax(logits, -1) == labels), 'ce_clean': clean_ce}
-  if not objective.noisy:
-    metrics.update(loss=clean_ce, ce=clean_ce, pf=jnp.zeros(()))
-    return clean_ce, (fold_batch_stats(batch_stats, [clean_update]), metrics)
+  ce_clean = objectives.cross_entropy(logits, labels)
+  metrics = {'loss': ce_clean, 'acc': jnp.mean(jnp.argmax(logits, -1) == labels)}
+  if not eps:
+    return ce_clean, (fold_batch_stats(batch_stats, [clean_update]), metrics)
 
-  def noisy_pass(e):
-    (emb_j, logits_j), update_j = run(inputs, first, noise=e)
-    ce_j = objectives.cross_entropy(logits_j, labels)
-    pf_j = objectives.prototype_fixing(emb, emb_j, labels, num_classes)
-    if not objective.pf_gradient:
-      pf_j = jax.lax.stop_gradient(pf_j)
-    return ce_j, pf_j, _add(trunk_update, update_j)  # a shared trunk saw the same batch M more times
+  def noisy_pass(eps_j):
+    if noise.backward_weights == 'clean':  # the convs add eps_j and are differentiated at the clean weights
+      variables = {'params': params, 'noise': trees.unflatten(eps_j)}
+    else:
+      variables = {'params': perturb(params, eps_j)}
+    (emb_j, logits_j), update_j = run(variables, inputs, split)
+    pf_j = objectives.prototype_fixing(emb, emb_j, labels, model.num_classes)
+    pf_j = pf_j if noise.pf_gradient else jax.lax.stop_gradient(pf_j)
+    # a shared trunk saw the same batch M more times
+    return objectives.cross_entropy(logits_j, labels), pf_j, _add(trunk_update, update_j)
 
-  ce, pf, noisy_updates = map_draws(noisy_pass, eps, objective.draw_map)
-  updates = [clean_update] + (noisy_updates if objective.bn_updates == 'all_passes' else [])
-  loss = objectives.flat_minima_objective(ce + objective.pf_weight * pf, objective.std_weight)
-  metrics.update(loss=loss, ce=ce.mean(), pf=pf.mean())
+  ce, pf, noisy_updates = map_draws(noisy_pass, eps, noise.draw_map)
+  pf_weight = noise.pf_weight if noise.prototype_fixing else 0.0
+  loss = objectives.flat_minima_objective(ce + pf_weight * pf, noise.std_weight)
+  updates = [clean_update] + (noisy_updates if noise.bn_updates == 'all_passes' else [])
+  metrics.update(loss=loss, ce=ce.mean(), pf=pf.mean(), ce_clean=ce_clean)
   return loss, (fold_batch_stats(batch_stats, updates), metrics)
 
 
 def map_draws(noisy_pass: Callable, eps: dict, draw_map: str) -> tuple:
   """(ce [M], pf [M], [BN updates of each draw]) of `noisy_pass` over the M draws of `eps`
-  ({path: [M, ...]}): `jax.vmap` over the draw axis, or the M passes written out ('unroll')."""
+  ({path: [M, ...]}): `jax.vmap` over the draw axis ('vmap'), or the M passes written out ('unroll')."""
   num_draws = next(iter(eps.values())).shape[0]
   if draw_map == 'unroll':
     per_draw = [noisy_pass({p: e[j] for p, e in eps.items()}) for j in range(num_draws)]
@@ -147,6 +103,24 @@ def map_draws(noisy_pass: Callable, eps: dict, draw_map: str) -> tuple:
     return ce, pf, [u for _, _, u in per_draw]
   ce, pf, stacked = jax.vmap(noisy_pass)(eps)
   return ce, pf, [trees.index(stacked, j) for j in range(num_draws)]
+
+
+def all_finite(tree) -> jax.Array:
+  """True when every float in `tree` is finite (a scalar bool array)."""
+  return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree_util.tree_leaves(tree)]))
+
+
+def train_step(state: TrainState, x, labels, eps, model: ResNet, noise: ml_collections.FrozenConfigDict,
+               tx: optax.GradientTransformation):
+  """One update of the clean parameters from network inputs `x` (augmented, normalised) and the draws
+  `eps` (empty without noise): value_and_grad of `base_loss`, then `tx`. Returns (state, metrics):
+  the loss's metrics and 'finite', whether the loss and all the step saves are finite."""
+  (_, (batch_stats, metrics)), grads = jax.value_and_grad(base_loss, has_aux=True)(
+      state.params, state.batch_stats, x, labels, eps, model, noise)
+  updates, opt_state = tx.update(grads, state.opt_state, state.params)
+  params = optax.apply_updates(state.params, updates)
+  metrics['finite'] = jnp.isfinite(metrics['loss']) & all_finite((params, batch_stats))
+  return TrainState(state.step + 1, params, batch_stats, opt_state), metrics
 
 
 def init_state(model: ResNet, key: jax.Array, image_size: int, tx: optax.GradientTransformation,
@@ -159,66 +133,30 @@ def init_state(model: ResNet, key: jax.Array, image_size: int, tx: optax.Gradien
                     opt_state=tx.init(params))
 
 
-def all_finite(tree) -> jax.Array:
-  """True when every float in `tree` is finite (a scalar bool array)."""
-  return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree_util.tree_leaves(tree)]))
+def make_train_program(model: ResNet, noise: ml_collections.FrozenConfigDict, tx: optax.GradientTransformation,
+                       data, members_map: str, mesh) -> Callable:
+  """program(states, images, labels, indices, num_steps, keys, bounds) -> (states, metrics): N steps
+  of S members (a sweep's runs; one run is S = 1) in one call. The members share the training images
+  (uint8) and labels; `indices` [N, S, B] hold their batches, gathered on the device; states, keys and
+  bounds carry a leading member axis; metrics leaves are [N, S]. A member's step augments its batch
+  (`data`'s augment, image_size, mean, std) and draws its noise (half-width its bound) from
+  fold_in(key, step), so a resumed run repeats an uninterrupted one. members_map: 'vmap' maps the
+  step over the members, 'unroll' writes the S steps side by side (for one run exactly its step).
+  Only the first `num_steps` (<= N) steps count: a shorter call runs the same compiled program.
+  Jitted over `mesh`: the batch axis B split over the devices, the rest replicated; states donated."""
+  paths = tuple(noise_set_paths(model, noise.num_layers)) if noise.enabled else ()
 
-
-def apply_step(state: TrainState, x, labels, eps, objective: BaseObjective,
-               tx: optax.GradientTransformation):
-  """One update of the clean parameters from network inputs `x` (already augmented and normalised)
-  and the draws `eps` ({path: [M, ...]}, empty without noise): value_and_grad of `base_loss`, then
-  the optimizer. Pure; `make_train_step` jits it behind the augmentation and the sampler."""
-  grad_fn = jax.value_and_grad(base_loss, has_aux=True)
-  (_, (new_stats, metrics)), grads = grad_fn(state.params, state.batch_stats, x, labels, eps, objective)
-  updates, opt_state = tx.update(grads, state.opt_state, state.params)
-  params = optax.apply_updates(state.params, updates)
-  # A finite loss can still take an update to inf: the step is good only if what it saves is finite.
-  metrics['finite'] = jnp.isfinite(metrics['loss']) & all_finite((params, new_stats))
-  return TrainState(state.step + 1, params, new_stats, opt_state), metrics
-
-
-def make_train_step(objective: BaseObjective, tx: optax.GradientTransformation, augment: str, image_size: int,
-                    mean, std) -> Callable:
-  """train_step(state, images_u8, labels, key, bound) -> (state, metrics): one update of one run,
-  pure. The batch is augmented and the noise (half-width `bound`) drawn from fold_in(key, state.step),
-  so they depend only on (key, step) and a resumed run repeats an uninterrupted one."""
-
-  def train_step(state: TrainState, images, labels, key, bound):
+  def member_step(state, images, labels, key, bound):
     k_aug, k_noise = jax.random.split(jax.random.fold_in(key, state.step))
-    x = augment_lib.train_inputs(k_aug, images, augment, image_size, mean, std)
-    eps = (noise_lib.sample_noise(k_noise, state.params, objective.noise_paths, objective.num_draws, bound,
-                                  objective.distribution) if objective.noisy else {})
-    return apply_step(state, x, labels, eps, objective, tx)
+    x = augment_lib.train_inputs(k_aug, images, data.augment, data.image_size, data.mean, data.std)
+    eps = noise_lib.sample_noise(k_noise, state.params, paths, noise.M, bound, noise.distribution) if paths else {}
+    return train_step(state, x, labels, eps, model, noise, tx)
 
-  return train_step
-
-
-MEMBER_MAPS = ('unroll', 'vmap')
-
-
-def map_members(step: Callable, members_map: str) -> Callable:
-  """`step` of one run (`make_train_step`'s) over S runs whose arguments all carry a leading member
-  axis: `jax.vmap`, or the S steps written out side by side ('unroll'; for one run exactly its step)."""
-  if members_map == 'vmap':
-    return jax.vmap(step)
-
-  def unrolled(states, images, labels, keys, bounds):
-    outs = [step(trees.index(states, i), images[i], labels[i], keys[i], bounds[i]) for i in range(len(keys))]
-    return trees.stack(outs)
-
-  return unrolled
-
-
-def make_train_program(step: Callable, members_map: str, mesh) -> Callable:
-  """program(states, images, labels, indices, num_steps, keys, bounds) -> (states, metrics): the base
-  training program. `indices` [N, S, B]: N steps of S members' batches, gathered on the device from
-  the training images (uint8) and labels that every member shares; states, keys and bounds [S]
-  carry a leading member axis (`map_members`); metrics leaves are [N, S]. Only the first `num_steps`
-  (<= N) steps count: later rows are computed and discarded, so a shorter call (the end of a budget,
-  a resume) runs the same compiled program. Jitted over `mesh`: images, states and keys replicated,
-  the batch axis B split over the devices; the states are donated."""
-  members = map_members(step, members_map)
+  def members(states, images, labels, keys, bounds):
+    if members_map == 'vmap':
+      return jax.vmap(member_step)(states, images, labels, keys, bounds)
+    return trees.stack([member_step(trees.index(states, i), images[i], labels[i], keys[i], bounds[i])
+                        for i in range(len(keys))])
 
   def program(states, images, labels, indices, num_steps, keys, bounds):
     def body(states, xs):

@@ -156,14 +156,13 @@ def time_cases(cases: Sequence[Case], dtype: str, warmup: int, iters: int) -> li
   return records
 
 
-def program_case(exp: Experiment, objective: base_lib.BaseObjective, variant: str, m: Optional[int],
+def program_case(exp: Experiment, noise: ml_collections.FrozenConfigDict, variant: str, m: Optional[int],
                  num_members: int, mesh) -> Case:
-  """The base program of `num_members` runs of `exp` (seeds 0..S-1) at the config's steps a call, each
-  step on batches of the base classes in order (class-contiguous, every class present)."""
+  """The base program of `num_members` runs of `exp` under `noise` (seeds 0..S-1) at the config's steps
+  a call, each step on batches of the base classes in order (class-contiguous, every class present)."""
   bench, cfg = exp.bench, exp.config
   batch, n = base_batch(cfg), train_loop.steps_per_call(cfg.base, False)
-  step = base_lib.make_train_step(objective, exp.optimizer(), bench.augment, bench.image_size, bench.mean, bench.std)
-  program = base_lib.make_train_program(step, cfg.members.map, mesh)
+  program = base_lib.make_train_program(exp.model, noise, exp.optimizer(), bench, cfg.members.map, mesh)
   rows = np.broadcast_to((np.arange(batch) * bench.num_base_classes // batch).astype(np.int32), (n, num_members, batch))
   keys = [jax.random.key(s) for s in range(num_members)]
   args = (sharding.replicate(trees.stack([exp.init_state()] * num_members), mesh),
@@ -187,15 +186,14 @@ def bench_dtype(config: ml_collections.ConfigDict, dtype: str, mesh) -> list:
   """Every variant for one compute dtype; returns the records."""
   exp = bench_experiment(config, dtype)
   sharding.per_device_batch(base_batch(config), mesh)
-  objective = exp.base_objective()
-  other = [d for d in base_lib.DRAW_MAPS if d != objective.draw_map][0]
-  variant = lambda **changes: dataclasses.replace(objective, **changes)
-  cases = [program_case(exp, variant(noise_paths=()), 'plain', 0, 1, mesh)]
+  other = [d for d in backend.CHOICES['noise.draw_map'] if d != exp.noise.draw_map][0]
+  variant = lambda **changes: ml_collections.FrozenConfigDict({**exp.noise, **changes})
+  cases = [program_case(exp, variant(enabled=False), 'plain', 0, 1, mesh)]
   for m in map(int, config.bench.M_list):
-    cases += [program_case(exp, variant(num_draws=m, shared_trunk=False), 'f2m_naive', m, 1, mesh),
-              program_case(exp, variant(num_draws=m, shared_trunk=True), 'f2m_shared', m, 1, mesh)]
+    cases += [program_case(exp, variant(M=m, shared_trunk=False), 'f2m_naive', m, 1, mesh),
+              program_case(exp, variant(M=m, shared_trunk=True), 'f2m_shared', m, 1, mesh)]
     if config.bench.other_draw_map:
-      cases.append(program_case(exp, variant(num_draws=m, shared_trunk=True, draw_map=other), f'f2m_shared_{other}',
+      cases.append(program_case(exp, variant(M=m, shared_trunk=True, draw_map=other), f'f2m_shared_{other}',
                                 m, 1, mesh))
   cases += [incremental_case(exp)] + ncm_cases(exp)
   return time_cases(cases, dtype, config.bench.warmup, config.bench.iters)
@@ -234,7 +232,7 @@ def member_cases(config: ml_collections.ConfigDict, mesh) -> list:
   of one run (S = 1 is the single run's program)."""
   exp = bench_experiment(config, config.model.dtype)
   sizes = sorted(set((1,) + tuple(config.bench.member_sizes)))
-  return [program_case(exp, exp.base_objective(), f'members_{s}_{config.members.map}', s, s, mesh) for s in sizes]
+  return [program_case(exp, exp.noise, f'members_{s}_{config.members.map}', s, s, mesh) for s in sizes]
 
 
 def format_members(records: Sequence[dict]) -> str:

@@ -130,7 +130,7 @@ def step_line(config, b, time_step: bool) -> str:
   mesh = sharding.data_mesh()
   steps = config.base.steps
   if time_step:
-    record = bench.time_cases([bench.program_case(exp, exp.base_objective(), 'f2m', c.noise.M, 1, mesh)],
+    record = bench.time_cases([bench.program_case(exp, exp.noise, 'f2m', c.noise.M, 1, mesh)],
                               c.model.dtype, 1, 2)[0]
     seconds = record['step_ms_median'] / 1e3
     return (f'base step: {seconds:.3g} s, measured (compiled in {record["compile_s"]:.0f} s, then 3 steps on random '
@@ -145,9 +145,7 @@ def step_line(config, b, time_step: bool) -> str:
 def step_flops(exp, mesh) -> float:
   """XLA's count of the floating-point operations of one base step (traced and lowered, not compiled)."""
   cfg = exp.config
-  step = base_lib.make_train_step(exp.base_objective(), exp.optimizer(), exp.bench.augment, exp.bench.image_size,
-                                  exp.bench.mean, exp.bench.std)
-  program = base_lib.make_train_program(step, cfg.members.map, mesh)
+  program = base_lib.make_train_program(exp.model, exp.noise, exp.optimizer(), exp.bench, cfg.members.map, mesh)
   state = jax.tree_util.tree_map(lambda s: jax.ShapeDtypeStruct((1, *s.shape), s.dtype), exp.state_shapes())
   images = jax.ShapeDtypeStruct(exp.bench.train.images.shape, np.uint8)
   labels = jax.ShapeDtypeStruct(exp.bench.train.labels.shape, np.int32)

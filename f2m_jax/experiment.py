@@ -1,5 +1,6 @@
-"""What is static about a run: the config, the data, the network, its noise set, the PRNG keys and the
-base session's batches, built once and passed to every stage.
+"""What is static about a run: the config, the data, the network, its noise set, the frozen view of
+config.noise the base loss reads, the PRNG keys and the base session's batches, built once and passed
+to every stage.
 
 PRNG keys (`Experiment.key`): fold_in(seed, 0) drives base training (then per step), fold_in(seed, 1)
 the init, fold_in(fold_in(fold_in(seed, 2), run), session) the fine-tuning of one session; other
@@ -46,16 +47,16 @@ class Experiment:
   model: ResNet
   noise_paths: tuple
   split: int
+  noise: ml_collections.FrozenConfigDict  # config.noise, as `base.base_loss` reads it
   _epoch: Optional[tuple] = dataclasses.field(default=None, repr=False)  # (epoch, indices) of task_epochs
 
   @classmethod
   def create(cls, config, bench: Benchmark) -> 'Experiment':
     dtype = jnp.bfloat16 if config.model.dtype == 'bfloat16' else jnp.float32
     model = build_model(config.model.arch, bench.num_base_classes, config.model.width or None, dtype,
-                        clean_backward=config.noise.backward_weights == 'clean', head=config.model.head,
-                        conv_backward=config.model.conv_backward)
+                        head=config.model.head, conv_backward=config.model.conv_backward)
     paths = tuple(noise_set_paths(model, config.noise.num_layers))
-    return cls(config, bench, model, paths, split_block(model, paths))
+    return cls(config, bench, model, paths, split_block(model, paths), ml_collections.FrozenConfigDict(config.noise))
 
   def network(self, num_classes: int) -> ResNet:
     """The config's network with another classifier size (joint training, cRT)."""
@@ -66,15 +67,6 @@ class Experiment:
     for p in path:
       k = jax.random.fold_in(k, p)
     return k
-
-  def base_objective(self) -> base_lib.BaseObjective:
-    n = self.config.noise
-    return base_lib.BaseObjective(
-        model=self.model, noise_paths=self.noise_paths if n.enabled else (), split=self.split,
-        num_draws=n.M, distribution=n.distribution,
-        pf_weight=n.pf_weight if n.prototype_fixing else 0.0, std_weight=n.std_weight,
-        shared_trunk=n.shared_trunk, draw_map=n.draw_map,
-        pf_gradient=n.pf_gradient, bn_updates=n.bn_updates)
 
   def optimizer_settings(self) -> tuple:
     """`optim.sgd`'s arguments for the base.* budget, hashable."""

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm import tqdm
 
+from f2m_jax import base as base_lib
 from f2m_jax import noise as noise_lib
 from f2m_jax import padding
 from f2m_jax.data.augment import normalize
@@ -39,6 +40,7 @@ def noisy_losses(model: ResNet, variables, images: np.ndarray, labels: np.ndarra
   def dataset_loss(noise):
     """Mean CE over the whole set with `noise` ({path: array}, or empty) added to the noise set, in
     batches (a scan, so memory stays bounded)."""
+    params = base_lib.perturb(variables['params'], noise)
     n = len(inputs)
     rows = padding.round_up(n, batch_size)
     x, y = jnp.asarray(padding.pad_rows(inputs, rows)), jnp.asarray(padding.pad_rows(labels, rows))
@@ -50,8 +52,8 @@ def noisy_losses(model: ResNet, variables, images: np.ndarray, labels: np.ndarra
       xb, yb, wb = batch
       if split == 0:
         xb = normalize(xb, mean, std)
-      _, logits = model.apply({'params': variables['params'], 'batch_stats': variables['batch_stats'],
-                               'noise': noise_lib.collection(noise)}, xb, train=False, first=split)
+      _, logits = model.apply({'params': params, 'batch_stats': variables['batch_stats']}, xb, train=False,
+                              first=split)
       ce = -jnp.take_along_axis(jax.nn.log_softmax(logits.astype(jnp.float32)), yb[:, None], 1)[:, 0]
       return total + jnp.sum(ce * wb), None
 

@@ -47,10 +47,6 @@ class SessionSettings:
   round_steps: bool = False
   prototype_norm: str = 'raw'  # one of PROTOTYPE_NORMS
 
-  def __post_init__(self):
-    if self.prototype_norm not in PROTOTYPE_NORMS:
-      raise ValueError(f'incremental.prototype_norm={self.prototype_norm!r} is not one of {PROTOTYPE_NORMS}')
-
 
 def clip_to_box(trainable: Mapping, anchor: Mapping, bound: float) -> dict:
   """Sec. 4.2: clamp every trainable element to [phi* - b, phi* + b], phi* being the base model."""

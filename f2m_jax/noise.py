@@ -1,19 +1,15 @@
-"""The noise set and its bounded samplers (docs/method.md, 'The model and the noise set', 'Bounded noise').
-
-Parameters are handled as flat dicts {path: array} (f2m_jax/trees.py), so a noise
-draw is a small dict over the noise-set paths only; the model receives it as its 'noise' collection
-(`collection`), and the parameters themselves are never changed.
-"""
+"""The noise set's bounded samplers (docs/method.md, 'Bounded noise'): a draw is a flat dict
+{path: array} over the noise set's paths (f2m_jax/trees.py)."""
 from __future__ import annotations
 
 import functools
-from typing import Mapping, Sequence
+from typing import Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from f2m_jax.trees import flatten, unflatten
+from f2m_jax.trees import flatten
 
 DISTRIBUTIONS = ('discrete_beta', 'grid', 'uniform')
 # The original's Beta shape parameters, drawn per layer and per draw (docs/method.md, 'Bounded noise').
@@ -23,13 +19,6 @@ GRID_LEVELS = (-1.0, -0.5, 0.0, 0.5, 1.0)  # times the half-width b
 # values of the second bin, first labelled 1, are relabelled 4 when the last bin's turn comes.
 DISCRETE_BETA_RELABEL = (0, 4, 2, 3, 4)
 SYMMETRIC_RELABEL = (0, 1, 2, 3, 4)
-
-
-def collection(eps: Mapping[tuple, jax.Array]) -> dict:
-  """One noise draw {path: array} as the model's 'noise' collection: pass it as
-  `model.apply({'params': ..., 'batch_stats': ..., 'noise': collection(eps)}, ...)`; each conv adds
-  its entry to its kernel (models.resnet.Conv)."""
-  return unflatten(eps)
 
 
 def _uniform(key, shape, b):
@@ -52,11 +41,8 @@ def fifth_cdfs() -> np.ndarray:
 def _beta_grid(key, shape, b, relabel):
   """u ~ Beta(alpha, beta) per element, alpha and beta drawn uniformly from BETA_SHAPES once per call
   (per layer and draw); u's fifth of [0, 1] is mapped through `relabel` to one of GRID_LEVELS * b.
-
-  Only u's fifth matters, so it is drawn directly, by inverting the fifths' cumulative probabilities
-  under Beta(alpha, beta) (`fifth_cdfs`) at a uniform number: the same law as binning a Beta draw,
-  without the Beta draw's rejection loops, which dominated the F2M step (experiments/results/
-  README.md, 'Figures behind the code's choices')."""
+  The fifth is drawn directly, by inverting `fifth_cdfs` at a uniform number: the law of a binned
+  Beta draw."""
   ka, kb, ku = jax.random.split(key, 3)
   cdf = jnp.asarray(fifth_cdfs())[jax.random.randint(ka, (), 0, len(BETA_SHAPES)),
                                   jax.random.randint(kb, (), 0, len(BETA_SHAPES))]
@@ -67,9 +53,8 @@ def _beta_grid(key, shape, b, relabel):
 
 
 def _discrete_beta(key, shape, b):
-  """The authors' DiscreteBeta sampler as it runs (docs/method.md, 'Bounded noise'), in our units: their
-  support {-1, -1/2, 0, 1/2, 1} x b_cfg/2 is GRID_LEVELS x b with b = b_cfg/2 the true half-width;
-  their bin relabelling means -b/2 is never drawn and the mean is positive (+0.235 b)."""
+  """The authors' DiscreteBeta sampler as it runs (docs/method.md, 'Bounded noise'): levels
+  {-b, 0, b/2, b}, -b/2 never drawn."""
   return _beta_grid(key, shape, b, DISCRETE_BETA_RELABEL)
 
 
@@ -96,8 +81,6 @@ def sample_noise(key: jax.Array, params, paths: Sequence[tuple], num_draws: int,
                  distribution: str = 'discrete_beta') -> dict:
   """M bounded noise draws for the noise set: {path: [M, *leaf.shape]}, every element in [-b, b].
   Each layer and each draw has its own key (and, for the Beta grids, its own alpha and beta)."""
-  if distribution not in DISTRIBUTIONS:
-    raise ValueError(f'noise.distribution={distribution!r} is not one of {DISTRIBUTIONS}')
   flat = flatten(params)
   sampler = _SAMPLERS[distribution]
   eps = {}

@@ -24,14 +24,9 @@ def class_means(embeddings: jax.Array, labels: jax.Array, num_classes: int):
 
 
 def prototype_fixing(clean: jax.Array, noisy: jax.Array, labels: jax.Array, num_classes: int) -> jax.Array:
-  """Eq. 4 (PF) as the authors' code estimates it on a batch: the mean of ||p_c - p_c^j||^2 over the
-  classes C_z present in the batch, 1/|C_z| sum_{c in C_z}, p_c the batch's mean clean embedding of
-  class c and p_c^j its mean noisy one. Eq. 4 averages over all base classes C^1 with Eq. 1's
-  prototypes; every base class is equally likely to be in a batch, so the mean over the batch's
-  classes estimates that class average (dividing the batch's sum by |C^1| instead only rescales it,
-  i.e. lambda, by |C_z|/|C^1|). The p_c here are means of the augmented training batch under
-  train-mode BatchNorm, not Eq. 1's (docs/method.md). Differentiable in both embeddings (the
-  original's returned a Python float, so it carried no gradient)."""
+  """Eq. 4 (PF) as the authors' code estimates it on a batch (docs/method.md, 'Base session'): the
+  mean over the classes present in `labels` of ||p_c - p_c^j||^2, p_c the batch's mean clean
+  embedding of class c and p_c^j its mean noisy one. Differentiable in both embeddings."""
   p, counts = class_means(clean, labels, num_classes)
   q, _ = class_means(noisy, labels, num_classes)
   present = (counts > 0).astype(clean.dtype)
@@ -64,8 +59,8 @@ unbiased_std.defvjp(_unbiased_std_fwd, _unbiased_std_bwd)
 
 
 def flat_minima_objective(per_draw: jax.Array, gamma: float) -> jax.Array:
-  """Eq. 3 as run: the mean over the M draws of L_j = CE_j + lambda PF_j, plus gamma times their
-  unbiased std (`unbiased_std`; the authors' code hard-codes gamma = 2, the paper has no such term)."""
+  """Eq. 3 as run: the mean over the M draws of `per_draw` (L_j), plus gamma times their unbiased std
+  (`unbiased_std`; the paper has no such term)."""
   loss = jnp.mean(per_draw)
   if gamma and per_draw.shape[0] > 1:
     loss = loss + gamma * unbiased_std(per_draw)
@@ -73,14 +68,10 @@ def flat_minima_objective(per_draw: jax.Array, gamma: float) -> jax.Array:
 
 
 def pairwise_distance(x: jax.Array, prototypes: jax.Array, distance: str) -> jax.Array:
-  """[N, D] x [C, D] -> [N, C] squared Euclidean (the original) or Euclidean distance."""
+  """[N, D] x [C, D] -> [N, C] distances: 'squared_euclidean' (the original) or 'euclidean'."""
   sq = (jnp.sum(x * x, -1, keepdims=True) - 2.0 * x @ prototypes.T + jnp.sum(prototypes ** 2, -1)[None])
   sq = jnp.maximum(sq, 0.0)
-  if distance == 'squared_euclidean':
-    return sq
-  if distance == 'euclidean':
-    return jnp.sqrt(sq + 1e-12)
-  raise ValueError(f'incremental.distance={distance!r} is not one of {DISTANCES}')
+  return jnp.sqrt(sq + 1e-12) if distance == 'euclidean' else sq
 
 
 def metric_loss(embeddings: jax.Array, labels: jax.Array, stored: jax.Array, distance: str,
@@ -88,9 +79,8 @@ def metric_loss(embeddings: jax.Array, labels: jax.Array, stored: jax.Array, dis
   """Eq. 5: softmax over -d(f(x), p_c) for every seen class c. Classes present in the batch use the
   batch's own mean embedding (with gradient); the others (base classes) use the stored prototypes.
   With `unit_prototypes` every prototype, batch means and stored rows alike, enters at unit L2 norm
-  (`normalize_prototypes`; zero rows stay zero), the queries stay raw: the classifier that NCM with
-  PN evaluates. Eq. 5 sums over the session's data; this is the mean over the batch (as the
-  authors' code), so its gradient is Eq. 5's divided by the number of images.
+  (`normalize_prototypes`; zero rows stay zero), the queries stay raw. The mean over the batch, as
+  the authors' code (Eq. 5 sums: docs/method.md).
 
   For one compiled program across sessions the inputs may be padded: rows labelled -1 are ignored,
   and with `num_seen` (a scalar, may be traced) only the first num_seen rows of `stored` are classes."""

@@ -63,7 +63,7 @@ def train_base_sessions(exps: Sequence[Experiment], ckpts: Sequence[Checkpoints]
     states = trees.stack([e.init_state() for e in exps])
   members = [Member(e.batch_indices, e.key(0), e.config.noise.bound, c.save_base_state, log)
              for e, c, log in zip(exps, ckpts, logs)]
-  return train_steps(exps[0], exps[0].base_objective(), members, states, start, 'base', title, select, hook)
+  return train_steps(exps[0], exps[0].model, exps[0].noise, members, states, start, 'base', title, select, hook)
 
 
 def steps_per_call(cfg, selecting: bool) -> int:
@@ -82,12 +82,12 @@ def call_spans(start: int, steps: int, per_call: int) -> list:
   return [(first, end - first) for first, end in zip([start] + ends[:-1], ends)]
 
 
-def train_steps(exp: Experiment, objective: base_lib.BaseObjective, members: Sequence[Member], states,
-                start: int, phase: str, title: str, select: Optional[Callable] = None, hook: Hook = None):
-  """Steps `start`..base.steps of S >= 1 members of `objective` in lockstep from `states` (with a
-  leading member axis), with the base.* budget; returns the final states. `select(step, state)` (one
-  member only) is called every base.select_every steps; metrics go to each member's log under
-  `phase`; a non-finite step raises TrainingError. A call is dispatched before the previous call's
+def train_steps(exp: Experiment, model, noise, members: Sequence[Member], states, start: int, phase: str,
+                title: str, select: Optional[Callable] = None, hook: Hook = None):
+  """Steps `start`..base.steps of S >= 1 members of `model` under `noise` (a frozen config.noise) in
+  lockstep from `states` (with a leading member axis), with the base.* budget; returns the final
+  states. `select(step, state)` (one member only) is called every base.select_every steps; the
+  metrics the step returns go to each member's log under `phase`; a non-finite step raises TrainingError. A call is dispatched before the previous call's
   metrics are read, and a state to be saved is first copied on the device (the next call donates
   it), so the device does not wait for the host."""
   cfg, bench = exp.config.base, exp.bench
@@ -95,8 +95,7 @@ def train_steps(exp: Experiment, objective: base_lib.BaseObjective, members: Seq
     return states
   mesh = sharding.data_mesh()  # data parallel over all devices; the batch is the global batch
   per_call = steps_per_call(cfg, select is not None)
-  step = base_lib.make_train_step(objective, exp.optimizer(), bench.augment, bench.image_size, bench.mean, bench.std)
-  program = base_lib.make_train_program(step, exp.config.members.map, mesh)
+  program = base_lib.make_train_program(model, noise, exp.optimizer(), bench, exp.config.members.map, mesh)
   data = sharding.replicate((bench.train.images, bench.train.labels), mesh)
   keys, bounds = sharding.replicate((jnp.stack([m.key for m in members]),
                                      np.asarray([m.bound for m in members], np.float32)), mesh)
@@ -180,7 +179,7 @@ class Records:
     rate = round(len(self.window) / (time.time() - self.t0), 3)
     extra = {'members': len(self.members)} if len(self.members) > 1 else {}
     for j, member in enumerate(self.members):
-      avg = {k: float(np.mean([w[k][j] for w in self.window])) for k in base_lib.LOGGED_METRICS}
+      avg = {k: float(np.mean([w[k][j] for w in self.window])) for k in self.window[0] if k != 'finite'}
       member.log.write(phase=self.phase, step=done, steps_per_s=rate, **extra, **avg)
     if len(self.members) == 1:
       self.bar.set_postfix(loss=f'{avg["loss"]:.3f}', acc=f'{avg["acc"]:.3f}', refresh=False)

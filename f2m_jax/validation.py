@@ -11,12 +11,13 @@ import ml_collections
 from f2m_jax import base as base_lib
 from f2m_jax import noise as noise_lib
 from f2m_jax import incremental as incremental_lib
+from f2m_jax import objectives
 from f2m_jax.data import cifar100
 from f2m_jax.data import folder as folder_lib
 from f2m_jax.data import protocol as protocol_lib
 from f2m_jax.data import sources
 from f2m_jax.experiment import Experiment
-from f2m_jax.models import HEADS
+from f2m_jax.models import ARCHS, HEADS
 
 SAMPLERS = ('task_epochs', 'balanced', 'shuffle')
 BACKWARD_WEIGHTS = ('noisy', 'clean')
@@ -43,6 +44,7 @@ def validate(c: ml_collections.ConfigDict) -> None:
     if isinstance(section, ml_collections.ConfigDict) and 'weight_decay' in section:
       need(section.weight_decay >= 0, f'{name}.weight_decay', section.weight_decay, 'must be >= 0')
   need(c.model.dtype in ('float32', 'bfloat16'), 'model.dtype', c.model.dtype, "'float32' or 'bfloat16'")
+  need(c.model.arch in ARCHS, 'model.arch', c.model.arch, f'allowed: {tuple(ARCHS)}')
   need(c.model.head in HEADS, 'model.head', c.model.head, f'allowed: {HEADS}')
   need(c.members.map in base_lib.MEMBER_MAPS, 'members.map', c.members.map, f'allowed: {base_lib.MEMBER_MAPS}')
 
@@ -84,8 +86,8 @@ def validate_incremental(c: ml_collections.ConfigDict) -> None:
        f'rounds steps to multiples of noise.bound/2, so it needs noise.bound > 0 (is {c.noise.bound})')
   need(c.incremental.prototype_norm in incremental_lib.PROTOTYPE_NORMS, 'incremental.prototype_norm',
        c.incremental.prototype_norm, f'allowed: {incremental_lib.PROTOTYPE_NORMS}')
-  need(c.incremental.distance in ('squared_euclidean', 'euclidean'), 'incremental.distance',
-       c.incremental.distance, "'squared_euclidean' or 'euclidean'")
+  need(c.incremental.distance in objectives.DISTANCES, 'incremental.distance', c.incremental.distance,
+       f'allowed: {objectives.DISTANCES}')
 
 
 def validate_data(c: ml_collections.ConfigDict) -> None:

@@ -43,6 +43,16 @@ def init_variables(model, image_size: int, key=None) -> dict:
   return jax.jit(lambda k: model.init(k, x, train=False))(jax.random.key(0) if key is None else key)
 
 
+def noise_view(**fields):
+  """What `base.base_loss` reads: the shared config's config.noise with `fields` changed (draw_map
+  'unroll' unless given: 'auto' is resolved when a run starts), frozen."""
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  from configs import common  # pylint: disable=g-import-not-at-top
+  noise = common.base_config().noise
+  noise.update({'draw_map': 'unroll', **fields})
+  return ml_collections.FrozenConfigDict(noise)
+
+
 def xla_flags(*flags: str) -> str:
   """XLA_FLAGS for a child process: this process's flags and `flags`."""
   return ' '.join([os.environ.get('XLA_FLAGS', ''), *flags]).strip()

@@ -53,10 +53,8 @@ def test_scanned_steps_equal_single_steps(smoke_config):
   config = pipeline.resolve(_smooth(smoke_config))
   exp = experiment_lib.Experiment.create(config, sources.load_benchmark(config))
   bench = exp.bench
-  step = base_lib.make_train_step(exp.base_objective(), exp.optimizer(), bench.augment, bench.image_size, bench.mean,
-                                  bench.std)
   mesh = sharding.data_mesh()
-  program = base_lib.make_train_program(step, 'unroll', mesh)
+  program = base_lib.make_train_program(exp.model, exp.noise, exp.optimizer(), bench, 'unroll', mesh)
   n, per_call = 5, 2  # a full call from step 0, one from step 2; the last call is 1 step, padded to 2 rows
   indices = np.stack([exp.batch_indices(s) for s in range(n)] + [exp.batch_indices(0)]).astype(np.int32)
   data = sharding.replicate((bench.train.images, bench.train.labels), mesh)
@@ -77,7 +75,7 @@ def test_scanned_steps_equal_single_steps(smoke_config):
     # skipped step is off by order 1; a padding step applied, too).
     for a, b in zip(_moved(trees.index(scanned, 0), init), _moved(trees.index(one, 0), init)):
       assert _rel_norm_diff(a, b) < 1e-3, f'after step {first + steps}'
-    for k in ('loss', 'ce', 'pf', 'acc', 'ce_clean'):
+    for k in metrics:
       assert metrics[k].shape == (per_call, 1)
       np.testing.assert_allclose(metrics[k][:steps, 0], [m[k][0, 0] for m in singles], rtol=1e-5, atol=1e-6)
     assert metrics['finite'][:steps].all()

@@ -5,6 +5,7 @@ import importlib
 import chex
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import pytest
 
@@ -13,7 +14,7 @@ from conftest import far_above_chance, init_variables
 from f2m_jax import base as base_lib
 from f2m_jax import noise as noise_lib
 from f2m_jax import pipeline, workdir
-from f2m_jax.models import noise_set_paths, resnet20, split_block
+from f2m_jax.models import noise_set_paths, resnet20
 
 
 @pytest.mark.parametrize('arg', ['cifar100', 'cifar100:trainsplit', 'cifar100:smoke', 'mini', 'mini:smoke',
@@ -46,10 +47,9 @@ def test_pf_does_nothing_in_the_variants_base_training():
   def steps(std_weight):
     """fn(lambda) -> (loss, PF, grads), jitted: lambda is an argument, so PF on and off share a program."""
     def step(pf_weight):
-      objective = base_lib.BaseObjective(model, paths, split_block(model, paths), n.M, n.distribution,
-                                         pf_weight, std_weight, True, pf_gradient=n.pf_gradient)
+      noise = ml_collections.ConfigDict({**n, 'pf_weight': pf_weight, 'std_weight': std_weight, 'draw_map': 'unroll'})
       (loss, (_, metrics)), grads = jax.value_and_grad(base_lib.base_loss, has_aux=True)(
-          variables['params'], variables['batch_stats'], x, y, eps, objective)
+          variables['params'], variables['batch_stats'], x, y, eps, model, noise)
       return loss, metrics['pf'], grads
     return jax.jit(step)
 

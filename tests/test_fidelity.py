@@ -4,8 +4,6 @@ model selection on the test set, which every output must admit to. Saved configs
 tests/test_saved_configs.py."""
 from __future__ import annotations
 
-import dataclasses
-import inspect
 import json
 import re
 
@@ -94,7 +92,7 @@ def test_scanned_conv2d_gradients_compile_to_eigen_form_convolutions(kernel, str
   program, so a change back to XLA's transposes fails here, not only in a benchmark."""
   x = jnp.ones((4, size, size, 6))
   w = jnp.ones(kernel + (6, 5))
-  loss = lambda x_, w_: jnp.sum(resnet.conv2d(x_, w_, jnp.zeros_like(w_), strides, padding, jnp.float32, True, 'cpu') ** 2)
+  loss = lambda x_, w_: jnp.sum(resnet.conv2d(x_, w_, jnp.zeros_like(w_), strides, padding, jnp.float32, 'cpu') ** 2)
   grads = lambda x, w: jax.lax.scan(lambda c, _: (c, jax.grad(loss, (0, 1))(x, w)), 0, None, length=2)[1]
   hlo = jax.jit(grads).lower(x, w).compile().as_text()
   labels = re.findall(r'= f32\[[^\]]*\]\S* convolution\(.*?dim_labels=([^,\s]+)', hlo)
@@ -104,9 +102,9 @@ def test_scanned_conv2d_gradients_compile_to_eigen_form_convolutions(kernel, str
 @pytest.mark.parametrize('backward', ['cpu', 'xla'])
 def test_conv2d_gradients_on_every_backend_path(monkeypatch, backward):
   """conv2d's custom backward, both forms (model.conv_backward: 'cpu', the im2col kernel gradient for
-  large output gradients and the Eigen-form convolutions for small ones; 'xla', XLA's transposes with
-  the batching rule), clean or exact input gradient, against plain autodiff of conv(x, w) and of
-  conv(x, w + eps)."""
+  large output gradients and the Eigen-form convolutions for small ones; 'xla', XLA's transposes),
+  at the clean kernel (the noise as eps) or exact (the noise in the kernel, eps zero), against plain
+  autodiff of conv(x, w) and of conv(x, w + eps)."""
   by_shifts = resnet._kernel_grad_by_shifts
   kx, kw, ke = jax.random.split(jax.random.key(1), 3)
   x = jax.random.normal(kx, (2, 8, 8, 3))
@@ -119,7 +117,9 @@ def test_conv2d_gradients_on_every_backend_path(monkeypatch, backward):
   for clean, min_bytes in ((True, 0), (False, 0), (True, 1 << 40), (False, 1 << 40)):
     monkeypatch.setattr(resnet, 'KERNEL_GRAD_MIN_BYTES', min_bytes)
     shifts.clear()
-    got = jax.grad(loss(lambda x_, w_: resnet.conv2d(x_, w_, eps, *args, clean, backward)), (0, 1))(x, w)
+    conv = (lambda x_, w_: resnet.conv2d(x_, w_, eps, *args, backward)) if clean else (
+        lambda x_, w_: resnet.conv2d(x_, w_ + eps, jnp.zeros_like(w_), *args, backward))
+    got = jax.grad(loss(conv), (0, 1))(x, w)
     exact = jax.grad(loss(lambda x_, w_: resnet._conv(x_, w_ + eps, *args)), (0, 1))(x, w)
     np.testing.assert_allclose(got[1], exact[1], rtol=1e-5, atol=1e-5)  # the kernel gradient either way
     if clean:  # the input gradient through the clean kernel, at the noisy forward's output gradient
@@ -210,30 +210,6 @@ def test_select_on_test_is_opt_in_and_every_output_says_so(smoke_config, tmp_pat
   # Without the field the result says it used the last step.
   smoke_config.base.select_on_test = False
   assert train_loop.selection_info(smoke_config, None) == {'selection': 'last', 'step': smoke_config.base.steps}
-
-
-def test_backward_weights_reach_the_network(smoke_config):
-  from f2m_jax.data import sources
-  bench = sources.load_benchmark(smoke_config)
-  for weights, clean in (('noisy', False), ('clean', True)):
-    smoke_config.noise.backward_weights = weights
-    assert experiment_lib.Experiment.create(pipeline.resolve(smoke_config), bench).model.clean_backward is clean
-
-
-def test_the_models_backward_default_is_the_configs():
-  """Every default of `clean_backward` in the model code (Conv, BasicBlock, ResNet, build_model) is
-  the config's noise.backward_weights default, so a network built without the flag (a test, a
-  script) is differentiated as a run with the default config."""
-  from configs import common
-  want = common.base_config().noise.backward_weights == 'clean'
-  for config in (cifar100.get_config(), mini.get_config(), cub200.get_config()):
-    assert (config.noise.backward_weights == 'clean') is want
-  defaults = {cls.__name__: {f.name: f.default for f in dataclasses.fields(cls)}['clean_backward']
-              for cls in (resnet.Conv, resnet.BasicBlock, resnet.ResNet)}
-  defaults['build_model'] = inspect.signature(resnet.build_model).parameters['clean_backward'].default
-  assert defaults == dict.fromkeys(defaults, want)
-  assert resnet.build_model('resnet20', 4, 4).clean_backward is want
-  assert resnet.resnet18(4, width=8).clean_backward is want
 
 
 def test_the_prototype_norm_switch_reaches_the_sessions(smoke_config):

@@ -5,10 +5,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from configs import cifar100
 from conftest import init_variables
 from f2m_jax import incremental
 from f2m_jax import objectives
 from f2m_jax import trees
+from f2m_jax import validation
 from f2m_jax.data import augment
 from f2m_jax.models import noise_set_paths, resnet20
 
@@ -192,8 +194,10 @@ def test_prototype_norm_sets_the_norm_of_eq5s_prototypes(setup):
     np.testing.assert_allclose(losses[norm], want, rtol=0, atol=tolerance[norm])
   for a, b in (('raw', 'unit_base'), ('raw', 'unit_all'), ('unit_base', 'unit_all')):
     assert abs(losses[a] - losses[b]) > 1e3 * max(tolerance.values())
+  config = cifar100.get_config('smoke')
+  config.incremental.prototype_norm = 'unit'
   with pytest.raises(ValueError, match=r"incremental.prototype_norm='unit'.*'raw', 'unit_base', 'unit_all'"):
-    incremental.SessionSettings(**{**raw.__dict__, 'prototype_norm': 'unit'})
+    validation.validate(config)  # the field's one rule
 
 
 def test_metric_loss_with_unit_prototypes_float64():

@@ -28,7 +28,7 @@ def _stock_init(monkeypatch, network, key, size):
 
 @pytest.mark.parametrize('arch,head', [('resnet20', 'linear'), ('resnet18', 'linear'), ('resnet20', 'cosine')])
 def test_jitted_init_equals_flax_initializers_op_by_op(monkeypatch, arch, head):
-  network = build_model(arch, 12, 8, jnp.float32, clean_backward=False, head=head)
+  network = build_model(arch, 12, 8, jnp.float32, head=head)
   key, size = jax.random.key(3), 32
   stock = _stock_init(monkeypatch, network, key, size)
   init = lambda: network.init(key, jnp.zeros((1, size, size, 3), jnp.float32), train=False)

@@ -52,7 +52,8 @@ def test_joint_sessions_start_from_the_pretrained_trunk(monkeypatch):
                    for tree in (shapes.params, shapes.batch_stats))
   monkeypatch.setattr(torch_import, 'read_state_dict', lambda path: torch_import.to_state_dict(params, stats))
   started = []
-  monkeypatch.setattr(train_loop, 'train_steps', lambda _, __, ___, states, *rest: started.append(states) or states)
+  record = lambda exp_, model, noise, members, states, *rest: started.append(states) or states
+  monkeypatch.setattr(train_loop, 'train_steps', record)
 
   class Fresh:  # a session's training checkpoints, none saved yet
     save = None

@@ -114,7 +114,7 @@ def test_a_resumed_sweep_equals_an_uninterrupted_one(sweep, tmp_path):
 
 @pytest.mark.slow
 def test_the_gpu_layout_sweep_equals_the_cpu_layout_sweep(tmp_path):
-  """The members vmapped (members.map='vmap') with XLA's own convolution backward and its batching rule
+  """The members vmapped (members.map='vmap') with XLA's own convolution backward
   (model.conv_backward='xla'), the layout for a GPU, on this CPU: every member's base session trained
   as by the default layout (members unrolled, the CPU backward): the same logged steps and each
   member's last base train state to float rounding (the sessions after it take no member axis). At
@@ -155,10 +155,9 @@ def test_vmapped_members_of_a_bound_sweep_equal_their_single_steps(conv_backward
   configs = [pipeline.resolve(c) for c in members.member_configs(config)]
   bench = sources.load_benchmark(configs[0])
   exps = [Experiment.create(c, bench) for c in configs]
-  step = base_lib.make_train_step(exps[0].base_objective(), exps[0].optimizer(), bench.augment, bench.image_size,
-                                  bench.mean, bench.std)
   mesh = sharding.data_mesh()
-  vmapped, unrolled = (base_lib.make_train_program(step, m, mesh) for m in ('vmap', 'unroll'))
+  vmapped, unrolled = (base_lib.make_train_program(exps[0].model, exps[0].noise, exps[0].optimizer(), bench, m, mesh)
+                       for m in ('vmap', 'unroll'))
   data = (bench.train.images, bench.train.labels)
   keys, bounds = jnp.stack([e.key(0) for e in exps]), np.asarray([c.noise.bound for c in configs], np.float32)
   indices = np.stack([np.stack([e.batch_indices(t) for e in exps]) for t in range(3)]).astype(np.int32)

@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import init_variables
+from conftest import init_variables, noise_view
 from f2m_jax import base as base_lib
 from f2m_jax import noise as noise_lib
 from f2m_jax import objectives
@@ -12,7 +12,7 @@ from f2m_jax import trees
 from f2m_jax.models import noise_set_paths, resnet18, resnet20, split_block
 
 
-_loss = jax.jit(base_lib.base_loss, static_argnums=5)  # one program per objective, shared by the tests
+_loss = jax.jit(base_lib.base_loss, static_argnums=(5, 6))  # one program per network and noise, shared by the tests
 
 
 @pytest.fixture(scope='module')
@@ -87,16 +87,18 @@ def test_noise_bounded_and_only_on_masked_leaves(net, distribution):
       assert levels == {-1.0, -0.5, 0.0, 0.5, 1.0}  # every level occurs
     else:
       assert levels == {-1.0, 0.0, 0.5, 1.0}  # the original's relabelling never produces -b/2
-  # The 'noise' collection adds each draw to its conv's kernel and nothing else: the same as
-  # running the network on explicitly perturbed parameters.
+  # params + eps adds each draw to its leaf of the noise set and nothing else; the 'noise' collection
+  # (the clean-weights backward's way in) computes the same forward pass.
   x = jax.random.normal(jax.random.key(4), (4, 16, 16, 3))
   draw = {p: e[0] for p, e in eps.items()}
+  perturbed = base_lib.perturb(variables['params'], draw)
+  for p, v in trees.flatten(perturbed).items():
+    np.testing.assert_array_equal(v, flat[p] + draw[p] if p in draw else flat[p])
   apply = jax.jit(lambda v: model.apply(v, x, train=False))  # one program a variables structure, not op by op
-  with_noise, _ = apply({**variables, 'noise': noise_lib.collection(draw)})
-  perturbed = trees.unflatten({p: v + draw[p] if p in draw else v for p, v in flat.items()})
   explicit, _ = apply({**variables, 'params': perturbed})
+  with_noise, _ = apply({**variables, 'noise': trees.unflatten(draw)})
   clean, _ = apply(variables)
-  np.testing.assert_allclose(with_noise, explicit, rtol=1e-5, atol=1e-6)
+  np.testing.assert_array_equal(with_noise, explicit)
   assert float(jnp.abs(with_noise - clean).max()) > 1e-4
 
 
@@ -108,8 +110,8 @@ def test_zero_bound_equals_plain_cross_entropy(net):
   eps = noise_lib.sample_noise(jax.random.key(3), variables['params'], paths, 2, 0.0)
   (_, logits), _ = jax.jit(lambda v: model.apply(v, x, train=True, mutable=['batch_stats']))(variables)
   for shared in (True, False):
-    obj = base_lib.BaseObjective(model, paths, split_block(model, paths), 2, 'uniform', 1.0, 0.0, shared)
-    loss, (_, metrics) = _loss(variables['params'], variables['batch_stats'], x, y, eps, obj)
+    noise = noise_view(M=2, distribution='uniform', pf_weight=1.0, std_weight=0.0, shared_trunk=shared)
+    loss, (_, metrics) = _loss(variables['params'], variables['batch_stats'], x, y, eps, model, noise)
     np.testing.assert_allclose(loss, objectives.cross_entropy(logits, y), rtol=1e-5)
     assert float(metrics['pf']) < 1e-10  # zero up to float rounding between the clean and noisy passes
 
@@ -121,9 +123,13 @@ def test_pf_reaches_the_objective(net):
   x = jax.random.normal(jax.random.key(2), (12, 16, 16, 3))
   y = jnp.arange(12) % 4
   eps = noise_lib.sample_noise(jax.random.key(3), variables['params'], paths, 2, 0.05, 'uniform')
-  obj = base_lib.BaseObjective(model, paths, split_block(model, paths), 2, 'uniform', 1.0, 0.0, True)
-  loss, (_, metrics) = _loss(variables['params'], variables['batch_stats'], x, y, eps, obj)
+  noise = noise_view(M=2, distribution='uniform', pf_weight=1.0, std_weight=0.0)
+  loss, (_, metrics) = _loss(variables['params'], variables['batch_stats'], x, y, eps, model, noise)
   loss, ce, pf = float(loss), float(metrics['ce']), float(metrics['pf'])
   assert pf > 0
   f32 = float(np.finfo(np.float32).eps)  # up to a few roundings at the loss's magnitude
   np.testing.assert_allclose(loss - ce, pf, rtol=0, atol=8 * f32 * loss)
+  # noise.prototype_fixing=False (the ablation) takes it out: L = mean_j CE_j
+  off = noise_view(M=2, distribution='uniform', pf_weight=1.0, std_weight=0.0, prototype_fixing=False)
+  loss, (_, metrics) = _loss(variables['params'], variables['batch_stats'], x, y, eps, model, off)
+  assert float(loss) == float(metrics['ce']) and float(metrics['pf']) == pf

@@ -30,23 +30,23 @@ CHILD = textwrap.dedent('''
     import jax, jax.numpy as jnp, numpy as np
     from f2m_jax import base as base_lib, optim, sharding, trees
     from f2m_jax.data import synthetic
-    from f2m_jax.models import build_model, noise_set_paths, split_block
+    import ml_collections
+    from configs import common
+    from f2m_jax.models import build_model
 
     out = {'device_count': jax.device_count()}
     data = synthetic.make_synthetic(num_base=4, way=1, num_sessions=1, train_per_class=2, test_per_class=1,
                                     image_size=16)  # 8 images, 4 classes
     model = build_model('resnet20', 4, 4, conv_backward='cpu')
-    paths = tuple(noise_set_paths(model, 4))
-    objective = base_lib.BaseObjective(model=model, noise_paths=paths, split=split_block(model, paths),
-                                       num_draws=2, distribution='uniform', pf_weight=1.0,
-                                       std_weight=0.0, shared_trunk=True, draw_map='unroll')
+    noise = common.base_config().noise
+    noise.update(distribution='uniform', pf_weight=1.0, std_weight=0.0, draw_map='unroll')
+    noise = ml_collections.FrozenConfigDict(noise)
     tx = optim.sgd(0.1, 0.9, 5e-4, (), 0.1)
-    step = base_lib.make_train_step(objective, tx, 'crop_flip', 16, data.mean, data.std)
     init = jax.jit(lambda key: base_lib.init_state(model, key, 16, tx))  # one program, not op by op
     indices = np.stack([np.arange(8), np.arange(8)[::-1]]).astype(np.int32)[:, None]  # 2 steps x 1 member
 
     def train(mesh, calls):
-      program = base_lib.make_train_program(step, 'unroll', mesh)
+      program = base_lib.make_train_program(model, noise, tx, data, 'unroll', mesh)
       state = sharding.replicate(trees.stack([init(jax.random.key(0))]), mesh)
       data_ = sharding.replicate((data.train.images, data.train.labels), mesh)
       keys, bounds = sharding.replicate((jnp.stack([jax.random.key(1)]), np.asarray([0.05], np.float32)), mesh)

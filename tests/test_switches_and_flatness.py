@@ -1,14 +1,18 @@
 """Method and ablation switches, the flatness indicator."""
+import types
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import init_variables
+from conftest import init_variables, noise_view
 from f2m_jax import base as base_lib
 from f2m_jax import flatness
 from f2m_jax import noise as noise_lib
+from f2m_jax import objectives
 from f2m_jax import optim
+from f2m_jax import sharding
 from f2m_jax import experiment as experiment_lib
 from f2m_jax import pipeline
 from f2m_jax.data import sources
@@ -56,27 +60,33 @@ def test_fm_off_draws_no_noise(tiny, monkeypatch):
     raise AssertionError('noise drawn with FM off')
 
   monkeypatch.setattr(noise_lib, 'sample_noise', forbidden)
-  obj = base_lib.BaseObjective(model, (), split, 2, 'uniform', 1.0, 0.0, True)
+  noise = noise_view(enabled=False)
   tx = optim.sgd(0.1, 0.9, 5e-4, (), 0.1)
-  # Tracing the train step is where noise would be drawn: shapes suffice, nothing need compile.
+  # Tracing the train program is where noise would be drawn: shapes suffice, nothing need compile.
   state = jax.eval_shape(lambda k: base_lib.init_state(model, k, 8, tx), jax.random.key(0))
-  step = base_lib.make_train_step(obj, tx, 'crop_flip', 8, (0.5,) * 3, (0.25,) * 3)
-  jax.eval_shape(step, state, images[:8], labels[:8], jax.random.key(2), 0.01)
-  loss, (_, metrics) = jax.jit(base_lib.base_loss, static_argnums=5)(
-      variables['params'], variables['batch_stats'], images[:8], labels[:8], {}, obj)
-  assert float(loss) == float(metrics['ce_clean'])  # the loss is the clean pass's CE
+  data = types.SimpleNamespace(augment='crop_flip', image_size=8, mean=(0.5,) * 3, std=(0.25,) * 3)
+  program = base_lib.make_train_program(model, noise, tx, data, 'unroll', sharding.data_mesh())
+  states = jax.tree_util.tree_map(lambda s: jax.ShapeDtypeStruct((1,) + s.shape, s.dtype), state)
+  jax.eval_shape(program, states, images, labels, np.zeros((1, 1, 8), np.int32), np.int32(1),
+                 jnp.stack([jax.random.key(2)]), np.float32([0.01]))
+  x = (images[:8] / 255.0 - 0.5) / 0.25
+  loss, (_, metrics) = jax.jit(base_lib.base_loss, static_argnums=(5, 6))(
+      variables['params'], variables['batch_stats'], x, labels[:8], {}, model, noise)
+  (_, logits), _ = jax.jit(lambda v: model.apply(v, x, train=True, mutable=['batch_stats']))(variables)
+  assert float(loss) == float(metrics['loss'])  # the loss is the clean pass's CE (another program: rounded otherwise)
+  np.testing.assert_allclose(float(loss), float(objectives.cross_entropy(logits, labels[:8])), rtol=1e-6)
+  assert set(metrics) == {'loss', 'acc'}  # what a plain step logs
 
 
 def test_baseline_and_ablation_switches(smoke_config):
   c = pipeline.resolve(smoke_config)
   exp = experiment_lib.Experiment.create(c, sources.load_benchmark(c))
-  obj = exp.base_objective()
-  assert obj.noisy and obj.pf_weight == 1.0
+  assert exp.noise.enabled and exp.noise.prototype_fixing and exp.noise.pf_weight == 1.0
   smoke_config.noise.prototype_fixing = False
   smoke_config.noise.enabled = False
   c2 = pipeline.resolve(smoke_config)
   exp2 = experiment_lib.Experiment.create(c2, exp.bench)
-  assert not exp2.base_objective().noisy and exp2.base_objective().pf_weight == 0.0
+  assert not exp2.noise.enabled and not exp2.noise.prototype_fixing
   smoke_config.method = 'baseline'
   b = pipeline.resolve(smoke_config)
   assert (not b.noise.enabled and not b.incremental.finetune and not b.eval.normalize_prototypes

@@ -33,6 +33,7 @@ import pathlib
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import pytest
 from scipy import stats
@@ -209,14 +210,14 @@ def test_the_noise_set_is_derived_alike(fx64):
 def base_step_outputs(fx, backward, draw_map='unroll'):
   """(jitted fn(params) -> (loss, grads, new BN statistics) of step 1, the initial params)."""
   exp = experiment(fx, backward)
-  objective = dataclasses.replace(exp.base_objective(), draw_map=draw_map)
+  noise = ml_collections.FrozenConfigDict({**exp.noise, 'draw_map': draw_map})
   params, stats_ = tree(fx, 'base/init/params'), tree(fx, 'base/init/batch_stats')
   x, y = inputs(fx['base/step0/images'], fx), jnp.asarray(fx['base/step0/labels'])
   grad_fn = jax.value_and_grad(base_lib.base_loss, has_aux=True)
 
   @jax.jit
   def fn(params):
-    (loss, (new_stats, _)), grads = grad_fn(params, stats_, x, y, eps_of(fx, 0), objective)
+    (loss, (new_stats, _)), grads = grad_fn(params, stats_, x, y, eps_of(fx, 0), exp.model, noise)
     return {'loss': loss, 'grads': grads, 'batch_stats': new_stats}
 
   return fn, params
@@ -239,10 +240,10 @@ def test_three_base_steps_across_the_milestone_float64(fx64, x64, backward):
   """Steps 1 and 2 at lr 0.1, step 3 at 0.1 x 0.01 (the milestone), with the optimizer built from the
   config (Experiment.optimizer) as a run builds it."""
   exp = experiment(fx64, backward)
-  objective, tx = exp.base_objective(), exp.optimizer()
+  tx = exp.optimizer()
   params = tree(fx64, 'base/init/params')
   state = base_lib.TrainState(jnp.zeros((), jnp.int32), params, tree(fx64, 'base/init/batch_stats'), tx.init(params))
-  step = jax.jit(lambda s, x, y, e: base_lib.apply_step(s, x, y, e, objective, tx))
+  step = jax.jit(lambda s, x, y, e: base_lib.train_step(s, x, y, e, exp.model, exp.noise, tx))
   for t in range(3):
     state, metrics = step(state, inputs(fx64[f'base/step{t}/images'], fx64), jnp.asarray(fx64[f'base/step{t}/labels']),
                           eps_of(fx64, t))

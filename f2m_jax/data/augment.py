@@ -67,15 +67,11 @@ def _rrc_flip_one(key, image, size: int, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3)
 
 
 def augment(key: jax.Array, images: jax.Array, kind: str, size: int) -> jax.Array:
-  """Augments a float batch [N, H, W, C] with per-image keys derived from `key`."""
+  """Augments a float batch [N, H, W, C] with per-image keys derived from `key`; `kind` one of AUGMENTS."""
   keys = jax.random.split(key, images.shape[0])
-  if kind == 'crop_flip':
-    return jax.vmap(lambda k, x: _crop_flip_one(k, x, 4))(keys, images)
-  if kind == 'rrc_flip':
-    return jax.vmap(lambda k, x: _rrc_flip_one(k, x, size))(keys, images)
-  if kind == 'none':
-    return images
-  raise ValueError(f'augment={kind!r} is not one of {AUGMENTS}')
+  one = {'crop_flip': lambda k, x: _crop_flip_one(k, x, 4), 'rrc_flip': lambda k, x: _rrc_flip_one(k, x, size),
+         'none': None}[kind]
+  return images if one is None else jax.vmap(one)(keys, images)
 
 
 def train_inputs(key, images_u8, kind: str, size: int, mean, std) -> jax.Array:

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import optax
 
-from f2m_jax import base as base_lib
 from f2m_jax import evaluation
 from f2m_jax import objectives
 from f2m_jax import optim
@@ -59,12 +59,12 @@ def train_network(exp, network, pool: np.ndarray, key, training, log, desc: str,
   start = training.latest_step()
   if start is not None:
     state = training.restore(state)
-  objective = base_lib.BaseObjective(model=network, noise_paths=(), split=0, num_draws=0, distribution='uniform',
-                                     pf_weight=0.0, std_weight=0.0, shared_trunk=False)
+  plain = ml_collections.FrozenConfigDict({**exp.noise, 'enabled': False})  # plain CE, whatever config.noise says
   member = train_loop.Member(lambda step: protocol_lib.shuffled_batch(pool, cfg.batch_size, exp.config.seed, step,
                                                                       stream),
                              jax.random.fold_in(key, 1), 0.0, training.save, log)
-  state = trees.index(train_loop.train_steps(exp, objective, [member], trees.stack([state]), start or 0, desc, desc), 0)
+  states = train_loop.train_steps(exp, network, plain, [member], trees.stack([state]), start or 0, desc, desc)
+  state = trees.index(states, 0)
   return {'params': jax.device_get(state.params), 'batch_stats': jax.device_get(state.batch_stats)}
 
 

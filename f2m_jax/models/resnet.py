@@ -1,12 +1,6 @@
-"""ResNet-20 (CIFAR stem) and ResNet-18 (ImageNet stem) as used by F2M, with a trunk/suffix split.
-
-The network is a flat sequence of units: the stem, then the BasicBlocks in forward order, then the
-head (global average pooling -> embedding, linear classifier -> logits). `__call__` can run any
-contiguous range of blocks, which is what lets the base session run the unperturbed trunk once and
-only the noised suffix once per noise draw.
-
-Parameter names follow torchvision (`conv1`, `bn1`, `layer3_1/conv2`, `layer2_0/downsample_conv`, `fc`)
-so that pretrained weights convert by name.
+"""ResNet-20 (CIFAR stem) and ResNet-18 (ImageNet stem) whose `__call__` runs any contiguous range of
+blocks (the trunk/suffix split). Parameter names follow torchvision (`conv1`, `layer3_1/conv2`,
+`layer2_0/downsample_conv`, `fc`), so pretrained weights convert by name.
 """
 from __future__ import annotations
 
@@ -18,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from jax.custom_batching import custom_vmap
+
 
 def _scaled_normal(key, shape, dtype, scale) -> jax.Array:
   """N(0, 1) draws times `scale` (a float32 computed on the host). The draws pass an optimization
@@ -59,9 +53,8 @@ def accumulation_dtype(dtype) -> Any:
 LAYOUT = ('NHWC', 'HWIO', 'NHWC')  # images, kernels, outputs: the forward and the CPU backward's convs
 
 
-def _conv(x, kernel, strides, padding, dtype, groups: int = 1):
-  return lax.conv_general_dilated(x.astype(dtype), kernel.astype(dtype), strides, padding, dimension_numbers=LAYOUT,
-                                  feature_group_count=groups)
+def _conv(x, kernel, strides, padding, dtype):
+  return lax.conv_general_dilated(x.astype(dtype), kernel.astype(dtype), strides, padding, dimension_numbers=LAYOUT)
 
 
 KERNEL_GRAD_BLOCK_BYTES = 2 << 20  # im2col block per scan step: small enough to stay in a CPU cache
@@ -72,12 +65,9 @@ KERNEL_GRAD_MIN_BYTES = 1 << 20
 
 
 def _kernel_grad_by_shifts(x, g, kernel_shape, strides, padding):
-  """d conv(x, k) / dk contracted with g, as im2col matmuls over blocks of a few images.
-
-  XLA:CPU forms this gradient as a convolution whose 'kernel' is the spatially large output
-  gradient, which it runs slowly; building the patch matrix of a few images at a time (small
-  enough to stay in cache) and accumulating patches^T @ g over the blocks with lax.scan is several
-  times faster. Equal to autodiff to float rounding (tests/test_fidelity.py)."""
+  """d conv(x, k) / dk contracted with g, as im2col matmuls over blocks of a few images (patches^T @ g
+  accumulated with lax.scan, each block's patches small enough to stay in a CPU cache). Equal to
+  autodiff to float rounding."""
   kh, kw, cin, cout = kernel_shape
   n, ho, wo, _ = g.shape
   sh, sw = strides
@@ -100,13 +90,9 @@ def _kernel_grad_by_shifts(x, g, kernel_shape, strides, padding):
 
 
 def _input_grad_eigen(g, kernel, x_shape, strides, padding):
-  """d conv(x, kernel) / dx contracted with g (float32), written as the convolution XLA:CPU's Eigen
-  kernels run: g dilated by the strides, convolved with the flipped kernel, its in/out axes swapped.
-
-  XLA's own transpose of the convolution takes this form only where XLA:CPU rewrites it, which it
-  does outside loops but not inside a lax.scan (the device path's scanned base steps), where XLA's
-  form runs several times slower. Bit-identical to XLA's form outside loops (tests/test_fidelity.py).
-  The padding is jax's own for this transpose."""
+  """d conv(x, kernel) / dx contracted with g (float32) as the convolution XLA:CPU's Eigen kernels run,
+  inside a lax.scan too: g dilated by the strides, convolved with the flipped kernel, its in/out axes
+  swapped (jax's own padding for this transpose). Bit-identical to XLA's transpose outside loops."""
   kh, kw = kernel.shape[:2]
   flipped = jnp.transpose(jnp.flip(kernel, (0, 1)), (0, 1, 3, 2))
   pads = []
@@ -117,10 +103,9 @@ def _input_grad_eigen(g, kernel, x_shape, strides, padding):
 
 
 def _kernel_grad_eigen(x, g, kernel_shape, strides, padding):
-  """d conv(x, k) / dk contracted with g (float32) as the convolution XLA:CPU's Eigen kernels run:
-  the batch axis as the contracted feature axis (x as [cin, H, W, n], g as an [Ho, Wo, n, cout]
-  kernel dilated by the strides). Outside loops XLA rewrites its own transpose into this form
-  (bit-identical, tests/test_fidelity.py); inside a lax.scan it does not, and runs far slower."""
+  """d conv(x, k) / dk contracted with g (float32) as the convolution XLA:CPU's Eigen kernels run,
+  inside a lax.scan too: the batch axis as the contracted feature axis (x as [cin, H, W, n], g as an
+  [Ho, Wo, n, cout] kernel dilated by the strides). Bit-identical to XLA's transpose outside loops."""
   kh, kw = kernel_shape[:2]
   out = lax.conv_general_dilated(jnp.transpose(x, (3, 1, 2, 0)), jnp.transpose(g, (1, 2, 0, 3)), (1, 1),
                                  padding, rhs_dilation=strides, dimension_numbers=LAYOUT)
@@ -128,8 +113,9 @@ def _kernel_grad_eigen(x, g, kernel_shape, strides, padding):
 
 
 def _cpu_conv_grads(x, kernel, g, strides, padding, dtype):
-  """(d x, d kernel) of conv(x, kernel) contracted with g on XLA:CPU: in float32 the Eigen forms
-  above (fast inside loops too), the kernel gradient of large output gradients by im2col blocks;
+  """(d x, d kernel) of conv(x, kernel) contracted with g in the forms XLA:CPU runs fast
+  (experiments/results/README.md, 'CPU speed: the convolution backward's forms'): in float32 the
+  Eigen forms, the kernel gradient of output gradients over KERNEL_GRAD_MIN_BYTES by im2col blocks;
   other compute dtypes through XLA's own transposes."""
   float32 = jnp.dtype(dtype) == jnp.float32
   if float32:
@@ -145,73 +131,34 @@ def _cpu_conv_grads(x, kernel, g, strides, padding, dtype):
   return gx, gk
 
 
-@functools.lru_cache(maxsize=None)
-def _grouped_conv_grads(strides, padding, dtype, groups: int):
-  """grads(x, kernel, g) -> (d x, d kernel) of conv(x, kernel, feature_group_count=groups) contracted
-  with g: XLA's own transposes, as `jax.grad` of a grouped forward convolution emits them (the kernel
-  gradient with batch_group_count=groups, which GPUs run as cuDNN's backward-filter convolution).
-
-  The function carries a batching rule: under `jax.vmap` (the members of a sweep, the M noise draws)
-  the mapped axis is folded into the channels as `batch * groups` groups, so S members stay S-times
-  larger convolutions of the same three kinds. vmap's generic rule would instead turn each kernel
-  gradient into a grouped *forward* convolution whose filter is the whole output gradient. That the
-  folded form is faster on a GPU is **unmeasured** (the lowered programs are counted in
-  experiments/results/README.md, section 20; tests/test_conv_layout.py holds their form)."""
-
-  def grads(x, kernel, g):  # the conv is linear in each argument: transposes, no forward pass
-    conv = lambda x_, k_: _conv(x_, k_, strides, padding, dtype, groups)
-    gx, = jax.linear_transpose(lambda x_: conv(x_, kernel), x)(g)
-    gk, = jax.linear_transpose(lambda k_: conv(x, k_), kernel)(g)
-    return gx, gk
-
-  batched = custom_vmap(grads)
-
-  @batched.def_vmap
-  def _fold(axis_size, in_batched, x, kernel, g):
-    x, kernel, g = (a if b else jnp.broadcast_to(a, (axis_size,) + a.shape)
-                    for a, b in zip((x, kernel, g), in_batched))
-    # [B, ..., G*C] -> [..., B*G*C]: group b*G + i holds member b's group i (x and g alike), and the
-    # kernel's output channels [kh, kw, C, G*O] -> [kh, kw, C, B*G*O] in the same order.
-    fold = lambda a: jnp.moveaxis(a, 0, -2).reshape(a.shape[1:-1] + (axis_size * a.shape[-1],))
-    unfold = lambda a: jnp.moveaxis(a.reshape(a.shape[:-1] + (axis_size, -1)), -2, 0)
-    gx, gk = _grouped_conv_grads(strides, padding, dtype, axis_size * groups)(fold(x), fold(kernel), fold(g))
-    return (unfold(gx), unfold(gk)), (True, True)
-
-  return batched
-
-
 def _xla_conv_grads(x, kernel, g, strides, padding, dtype):
-  """(d x, d kernel) as XLA's transposes, kept in their fast form under vmap (`_grouped_conv_grads`)."""
-  return _grouped_conv_grads(strides, padding, jnp.dtype(dtype), 1)(x, kernel, g)
+  """(d x, d kernel) of conv(x, kernel) contracted with g: XLA's own transposes."""
+  conv = lambda x_, k_: _conv(x_, k_, strides, padding, dtype)
+  gx, = jax.linear_transpose(lambda x_: conv(x_, kernel), x)(g)
+  gk, = jax.linear_transpose(lambda k_: conv(x, k_), kernel)(g)
+  return gx, gk
 
 
-CONV_BACKWARDS = {'cpu': _cpu_conv_grads, 'xla': _xla_conv_grads}
+CONV_GRADS = {'cpu': _cpu_conv_grads, 'xla': _xla_conv_grads}
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6, 7))
-def conv2d(x, kernel, eps, strides, padding, dtype, clean_backward, backward):
-  """conv(x, kernel + eps) (eps: the flat-minima noise, or zeros), differentiated in x and kernel.
-
-  clean_backward: False (config.noise.backward_weights='noisy', the default) is the exact gradient at
-  kernel + eps, what the authors' code computed on the PyTorch of the paper's runs (<= 1.9). True
-  ('clean') forms the input gradient with the clean kernel, what the same code computes on PyTorch
-  >= 1.10: it adds the noise to `p.data`, runs the forward pass and restores `p.data` before
-  backward, and from 1.10 on autograd's saved reference to the weight then holds the clean values
-  (docs/method.md, the behaviours table). The kernel gradient does not depend on the kernel, and eps
-  gets none.
-
-  backward: how the gradients are written (config.model.conv_backward, resolved by f2m_jax/backend.py):
-  'cpu' (`_cpu_conv_grads`) or 'xla' (`_xla_conv_grads`); the same values to float rounding."""
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6))
+def conv2d(x, kernel, eps, strides, padding, dtype, backward):
+  """conv(x, kernel + eps) whose backward sees `kernel` alone: the input gradient is taken at `kernel`
+  (the kernel gradient does not depend on it) and eps gets none. With eps the noise, that is the
+  clean-weights backward (config.noise.backward_weights='clean'); with eps zeros, the gradient of
+  conv(x, kernel). backward: 'cpu' or 'xla' (config.model.conv_backward), the form the gradients are
+  written in (`CONV_GRADS`; the same values to float rounding)."""
   return _conv(x, kernel + eps, strides, padding, dtype)
 
 
-def _conv2d_fwd(x, kernel, eps, strides, padding, dtype, clean_backward, backward):
+def _conv2d_fwd(x, kernel, eps, strides, padding, dtype, backward):
   return _conv(x, kernel + eps, strides, padding, dtype), (x, kernel, eps)
 
 
-def _conv2d_bwd(strides, padding, dtype, clean_backward, backward, residuals, g):
+def _conv2d_bwd(strides, padding, dtype, backward, residuals, g):
   x, kernel, eps = residuals
-  gx, gk = CONV_BACKWARDS[backward](x, kernel if clean_backward else kernel + eps, g, strides, padding, dtype)
+  gx, gk = CONV_GRADS[backward](x, kernel, g, strides, padding, dtype)
   return gx, gk, jnp.zeros_like(eps)
 
 
@@ -219,18 +166,15 @@ conv2d.defvjp(_conv2d_fwd, _conv2d_bwd)
 
 
 class Conv(nn.Module):
-  """A bias-free convolution (NHWC, HWIO kernel named 'kernel', as flax's nn.Conv) that adds the
-  noise of the optional 'noise' collection to its kernel: the flat-minima draws are passed as
-  `{'noise': {...path...: {'kernel': eps}}}` and never mutate the parameters.
-
-  clean_backward: with noise, False (the default) gives the exact gradient of conv(x, kernel + eps),
-    True the input gradient at the clean kernel (their code on PyTorch >= 1.10; see `conv2d`)."""
+  """A bias-free convolution (NHWC, an HWIO kernel named 'kernel', as flax's nn.Conv). Where the
+  variables hold a 'noise' collection ({...path...: {'kernel': eps}}, `base.base_loss` under the
+  clean-weights backward), it computes conv(x, kernel + eps) differentiated at the clean kernel
+  (`conv2d`). backward: the form of the gradients, 'cpu' (`_cpu_conv_grads`) or 'xla' (autodiff)."""
   features: int
   kernel_size: Sequence[int]
   strides: Sequence[int] = (1, 1)
   padding: Any = ((1, 1), (1, 1))
   dtype: Any = jnp.float32
-  clean_backward: bool = False
   backward: str = 'xla'
 
   @nn.compact
@@ -238,8 +182,11 @@ class Conv(nn.Module):
     shape = tuple(self.kernel_size) + (x.shape[-1], self.features)
     kernel = self.param('kernel', conv_init, shape, jnp.float32)
     strides, padding = tuple(self.strides), tuple(tuple(p) for p in self.padding)
-    eps = self.get_variable('noise', 'kernel') if self.has_variable('noise', 'kernel') else jnp.zeros_like(kernel)
-    return conv2d(x, kernel, eps, strides, padding, self.dtype, self.clean_backward, self.backward)
+    if self.has_variable('noise', 'kernel'):
+      return conv2d(x, kernel, self.get_variable('noise', 'kernel'), strides, padding, self.dtype, self.backward)
+    if self.backward == 'cpu':
+      return conv2d(x, kernel, jnp.zeros_like(kernel), strides, padding, self.dtype, self.backward)
+    return _conv(x, kernel, strides, padding, self.dtype)
 
 
 class BatchNorm(nn.Module):
@@ -292,12 +239,11 @@ class BasicBlock(nn.Module):
   features: int
   strides: int = 1
   dtype: Any = jnp.float32
-  clean_backward: bool = False
   conv_backward: str = 'xla'
 
   @nn.compact
   def __call__(self, x, train: bool):
-    conv = functools.partial(Conv, dtype=self.dtype, clean_backward=self.clean_backward, backward=self.conv_backward)
+    conv = functools.partial(Conv, dtype=self.dtype, backward=self.conv_backward)
     y = conv(self.features, (3, 3), (self.strides, self.strides), name='conv1')(x)
     y = nn.relu(_batch_norm(train, self.dtype, 'bn1')(y))
     y = conv(self.features, (3, 3), name='conv2')(y)
@@ -317,12 +263,10 @@ class ResNet(nn.Module):
     widths: channels per stage.
     stem: 'cifar' (3x3 conv, stride 1) or 'imagenet' (7x7/2 conv and 3x3/2 max-pool).
     num_classes: outputs of the classifier (the base classes).
-    clean_backward: how noised convs are differentiated (see `conv2d`); False (the default, as
-      config.noise.backward_weights='noisy'): at the noisy weights; True: at the clean weights.
     head: 'linear' (Dense `fc`), 'linear_no_bias' (a Dense `fc` without bias, `fan_out_init`: the
       authors' iCaRL classifier, for method=icarl) or 'cosine' (`CosineClassifier`: LUCIR's, for
       method=rebalance).
-    conv_backward: how the convolutions' gradients are written ('xla' or 'cpu'; see `conv2d`).
+    conv_backward: the form of the convolutions' gradients ('xla' or 'cpu'; `Conv`).
   """
   stage_sizes: Sequence[int]
   widths: Sequence[int]
@@ -330,7 +274,6 @@ class ResNet(nn.Module):
   num_classes: int
   stem_width: Optional[int] = None
   dtype: Any = jnp.float32
-  clean_backward: bool = False
   head: str = 'linear'
   conv_backward: str = 'xla'
 
@@ -349,12 +292,10 @@ class ResNet(nn.Module):
       x = x.astype(self.dtype)
       stem_width = self.stem_width or self.widths[0]
       if self.stem == 'cifar':
-        x = Conv(stem_width, (3, 3), dtype=self.dtype, clean_backward=self.clean_backward, backward=self.conv_backward,
-                 name='conv1')(x)
+        x = Conv(stem_width, (3, 3), dtype=self.dtype, backward=self.conv_backward, name='conv1')(x)
         x = nn.relu(_batch_norm(train, self.dtype, 'bn1')(x))
       elif self.stem == 'imagenet':
-        x = Conv(stem_width, (7, 7), (2, 2), ((3, 3), (3, 3)), self.dtype, self.clean_backward, self.conv_backward,
-                 name='conv1')(x)
+        x = Conv(stem_width, (7, 7), (2, 2), ((3, 3), (3, 3)), self.dtype, self.conv_backward, name='conv1')(x)
         x = nn.relu(_batch_norm(train, self.dtype, 'bn1')(x))
         x = nn.max_pool(x, (3, 3), (2, 2), padding=((1, 1), (1, 1)))
       else:
@@ -366,21 +307,17 @@ class ResNet(nn.Module):
       for j in range(n):
         if first <= index < stop:
           strides = 2 if (j == 0 and i > 0) else 1
-          x = BasicBlock(w, strides, self.dtype, self.clean_backward, self.conv_backward, name=names[index])(x, train)
+          x = BasicBlock(w, strides, self.dtype, self.conv_backward, name=names[index])(x, train)
         index += 1
     if last is not None:
       return x
     embedding = jnp.mean(x, axis=(1, 2)).astype(accumulation_dtype(self.dtype))
-    if self.head == 'linear':
-      logits = nn.Dense(self.num_classes, kernel_init=fc_init,
-                        bias_init=nn.initializers.zeros, name='fc')(embedding)
-    elif self.head == 'linear_no_bias':
-      logits = nn.Dense(self.num_classes, use_bias=False, kernel_init=fan_out_init, name='fc')(embedding)
-    elif self.head == 'cosine':
-      logits = CosineClassifier(self.num_classes, name='fc')(embedding)
-    else:
-      raise ValueError(f"model.head must be one of {HEADS}, got {self.head!r}")
-    return embedding, logits
+    if self.head == 'cosine':
+      return embedding, CosineClassifier(self.num_classes, name='fc')(embedding)
+    if self.head == 'linear_no_bias':
+      return embedding, nn.Dense(self.num_classes, use_bias=False, kernel_init=fan_out_init, name='fc')(embedding)
+    return embedding, nn.Dense(self.num_classes, kernel_init=fc_init, bias_init=nn.initializers.zeros,
+                               name='fc')(embedding)
 
 
 HEADS = ('linear', 'linear_no_bias', 'cosine')
@@ -428,16 +365,10 @@ ARCHS = {'resnet20': resnet20, 'resnet18': resnet18}
 
 
 def build_model(arch: str, num_classes: int, width: Optional[int] = None, dtype: Any = jnp.float32,
-                clean_backward: bool = False, head: str = 'linear', conv_backward: str = 'xla') -> ResNet:
-  """The network `arch`; clean_backward as config.noise.backward_weights == 'clean', conv_backward as
-  config.model.conv_backward (see `conv2d`)."""
-  if arch not in ARCHS:
-    raise ValueError(f'model.arch={arch!r} is not one of {sorted(ARCHS)}')
-  if head not in HEADS:
-    raise ValueError(f'model.head={head!r} is not one of {HEADS}')
+                head: str = 'linear', conv_backward: str = 'xla') -> ResNet:
+  """The network `arch` (one of ARCHS) at its standard width or `width`."""
   kwargs = {} if width is None else {'width': width}
-  return ARCHS[arch](num_classes, dtype=dtype, clean_backward=clean_backward, head=head, conv_backward=conv_backward,
-                     **kwargs)
+  return ARCHS[arch](num_classes, dtype=dtype, head=head, conv_backward=conv_backward, **kwargs)
 
 
 def conv3x3_paths(model: ResNet) -> list:
