@@ -153,6 +153,8 @@ def base_config() -> ml_collections.ConfigDict:
   # How the M noisy passes share one program: 'vmap', 'unroll' (written out) or 'auto': unroll on a
   # CPU, vmap elsewhere (f2m_jax/backend.py)
   c.noise.draw_map = 'auto'
+  # Weight of the clean pass's cross-entropy in the base loss: 0 leaves it out, as the authors' loss does
+  c.noise.clean_ce_weight = 0.0
 
   c.incremental = ml_collections.ConfigDict()
   c.incremental.finetune = True

@@ -52,8 +52,9 @@ def base_loss(params, batch_stats, images, labels, eps, model: ResNet, noise: ml
       L = 1/M sum_j L_j + gamma std_j(L_j),   L_j = CE(z; phi + eps_j, psi) + lambda PF_j
 
   gamma = noise.std_weight, lambda = noise.pf_weight (0 without noise.prototype_fixing). A clean pass
-  gives PF's reference embeddings; its CE is not in L. Without draws (eps empty) L is the clean
-  pass's CE. Returns (L, (new batch_stats, metrics)).
+  gives PF's reference embeddings; its CE enters L only as + w CE_clean, w = noise.clean_ce_weight
+  (default 0, as the authors' loss). Without draws (eps empty) L is the clean pass's CE. Returns
+  (L, (new batch_stats, metrics)).
 
   Every pass runs on all-zero running statistics, so it returns BN_MOMENTUM times its own batch
   statistics; `fold_batch_stats` applies the passes' updates in PyTorch's order (noise.bn_updates).
@@ -88,6 +89,8 @@ def base_loss(params, batch_stats, images, labels, eps, model: ResNet, noise: ml
   ce, pf, noisy_updates = map_draws(noisy_pass, eps, noise.draw_map)
   pf_weight = noise.pf_weight if noise.prototype_fixing else 0.0
   loss = objectives.flat_minima_objective(ce + pf_weight * pf, noise.std_weight)
+  if noise.clean_ce_weight:  # at 0 the clean pass needs no backward
+    loss = loss + noise.clean_ce_weight * ce_clean
   updates = [clean_update] + (noisy_updates if noise.bn_updates == 'all_passes' else [])
   metrics.update(loss=loss, ce=ce.mean(), pf=pf.mean(), ce_clean=ce_clean)
   return loss, (fold_batch_stats(batch_stats, updates), metrics)

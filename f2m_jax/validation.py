@@ -60,6 +60,7 @@ def validate_noise(c: ml_collections.ConfigDict) -> None:
        f'allowed: {base_lib.BN_UPDATES}')
   need(c.noise.pf_weight >= 0 and c.noise.std_weight >= 0, 'noise.pf_weight/std_weight',
        (c.noise.pf_weight, c.noise.std_weight), 'must be >= 0')
+  need(c.noise.clean_ce_weight >= 0, 'noise.clean_ce_weight', c.noise.clean_ce_weight, 'must be >= 0')
 
 
 def validate_base(c: ml_collections.ConfigDict) -> None:

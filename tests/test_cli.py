@@ -26,7 +26,7 @@ CASES = [
     ('--config.noise.M=-1', 'noise.M=-1 is invalid', 'must be >= 1'),
     ('--config.noise.distribution=gauss', "noise.distribution='gauss' is invalid", 'discrete_beta'),
     ('--config.noise.clean_backward=True', 'unknown config field config.noise.clean_backward',
-     'did you mean config.noise.backward_weights?'),
+     'config.noise.backward_weights?'),  # among the suggestions: the field it was renamed to
     ('--config.noise.backward_weights=exact', "noise.backward_weights='exact' is invalid", "('noisy', 'clean')"),
     ('--config.noise.pf_classes=batch', 'unknown config field config.noise.pf_classes', 'config.noise.'),
     ('--config.incremental.normalize_base_prototypes=True',
