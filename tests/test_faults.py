@@ -66,6 +66,7 @@ def copy_of(reference, tmp_path, unfinished: bool = False) -> str:
     ('base.weight_decay', -0.1, 'base.weight_decay=-0.1 is invalid: must be >= 0'),
     ('data.synthetic.train_per_class', 0, 'train_per_class and test_per_class must be >= 1'),
     ('noise.num_layers', 0, 'noise.num_layers=0 must be in [1, '),
+    ('model.arch', 'resnet50', "model.arch='resnet50' is invalid: allowed: ('resnet20', 'resnet18')"),
     ('data.shots', 100, 'data.shots=100 is invalid: class 20 has 40 images in the shot pool'),
     ('data.protocol', 'topic', "data.protocol='topic' is invalid: it needs the TOPIC lists"),
     ('base.batch_size', 5000, 'has 40 base training images, fewer than the base.shots=500 a batch takes of each'),
