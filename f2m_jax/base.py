@@ -46,19 +46,12 @@ def _add(a, b):
 
 
 def base_loss(params, batch_stats, images, labels, eps, model: ResNet, noise: ml_collections.FrozenConfigDict):
-  """Eq. 3-4 as the authors' code runs them (docs/method.md, 'Base session'), for the M draws `eps`
-  ({path: [M, ...]}):
-
-      L = 1/M sum_j L_j + gamma std_j(L_j),   L_j = CE(z; phi + eps_j, psi) + lambda PF_j
-
-  gamma = noise.std_weight, lambda = noise.pf_weight (0 without noise.prototype_fixing). A clean pass
-  gives PF's reference embeddings; its CE enters L only as + w CE_clean, w = noise.clean_ce_weight
-  (default 0, as the authors' loss). Without draws (eps empty) L is the clean pass's CE. Returns
-  (L, (new batch_stats, metrics)).
-
-  Every pass runs on all-zero running statistics, so it returns BN_MOMENTUM times its own batch
-  statistics; `fold_batch_stats` applies the passes' updates in PyTorch's order (noise.bn_updates).
-  """
+  """Eq. 3-4 as the authors' code runs them (docs/method.md, 'Base session') for the M draws `eps`
+  ({path: [M, ...]}): L = 1/M sum_j L_j + gamma std_j(L_j), L_j = CE(z; phi + eps_j, psi) + lambda PF_j,
+  gamma = noise.std_weight, lambda = noise.pf_weight (0 without noise.prototype_fixing), plus
+  noise.clean_ce_weight times the clean pass's CE. Without draws (eps empty) L is the clean pass's CE.
+  Returns (L, (new batch_stats, metrics)). Each pass runs on zero running statistics, so it returns
+  BN_MOMENTUM times its batch statistics; `fold_batch_stats` applies them in PyTorch's order."""
   zeros = jax.tree_util.tree_map(jnp.zeros_like, batch_stats)
 
   def run(variables, x, first, last=None):
