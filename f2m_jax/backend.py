@@ -21,7 +21,7 @@ CHOICES = {
     'noise.draw_map': ('vmap', 'unroll'),
     # The convolutions' backward: 'xla' (XLA's own transposes) or 'cpu' (the forms XLA:CPU's Eigen
     # kernels run fast, also inside a lax.scan). Sections 'CPU speed: the convolution backward's forms'
-    # and 24.
+    # (and '... measured again').
     'model.conv_backward': ('xla', 'cpu'),
 }
 
