@@ -323,7 +323,8 @@ def session_runner(fx, bound):
 
 def torch_accuracies(fx, exp, key: str, session: int) -> dict:
   labels = exp.bench.test.labels[protocol.test_indices(exp.bench, session)]
-  return evaluation.accuracies_from_predictions(fx[key], labels, exp.bench.num_base_classes)
+  return evaluation.accuracies_from_predictions(fx[key], labels, exp.bench.num_base_classes,
+                                                evaluation.session_ends(exp.bench, session))
 
 
 def compare_session(fx, runner, state, prefix, exact: bool) -> tuple:
