@@ -50,9 +50,13 @@ def _unbiased_std_fwd(x):
 
 
 def _unbiased_std_bwd(residuals, g):
+  """PyTorch's std backward: g / (2 std), set to 0 where std = 0 (equal losses, e.g. at b = 0; the
+  formula would give inf * 0 = NaN there), times d var / dx."""
   x, std = residuals
   n = x.shape[0]
-  return ((2.0 / (n - 1)) * (g / (2.0 * std)) * (x - jnp.mean(x)),)
+  positive = std > 0
+  scale = jnp.where(positive, g / (2.0 * jnp.where(positive, std, 1.0)), 0.0)
+  return ((2.0 / (n - 1)) * scale * (x - jnp.mean(x)),)
 
 
 unbiased_std.defvjp(_unbiased_std_fwd, _unbiased_std_bwd)

@@ -102,7 +102,7 @@ def test_noise_bounded_and_only_on_masked_leaves(net, distribution):
   assert float(jnp.abs(with_noise - clean).max()) > 1e-4
 
 
-def test_zero_bound_equals_plain_cross_entropy(net):
+def test_zero_bound_equals_plain_cross_entropy_and_trains(net):
   model, variables = net
   paths = tuple(noise_set_paths(model, 4))
   x = jax.random.normal(jax.random.key(2), (12, 16, 16, 3))
@@ -114,6 +114,11 @@ def test_zero_bound_equals_plain_cross_entropy(net):
     loss, (_, metrics) = _loss(variables['params'], variables['batch_stats'], x, y, eps, model, noise)
     np.testing.assert_allclose(loss, objectives.cross_entropy(logits, y), rtol=1e-5)
     assert float(metrics['pf']) < 1e-10  # zero up to float rounding between the clean and noisy passes
+  # with the std term (gamma = 2, the default): the M equal losses have std 0, and the step is finite
+  noise = noise_view(M=2, distribution='uniform', pf_weight=1.0, std_weight=2.0, shared_trunk=True)
+  grads = jax.jit(jax.grad(lambda p: base_lib.base_loss(p, variables['batch_stats'], x, y, eps, model, noise)[0]))(
+      variables['params'])
+  assert all(bool(jnp.isfinite(g).all()) for g in jax.tree_util.tree_leaves(grads))
 
 
 def test_pf_reaches_the_objective(net):

@@ -58,6 +58,20 @@ def test_flat_minima_objective_std_term():
   assert float(objectives.flat_minima_objective(jnp.array([4.0]), 2.0)) == pytest.approx(4.0)
 
 
+def test_std_term_gradient_at_equal_losses_is_pytorchs():
+  """Where the M losses are equal (b = 0) the std is 0: PyTorch's std backward gives 0 there (its
+  g / (2 std) masked where std = 0), so Eq. 3's gradient is the mean's alone, not inf * 0 = NaN; elsewhere
+  it is d std / dx = (x - mean) / ((n - 1) std)."""
+  with jax.enable_x64(True):
+    grad = jax.jit(jax.grad(lambda x: objectives.flat_minima_objective(x, 2.0)))
+    for x in ([1.0, 1.0], [0.25, 0.25, 0.25]):
+      x = jnp.asarray(x, jnp.float64)
+      np.testing.assert_array_equal(np.asarray(grad(x)), np.full(len(x), 1.0 / len(x)))
+    x = jnp.asarray([1.0, 3.0, 8.0], jnp.float64)
+    want = 1.0 / 3 + 2.0 * (x - x.mean()) / (2 * np.std(np.asarray(x), ddof=1))
+    np.testing.assert_allclose(np.asarray(grad(x)), want, rtol=1e-13)
+
+
 def test_metric_loss_uses_batch_means_for_present_classes():
   emb = jnp.array([[1., 0.], [3., 0.]])
   labels = jnp.array([1, 1])
