@@ -180,6 +180,11 @@ class Checkpoints:
     self._base.wait_until_finished()
     return self._base.latest_step()
 
+  def base_steps(self) -> list:
+    """The base train states' steps, in order."""
+    self._base.wait_until_finished()
+    return sorted(self._base.all_steps())
+
   def save_base_state(self, step: int, state: Any) -> None:
     self._save(self._base, step, _host_copy(state), 'base train state')
 

@@ -49,10 +49,12 @@ def train_base(exp: Experiment, ckpts: Checkpoints, log: workdir_lib.MetricsLog,
 def train_base_sessions(exps: Sequence[Experiment], ckpts: Sequence[Checkpoints], logs: Sequence, title: str,
                         select: Optional[Callable] = None, hook: Hook = None):
   """The base sessions of S >= 1 runs (a sweep's members, of one objective but for the bound) in
-  lockstep through `train_steps`, from the last base step every one of them saved or from scratch;
-  each state is saved into its own workdir. Returns the final states, with a leading member axis."""
-  saved = [c.latest_base_step() for c in ckpts]
-  start = 0 if None in saved else min(saved)
+  lockstep through `train_steps`, from the latest base step every one of them holds (`resume_step`)
+  or from scratch; each state is saved into its own workdir, except at the steps it holds already
+  (the same state: a step is a pure function of the one before). Returns the final states, with a
+  leading member axis."""
+  held = [c.base_steps() for c in ckpts]
+  start = resume_step(held)
   steps = exps[0].config.base.steps
   if start >= steps:  # trained already: its state is the last saved one
     return trees.stack([c.restore_base_state(e.state_template(), start) for e, c in zip(exps, ckpts)])
@@ -61,9 +63,22 @@ def train_base_sessions(exps: Sequence[Experiment], ckpts: Sequence[Checkpoints]
     states = trees.stack([c.restore_base_state(e.state_template(), start) for e, c in zip(exps, ckpts)])
   else:
     states = trees.stack([e.init_state() for e in exps])
-  members = [Member(e.batch_indices, e.key(0), e.config.noise.bound, c.save_base_state, log)
-             for e, c, log in zip(exps, ckpts, logs)]
+  members = [Member(e.batch_indices, e.key(0), e.config.noise.bound, saving_after(c.save_base_state, max(h, default=0)),
+                    log) for e, c, log, h in zip(exps, ckpts, logs, held)]
   return train_steps(exps[0], exps[0].model, exps[0].noise, members, states, start, 'base', title, select, hook)
+
+
+def resume_step(held: Sequence[Sequence[int]]) -> int:
+  """The base step that members in lockstep resume from, given the steps each holds: the latest that
+  all of them hold, 0 where they share none. Their background saves end at different moments, so a
+  killed sweep may leave one member a checkpoint ahead of another."""
+  return max(set.intersection(*map(set, held)) if held else (), default=0)
+
+
+def saving_after(save: Callable, latest: int) -> Callable:
+  """`save(step, state)` for the steps after `latest` only: a member that holds later steps than the
+  sweep resumes from saves none of them again (orbax refuses a step that exists)."""
+  return lambda step, state: save(step, state) if step > latest else None
 
 
 def steps_per_call(cfg, selecting: bool) -> int:

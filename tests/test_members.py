@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 
 import jax
 import jax.numpy as jnp
@@ -18,6 +19,7 @@ from f2m_jax import evaluation
 from f2m_jax import members
 from f2m_jax import pipeline
 from f2m_jax import sharding
+from f2m_jax import train_loop
 from f2m_jax import trees
 from f2m_jax.checkpoint import CheckpointError, Checkpoints
 from f2m_jax.data import sources
@@ -92,17 +94,35 @@ def test_a_sweep_records_the_command_that_started_it(sweep):
   assert pipeline._what(config, {**origin, 'sweep_member': 2}).endswith('(method f2m, sweep member 2, seed 2)')  # pylint: disable=protected-access
 
 
+def test_a_sweep_resumes_from_the_latest_step_every_member_holds():
+  assert train_loop.resume_step([[40, 50, 60], [30, 40, 50]]) == 50  # one member's last save still in flight
+  assert train_loop.resume_step([[5, 10, 15], [5, 10, 15]]) == 15
+  assert train_loop.resume_step([[10, 20, 30], [40, 50, 60]]) == 0  # no step in common: from scratch
+  assert train_loop.resume_step([[], [10]]) == 0 and train_loop.resume_step([[10]]) == 10
+  saved = []
+  save = train_loop.saving_after(lambda step, state: saved.append(step), 15)
+  for step in (10, 15, 20):
+    save(step, None)
+  assert saved == [20]  # the steps it holds are not saved again
+
+
 @pytest.mark.slow
 def test_a_resumed_sweep_equals_an_uninterrupted_one(sweep, tmp_path):
+  """Killed after step 15's saves, one of which had not finished: member 0 holds base step 15, member 1
+  only 10. The sweep resumes both from 10 (member 0 does not save its 15 again) and ends as the
+  uninterrupted sweep."""
   root = str(tmp_path / 'sweep')
 
   def stop(kind, **info):
-    if kind == 'base_step' and info['step'] == 12:
+    if kind == 'base_step' and info['step'] == 15:
       raise Interrupt
 
   with pytest.raises(Interrupt):
     members.run(tiny(seeds=SEEDS, map='unroll'), root, hook=stop)
   assert not os.path.exists(os.path.join(root, 'summary.json'))
+  shutil.rmtree(os.path.join(root, 'member_1', 'checkpoints', 'base', '15'))
+  steps = lambda i: sorted(int(n) for n in os.listdir(os.path.join(root, f'member_{i}', 'checkpoints', 'base')))
+  assert [steps(0), steps(1)] == [[5, 10, 15], [5, 10]]
   resumed = members.run(tiny(seeds=SEEDS, map='unroll'), root)
   strip = lambda s: {k: v for k, v in without_provenance(s).items() if k != 'members'}
   assert strip(resumed) == strip(sweep[1])
