@@ -11,36 +11,27 @@ Orbax writes each step into a temporary folder and renames it when complete, so 
 while saving leaves the previous checkpoint as the latest one. The base train states and the
 sessions, saved many times a run, are written in the background (orbax's async checkpointing: a
 save returns once its arrays are copied, where a synchronous one holds an accelerator idle);
-every read of those folders first waits for the writes in flight, and `close()` waits for all.
+every read of those folders first waits for the writes in flight, and `close()` waits for all. A
+write that fails, in the background or not, is a CheckpointFault naming that checkpoint and the OS's
+reason; what follows a save (a session's metrics line) runs only once the save is complete.
 """
 from __future__ import annotations
 
-import logging
+import contextlib
 import os
+import re
+import sys
 import threading
 import weakref
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+from absl import logging
 
 from f2m_jax import trees
 from f2m_jax import workdir as workdir_lib
-
-
-# What orbax logs (as absl warnings) on every read-only manager, i.e. every --checkpoint, eval or
-# flatness run: notes on options it ignores for reading, nothing a user can act on.
-READ_ONLY_NOTES = ('CheckpointManagerOptions.read_only=True, setting ', 'Given directory is read only=')
-
-
-class _DropReadOnlyNotes(logging.Filter):
-
-  def filter(self, record: logging.LogRecord) -> bool:
-    return not str(record.msg).startswith(READ_ONLY_NOTES)
-
-
-logging.getLogger('absl').addFilter(_DropReadOnlyNotes())
 
 
 class CheckpointError(RuntimeError):
@@ -54,20 +45,66 @@ class CheckpointFault(CheckpointError):
 
 # Leaves that may hold NaN: a session's accuracies, where NaN stands for None (f2m_jax/sessions.py).
 MAY_BE_NAN = ("['accuracy']",)
+# The base model's record: its NCM accuracy on session 1's test images with its own prototypes, what
+# a restore computes again and compares (methods/common.py).
+RECORD = 'ncm_accuracy'
 
 
-def _cause(e: Exception, limit: int = 300) -> str:
-  """An exception as one line of at most `limit` characters (orbax's run over many lines)."""
+@contextlib.contextmanager
+def quiet_orbax():
+  """While active, orbax speaks only through the exceptions Checkpoints turns into one line: its
+  absl log (notes on every read-only manager; the tracebacks of a failed background write, which
+  reaches Checkpoints as an exception too) is off, and so is the 'Event loop is closed' that
+  tensorstore raises, unraisable, for each write still pending when a failed save's event loop has
+  closed (a full disk: dozens of tracebacks)."""
+  verbosity, hook = logging.get_verbosity(), sys.unraisablehook
+
+  def drop_closed_loop(unraisable):
+    if not (isinstance(unraisable.exc_value, RuntimeError) and str(unraisable.exc_value) == 'Event loop is closed'):
+      hook(unraisable)
+
+  logging.set_verbosity(logging.FATAL)
+  sys.unraisablehook = drop_closed_loop
+  try:
+    yield
+  finally:
+    logging.set_verbosity(verbosity)
+    sys.unraisablehook = hook
+
+
+def _cause(e: BaseException, limit: Optional[int] = None) -> str:
+  """What went wrong, as one line: the OS's reason in full and its file where an OSError is in the
+  exception's chain or tensorstore reports the OS's error code (a full disk under orbax's writes),
+  else the exception's own text (tensorstore's spec dump cut off; at most `limit` characters where
+  given: orbax's restore errors print whole trees)."""
+  seen = e
+  while seen is not None:
+    if isinstance(seen, OSError) and seen.strerror:
+      return f'{seen.strerror} ({seen.filename})' if seen.filename else seen.strerror
+    seen = seen.__cause__ or seen.__context__
   text = ' '.join(f'{type(e).__name__}: {e}'.split())
-  return text if len(text) <= limit else text[:limit] + ' ...'
+  failed = re.search(r'"([^"]+)": [^"]*\[os_error_code=\'(\d+)\'\]', text)  # tensorstore's: the file, the OS's errno
+  if failed:
+    return f'{os.strerror(int(failed[2]))} ({failed[1]})'
+  text = re.sub(r" \[(tensorstore_spec|source locations)=.*$", '', text)
+  return text if limit is None or len(text) <= limit else text[:limit] + ' ...'
 
 
-def _writable(directory: str, what: str) -> None:
-  """A CheckpointFault naming `directory` and the cause where it cannot take a checkpoint, before
-  orbax tries (its writes in the background would fail late, or hang)."""
-  why = workdir_lib.writable_folder(directory)
-  if why:
-    raise CheckpointFault(f'cannot write the {what} into {directory}: {why}')
+def _write_fault(what: str, path: str, e: BaseException) -> CheckpointFault:
+  """The one line of a checkpoint that could not be written, and what to do."""
+  blocker = workdir_lib.file_in_the_way(path)
+  if blocker:
+    return CheckpointFault(f'cannot write the {what} checkpoint {path}: {blocker} is a file where a folder '
+                           'should be; move it away, then rerun the same command')
+  return CheckpointFault(f'cannot write the {what} checkpoint {path}: {_cause(e)}; fix that, then rerun the same '
+                         'command: it resumes from the last complete checkpoint')
+
+
+def _check_folder(directory: str) -> None:
+  """A CheckpointFault where a file stands in place of the checkpoint folder `directory`."""
+  if os.path.lexists(directory) and not os.path.isdir(directory):
+    raise CheckpointFault(f'{directory} is a file where a checkpoint folder should be; move it away, then rerun '
+                          'the same command')
 
 
 # Every manager of this process that writes in the background, and a lock held through each save's
@@ -93,11 +130,11 @@ def _manager(directory: str, keep: Optional[int], read_only: bool = False,
   # In the background on one process only: with several, orbax's per-save barriers of concurrent
   # managers (a member sweep saves S workdirs at once) could meet in another order on each process.
   background = background and not read_only and jax.process_count() == 1
-  if not read_only:
-    _writable(directory, 'checkpoints')
-  options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=not read_only, read_only=read_only,
-                                         enable_async_checkpointing=background)
-  manager = ocp.CheckpointManager(os.path.abspath(directory), options=options)
+  _check_folder(directory)
+  options = ocp.CheckpointManagerOptions(max_to_keep=None if read_only else keep, create=not read_only,
+                                         read_only=read_only, enable_async_checkpointing=background)
+  manager = ocp.CheckpointManager(os.path.abspath(directory), options=options,
+                                  item_handlers=ocp.StandardCheckpointHandler())  # so item_metadata reads the tree
   if background:
     _BACKGROUND.add(manager)
   return manager
@@ -126,7 +163,11 @@ class Checkpoints:
     self.root = os.path.join(workdir, 'checkpoints')
     if read_only and not os.path.isdir(os.path.join(self.root, 'model')):
       raise CheckpointError(f'{workdir} has no base model checkpoint ({self.root}/model)')
+    for name in os.listdir(self.root) if os.path.isdir(self.root) else ():  # every kind is a folder
+      if name != 'config.json':
+        _check_folder(os.path.join(self.root, name))
     self._read_only = read_only
+    self._in_flight = []  # (manager, step, what, then) of the saves not yet known to be complete
     self._base = _manager(os.path.join(self.root, 'base'), keep, read_only, background=True)
     self._model = _manager(os.path.join(self.root, 'model'), None, read_only)
     self._runs = {}
@@ -140,17 +181,29 @@ class Checkpoints:
     return os.path.isdir(self.root) and any(n.startswith('run_') and os.listdir(os.path.join(self.root, n))
                                             for n in os.listdir(self.root))
 
-  @staticmethod
-  def _restore(manager: ocp.CheckpointManager, step: int, template: Any, what: str, advice: str):
+  def _settle(self, manager: Optional[ocp.CheckpointManager] = None) -> None:
+    """Waits for the saves in flight (of `manager` only, where given): a CheckpointFault naming the
+    first that failed, whichever later call of orbax's raised it; each complete save's `then` runs."""
+    for entry in [e for e in self._in_flight if manager is None or e[0] is manager]:
+      self._in_flight.remove(entry)
+      saved_by, step, what, then = entry
+      try:
+        saved_by.wait_until_finished()
+      except Exception as e:  # pylint: disable=broad-except  (orbax raises many types)
+        raise _write_fault(what, os.path.join(str(saved_by.directory), str(step)), e) from e
+      if then is not None:
+        then()
+
+  def _restore(self, manager: ocp.CheckpointManager, step: int, template: Any, what: str, advice: str):
     """The checkpoint `step` of `manager` in the shapes of `template`; a CheckpointFault naming it
     (with `advice`: what to do that works) where it cannot be read or holds NaN or inf, a
     CheckpointError where its arrays have other shapes (another network or data)."""
     path = os.path.join(str(manager.directory), str(step))
-    manager.wait_until_finished()
+    self._settle(manager)
     try:
       out = manager.restore(step, args=ocp.args.StandardRestore(template))
     except Exception as e:  # orbax raises many types for truncated or corrupt files
-      raise CheckpointFault(f'cannot restore the {what} checkpoint {path} ({_cause(e)}): it is missing, '
+      raise CheckpointFault(f'cannot restore the {what} checkpoint {path} ({_cause(e, 300)}): it is missing, '
                             f'truncated or corrupt; {advice}') from e
     other = [f'{jax.tree_util.keystr(k)} {np.shape(o)} there, {np.shape(t)} here' for (k, o), t in
              zip(jax.tree_util.tree_flatten_with_path(out)[0], jax.tree_util.tree_leaves(template))
@@ -165,24 +218,28 @@ class Checkpoints:
                             f'corrupt; {advice}')
     return out
 
-  @staticmethod
-  def _save(manager: ocp.CheckpointManager, step: int, item: Any, what: str) -> None:
-    """Saves `item` as `step`; a CheckpointFault naming the folder and the cause where it cannot."""
-    _writable(str(manager.directory), f'{what} checkpoint')
+  def _save(self, manager: ocp.CheckpointManager, step: int, item: Any, what: str,
+            then: Optional[Callable[[], None]] = None) -> None:
+    """Saves `item` as `step` (in the background where `manager` writes so), then `then()` once it
+    is complete: a CheckpointFault naming that checkpoint where it cannot be written."""
+    self._settle(manager)
     try:
       with _SAVING:
         manager.save(step, args=ocp.args.StandardSave(item), force=True)
-    except Exception as e:
-      raise CheckpointFault(f'cannot write the {what} checkpoint {manager.directory}/{step}: {_cause(e)}') from e
+    except Exception as e:  # pylint: disable=broad-except  (orbax raises many types)
+      raise _write_fault(what, os.path.join(str(manager.directory), str(step)), e) from e
+    self._in_flight.append((manager, step, what, then))
+    if manager not in (self._base, *self._runs.values()):  # written already: its `then` runs now
+      self._settle(manager)
 
   # Base training state.
   def latest_base_step(self) -> Optional[int]:
-    self._base.wait_until_finished()
+    self._settle(self._base)
     return self._base.latest_step()
 
   def base_steps(self) -> list:
     """The base train states' steps, in order."""
-    self._base.wait_until_finished()
+    self._settle(self._base)
     return sorted(self._base.all_steps())
 
   def save_base_state(self, step: int, state: Any) -> None:
@@ -219,20 +276,32 @@ class Checkpoints:
     return self._restore(manager, manager.latest_step(), _to_numpy(template), 'best base model',
                          'the best model so far cannot be recovered; start again with a new --workdir')
 
-  # Base model phi* and base prototypes.
+  # Base model phi* and base prototypes, with its record (`RECORD`, methods/common.py).
   def has_model(self) -> bool:
     return self._model.latest_step() is not None
 
-  def save_model(self, params, batch_stats, prototypes: np.ndarray) -> None:
-    item = {'params': params, 'batch_stats': batch_stats, 'prototypes': prototypes}
+  def save_model(self, params, batch_stats, prototypes: np.ndarray, record: Optional[float] = None) -> None:
+    """The base model; `record`: the accuracy a restore checks it against (methods/common.py)."""
+    self._settle()  # every base train state first: the base model marks base training as done
+    item = {'params': params, 'batch_stats': batch_stats, 'prototypes': prototypes,
+            **({} if record is None else {RECORD: np.asarray(record, np.float64)})}
     self._save(self._model, 0, _to_numpy(item), 'base model')
 
-  def restore_model(self, template) -> dict:
+  def restore_model(self, template, with_record: bool = False):
+    """{'params', 'batch_stats', 'prototypes'} of the base model in the shapes of `template`; with
+    `with_record`, (that, its record or None: models saved before records were kept hold none)."""
     if not self.has_model():
       raise CheckpointError(f'no base model checkpoint in {self._model.directory}')
-    return self._restore(self._model, 0, _to_numpy(template), 'base model', self._model_advice())
+    try:
+      recorded = RECORD in self._model.item_metadata(0)
+    except Exception:  # pylint: disable=broad-except  (unreadable: the restore below names it)
+      recorded = True
+    template = {**template, **({RECORD: np.zeros((), np.float64)} if recorded else {})}
+    model = self._restore(self._model, 0, _to_numpy(template), 'base model', self.model_advice())
+    record = model.pop(RECORD, None)
+    return (model, None if record is None else float(record)) if with_record else model
 
-  def _model_advice(self) -> str:
+  def model_advice(self) -> str:
     """What works where the base model cannot be read: it has no earlier version; it can be computed
     again from the last base train state, if one is kept (the sessions, computed on it, go too)."""
     step = self.latest_base_step()
@@ -250,21 +319,32 @@ class Checkpoints:
 
   # Incremental sessions.
   def sessions_done(self, run: int) -> list:
-    self._run(run).wait_until_finished()
+    self._settle(self._run(run))
     return sorted(self._run(run).all_steps())
 
-  def save_session(self, run: int, session: int, item: dict) -> None:
-    self._save(self._run(run), session, _host_copy(item), f'run {run} session {session}')
+  def save_session(self, run: int, session: int, item: dict, then: Optional[Callable[[], None]] = None) -> None:
+    """Saves a session (in the background); `then()` (its metrics line) once the save is complete."""
+    self._settle()  # the sessions before it first (another run's last one), so their `then`s keep their order
+    self._save(self._run(run), session, _host_copy(item), f'run {run} session {session}', then)
 
   def restore_session(self, run: int, session: int, template: dict) -> dict:
-    advice = (f'delete that folder and those of the later sessions of run {run} (and move a finished run\'s '
-              'results.json away), then run without --mode eval to compute them again')
-    return self._restore(self._run(run), session, _to_numpy(template), f'run {run} session {session}', advice)
+    return self._restore(self._run(run), session, _to_numpy(template), f'run {run} session {session}',
+                         self.session_advice(run))
+
+  @staticmethod
+  def session_advice(run: int) -> str:
+    return (f'delete that folder and those of the later sessions of run {run} (and move a finished run\'s '
+            'results.json away), then run without --mode eval to compute them again')
 
   def close(self) -> None:
-    """Waits for the saves in flight, then releases the managers."""
-    for m in [self._base, self._model, *self._runs.values(), *([self._best] if hasattr(self, '_best') else [])]:
-      m.close()
+    """Waits for the saves in flight (a CheckpointFault naming one that failed), then releases the
+    managers."""
+    try:
+      self._settle()
+    finally:
+      for m in [self._base, self._model, *self._runs.values(), *([self._best] if hasattr(self, '_best') else [])]:
+        with contextlib.suppress(Exception):  # a failed save is reported by _settle, once
+          m.close()
 
 
 class _Training:

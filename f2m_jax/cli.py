@@ -13,7 +13,6 @@ from typing import Optional
 import jax
 import ml_collections
 from absl import flags
-from absl import logging
 from ml_collections import config_flags
 
 from f2m_jax import bench
@@ -26,10 +25,10 @@ from f2m_jax import report
 from f2m_jax import sharding
 from f2m_jax import stopping
 from f2m_jax import workdir as workdir_lib
-from f2m_jax.checkpoint import CheckpointError, CheckpointFault
+from f2m_jax.checkpoint import CheckpointError, CheckpointFault, quiet_orbax
 from f2m_jax.data import sources
 from f2m_jax.experiment import Interrupted, TrainingError
-from f2m_jax.workdir import WorkdirError, flat_items
+from f2m_jax.workdir import WorkdirError, describe_os_error, flat_items
 
 USER_ERRORS = (ValueError, FileNotFoundError, CheckpointError, WorkdirError)
 
@@ -41,9 +40,8 @@ def main(config, workdir: str, mode: str, checkpoint=None, origin=None, dry_run:
   those fields (f2m_jax/pipeline.py: resolve), and it goes into the start-up line and the records.
   SIGINT and SIGTERM stop a run at its next step or session boundary, or within seconds where none
   comes (f2m_jax/stopping.py; exit code 130)."""
-  logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
   at_once = '--dry-run' if dry_run else '' if mode in ('train', 'eval') else f'--mode {mode}'
-  with stopping.stopping(at_once=at_once) as stop:
+  with quiet_orbax(), stopping.stopping(at_once=at_once) as stop:
     return stop.exit(run_mode(config, workdir, ('time_step' if time_step else 'dry_run') if dry_run else mode,
                               checkpoint, origin, stop.hook))
 
@@ -79,7 +77,7 @@ def run_mode(config, workdir: str, mode: str, checkpoint, origin, hook) -> int:
   except (Interrupted, KeyboardInterrupt) as e:
     return message(f'{e or "interrupted"}; {stopping.RESUME}', stopping.EXIT_CODE)
   except OSError as e:  # the file system refused a write or read that the checks could not foresee
-    return message(f'error: {type(e).__name__}: {e}', 3)
+    return message(f'error: {describe_os_error(e)}', 3)
 
 
 def message(line: str, code: int) -> int:

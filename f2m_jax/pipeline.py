@@ -209,7 +209,10 @@ def compute(exp: Experiment, workdir: str, mode: str, checkpoint: Optional[str],
     per_run, norms = run_sessions(exp, runner, ckpts, log, train=(mode != 'eval'), hook=hook)
     base_info = dict((base_source or {}).get('selection') or selection_info(config, source or ckpts))
   finally:
-    ckpts.close()  # also when stopped: the checkpoints written in the background are completed
+    try:
+      ckpts.close()  # also when stopped: the checkpoints written in the background are completed
+    finally:
+      log.close()
   results = evaluation.build_results(bench.name, config.method, config.data.protocol,
                                      [bench.num_seen_classes(t) for t in range(1, bench.num_sessions + 1)],
                                      per_run, norms if all(n is not None for n in norms) else None)
@@ -218,7 +221,6 @@ def compute(exp: Experiment, workdir: str, mode: str, checkpoint: Optional[str],
   results['provenance'] = run_provenance(config, earlier + [wall], origin, base_source)
   log.write(phase='done', mode=mode, wall_time_s=wall,
             base_checkpoint=os.path.abspath(checkpoint) if checkpoint else None)
-  log.close()
   return results
 
 
@@ -294,6 +296,7 @@ def run_flatness(config: ml_collections.ConfigDict, workdir: str, checkpoint: Op
   config = effective(config, (origin or {}).get('changes'))
   workdir_lib.check_records(workdir, config.to_dict(), registry.method_sections(), source_path(checkpoint))
   validate(config)
+  workdir_lib.check_output_folder(workdir)
   bench = sources.load_benchmark(config)
   exp = Experiment.create(config, bench)
   ckpts = Checkpoints(checkpoint or workdir, read_only=True)

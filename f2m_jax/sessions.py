@@ -63,7 +63,8 @@ def saved_sessions(ckpts: Checkpoints, run: int) -> set:
 
 def train_session(method: str, runner, ckpts: Checkpoints, log, state, run: int, session: int,
                   exemplars: np.ndarray) -> tuple:
-  """(state, accuracies) of `run` after training `session`; saved, then logged. A TrainingError,
+  """(state, accuracies) of `run` after training `session`; saved, and logged once the save is
+  complete (a session whose save failed has no metrics line). A TrainingError,
   before anything is saved, where the state, its accuracies or the training's metrics hold NaN or
   inf (every method's sessions come through here)."""
   state, info = runner.update(state, run, session, exemplars)
@@ -75,15 +76,15 @@ def train_session(method: str, runner, ckpts: Checkpoints, log, state, run: int,
                         f'{session}; it was not saved, the last good checkpoint ({kept}) is kept')
   ckpts.save_session(run, session, {**runner.item(state), 'exemplars': exemplars,
                                     'accuracy': np.asarray([np.nan if acc[k] is None else acc[k]
-                                                            for k in ACCURACY_KEYS], np.float64)})
-  log.write(phase='session', run=run, session=session, **info, **acc)
+                                                            for k in ACCURACY_KEYS], np.float64)},
+                     then=lambda: log.write(phase='session', run=run, session=session, **info, **acc))
   return state, acc
 
 
 def restore_session(runner, ckpts: Checkpoints, run: int, session: int, exemplars: np.ndarray) -> tuple:
   """(state, accuracies) of `run` after `session`, restored: the accuracies computed again from the
-  state (never taken on trust from the file), each difference from those saved beside it printed; a
-  CheckpointFault where its exemplars are not those the protocol gives now."""
+  state (never taken on trust from the file); a CheckpointFault where they differ from those saved
+  beside them, or where its exemplars are not those the protocol gives now."""
   saved = ckpts.restore_session(run, session, {**runner.template(session), 'exemplars': exemplars,
                                                 'accuracy': np.zeros((len(ACCURACY_KEYS),), np.float64)})
   if not np.array_equal(saved['exemplars'], exemplars):
@@ -95,6 +96,7 @@ def restore_session(runner, ckpts: Checkpoints, run: int, session: int, exemplar
   again = runner.accuracies(state, session)
   if any(again[k] != acc[k] for k in ACCURACY_KEYS):  # the checkpoint holds these (not acc_sessions)
     differ = ', '.join(f'{k} {again[k]} (saved {acc[k]})' for k in ACCURACY_KEYS if again[k] != acc[k])
-    print(f'run {run} session {session}: the accuracies computed again from {ckpts.root}/run_{run}/{session} '
-          f'differ from those saved in it: {differ}', flush=True)
+    raise CheckpointFault(f'run {run} session {session}: the accuracies computed again from '
+                          f'{ckpts.root}/run_{run}/{session} differ from those saved in it ({differ}): the '
+                          f'checkpoint (or the base model) changed since it was saved; {ckpts.session_advice(run)}')
   return state, again

@@ -3,6 +3,7 @@ produced is overwritten: a workdir started with another result-relevant config i
 from __future__ import annotations
 
 import csv
+import errno
 import fcntl
 import io
 import json
@@ -148,6 +149,28 @@ def writable_folder(path: str) -> Optional[str]:
   return None
 
 
+def file_in_the_way(path: str) -> Optional[str]:
+  """The file that stands where `path`, or a folder above it, should be a folder; None where none
+  does."""
+  parts = os.path.abspath(path).split(os.sep)
+  for i in range(2, len(parts) + 1):
+    prefix = os.sep.join(parts[:i])
+    if os.path.lexists(prefix) and not os.path.isdir(prefix):
+      return prefix
+    if not os.path.lexists(prefix):
+      return None
+  return None
+
+
+def describe_os_error(e: OSError) -> str:
+  """An OSError as the one line a user acts on: a file where a folder should be is named, with
+  what to do; otherwise the OS's reason in full and the file."""
+  blocker = file_in_the_way(e.filename) if e.filename and e.errno in (errno.ENOTDIR, errno.EEXIST) else None
+  if blocker:
+    return f'{blocker} is a file where a folder should be; move it away, then rerun the same command'
+  return f'{e.strerror or e}' + (f': {e.filename}' if e.filename else '')
+
+
 def check_folders(workdir: str) -> None:
   """A WorkdirError unless the workdir and the folders a run writes in it (checkpoints, tensorboard)
   are writable folders, or absent (the workdir's parent then takes a new folder); creates none of
@@ -158,6 +181,17 @@ def check_folders(workdir: str) -> None:
     if why:
       raise WorkdirError(f'cannot write into {path}: {why}. Make it a folder this user can write, or use '
                          'another --workdir')
+
+
+def check_output_folder(path: str) -> None:
+  """check_folders' WorkdirError for a folder a mode writes its file into at the end (bench,
+  flatness), before the work; creates nothing."""
+  blocker = file_in_the_way(path)
+  if blocker:
+    raise WorkdirError(f'cannot write into {path}: {blocker} is a file, not a folder. Move it away, or use '
+                       'another --workdir')
+  if os.path.isdir(path):
+    check_folders(path)
 
 
 class Lock:

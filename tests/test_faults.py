@@ -242,8 +242,8 @@ def flipped(tree):
 @pytest.mark.parametrize('folder', ['run_0/3', 'model/0'])
 @pytest.mark.parametrize('change', [with_nan, flipped], ids=['nan', 'finite'])
 def test_eval_of_a_changed_checkpoint_is_never_reproduced(reference, tmp_path, capsys, folder, change):
-  """A checkpoint holding NaN is named (exit 3); one whose values changed but stay finite (the
-  accuracies it stores kept) is computed again and differs."""
+  """A checkpoint holding NaN is named (exit 3); so is one whose values changed but stay finite (the
+  accuracies it stores kept): its accuracies, computed again, differ from those it records."""
   workdir = copy_of(reference, tmp_path)
   rewrite_checkpoint(os.path.join(workdir, 'checkpoints', folder), change)
   capsys.readouterr()
@@ -253,9 +253,11 @@ def test_eval_of_a_changed_checkpoint_is_never_reproduced(reference, tmp_path, c
   if change is with_nan:
     assert rc == 3 and f'{workdir}/checkpoints/{folder} holds NaN or inf' in out.err, out.err
     return
-  assert rc == 0 and f'evaluation differs from {workdir}/results.json' in out.out, out.out
+  assert rc == 3 and f'{workdir}/checkpoints/{folder}' in out.err, out.err  # its record no longer matches
   if folder == 'run_0/3':
-    assert f'run 0 session 3: the accuracies computed again from {workdir}/checkpoints/run_0/3 differ' in out.out
+    assert f'run 0 session 3: the accuracies computed again from {workdir}/checkpoints/run_0/3 differ' in out.err
+  else:
+    assert f'the base model checkpoint {workdir}/checkpoints/model/0: its accuracy' in out.err
 
 
 @pytest.mark.slow
@@ -277,6 +279,130 @@ def test_eval_of_flipped_bytes_fails_or_differs(reference, tmp_path, capsys, fol
   assert 'reproduced' not in out.out
   assert (rc == 3 and f'{workdir}/checkpoints/{folder}' in out.err) or (rc == 0 and 'evaluation differs' in out.out), \
       (rc, out.err[-2000:])
+
+
+def without_record(tree):
+  """The base model as saved before it carried a record of its accuracy."""
+  del tree['ncm_accuracy']
+  return tree
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('folder', ['run_0/3', 'model/0'])
+def test_a_resume_refuses_a_checkpoint_whose_accuracies_differ_from_its_record(reference, tmp_path, capsys, folder):
+  """Train mode restores what eval restores, with the same check: no results.json from a checkpoint
+  that disagrees with its own record (it wrote the recomputed numbers, exit 0)."""
+  workdir = copy_of(reference, tmp_path, unfinished=True)
+  rewrite_checkpoint(os.path.join(workdir, 'checkpoints', folder), flipped)
+  capsys.readouterr()
+  assert cli.main(tiny_config(), workdir, 'train') == 3
+  line = one_line_error(capsys)
+  assert f'{workdir}/checkpoints/{folder}' in line and 'delete ' in line, line
+  assert not os.path.exists(os.path.join(workdir, 'results.json'))
+
+
+@pytest.mark.slow
+def test_a_base_model_saved_without_a_record_is_used_and_said_once(reference, tmp_path, capsys):
+  workdir = copy_of(reference, tmp_path)
+  rewrite_checkpoint(os.path.join(workdir, 'checkpoints', 'model', '0'), without_record)
+  capsys.readouterr()
+  assert cli.main(tiny_config(), workdir, 'eval') == 0
+  out = capsys.readouterr().out
+  assert out.count('was saved without a record of its accuracy') == 1 and 'reproduced' in out, out
+
+
+def fail_rename(monkeypatch, part: str) -> None:
+  """os.rename of the temporary folder of checkpoint `part` (e.g. 'run_1/2') fails as on a full disk:
+  the last act of orbax's save, in its background thread for the sessions."""
+  rename = os.rename
+
+  def failing(src, dst, *args, **kwargs):
+    if '.orbax-checkpoint-tmp' in str(src) and str(dst).endswith(os.sep + part):
+      raise OSError(28, 'No space left on device', str(src))
+    return rename(src, dst, *args, **kwargs)
+
+  monkeypatch.setattr(os, 'rename', failing)
+
+
+@pytest.mark.slow
+def test_a_failed_background_write_is_one_line_naming_it_and_logs_nothing(reference, tmp_path, capfd, monkeypatch):
+  """The save of run 1 session 2 fails in the background; orbax raises it at the next save (session
+  3's). The one line names session 2 and the OS's reason, nothing else is printed, and neither session
+  has a metrics line (session 2's was written before its save was known to be complete)."""
+  workdir = copy_of(reference, tmp_path, unfinished=True)
+  run_1 = os.path.join(workdir, 'checkpoints', 'run_1')
+  shutil.rmtree(run_1)
+  metrics = os.path.join(workdir, 'metrics.jsonl')
+  before = lines_of(metrics, 'session')
+  fail_rename(monkeypatch, os.path.join('run_1', '2'))
+  capfd.readouterr()
+  assert cli.main(tiny_config(), workdir, 'train') == 3
+  err = [line for line in capfd.readouterr().err.splitlines() if line.strip()]
+  assert len(err) == 1 and err[0].startswith(f'error: cannot write the run 1 session 2 checkpoint {run_1}/2: '
+                                             'No space left on device ('), err
+  assert lines_of(metrics, 'session') == before
+
+
+def test_a_full_disk_under_tensorstore_is_the_oss_reason_and_the_file():
+  from f2m_jax import checkpoint  # pylint: disable=g-import-not-at-top
+  folder = '/w/checkpoints/run_0/3.orbax-checkpoint-tmp/default.orbax-checkpoint-tmp/ocdbt.process_0/'
+  e = ValueError(f'RESOURCE_EXHAUSTED: Error writing "trainable.layer3_1.conv2.kernel/0.0.0.0" in OCDBT database at '
+                 f'local file "{folder}": Failed writing: "{folder}d/8f5e": Failed to write 41591 bytes to file 15: No '
+                 "space left on device [os_error_code='28'] [tensorstore_spec='{\"context\":{}}'] "
+                 "[source locations='tensorstore/kvstore/file/file_key_value_store.cc:402']")
+  assert checkpoint._cause(e) == f'No space left on device ({folder}d/8f5e)'  # pylint: disable=protected-access
+
+
+def test_orbax_speaks_only_through_exceptions(tmp_path, caplog):
+  """What orbax logs (its notes on every read-only manager, a failed background write's tracebacks)
+  and tensorstore's 'Event loop is closed' after a failed write are off while a command runs."""
+  import sys  # pylint: disable=g-import-not-at-top
+  from absl import logging as absl_logging  # pylint: disable=g-import-not-at-top
+  from f2m_jax.checkpoint import quiet_orbax  # pylint: disable=g-import-not-at-top
+  ckpts = Checkpoints(str(tmp_path))
+  ckpts.save_model({'w': np.zeros(2, np.float32)}, {}, np.zeros((2, 2), np.float32))
+  ckpts.close()
+  seen = []
+  previous, sys.unraisablehook = sys.unraisablehook, lambda u: seen.append(str(u.exc_value))
+  try:
+    with caplog.at_level('INFO'), quiet_orbax():
+      Checkpoints(str(tmp_path), read_only=True).close()
+      absl_logging.error('Failed to run 3 Handler Commit operations')  # as orbax's background thread does
+      for text in ('Event loop is closed', 'another'):
+        sys.unraisablehook(type('U', (), {'exc_value': RuntimeError(text)})())
+  finally:
+    sys.unraisablehook = previous
+  assert not [r.getMessage() for r in caplog.records if r.name == 'absl'], caplog.records
+  assert seen == ['another']
+
+
+# ----------------------------------------------------------------------------- a file where a folder should be
+
+@pytest.mark.slow
+@pytest.mark.parametrize('mode', ['train', 'eval'])
+def test_a_file_in_place_of_a_checkpoint_folder_is_one_line(reference, tmp_path, capsys, mode):
+  workdir = copy_of(reference, tmp_path, unfinished=mode == 'train')
+  run_0 = os.path.join(workdir, 'checkpoints', 'run_0')
+  shutil.rmtree(run_0)
+  open(run_0, 'w').close()
+  capsys.readouterr()
+  assert cli.main(tiny_config(), workdir, mode) == 3
+  assert one_line_error(capsys) == (f'error: {run_0} is a file where a checkpoint folder should be; move it away, '
+                                    'then rerun the same command')
+
+
+def test_a_file_in_place_of_any_folder_is_named(tmp_path):
+  """Any folder a run writes (the cache's too), through the OSError the OS gives for it."""
+  blocker = tmp_path / 'cache'
+  blocker.write_text('')
+  for make in (lambda: os.makedirs(blocker / 'arrays' / 'cub200'), lambda: os.makedirs(blocker),
+               lambda: open(blocker / 'x.npy', 'w')):
+    with pytest.raises(OSError) as e:
+      make()
+    assert workdir_lib.describe_os_error(e.value) == (f'{blocker} is a file where a folder should be; move it '
+                                                      'away, then rerun the same command')
+  e = OSError(28, 'No space left on device', str(tmp_path / 'metrics.jsonl'))
+  assert workdir_lib.describe_os_error(e) == f'No space left on device: {tmp_path}/metrics.jsonl'
 
 
 # ----------------------------------------------------------------------------- 2. a diverged session stops
@@ -313,7 +439,10 @@ def test_a_checkpoint_that_cannot_be_written_fails_fast(reference, tmp_path, cap
     rc = cli.main(tiny_config(), workdir, 'train')
   assert rc == 3 and time.time() - start < 120
   line = one_line_error(capsys)
-  assert line.startswith(f'error: cannot write the checkpoints into {run_1}: '), line
+  if how == 'file':
+    assert line == f'error: {run_1} is a file where a checkpoint folder should be; move it away, then rerun the same command', line
+  else:
+    assert line.startswith(f'error: cannot write the run 1 session 2 checkpoint {run_1}/2: Read-only file system'), line
   with open(os.path.join(workdir, 'metrics.jsonl')) as f:
     new = [json.loads(line) for line in f.readlines()[lines:]]
   assert not [r for r in new if r['phase'] == 'session'] and not os.path.exists(os.path.join(workdir, 'results.json'))
@@ -333,7 +462,7 @@ def test_a_folder_that_turns_read_only_during_the_run_fails_fast(reference, tmp_
       stack.enter_context(read_only(run_1))
 
   start = time.time()
-  with stack, pytest.raises(CheckpointFault, match=f'cannot write the run 1 session 2 checkpoint into {run_1}: '):
+  with stack, pytest.raises(CheckpointFault, match=f'cannot write the run 1 session 2 checkpoint {run_1}/2: Read-only'):
     pipeline.run(tiny_config(), workdir, hook=hook)
   assert time.time() - start < 120
   assert lines_of(os.path.join(workdir, 'metrics.jsonl'), 'session') == before + 1  # run 0 session 3 only

@@ -200,18 +200,6 @@ def test_command_line_changes_are_in_the_sources_line(reference, tmp_path, capsy
   assert 'incremental.clamp' not in sources_line(ref_dir)
 
 
-@pytest.mark.slow
-def test_orbax_notes_on_reading_are_silenced_and_nothing_else(reference, caplog):
-  from absl import logging as absl_logging
-  from f2m_jax.checkpoint import Checkpoints
-  with caplog.at_level('WARNING'):
-    Checkpoints(reference[0], read_only=True).close()
-    absl_logging.warning('a warning of our own')
-  messages = [r.getMessage() for r in caplog.records]
-  assert not [m for m in messages if 'read_only' in m or 'read only' in m], messages
-  assert 'a warning of our own' in messages
-
-
 # ----------------------------------------------------------------------------- a workdir is enough
 
 @pytest.mark.slow

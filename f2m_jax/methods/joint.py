@@ -183,10 +183,10 @@ def crt_first_session(exp, ckpts, log, source=None, hook=None) -> dict:
   _need_source(source)
   template = common.base_model(exp, ckpts, log, source=source)  # the joint base model (with its prototypes)
   if ckpts.has_model():
-    return ckpts.restore_model(template)
+    return common.restore_base_model(exp, ckpts)
   pool = exp.bench.base_train
   retrained = retrain_classifier(exp, exp.model, template, pool, exp.key(5, 0, 1), (0, 1))
-  ckpts.save_model(retrained['params'], retrained['batch_stats'], template['prototypes'])
+  common.save_base_model(exp, ckpts, retrained, template['prototypes'])
   return {**retrained, 'prototypes': template['prototypes']}
 
 
