@@ -211,8 +211,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.compilation_cache = True
 
   # --mode bench (f2m_jax/bench.py); the values fit a CPU. On a GPU the scripts in experiments/ time more:
-  # M_list (1, 2, 4, 8), dtypes ('float32', 'bfloat16'), other_draw_map=True, member_sizes (1, 2, 4, 8),
-  # whole runs of 1,000 steps and 10 runs.
+  # M_list (1, 2, 4, 8), dtypes ('float32', 'bfloat16'), other_draw_map=True, member_sizes (1, 2, 4, 8).
   c.bench = ml_collections.ConfigDict()
   c.bench.M_list = (2, 4)
   c.bench.dtypes = ('float32',)
@@ -220,10 +219,6 @@ def base_config() -> ml_collections.ConfigDict:
   c.bench.warmup = 1
   c.bench.iters = 5
   c.bench.batch = 0  # 0: the base-session batch (base.ways x base.shots, or base.batch_size)
-  # Whole runs of F2M and the Baseline through the pipeline (0 steps: none): base steps/s, the
-  # incremental phase's wall time, compile time.
-  c.bench.whole_run_steps = 10
-  c.bench.whole_run_runs = 1
   # S runs' base steps in one program (a seed sweep, f2m_jax/members.py) against S single steps, for
   # every S here (() for none)
   c.bench.member_sizes = (1, 2, 4)

@@ -26,7 +26,7 @@ iters=${ITERS:-5}
 py=${PYTHON:-python3}
 config=${CONFIG:-configs/cifar100.py}
 mkdir -p "$out"
-common=(--mode bench "--config.bench.dtypes=()" --config.bench.whole_run_steps=0 --config.bench.iters="$iters"
+common=(--mode bench "--config.bench.dtypes=()" --config.bench.iters="$iters"
         --config.noise.M=2)
 if [[ $parts == *" members "* ]]; then
   for dtype in float32 bfloat16; do

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Issue 15's GPU targets (on one H200: bench and host steps 248 s, the full run 269 s; prepared on the
 # CPU with STEPS=20; results of 2026-11-27 in experiments/results/h200_gpu_targets/):
-#   1. --mode bench, the per-step table for F2M's default (M = 2, float32) and the whole runs
-#      (1,000 base steps of F2M and the Baseline through the pipeline, 10 runs of sessions);
+#   1. --mode bench, the per-step table for F2M's default (M = 2, float32) (the 2026-11-27 record
+#      also holds the bench's former whole runs, since removed: part 2 times the real run);
 #   2. a whole CIFAR-100 F2M run of the full protocol's shapes on `trainsplit` (STEPS base
 #      iterations, default 30,003 with the rate cut at 15,000 as in the original, then 10 x 8
 #      sessions): its base steps/s, incremental phase and wall time, from its metrics.jsonl.
@@ -25,11 +25,9 @@ runs=${RUNS:-10}
 parts=" ${PARTS:-bench full} "
 py=${PYTHON:-python3}
 mkdir -p "$out"
-bench_extra=(--config.bench.whole_run_steps="${STEPS:-1000}" --config.bench.whole_run_runs="$runs")
 if [[ $parts == *" bench "* ]]; then
 $py run.py --config configs/cifar100.py:trainsplit --mode bench --workdir "$out/bench" \
-    --config.bench.M_list='(2,)' --config.bench.dtypes="('float32',)" ${bench_extra[@]+"${bench_extra[@]}"} \
-    2>&1 | tee "$out/bench.log"
+    --config.bench.M_list='(2,)' --config.bench.dtypes="('float32',)" 2>&1 | tee "$out/bench.log"
 fi
 full_run() {  # the whole F2M run into $out/$1, then its summary line from metrics.jsonl
 time $py run.py --config configs/cifar100.py:trainsplit --workdir "$out/$1" \

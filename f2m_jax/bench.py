@@ -2,12 +2,12 @@
 the very program a run calls, at the config's base.steps_per_call steps a call) and the sessions'
 programs, on random data of the config's shapes: the variants of the base step (plain, f2m_naive,
 f2m_shared[_<other draw_map>]) for each M and compute dtype, one incremental step and the evaluation's
-embedding; then S runs in one program for each S of bench.member_sizes, and whole runs of F2M and the
-Baseline through the pipeline. A base call's time is divided by its steps.
+embedding; then S runs in one program for each S of bench.member_sizes. A base call's time is divided
+by its steps. (A whole run's times are in its metrics.jsonl: experiments/gpu_targets.sh reads them.)
 
-The records go to W/bench.json as {'provenance': ..., 'records': [...], 'whole_runs': [...],
-'members': [...]} (never overwriting one: then W/bench_<timestamp>.json). No dataset is read: images
-are random uint8 of the dataset's size, labels cover the base classes.
+The records go to W/bench.json as {'provenance': ..., 'records': [...], 'members': [...]} (never
+overwriting one: then W/bench_<timestamp>.json). No dataset is read: images are random uint8 of the
+dataset's size, labels cover the base classes.
 """
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ import dataclasses
 import json
 import os
 import statistics
-import tempfile
 import time
 from typing import Callable, Optional, Sequence
 
@@ -28,15 +27,12 @@ from f2m_jax import base as base_lib
 from f2m_jax import evaluator
 from f2m_jax import incremental
 from f2m_jax import pipeline
-from f2m_jax import registry
 from f2m_jax import sharding
 from f2m_jax import trees
 from f2m_jax import train_loop
 from f2m_jax import workdir as workdir_lib
-from f2m_jax.checkpoint import Checkpoints
 from f2m_jax.experiment import Experiment
 from f2m_jax.methods import ncm
-from f2m_jax.sessions import run_sessions
 from f2m_jax.data.types import Benchmark, Split, sessions_from_counts
 
 # What a bench needs of each dataset (docs/method.md, 'The problem'): image size, base classes, sessions, way,
@@ -270,56 +266,12 @@ def output_path(workdir: str) -> str:
   return path
 
 
-def whole_run(config: ml_collections.ConfigDict, method: str, steps: int, runs: int) -> dict:
-  """Times `method` end to end through the pipeline on random data of the config's shapes: `steps`
-  base steps and `runs` runs of every incremental session, in a temporary workdir. The config's LR
-  schedule is kept (it does not change a step's time): its train program is then the one a real run
-  of the config compiles."""
-  cfg = ml_collections.ConfigDict(config.to_dict())
-  cfg.method, cfg.runs, cfg.tensorboard, cfg.model.pretrained = method, runs, False, ''
-  cfg.base.update(steps=steps, log_every=steps, checkpoint_every=steps, select_on_test=False)
-  cfg = pipeline.resolve(cfg, reads_data=False)
-  s = dataset_shapes(cfg)
-  per_class = max(cfg.base.shots, cfg.data.shots, -(-base_batch(cfg) // s['num_base']))
-  exp = Experiment.create(cfg, random_benchmark(cfg, s['num_classes'] * per_class, s['num_classes'] * 10))
-  stamps = {}
-  hook = lambda phase, **_: stamps.setdefault(phase, []).append(time.perf_counter())
-  with tempfile.TemporaryDirectory() as tmp:
-    ckpts, log = Checkpoints(tmp), workdir_lib.MetricsLog(tmp)
-    t0 = time.perf_counter()
-    m = registry.get(method)
-    first = m.first_session(exp, ckpts, log, None, hook)
-    t1 = time.perf_counter()
-    run_sessions(exp, m.runner(exp, first, ckpts, None, log), ckpts, log, hook=hook)
-    t2 = time.perf_counter()
-    ckpts.close()
-  base_steps, sessions = stamps['base_step'], stamps['session']
-  per_call = train_loop.steps_per_call(cfg.base, False)  # steps come back a call at a time: the rate
-  return dict(method=method, steps=steps, runs=runs, batch=base_batch(cfg), steps_per_call=per_call,  # is timed
-              first_step_s=round(base_steps[per_call - 1] - t0, 2),  # from the end of the first call
-              base_steps_per_s=(round((steps - per_call) / (base_steps[-1] - base_steps[per_call - 1]), 2)
-                                if steps > per_call else None),
-              base_phase_s=round(t1 - t0, 2), incremental_s=round(t2 - t1, 2),
-              incremental_after_first_session_s=round(sessions[-1] - sessions[0], 2),
-              sessions=len(sessions), choices=backend.used(cfg), device=backend.devices())
-
-
-def format_whole_runs(rows: Sequence[dict]) -> str:
-  lines = [f"{'whole run':<10} {'steps':>6} {'/call':>5} {'runs':>4} {'1st call s':>10} {'steps/s':>8} "
-           f"{'base s':>8} {'sessions s':>10} {'w/o 1st':>8}"]
-  for r in rows:
-    rate = '-' if r['base_steps_per_s'] is None else f"{r['base_steps_per_s']:.2f}"
-    lines.append(f"{r['method']:<10} {r['steps']:>6} {r['steps_per_call']:>5} {r['runs']:>4} "
-                 f"{r['first_step_s']:>10.1f} {rate:>8} "
-                 f"{r['base_phase_s']:>8.1f} {r['incremental_s']:>10.1f} "
-                 f"{r['incremental_after_first_session_s']:>8.1f}")
-  return '\n'.join(lines)
-
-
-def run(config: ml_collections.ConfigDict, workdir: str) -> list:
-  """Runs every variant for every dtype of config.bench.dtypes, the member table and the whole runs;
-  writes the JSON; returns the records."""
-  config = pipeline.resolve(config, reads_data=False)
+def run(config: ml_collections.ConfigDict, workdir: str, origin: Optional[dict] = None) -> list:
+  """Runs every variant for every dtype of config.bench.dtypes and the member table; writes the JSON;
+  returns the records. `origin` (the --config argument and its changes, as `pipeline.run`'s): no
+  method's presets replace the fields changed on the command line, and bench.json records it."""
+  config = pipeline.resolve(config, (origin or {}).get('changes'), reads_data=False)
+  workdir_lib.check_output_folder(workdir)
   mesh = sharding.data_mesh()
   print(f'bench on {backend.devices()}, {os.cpu_count()} CPU cores; {backend.used(config)}', flush=True)
   records = []
@@ -332,14 +284,10 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> list:
     member_records = time_cases(member_cases(config, mesh), config.model.dtype, config.bench.warmup,
                                 config.bench.iters)
     print(format_members(member_records), flush=True)
-  whole = []
-  if config.bench.whole_run_steps > 0:
-    whole = [whole_run(config, m, config.bench.whole_run_steps, config.bench.whole_run_runs)
-             for m in ('f2m', 'baseline')]
-    print(format_whole_runs(whole), flush=True)
   os.makedirs(workdir, exist_ok=True)
   path = output_path(workdir)
-  workdir_lib.atomic_write(path, json.dumps({'provenance': workdir_lib.provenance(config.to_dict()), 'records': records,
-                                             'whole_runs': whole, 'members': member_records}, indent=1))
+  provenance = {**workdir_lib.provenance(config.to_dict()), **({'origin': origin} if origin else {})}
+  workdir_lib.atomic_write(path, json.dumps({'provenance': provenance, 'records': records, 'members': member_records},
+                                            indent=1))
   print(f'bench records written to {path}', flush=True)
   return records

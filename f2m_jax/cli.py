@@ -62,7 +62,7 @@ def run_mode(config, workdir: str, mode: str, checkpoint, origin, hook) -> int:
     elif mode == 'flatness':
       pipeline.run_flatness(config, workdir, checkpoint, origin=origin)
     elif mode == 'bench':
-      bench.run(config, workdir)
+      bench.run(config, workdir, origin)
     elif mode in ('dry_run', 'time_step'):
       print(dry_run_lib.describe(config, origin, time_step=mode == 'time_step'), flush=True)
     else:

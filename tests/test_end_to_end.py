@@ -4,7 +4,6 @@ import os
 import subprocess
 import sys
 
-import ml_collections
 import pytest
 
 from conftest import REPO, far_above_chance
@@ -150,27 +149,9 @@ def test_workdir_of_another_config_is_refused(smoke_run):
   assert open(os.path.join(workdir, 'results.json')).read() == before
 
 
-@pytest.mark.slow
-def test_bench_whole_runs_time_the_pipeline(smoke_run, smoke_config):
-  """--mode bench's whole runs through the pipeline's own loops: F2M and the Baseline, 2 calls of 2
-  steps each, what each 'auto' became recorded."""
-  from f2m_jax import bench
-  two = ml_collections.ConfigDict(smoke_config.to_dict())
-  two.base.steps_per_call = 2
-  rows = [bench.whole_run(two, 'f2m', 4, 1), bench.whole_run(two, 'baseline', 4, 1)]
-  for r in rows:
-    assert (r['steps'], r['runs'], r['sessions'], r['batch']) == (4, 1, 8, 80)
-    assert r['base_steps_per_s'] > 0 and r['first_step_s'] > 0
-    assert r['base_phase_s'] >= r['first_step_s'] and r['incremental_s'] >= r['incremental_after_first_session_s'] > 0
-    assert r['choices'] == {'noise.draw_map': 'unroll', 'model.conv_backward': 'cpu'}
-  table = bench.format_whole_runs(rows).splitlines()
-  assert len(table) == 3 and table[1].startswith('f2m') and table[2].startswith('baseline')
-  assert [r['steps_per_call'] for r in rows] == [2, 2]
-
-
-def test_bench_whole_runs_need_no_data_folder(monkeypatch):
-  """The whole runs train on random data of the config's shapes, so a dataset config without its data
-  folder (here trainsplit, F2M_DATA_DIR unset) resolves for them; training itself still refuses it."""
+def test_bench_needs_no_data_folder(monkeypatch):
+  """--mode bench times random data of the config's shapes, so a dataset config without its data
+  folder (here trainsplit, F2M_DATA_DIR unset) resolves for it; training itself still refuses it."""
   from configs import cifar100
   monkeypatch.delenv('F2M_DATA_DIR', raising=False)
   config = cifar100.get_config('trainsplit')
@@ -208,6 +189,20 @@ def test_validation_protocol_run_never_reads_a_test_image(tmp_path, monkeypatch)
   monkeypatch.setattr(sources, '_load', poisoned)
   other = pipeline.run(config, str(tmp_path / 'poisoned'))
   assert [s['acc'] for s in other['sessions']] == [s['acc'] for s in clean['sessions']]
+
+
+def test_bench_keeps_the_command_lines_values_and_records_them(tmp_path, smoke_config):
+  """--config.method=baseline --config.noise.enabled=True benches the Baseline with noise, as every
+  other mode runs it (the Baseline's presets turned the noise off), and bench.json records the origin."""
+  from f2m_jax import cli
+  smoke_config.method, smoke_config.noise.enabled = 'baseline', True
+  smoke_config.bench.update(dtypes=(), member_sizes=())  # nothing timed: the config and the record only
+  origin = {'config': 'configs/cifar100.py:smoke', 'changes': {'method': 'baseline', 'noise.enabled': True}}
+  assert cli.main(smoke_config, str(tmp_path / 'b'), 'bench', origin=origin) == 0
+  with open(tmp_path / 'b' / 'bench.json') as f:
+    provenance = json.load(f)['provenance']
+  assert provenance['config']['noise']['enabled'] is True and provenance['config']['base']['sampler'] == 'shuffle'
+  assert provenance['origin'] == origin
 
 
 def test_bench_takes_the_shapes_of_your_own_folder_from_its_layout():

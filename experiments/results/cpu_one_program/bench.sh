@@ -13,7 +13,7 @@ for r in $(seq 1 "$rounds"); do
     w="$out/bench_${label}_$r"
     rm -rf "$w"
     (cd "$src" && python3 run.py --config "$config" --mode bench --workdir "$w" "--config.bench.M_list=(2,)" \
-        "--config.bench.dtypes=('float32',)" "--config.bench.member_sizes=(1,2,4)" --config.bench.whole_run_steps=0 \
+        "--config.bench.dtypes=('float32',)" "--config.bench.member_sizes=(1,2,4)" \
         --config.bench.iters=7 ${EXTRA:-} > "$w.log" 2>&1)
     python3 - "$w" "$label" "$r" >> "$out/bench.jsonl" <<'PY'
 import glob, json, sys
