@@ -9,6 +9,7 @@ choice is here only because a measured figure shows its speed on the backend tha
 from __future__ import annotations
 
 import functools
+import os
 
 import jax
 import ml_collections
@@ -54,6 +55,21 @@ def resolve(config: ml_collections.ConfigDict, backend: str = '') -> ml_collecti
 def used(config) -> dict:
   """{field: value} of the choices in an (effective) config, for the records."""
   return {field: _get(config, field) for field in CHOICES}
+
+
+def available_memory() -> tuple:
+  """(bytes the host has available, bytes each device has, or None on a CPU, whose devices are the
+  host's memory): for the memory estimate (f2m_jax/memory.py)."""
+  host = None
+  if os.path.exists('/proc/meminfo'):
+    with open('/proc/meminfo') as f:
+      fields = dict(line.split(':', 1) for line in f)
+    host = int(fields.get('MemAvailable', '0 kB').split()[0]) * 1024 or None
+  host = host or os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES')
+  first = jax.local_devices()[0]
+  if first.platform == 'cpu':
+    return host, None
+  return host, (first.memory_stats() or {}).get('bytes_limit')
 
 
 def devices() -> str:

@@ -15,6 +15,7 @@ from f2m_jax import backend
 from f2m_jax import evaluation
 from f2m_jax import checkpoint as checkpoint_lib
 from f2m_jax import flatness
+from f2m_jax import memory
 from f2m_jax import registry
 from f2m_jax import report
 from f2m_jax import validation
@@ -51,14 +52,16 @@ def effective(config: ml_collections.ConfigDict, changes: Optional[dict] = None)
 
 def validate(config: ml_collections.ConfigDict, reads_data: bool = True) -> None:
   """Every value of an effective config checked (validation.py, the method's `validate`), and with
-  `reads_data` the data folder it will read. The bench's whole runs train on random data of the
-  config's shapes: they pass reads_data=False."""
+  `reads_data` the data folder it will read and its sizes against this machine's memory
+  (f2m_jax/memory.py). --mode bench times random data of the config's shapes: it passes
+  reads_data=False."""
   validation.validate(config)
   method = registry.get(config.method)
   if method.validate is not None:
     method.validate(config)
   if reads_data:
     validation.check_data_folder(config)
+    memory.check(config)
 
 
 def apply_presets(config: ml_collections.ConfigDict, presets, keep=()) -> None:

@@ -43,10 +43,20 @@ def validate(c: ml_collections.ConfigDict) -> None:
       need(0 <= section.momentum < 1, f'{name}.momentum', section.momentum, 'must be in [0, 1)')
     if isinstance(section, ml_collections.ConfigDict) and 'weight_decay' in section:
       need(section.weight_decay >= 0, f'{name}.weight_decay', section.weight_decay, 'must be >= 0')
-  need(c.model.dtype in ('float32', 'bfloat16'), 'model.dtype', c.model.dtype, "'float32' or 'bfloat16'")
-  need(c.model.arch in ARCHS, 'model.arch', c.model.arch, f'allowed: {tuple(ARCHS)}')
-  need(c.model.head in HEADS, 'model.head', c.model.head, f'allowed: {HEADS}')
+  validate_model(c)
   need(c.members.map in base_lib.MEMBER_MAPS, 'members.map', c.members.map, f'allowed: {base_lib.MEMBER_MAPS}')
+
+
+def validate_model(c: ml_collections.ConfigDict) -> None:
+  """Every model.* field (model.pretrained's file: `check_data_folder`)."""
+  m = c.model
+  need(m.arch in ARCHS, 'model.arch', m.arch, f'allowed: {tuple(ARCHS)}')
+  need(isinstance(m.width, int) and not isinstance(m.width, bool) and m.width >= 0, 'model.width', m.width,
+       "an integer >= 1, or 0 for the architecture's standard width")
+  need(m.dtype in ('float32', 'bfloat16'), 'model.dtype', m.dtype, "'float32' or 'bfloat16'")
+  need(m.head in HEADS, 'model.head', m.head, f'allowed: {HEADS}')
+  need(m.conv_backward in ('xla', 'cpu'), 'model.conv_backward', m.conv_backward, "'xla', 'cpu' or 'auto'")
+  need(isinstance(m.pretrained, str), 'model.pretrained', m.pretrained, "a .pth file's path, or ''")
 
 
 def validate_noise(c: ml_collections.ConfigDict) -> None:
@@ -137,6 +147,10 @@ def check_data_folder(c: ml_collections.ConfigDict) -> None:
   if sources.data_dir(c) and not os.path.isdir(sources.data_dir(c)):
     raise ValueError(f'data folder {sources.data_dir(c)!r} (data.data_dir or F2M_DATA_DIR) does not exist'
                      + (f'.\n{help_text}' if help_text else ''))
+  pretrained = os.path.expanduser(os.path.expandvars(c.model.pretrained))
+  need(not pretrained or os.path.isfile(pretrained), 'model.pretrained', c.model.pretrained,
+       f"no such file{f' ({pretrained})' if pretrained != c.model.pretrained else ''}: the path of a torchvision "
+       "ResNet-18 .pth file (docs/data.md), or '' for a random init")
 
 
 def check_benchmark(exp: Experiment) -> None:

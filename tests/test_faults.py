@@ -71,6 +71,11 @@ def copy_of(reference, tmp_path, unfinished: bool = False) -> str:
     ('data.protocol', 'topic', "data.protocol='topic' is invalid: it needs the TOPIC lists"),
     ('base.batch_size', 5000, 'has 40 base training images, fewer than the base.shots=500 a batch takes of each'),
     ('base.ways', 40, 'base.batch_size=80 exceeds one epoch of 20 classes x 2 shots: allowed up to 40'),
+    ('model.width', -8, "model.width=-8 is invalid: an integer >= 1, or 0 for the architecture's standard width"),
+    ('model.pretrained', '/no/such.pth', "model.pretrained='/no/such.pth' is invalid: no such file"),
+    ('noise.M', 100000, 'noise.M=100000 is invalid: the run needs about '),  # sizes that cannot fit
+    ('data.synthetic.train_per_class', 1000000, 'data.synthetic.train_per_class=1000000 is invalid: the run needs'),
+    ('eval.batch_size', 100000000, 'eval.batch_size=100000000 is invalid: the run needs about '),
 ])
 def test_bad_value_is_refused_before_anything_is_written(tmp_path, field, value, message):
   workdir = tmp_path / 'w'

@@ -31,7 +31,7 @@ def workdirs(tmp_path_factory):
   return root, joint, crt
 
 
-def test_joint_sessions_start_from_the_pretrained_trunk(monkeypatch):
+def test_joint_sessions_start_from_the_pretrained_trunk(monkeypatch, tmp_path):
   """model.pretrained reaches the network of every joint session (and so cRT's), not only session
   1's: the trunk and BN statistics are the file's, the classifier of the session's size a fresh init
   from the session's key."""
@@ -43,7 +43,9 @@ def test_joint_sessions_start_from_the_pretrained_trunk(monkeypatch):
   from f2m_jax.methods import joint
   from f2m_jax.models import torch_import
   config = tiny(cifar100.get_config('smoke'), 'joint')
-  config.model.arch, config.model.pretrained = 'resnet18', '/weights/resnet18.pth'
+  weights = tmp_path / 'resnet18.pth'
+  weights.touch()  # read_state_dict is replaced below; the file need only exist (validation checks it)
+  config.model.arch, config.model.pretrained = 'resnet18', str(weights)
   config = pipeline.resolve(config)
   exp = experiment_lib.Experiment.create(config, sources.load_benchmark(config))
   rng = np.random.default_rng(0)

@@ -20,7 +20,7 @@ LAYERS = (
     ('foundations', ('data', 'data.*', 'models', 'models.*', 'trees', 'padding', 'optim', 'noise', 'objectives',
                      'sharding', 'checkpoint', 'workdir', 'backend', 'report', 'progress')),
     ('algorithms', ('base', 'incremental', 'evaluation', 'flatness')),
-    ('run description', ('experiment', 'validation')),
+    ('run description', ('experiment', 'validation', 'memory')),
     ('run stages', ('train_loop', 'evaluator', 'sessions')),
     ('method interface', ('methods', 'methods.common')),
     ('methods', ('methods.*',)),
