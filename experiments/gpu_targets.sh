@@ -35,7 +35,12 @@ time $py run.py --config configs/cifar100.py:trainsplit --workdir "$out/$1" \
     > "$out/$1.log" 2>&1
 $py - "$out/$1" <<'EOF'
 import json, sys
-rows = [json.loads(l) for l in open(sys.argv[1] + '/metrics.jsonl')]
+def parsed(line):  # a line cut short by a kill is skipped
+  try:
+    return json.loads(line)
+  except json.JSONDecodeError:
+    return None
+rows = [r for r in map(parsed, open(sys.argv[1] + '/metrics.jsonl')) if r is not None]
 base = [r for r in rows if r.get('phase') == 'base']
 sessions = [r for r in rows if r.get('phase') == 'session']
 done = [r for r in rows if r.get('phase') == 'done'][-1]

@@ -13,7 +13,8 @@ workdir per member: its config.json, metrics, checkpoints, results; resumable an
 --checkpoint) and `summary.json`: per session the mean and 95% interval over the members (of each
 member's mean over its draws), in results.json's format so the report module reads it, and under
 'pooled' the same over members x draws. Rerunning the same command resumes: the base sessions from
-the last step every member saved, the sessions member by member.
+the latest step every member holds (their saves end at different moments), the sessions member by
+member.
 """
 from __future__ import annotations
 
@@ -113,7 +114,8 @@ def run(config: ml_collections.ConfigDict, root: str, mode: str = 'train', check
   exps = [pipeline.check(c, bench) for c in configs]  # and what the data and the networks allow
   if mode == 'eval' and not os.path.exists(os.path.join(root, 'config.json')):
     raise CheckpointError(f'nothing to evaluate: {root} holds no sweep (no config.json); train it first')
-  lock = workdir_lib.prepare(root, sweep.to_dict(), records=('config.json',))
+  writes = workdir_lib.writes_into(root, mode)  # a read-only finished run is evaluated too
+  lock = workdir_lib.prepare(root, sweep.to_dict(), records=('config.json',), writes=writes)
   try:
     dirs = [os.path.join(root, f'member_{i}') for i in range(len(configs))]
     if mode == 'train':
@@ -123,7 +125,7 @@ def run(config: ml_collections.ConfigDict, root: str, mode: str = 'train', check
   finally:
     lock.close()
   summary = sweep_summary(sweep, dirs, configs, results, origin)
-  print(write_summary(root, summary, mode), flush=True)
+  print(write_summary(root, summary, mode, writes), flush=True)
   return summary
 
 
@@ -140,9 +142,10 @@ def sweep_summary(sweep, dirs: list, configs: list, results: list, origin: Optio
   return summary
 
 
-def write_summary(root: str, summary: dict, mode: str) -> str:
+def write_summary(root: str, summary: dict, mode: str, writes: bool = True) -> str:
   """root/summary.json; returns a line saying what was written. In eval mode an existing summary.json
-  that the members' results reproduce is left alone (another is written beside it otherwise)."""
+  that the members' results reproduce is left alone (another is written beside it otherwise; in a
+  read-only folder, `writes` False, it follows the line as JSON)."""
   path = os.path.join(root, 'summary.json')
   if mode == 'eval' and os.path.exists(path):
     saved = workdir_lib.read_json(path)
@@ -150,6 +153,8 @@ def write_summary(root: str, summary: dict, mode: str) -> str:
     if strip(saved) == strip(summary):
       return f'the members reproduce {path}; it is unchanged'
     path = os.path.join(root, f'summary_eval_{time.strftime("%Y%m%d-%H%M%S")}.json')
+  if not writes:
+    return f'{root} is read-only, so the summary follows as JSON:\n{json.dumps(summary, indent=1)}'
   workdir_lib.atomic_write(path, json.dumps(summary, indent=1))
   return f'summary written to {path}; each member in {root}/member_<i>/'
 

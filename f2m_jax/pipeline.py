@@ -94,12 +94,14 @@ def run(config: ml_collections.ConfigDict, workdir: str, mode: str = 'train',
                           '--mode eval)')
   exp = check(config, sources.load_benchmark(config))
   base_source = source(checkpoint, exp) if checkpoint else None
-  lock = workdir_lib.prepare(workdir, config.to_dict(), registry.method_sections(), base_source=base_source)
+  writes = workdir_lib.writes_into(workdir, mode)  # a read-only finished run is evaluated too
+  lock = workdir_lib.prepare(workdir, config.to_dict(), registry.method_sections(), base_source=base_source,
+                             writes=writes)
   try:
     if mode == 'train' and os.path.exists(os.path.join(workdir, 'results.json')):
       return finished(workdir)
-    results = compute(exp, workdir, mode, checkpoint, base_source, hook, origin)
-    print(write_outputs(workdir, results, mode), flush=True)
+    results = compute(exp, workdir, mode, checkpoint, base_source, hook, origin, writes)
+    print(write_outputs(workdir, results, mode, writes), flush=True)
     return results
   finally:
     lock.close()
@@ -190,13 +192,14 @@ def finished(workdir: str) -> dict:
 
 
 def compute(exp: Experiment, workdir: str, mode: str, checkpoint: Optional[str], base_source: Optional[dict],
-            hook: Hook, origin: Optional[dict]) -> dict:
+            hook: Hook, origin: Optional[dict], writes: bool = True) -> dict:
   """`run`'s work once the checks passed: session 1 and every run's sessions through the method, then
   the results document (not yet written). Its wall time is summed over the invocations that trained
-  it (an interrupted run's resumes: metrics.jsonl's 'start' lines)."""
+  it (an interrupted run's resumes: metrics.jsonl's 'start' lines). `writes` False: the evaluation
+  of a read-only workdir, which logs nothing."""
   config, bench = exp.config, exp.bench
-  log = workdir_lib.MetricsLog(workdir, tensorboard=config.tensorboard)
-  ckpts = Checkpoints(workdir)
+  log = workdir_lib.MetricsLog(workdir, tensorboard=config.tensorboard, writes=writes)
+  ckpts = Checkpoints(workdir, read_only=not writes)
   source = Checkpoints(checkpoint, read_only=True) if checkpoint else None
   if source is None and not ckpts.has_model() and (mode == 'eval' or ckpts.any_sessions()):
     raise CheckpointError(f'{ckpts.root}/model has no base model checkpoint (deleted?) although this workdir '
@@ -265,11 +268,13 @@ def _what(config, origin: Optional[dict]) -> str:
           + f' (method {config.method}{member})')
 
 
-def write_outputs(workdir: str, results: dict, mode: str) -> str:
+def write_outputs(workdir: str, results: dict, mode: str, writes: bool = True) -> str:
   """results.json/csv; returns a line saying what was compared and written. In eval mode an existing
   results.json is compared, never overwritten: a difference is written to results_eval.json (a new
-  file each time) and reported."""
+  file each time) and reported. A read-only workdir (`writes` False) gets nothing: what it would
+  have got follows the line, as JSON (on stdout, for the user to put where they want it)."""
   path = os.path.join(workdir, 'results.json')
+  unwritten = f'; {workdir} is read-only, so the results follow as JSON:\n{json.dumps(results, indent=1)}'
   if mode == 'eval' and os.path.exists(path):
     saved = workdir_lib.read_json(path)
     # when and where differ, nothing else may; keys a results.json of an earlier version lacks
@@ -278,14 +283,18 @@ def write_outputs(workdir: str, results: dict, mode: str) -> str:
     saved, new = strip(saved), strip(json.loads(json.dumps(results)))
     if saved == new:
       return (f'evaluation reproduced {path} exactly (every run and session computed again from its checkpoint); '
-              'results.json unchanged, nothing written but its lines in metrics.jsonl')
+              'results.json unchanged, nothing written' + (' but its lines in metrics.jsonl' if writes else ''))
+    differ = sorted(k for k in set(saved) | set(new) if saved.get(k) != new.get(k))
+    if not writes:
+      return f'evaluation differs from {path} in {", ".join(differ)}' + unwritten
     name = 'results_eval'
     if os.path.exists(os.path.join(workdir, f'{name}.json')):
       name = f'results_eval_{time.strftime("%Y%m%d-%H%M%S")}'
     workdir_lib.write_results(workdir, results, evaluation.results_rows(results), name=name)
-    differ = sorted(k for k in set(saved) | set(new) if saved.get(k) != new.get(k))
     return (f'evaluation differs from {path} in {", ".join(differ)}; wrote {name}.json and {name}.csv beside it '
             '(results.json unchanged)')
+  if not writes:
+    return 'no results.json to compare with' + unwritten
   workdir_lib.write_results(workdir, results, evaluation.results_rows(results))
   return (f'results written to {path} and results.csv' if mode != 'eval' else
           f'no results.json to compare with; wrote {path} and results.csv from the checkpoints')

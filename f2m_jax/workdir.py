@@ -200,10 +200,10 @@ class Lock:
   a lock left by a killed process is simply taken over. Only the primary process locks (the other
   processes of a multi-host run share its workdir)."""
 
-  def __init__(self, workdir: str):
+  def __init__(self, workdir: str, take: bool = True):
     self.path, self._fd = os.path.join(workdir, 'lock'), None
     self._created = not os.path.exists(self.path)
-    if not primary():
+    if not (take and primary()):  # `take` False: a read-only workdir, which no process can write
       return
     fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
@@ -238,6 +238,7 @@ def check_records(workdir: str, config: dict, method_sections: Optional[dict] = 
   names another --checkpoint than `base_source` ({'path', ...}; a record older than that key is not
   checked for it)."""
   present = [p for p in (os.path.join(workdir, r) for r in records) if os.path.exists(p)]
+  _check_records_agree(present, workdir, method_sections)
   for path in present:
     saved = read_json(path)
     diff = config_differences(saved, config, method_sections=method_sections)
@@ -255,6 +256,37 @@ def check_records(workdir: str, config: dict, method_sections: Optional[dict] = 
   return present
 
 
+def _check_records_agree(paths: list, workdir: str, method_sections) -> None:
+  """A WorkdirError naming both records of the workdir's config where they hold different values of a
+  result-relevant field or name another --checkpoint: one was edited, or copied from elsewhere (a
+  field one of them lacks is `check_records`' to judge)."""
+  if len(paths) < 2:
+    return
+  saved = [read_json(p) for p in paths]
+  items = [flat_items({k: v for k, v in s.items() if k not in RECORD_KEYS}) for s in saved]
+  diff = [k for k in config_differences(saved[0], saved[1], defaults={}, method_sections=method_sections)
+          if k in items[0] and k in items[1]]
+  details = [f'{k}: {items[0][k]!r} in one, {items[1][k]!r} in the other' for k in diff]
+  sources = [_source_path(s) for s in saved if SOURCE_KEY in s]
+  if len(sources) == 2 and sources[0] != sources[1]:
+    details.append(f'--checkpoint: {sources[0]!r} in one, {sources[1]!r} in the other')
+  if details:
+    raise WorkdirError(f'{workdir} holds two records of its config that disagree, {paths[0]} and {paths[1]} '
+                       f'({"; ".join(details)}): one was edited or copied from another workdir. Make them agree (the '
+                       'checkpoints carry the second), or use another --workdir')
+
+
+def _source_path(saved: dict) -> Optional[str]:
+  """The --checkpoint a saved config records (None: its base model is its own)."""
+  return (saved.get(SOURCE_KEY) or {}).get('path')
+
+
+def writes_into(workdir: str, mode: str) -> bool:
+  """Whether `mode` writes into `workdir`: every mode does but eval, which writes nothing into an
+  existing folder this process cannot write (a read-only mount)."""
+  return mode != 'eval' or not os.path.isdir(workdir) or writable_folder(workdir) is None
+
+
 def holds_checkpoints(workdir: str) -> bool:
   """Whether W/checkpoints holds a saved step (checkpoints/<kind>/<step>; the empty folders a
   process opening its checkpoints creates do not count: the other processes of a multi-host run may
@@ -265,22 +297,25 @@ def holds_checkpoints(workdir: str) -> bool:
 
 
 def prepare(workdir: str, config: dict, method_sections: Optional[dict] = None,
-            base_source: Optional[dict] = None, records: tuple = RECORDS) -> Lock:
+            base_source: Optional[dict] = None, records: tuple = RECORDS, writes: bool = True) -> Lock:
   """Takes the workdir (creating it, and its Lock) and checks each existing record of its config
   (`records`: config.json and checkpoints/config.json; a sweep's folder has no checkpoints) against
-  `config` (`check_records`), then writes the missing ones: the config, `base_source` ({'path', ...}:
-  --checkpoint's base model), CONFIG_FORMAT and the commit. A workdir that holds checkpoints but no
-  record of their config is refused. Returns the Lock, for the caller to release when done."""
-  check_folders(workdir)
-  os.makedirs(workdir, exist_ok=True)
-  lock = Lock(workdir)
+  the other and against `config` (`check_records`), then writes the missing ones: the config,
+  `base_source` ({'path', ...}: --checkpoint's base model), CONFIG_FORMAT and the commit. A workdir
+  that holds checkpoints but no record of their config is refused. With `writes` False (the
+  evaluation of a read-only workdir) the records are checked, nothing is written and no lock is
+  taken. Returns the Lock, for the caller to release when done."""
+  if writes:
+    check_folders(workdir)
+    os.makedirs(workdir, exist_ok=True)
+  lock = Lock(workdir, take=writes)
   try:
     paths = [os.path.join(workdir, r) for r in records]
     present = check_records(workdir, config, method_sections, base_source, records)
     if not present and holds_checkpoints(workdir):
       raise WorkdirError(f'{workdir} holds checkpoints but no record of the config they were trained with '
                          f'({" and ".join(paths)} are missing): restore one, or use another --workdir')
-    missing = sorted(set(paths) - set(present))
+    missing = sorted(set(paths) - set(present)) if writes else []
     record = {**config, SOURCE_KEY: base_source, FORMAT_KEY: CONFIG_FORMAT, GIT_KEY: git_state() if missing else {}}
     for path in missing:
       os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -350,14 +385,24 @@ class MetricsLog:
   session. Units as their writers give them: phase 'base' logs `acc` (the training batches'
   accuracy) as a fraction 0..1; phases 'session' and 'select_on_test' log accuracies in percent.
   A line of a (phase, step) the log already holds is not written again: a resumed run recomputes
-  the steps after its checkpoint exactly as the interrupted invocation had logged them."""
+  the steps after its checkpoint exactly as the interrupted invocation had logged them. A last line
+  cut short by a kill is ended before the next is written (readers skip it)."""
 
-  def __init__(self, workdir: str, tensorboard: bool = False):
-    self.path = os.path.join(workdir, 'metrics.jsonl')
+  def __init__(self, workdir: str, tensorboard: bool = False, writes: bool = True):
+    self.path, self._writes = os.path.join(workdir, 'metrics.jsonl'), writes  # False: a read-only workdir's
     self._tb_dir = os.path.join(workdir, 'tensorboard') if tensorboard else None
     self._tb = None  # opened with the first scalar, so a run that fails before any adds no file
     self._logged = {(r.get('phase'), r['step']) for r in self.records() if 'step' in r}
     self._start = None
+    self._cut_line = self._cut()
+
+  def _cut(self) -> bool:
+    """Whether the log's last line was cut short (a kill in the middle of a write)."""
+    if not os.path.exists(self.path) or os.path.getsize(self.path) == 0:
+      return False
+    with open(self.path, 'rb') as f:
+      f.seek(-1, os.SEEK_END)
+      return f.read(1) != b'\n'
 
   def records(self) -> list:
     """The lines written so far, as dicts (a line cut short by a kill is skipped)."""
@@ -388,13 +433,18 @@ class MetricsLog:
     self._start = {'time': round(time.time(), 3), 'phase': 'start', 'mode': mode}
 
   def write(self, **record) -> None:
-    if not primary() or ('step' in record and (record.get('phase'), record['step']) in self._logged):
+    if not (primary() and self._writes) or ('step' in record and (record.get('phase'), record['step']) in self._logged):
       return
     record = {'time': round(time.time(), 3), **record}
     lines = [self._start, record] if self._start else [record]
     self._start = None
-    with open(self.path, 'a') as f:
-      f.write(''.join(json.dumps(r) + '\n' for r in lines))
+    text = ''.join(json.dumps(r) + '\n' for r in lines)
+    try:
+      with open(self.path, 'a') as f:
+        f.write(('\n' if self._cut_line else '') + text)
+      self._cut_line = False
+    except OSError as e:  # the file named, which a failed write() does not do
+      raise OSError(e.errno, e.strerror, self.path) from e
     if self._tb_dir is not None:
       self._scalars(record)
 
@@ -415,7 +465,7 @@ class MetricsLog:
   def open(self) -> None:
     """Opens the TensorBoard writer (if any) now: the base loop calls this before its first step, so
     that opening it (an import and a writer thread) does not stall the running loop."""
-    if self._tb_dir is not None and self._tb is None and primary():
+    if self._tb_dir is not None and self._tb is None and primary() and self._writes:
       from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
       self._tb = SummaryWriter(self._tb_dir, flush_secs=30)
 

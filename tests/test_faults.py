@@ -507,6 +507,109 @@ def test_a_workdir_without_config_json_is_checked_against_its_checkpoints(refere
 
 # ----------------------------------------------------------------------------- 7. the smaller ones
 
+def test_a_cut_last_line_of_the_metrics_log_is_ended_and_skipped(tmp_path):
+  """A kill in the middle of a write leaves a cut last line: the next invocation's lines start on a
+  line of their own (both became unparsable when appended to it), and readers skip the cut one."""
+  path = tmp_path / 'metrics.jsonl'
+  path.write_text('{"time": 1.0, "phase": "start", "mode": "train"}\n{"time": 2.0, "phase": "base", "st')
+  log = workdir_lib.MetricsLog(str(tmp_path))
+  log.start('train')
+  log.write(phase='base', step=10, loss=1.5)
+  log.write(phase='base', step=20, loss=1.0)
+  lines = path.read_text().splitlines()
+  assert lines[1] == '{"time": 2.0, "phase": "base", "st' and len(lines) == 5
+  assert [(r['phase'], r.get('step')) for r in log.records()] == [('start', None), ('start', None), ('base', 10),
+                                                                   ('base', 20)]
+
+
+def test_the_two_records_of_a_config_that_disagree_are_both_named(tmp_path):
+  config = pipeline.resolve(tiny_config()).to_dict()
+  workdir = tmp_path / 'w'
+  (workdir / 'checkpoints').mkdir(parents=True)
+  (workdir / 'config.json').write_text(json.dumps({**config, 'noise': {**config['noise'], 'M': 4}}))
+  (workdir / 'checkpoints' / 'config.json').write_text(json.dumps(config))
+  before = snapshot(tmp_path)
+  with pytest.raises(WorkdirError) as e:
+    workdir_lib.prepare(str(workdir), config)
+  assert (f'{workdir} holds two records of its config that disagree, {workdir}/config.json and '
+          f'{workdir}/checkpoints/config.json (noise.M: 4 in one, 2 in the other)') in str(e.value)
+  assert snapshot(tmp_path) == before
+
+
+def stale(path, seconds: float = 7200.0) -> None:
+  """`path`'s modification time set `seconds` into the past."""
+  old = time.time() - seconds
+  os.utime(path, (old, old))
+
+
+@contextlib.contextmanager
+def locked(path):
+  """`path` held as its live writer holds it: an exclusive flock of its own open file description."""
+  import fcntl  # pylint: disable=g-import-not-at-top
+  fd = os.open(path, os.O_RDONLY)
+  fcntl.flock(fd, fcntl.LOCK_EX)
+  try:
+    yield
+  finally:
+    os.close(fd)
+
+
+def test_a_killed_writers_leftovers_are_removed_and_a_live_writers_kept(tmp_path):
+  """A killed decode leaves its whole temporary file and a killed fake-folder generation its
+  temporary folder; the next write removes those no live process holds, however old the live ones."""
+  from f2m_jax.data import fake_folders, folder  # pylint: disable=g-import-not-at-top
+  arrays = tmp_path / 'arrays'
+  arrays.mkdir()
+  killed, other, live, fresh = (arrays / f'.{n}.npy.x{i}.tmp' for i, n in enumerate(('train-a', 'test-b', 'train-a',
+                                                                                        'train-a')))
+  for p in (killed, other, live, fresh):
+    p.write_bytes(b'\0' * 100)
+  for p in (killed, other, live):
+    stale(p)
+  with locked(live):  # another process writing it
+    images = folder.decode_cached([fake_folders.fake_folder(tmp_path) / 'folder' / 'train' / 'class_00' / '000.jpg'],
+                                  arrays, 'train', 8, 8, decode=lambda p, r, c: np.zeros((8, 8, 3), np.uint8))
+    assert images.shape == (1, 8, 8, 3)
+    assert sorted(p.name for p in arrays.iterdir() if p.name.startswith('.')) == sorted([live.name, fresh.name])
+  killed_folder, live_folder = tmp_path / 'fake_folder' / '.v2-dead', tmp_path / 'fake_folder' / '.v2-live'
+  for p in (killed_folder, live_folder):
+    (p / 'miniimagenet').mkdir(parents=True)
+    stale(p)
+  shutil.rmtree(tmp_path / 'fake_folder' / 'v2')
+  with locked(live_folder):
+    fake_folders.fake_folder(tmp_path)
+  assert sorted(os.listdir(tmp_path / 'fake_folder')) == ['.v2-live', 'v2']
+
+
+@pytest.mark.slow
+def test_a_read_only_finished_run_is_evaluated(reference, tmp_path, capsys):
+  """No lock, no metrics line, no results_eval.json: it compares, and what it would write follows as
+  JSON on stdout."""
+  workdir = copy_of(reference, tmp_path)
+  path = os.path.join(workdir, 'results.json')
+  with open(path) as f:
+    changed = json.load(f)
+  changed['pd']['mean'] += 1.0
+  before = snapshot(workdir)
+  for results in (None, changed):
+    if results:
+      os.chmod(path, 0o644)
+      with open(path, 'w') as f:
+        json.dump(results, f)
+      before = snapshot(workdir)
+    capsys.readouterr()
+    with read_only(workdir):
+      assert cli.main(tiny_config(), workdir, 'eval') == 0
+    out = capsys.readouterr().out
+    assert snapshot(workdir) == before
+    if results is None:
+      assert f'evaluation reproduced {path} exactly' in out, out
+    else:
+      assert f'evaluation differs from {path} in pd; {workdir} is read-only, so the results follow as JSON:' in out
+      shown, _ = json.JSONDecoder().raw_decode(out.split('follow as JSON:\n', 1)[1])  # the table follows it
+      assert shown['pd'] == reference[1]['pd']
+
+
 @pytest.mark.slow
 def test_a_resume_logs_no_step_twice_and_sums_the_wall_time(reference, tmp_path):
   workdir = str(tmp_path / 'w')

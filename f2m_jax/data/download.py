@@ -7,11 +7,15 @@ resumes it (an HTTP Range request; file:// URLs seek), so a rerun of the same co
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import glob
 import hashlib
 import http.client
 import os
 import pathlib
+import shutil
 import tempfile
+import time
 import urllib.parse
 import urllib.request
 
@@ -29,18 +33,64 @@ def sha256_file(path, chunk: int = CHUNK) -> str:
   return h.hexdigest()
 
 
+# A temporary file or folder older than this that no process holds a lock on was left by a writer that
+# was killed: a live writer locks it within moments of creating it and holds the lock to the end (an
+# hour, not a minute, spares the writers of earlier versions, which lock nothing, sharing a cache).
+STALE_AFTER_S = 3600
+
+
+def remove_stale(folder, pattern: str) -> None:
+  """Removes the temporaries matching `pattern` in `folder` that no live process is writing: those
+  older than STALE_AFTER_S that nobody holds locked (`held`)."""
+  for p in pathlib.Path(folder).glob(pattern):
+    try:
+      if time.time() - p.lstat().st_mtime < STALE_AFTER_S:
+        continue
+      fd = os.open(p, os.O_RDONLY)
+    except OSError:  # gone, or not ours to read
+      continue
+    try:
+      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+      shutil.rmtree(p) if p.is_dir() else p.unlink()
+    except OSError:  # held: its writer is alive (or it cannot be removed)
+      pass
+    finally:
+      os.close(fd)
+
+
+@contextlib.contextmanager
+def held(path):
+  """An exclusive lock on the file or folder `path` while the block runs: its writer's mark that it is
+  alive, which `remove_stale` respects. The OS drops it when the process ends, however it ends."""
+  fd = os.open(path, os.O_RDONLY)
+  try:
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    yield
+  finally:
+    os.close(fd)
+
+
 @contextlib.contextmanager
 def written_atomically(path, suffix: str = ''):
   """A temporary file beside `path` (its name ending in `suffix`) to write in the block: a reader never
   sees half a file. Made readable by all (a cache may be shared; a record is, as with umask 022) and
-  renamed to `path` when the block completes, removed when it fails."""
+  renamed to `path` when the block completes, removed when it fails; held while it is written, so
+  that the leftovers of a killed writer of `path` are removed (`remove_stale`), never a live one's. A
+  write that fails names `path`."""
   path = pathlib.Path(path)
+  remove_stale(path.parent, f'.{glob.escape(path.name)}.*.tmp{glob.escape(suffix)}')
   fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f'.{path.name}.', suffix=f'.tmp{suffix}')
   os.close(fd)
   try:
-    yield pathlib.Path(tmp)
-    os.chmod(tmp, 0o644)  # mkstemp makes it private
-    os.replace(tmp, path)
+    with held(tmp):
+      try:
+        yield pathlib.Path(tmp)
+      except OSError as e:
+        if e.filename is None:  # a failed write() names no file
+          raise OSError(e.errno, e.strerror, str(path)) from e
+        raise
+      os.chmod(tmp, 0o644)  # mkstemp makes it private
+      os.replace(tmp, path)
   finally:
     if os.path.exists(tmp):
       os.remove(tmp)

@@ -23,7 +23,7 @@ from typing import Callable, Optional, Sequence, Union
 import numpy as np
 
 from f2m_jax import progress
-from f2m_jax.data.download import written_atomically
+from f2m_jax.data.download import remove_stale, written_atomically
 from f2m_jax.data.index_lists import read_index_file, session_lists
 from f2m_jax.data.types import Benchmark, DataError, Split, sessions_from_counts
 
@@ -360,6 +360,7 @@ def decode_cached(paths: Sequence[pathlib.Path], cache_folder, name: str, resize
   except (OSError, ValueError):  # absent, unreadable or truncated: decode again
     pass
   folder.mkdir(parents=True, exist_ok=True)
+  remove_stale(folder, '.*.npy.*.tmp')  # every killed decode's (of any data), not only this file's
   with written_atomically(target) as tmp:
     out = np.lib.format.open_memmap(tmp, mode='w+', dtype=np.uint8, shape=shape)
 
