@@ -132,7 +132,10 @@ def _manager(directory: str, keep: Optional[int], read_only: bool = False,
   background = background and not read_only and jax.process_count() == 1
   _check_folder(directory)
   options = ocp.CheckpointManagerOptions(max_to_keep=None if read_only else keep, create=not read_only,
-                                         read_only=read_only, enable_async_checkpointing=background)
+                                         read_only=read_only, enable_async_checkpointing=background,
+                                         # a folder that cannot be made fails in save() itself: made in the
+                                         # background, orbax's writer threads wait 300 s for it at exit
+                                         async_options=ocp.AsyncOptions(create_directories_asynchronously=False))
   manager = ocp.CheckpointManager(os.path.abspath(directory), options=options,
                                   item_handlers=ocp.StandardCheckpointHandler())  # so item_metadata reads the tree
   if background:
