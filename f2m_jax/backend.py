@@ -1,11 +1,5 @@
-"""The one place that asks which backend a run is on.
-
-`resolve` turns each `'auto'` performance choice of a config into a concrete value when a run starts;
-config.json and results.json's provenance then say what ran, and no other module branches on the
-backend. Each choice computes the same thing either way (tests force both values on the CPU); a
-choice is here only because a measured figure shows its speed on the backend that takes it
-(experiments/results/README.md, the sections named below).
-"""
+"""The one place that asks which backend a run is on: `resolve` turns each `'auto'` performance
+choice of a config into a concrete value when a run starts (the figures: experiments/results/README.md)."""
 from __future__ import annotations
 
 import functools

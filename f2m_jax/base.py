@@ -1,10 +1,6 @@
 """Base session (session 1): the flat-minima loss (Eq. 3-4), its train step (Alg. 1) and the one
-program every base training runs (and `--mode bench` times).
-
-`noise` is the run's config.noise, frozen (`Experiment.noise`): the loss reads its fields as they
-are. The noise bound b is not read from it but passed to the program, so that the members of a
-sweep over b share one program.
-"""
+program every base training runs (and `--mode bench` times). The noise bound b is passed to the program,
+not read from config.noise, so that the members of a sweep over b share one program."""
 from __future__ import annotations
 
 from typing import Any, Callable

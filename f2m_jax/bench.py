@@ -1,14 +1,5 @@
-"""`--mode bench` (docs/performance.md): times the base training program (`base.make_train_program`,
-the very program a run calls, at the config's base.steps_per_call steps a call) and the sessions'
-programs, on random data of the config's shapes: the variants of the base step (plain, f2m_naive,
-f2m_shared[_<other draw_map>]) for each M and compute dtype, one incremental step and the evaluation's
-embedding; then S runs in one program for each S of bench.member_sizes. A base call's time is divided
-by its steps. (A whole run's times are in its metrics.jsonl: experiments/gpu_targets.sh reads them.)
-
-The records go to W/bench.json as {'provenance': ..., 'records': [...], 'members': [...]} (never
-overwriting one: then W/bench_<timestamp>.json). No dataset is read: images are random uint8 of the
-dataset's size, labels cover the base classes.
-"""
+"""`--mode bench` (docs/performance.md): times the base training program and the sessions' programs
+on random data of the config's shapes, and writes W/bench.json (never over one: then W/bench_<timestamp>.json)."""
 from __future__ import annotations
 
 import dataclasses

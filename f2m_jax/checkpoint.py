@@ -1,20 +1,6 @@
-"""Orbax checkpoints of a workdir: base train state, the base model, and every run's sessions.
-
-Layout under <workdir>/checkpoints/:
-  base/<step>/           TrainState (params, batch_stats, opt_state, step) every N steps + the last
-  base_best/<step>/      with base.select_on_test only: the best model so far on the base test images
-  model/0/               the base model phi*: params, batch_stats and the base prototypes
-  run_<r>/<session>/     per run and session t >= 2: fine-tuned params, all prototypes, exemplar
-                         indices and the session's accuracies
-
-Orbax writes each step into a temporary folder and renames it when complete, so a process killed
-while saving leaves the previous checkpoint as the latest one. The base train states and the
-sessions, saved many times a run, are written in the background (orbax's async checkpointing: a
-save returns once its arrays are copied, where a synchronous one holds an accelerator idle);
-every read of those folders first waits for the writes in flight, and `close()` waits for all. A
-write that fails, in the background or not, is a CheckpointFault naming that checkpoint and the OS's
-reason; what follows a save (a session's metrics line) runs only once the save is complete.
-"""
+"""Orbax checkpoints of a workdir under <workdir>/checkpoints/: base/<step>/ (TrainState), base_best/<step>/
+(base.select_on_test), model/0/ (phi*, BN statistics, base prototypes), run_<r>/<session>/. The base states and
+sessions are written in the background; every read waits for the writes in flight, `close()` for all."""
 from __future__ import annotations
 
 import contextlib

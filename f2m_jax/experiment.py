@@ -1,11 +1,6 @@
-"""What is static about a run: the config, the data, the network, its noise set, the frozen view of
-config.noise the base loss reads, the PRNG keys and the base session's batches, built once and passed
-to every stage.
-
-PRNG keys (`Experiment.key`): fold_in(seed, 0) drives base training (then per step), fold_in(seed, 1)
-the init, fold_in(fold_in(fold_in(seed, 2), run), session) the fine-tuning of one session; other
-methods use the streams 3 and up the same way.
-"""
+"""What is static about a run (config, data, network, noise set, frozen config.noise, PRNG keys, base
+batches), built once. Keys: fold_in(seed, 0) base training, 1 the init, fold_in(fold_in(fold_in(seed, 2),
+run), session) a session's fine-tuning; other methods use the streams 3 and up."""
 from __future__ import annotations
 
 import dataclasses

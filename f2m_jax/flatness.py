@@ -1,10 +1,5 @@
-"""Flatness of a trained base model (the paper's flatness table): I and sigma^2 of the loss under noise.
-
-For theta*: L* = base loss at theta*, L_i = loss at theta* + eps_i for N bounded draws on the noise
-set; I = mean_i (L_i - L*)^2 and sigma^2 = var_i(L_i). The loss is the linear classifier's mean
-cross-entropy over a dataset, BN in eval mode. The frozen trunk's features are computed once and
-only the noised suffix runs per draw, vmapped over chunks of draws.
-"""
+"""Flatness of a trained base model (the paper's flatness table): I = mean_i (L_i - L*)^2 and
+sigma^2 = var_i(L_i) of the loss at theta* + eps_i over N bounded draws on the noise set."""
 from __future__ import annotations
 
 import sys

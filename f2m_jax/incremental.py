@@ -1,9 +1,5 @@
-"""Incremental sessions t >= 2 (Sec. 4.2, Alg. 1): fine-tune inside the box around phi*.
-
-Only the trainable leaves (the noise set by default) are differentiated and updated: they travel as
-a flat dict {path: array}, everything else is closed over as constants. Each of the E steps is an
-optax update followed by `jnp.clip` to [phi* - b, phi* + b]; BatchNorm stays in eval mode.
-"""
+"""Incremental sessions t >= 2 (Sec. 4.2, Alg. 1): fine-tune the trainable leaves inside the box
+[phi* - b, phi* + b] (an optax update, then `jnp.clip`); BatchNorm in eval mode."""
 from __future__ import annotations
 
 import dataclasses

@@ -1,21 +1,6 @@
-"""Several runs of one config in one program: a member axis over S base trainings.
-
-`config.members.seeds = (0, 1, 2)` runs S = 3 members that differ in their seed (init, batches,
-augmentation, noise, shot draws), or `members.field = 'noise.bound'` with `members.field_values = (...)`
-members that differ in that one value. Each member is exactly the single run of its own config: the
-base sessions of all members train in lockstep through the base session's loop
-(train_loop.train_base_sessions; a single run is the case S = 1), in the one base program, on the
-training images shared by all; each member's batch is gathered from them by its own indices, a pure
-function of its seed and the step. Then each member's sessions run through the usual pipeline.
-
-The sweep's folder holds `config.json` (the sweep's effective config), `member_<i>/` (a complete
-workdir per member: its config.json, metrics, checkpoints, results; resumable and usable as
---checkpoint) and `summary.json`: per session the mean and 95% interval over the members (of each
-member's mean over its draws), in results.json's format so the report module reads it, and under
-'pooled' the same over members x draws. Rerunning the same command resumes: the base sessions from
-the latest step every member holds (their saves end at different moments), the sessions member by
-member.
-"""
+"""Several runs of one config in one program (docs/performance.md, 'Seeds and sweeps in one program'): S members that differ in
+their seed or in one field train their base sessions in lockstep; each is exactly the single run of its
+own config, with its own workdir member_<i>/; summary.json gathers them."""
 from __future__ import annotations
 
 import json

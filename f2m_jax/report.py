@@ -1,27 +1,10 @@
-"""Gather the `results.json` of several training runs into tables and plots.
+"""Gather the `results.json` of several runs into tables and plots (README, 'What a workdir holds'):
 
     python -m f2m_jax.report W1 W2 ... [--out DIR] [--reference LABEL_OR_INDEX] [--labels a,b,..]
                              [--base-novel {last,all}]
 
-Each W is a workdir holding `results.json`, a sweep's folder holding `summary.json` (members.py), or
-the path of either file. The main table is printed, then each run's accuracy matrix; the gap column
-subtracts only runs of the same dataset, protocol and session count (others get 'n/a' and a warning).
-With --out, the report folder
-DIR (created if missing; files in it are overwritten) receives, and the command names:
-
-  report.md      the main table in the paper's layout (one row per run: accuracy per session as
-                 mean ± ci95, PD, AVG and the gap of the last-session accuracy to the reference row),
-                 the base/novel/HM table, the accuracy matrices, the flatness table (I, sigma^2) of the
-                 flatness files that `run.py --mode flatness` wrote into the workdirs, the prototype
-                 norms, the sources;
-  report.csv     the main table, machine-readable, full precision;
-  accuracy.png   accuracy per session, one line per run with a shaded 95% band;
-  base_novel.png base (solid) and novel (dashed) accuracy per session;
-  accuracy_matrix.png  per run, the accuracy on each session's classes after every later session
-                 (results of an earlier version have none: no file).
-
-Only the standard library is imported at module level (matplotlib lazily, on an Agg canvas of its own:
-no pyplot, no global backend change), so importing this module never touches jax or a display.
+Only the standard library is imported at module level (matplotlib lazily, without pyplot), so importing
+this module never touches jax or a display.
 """
 from __future__ import annotations
 

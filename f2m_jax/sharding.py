@@ -1,15 +1,5 @@
-"""Data parallelism with `jax.sharding` (docs/performance.md, 'Devices and hosts'): a 1-D 'data' mesh over all devices.
-
-The global batch comes from the config and each device gets `global / num_devices` examples; the
-train state is replicated. The train step is one SPMD program: batch-norm means over axis 0 of a
-batch-sharded array become cross-device reductions, so the statistics (and hence the loss, the
-gradients and the updated parameters) are those of the global batch, whatever the device count.
-
-Multi-host (a TPU pod slice, several GPU machines): every process runs the same program; call
-`maybe_initialize_distributed` before anything touches a device. Each process computes the same
-global batch indices (they are a function of seed and step) and contributes the rows of its own
-devices, so no data is exchanged between hosts.
-"""
+"""Data parallelism with `jax.sharding` (docs/performance.md, 'Devices and hosts'): a 1-D 'data' mesh
+over all devices, the batch sharded and the state replicated; each host builds its own rows."""
 from __future__ import annotations
 
 import os

@@ -1,9 +1,5 @@
-"""The base session's training loop, for one run or S runs in lockstep (a sweep's members; one run is
-S = 1), and joint training's: the training images placed on the devices once, each call of the one
-program (`base.make_train_program`) running `base.steps_per_call` steps whose batches are a pure
-function of (seed, step); then, on the host, the NaN stop, logging, checkpoints, the hook and the
-original's opt-in model selection on the test set.
-"""
+"""The base session's training loop, for one run or S runs in lockstep, and joint training's: each call
+of the one program runs `base.steps_per_call` steps; the NaN stop, logging, checkpoints and the hook on the host."""
 from __future__ import annotations
 
 import dataclasses

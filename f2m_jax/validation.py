@@ -1,7 +1,5 @@
-"""The config's shared fields, checked before anything is written: a bad value stops with a message
-naming the field, the value and what is allowed. Each method checks its own section
-(`Method.validate`, f2m_jax/methods), with the same `need`.
-"""
+"""The config's shared fields, checked before anything is written (each method checks its own section
+with `need`)."""
 from __future__ import annotations
 
 import os

@@ -1,12 +1,5 @@
-"""CIFAR-100 in the TOPIC protocol: 60 base classes, then 8 sessions of 5 classes x 5 shots.
-
-Both sources give class ids = the official fine labels (already in TOPIC session order) and `train` =
-the official training set in its official order, so the TOPIC index lists apply unchanged:
-`load_cifar100_tfds` (official test set; from a TFDS cifar100 prepared with TensorFlow, which is never
-started here, else from the official archive, downloaded into the cache and converted once) and
-`load_cifar100_trainsplit` (`cifar100_train.npz`; 100 training images per class held out as the test
-set). Also the paper's superclass splits and LUCIR's class-incremental split (`class_split`).
-"""
+"""CIFAR-100 in the TOPIC protocol (docs/data.md): the official set (`load_cifar100_tfds`) or the
+trainsplit npz (`load_cifar100_trainsplit`), class ids the official fine labels; also the class splits."""
 from __future__ import annotations
 
 import json

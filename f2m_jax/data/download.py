@@ -1,9 +1,5 @@
-"""Resumable downloads with a pinned size and sha256, a progress bar and clear errors.
-
-The file is written to `<dest>.part` and renamed to `dest` only once its size and checksum match,
-so `dest` is always complete. An interrupted download keeps its `.part` file, and the next call
-resumes it (an HTTP Range request; file:// URLs seek), so a rerun of the same command continues.
-"""
+"""Resumable downloads with a pinned size and sha256: written to `<dest>.part` (resumed by the next
+call) and renamed to `dest` only once size and checksum match."""
 from __future__ import annotations
 
 import contextlib

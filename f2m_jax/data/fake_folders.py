@@ -1,15 +1,5 @@
-"""Tiny generated datasets in the on-disk layouts of miniImageNet and CUB-200-2011 with TOPIC-style
-lists, and a folder of 20 classes for the folder source, so smoke runs and tests exercise the whole path
-from image files to results.json; never a fallback for missing real data. Each class is a coloured grating
-(as `synthetic.py`) at a random phase per image plus noise, saved as JPEG or PNG: a function of the spec.
-
-    <root>/miniimagenet/images/<wnid><8 digits>.jpg, miniimagenet/split/{train,test}.csv
-    <root>/CUB_200_2011/images/<id>.Fake_Bird_<id>/<file>.jpg, images.txt, train_test_split.txt,
-           image_class_labels.txt, classes.txt
-    <root>/index_list/mini_imagenet/session_{1..9}.txt, train.csv, test.csv
-    <root>/index_list/cub200/session_{1..11}.txt
-    <root>/folder/{train,test}/class_<cc>/<k>.{jpg,png}, folder/lists/session_{1..6}.txt
-"""
+"""Tiny generated datasets in the on-disk layouts of miniImageNet, CUB-200-2011 and the folder source
+(each class a coloured grating, as synthetic.py), for smoke runs and tests; never a fallback for real data."""
 from __future__ import annotations
 
 import dataclasses

@@ -1,12 +1,5 @@
-"""Any image dataset as an incremental few-shot benchmark (`data.source='folder'`, configs/folder.py;
-docs/data.md, 'Your own images'). miniImageNet and CUB-200 are layouts of it (layouts.py).
-
-`read_protocol` reads and checks the file lists, class order, session layout and TOPIC-style lists
-without reading an image; `load` then decodes every image once into a uint8 `.npy` in the cache folder,
-memory-mapped afterwards. With S = round(image_size x resize): test images Resize(S) +
-CenterCrop(image_size), torchvision's test transform; training images Resize(S) + CenterCrop(S), whose
-centre crop (`augment.eval_view`) is exactly the test transform. ImageNet normalisation.
-"""
+"""Any image dataset as an incremental few-shot benchmark (`data.source='folder'`; docs/data.md, 'Your own
+images'): `read_protocol` checks the lists without reading an image, `load` decodes each image once into the cache."""
 from __future__ import annotations
 
 import concurrent.futures

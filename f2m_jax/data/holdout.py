@@ -1,8 +1,5 @@
-"""The validation protocol (`data.protocol='validation'`; docs/data.md): an incremental few-shot benchmark
-made of the base classes' training images only, to choose settings without reading a test image. Of
-each base class's training images the last HOLDOUT are its test images; the last `way` x S base classes
-are pseudo-novel. Class ids are unchanged, so a label is still its prototype's row.
-"""
+"""The validation protocol (`data.protocol='validation'`; docs/data.md): a benchmark made of the base
+classes' training images only."""
 from __future__ import annotations
 
 import dataclasses

@@ -1,14 +1,5 @@
-"""The datasets whose own files (docs/data.md, 'Datasets and sources') the folder source reads, in the
-TOPIC protocol: session_<t>.txt (`index_lists.index_list_dir`) give session 1's training images, the
-later sessions' shots and the session layout.
-
-  - `mini_imagenet` (60 + 8 x 5-way; the FSCIL codebases' copy): train.csv's rows in order (index_list's,
-    else miniimagenet/split/'s), then test.csv's; classes the sorted wnids (the TOPIC order). Stored at
-    92 for 84: Resize(92) + CenterCrop(84) is the original's test transform.
-  - `cub200` (100 + 10 x 10-way; the official archive): images.txt's order, train_test_split.txt's split,
-    each image of its class folder (checked against image_class_labels.txt), classes in classes.txt's id
-    order. Stored at 256 for 224; random crops come from the centre square, not the whole image.
-"""
+"""miniImageNet and CUB-200-2011 as layouts the folder source reads, in the TOPIC protocol (docs/data.md,
+'Datasets and sources')."""
 from __future__ import annotations
 
 import pathlib

@@ -1,13 +1,7 @@
 """Builds `cifar100_train.npz`, the file the `trainsplit` protocol reads, from the official CIFAR-100
-binary archive:
+binary archive (docs/data.md):
 
     python -m f2m_jax.data.make_trainsplit --out DATA_FOLDER [--archive cifar-100-binary.tar.gz]
-
-Without --archive the archive is downloaded into the cache folder. It must have the pinned size and
-sha256 unless --no-verify is given. The npz holds train.bin's images in file order (`x_train` uint8
-[50000, 32, 32, 3]), its fine labels (`y_train` int16) and `label_names`, written atomically and never
-over an existing file. Printed at the end: the sha256 of the npz and of its arrays' bytes, and whether
-the arrays equal CONTENT_SHA256, those every CIFAR-100 number of this project was measured on.
 """
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""A generated benchmark for tests and smoke runs: learnable in seconds on a CPU, never a fallback.
-
-Each class is a coloured sinusoidal grating of its own orientation and frequency; an image shows it
-at a random phase, plus per-pixel noise. Everything is a deterministic function of the seed.
-"""
+"""A generated benchmark for tests and smoke runs: each class a coloured sinusoidal grating, learnable in
+seconds on a CPU, a deterministic function of the seed; never a fallback."""
 from __future__ import annotations
 
 import numpy as np

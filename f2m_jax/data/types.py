@@ -1,7 +1,5 @@
-"""The in-memory form every data source produces: one `Benchmark`, all images as uint8 arrays plus the
-protocol facts. Class ids are in session order (the base classes 0..B-1, then each session's next ids),
-so a label is also the row of its prototype.
-"""
+"""The in-memory `Benchmark` every data source produces. Class ids are in session order, so a label is
+also the row of its prototype."""
 from __future__ import annotations
 
 import dataclasses

@@ -1,22 +1,6 @@
-"""FSLL (few-shot lifelong learning, Mazumder et al. 2021) as the F2M authors re-implemented it
-(their `methods/FSLL_model.py`, `incremental_procedure.py` and the FSLL YAMLs).
-
-session 1: the Baseline's base network (`--checkpoint BASELINE` reuses one), NCM over raw means.
-session t > 1, starting from the previous session's network of the run:
-  - the trainable set is every parameter tensor outside the classifier whose largest |value| is at
-    most `fsll.threshold` (`selected_paths`; the rest are frozen), chosen anew each session;
-  - training data: every shot of the novel classes seen so far (the exemplars F2M keeps: 5 per novel
-    class, none of the base classes), in TaskSampler epochs of `way` classes x `shots` images per
-    batch, `fsll.epochs` epochs, SGD (lr, momentum, weight decay) with BN in train mode;
-  - loss: the triplet loss without hard mining (`triplet_no_hard_mining`), plus the prototype loss
-    (`prototype_loss`: cross-entropy of negative cosine distances to the batch's class means and the
-    base prototypes), plus the L1 distance of the trainable tensors to the previous network's
-    (`parameter_drift`) times `fsll.reg_weight`. The authors' code adds that last term as a Python
-    float (`.item()`), so it has no gradient: `fsll.reg_gradient=False` (the default) does the same,
-    True gives it its gradient as FSLL's paper intends;
-  - prototypes of every novel class seen so far recomputed with the new network from its shots; the
-    base prototypes kept; NCM over raw prototypes, Euclidean.
-"""
+"""FSLL (Mazumder et al. 2021) as the F2M authors re-implemented it (docs/method.md, 'The compared
+methods'): the Baseline's base network, then the small-valued tensors fine-tuned with a triplet loss, a
+prototype loss and an L1 drift term (without gradient unless `fsll.reg_gradient`)."""
 from __future__ import annotations
 
 import jax

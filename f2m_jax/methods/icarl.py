@@ -1,28 +1,7 @@
-"""iCaRL as the F2M authors re-implemented it for few-shot class-incremental learning (their
-`methods/iCaRL_model.py` and `incremental_procedure_buffer.py`; the paper compares with it in every
-main table).
-
-session 1: iCaRL's own base network, as their FSIL_train_res18_cifar_ICaRL_SGD_01.yml trains it: plain
-  cross-entropy on shuffled batches through a classifier without bias, initialised
-  kaiming_normal_(mode='fan_out') (`model.head='linear_no_bias'`, set by the presets), on the base.*
-  budget; then NCM over the means of all base training images, and `icarl.memory` exemplars of every
-  base class (`icarl.exemplars`: by herding, or drawn at random per run). `--checkpoint W` reuses W's
-  base model instead; a Baseline's (a linear classifier with bias) with `--config.model.head=linear`.
-session t > 1: the whole network and a classifier over every seen class (the previous one plus new
-  columns, Kaiming-normal fan-out) trained on the memory and the session's shots together: shuffled
-  batches of `icarl.batch_size`, the remainder dropped, `icarl.epochs` epochs, a fresh SGD whose rate
-  is multiplied by lr_gamma after each milestone epoch, BN in train mode. The loss is iCaRL's: sigmoid
-  cross-entropy, averaged over the batch and the seen classes, against targets that are one-hot for
-  the new classes and the previous session's network's sigmoid outputs (on the same augmented
-  images) for the old ones (`distillation_targets`).
-  Classification: nearest mean of exemplars under the new network, with the old classes' means taken
-  over their memory and the new classes' over their shots (raw embeddings, Euclidean: the authors'
-  `p_norm: ~`). Then `icarl.memory` exemplars of each new class among its shots, by herding or at
-  random.
-
-The classifier is kept at the size of the last session (columns of unseen classes zero and left out
-of the loss), so one compiled step serves every session.
-"""
+"""iCaRL as the F2M authors re-implemented it (docs/method.md, 'The compared methods'): its own base
+network, then the whole network trained on a memory of exemplars and the shots with sigmoid distillation,
+classified by the nearest mean of exemplars. The classifier is kept at the size of the last session
+(unseen columns zero and out of the loss), so one compiled step serves every session."""
 from __future__ import annotations
 
 from typing import Sequence

@@ -1,18 +1,5 @@
-"""Joint training and cRT: the paper's approximate upper bound (the gap column of its tables).
-
-joint: for every session t, a network trained from scratch (from model.pretrained's trunk where
-  set, as the authors' CUB joint starts from ImageNet weights) on all base training images plus the
-  shots of sessions 2..t of the run's own draw, with a classifier over all seen classes and
-  shuffled batches (the base.* budget per session); classified by that linear classifier. Session 1
-  (base data only, the same for every run) is trained once.
-crt: per session, the joint network with every layer frozen and its classifier re-initialised and
-  retrained with class-balanced sampling (`crt.per_class` images per randomly cycled class) on the
-  same data (`--checkpoint JOINT_WORKDIR`). BatchNorm stays in eval mode while retraining, so its
-  statistics do not drift (the authors' code leaves BN in train mode and they do).
-
-The authors train joint and cRT once, on the shots of their fixed run `test_3`; here every run
-trains on its own draw, so the intervals cover the draw of the shots as for the other methods.
-"""
+"""Joint training and cRT, the paper's approximate upper bound (docs/method.md, 'The compared methods').
+Unlike the authors' (one fixed draw), every run trains on its own draw of the shots."""
 from __future__ import annotations
 
 import jax

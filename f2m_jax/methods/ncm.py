@@ -1,8 +1,5 @@
 """F2M and the paper's Baseline: a base network, then nearest-class-mean classification over
-prototypes. F2M trains the base with the flat-minima objective and fine-tunes the noise set inside
-the box in every later session; the Baseline trains plain CE and never fine-tunes. Both differ only
-in their effective config, so they share one runner.
-"""
+prototypes. They differ only in their effective config, so they share one runner."""
 from __future__ import annotations
 
 import jax

@@ -1,36 +1,6 @@
-"""Rebalance (LUCIR: Hou et al., "Learning a Unified Classifier Incrementally via Rebalancing", CVPR
-2019) as the F2M authors re-implemented it for few-shot class-incremental learning and configured it
-(their `methods/Rebalance_model.py` on `incremental_procedure_buffer.py`, a subclass of their iCaRL;
-their configs `FSIL_train_res18_cifar_NCM_SGD.yml` and `incremental_res18_cifar_NCM_5shots_SGD.yml`,
-which name a model `NCMModel` missing from the release but hold the loss block Rebalance_model.py
-reads; the paper cites the method as [NCM] and compares with it in every main table).
-
-session 1: a network whose classifier is cosine-normalised with a learned scale (`model.head='cosine'`:
-  logits = sigma * cos(f(x), w_c)), trained by plain cross-entropy on shuffled batches, the Baseline's
-  schedule otherwise. Its base model is its own: a Baseline workdir (linear classifier) cannot be
-  passed as --checkpoint. The means of all base training images (for `rebalance.classifier=
-  'nearest_mean'`), then `rebalance.memory` exemplars of every base class (`rebalance.exemplars`:
-  drawn at random per run, their `random: true`, or by herding).
-session t > 1: the whole network and the classifier trained on the memory and the session's shots
-  together (shuffled batches of `rebalance.batch_size`, the remainder dropped, `rebalance.epochs`
-  epochs, a fresh SGD x lr_gamma after each milestone epoch, BN in train mode). The new classes'
-  columns start from U(-1/sqrt(d), 1/sqrt(d)); the old classes' columns are frozen (the authors keep
-  them out of the optimizer, as LUCIR does); sigma is trained. The loss is LUCIR's three terms:
-    cross-entropy of sigma * cos over the seen classes
-  + less-forget: lambda_base * sqrt(old / novel classes) * mean(1 - cos(f_prev(x), f(x)))
-    (`less_forget`, the previous session's network in eval mode on the same augmented images)
-  + inter-class separation: margin ranking of each old-class image's ground-truth cosine against the
-    K highest novel-class cosines (`inter_class_separation`).
-  Then `rebalance.memory` exemplars of each new class among its shots.
-Classification in every session: the cosine classifier's argmax over the seen classes
-(`rebalance.classifier='cosine'`, their `test_type: CNN`; `cosine_classifier_scores`), or the nearest
-mean of exemplars as iCaRL (`'nearest_mean'`, raw embeddings, Euclidean).
-
-Not in the authors' code, so not here: LUCIR's class-balanced fine-tuning of the classifier after
-each session. The settings are their configs' (config.rebalance, configs/common.py): lambda_base 4
-on CIFAR-100 (3 miniImageNet, 5 CUB; LUCIR's paper 5 on CIFAR-100), K 2, margin 0.5, weight 1, on
-iCaRL's session schedule; none was chosen on data here.
-"""
+"""Rebalance (LUCIR, Hou et al. 2019) as the F2M authors re-implemented and configured it (docs/method.md,
+'The compared methods'): a cosine classifier, then the whole network trained on a memory and the shots with
+LUCIR's cross-entropy, less-forget and inter-class separation terms, old columns frozen."""
 from __future__ import annotations
 
 import jax

@@ -1,23 +1,6 @@
-"""torchvision ResNet-18 weights (a `.pth` state dict) -> our Flax ResNet-18 params and batch stats.
-
-Name mapping (torchvision -> ours; our names follow torchvision, see resnet.py):
-
-    conv1.weight                       -> params conv1/kernel            (OIHW -> HWIO)
-    bn1.{weight,bias}                  -> params bn1/{scale,bias}
-    bn1.{running_mean,running_var}     -> batch_stats bn1/{mean,var}
-    layer{i}.{j}.conv{k}.weight        -> params layer{i}_{j}/conv{k}/kernel
-    layer{i}.{j}.bn{k}.*               -> layer{i}_{j}/bn{k}/*
-    layer{i}.{j}.downsample.0.weight   -> params layer{i}_{j}/downsample_conv/kernel
-    layer{i}.{j}.downsample.1.*        -> layer{i}_{j}/downsample_bn/*
-    fc.weight, fc.bias                 -> params fc/kernel (transposed), fc/bias
-
-`num_batches_tracked` entries are ignored. The classifier is converted only when its shape matches
-ours; otherwise (ImageNet's 1000 classes vs our base classes) our randomly initialised `fc` is kept,
-as the original's `strict_load: false`. Any other missing, unexpected or mis-shaped entry is an error.
-
-Reading a `.pth` needs PyTorch (an optional extra: `pip install torch`); `convert_state_dict` itself
-takes numpy arrays too and needs no torch.
-"""
+"""torchvision ResNet-18 weights (a `.pth` state dict) -> our Flax ResNet-18 params and batch stats, by
+name (ours follow torchvision). The classifier converts only when its shape matches; any other missing,
+unexpected or mis-shaped entry is an error. Reading a `.pth` needs PyTorch."""
 from __future__ import annotations
 
 import os
