@@ -38,11 +38,8 @@ RECORD = 'ncm_accuracy'
 
 @contextlib.contextmanager
 def quiet_orbax():
-  """While active, orbax speaks only through the exceptions Checkpoints turns into one line: its
-  absl log (notes on every read-only manager; the tracebacks of a failed background write, which
-  reaches Checkpoints as an exception too) is off, and so is the 'Event loop is closed' that
-  tensorstore raises, unraisable, for each write still pending when a failed save's event loop has
-  closed (a full disk: dozens of tracebacks)."""
+  """While active, orbax speaks only through the exceptions Checkpoints turns into one line: its absl
+  log and tensorstore's unraisable 'Event loop is closed' are off."""
   verbosity, hook = logging.get_verbosity(), sys.unraisablehook
 
   def drop_closed_loop(unraisable):
@@ -59,10 +56,8 @@ def quiet_orbax():
 
 
 def _cause(e: BaseException, limit: Optional[int] = None) -> str:
-  """What went wrong, as one line: the OS's reason in full and its file where an OSError is in the
-  exception's chain or tensorstore reports the OS's error code (a full disk under orbax's writes),
-  else the exception's own text (tensorstore's spec dump cut off; at most `limit` characters where
-  given: orbax's restore errors print whole trees)."""
+  """What went wrong, as one line: the OS's reason and its file where an OSError is in the chain or
+  tensorstore reports the OS's error code, else the exception's text (at most `limit` characters)."""
   seen = e
   while seen is not None:
     if isinstance(seen, OSError) and seen.strerror:

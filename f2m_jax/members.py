@@ -1,6 +1,6 @@
-"""Several runs of one config in one program (docs/performance.md, 'Seeds and sweeps in one program'): S members that differ in
-their seed or in one field train their base sessions in lockstep; each is exactly the single run of its
-own config, with its own workdir member_<i>/; summary.json gathers them."""
+"""Several runs of one config in one program (docs/performance.md, 'Seeds and sweeps in one
+program'): S members that differ in their seed or in one field train their base sessions in lockstep;
+each is exactly the single run of its own config, in its own workdir member_<i>/."""
 from __future__ import annotations
 
 import json

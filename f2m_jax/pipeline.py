@@ -52,9 +52,7 @@ def effective(config: ml_collections.ConfigDict, changes: Optional[dict] = None)
 
 def validate(config: ml_collections.ConfigDict, reads_data: bool = True) -> None:
   """Every value of an effective config checked (validation.py, the method's `validate`), and with
-  `reads_data` the data folder it will read and its sizes against this machine's memory
-  (f2m_jax/memory.py). --mode bench times random data of the config's shapes: it passes
-  reads_data=False."""
+  `reads_data` the data folder and its sizes against this machine's memory (memory.py)."""
   validation.validate(config)
   method = registry.get(config.method)
   if method.validate is not None:
@@ -76,15 +74,9 @@ def apply_presets(config: ml_collections.ConfigDict, presets, keep=()) -> None:
 def run(config: ml_collections.ConfigDict, workdir: str, mode: str = 'train',
         checkpoint: Optional[str] = None, hook: Hook = None, origin: Optional[dict] = None) -> dict:
   """Trains (or, mode='eval', only restores) and writes results.json / results.csv; returns results.
-
-  Every check that can be made before training comes first (the config, the data and its limits, the
-  network, --checkpoint and its base model, that eval has a trained workdir): a run that fails them
-  writes nothing. The workdir is then held (workdir_lib.Lock) until the run ends. A workdir whose
-  results.json exists is complete: train mode returns its results and rewrites nothing (but a
-  missing results.csv). `origin` ({'config': the --config argument, 'changes': {field: value} set on
-  the command line}, f2m_jax/cli.py) decides which presets apply (`resolve`) and goes into the
-  results' provenance and the start-up line; so does --checkpoint's `base_source`, as where the base
-  model came from (a run on the same base model from its own workdir computes the same results)."""
+  Every check comes before anything is written; the workdir is then held (Lock) until the run ends. A
+  complete workdir is not trained again. `origin` ({'config', 'changes'}, cli.py) decides which presets
+  apply (`resolve`) and goes into the provenance, as does --checkpoint's `base_source`."""
   config = effective(config, (origin or {}).get('changes'))
   workdir_lib.check_records(workdir, config.to_dict(), registry.method_sections(), source_path(checkpoint))
   validate(config)
@@ -125,14 +117,9 @@ NETWORK_FIELDS = ('model.arch', 'model.width', 'model.head')
 
 
 def source(checkpoint: str, exp: Experiment) -> dict:
-  """--checkpoint W's base model, checked before anything is written (W exists and holds a base
-  model of this network: W/config.json's NETWORK_FIELDS, then its arrays read into this network's
-  shapes; else a CheckpointError), and described for config.json and results.json's provenance:
-  W's absolute path, the method and config that trained it (None where W has no config.json), the
-  result-relevant fields where that config differs from this run's ({field: [there, here]}), how its
-  base model was chosen (`selection`), the commit of W's results.json (None where W has none), and,
-  where W's method is not this run's, a plain `note` such as 'baseline sessions on a base model
-  trained by f2m'."""
+  """--checkpoint W's base model, checked before anything is written (a CheckpointError where W holds no
+  base model of this network), and described for the provenance: W's path, method, config and its
+  differences from this run's, `selection`, commit and a `note` where W's method is not this run's."""
   saved, ours = source_config(checkpoint, exp.config), exp.config.to_dict()
   out = {'path': os.path.abspath(checkpoint), 'method': None, 'differences': None, 'commit': None}
   ckpts = Checkpoints(checkpoint, read_only=True)
@@ -193,10 +180,8 @@ def finished(workdir: str) -> dict:
 
 def compute(exp: Experiment, workdir: str, mode: str, checkpoint: Optional[str], base_source: Optional[dict],
             hook: Hook, origin: Optional[dict], writes: bool = True) -> dict:
-  """`run`'s work once the checks passed: session 1 and every run's sessions through the method, then
-  the results document (not yet written). Its wall time is summed over the invocations that trained
-  it (an interrupted run's resumes: metrics.jsonl's 'start' lines). `writes` False: the evaluation
-  of a read-only workdir, which logs nothing."""
+  """`run`'s work once the checks passed: session 1 and every run's sessions through the method, then the
+  results document (not yet written). `writes` False: a read-only workdir's evaluation, which logs nothing."""
   config, bench = exp.config, exp.bench
   log = workdir_lib.MetricsLog(workdir, tensorboard=config.tensorboard, writes=writes)
   ckpts = Checkpoints(workdir, read_only=not writes)
@@ -269,10 +254,8 @@ def _what(config, origin: Optional[dict]) -> str:
 
 
 def write_outputs(workdir: str, results: dict, mode: str, writes: bool = True) -> str:
-  """results.json/csv; returns a line saying what was compared and written. In eval mode an existing
-  results.json is compared, never overwritten: a difference is written to results_eval.json (a new
-  file each time) and reported. A read-only workdir (`writes` False) gets nothing: what it would
-  have got follows the line, as JSON (on stdout, for the user to put where they want it)."""
+  """results.json/csv; returns a line saying what was compared and written. In eval mode a difference
+  goes to a new results_eval.json; a read-only workdir (`writes` False) gets the JSON on stdout instead."""
   path = os.path.join(workdir, 'results.json')
   unwritten = f'; {workdir} is read-only, so the results follow as JSON:\n{json.dumps(results, indent=1)}'
   if mode == 'eval' and os.path.exists(path):

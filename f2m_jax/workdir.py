@@ -68,11 +68,9 @@ def saved_items(saved: dict, defaults: dict) -> dict:
 
 def config_differences(saved: dict, current: dict, defaults: Optional[dict] = None,
                        ignore: Iterable[str] = NON_RESULT_FIELDS, method_sections: Optional[dict] = None) -> list:
-  """Dotted names of the result-relevant fields where a saved config (config.json's contents) and
-  `current` differ: a field only one of them has is a difference, except one `saved` lacks where it
-  is of CONFIG_FORMAT, which takes its value in `defaults` (flat; default: `default_items`).
-  `ignore`'s fields are not compared, nor the sections one method alone reads (`method_sections`,
-  {section: method}, f2m_jax/registry.py) where neither config runs that method."""
+  """Dotted names of the result-relevant fields where a saved config and `current` differ. A field the
+  saved one lacks takes its value in `defaults`; `ignore`'s fields and the sections of a method neither
+  config runs (`method_sections`) are not compared."""
   b = flat_items(current)
   fill = default_items(any(k.startswith('data.folder.') for k in b)) if defaults is None else defaults
   a = saved_items(saved, {k: v for k, v in fill.items() if k in b})
@@ -118,10 +116,8 @@ def read_json(path: str):
 
 
 def recorded_config(path: str, method_sections: Optional[dict] = None) -> dict:
-  """The config recorded in `path` (a workdir's config.json) as a config dict (sequences as tuples),
-  read as a resume reads it (`config_differences`): the defaults filling the fields it lacks, the
-  fields that change no result and that this code no longer has dropped. A WorkdirError where it lacks
-  or holds a field this code cannot read it with, naming the field and the commit that reads it."""
+  """The config recorded in `path` (a workdir's config.json), read as a resume reads it; a WorkdirError
+  naming the field and the commit that reads it where it lacks or holds a field this code cannot read."""
   saved = read_json(path)
   items = saved_items(saved, {})
   fill = default_items(any(k.startswith('data.folder.') for k in items))
@@ -195,10 +191,8 @@ def check_output_folder(path: str) -> None:
 
 
 class Lock:
-  """A workdir's owner: an exclusive flock on W/lock, which holds the owner's pid. A second process
-  is refused, naming that pid; the OS releases the lock when its process ends, however it ends, so
-  a lock left by a killed process is simply taken over. Only the primary process locks (the other
-  processes of a multi-host run share its workdir)."""
+  """A workdir's owner: an exclusive flock on W/lock, which holds the owner's pid; a second process is
+  refused, naming it. Only the primary process locks."""
 
   def __init__(self, workdir: str, take: bool = True):
     self.path, self._fd = os.path.join(workdir, 'lock'), None
@@ -233,10 +227,8 @@ class Lock:
 
 def check_records(workdir: str, config: dict, method_sections: Optional[dict] = None,
                   base_source: Optional[dict] = None, records: tuple = RECORDS) -> list:
-  """The paths of `records` in `workdir` that exist, once each is checked: a WorkdirError where the
-  config it records differs from `config` in a result-relevant field (`config_differences`), or it
-  names another --checkpoint than `base_source` ({'path', ...}; a record older than that key is not
-  checked for it)."""
+  """The paths of `records` in `workdir` that exist, each checked against `config`
+  (`config_differences`) and `base_source`; a WorkdirError otherwise."""
   present = [p for p in (os.path.join(workdir, r) for r in records) if os.path.exists(p)]
   _check_records_agree(present, workdir, method_sections)
   for path in present:
@@ -298,13 +290,9 @@ def holds_checkpoints(workdir: str) -> bool:
 
 def prepare(workdir: str, config: dict, method_sections: Optional[dict] = None,
             base_source: Optional[dict] = None, records: tuple = RECORDS, writes: bool = True) -> Lock:
-  """Takes the workdir (creating it, and its Lock) and checks each existing record of its config
-  (`records`: config.json and checkpoints/config.json; a sweep's folder has no checkpoints) against
-  the other and against `config` (`check_records`), then writes the missing ones: the config,
-  `base_source` ({'path', ...}: --checkpoint's base model), CONFIG_FORMAT and the commit. A workdir
-  that holds checkpoints but no record of their config is refused. With `writes` False (the
-  evaluation of a read-only workdir) the records are checked, nothing is written and no lock is
-  taken. Returns the Lock, for the caller to release when done."""
+  """Takes the workdir (creating it, and its Lock), checks each existing record of its config against the
+  other and against `config`, then writes the missing ones. A workdir with checkpoints but no record is
+  refused. With `writes` False the records are checked, nothing is written, no lock taken. Returns the Lock."""
   if writes:
     check_folders(workdir)
     os.makedirs(workdir, exist_ok=True)
@@ -378,15 +366,9 @@ def atomic_write(path: str, text: str) -> None:
 
 
 class MetricsLog:
-  """Appends one JSON object per line to <workdir>/metrics.jsonl and, with `tensorboard`, writes the
-  same numbers as TensorBoard scalars into <workdir>/tensorboard/ (tensorboardX, no TensorFlow;
-  viewing them needs `pip install tensorboard`): base training as base/<name> against the step, the
-  test-set selection as select/<name>, and each run's sessions as run_<r>/<name> against the
-  session. Units as their writers give them: phase 'base' logs `acc` (the training batches'
-  accuracy) as a fraction 0..1; phases 'session' and 'select_on_test' log accuracies in percent.
-  A line of a (phase, step) the log already holds is not written again: a resumed run recomputes
-  the steps after its checkpoint exactly as the interrupted invocation had logged them. A last line
-  cut short by a kill is ended before the next is written (readers skip it)."""
+  """Appends one JSON object per line to <workdir>/metrics.jsonl and, with `tensorboard`, the same numbers
+  as TensorBoard scalars. A line of a (phase, step) the log holds already is not written again; a last line
+  cut short by a kill is ended before the next."""
 
   def __init__(self, workdir: str, tensorboard: bool = False, writes: bool = True):
     self.path, self._writes = os.path.join(workdir, 'metrics.jsonl'), writes  # False: a read-only workdir's

@@ -15,9 +15,8 @@ from jax import lax
 
 
 def _scaled_normal(key, shape, dtype, scale) -> jax.Array:
-  """N(0, 1) draws times `scale` (a float32 computed on the host). The draws pass an optimization
-  barrier, so that the init gives the same bits op by op and jitted as one program (where XLA would
-  otherwise fold the scale into the draws' arithmetic and round differently)."""
+  """N(0, 1) draws times `scale`, behind an optimization barrier so that eager and jitted inits give
+  the same bits."""
   return lax.optimization_barrier(jax.random.normal(key, shape, dtype)) * np.asarray(scale, dtype)
 
 
@@ -65,9 +64,7 @@ KERNEL_GRAD_MIN_BYTES = 1 << 20
 
 
 def _kernel_grad_by_shifts(x, g, kernel_shape, strides, padding):
-  """d conv(x, k) / dk contracted with g, as im2col matmuls over blocks of a few images (patches^T @ g
-  accumulated with lax.scan, each block's patches small enough to stay in a CPU cache). Equal to
-  autodiff to float rounding."""
+  """d conv(x, k) / dk contracted with g, as im2col matmuls over blocks of a few images (lax.scan)."""
   kh, kw, cin, cout = kernel_shape
   n, ho, wo, _ = g.shape
   sh, sw = strides
@@ -90,9 +87,8 @@ def _kernel_grad_by_shifts(x, g, kernel_shape, strides, padding):
 
 
 def _input_grad_eigen(g, kernel, x_shape, strides, padding):
-  """d conv(x, kernel) / dx contracted with g (float32) as the convolution XLA:CPU's Eigen kernels run,
-  inside a lax.scan too: g dilated by the strides, convolved with the flipped kernel, its in/out axes
-  swapped (jax's own padding for this transpose). Bit-identical to XLA's transpose outside loops."""
+  """d conv(x, kernel) / dx contracted with g (float32) as the convolution XLA:CPU's Eigen kernels run;
+  bit-identical to XLA's transpose outside loops."""
   kh, kw = kernel.shape[:2]
   flipped = jnp.transpose(jnp.flip(kernel, (0, 1)), (0, 1, 3, 2))
   pads = []
@@ -103,9 +99,8 @@ def _input_grad_eigen(g, kernel, x_shape, strides, padding):
 
 
 def _kernel_grad_eigen(x, g, kernel_shape, strides, padding):
-  """d conv(x, k) / dk contracted with g (float32) as the convolution XLA:CPU's Eigen kernels run,
-  inside a lax.scan too: the batch axis as the contracted feature axis (x as [cin, H, W, n], g as an
-  [Ho, Wo, n, cout] kernel dilated by the strides). Bit-identical to XLA's transpose outside loops."""
+  """d conv(x, k) / dk contracted with g (float32) as the convolution XLA:CPU's Eigen kernels run;
+  bit-identical to XLA's transpose outside loops."""
   kh, kw = kernel_shape[:2]
   out = lax.conv_general_dilated(jnp.transpose(x, (3, 1, 2, 0)), jnp.transpose(g, (1, 2, 0, 3)), (1, 1),
                                  padding, rhs_dilation=strides, dimension_numbers=LAYOUT)
@@ -114,9 +109,7 @@ def _kernel_grad_eigen(x, g, kernel_shape, strides, padding):
 
 def _cpu_conv_grads(x, kernel, g, strides, padding, dtype):
   """(d x, d kernel) of conv(x, kernel) contracted with g in the forms XLA:CPU runs fast
-  (experiments/results/README.md, 'CPU speed: the convolution backward's forms'): in float32 the
-  Eigen forms, the kernel gradient of output gradients over KERNEL_GRAD_MIN_BYTES by im2col blocks;
-  other compute dtypes through XLA's own transposes."""
+  (experiments/results/README.md, 'CPU speed: the convolution backward's forms')."""
   float32 = jnp.dtype(dtype) == jnp.float32
   if float32:
     gx = _input_grad_eigen(g, kernel, x.shape, strides, padding)
@@ -144,11 +137,8 @@ CONV_GRADS = {'cpu': _cpu_conv_grads, 'xla': _xla_conv_grads}
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6))
 def conv2d(x, kernel, eps, strides, padding, dtype, backward):
-  """conv(x, kernel + eps) whose backward sees `kernel` alone: the input gradient is taken at `kernel`
-  (the kernel gradient does not depend on it) and eps gets none. With eps the noise, that is the
-  clean-weights backward (config.noise.backward_weights='clean'); with eps zeros, the gradient of
-  conv(x, kernel). backward: 'cpu' or 'xla' (config.model.conv_backward), the form the gradients are
-  written in (`CONV_GRADS`; the same values to float rounding)."""
+  """conv(x, kernel + eps) whose backward sees `kernel` alone (eps gets no gradient): the clean-weights
+  backward. backward: 'cpu' or 'xla', the form the gradients are written in (`CONV_GRADS`)."""
   return _conv(x, kernel + eps, strides, padding, dtype)
 
 
@@ -166,10 +156,8 @@ conv2d.defvjp(_conv2d_fwd, _conv2d_bwd)
 
 
 class Conv(nn.Module):
-  """A bias-free convolution (NHWC, an HWIO kernel named 'kernel', as flax's nn.Conv). Where the
-  variables hold a 'noise' collection ({...path...: {'kernel': eps}}, `base.base_loss` under the
-  clean-weights backward), it computes conv(x, kernel + eps) differentiated at the clean kernel
-  (`conv2d`). backward: the form of the gradients, 'cpu' (`_cpu_conv_grads`) or 'xla' (autodiff)."""
+  """A bias-free convolution (NHWC, HWIO 'kernel', as flax's nn.Conv); with a 'noise' collection, conv(x,
+  kernel + eps) differentiated at the clean kernel (`conv2d`)."""
   features: int
   kernel_size: Sequence[int]
   strides: Sequence[int] = (1, 1)
@@ -190,9 +178,8 @@ class Conv(nn.Module):
 
 
 class BatchNorm(nn.Module):
-  """PyTorch's BatchNorm2d: normalises with the biased batch variance, and in training updates the
-  running statistics with momentum BN_MOMENTUM, the running variance from the *unbiased* batch
-  variance (n / (n - 1)). Variables are named as flax's nn.BatchNorm ('scale', 'bias'; 'mean', 'var')."""
+  """PyTorch's BatchNorm2d: the biased batch variance to normalise, the unbiased one into the running
+  variance (momentum BN_MOMENTUM). Variables named as flax's nn.BatchNorm."""
   use_running_average: bool
   dtype: Any = jnp.float32
 
@@ -220,11 +207,8 @@ class BatchNorm(nn.Module):
 
 
 def fold_batch_stats(running, updates: Sequence):
-  """PyTorch's running statistics after several train-mode passes in turn.
-
-  Each element of `updates` is the batch_stats a pass returned when it was given all-zero running
-  statistics, i.e. BN_MOMENTUM times its batch statistics; they are applied in order:
-  running <- (1 - m) * running + update."""
+  """PyTorch's running statistics after several train-mode passes in turn: each of `updates` is
+  BN_MOMENTUM times a pass's batch statistics, applied as running <- (1 - m) * running + update."""
   for u in updates:
     running = jax.tree_util.tree_map(lambda r, d: (1 - BN_MOMENTUM) * r + d, running, u)
   return running
@@ -257,17 +241,8 @@ class BasicBlock(nn.Module):
 
 class ResNet(nn.Module):
   """A ResNet returning (embedding, logits), or an intermediate activation for a partial range.
-
-  Attributes:
-    stage_sizes: BasicBlocks per stage.
-    widths: channels per stage.
-    stem: 'cifar' (3x3 conv, stride 1) or 'imagenet' (7x7/2 conv and 3x3/2 max-pool).
-    num_classes: outputs of the classifier (the base classes).
-    head: 'linear' (Dense `fc`), 'linear_no_bias' (a Dense `fc` without bias, `fan_out_init`: the
-      authors' iCaRL classifier, for method=icarl) or 'cosine' (`CosineClassifier`: LUCIR's, for
-      method=rebalance).
-    conv_backward: the form of the convolutions' gradients ('xla' or 'cpu'; `Conv`).
-  """
+  stem: 'cifar' or 'imagenet'; head: 'linear', 'linear_no_bias' (iCaRL's) or 'cosine' (LUCIR's);
+  conv_backward: 'xla' or 'cpu' (`Conv`)."""
   stage_sizes: Sequence[int]
   widths: Sequence[int]
   stem: str
@@ -324,9 +299,8 @@ HEADS = ('linear', 'linear_no_bias', 'cosine')
 
 
 def cosine_scores(embedding: jax.Array, kernel: jax.Array) -> jax.Array:
-  """cos(embedding, each column of kernel [dim, classes]); PyTorch's F.normalize (norms clipped at
-  1e-12) on both sides. The clip is taken on the squared norm, so that an all-zero column (a class not
-  seen yet) has a zero gradient, not NaN."""
+  """cos(embedding, each column of kernel [dim, classes]), norms clipped as F.normalize on the squared
+  norm, so that an all-zero column has a zero gradient, not NaN."""
   def unit(x, axis):
     return x / jnp.sqrt(jnp.maximum(jnp.sum(x * x, axis=axis, keepdims=True), 1e-24))
   return unit(embedding, -1) @ unit(kernel, 0)
@@ -372,9 +346,8 @@ def build_model(arch: str, num_classes: int, width: Optional[int] = None, dtype:
 
 
 def conv3x3_paths(model: ResNet) -> list:
-  """Paths (tuples of names) of every 3x3 conv kernel in forward order, stem included if 3x3.
-
-  Shortcut 1x1 convs, BN and the classifier are never listed (docs/method.md, 'The model and the noise set')."""
+  """Paths of every 3x3 conv kernel in forward order, stem included if 3x3 (docs/method.md, 'The model
+  and the noise set')."""
   paths = [('conv1', 'kernel')] if model.stem == 'cifar' else []
   for name in model.block_names():
     paths += [(name, 'conv1', 'kernel'), (name, 'conv2', 'kernel')]
