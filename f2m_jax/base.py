@@ -127,15 +127,11 @@ def init_state(model: ResNet, key: jax.Array, image_size: int, tx: optax.Gradien
 
 def make_train_program(model: ResNet, noise: ml_collections.FrozenConfigDict, tx: optax.GradientTransformation,
                        data, members_map: str, mesh) -> Callable:
-  """program(states, images, labels, indices, num_steps, keys, bounds) -> (states, metrics): N steps
-  of S members (a sweep's runs; one run is S = 1) in one call. The members share the training images
-  (uint8) and labels; `indices` [N, S, B] hold their batches, gathered on the device; states, keys and
-  bounds carry a leading member axis; metrics leaves are [N, S]. A member's step augments its batch
-  (`data`'s augment, image_size, mean, std) and draws its noise (half-width its bound) from
-  fold_in(key, step), so a resumed run repeats an uninterrupted one. members_map: 'vmap' maps the
-  step over the members, 'unroll' writes the S steps side by side (for one run exactly its step).
-  Only the first `num_steps` (<= N) steps count: a shorter call runs the same compiled program.
-  Jitted over `mesh`: the batch axis B split over the devices, the rest replicated; states donated."""
+  """program(states, images, labels, indices, num_steps, keys, bounds) -> (states, metrics): the first
+  `num_steps` of N steps of S members in one call, jitted over `mesh` (batch axis split, states donated).
+  `indices` [N, S, B] gather each member's batches from the shared images; states, keys and bounds carry a
+  leading member axis; metrics leaves are [N, S]. A step's augmentation and noise come from fold_in(key,
+  step). members_map: 'vmap' or 'unroll' (for one run exactly its step)."""
   paths = tuple(noise_set_paths(model, noise.num_layers)) if noise.enabled else ()
 
   def member_step(state, images, labels, key, bound):

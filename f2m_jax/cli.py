@@ -35,11 +35,8 @@ USER_ERRORS = (ValueError, FileNotFoundError, CheckpointError, WorkdirError)
 
 def main(config, workdir: str, mode: str, checkpoint=None, origin=None, dry_run: bool = False,
          time_step: bool = False) -> int:
-  """Runs `mode`. `origin` ({'config': the --config argument, 'changes': {field: value} of the
-  command line's --config.FIELD overrides}) is what the user changed: no method's presets replace
-  those fields (f2m_jax/pipeline.py: resolve), and it goes into the start-up line and the records.
-  SIGINT and SIGTERM stop a run at its next step or session boundary, or within seconds where none
-  comes (f2m_jax/stopping.py; exit code 130)."""
+  """Runs `mode`. `origin` ({'config', 'changes'}: the --config argument and the command line's overrides)
+  is what the user changed: no method's presets replace those fields, and it goes into the records."""
   at_once = '--dry-run' if dry_run else '' if mode in ('train', 'eval') else f'--mode {mode}'
   with quiet_orbax(), stopping.stopping(at_once=at_once) as stop:
     return stop.exit(run_mode(config, workdir, ('time_step' if time_step else 'dry_run') if dry_run else mode,
@@ -89,9 +86,7 @@ def message(line: str, code: int) -> int:
 
 def enable_compilation_cache(config):
   """Where config.compilation_cache asks for it, JAX's persistent compilation cache in <cache folder>/
-  jax_compilation_cache, for every program however fast it compiled (JAX keeps only those of 1 s or more
-  unless JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS says otherwise; figures: experiments/results/README.md).
-  Returns the folder in use (one already set, e.g. by JAX_COMPILATION_CACHE_DIR, is kept as is), or None."""
+  jax_compilation_cache, for every program; returns the folder in use (one already set is kept), or None."""
   if jax.config.jax_compilation_cache_dir:
     return jax.config.jax_compilation_cache_dir
   if not config.get('compilation_cache', False):
@@ -124,10 +119,8 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
 
 
 def parse_flags(argv: list, flag_values: flags.FlagValues = flags.FLAGS) -> list:
-  """run.py's absl flags parser. Without --config, --workdir's config.json is the config
-  (`with_recorded_config`). A bad --config file or argument, an override of a field that does not
-  exist, or a value of the wrong type stops with one line naming it and what is allowed (exit code 2)
-  before anything is written; values out of range are caught by f2m_jax/validation.py."""
+  """run.py's absl flags parser; without --config, --workdir's config.json is the config. A bad --config,
+  an unknown field or a value of the wrong type stops with one line (exit code 2) before anything is written."""
   argv = with_recorded_config(argv)
   try:
     return flag_values(argv)
@@ -190,10 +183,8 @@ class ConfigFile(flags.ArgumentParser):
 
 
 def load_config(spec: str) -> ml_collections.ConfigDict:
-  """The config that `spec` (--config's value) names: a workdir's config.json, read as a resume reads
-  it (workdir.recorded_config), or get_config(arg) of the config file `path[:arg]`. A ValueError of
-  one line where there is no such file (naming the configs in its folder), the config.json cannot be
-  read, or the file refuses the argument."""
+  """The config that `spec` (--config's value) names: a workdir's config.json (workdir.recorded_config)
+  or get_config(arg) of `path[:arg]`; a one-line ValueError where it cannot be read."""
   path, _, arg = spec.partition(':')
   if not os.path.isfile(path):
     raise ValueError(missing_file(path))

@@ -18,15 +18,9 @@ from f2m_jax.models import ResNet
 @functools.lru_cache(maxsize=None)
 def make_embed(model: ResNet, mean, std, batch_size: int = 500, first: int = 0,
                last: Optional[int] = None, logits: bool = False) -> Callable:
-  """embed(variables, inputs) -> numpy in the model's accumulation dtype (float32 unless the model
-  computes in float64), BN in eval mode, no augmentation, in batches padded
-  to a fixed size so one compiled program serves every call (and, the builder being cached, every
-  caller with the same settings: the base prototypes, the test set and the shots share one).
-
-  With first=0 the inputs are uint8 images (normalised with mean/std here); otherwise they are the
-  activations entering block `first`. With `last` set the output is the activation before block
-  `last` (the frozen trunk's features) instead of the embedding; with `logits` the linear
-  classifier's outputs."""
+  """embed(variables, inputs) -> numpy in the model's accumulation dtype, BN in eval mode, in batches padded
+  to one size so one (cached) compiled program serves every call. first=0: uint8 images; else the
+  activations entering block `first`. `last`: the activation before block `last`; `logits`: the classifier's."""
 
   @jax.jit
   def _embed(variables, inputs):
@@ -85,11 +79,9 @@ def ncm_dtype(*dtypes):
 
 def ncm_accuracies(embeddings: np.ndarray, labels: np.ndarray, protos: np.ndarray, num_base: int,
                    normalize: bool, pad_to: Optional[tuple] = None, session_ends: Sequence[int] = ()) -> dict:
-  """NCM over all seen classes; returns acc, acc_base, acc_novel (None without novel images) and
-  hm (harmonic mean of base and novel), in percent, and `accuracies_from_predictions`'s acc_sessions
-  where `session_ends` is given. `pad_to` = (rows, classes): the embeddings and
-  prototypes are padded to these sizes (the padded classes never predicted), so every session of a
-  benchmark runs one compiled program instead of compiling anew for each session's shapes."""
+  """NCM over all seen classes: acc, acc_base, acc_novel (None without novel images), hm, in percent, and
+  acc_sessions where `session_ends` is given. `pad_to` = (rows, classes) pads so that every session runs
+  one compiled program."""
   dtype = ncm_dtype(np.asarray(embeddings).dtype, np.asarray(protos).dtype)
   embeddings, protos = np.asarray(embeddings, dtype), np.asarray(protos, dtype)
   rows, classes = pad_to or (len(embeddings), len(protos))

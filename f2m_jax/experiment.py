@@ -127,11 +127,8 @@ class Experiment:
     return _init_program(network or self.model, self.bench.image_size, self.optimizer_settings())
 
   def init_state(self, network: Optional[ResNet] = None, key: Optional[jax.Array] = None):
-    """A fresh train state of `network` (default: the config's; `network(n)` for another classifier
-    size) from `key` (default: the init's stream, key(1)). Where model.pretrained is set, the trunk
-    comes from it for every such network (joint training's per-session networks too, as the
-    authors' joint starts from the ImageNet weights); a classifier of another size than the file's
-    stays `key`'s fresh init."""
+    """A fresh train state of `network` (default: the config's) from `key` (default: the init's stream),
+    with model.pretrained's trunk where set; a classifier of another size than the file's stays `key`'s init."""
     key = self.key(1) if key is None else key
     network = network or self.model
     params = batch_stats = None
@@ -143,10 +140,8 @@ class Experiment:
 
 @functools.lru_cache(maxsize=None)
 def _init_program(network: ResNet, image_size: int, sgd_settings: tuple) -> Callable:
-  """`Experiment.init_program`, one per (network, image size, optimizer), so that the runs of a sweep
-  compile it once. One program because flax's init runs the network op by op otherwise, each op
-  dispatched (and on a GPU compiled) on its own; the initializers give the same bits either way
-  (models/resnet.py, `_scaled_normal`)."""
+  """`Experiment.init_program`, one per (network, image size, optimizer), so that a sweep's runs compile
+  it once."""
   tx = optim.sgd(*sgd_settings)
   return jax.jit(lambda key, params, batch_stats: base_lib.init_state(network, key, image_size, tx, params,
                                                                       batch_stats))

@@ -50,10 +50,8 @@ def clip_to_box(trainable: Mapping, anchor: Mapping, bound: float) -> dict:
 
 
 def session_loss(trainable, frozen, batch_stats, x, labels, stored, num_seen, settings: SessionSettings):
-  """Eq. 5 for the current network (BN in eval mode, so padding rows do not touch the others), its
-  prototypes at `settings.prototype_norm` (PROTOTYPE_NORMS): with 'unit_base' the stored rows (the
-  base prototypes; the novel classes' rows are replaced by batch means, zero rows stay zero) enter
-  at unit norm, with 'unit_all' every prototype does (`objectives.metric_loss`'s unit_prototypes)."""
+  """Eq. 5 for the current network (BN in eval mode), its prototypes at `settings.prototype_norm`:
+  'unit_base' the stored rows at unit norm, 'unit_all' every prototype (`objectives.metric_loss`)."""
   params = trees.unflatten({**frozen, **trainable})
   emb, _ = settings.model.apply({'params': params, 'batch_stats': batch_stats}, x, train=False)
   if settings.prototype_norm == 'unit_base':
@@ -64,12 +62,9 @@ def session_loss(trainable, frozen, batch_stats, x, labels, stored, num_seen, se
 
 
 def round_gradient(g: jax.Array, lr: float, quantum: float) -> jax.Array:
-  """The original's gradient rounding (not in the paper; docs/method.md, 'Incremental sessions').
-
-  The raw step lr*g is rounded to a multiple of `quantum` (b/2, the grid noise's spacing), so entries
-  with |lr*g| < quantum/2 do not move at all; if that zeroes the whole tensor, 2*lr*g is rounded
-  instead (once). Returns the gradient whose plain SGD step is that rounded step. Weight decay and
-  momentum act afterwards, as in the original, so the final steps are not exactly on the grid."""
+  """The original's gradient rounding (not in the paper; docs/method.md, 'Incremental sessions'): the
+  gradient whose plain SGD step is lr*g rounded to a multiple of `quantum` (2*lr*g, once, where that rounds
+  the whole tensor to zero)."""
   q = jnp.round(lr * g / quantum)
   q = jnp.where(jnp.all(q == 0), jnp.round(2 * lr * g / quantum), q)
   return q * quantum / lr
@@ -102,10 +97,8 @@ def session_step(trainable, opt_state, frozen, batch_stats, anchor, x, labels, s
 
 def finetune_session(trainable, frozen, batch_stats, anchor, step_inputs: Callable, labels, stored, num_seen,
                      settings: SessionSettings, tx: Optional[optax.GradientTransformation] = None):
-  """One session's E steps on flat dicts, from a fresh optimizer (`session_optimizer`): step i trains
-  on the network inputs `step_inputs(i)` (the session's images, augmented and normalised) with
-  `session_step`, so every step is rounded (round_steps) and clamped to the box around `anchor`
-  (phi*). Returns (trainable, losses[E])."""
+  """One session's E steps of `session_step` on flat dicts from a fresh optimizer, step i on the inputs
+  `step_inputs(i)`, clamped to the box around `anchor` (phi*). Returns (trainable, losses[E])."""
   tx = tx or session_optimizer(settings)
 
   def step(i, carry):
@@ -132,11 +125,8 @@ def _finetune_steps(trainable, frozen, batch_stats, anchor, images, labels, stor
 
 def make_finetune(settings: SessionSettings) -> Callable:
   """finetune(params, batch_stats, anchor, images_u8, labels, stored, num_seen, key) -> (params,
-  losses[E]), jitted: one session of one run. `anchor` is the flat dict of phi* on the trainable
-  paths; `stored` the [C, D] prototypes whose first `num_seen` rows are the seen classes (base ones
-  used as given, novel rows replaced by batch means inside the loss). `pad_session` pads every
-  session to the last session's sizes, so that the program compiles once; padding rows and classes
-  take no part in the loss."""
+  losses[E]), jitted: one session of one run. `stored`: [C, D] prototypes, the first `num_seen` rows seen.
+  `pad_session` pads every session to the last one's sizes (one compile; padding takes no part in the loss)."""
   tx = session_optimizer(settings)
 
   @jax.jit

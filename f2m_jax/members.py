@@ -85,10 +85,8 @@ def summarize_values(field: str, values, member_results: list) -> dict:
 def run(config: ml_collections.ConfigDict, root: str, mode: str = 'train', checkpoint: Optional[str] = None,
         hook: Hook = None, origin: Optional[dict] = None) -> dict:
   """The sweep: every member's base session in one program, then each member's sessions; writes
-  root/summary.json and returns it. `origin` (the --config argument and its changes, as
-  `pipeline.run`'s) decides the presets as for one run and goes into the summary's provenance and,
-  with the member's index (`sweep_member`), into each member's results. Every check (the config, the
-  members' configs, the data, eval of a folder that holds no sweep) comes before anything is written."""
+  root/summary.json and returns it. `origin` as `pipeline.run`'s. Every check comes before anything is
+  written."""
   if checkpoint:
     raise ValueError('--checkpoint takes one base model; a member sweep trains its own')
   validate(config)

@@ -39,10 +39,8 @@ def fifth_cdfs() -> np.ndarray:
 
 
 def _beta_grid(key, shape, b, relabel):
-  """u ~ Beta(alpha, beta) per element, alpha and beta drawn uniformly from BETA_SHAPES once per call
-  (per layer and draw); u's fifth of [0, 1] is mapped through `relabel` to one of GRID_LEVELS * b.
-  The fifth is drawn directly, by inverting `fifth_cdfs` at a uniform number: the law of a binned
-  Beta draw."""
+  """u ~ Beta(alpha, beta) per element (alpha, beta from BETA_SHAPES once per call), its fifth of [0, 1]
+  mapped through `relabel` to one of GRID_LEVELS * b; the fifth drawn by inverting `fifth_cdfs`."""
   ka, kb, ku = jax.random.split(key, 3)
   cdf = jnp.asarray(fifth_cdfs())[jax.random.randint(ka, (), 0, len(BETA_SHAPES)),
                                   jax.random.randint(kb, (), 0, len(BETA_SHAPES))]

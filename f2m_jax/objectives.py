@@ -36,11 +36,8 @@ def prototype_fixing(clean: jax.Array, noisy: jax.Array, labels: jax.Array, num_
 
 @jax.custom_vjp
 def unbiased_std(x: jax.Array) -> jax.Array:
-  """torch.std(x): the unbiased standard deviation of a vector, differentiated as PyTorch does,
-  d std / dx = (x - mean(x)) / ((n - 1) std). Autodiff of the same formula adds the mean's own term,
-  which is zero in exact arithmetic but cancels the rounding of x - mean(x); PyTorch's gradient
-  keeps that rounding, and where the M losses nearly coincide it is a sizeable part of the step
-  (tests/test_torch_fixtures.py holds us to PyTorch's)."""
+  """torch.std(x), differentiated as PyTorch does: d std / dx = (x - mean(x)) / ((n - 1) std), 0 where
+  std = 0 (tests/test_torch_fixtures.py holds us to PyTorch's gradient)."""
   return jnp.std(x, ddof=1)
 
 
@@ -80,14 +77,10 @@ def pairwise_distance(x: jax.Array, prototypes: jax.Array, distance: str) -> jax
 
 def metric_loss(embeddings: jax.Array, labels: jax.Array, stored: jax.Array, distance: str,
                 num_seen=None, unit_prototypes: bool = False) -> jax.Array:
-  """Eq. 5: softmax over -d(f(x), p_c) for every seen class c. Classes present in the batch use the
-  batch's own mean embedding (with gradient); the others (base classes) use the stored prototypes.
-  With `unit_prototypes` every prototype, batch means and stored rows alike, enters at unit L2 norm
-  (`normalize_prototypes`; zero rows stay zero), the queries stay raw. The mean over the batch, as
-  the authors' code (Eq. 5 sums: docs/method.md).
-
-  For one compiled program across sessions the inputs may be padded: rows labelled -1 are ignored,
-  and with `num_seen` (a scalar, may be traced) only the first num_seen rows of `stored` are classes."""
+  """Eq. 5: softmax over -d(f(x), p_c) for every seen class c, the batch's mean embedding for classes in
+  the batch, the stored prototypes for the others; `unit_prototypes`: every prototype at unit norm. The
+  mean over the batch, as the authors' code. Rows labelled -1 are ignored; only the first `num_seen` rows
+  of `stored` are classes."""
   batch_means, counts = class_means(embeddings, labels, stored.shape[0])  # label -1: a zero one-hot row
   prototypes = jnp.where((counts > 0)[:, None], batch_means, stored)
   if unit_prototypes:

@@ -16,11 +16,9 @@ ACCURACY_KEYS = ('acc', 'acc_base', 'acc_novel', 'hm')
 
 def run_sessions(exp: Experiment, runner, ckpts: Checkpoints, log, train: bool = True,
                  hook: Hook = None) -> tuple:
-  """All runs x sessions for any method (its `runner`, f2m_jax/methods), run by run, session by
-  session. Returns per-run lists of per-session accuracy dicts and per-run prototype norms (None
-  where the method has none). Sessions already checkpointed are restored, their accuracies computed
-  again from the restored state as the run computed them; with `train=False` (eval mode) a missing
-  session is an error."""
+  """All runs x sessions for any method's `runner`, run by run, session by session: per-run lists of
+  accuracy dicts and per-run prototype norms (or None). Checkpointed sessions are restored; with
+  `train=False` a missing session is an error."""
   cfg, bench = exp.config, exp.bench
   print(f'session 1: accuracy on the {len(protocol_lib.test_indices(bench, 1)):,} test images of the base classes, '
         f'then {cfg.runs} runs x {bench.num_sessions - 1} sessions', flush=True)
@@ -63,10 +61,8 @@ def saved_sessions(ckpts: Checkpoints, run: int) -> set:
 
 def train_session(method: str, runner, ckpts: Checkpoints, log, state, run: int, session: int,
                   exemplars: np.ndarray) -> tuple:
-  """(state, accuracies) of `run` after training `session`; saved, and logged once the save is
-  complete (a session whose save failed has no metrics line). A TrainingError,
-  before anything is saved, where the state, its accuracies or the training's metrics hold NaN or
-  inf (every method's sessions come through here)."""
+  """(state, accuracies) of `run` after training `session`; saved, then logged. A TrainingError, before
+  anything is saved, where the state, its accuracies or its metrics hold NaN or inf."""
   state, info = runner.update(state, run, session, exemplars)
   acc = runner.accuracies(state, session)
   bad = trees.non_finite({'state': runner.item(state), 'accuracies': acc, 'metrics': info})

@@ -13,10 +13,8 @@ AXIS = 'data'
 
 
 def maybe_initialize_distributed(requested: bool = False) -> bool:
-  """Calls `jax.distributed.initialize()` when the environment asks for multi-host, i.e. when
-  JAX_COORDINATOR_ADDRESS is set (with JAX_NUM_PROCESSES and JAX_PROCESS_ID, unless a cluster
-  manager such as SLURM or a TPU pod provides them) or when `requested` (config `distributed=True`:
-  let JAX detect the cluster). Returns whether it initialized. Must run before any computation."""
+  """Calls `jax.distributed.initialize()` when JAX_COORDINATOR_ADDRESS is set or `requested` (config
+  `distributed=True`); returns whether it did. Must run before any computation."""
   address = os.environ.get('JAX_COORDINATOR_ADDRESS')
   if not (address or requested):
     return False

@@ -44,11 +44,9 @@ def train_base(exp: Experiment, ckpts: Checkpoints, log: workdir_lib.MetricsLog,
 
 def train_base_sessions(exps: Sequence[Experiment], ckpts: Sequence[Checkpoints], logs: Sequence, title: str,
                         select: Optional[Callable] = None, hook: Hook = None):
-  """The base sessions of S >= 1 runs (a sweep's members, of one objective but for the bound) in
-  lockstep through `train_steps`, from the latest base step every one of them holds (`resume_step`)
-  or from scratch; each state is saved into its own workdir, except at the steps it holds already
-  (the same state: a step is a pure function of the one before). Returns the final states, with a
-  leading member axis."""
+  """The base sessions of S >= 1 runs in lockstep through `train_steps`, from the latest base step all of
+  them hold (`resume_step`) or from scratch; each state saved into its own workdir, never at a step it
+  holds already. Returns the final states, with a leading member axis."""
   held = [c.base_steps() for c in ckpts]
   start = resume_step(held)
   steps = exps[0].config.base.steps
@@ -95,12 +93,9 @@ def call_spans(start: int, steps: int, per_call: int) -> list:
 
 def train_steps(exp: Experiment, model, noise, members: Sequence[Member], states, start: int, phase: str,
                 title: str, select: Optional[Callable] = None, hook: Hook = None):
-  """Steps `start`..base.steps of S >= 1 members of `model` under `noise` (a frozen config.noise) in
-  lockstep from `states` (with a leading member axis), with the base.* budget; returns the final
-  states. `select(step, state)` (one member only) is called every base.select_every steps; the
-  metrics the step returns go to each member's log under `phase`; a non-finite step raises TrainingError. A call is dispatched before the previous call's
-  metrics are read, and a state to be saved is first copied on the device (the next call donates
-  it), so the device does not wait for the host."""
+  """Steps `start`..base.steps of S >= 1 members in lockstep from `states` (leading member axis); returns
+  the final states. `select(step, state)` runs every base.select_every steps; the step's metrics go to each
+  member's log under `phase`; a non-finite step raises TrainingError."""
   cfg, bench = exp.config.base, exp.bench
   if start >= cfg.steps:
     return states
@@ -134,10 +129,8 @@ def train_steps(exp: Experiment, model, noise, members: Sequence[Member], states
 
 
 class Records:
-  """What the host does with each call's results: the non-finite stop, the progress bar (started
-  after the first call, so its rate leaves out the compile; until then `status` says what runs), the
-  metrics log's averages over windows of base.log_every steps, the test-set selection, the
-  checkpoints and the hook."""
+  """What the host does with each call's results: the non-finite stop, the progress bar, the metrics log's
+  averages, the test-set selection, the checkpoints and the hook."""
 
   def __init__(self, config, members: Sequence[Member], phase: str, title: str, start: int,
                select: Optional[Callable], hook: Hook, status: Optional[progress.Status] = None):

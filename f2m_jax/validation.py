@@ -152,10 +152,8 @@ def check_data_folder(c: ml_collections.ConfigDict) -> None:
 
 
 def check_benchmark(exp: Experiment) -> None:
-  """The limits the data sets, checked before anything is written: the base session's first batch
-  drawn as the run will draw it (the sampler's pool against base.batch_size, base.shots, base.ways),
-  and the first run's shots of every session (the TOPIC lists of protocol 'topic'; data.shots against
-  each novel class's shot pool). Raises ValueError naming the value and what the data allow."""
+  """The limits the data sets, checked before anything is written: the base session's first batch and the
+  first run's shots of every session, drawn as the run draws them. Raises ValueError naming the value."""
   c = exp.config
   exp.batch_indices(0)
   for session in range(2, exp.bench.num_sessions + 1):

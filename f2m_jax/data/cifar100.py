@@ -210,11 +210,9 @@ def official_arrays(cache_dir) -> tuple:
 
 
 def load_cifar100_tfds(tfds_data_dir: Optional[str], index_dir, cache_dir=None) -> Benchmark:
-  """Official protocol: train = the 50,000 training images (official order), test = the official
-  10,000 test images, base_train = session_1.txt, shot_pool = every training image of classes >= 60,
-  topic_shots = session_2..9.txt. From a TFDS cifar100 prepared in `tfds_data_dir` (TFDS's default
-  folder where None), else (with a cache folder) from the official archive (`official_arrays`);
-  without a cache folder, TFDS only."""
+  """The official protocol: the 50,000 training images in official order, the official test images,
+  session_*.txt's base training images and shots; from a prepared TFDS cifar100, else (with a cache folder)
+  from the official archive."""
   tfds_error = None
   if cache_dir is None or tfds_prepared(tfds_data_dir):
     try:

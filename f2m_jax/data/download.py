@@ -68,11 +68,9 @@ def held(path):
 
 @contextlib.contextmanager
 def written_atomically(path, suffix: str = ''):
-  """A temporary file beside `path` (its name ending in `suffix`) to write in the block: a reader never
-  sees half a file. Made readable by all (a cache may be shared; a record is, as with umask 022) and
-  renamed to `path` when the block completes, removed when it fails; held while it is written, so
-  that the leftovers of a killed writer of `path` are removed (`remove_stale`), never a live one's. A
-  write that fails names `path`."""
+  """A temporary file beside `path` to write in the block, readable by all and renamed to `path` when the
+  block completes (removed when it fails, held while written so `remove_stale` never takes a live one's).
+  A write that fails names `path`."""
   path = pathlib.Path(path)
   remove_stale(path.parent, f'.{glob.escape(path.name)}.*.tmp{glob.escape(suffix)}')
   fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f'.{path.name}.', suffix=f'.tmp{suffix}')
@@ -105,10 +103,8 @@ def _open(url: str, offset: int):
 
 
 def fetch(url: str, dest, sha256: str, size: int, what: str, help_text: str = '') -> pathlib.Path:
-  """Downloads `url` to `dest` (skipped when `dest` exists) and checks `size` and `sha256`.
-
-  Raises DataError naming the URL, what went wrong and what to do: a network error or a short
-  read keeps the partial file (rerun to resume); a checksum mismatch deletes it."""
+  """Downloads `url` to `dest` (skipped when `dest` exists) and checks `size` and `sha256`; a DataError
+  naming the URL and what to do (a partial file is kept to resume; a checksum mismatch deletes it)."""
   from tqdm.auto import tqdm  # pylint: disable=g-import-not-at-top
   dest = pathlib.Path(dest)
   if dest.is_file():

@@ -38,10 +38,9 @@ def session_shots(benchmark: Benchmark, protocol: str, run: int, session: int, s
 
 def class_aware_epoch(labels: np.ndarray, pool: np.ndarray, per_class: int, seed: int, epoch: int,
                       stream: tuple = ()) -> np.ndarray:
-  """One epoch of cRT's class-aware sampling (the authors' data/class_aware_sampler.py): classes
-  visited in a random order, reshuffled after each pass; each visit takes the next `per_class`
-  images of the class from its own shuffled cycle (reshuffled when used up). An epoch is
-  max-class-size x classes samples. A function of (seed, stream, epoch)."""
+  """One epoch of cRT's class-aware sampling: classes visited in a random order, each visit the next
+  `per_class` images of the class's own shuffled cycle; max-class-size x classes samples. A function of
+  (seed, stream, epoch)."""
   pool_labels = labels[pool]
   classes = np.unique(pool_labels)
   members = [pool[pool_labels == c] for c in classes]
@@ -110,11 +109,9 @@ CLASS_AWARE = ('task_epochs', 'balanced')  # the samplers that fill a batch with
 
 
 def sampler_shots(sampler: str, batch: int, ways: int, shots: int) -> int:
-  """base.shots as the run uses it: images per class in a batch of the class-aware samplers, which
-  keep base.ways classes per batch at any batch size (the authors' 16 classes x 16 images at 256).
-  0 means batch / ways; a value set must give that batch ('task_epochs'), so that a smaller
-  base.batch_size never leaves 4 classes in a batch (F2M stayed at chance there). Under 'shuffle',
-  0 where batch is no multiple of ways (unused). Raises ValueError naming base.shots."""
+  """base.shots as the run uses it, the images per class in a batch of the class-aware samplers: 0 means
+  batch / ways; a set value must give that batch ('task_epochs'); under 'shuffle', 0 where batch is no
+  multiple of ways. Raises ValueError naming base.shots."""
   if (sampler == 'balanced' and shots) or ways < 1:
     return shots  # balanced: ways x shots is the batch, base.batch_size is not read; ways < 1 is refused
   if shots and (sampler != 'task_epochs' or shots * ways == batch):

@@ -100,10 +100,8 @@ def _load_folder(config) -> Benchmark:
 
 
 def folder_spec(config, writes: bool = True) -> Optional[tuple]:
-  """(folder.Spec, its tables or None) of a folder source: miniImageNet's or CUB's own files
-  (layouts.py), else the data.folder fields (~ and $VARIABLES expanded), or under 'fake_folder' the
-  generated copy in the cache folder, created on first use. With `writes=False` (a dry run) None
-  where it would be created or a layout's TOPIC lists downloaded."""
+  """(folder.Spec, its tables or None) of a folder source: a layout's own files, the data.folder fields,
+  or the generated 'fake_folder'. With `writes=False` (a dry run) None where it would be created."""
   cache = cache_dir(config)
   fields = dict(shots=config.data.shots, protocol=config.data.protocol)
   root = None

@@ -31,20 +31,9 @@ class Split:
 
 @dataclasses.dataclass(frozen=True)
 class Benchmark:
-  """A dataset laid out for incremental few-shot learning.
-
-  Attributes:
-    name: dataset name for results ('cifar100', 'mini_imagenet', 'cub200', 'synthetic').
-    train: every training image that the protocol may use.
-    test: test images of all classes (evaluation selects the seen ones per session).
-    base_train: indices into `train` of the base-session training images.
-    session_classes: the class ids introduced by each session; session_classes[0] = base classes.
-    shot_pool: indices into `train` from which F2M-style draws take the shots of novel classes.
-    topic_shots: for sessions 2..T, the fixed TOPIC shot indices into `train` (None where unknown).
-    image_size: the network's input size (train crops and test images have this size).
-    mean, std: per-channel normalisation on the 0..1 scale.
-    augment: 'crop_flip' (pad 4, random crop, flip: CIFAR) or 'rrc_flip' (random-resized-crop, flip).
-  """
+  """A dataset laid out for incremental few-shot learning: `train` and `test` images; `base_train`,
+  `shot_pool` and `topic_shots` (per session 2..T, or None) index `train`; session_classes[0] are the base
+  classes; image_size, mean, std and augment ('crop_flip' or 'rrc_flip') are the network input's."""
   name: str
   train: Split
   test: Split

@@ -114,10 +114,8 @@ def icarl_loss(network):
 def make_session_step(network, loss_fn, momentum: float, weight_decay: float, augment: str, image_size: int,
                       mean, std, mask_updates=None):
   """step(params, batch_stats, opt_state, former, images_u8, labels, key, lr, num_old, num_seen) ->
-  (params, batch_stats, opt_state, loss): one step of `optim.sgd_at_rate` at rate `lr` of `loss_fn` (as `icarl_loss` returns it); `former` is the previous session's
-  network ({'params', 'batch_stats'}), run in eval mode on the same augmented images.
-  `mask_updates(updates, num_old, num_seen)`, if given, edits the updates before they are applied
-  (Rebalance freezes columns so). Jitted once for every session."""
+  (params, batch_stats, opt_state, loss): one SGD step at rate `lr` of `loss_fn`, `former` (the previous
+  network) in eval mode on the same images; `mask_updates`, if given, edits the updates (Rebalance)."""
   tx = optim.sgd_at_rate(momentum, weight_decay)
 
   @jax.jit
@@ -135,13 +133,8 @@ def make_session_step(network, loss_fn, momentum: float, weight_decay: float, au
 
 
 class ICaRLRunner:
-  """State of a run: {'params', 'batch_stats'} of the current network (classifier padded to every
-  class of the protocol), 'memory' (indices of the exemplars of every class learned before the
-  current session, in class order; None before session 2 where they are drawn per run) and
-  'prototypes' (the means NCM uses, one per seen class).
-
-  A subclass (Rebalance) changes the config section, the session's step, the new columns' init and
-  the classification."""
+  """State of a run: {'params', 'batch_stats'} (classifier padded to every class), 'memory' (exemplar
+  indices of the classes learned before, in class order) and 'prototypes' (one per seen class)."""
   section = 'icarl'
 
   def __init__(self, exp, first: dict, ckpts=None, source=None, log=None):

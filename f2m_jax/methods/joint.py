@@ -37,10 +37,8 @@ def linear_accuracies(exp, variables, network, session: int, logits_fn=None) -> 
 
 
 def train_network(exp, network, pool: np.ndarray, key, training, log, desc: str, stream: tuple) -> dict:
-  """A network trained from scratch (model.pretrained's trunk where set) on `pool` (indices into the
-  training images; labels are the class ids, all below the network's class count) with shuffled
-  batches and the base.* budget, through the base session's loop, resuming from `training` (a
-  Checkpoints.training manager). Returns {'params', 'batch_stats'}."""
+  """A network trained from scratch (model.pretrained's trunk where set) on `pool` with shuffled batches and
+  the base.* budget, resuming from `training`. Returns {'params', 'batch_stats'}."""
   cfg = exp.config.base
   state = exp.init_state(network, key)
   start = training.latest_step()

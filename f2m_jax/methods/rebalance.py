@@ -49,10 +49,8 @@ def less_forget(former_features: jax.Array, features: jax.Array, weight) -> jax.
 
 def inter_class_separation(cos: jax.Array, labels: jax.Array, num_old, num_seen, k: int, margin: float,
                            weight: float) -> jax.Array:
-  """LUCIR's margin ranking loss (their InterClassSeparation): for each image of an old class (label <
-  num_old), its ground-truth cosine against each of the k highest cosines of the new classes (columns
-  num_old..num_seen-1): weight * mean over those pairs of max(0, margin - (gt - novel)); 0 when the
-  batch has no old-class image."""
+  """LUCIR's margin ranking loss: each old-class image's ground-truth cosine against the k highest
+  new-class cosines, weight * mean of max(0, margin - (gt - novel)); 0 without an old-class image."""
   columns = jnp.arange(cos.shape[-1])
   novel = jnp.where((columns >= num_old) & (columns < num_seen), cos, -1e4)  # cosines are >= -1
   top = jax.lax.top_k(novel, k)[0]

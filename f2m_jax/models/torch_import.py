@@ -88,10 +88,8 @@ def clean_state_dict(state_dict: Mapping) -> dict:
 
 def convert_state_dict(state_dict: Mapping, params_template: Mapping,
                        batch_stats_template: Mapping) -> tuple:
-  """(params, batch_stats) with every leaf of the templates taken from `state_dict` (torch tensors or
-  numpy arrays, torchvision names), except `fc` when its shape differs: that keeps the template's.
-
-  Raises WeightsError for missing keys, keys with no counterpart here, or shape mismatches."""
+  """(params, batch_stats) with every leaf of the templates taken from `state_dict` (torchvision names),
+  except `fc` when its shape differs; a WeightsError for a missing, unknown or mis-shaped key."""
   sd = {k: v for k, v in clean_state_dict(state_dict).items() if not k.endswith('num_batches_tracked')}
   used, missing, mismatched = set(), [], []
   result = {}
@@ -152,10 +150,8 @@ def read_state_dict(pth_path) -> dict:
 
 def load_torchvision_resnet18(pth_path, model, image_size: int,
                               key: Optional[jax.Array] = None) -> tuple:
-  """(params, batch_stats) for `model` (our `resnet18`) from a torchvision ResNet-18 `.pth` file.
-
-  The templates come from `model.init` with `key` (default `jax.random.key(0)`), which also gives the
-  classifier's random init when the file's `fc` has another number of classes."""
+  """(params, batch_stats) for `model` (our `resnet18`) from a torchvision ResNet-18 `.pth` file;
+  `key` inits the templates (and the classifier where the file's has another size)."""
   state_dict = read_state_dict(pth_path)
   key = jax.random.key(0) if key is None else key
   init = jax.jit(lambda k: model.init(k, jnp.zeros((1, image_size, image_size, 3), jnp.float32), train=False))
