@@ -104,9 +104,8 @@ def all_finite(tree) -> jax.Array:
 
 def train_step(state: TrainState, x, labels, eps, model: ResNet, noise: ml_collections.FrozenConfigDict,
                tx: optax.GradientTransformation):
-  """One update of the clean parameters from network inputs `x` (augmented, normalised) and the draws
-  `eps` (empty without noise): value_and_grad of `base_loss`, then `tx`. Returns (state, metrics):
-  the loss's metrics and 'finite', whether the loss and all the step saves are finite."""
+  """One update of the clean parameters from inputs `x` and draws `eps`: value_and_grad of `base_loss`,
+  then `tx`. Returns (state, metrics), with 'finite': whether the loss and the step are finite."""
   (_, (batch_stats, metrics)), grads = jax.value_and_grad(base_loss, has_aux=True)(
       state.params, state.batch_stats, x, labels, eps, model, noise)
   updates, opt_state = tx.update(grads, state.opt_state, state.params)

@@ -83,8 +83,7 @@ def base_batch(config: ml_collections.ConfigDict) -> int:
 
 def peak_bytes(compiled) -> int | None:
   """Device memory of a compiled executable where the backend reports it: arguments + outputs +
-  temporaries - donated (aliased) buffers. (`peak_memory_in_bytes` is not used: XLA:CPU leaves the
-  temporaries out of it.)"""
+  temporaries - donated buffers (XLA:CPU's `peak_memory_in_bytes` leaves the temporaries out)."""
   try:
     m = compiled.memory_analysis()
   except Exception:  # pylint: disable=broad-except
@@ -108,9 +107,8 @@ class Case:
 
 
 def time_cases(cases: Sequence[Case], dtype: str, warmup: int, iters: int) -> list:
-  """Compiles each case (timed apart), then runs `warmup` rounds and `iters` timed rounds, each round
-  calling every case once: load from other processes then falls on all cases alike, which keeps
-  their ratios meaningful on a shared machine. Returns one record per case, times per step."""
+  """Compiles each case (timed apart), then `warmup` and `iters` timed rounds, each calling every case once,
+  so that load falls on all alike. Returns one record per case, times per step."""
   compiled, compile_s, peaks = [], [], []
   for c in cases:
     t0 = time.perf_counter()
@@ -214,9 +212,8 @@ def ncm_cases(exp: Experiment) -> list:
 
 
 def member_cases(config: ml_collections.ConfigDict, mesh) -> list:
-  """The F2M base program of S runs (a seed sweep's members, members.map) for every S of
-  bench.member_sizes, timed in the same rounds, so each S's speed-up over S runs of one is a ratio
-  of one run (S = 1 is the single run's program)."""
+  """The F2M base program of S runs for every S of bench.member_sizes, timed in the same rounds (S = 1 is
+  the single run's program)."""
   exp = bench_experiment(config, config.model.dtype)
   sizes = sorted(set((1,) + tuple(config.bench.member_sizes)))
   return [program_case(exp, exp.noise, f'members_{s}_{config.members.map}', s, s, mesh) for s in sizes]
@@ -258,9 +255,8 @@ def output_path(workdir: str) -> str:
 
 
 def run(config: ml_collections.ConfigDict, workdir: str, origin: Optional[dict] = None) -> list:
-  """Runs every variant for every dtype of config.bench.dtypes and the member table; writes the JSON;
-  returns the records. `origin` (the --config argument and its changes, as `pipeline.run`'s): no
-  method's presets replace the fields changed on the command line, and bench.json records it."""
+  """Runs every variant for every dtype of config.bench.dtypes and the member table; writes the JSON and
+  returns the records. `origin` as `pipeline.run`'s, recorded in bench.json."""
   config = pipeline.resolve(config, (origin or {}).get('changes'), reads_data=False)
   workdir_lib.check_output_folder(workdir)
   mesh = sharding.data_mesh()

@@ -130,9 +130,8 @@ def parse_flags(argv: list, flag_values: flags.FlagValues = flags.FLAGS) -> list
 
 
 def main_flags(argv: list, flag_values: flags.FlagValues = flags.FLAGS) -> int:
-  """run.py's main, from its parsed flags. A missing flag is one line (exit code 2). A saved config (a
-  workdir's config.json) is effective: no method preset replaces its values (`departures`), and its
-  --checkpoint is used unless another is given."""
+  """run.py's main, from its parsed flags (a missing flag: one line, exit code 2). A saved config's values
+  and --checkpoint hold unless the command line changes them (`departures`)."""
   f = {name: flag_values[name].value for name in ('config', 'workdir', 'mode', 'checkpoint', 'dry-run', 'time-step')}
   problem = usage_problem(argv, f['config'], f['workdir'], f['dry-run'])
   if problem:

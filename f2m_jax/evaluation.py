@@ -97,9 +97,8 @@ def session_ends(bench: Benchmark, session: int) -> tuple:
 
 def accuracies_from_predictions(pred: np.ndarray, labels: np.ndarray, num_base: int,
                                 session_ends: Sequence[int] = ()) -> dict:
-  """acc, acc_base, acc_novel (None without novel images) and hm, in percent; with `session_ends`
-  (`session_ends`), acc_sessions: the accuracy on the test images of each session's classes (a row
-  of the accuracy matrix; None for a session without test images)."""
+  """acc, acc_base, acc_novel (None without novel images) and hm, in percent; with `session_ends`,
+  acc_sessions: the accuracy on each session's classes (None for a session without test images)."""
   correct = np.asarray(pred) == labels
   base = labels < num_base
   acc_base = 100.0 * correct[base].mean()
@@ -169,9 +168,8 @@ def build_results(dataset: str, method: str, protocol: str, num_classes: Sequenc
 
 
 def accuracy_matrix(per_run: Sequence[Sequence[dict]]) -> Optional[dict]:
-  """The accuracy on the classes of session i after session j (rows: session of origin i, columns:
-  after session j; None for j < i) as mean and 95% interval over runs (`summarize`) and per run,
-  from the per-run, per-session accuracy dicts' acc_sessions; None where one lacks them."""
+  """The accuracy on the classes of session i after session j (None for j < i), as mean and 95% interval
+  over runs and per run, from the runs' acc_sessions; None where one lacks them."""
   if not all('acc_sessions' in s for run in per_run for s in run):
     return None
   n = len(per_run[0])

@@ -20,9 +20,8 @@ def embedder(exp: Experiment, first: int = 0, last=None):
 
 
 class Evaluator:
-  """Test-set NCM accuracies. When only suffix blocks change after session 1, the frozen trunk's
-  features of the test set are computed once, kept on the device, and each evaluation runs only the
-  suffix."""
+  """Test-set NCM accuracies; where only suffix blocks change after session 1, the frozen trunk's test
+  features are computed once and each evaluation runs only the suffix."""
 
   def __init__(self, exp: Experiment, base_variables, trainable_paths):
     self.exp = exp

@@ -83,9 +83,8 @@ def session_optimizer(settings: SessionSettings) -> optax.GradientTransformation
 
 def session_step(trainable, opt_state, frozen, batch_stats, anchor, x, labels, stored, num_seen,
                  settings: SessionSettings, tx: optax.GradientTransformation):
-  """One fine-tuning step on network inputs `x` (augmented, normalised): Eq. 5's gradient on the
-  trainable leaves, the optax update (rounded first with `round_steps`), then the clamp to the box.
-  Returns (trainable, opt_state, loss)."""
+  """One fine-tuning step on inputs `x`: Eq. 5's gradient on the trainable leaves, the optax update, then
+  the clamp to the box. Returns (trainable, opt_state, loss)."""
   loss, grads = jax.value_and_grad(session_loss)(trainable, frozen, batch_stats, x, labels, stored, num_seen,
                                                  settings)
   updates, opt_state = tx.update(grads, opt_state, trainable)

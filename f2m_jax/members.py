@@ -58,9 +58,8 @@ def member_configs(config) -> list:
 
 
 def summarize(member_results: list) -> dict:
-  """results.json's format over the members of one setting (a seed sweep; evaluation.build_results):
-  each session's accuracies as the mean and 95% interval of the members' means over their draws;
-  'pooled': the same over members x draws."""
+  """results.json's format over the members of one setting: each session's mean and 95% interval of the
+  members' means over their draws; 'pooled': the same over members x draws."""
   head = member_results[0]
   keys = ('acc', 'acc_base', 'acc_novel', 'hm')
   num_classes = [s['num_classes'] for s in head['sessions']]
@@ -84,9 +83,8 @@ def summarize_values(field: str, values, member_results: list) -> dict:
 
 def run(config: ml_collections.ConfigDict, root: str, mode: str = 'train', checkpoint: Optional[str] = None,
         hook: Hook = None, origin: Optional[dict] = None) -> dict:
-  """The sweep: every member's base session in one program, then each member's sessions; writes
-  root/summary.json and returns it. `origin` as `pipeline.run`'s. Every check comes before anything is
-  written."""
+  """The sweep: every member's base session in one program, then each member's sessions; writes and
+  returns root/summary.json. `origin` as `pipeline.run`'s; every check comes before anything is written."""
   if checkpoint:
     raise ValueError('--checkpoint takes one base model; a member sweep trains its own')
   validate(config)
@@ -126,9 +124,8 @@ def sweep_summary(sweep, dirs: list, configs: list, results: list, origin: Optio
 
 
 def write_summary(root: str, summary: dict, mode: str, writes: bool = True) -> str:
-  """root/summary.json; returns a line saying what was written. In eval mode an existing summary.json
-  that the members' results reproduce is left alone (another is written beside it otherwise; in a
-  read-only folder, `writes` False, it follows the line as JSON)."""
+  """root/summary.json; returns a line saying what was written. In eval mode a reproduced summary is left
+  alone, another is written beside it otherwise (with `writes` False: the JSON follows the line)."""
   path = os.path.join(root, 'summary.json')
   if mode == 'eval' and os.path.exists(path):
     saved = workdir_lib.read_json(path)

@@ -40,8 +40,7 @@ def resolve(config: ml_collections.ConfigDict, changes: Optional[dict] = None,
 
 def effective(config: ml_collections.ConfigDict, changes: Optional[dict] = None) -> ml_collections.ConfigDict:
   """The method's presets over the config's values, except on the fields the command line changed
-  (`changes`, the `origin['changes']` of `run`), every 'auto' resolved on this backend, and
-  base.shots=0 resolved to base.batch_size / base.ways (protocol.sampler_shots)."""
+  (`changes`), every 'auto' resolved on this backend, and base.shots=0 resolved (protocol.sampler_shots)."""
   config = ml_collections.ConfigDict(config.to_dict())
   apply_presets(config, registry.get(config.method).presets, keep=changes or {})
   config = backend.resolve(config)
@@ -105,9 +104,8 @@ def source_path(checkpoint: Optional[str]) -> Optional[dict]:
 
 
 def check(config: ml_collections.ConfigDict, bench) -> Experiment:
-  """The run's Experiment, once what the data and the network allow is checked (before anything is
-  written): the network and its noise set (noise.num_layers), the data's limits
-  (validation.check_benchmark)."""
+  """The run's Experiment, once the network, its noise set and the data's limits are checked (before
+  anything is written)."""
   exp = Experiment.create(config, bench)
   validation.check_benchmark(exp)
   return exp
@@ -285,9 +283,8 @@ def write_outputs(workdir: str, results: dict, mode: str, writes: bool = True) -
 
 def run_flatness(config: ml_collections.ConfigDict, workdir: str, checkpoint: Optional[str] = None,
                  origin: Optional[dict] = None) -> dict:
-  """--mode flatness: I and sigma^2 of the base loss around the base model of `workdir` (or of
-  `checkpoint`) on the base training images and the base classes' test images; writes flatness.json.
-  `origin`: as `run`'s, for the start-up line and the provenance."""
+  """--mode flatness: I and sigma^2 of the base loss around the base model of `workdir` (or `checkpoint`);
+  writes flatness.json. `origin`: as `run`'s."""
   config = effective(config, (origin or {}).get('changes'))
   workdir_lib.check_records(workdir, config.to_dict(), registry.method_sections(), source_path(checkpoint))
   validate(config)

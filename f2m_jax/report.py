@@ -282,9 +282,8 @@ def format_session_table(results: dict) -> str:
 
 
 def matrix_cells(results: dict) -> list:
-  """The accuracy matrix (results.json's accuracy_matrix) as rows of cells: a header of the sessions,
-  then per session of origin its number and the mean accuracy after each session ('' before it); []
-  for results without one (written before it existed, or a sweep's summary)."""
+  """The accuracy matrix as rows of cells: a header of the sessions, then per session of origin the mean
+  accuracy after each session ('' before it); [] for results without one."""
   mean = (results.get('accuracy_matrix') or {}).get('mean')
   if not mean:
     return []
@@ -392,9 +391,8 @@ def plot_base_novel(rows: Sequence[Row], path: str) -> str:
 
 
 def plot_matrix(rows: Sequence[Row], path: str) -> Optional[str]:
-  """One heatmap per row with an accuracy matrix (the session of origin down, after which session
-  across, the mean accuracy in each cell), on one colour scale from the lowest cell (to the ten below)
-  to 100; PNG at `path`, or None where no row has a matrix."""
+  """One heatmap per row with an accuracy matrix, on one colour scale from the lowest cell (to the ten
+  below) to 100; PNG at `path`, or None where no row has a matrix."""
   from matplotlib.backends.backend_agg import FigureCanvasAgg
   from matplotlib.figure import Figure
   shown = [r for r in rows if matrix_cells(r.results)]

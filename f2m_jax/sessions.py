@@ -16,9 +16,8 @@ ACCURACY_KEYS = ('acc', 'acc_base', 'acc_novel', 'hm')
 
 def run_sessions(exp: Experiment, runner, ckpts: Checkpoints, log, train: bool = True,
                  hook: Hook = None) -> tuple:
-  """All runs x sessions for any method's `runner`, run by run, session by session: per-run lists of
-  accuracy dicts and per-run prototype norms (or None). Checkpointed sessions are restored; with
-  `train=False` a missing session is an error."""
+  """All runs x sessions of a method's `runner`: per-run lists of accuracy dicts and per-run prototype norms
+  (or None). Checkpointed sessions are restored; with `train=False` a missing one is an error."""
   cfg, bench = exp.config, exp.bench
   print(f'session 1: accuracy on the {len(protocol_lib.test_indices(bench, 1)):,} test images of the base classes, '
         f'then {cfg.runs} runs x {bench.num_sessions - 1} sessions', flush=True)
@@ -78,9 +77,8 @@ def train_session(method: str, runner, ckpts: Checkpoints, log, state, run: int,
 
 
 def restore_session(runner, ckpts: Checkpoints, run: int, session: int, exemplars: np.ndarray) -> tuple:
-  """(state, accuracies) of `run` after `session`, restored: the accuracies computed again from the
-  state (never taken on trust from the file); a CheckpointFault where they differ from those saved
-  beside them, or where its exemplars are not those the protocol gives now."""
+  """(state, accuracies) of `run` after `session`, restored, the accuracies computed again; a
+  CheckpointFault where they differ from those saved or its exemplars from the protocol's."""
   saved = ckpts.restore_session(run, session, {**runner.template(session), 'exemplars': exemplars,
                                                 'accuracy': np.zeros((len(ACCURACY_KEYS),), np.float64)})
   if not np.array_equal(saved['exemplars'], exemplars):

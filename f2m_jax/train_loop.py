@@ -25,9 +25,8 @@ from f2m_jax.padding import pad_rows
 
 @dataclasses.dataclass(frozen=True)
 class Member:
-  """One training of the loop: the indices of its batch at each step (`batch_indices(step)`, into the
-  training images all members share), its key and noise bound, `save(step, state)` for its train
-  state at checkpoint steps and the last, and the metrics log of its workdir."""
+  """One training of the loop: its batch indices at each step (`batch_indices(step)`), key, noise bound,
+  `save(step, state)` and metrics log."""
   batch_indices: Callable[[int], np.ndarray]
   key: jax.Array
   bound: float
@@ -63,9 +62,8 @@ def train_base_sessions(exps: Sequence[Experiment], ckpts: Sequence[Checkpoints]
 
 
 def resume_step(held: Sequence[Sequence[int]]) -> int:
-  """The base step that members in lockstep resume from, given the steps each holds: the latest that
-  all of them hold, 0 where they share none. Their background saves end at different moments, so a
-  killed sweep may leave one member a checkpoint ahead of another."""
+  """The base step that members in lockstep resume from: the latest that all of them hold, 0 where they
+  share none (their background saves end at different moments)."""
   return max(set.intersection(*map(set, held)) if held else (), default=0)
 
 
@@ -208,9 +206,8 @@ def diverged(loss: float, step: int, who: str, phase: str, saved: Optional[int],
 
 
 class TestSetSelector:
-  """base.select_on_test: the original's model selection. Measures the linear classifier's accuracy
-  on the base classes' test images and keeps the best model so far (strictly better replaces it)
-  in the workdir's base_best checkpoint. It reads the test set, so results say so."""
+  """base.select_on_test, the original's model selection: keeps the model of the best base-test accuracy
+  so far in the workdir's base_best checkpoint (results then say they read the test set)."""
 
   def __init__(self, exp: Experiment, ckpts: Checkpoints, log):
     bench = exp.bench

@@ -130,9 +130,8 @@ def recorded_config(path: str, method_sections: Optional[dict] = None) -> dict:
 
 
 def writable_folder(path: str) -> Optional[str]:
-  """Why `path` cannot be a folder this process writes into ('it is a file', 'Permission denied',
-  'Read-only file system', ...), or None where it can: created where missing, then probed with a
-  file (permissions alone do not tell: root ignores them, a read-only mount does not)."""
+  """Why `path` cannot be a folder this process writes into ('it is a file', 'Permission denied', ...), or
+  None: created where missing, then probed with a file (root ignores permissions)."""
   if os.path.lexists(path) and not os.path.isdir(path):
     return 'it is a file, not a folder'
   try:
@@ -168,9 +167,8 @@ def describe_os_error(e: OSError) -> str:
 
 
 def check_folders(workdir: str) -> None:
-  """A WorkdirError unless the workdir and the folders a run writes in it (checkpoints, tensorboard)
-  are writable folders, or absent (the workdir's parent then takes a new folder); creates none of
-  them but a missing workdir."""
+  """A WorkdirError unless the workdir, checkpoints/ and tensorboard/ are writable folders or absent;
+  creates none of them but a missing workdir."""
   for path in [workdir] + [os.path.join(workdir, n) for n in ('checkpoints', 'tensorboard')
                            if os.path.lexists(os.path.join(workdir, n))]:
     why = writable_folder(path)
@@ -249,9 +247,8 @@ def check_records(workdir: str, config: dict, method_sections: Optional[dict] = 
 
 
 def _check_records_agree(paths: list, workdir: str, method_sections) -> None:
-  """A WorkdirError naming both records of the workdir's config where they hold different values of a
-  result-relevant field or name another --checkpoint: one was edited, or copied from elsewhere (a
-  field one of them lacks is `check_records`' to judge)."""
+  """A WorkdirError naming both records of the workdir's config where they differ in a result-relevant
+  field or in --checkpoint (one was edited or copied from elsewhere)."""
   if len(paths) < 2:
     return
   saved = [read_json(p) for p in paths]
@@ -280,9 +277,8 @@ def writes_into(workdir: str, mode: str) -> bool:
 
 
 def holds_checkpoints(workdir: str) -> bool:
-  """Whether W/checkpoints holds a saved step (checkpoints/<kind>/<step>; the empty folders a
-  process opening its checkpoints creates do not count: the other processes of a multi-host run may
-  create them before the primary process has written config.json)."""
+  """Whether W/checkpoints holds a saved step (checkpoints/<kind>/<step>; empty folders, which another
+  process of a multi-host run may create first, do not count)."""
   root = os.path.join(workdir, 'checkpoints')
   kinds = [os.path.join(root, k) for k in (os.listdir(root) if os.path.isdir(root) else [])]
   return any(n.isdigit() for k in kinds if os.path.isdir(k) for n in os.listdir(k))
@@ -330,9 +326,8 @@ def git_state(path: str = None) -> dict:
 
 
 def provenance(config: dict) -> dict:
-  """Where a result came from: the effective config, the project's git commit (and whether the tree
-  was dirty), the library versions and the hardware. Written into results.json, flatness.json and
-  bench.json."""
+  """Where a result came from: the effective config, the git commit (and whether the tree was dirty), the
+  library versions and the hardware."""
   import platform
   import jaxlib
   import flax

@@ -20,9 +20,8 @@ def normalize(images: jax.Array, mean, std) -> jax.Array:
 
 
 def eval_view(images, size: int):
-  """The centre `size` x `size` crop of stored training images (uint8 [N, R, R, 3], R >= size): for
-  miniImageNet (R = 92) and CUB (R = 256) exactly the original's test transform of those images, the
-  view prototypes are computed from. Images already `size` pass through unchanged."""
+  """The centre `size` x `size` crop of stored training images (uint8 [N, R, R, 3], R >= size): the
+  original's test transform of miniImageNet and CUB images; images already `size` pass unchanged."""
   h, w = images.shape[1:3]
   if (h, w) == (size, size):
     return images

@@ -210,9 +210,8 @@ def official_arrays(cache_dir) -> tuple:
 
 
 def load_cifar100_tfds(tfds_data_dir: Optional[str], index_dir, cache_dir=None) -> Benchmark:
-  """The official protocol: the 50,000 training images in official order, the official test images,
-  session_*.txt's base training images and shots; from a prepared TFDS cifar100, else (with a cache folder)
-  from the official archive."""
+  """The official protocol (official train order and test set, session_*.txt's base images and shots),
+  from a prepared TFDS cifar100, else (with a cache folder) from the official archive."""
   tfds_error = None
   if cache_dir is None or tfds_prepared(tfds_data_dir):
     try:
@@ -268,9 +267,8 @@ def trainsplit_test_indices(labels: np.ndarray, shots: np.ndarray,
 
 
 def load_cifar100_trainsplit(npz_path, index_dir) -> Benchmark:
-  """The `trainsplit` protocol: test = the last 100 non-shot training images of each class,
-  base_train = session_1.txt minus those (400 per class), shot_pool = novel-class training images
-  not in the test set, topic_shots = session_2..9.txt. `train` is all 50,000 images."""
+  """The `trainsplit` protocol: test = the last 100 non-shot training images of each class, base_train =
+  session_1.txt minus those, shot_pool = the other novel-class training images (docs/data.md)."""
   train = load_train_npz(npz_path)
   base_list, topic_shots = read_topic_lists(index_dir)
   _check_in_range((base_list, *topic_shots), len(train))
@@ -329,9 +327,8 @@ def split_order(split: str) -> tuple:
 
 
 def class_split(bench: Benchmark, split: str) -> Benchmark:
-  """The CIFAR-100 benchmark `bench` (official fine labels) relabelled into `split`: class ids in the
-  split's order, training images of its classes among base_train and shot_pool, test images of its
-  classes; no TOPIC shots (the shots are F2M-style draws)."""
+  """The CIFAR-100 benchmark `bench` relabelled into `split` (class ids in the split's order); no TOPIC
+  shots (the shots are F2M-style draws)."""
   order, sizes = split_order(split)
   new_id = np.full(100, -1, np.int64)
   new_id[order] = np.arange(len(order))

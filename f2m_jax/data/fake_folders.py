@@ -166,9 +166,8 @@ def generated(cache_dir) -> Optional[pathlib.Path]:
 
 
 def fake_folder(cache_dir) -> pathlib.Path:
-  """`<cache_dir>/fake_folder/v<VERSION>` with the three fake datasets, generated on first use (about a
-  second) into a temporary folder renamed into place, so a folder that exists is complete; the
-  temporary folders of killed generations are removed (`download.remove_stale`)."""
+  """`<cache_dir>/fake_folder/v<VERSION>` with the three fake datasets, generated on first use into a
+  temporary folder renamed into place, so a folder that exists is complete."""
   target = pathlib.Path(cache_dir) / 'fake_folder' / f'v{VERSION}'
   if (target / COMPLETE).is_file():
     return target

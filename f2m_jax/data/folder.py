@@ -338,8 +338,7 @@ def cached_file(paths: Sequence[pathlib.Path], cache_folder, name: str, resize: 
 def decode_cached(paths: Sequence[pathlib.Path], cache_folder, name: str, resize: int, crop: int,
                   desc: str = '', how_to_get: str = '', decode: Optional[Callable] = None) -> np.ndarray:
   """uint8 [N, crop, crop, 3]: the images at `paths` through `decode`, memory-mapped from the cache file
-  `<cache_folder>/<name>-<key>.npy`; where it is absent or incomplete, decoded once (threads) into a
-  temporary file renamed into place when complete."""
+  `<cache_folder>/<name>-<key>.npy`, decoded once into it where it is absent or incomplete."""
   paths = [pathlib.Path(p) for p in paths]
   shape = (len(paths), crop, crop, 3)
   if not paths:

@@ -22,9 +22,8 @@ def novel_sessions(benchmark: Benchmark) -> int:
 
 
 def roles(benchmark: Benchmark) -> dict:
-  """Indices into benchmark.train of each role: 'base_train' (pseudo-base training images),
-  'shot_pool' (pseudo-novel training images), 'test' (held-out images of every base class), and the
-  class layout 'session_classes'."""
+  """Indices into benchmark.train of 'base_train', 'shot_pool' and 'test' (held-out images of every base
+  class), and the class layout 'session_classes'."""
   labels = benchmark.train.labels
   train, test = [], []
   for c in benchmark.session_classes[0]:
@@ -48,9 +47,8 @@ def roles(benchmark: Benchmark) -> dict:
 
 
 def validation_benchmark(benchmark: Benchmark) -> Benchmark:
-  """The validation protocol's benchmark (module docstring). Its test images are held-out training
-  images, stored as the test transform sees them (the centre crop where training images are stored
-  larger)."""
+  """The validation protocol's benchmark; its test images are held-out training images, stored as the
+  test transform sees them."""
   r = roles(benchmark)
   train = benchmark.train
   images = eval_view(train.images[r['test']], benchmark.image_size)

@@ -71,9 +71,8 @@ def cache_folder(given=None) -> str:
 
 def index_list_dir(dataset: str, data_dir: Optional[str] = None,
                    cache_dir: Optional[str] = None) -> pathlib.Path:
-  """The folder holding `session_*.txt` for `dataset` (cifar100, mini_imagenet, cub200): `<data_dir or
-  $F2M_DATA_DIR>/index_list/<dataset>`, else `<cache folder>/index_list/<dataset>` (`cache_folder`),
-  downloaded where absent."""
+  """The folder holding `session_*.txt` for `dataset`: `<data_dir or $F2M_DATA_DIR>/index_list/<dataset>`,
+  else `<cache folder>/index_list/<dataset>`, downloaded where absent."""
   if dataset not in SHA256:
     raise ValueError(f'unknown dataset {dataset!r}; expected one of {sorted(SHA256)}')
   cached = pathlib.Path(cache_folder(cache_dir)) / 'index_list' / dataset

@@ -10,8 +10,7 @@ PROTOCOLS = ('topic', 'draws', 'validation')
 
 def session_shots(benchmark: Benchmark, protocol: str, run: int, session: int, shots: int, seed: int) -> np.ndarray:
   """Indices into `benchmark.train` of the few-shot images of `session` (2..T) in run `run`: 'topic' the
-  fixed list; 'draws' and 'validation' per new class `shots` images of its pool, drawn without
-  replacement by an RNG seeded with (seed, run, session), so runs differ only in the shots."""
+  fixed list; else `shots` images of each new class's pool, drawn with an RNG seeded by (seed, run, session)."""
   if not 2 <= session <= benchmark.num_sessions:
     raise ValueError(f'session must be in [2, {benchmark.num_sessions}], got {session}')
   if protocol == 'topic':
@@ -38,9 +37,8 @@ def session_shots(benchmark: Benchmark, protocol: str, run: int, session: int, s
 
 def class_aware_epoch(labels: np.ndarray, pool: np.ndarray, per_class: int, seed: int, epoch: int,
                       stream: tuple = ()) -> np.ndarray:
-  """One epoch of cRT's class-aware sampling: classes visited in a random order, each visit the next
-  `per_class` images of the class's own shuffled cycle; max-class-size x classes samples. A function of
-  (seed, stream, epoch)."""
+  """One epoch (max-class-size x classes samples) of cRT's class-aware sampling: classes in a random
+  order, `per_class` images a visit from each class's shuffled cycle; a function of (seed, stream, epoch)."""
   pool_labels = labels[pool]
   classes = np.unique(pool_labels)
   members = [pool[pool_labels == c] for c in classes]
@@ -88,9 +86,8 @@ def balanced_batch(labels: np.ndarray, pool: np.ndarray, ways: int, shots: int, 
 
 def task_epoch(labels: np.ndarray, pool: np.ndarray, shots: int, seed: int, epoch: int,
                stream: tuple = ()) -> np.ndarray:
-  """One epoch of the authors' TaskSampler: every class of the pool in a random order, `shots`
-  images of each drawn without replacement, concatenated class by class. A function of (seed, stream,
-  epoch); `stream` tells apart samplers that share a seed (a run's session)."""
+  """One epoch of the authors' TaskSampler: every class of the pool in a random order, `shots` images of
+  each without replacement, class by class; a function of (seed, stream, epoch)."""
   rng = np.random.default_rng([seed, *stream, epoch, 16])
   pool_labels = labels[pool]
   classes = np.unique(pool_labels)

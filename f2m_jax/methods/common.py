@@ -25,9 +25,8 @@ BASELINE_PRESETS = {'noise.enabled': False, 'incremental.finetune': False, 'eval
 
 def base_model(exp: Experiment, ckpts: Checkpoints, log, source: Optional[Checkpoints] = None,
                hook: Hook = None) -> dict:
-  """Session 1 of every method that starts from one base network (`Method.first_session`): phi*, its
-  BN statistics and the base prototypes (Eq. 1), restored from `source` (--checkpoint) or the
-  workdir if saved, else trained (train_loop.train_base) and saved."""
+  """Session 1 of every method that starts from one base network: phi*, its BN statistics and the base
+  prototypes (Eq. 1), restored from `source` (--checkpoint) or the workdir if saved, else trained and saved."""
   if source is not None:
     return restore_base_model(exp, source)
   if ckpts.has_model():
@@ -51,9 +50,8 @@ def save_base_model(exp: Experiment, ckpts: Checkpoints, variables: dict, protos
 
 
 def restore_base_model(exp: Experiment, ckpts: Checkpoints) -> dict:
-  """The saved base model {'params', 'batch_stats', 'prototypes'}, checked against its record: a
-  CheckpointFault where `base_record` computed again differs. A model saved before records were kept
-  is used unchecked, and a line says so."""
+  """The saved base model, checked against its record (a CheckpointFault where `base_record` computed
+  again differs); one saved before records were kept is used unchecked, and a line says so."""
   model, saved = ckpts.restore_model(model_template(exp), with_record=True)
   path = os.path.join(ckpts.root, 'model', '0')
   if saved is None:

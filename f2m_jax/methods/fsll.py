@@ -51,9 +51,8 @@ def triplet_no_hard_mining(emb: jax.Array, labels: jax.Array, num_instances: int
 
 
 def prototype_loss(emb: jax.Array, base_prototypes: jax.Array, ways: int, shots: int, omega: float = 1.0):
-  """Their IncrementalPTFixPNLoss (use_cosine): the batch is `ways` blocks of `shots` images; logits
-  are -omega x cosine distance to [the blocks' means, the base prototypes]; cross-entropy with each
-  image's own block as its class."""
+  """Their IncrementalPTFixPNLoss (use_cosine): cross-entropy of -omega x cosine distance to [the `ways`
+  blocks' means, the base prototypes], each image's own block its class."""
   means = emb.reshape(ways, shots, -1).mean(axis=1)
   candidates = jnp.concatenate([means, base_prototypes])
   unit = lambda v: v / jnp.maximum(jnp.linalg.norm(v, axis=-1, keepdims=True), 1e-8)

@@ -52,9 +52,8 @@ def herding(features: np.ndarray, mean: np.ndarray, m: int) -> np.ndarray:
 
 def random_exemplars(labels: np.ndarray, pool: np.ndarray, classes: Sequence[int], m: int,
                      rng: np.random.Generator) -> np.ndarray:
-  """The authors' `random: true` memory: for each class in turn, the first `m` of a random
-  permutation of its images in `pool` (all of them where it has fewer), as their
-  sample_data_index. `labels` are those of `pool`."""
+  """The authors' `random: true` memory: for each class in turn, the first `m` of a random permutation of
+  its images in `pool` (all where it has fewer). `labels` are those of `pool`."""
   picks = []
   for c in classes:
     members = pool[labels == c]
@@ -77,9 +76,8 @@ def masked_sigmoid_cross_entropy(logits: jax.Array, targets: jax.Array, num_seen
 
 
 def new_columns(key, params: dict, start: int, stop: int) -> dict:
-  """params with classifier columns [start, stop) initialised as the authors' new classifier
-  columns: kaiming_normal_(mode='fan_out') of an [embedding, classes] matrix, N(0, 2 / embedding);
-  a bias, where the head has one (a Baseline's), 0 there."""
+  """params with classifier columns [start, stop) initialised as the authors' new columns, N(0, 2 /
+  embedding) (kaiming_normal_ fan_out), and their bias, where the head has one, 0."""
   kernel = params['fc']['kernel']
   dim = kernel.shape[0]
   fresh = jnp.sqrt(2.0 / dim) * jax.random.normal(key, (dim, stop - start), kernel.dtype)
@@ -100,8 +98,7 @@ def pad_classifier(params: dict, num_classes: int) -> dict:
 
 def icarl_loss(network):
   """loss(params, batch_stats, former_out, x, labels, num_old, num_seen) -> (loss, new BN statistics):
-  iCaRL's sigmoid cross-entropy against `distillation_targets` from the previous network's logits
-  (`former_out` = its (embedding, logits) on the same inputs), BN in train mode."""
+  sigmoid cross-entropy against `distillation_targets` of the previous network's logits, BN in train mode."""
   def loss(params, batch_stats, former_out, x, labels, num_old, num_seen):
     former_logits = former_out[1]
     targets = distillation_targets(labels, former_logits, num_old, former_logits.shape[-1])

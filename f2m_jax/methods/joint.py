@@ -120,8 +120,7 @@ def _reinit_classifier(params, key):
 
 def retrain_classifier(exp, network, variables, pool: np.ndarray, key, stream: tuple) -> dict:
   """cRT: every layer but the classifier frozen (BN in eval mode), the classifier re-initialised and
-  trained with class-aware batches on `pool` under the crt.* schedule (epochs of max-class-size x
-  classes samples, the learning rate times crt.lr_gamma after each epoch of crt.milestones)."""
+  trained with class-aware batches on `pool` under the crt.* schedule."""
   c, bench = exp.config.crt, exp.bench
   params = _reinit_classifier(variables['params'], key)
   per_epoch = max(int(np.max(np.bincount(bench.train.labels[pool]))) * len(np.unique(bench.train.labels[pool]))

@@ -30,9 +30,8 @@ def finetune_sizes(exp) -> tuple:
 
 
 class NCMRunner:
-  """State of a run: (the network's params, the prototypes of every seen class). Base prototypes
-  are those of session 1 and never recomputed; after each session the novel prototypes are
-  recomputed with the (fine-tuned) network from all shots seen so far."""
+  """State of a run: (params, the prototypes of every seen class); the base prototypes are session 1's, the
+  novel ones recomputed after each session from all shots seen so far."""
 
   def __init__(self, exp, first: dict, ckpts=None, source=None, log=None):
     cfg = exp.config

@@ -61,9 +61,8 @@ def inter_class_separation(cos: jax.Array, labels: jax.Array, num_old, num_seen,
 
 
 def cosine_classifier_scores(embedding: jax.Array, kernel: jax.Array, sigma, num_seen) -> jax.Array:
-  """The scores the authors' Rebalance test ranks (`test_type: CNN`, their CNN_test): sigma * cos(f(x),
-  w_c) for the seen classes' columns, -inf for the rest (classes not seen yet, whose zero columns
-  would otherwise score 0 against negative cosines). The prediction is their argmax."""
+  """The scores the authors' Rebalance test ranks (`test_type: CNN`): sigma * cos(f(x), w_c) for the seen
+  classes' columns, -inf for the rest (whose zero columns would score 0). The prediction is their argmax."""
   scores = sigma * cosine_scores(embedding, kernel)
   return jnp.where(jnp.arange(kernel.shape[-1]) < num_seen, scores, -jnp.inf)
 

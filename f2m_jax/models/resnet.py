@@ -22,8 +22,7 @@ def _scaled_normal(key, shape, dtype, scale) -> jax.Array:
 
 def conv_init(key, shape, dtype=jnp.float32) -> jax.Array:
   """PyTorch's kaiming_normal_(mode='fan_out', nonlinearity='relu'), the original code's conv init:
-  N(0, 2 / fan_out) for an HWIO kernel, fan_out = H * W * O; the values of flax's
-  variance_scaling(2.0, 'fan_out', 'normal'), bit for bit (tests/test_init.py)."""
+  N(0, 2 / (H * W * O)) for an HWIO kernel, bit for bit (tests/test_init.py)."""
   fan_out = int(np.prod(shape[:-2])) * shape[-1]
   return _scaled_normal(key, shape, dtype, np.sqrt(np.asarray(2.0 / fan_out, dtype)))
 
