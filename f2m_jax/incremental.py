@@ -17,11 +17,7 @@ from f2m_jax.data import augment as augment_lib
 from f2m_jax.models import ResNet
 
 
-# The norm the prototypes enter Eq. 5 with (config.incremental.prototype_norm): 'raw' the stored base
-# prototypes and the batch's class means as they are (the authors' code); 'unit_base' the stored (base)
-# prototypes at unit L2 norm, as Algorithm 1 saves them, the batch's means raw (the paper read
-# literally: "the prototypes of new classes are computed by Eq. 1"); 'unit_all' every prototype at
-# unit norm, the paper's stated purpose ("the same norm") and the classifier NCM with PN evaluates.
+# The norms the prototypes enter Eq. 5 with (config.incremental.prototype_norm; docs/method.md's table).
 PROTOTYPE_NORMS = ('raw', 'unit_base', 'unit_all')
 
 
