@@ -1,7 +1,9 @@
 """Builds `cifar100_train.npz`, the file the `trainsplit` protocol reads, from the official CIFAR-100
-binary archive (docs/data.md):
+binary archive:
 
     python -m f2m_jax.data.make_trainsplit --out DATA_FOLDER [--archive cifar-100-binary.tar.gz]
+
+What it writes and prints: docs/data.md.
 """
 from __future__ import annotations
 
