@@ -97,27 +97,37 @@ def _run_py(*args):
                         timeout=300)
 
 
-def test_runs_use_a_persistent_compilation_cache_in_the_cache_folder(tmp_path):
+def test_runs_use_a_persistent_compilation_cache_in_the_cache_folder(tmp_path, monkeypatch):
   """config.compilation_cache puts JAX's persistent cache in <cache folder>/jax_compilation_cache,
   for programs of any compile time unless JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS says otherwise;
   a folder JAX was already given (JAX_COMPILATION_CACHE_DIR) is kept with JAX's settings; False
-  leaves it off. In fresh processes: the tests' own process has its cache set by conftest.py."""
-  script = ('import sys; from configs import cifar100; from f2m_jax import cli; c = cifar100.get_config("smoke"); '
-            'c.data.cache_dir = sys.argv[1]; c.compilation_cache = sys.argv[2] == "1"; '
-            'print(cli.enable_compilation_cache(c)); import jax; print(jax.config.jax_compilation_cache_dir); '
-            'print(jax.config.jax_persistent_cache_min_compile_time_secs)')
-  env = {k: v for k, v in os.environ.items()
-         if k not in ('JAX_COMPILATION_CACHE_DIR', 'JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS')}
-  def run(on, **extra):
-    proc = subprocess.run([sys.executable, '-c', script, str(tmp_path), on], cwd=REPO, capture_output=True,
-                          text=True, timeout=120, env={**env, **extra})
-    assert proc.returncode == 0, proc.stderr
-    return proc.stdout.split()
+  leaves it off. In this process, with JAX's two settings put back afterwards."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from configs import cifar100  # pylint: disable=g-import-not-at-top
+  from f2m_jax import cli  # pylint: disable=g-import-not-at-top
+  names = ('jax_compilation_cache_dir', 'jax_persistent_cache_min_compile_time_secs')
+  saved = [getattr(jax.config, n) for n in names]
+
+  def run(on, folder=None, min_secs=None):
+    jax.config.update(names[0], folder)
+    jax.config.update(names[1], 1.0)  # JAX's default
+    if min_secs is None:
+      monkeypatch.delenv('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', raising=False)
+    else:
+      monkeypatch.setenv('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', min_secs)
+    c = cifar100.get_config('smoke')
+    c.data.cache_dir, c.compilation_cache = str(tmp_path), on
+    return [cli.enable_compilation_cache(c), *(getattr(jax.config, n) for n in names)]
+
   folder = str(tmp_path / 'jax_compilation_cache')
-  assert run('1') == [folder, folder, '0.0']
-  assert run('1', JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='2') == [folder, folder, '2.0']
-  assert run('0') == ['None', 'None', '1.0']
-  assert run('1', JAX_COMPILATION_CACHE_DIR=str(tmp_path / 'own')) == [str(tmp_path / 'own')] * 2 + ['1.0']
+  try:
+    assert run(True) == [folder, folder, 0.0]
+    assert run(True, min_secs='2') == [folder, folder, 1.0]  # JAX reads the variable itself at import
+    assert run(False) == [None, None, 1.0]
+    assert run(True, folder=str(tmp_path / 'own')) == [str(tmp_path / 'own')] * 2 + [1.0]
+  finally:
+    for n, v in zip(names, saved):
+      jax.config.update(n, v)
 
 
 def test_run_py_rejects_bad_values_with_clear_messages(tmp_path):

@@ -160,12 +160,9 @@ def problems(root: pathlib.Path = PACKAGE) -> list:
 
 
 def test_the_package_is_layered():
+  """Every module has a layer (layer_of raises naming one that has none) and breaks no rule."""
+  assert all(layer_of(module) >= 0 for module in package_imports())
   assert problems() == []
-
-
-def test_every_module_has_a_layer():
-  for module in package_imports():
-    layer_of(module)
 
 
 @pytest.mark.parametrize('breach, expected', [
