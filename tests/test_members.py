@@ -133,62 +133,38 @@ def test_a_resumed_sweep_equals_an_uninterrupted_one(sweep, tmp_path):
 
 
 @pytest.mark.slow
-def test_the_gpu_layout_sweep_equals_the_cpu_layout_sweep(tmp_path):
-  """The members vmapped (members.map='vmap') with XLA's own convolution backward
-  (model.conv_backward='xla'), the layout for a GPU, on this CPU: every member's base session trained
-  as by the default layout (members unrolled, the CPU backward): the same logged steps and each
-  member's last base train state to float rounding (the sessions after it take no member axis). At
-  lr 1e-3 and no std term (as tests/test_base_program.py), so that 20 steps do not amplify the
-  programs' different rounding. On 8 px images: the layout does not depend on the image size, and
-  inside the scanned steps XLA:CPU runs XLA's own convolution transposes several times slower than
-  the CPU backward's (tests/test_fidelity.py)."""
-  def base_sessions(name, conv_backward='auto', **fields):
-    config = tiny(seeds=SEEDS, **fields)
-    config.base.lr, config.noise.std_weight, config.model.conv_backward = 1e-3, 0.0, conv_backward
+def test_the_gpu_layout_equals_single_steps_of_each_member():
+  """The member axis mapped with jax.vmap, with the CPU convolution backward and with XLA's own
+  (model.conv_backward='xla': with members.map='vmap', the layout for a GPU), gives each member, of its
+  own noise bound, its own single run's steps (unrolled, the CPU backward: the default here) to float
+  rounding; at a small learning rate, so three steps do not amplify it. On 8 px images: the layout does
+  not depend on the image size."""
+  def programs(conv_backward):
+    config = tiny(field='noise.bound', field_values=(0.002, 0.02))
+    config.base.lr, config.model.conv_backward = 1e-3, conv_backward
     config.data.synthetic.image_size = 8
     configs = [pipeline.resolve(c) for c in members.member_configs(config)]
     bench = sources.load_benchmark(configs[0])
-    exps = [pipeline.check(c, bench) for c in configs]
-    dirs = [str(tmp_path / name / f'member_{i}') for i in range(len(exps))]
-    members.train_members(exps, dirs, hook=None)
-    steps = lambda w: [r['step'] for r in map(json.loads, open(os.path.join(w, 'metrics.jsonl')))
-                       if r.get('phase') == 'base']
-    assert [steps(d) for d in dirs] == [[5, 10, 15, 20]] * len(dirs)
-    return [Checkpoints(d, read_only=True).restore_base_state(e.state_template()) for d, e in zip(dirs, exps)]
+    exps = [Experiment.create(c, bench) for c in configs]
+    make = lambda m: base_lib.make_train_program(exps[0].model, exps[0].noise, exps[0].optimizer(), bench, m,
+                                                 sharding.data_mesh())
+    return configs, bench, exps, make
 
-  for mine, default in zip(base_sessions('gpu', map='vmap', conv_backward='xla'), base_sessions('cpu', map='unroll')):
-    model = lambda state: {'params': state.params, 'batch_stats': state.batch_stats}
-    scale = max(float(np.abs(y).max()) for y in jax.tree_util.tree_leaves(default.params))
-    for x, y in zip(jax.tree_util.tree_leaves(model(mine)), jax.tree_util.tree_leaves(model(default))):
-      np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-6 * scale)  # float32 rounding is relative to the weights
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize('conv_backward', ['cpu', 'xla'])
-def test_vmapped_members_of_a_bound_sweep_equal_their_single_steps(conv_backward):
-  """The member axis mapped with jax.vmap gives each member, of its own noise bound, its own single
-  run's steps to float rounding; at a small learning rate, so three steps do not amplify it. On 8 px
-  images, as the GPU-layout sweep above: the mapping does not depend on the image size."""
-  config = tiny(field='noise.bound', field_values=(0.002, 0.02))
-  config.base.lr, config.model.conv_backward = 1e-3, conv_backward
-  config.data.synthetic.image_size = 8
-  configs = [pipeline.resolve(c) for c in members.member_configs(config)]
-  bench = sources.load_benchmark(configs[0])
-  exps = [Experiment.create(c, bench) for c in configs]
-  mesh = sharding.data_mesh()
-  vmapped, unrolled = (base_lib.make_train_program(exps[0].model, exps[0].noise, exps[0].optimizer(), bench, m, mesh)
-                       for m in ('vmap', 'unroll'))
+  configs, bench, exps, make = programs('cpu')
   data = (bench.train.images, bench.train.labels)
   keys, bounds = jnp.stack([e.key(0) for e in exps]), np.asarray([c.noise.bound for c in configs], np.float32)
   indices = np.stack([np.stack([e.batch_indices(t) for e in exps]) for t in range(3)]).astype(np.int32)
-  ours, _ = vmapped(trees.stack([e.init_state() for e in exps]), *data, indices, np.int32(3), keys, bounds)
-  for i, e in enumerate(exps):
-    single, _ = unrolled(trees.stack([e.init_state()]), *data, indices[:, i:i + 1], np.int32(3), keys[i:i + 1],
-                         bounds[i:i + 1])
-    leaves = jax.tree_util.tree_leaves(trees.index(single, 0).params)
-    scale = max(float(np.abs(np.asarray(b)).max()) for b in leaves)  # float32 rounding is relative to the weights
-    for a, b in zip(jax.tree_util.tree_leaves(trees.index(ours, i).params), leaves):
-      np.testing.assert_allclose(a, b, rtol=0, atol=1e-6 * scale)
+  unrolled = make('unroll')
+  singles = [trees.index(unrolled(trees.stack([e.init_state()]), *data, indices[:, i:i + 1], np.int32(3),
+                                  keys[i:i + 1], bounds[i:i + 1])[0], 0).params for i, e in enumerate(exps)]
+  for conv_backward in ('cpu', 'xla'):
+    _, _, _, make = programs(conv_backward)
+    ours, _ = make('vmap')(trees.stack([e.init_state() for e in exps]), *data, indices, np.int32(3), keys, bounds)
+    for i, single in enumerate(singles):
+      leaves = jax.tree_util.tree_leaves(single)
+      scale = max(float(np.abs(np.asarray(b)).max()) for b in leaves)  # float32 rounding is relative to the weights
+      for a, b in zip(jax.tree_util.tree_leaves(trees.index(ours, i).params), leaves):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-6 * scale, err_msg=f'{conv_backward}, member {i}')
 
 
 def test_summary_intervals_over_members_and_over_members_and_draws():
@@ -255,6 +231,7 @@ def test_bench_times_members_against_single_steps():
   from f2m_jax import bench, sharding  # pylint: disable=g-import-not-at-top
   config = tiny()
   config.bench.update(member_sizes=(2,), warmup=0, iters=1)
+  config.data.synthetic.image_size = 8  # the table does not depend on it; the programs compile faster
   cases = bench.member_cases(pipeline.resolve(config), sharding.data_mesh())
   records = bench.time_cases(cases, 'float32', 0, 1)
   assert [(r['variant'], r['M']) for r in records] == [('members_1_unroll', 1), ('members_2_unroll', 2)]
