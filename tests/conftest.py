@@ -179,6 +179,30 @@ def tiny_smoke(**changes):
   return c
 
 
+@pytest.fixture(scope='session')
+def reference(tmp_path_factory):
+  """(workdir, results) of pipeline.run(tiny_smoke()): the one uninterrupted run of the session that
+  resumes, faults and records are compared with. Tests read it in place or change a copy (`copy_of`);
+  it must end the session byte for byte as it was made."""
+  from f2m_jax import pipeline  # pylint: disable=g-import-not-at-top
+  workdir = str(tmp_path_factory.mktemp('reference') / 'f2m')
+  results = pipeline.run(tiny_smoke(), workdir)
+  made = snapshot(workdir)
+  yield workdir, results
+  assert snapshot(workdir) == made, 'a test changed the shared reference workdir; change a copy_of it instead'
+
+
+def copy_of(reference, tmp_path, unfinished: bool = False) -> str:
+  """A copy of the reference workdir; `unfinished`: without results.json (a run stopped after its
+  checkpoints were saved, which train mode reads again)."""
+  import shutil  # pylint: disable=g-import-not-at-top
+  workdir = str(tmp_path / 'copy')
+  shutil.copytree(reference[0], workdir)
+  if unfinished:
+    os.remove(os.path.join(workdir, 'results.json'))
+  return workdir
+
+
 def run_py(argv: list, monkeypatch) -> int:
   """What `python run.py <argv[1:]>` does, in this process: run.py's flags, in a FlagValues of their own,
   parsed from `argv` (as run.py parses sys.argv), then its main; the exit code (a SystemExit's too)."""

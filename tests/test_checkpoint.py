@@ -1,53 +1,42 @@
-"""Checkpoints: bit-exact save/restore, resume after interruption, eval mode, and bad input (the NaN
-stop and its last good checkpoint: tests/test_base_program.py)."""
+"""Checkpoints: bit-exact save/restore, resume after interruption, and bad input (eval mode:
+tests/test_records.py; the NaN stop and its last good checkpoint: tests/test_base_program.py)."""
 import json
 import os
 import shutil
+import time
 
 import chex
 import jax
 import numpy as np
 import pytest
 
-from conftest import snapshot, without_provenance
+from conftest import copy_of, snapshot, tiny_smoke as tiny_config, without_provenance
 from f2m_jax import base as base_lib
 from f2m_jax import experiment as experiment_lib
 from f2m_jax import pipeline
+from f2m_jax import train_loop
 from f2m_jax.data import sources
 from f2m_jax.checkpoint import CheckpointError, Checkpoints
-from f2m_jax.workdir import WorkdirError
-
 
 
 def same_results(a: dict, b: dict) -> bool:
   """Equal results; only the provenance (when, how long) may differ between two runs."""
   return without_provenance(a) == without_provenance(b)
 
-def tiny_config():
-  from configs import cifar100
-  c = cifar100.get_config('smoke')
-  c.data.synthetic.num_sessions = 4
-  c.base.steps = 30
-  c.base.checkpoint_every = 10
-  c.base.milestones = (20,)
-  return c
-
 
 class Interrupt(Exception):
   pass
 
 
-def interrupt_at(event, **where):
+def interrupt_at(event, sleep_at: int = 0, seconds: float = 0.0, **where):
+  """A hook that raises Interrupt at the `event` whose info has `where`'s values (and sleeps
+  `seconds` at base step `sleep_at`)."""
   def hook(name, **info):
+    if name == 'base_step' and info['step'] == sleep_at:
+      time.sleep(seconds)
     if name == event and all(info[k] == v for k, v in where.items()):
       raise Interrupt(f'{name} {info}')
   return hook
-
-
-@pytest.fixture(scope='module')
-def reference(tmp_path_factory):
-  workdir = str(tmp_path_factory.mktemp('reference'))
-  return workdir, pipeline.run(tiny_config(), workdir)
 
 
 def _leaves_equal(a, b):
@@ -81,26 +70,44 @@ def test_save_restore_is_bit_identical(tmp_path):
 
 @pytest.mark.slow
 def test_resume_after_interrupted_base_training(reference, tmp_path):
-  ref_dir, ref = reference
+  """Stopped at base step 15, the run resumes from the checkpoint of step 10 and ends as an uninterrupted
+  one; its log holds each step once (the line of step 15, written after that checkpoint, is not written
+  twice) and its wall time is the sum of both invocations'."""
+  _, ref = reference
   workdir = str(tmp_path / 'w')
+  config = lambda: tiny_config(**{'base.log_every': 5})  # a line at 15, after the checkpoint of step 10
   with pytest.raises(Interrupt):
-    pipeline.run(tiny_config(), workdir, hook=interrupt_at('base_step', step=15))
+    pipeline.run(config(), workdir, hook=interrupt_at('base_step', step=15, sleep_at=5, seconds=3.0))
   assert Checkpoints(workdir).latest_base_step() == 10
-  assert same_results(pipeline.run(tiny_config(), workdir), ref)
+  results = pipeline.run(config(), workdir)
+  assert same_results(results, ref)
+  with open(os.path.join(workdir, 'metrics.jsonl')) as f:
+    records = [json.loads(line) for line in f]
+  assert [r['step'] for r in records if r['phase'] == 'base'] == [5, 10, 15, 20]
+  assert [r['mode'] for r in records if r['phase'] == 'start'] == ['train', 'train']
+  times = results['provenance']['invocation_times_s']
+  assert len(times) == 2 and times[0] >= 3.0
+  assert results['provenance']['wall_time_s'] == round(sum(times), 1)
 
 
 @pytest.mark.slow
 def test_resume_with_test_set_selection_keeps_the_best_so_far(tmp_path):
   """base.select_on_test resumed after the best model was saved: the selector restores the best
   accuracy so far, and the run ends as an uninterrupted one."""
-  config = tiny_config()
-  config.base.update(select_on_test=True, select_every=10)
-  config.runs = 1
+  config = tiny_config(**{'base.select_on_test': True, 'base.select_every': 5, 'runs': 1,
+                          'data.synthetic.num_sessions': 2})
   whole = pipeline.run(config, str(tmp_path / 'whole'))
   workdir = str(tmp_path / 'w')
-  with pytest.raises(Interrupt):
-    pipeline.run(config, workdir, hook=interrupt_at('base_step', step=25))
-  assert Checkpoints(workdir).best_base_step() in (10, 20)
+  with pytest.raises(Interrupt):  # after the selections of steps 5, 10 and 15; the checkpoint is step 10's
+    pipeline.run(config, workdir, hook=interrupt_at('base_step', step=15))
+  ckpts = Checkpoints(workdir, read_only=False)
+  with open(os.path.join(workdir, 'metrics.jsonl')) as f:
+    selected = [json.loads(line) for line in f if '"select_on_test"' in line]
+  assert [r['step'] for r in selected] == [5, 10, 15] and ckpts.best_base_step() in (5, 10, 15)
+  resolved = pipeline.resolve(config)
+  exp = experiment_lib.Experiment.create(resolved, sources.load_benchmark(resolved))
+  assert train_loop.TestSetSelector(exp, ckpts, log=None).best == max(r['base_test_acc'] for r in selected)  # not -1
+  ckpts.close()
   assert same_results(pipeline.run(config, workdir), whole)
 
 
@@ -109,58 +116,29 @@ def test_resume_after_interrupted_sessions(reference, tmp_path):
   _, ref = reference
   workdir = str(tmp_path / 'w')
   with pytest.raises(Interrupt):
-    pipeline.run(tiny_config(), workdir, hook=interrupt_at('session', run=1, session=3))
-  assert Checkpoints(workdir).sessions_done(1) == [2, 3]
+    pipeline.run(tiny_config(), workdir, hook=interrupt_at('session', run=1, session=2))
+  assert Checkpoints(workdir).sessions_done(1) == [2]
   assert same_results(pipeline.run(tiny_config(), workdir), ref)
 
 
 @pytest.mark.slow
-def test_eval_mode_reproduces_results(reference, capsys):
-  ref_dir, ref = reference
-  before = open(os.path.join(ref_dir, 'results.json')).read()
-  assert same_results(pipeline.run(tiny_config(), ref_dir, mode='eval'), ref)
-  assert 'reproduced' in capsys.readouterr().out
-  assert open(os.path.join(ref_dir, 'results.json')).read() == before
-
-
-@pytest.mark.slow
-def test_new_sessions_from_another_workdirs_base_model(reference, tmp_path):
-  ref_dir, ref = reference
-  config = tiny_config()
-  config.eval.normalize_prototypes = False
-  workdir = str(tmp_path / 'other')
-  results = pipeline.run(config, workdir, checkpoint=ref_dir)
-  assert results != ref  # other incremental settings (raw prototypes) ...
-  assert Checkpoints(workdir).latest_base_step() is None  # ... on the same base model: nothing retrained
-  assert os.listdir(os.path.join(workdir, 'checkpoints', 'run_0'))
-  with open(os.path.join(workdir, 'metrics.jsonl')) as f:
-    done = [json.loads(line) for line in f if '"done"' in line]
-  assert done[-1]['base_checkpoint'] == os.path.abspath(ref_dir)  # where the base model came from
-
-
-@pytest.mark.slow
-def test_checkpoint_of_another_network_is_refused_before_anything_is_written(reference, tmp_path):
-  ref_dir, _ = reference
-  config = tiny_config()
-  config.method = 'rebalance'  # a cosine classifier: the reference holds a linear one
+@pytest.mark.parametrize('change,message', [
+    ({'method': 'rebalance'}, "model.head='linear' there, 'cosine' here"),  # a cosine classifier
+    ({'data.synthetic.num_base': 30}, r"checkpoints/model/0 holds arrays of other shapes.*"
+                                      r"\['fc'\]\['bias'\] \(20,\) there, \(30,\) here"),
+], ids=['other head', 'other base classes'])
+def test_checkpoint_of_another_network_is_refused_before_anything_is_written(reference, tmp_path, change, message):
   workdir = tmp_path / 'other'
-  with pytest.raises(CheckpointError, match="model.head='linear' there, 'cosine' here"):
-    pipeline.run(config, str(workdir), checkpoint=ref_dir)
+  with pytest.raises(CheckpointError, match=message):
+    pipeline.run(tiny_config(**change), str(workdir), checkpoint=reference[0])
   assert not workdir.exists()
-
-
-def _copy(reference, tmp_path):
-  workdir = str(tmp_path / 'copy')
-  shutil.copytree(reference[0], workdir)
-  return workdir
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize('mode', ['train', 'eval'])
 def test_corrupt_checkpoint_is_reported(reference, tmp_path, mode):
-  workdir = _copy(reference, tmp_path)
-  if mode == 'train':  # a run that stopped after its sessions were saved: a finished one is not reread
-    os.remove(os.path.join(workdir, 'results.json'))
+  # train: a run that stopped after its sessions were saved (a finished one is not reread)
+  workdir = copy_of(reference, tmp_path, unfinished=mode == 'train')
   session_dir = os.path.join(workdir, 'checkpoints', 'run_0', '3')
   for root, _, files in os.walk(session_dir):
     for f in files:
@@ -174,8 +152,7 @@ def test_corrupt_checkpoint_is_reported(reference, tmp_path, mode):
 
 @pytest.mark.slow
 def test_deleted_checkpoints_are_reported(reference, tmp_path):
-  workdir = _copy(reference, tmp_path)
-  os.remove(os.path.join(workdir, 'results.json'))  # stopped before the end: a finished run is not reread
+  workdir = copy_of(reference, tmp_path, unfinished=True)  # stopped before the end: a finished run is not reread
   shutil.rmtree(os.path.join(workdir, 'checkpoints', 'run_1', '2'))
   before = snapshot(workdir)
   with pytest.raises(CheckpointError, match=r'run_1.*\[2\] are missing'):
@@ -184,19 +161,3 @@ def test_deleted_checkpoints_are_reported(reference, tmp_path):
   shutil.rmtree(os.path.join(workdir, 'checkpoints', 'model'))
   with pytest.raises(CheckpointError, match='no base model checkpoint'):
     pipeline.run(tiny_config(), workdir)
-
-
-@pytest.mark.slow
-def test_changed_config_is_refused_but_eval_only_fields_are_not(reference, tmp_path):
-  workdir = _copy(reference, tmp_path)
-  config = tiny_config()
-  config.incremental.lr = 0.02
-  config.runs = 3
-  before = snapshot(workdir)
-  with pytest.raises(WorkdirError, match=r'incremental.lr: saved 0.01, now 0.02.*runs: saved 2, now 3'):
-    pipeline.run(config, workdir)
-  assert snapshot(workdir) == before
-  config = tiny_config()
-  config.eval.batch_size = 100
-  assert same_results(pipeline.run(config, workdir, mode='eval'), reference[1])
-

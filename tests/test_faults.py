@@ -18,9 +18,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from conftest import REPO, snapshot, tiny_smoke as tiny_config, without_provenance
+from conftest import REPO, copy_of, snapshot, tiny_smoke as tiny_config, without_provenance
 from f2m_jax import cli
-from f2m_jax import experiment as experiment_lib
 from f2m_jax import pipeline
 from f2m_jax import workdir as workdir_lib
 from f2m_jax.checkpoint import CheckpointError, CheckpointFault, Checkpoints
@@ -37,22 +36,6 @@ def one_line_error(capsys) -> str:
   lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
   assert len(lines) == 1 and lines[0].startswith(('error: ', 'training stopped: ')), lines
   return lines[0]
-
-
-@pytest.fixture(scope='module')
-def reference(tmp_path_factory):
-  workdir = str(tmp_path_factory.mktemp('reference') / 'f2m')
-  return workdir, pipeline.run(tiny_config(), workdir)
-
-
-def copy_of(reference, tmp_path, unfinished: bool = False) -> str:
-  """A copy of the reference workdir; `unfinished`: without results.json (a run stopped after its
-  checkpoints were saved, which train mode reads again)."""
-  workdir = str(tmp_path / 'copy')
-  shutil.copytree(reference[0], workdir)
-  if unfinished:
-    os.remove(os.path.join(workdir, 'results.json'))
-  return workdir
 
 
 # ----------------------------------------------------------------------------- 5. every check before any write
@@ -77,41 +60,34 @@ def copy_of(reference, tmp_path, unfinished: bool = False) -> str:
     ('data.synthetic.train_per_class', 1000000, 'data.synthetic.train_per_class=1000000 is invalid: the run needs'),
     ('eval.batch_size', 100000000, 'eval.batch_size=100000000 is invalid: the run needs about '),
 ])
-def test_bad_value_is_refused_before_anything_is_written(tmp_path, field, value, message):
-  workdir = tmp_path / 'w'
+def test_a_bad_value_is_refused_by_the_checks(field, value, message):
   with pytest.raises(ValueError) as e:
-    pipeline.run(tiny_config(**{field: value}), str(workdir))
+    checked(tiny_config(**{field: value}))
   assert message in str(e.value)
-  assert not workdir.exists()  # so the corrected command is not refused as 'a different config'
 
 
-def save_base_model(workdir: str, config) -> None:
-  """A workdir holding only an (untrained) base model of `config`'s network and data."""
+def checked(config) -> None:
+  """The checks a run passes before it writes anything: every value and the memory it needs
+  (pipeline.resolve), then the network and the data's limits (pipeline.check)."""
   config = pipeline.resolve(config)
-  exp = experiment_lib.Experiment.create(config, sources.load_benchmark(config))
-  state = exp.init_state()
-  ckpts = Checkpoints(workdir)
-  ckpts.save_model(state.params, state.batch_stats,
-                   np.zeros((exp.bench.num_base_classes, exp.embedding_dim()), np.float32))
-  ckpts.close()
+  pipeline.check(config, sources.load_benchmark(config))
 
 
-def test_checkpoint_with_other_base_classes_is_refused_before_anything_is_written(tmp_path):
-  source = str(tmp_path / 'source')
-  save_base_model(source, tiny_config())  # 20 base classes
+def test_a_refused_run_writes_nothing(tmp_path):
+  """The last of those checks (the data's limits) comes before the workdir is made, so the corrected
+  command is not refused as 'a different config'."""
   workdir = tmp_path / 'w'
-  with pytest.raises(CheckpointError, match=r"checkpoints/model/0 holds arrays of other shapes.*"
-                                            r"\['fc'\]\['bias'\] \(20,\) there, \(30,\) here"):
-    pipeline.run(tiny_config(**{'data.synthetic.num_base': 30}), str(workdir), checkpoint=source)
+  with pytest.raises(ValueError, match='base.batch_size=80 exceeds one epoch of 20 classes'):
+    pipeline.run(tiny_config(**{'base.ways': 40}), str(workdir))
   assert not workdir.exists()
 
 
 def test_checkpoints_without_a_record_of_their_config_are_refused(tmp_path):
-  workdir = str(tmp_path / 'w')
-  save_base_model(workdir, tiny_config())  # checkpoints/model/0, and neither config.json nor its copy
+  workdir = tmp_path / 'w'
+  (workdir / 'checkpoints' / 'model' / '0').mkdir(parents=True)  # a saved step, and no config.json or its copy
   before = snapshot(workdir)
   with pytest.raises(WorkdirError, match='holds checkpoints but no record of the config they were trained with'):
-    pipeline.run(tiny_config(), workdir)
+    workdir_lib.prepare(str(workdir), pipeline.resolve(tiny_config()).to_dict())
   assert snapshot(workdir) == before
 
 
@@ -476,24 +452,9 @@ def test_a_folder_that_turns_read_only_during_the_run_fails_fast(reference, tmp_
 
 # ----------------------------------------------------------------------------- 4. the config travels with the checkpoints
 
-class Interrupt(Exception):
-  pass
-
-
-def interrupt_at(step: int, sleep_at: int = 0, seconds: float = 0.0):
-  def hook(name, **info):
-    if name == 'base_step' and info['step'] == sleep_at:
-      time.sleep(seconds)
-    if name == 'base_step' and info['step'] == step:
-      raise Interrupt
-  return hook
-
-
 @pytest.mark.slow
 def test_a_workdir_without_config_json_is_checked_against_its_checkpoints(reference, tmp_path):
-  workdir = str(tmp_path / 'w')
-  with pytest.raises(Interrupt):
-    pipeline.run(tiny_config(), workdir, hook=interrupt_at(15))
+  workdir = copy_of(reference, tmp_path, unfinished=True)
   os.remove(os.path.join(workdir, 'config.json'))
   before = snapshot(workdir)
   for mode in ('train', 'eval'):
@@ -611,24 +572,6 @@ def test_a_read_only_finished_run_is_evaluated(reference, tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_a_resume_logs_no_step_twice_and_sums_the_wall_time(reference, tmp_path):
-  workdir = str(tmp_path / 'w')
-  config = lambda: tiny_config(**{'base.log_every': 5})  # a line at 15, after the checkpoint of step 10
-  with pytest.raises(Interrupt):
-    pipeline.run(config(), workdir, hook=interrupt_at(15, sleep_at=5, seconds=3.0))
-  results = pipeline.run(config(), workdir)
-  assert without_provenance(results) == without_provenance(reference[1])
-  with open(os.path.join(workdir, 'metrics.jsonl')) as f:
-    records = [json.loads(line) for line in f]
-  steps = [r['step'] for r in records if r['phase'] == 'base']
-  assert steps == [5, 10, 15, 20]
-  assert [r['mode'] for r in records if r['phase'] == 'start'] == ['train', 'train']
-  times = results['provenance']['invocation_times_s']
-  assert len(times) == 2 and times[0] >= 3.0
-  assert results['provenance']['wall_time_s'] == round(sum(times), 1)
-
-
-@pytest.mark.slow
 def test_a_missing_results_csv_of_a_finished_run_is_written_again(reference, tmp_path, capsys):
   workdir = copy_of(reference, tmp_path)
   os.remove(os.path.join(workdir, 'results.csv'))
@@ -643,32 +586,21 @@ def test_a_missing_results_csv_of_a_finished_run_is_written_again(reference, tmp
 
 @pytest.mark.slow
 def test_the_fall_back_advice_works(reference, tmp_path):
-  """The base model has no earlier version: the message says what works, and doing it works."""
+  """A corrupt base model has no earlier version, a corrupt base train state has: each message says
+  what works, and doing it works (the run resumes from the state of step 10)."""
   workdir = copy_of(reference, tmp_path, unfinished=True)
-  model = os.path.join(workdir, 'checkpoints', 'model')
-  for root, _, files in os.walk(model):
-    for name in files:
-      with open(os.path.join(root, name), 'wb') as f:
-        f.write(b'garbage')
+  garbage = lambda *parts: [open(os.path.join(root, name), 'wb').write(b'garbage')
+                            for root, _, files in os.walk(os.path.join(workdir, 'checkpoints', *parts))
+                            for name in files]
+  garbage('model')
   with pytest.raises(CheckpointError, match=r'there is no earlier base model; delete .*/checkpoints/model and the '
                                             r'sessions \(.*/checkpoints/run_\*\)') as e:
     pipeline.run(tiny_config(), workdir)
   assert 'base/20' in str(e.value)
-  shutil.rmtree(model)
+  shutil.rmtree(os.path.join(workdir, 'checkpoints', 'model'))
   for name in ('run_0', 'run_1'):
     shutil.rmtree(os.path.join(workdir, 'checkpoints', name))
-  assert without_provenance(pipeline.run(tiny_config(), workdir)) == without_provenance(reference[1])
-
-
-@pytest.mark.slow
-def test_a_corrupt_base_train_state_falls_back_to_the_previous_one(reference, tmp_path):
-  workdir = str(tmp_path / 'w')
-  with pytest.raises(Interrupt):  # after the last base step's save, before the base model
-    pipeline.run(tiny_config(), workdir, hook=interrupt_at(20))
-  for root, _, files in os.walk(os.path.join(workdir, 'checkpoints', 'base', '20')):
-    for name in files:
-      with open(os.path.join(root, name), 'wb') as f:
-        f.write(b'garbage')
+  garbage('base', '20')  # as a run stopped after the last base step's save, before the base model
   with pytest.raises(CheckpointError, match=r'checkpoints/base/20 \(.*\): it is missing, truncated or corrupt; '
                                             'delete that folder to resume from the base train state of step 10'):
     pipeline.run(tiny_config(), workdir)
@@ -694,16 +626,16 @@ def lines_of(path: str, phase: str) -> int:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize('moment', ['base step 10 logged', 'first session logged'])
-def test_sigkill_then_the_same_command_gives_the_same_results(reference, tmp_path, moment):
-  """run.py killed with SIGKILL (its checkpoints possibly mid-write, its lock held), then run again:
-  the lock is taken over and the results equal an uninterrupted run's."""
+def test_sigkill_then_the_same_command_gives_the_same_results(reference, tmp_path):
+  """run.py killed with SIGKILL once its first session is logged (that session's checkpoint possibly
+  still being written in the background, its lock held), then run again: the lock is taken over and
+  the results equal an uninterrupted run's."""
   workdir = str(tmp_path / 'w')
   metrics = os.path.join(workdir, 'metrics.jsonl')
   command = [sys.executable, 'run.py', *TINY_ARGS, '--workdir', workdir]
   child = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
   try:
-    wait_for(lambda: lines_of(metrics, 'base' if moment.startswith('base') else 'session') >= 1, child)
+    wait_for(lambda: lines_of(metrics, 'session') >= 1, child)
   finally:
     child.kill()
     child.wait()

@@ -1,26 +1,20 @@
-"""What a workdir records: a failed start writes nothing, a finished run is never rewritten, and the
-results name the base model they were computed on (--checkpoint)."""
+"""What a workdir records: a failed start writes nothing, a finished run is never rewritten, eval
+reproduces its results or writes beside them, and the results name the base model they were computed
+on (--checkpoint)."""
 import json
 import os
-import shutil
 
 import numpy as np
 import pytest
 
-from conftest import run_py, snapshot, tiny_smoke as tiny_config
+from conftest import copy_of, run_py, snapshot, tiny_smoke as tiny_config
 from f2m_jax import cli
 from f2m_jax import pipeline
 from f2m_jax import report
-from f2m_jax.checkpoint import CheckpointError
+from f2m_jax.checkpoint import CheckpointError, Checkpoints
 from f2m_jax.data import cifar100, index_lists
 from f2m_jax.data.types import DataError
 from f2m_jax.workdir import WorkdirError
-
-
-@pytest.fixture(scope='module')
-def reference(tmp_path_factory):
-  workdir = str(tmp_path_factory.mktemp('reference') / 'f2m')
-  return workdir, pipeline.run(tiny_config(), workdir)
 
 
 # ----------------------------------------------------------------------------- a failed start writes nothing
@@ -50,18 +44,7 @@ def test_no_data_leaves_no_workdir_and_blocks_no_other_config(offline, tmp_path)
   empty.mkdir()
   config = cifar100_config('trainsplit')
   config.data.data_dir = str(empty)
-  with pytest.raises(DataError):  # not WorkdirError: the first attempt left nothing behind
-    pipeline.run(config, str(workdir))
-  assert not workdir.exists()
-
-
-def test_empty_data_folder_leaves_no_workdir(offline, tmp_path):
-  empty = tmp_path / 'data'
-  empty.mkdir()
-  config = cifar100_config('trainsplit')
-  config.data.data_dir = str(empty)
-  workdir = tmp_path / 'w'
-  with pytest.raises(DataError, match='cifar100'):
+  with pytest.raises(DataError, match='cifar100'):  # not WorkdirError: the first attempt left nothing behind
     pipeline.run(config, str(workdir))
   assert not workdir.exists()
 
@@ -104,23 +87,8 @@ def test_rerun_of_a_finished_run_rewrites_nothing(reference, capsys):
 
 
 @pytest.mark.slow
-def test_eval_says_what_it_compared_and_wrote(reference, capsys):
-  workdir, _ = reference
-  before = snapshot(workdir)
-  capsys.readouterr()
-  assert cli.main(tiny_config(), workdir, 'eval') == 0
-  out = capsys.readouterr().out
-  assert f'reproduced {workdir}/results.json exactly' in out and 'results.json unchanged' in out
-  assert 'results written' not in out
-  after = snapshot(workdir)
-  assert after.pop('metrics.jsonl') != before.pop('metrics.jsonl')  # the log gains the evaluation's line
-  assert after == before
-
-
-@pytest.mark.slow
 def test_eval_that_differs_writes_beside_and_says_so(reference, tmp_path, capsys):
-  workdir = str(tmp_path / 'copy')
-  shutil.copytree(reference[0], workdir)
+  workdir = copy_of(reference, tmp_path)
   path = os.path.join(workdir, 'results.json')
   with open(path) as f:
     saved = json.load(f)
@@ -130,11 +98,13 @@ def test_eval_that_differs_writes_beside_and_says_so(reference, tmp_path, capsys
     json.dump(saved, f)
   before = open(path).read()
   capsys.readouterr()
-  pipeline.run(tiny_config(), workdir, mode='eval')
+  results = pipeline.run(tiny_config(), workdir, mode='eval')
   out = capsys.readouterr().out
   assert f'evaluation differs from {path} in pd; wrote results_eval.json and results_eval.csv' in out
   assert open(path).read() == before
-  pipeline.run(tiny_config(), workdir, mode='eval')  # a second evaluation keeps the first one's file
+  first = snapshot(workdir)['results_eval.json']
+  line = pipeline.write_outputs(workdir, results, 'eval')  # a second evaluation keeps the first one's file
+  assert ' in pd; wrote results_eval_' in line and snapshot(workdir)['results_eval.json'] == first
   assert len([n for n in os.listdir(workdir) if n.startswith('results_eval') and n.endswith('.json')]) == 2
 
 
@@ -160,10 +130,28 @@ def sources_line(workdir: str) -> str:
 
 
 @pytest.mark.slow
-def test_results_name_the_base_models_source(reference, tmp_path, monkeypatch):
+def test_sessions_on_another_workdirs_base_model_name_their_source(reference, tmp_path, monkeypatch, capsys):
+  """--checkpoint W: new sessions on W's base model, nothing retrained; the start line, results.json,
+  config.json and the report's sources line name W and the command line's changes; the workdir is then
+  resumed and evaluated only with that --checkpoint."""
   ref_dir, ref = reference
   workdir = str(tmp_path / 'bl')
-  results = pipeline.run(tiny_config(method='baseline'), workdir, checkpoint=ref_dir)
+  changes = {'method': 'baseline', 'incremental.clamp': False}
+  origin = {'config': 'configs/cifar100.py:smoke', 'changes': changes}  # as run.py passes it
+  config = tiny_config(**changes)
+  capsys.readouterr()
+  assert cli.main(config, workdir, 'train', checkpoint=ref_dir, origin=origin) == 0
+  start = capsys.readouterr().out.splitlines()[0]
+  assert start.startswith('f2m-jax train: configs/cifar100.py:smoke with ') and "incremental.clamp=False" in start
+  assert f'base model from --checkpoint {os.path.abspath(ref_dir)}' in start
+  with open(os.path.join(workdir, 'results.json')) as f:
+    results = json.load(f)
+  assert results['provenance']['origin'] == origin
+  assert Checkpoints(workdir).latest_base_step() is None  # the base model was not trained again ...
+  assert os.listdir(os.path.join(workdir, 'checkpoints', 'run_0'))  # ... and the sessions were
+  with open(os.path.join(workdir, 'metrics.jsonl')) as f:
+    done = [json.loads(line) for line in f if '"done"' in line]
+  assert done[-1]['base_checkpoint'] == os.path.abspath(ref_dir)
   source = results['provenance']['base_source']
   assert source['path'] == os.path.abspath(ref_dir) and source['method'] == 'f2m'
   assert source['commit'] == ref['provenance']['git'].get('commit')
@@ -176,42 +164,30 @@ def test_results_name_the_base_models_source(reference, tmp_path, monkeypatch):
   line = sources_line(workdir)
   assert 'baseline sessions on a base model trained by f2m' in line and os.path.abspath(ref_dir) in line
   assert '20 steps of 80 (task_epochs), lr 0.1, M=2, b=0.005' in line  # the source's budget, not '(shuffle)'
+  assert 'incremental.clamp=False' in line and 'incremental.clamp' not in sources_line(ref_dir)
   with pytest.raises(WorkdirError, match=f'was started with --checkpoint {os.path.abspath(ref_dir)}, now without'):
-    pipeline.run(tiny_config(method='baseline'), workdir)
+    pipeline.run(tiny_config(**changes), workdir, origin=origin)
   assert run_py(['run.py', '--workdir', workdir, '--mode', 'eval'], monkeypatch) == 0  # with its --checkpoint
   with open(os.path.join(ref_dir, 'config.json')) as f:
     assert json.load(f)['base_source'] is None  # a base model of its own
 
 
-@pytest.mark.slow
-def test_command_line_changes_are_in_the_sources_line(reference, tmp_path, capsys):
-  ref_dir, _ = reference
-  workdir = str(tmp_path / 'pc_off')
-  origin = {'config': 'configs/cifar100.py:smoke', 'changes': {'incremental.clamp': False}}  # as run.py passes it
-  config = tiny_config(**{'incremental.clamp': False})
-  assert cli.main(config, workdir, 'train', checkpoint=ref_dir, origin=origin) == 0
-  start = capsys.readouterr().out.splitlines()[0]
-  assert start.startswith('f2m-jax train: configs/cifar100.py:smoke with ') and "incremental.clamp=False" in start
-  assert f'base model from --checkpoint {os.path.abspath(ref_dir)}' in start
-  with open(os.path.join(workdir, 'results.json')) as f:
-    origin = json.load(f)['provenance']['origin']
-  assert origin == {'config': 'configs/cifar100.py:smoke', 'changes': {'incremental.clamp': False}}
-  assert 'incremental.clamp=False' in sources_line(workdir)
-  assert 'incremental.clamp' not in sources_line(ref_dir)
-
-
 # ----------------------------------------------------------------------------- a workdir is enough
 
 @pytest.mark.slow
-def test_a_workdir_alone_is_evaluated_with_its_recorded_config(reference, tmp_path, monkeypatch, capsys):
-  """run.py --workdir W --mode eval (and flatness) reads W's config.json. What is given beside it is
-  checked as a resume is: a change of no result is taken, another (or another config file, even one
-  that would not validate) refused by name, one line, before anything is read or written."""
-  workdir, _ = reference
+def test_eval_of_a_workdir_alone_reproduces_its_results_and_says_so(reference, tmp_path, monkeypatch, capsys):
+  """run.py --workdir W --mode eval (and flatness) reads W's config.json; eval computes every session
+  again, says it reproduced results.json exactly, and writes nothing but its log lines. What is given
+  beside W is checked as a resume is: a change of no result is taken (eval.batch_size), another (or
+  another config file, even one that would not validate) refused by name, one line, before anything is
+  read or written."""
+  workdir = copy_of(reference, tmp_path)
   before = snapshot(workdir)
   capsys.readouterr()
   assert run_py(['run.py', '--workdir', workdir, '--mode', 'eval', '--config.eval.batch_size=100'], monkeypatch) == 0
-  assert f'reproduced {workdir}/results.json exactly' in capsys.readouterr().out
+  out = capsys.readouterr().out
+  assert f'reproduced {workdir}/results.json exactly' in out and 'results.json unchanged' in out
+  assert 'results written' not in out
   for change, refused in (('--config.incremental.lr=0.02', 'incremental.lr: saved 0.01, now 0.02'),
                           ('--config=configs/folder.py', "data.dataset: saved 'cifar100', now 'folder'")):
     assert run_py(['run.py', '--workdir', workdir, '--mode', 'eval', change], monkeypatch) == 2
@@ -219,11 +195,9 @@ def test_a_workdir_alone_is_evaluated_with_its_recorded_config(reference, tmp_pa
     assert err.startswith(f'error: {workdir} holds a run of a different config (') and err.count('\n') == 1, err
     assert refused in err and 'Drop --config and its changes to use the recorded config' in err
   after = snapshot(workdir)
-  assert after.pop('metrics.jsonl') != before.pop('metrics.jsonl') and after == before  # the first eval's lines
-  copy = str(tmp_path / 'copy')
-  shutil.copytree(workdir, copy)
-  flatness = ['run.py', '--workdir', copy, '--mode', 'flatness', '--config.flatness.num_draws=2',
+  assert after.pop('metrics.jsonl') != before.pop('metrics.jsonl') and after == before  # the eval's lines
+  flatness = ['run.py', '--workdir', workdir, '--mode', 'flatness', '--config.flatness.num_draws=2',
               '--config.flatness.max_images=8']
   assert run_py(flatness + ['--config.noise.bound=0.01'], monkeypatch) == 2
   assert 'noise.bound: saved 0.005, now 0.01' in capsys.readouterr().err
-  assert run_py(flatness, monkeypatch) == 0 and os.path.exists(os.path.join(copy, 'flatness.json'))
+  assert run_py(flatness, monkeypatch) == 0 and os.path.exists(os.path.join(workdir, 'flatness.json'))
