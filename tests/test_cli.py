@@ -36,17 +36,35 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize('override,what,allowed', CASES)
-def test_bad_override_is_one_clear_line(tmp_path, override, what, allowed):
-  workdir = tmp_path / 'w'
-  r = subprocess.run([sys.executable, 'run.py', '--config', 'configs/cifar100.py:smoke', override,
-                      '--workdir', str(workdir)], capture_output=True, text=True, cwd=REPO, timeout=300)
-  lines = [line for line in r.stderr.splitlines() if line.strip()]
-  assert r.returncode == 2, r.stderr
-  assert 'Traceback' not in r.stderr
+def one_error_line(capsys) -> str:
+  """The one line run.py printed to stderr."""
+  lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
   assert len(lines) == 1 and lines[0].startswith('error: '), lines
-  assert what in lines[0] and allowed in lines[0], lines[0]
+  return lines[0]
+
+
+@pytest.mark.parametrize('override,what,allowed', CASES)
+def test_bad_override_is_one_clear_line(tmp_path, monkeypatch, capsys, override, what, allowed):
+  """run.py's flags parsed and acted on in this process (conftest.run_py); the process itself:
+  test_a_bad_override_ends_the_process_with_exit_code_2."""
+  workdir = tmp_path / 'w'
+  assert run_py(['run.py', '--config', 'configs/cifar100.py:smoke', override, '--workdir', str(workdir)],
+                monkeypatch) == 2
+  line = one_error_line(capsys)
+  assert what in line and allowed in line, line
   assert not workdir.exists()
+
+
+@pytest.mark.parametrize('override', ['--config.noise.bond=0.1', '--config.noise.M=-1'],
+                         ids=['refused by the parser', 'refused by the checks'])
+def test_a_bad_override_ends_the_process_with_exit_code_2(tmp_path, override):
+  """python run.py itself: exit code 2, one line on stderr, no traceback (absl's app.run around it)."""
+  r = subprocess.run([sys.executable, 'run.py', '--config', 'configs/cifar100.py:smoke', override,
+                      '--workdir', str(tmp_path / 'w')], capture_output=True, text=True, cwd=REPO, timeout=300)
+  lines = [line for line in r.stderr.splitlines() if line.strip()]
+  assert r.returncode == 2 and 'Traceback' not in r.stderr, r.stderr
+  field = override.split('=')[0][len('--config.'):]
+  assert len(lines) == 1 and lines[0].startswith('error: ') and field in lines[0], lines
 
 
 def test_run_py_takes_the_flags_its_libraries_define():
@@ -78,14 +96,11 @@ def test_good_overrides_pass_the_check(tmp_path):
     ('configs/cifar10.py', 'there is no file configs/cifar10.py; did you mean configs/cifar100.py?'),
     ('configs/cifar100.py:smok', "config argument 'smok' is not one of ['smoke', 'trainsplit', 'cpu']"),
 ])
-def test_bad_config_argument_is_one_clear_line(tmp_path, spec, what):
+def test_bad_config_argument_is_one_clear_line(tmp_path, monkeypatch, capsys, spec, what):
   workdir = tmp_path / 'w'
-  r = subprocess.run([sys.executable, 'run.py', '--config', spec, '--workdir', str(workdir)], capture_output=True,
-                     text=True, cwd=REPO, timeout=300)
-  lines = [line for line in r.stderr.splitlines() if line.strip()]
-  assert r.returncode == 2, r.stderr
-  assert len(lines) == 1 and lines[0] == f'error: --config {spec}: ' + lines[0].split(': ', 2)[2], lines
-  assert what in lines[0]
+  assert run_py(['run.py', '--config', spec, '--workdir', str(workdir)], monkeypatch) == 2
+  line = one_error_line(capsys)
+  assert line == f'error: --config {spec}: ' + line.split(': ', 2)[2] and what in line, line
   assert not workdir.exists()
 
 
