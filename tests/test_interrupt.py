@@ -16,9 +16,10 @@ import pytest
 
 from conftest import REPO, without_provenance
 
+# The smoke config's base training (100 steps, 5 a call, checkpoints every 25), so its programs are
+# those of the other smoke runs (the persistent compilation cache), with one run of one session.
 ARGS = ['--config', 'configs/cifar100.py:smoke', '--config.tensorboard=False', '--config.runs=1',
-        '--config.data.synthetic.num_sessions=3', '--config.base.steps=200', '--config.base.milestones=(150,)',
-        '--config.base.checkpoint_every=50']
+        '--config.data.synthetic.num_sessions=2']
 
 
 # Python run before run.py's main: the base program's first call, or each restored session, takes a
@@ -79,7 +80,7 @@ def reference(reference_workdir):
 def test_a_signal_stops_the_run_cleanly_and_the_rerun_resumes_exactly(tmp_path, reference, sig):
   child = _run(tmp_path / 'w')
   deadline = time.time() + 600
-  while not [s for s in _base_steps(tmp_path / 'w') if s >= 60] and time.time() < deadline:
+  while not [s for s in _base_steps(tmp_path / 'w') if s >= 40] and time.time() < deadline:
     time.sleep(0.05)
   child.send_signal(sig)
   _, err = child.communicate(timeout=300)
@@ -88,7 +89,7 @@ def test_a_signal_stops_the_run_cleanly_and_the_rerun_resumes_exactly(tmp_path, 
   assert 'Traceback' not in err and len(lines) == 1, lines
   assert lines[0].startswith(f'interrupted ({sig.name}) after base step ') and 'rerun the same command' in lines[0]
   stopped_at = int(lines[0].split('after base step ')[1].split(';')[0])
-  assert 60 <= stopped_at < 200 and not os.path.exists(tmp_path / 'w' / 'results.json')
+  assert 40 <= stopped_at < 100 and not os.path.exists(tmp_path / 'w' / 'results.json')
   rerun = _run(tmp_path / 'w')
   assert rerun.wait(timeout=900) == 0, rerun.stderr.read()[-2000:]
   with open(tmp_path / 'w' / 'results.json') as f:

@@ -15,9 +15,9 @@ import pytest
 from conftest import REPO, without_provenance, xla_flags
 
 TIMEOUT_S = 900
-TINY = ['--config', 'configs/cifar100.py:smoke', '--config.runs=2', '--config.data.synthetic.num_sessions=3',
-        '--config.base.steps=8', '--config.base.milestones=(6,)', '--config.base.checkpoint_every=4',
-        '--config.base.log_every=4', '--config.tensorboard=False']
+TINY = ['--config', 'configs/cifar100.py:smoke', '--config.runs=1', '--config.data.synthetic.num_sessions=2',
+        '--config.base.steps=4', '--config.base.milestones=(2,)', '--config.base.checkpoint_every=2',
+        '--config.base.log_every=2', '--config.tensorboard=False']
 
 
 def free_port() -> int:
