@@ -309,13 +309,14 @@ def test_folder_smoke_end_to_end(tmp_path, capsys):
   from f2m_jax import cli
   config = folder_cfg.get_config('smoke')
   config.data.cache_dir = str(tmp_path / 'cache')
-  origin = {'config': 'configs/folder.py:smoke', 'changes': {}}  # as run.py passes it
+  config.runs = 1  # the code path of two runs: tests/test_end_to_end.py
+  origin = {'config': 'configs/folder.py:smoke', 'changes': {'runs': 1}}  # as run.py passes it
   assert cli.main(config, str(tmp_path / 'work'), 'train', origin=origin) == 0
   results = json.loads((tmp_path / 'work' / 'results.json').read_text())
-  assert results['dataset'] == 'folder' and results['protocol'] == 'draws' and results['runs'] == 2
+  assert results['dataset'] == 'folder' and results['protocol'] == 'draws' and results['runs'] == 1
   assert [s['num_classes'] for s in results['sessions']] == [10, 12, 14, 16, 18, 20]
   assert results['sessions'][0]['acc']['mean'] > 50  # 10 generated classes are easy
-  assert 'f2m on folder (draws, 2 runs' in capsys.readouterr().out
+  assert 'f2m on folder (draws, 1 run' in capsys.readouterr().out
   root = tmp_path / 'cache' / 'fake_folder' / f'v{fake_folders.VERSION}'
   assert (root / fake_folders.COMPLETE).is_file() and len(list((root / 'folder').rglob('*.png'))) == 20 * 4
   assert len(list((tmp_path / 'cache' / 'arrays' / 'folder').glob('*.npy'))) == 2
@@ -324,7 +325,8 @@ def test_folder_smoke_end_to_end(tmp_path, capsys):
 @pytest.mark.slow
 def test_the_mini_fake_folder_gives_the_results_of_its_layout(tmp_path):
   """The miniImageNet fake folder through the generic fields and through its own layout: the same
-  results.json (but for its provenance), run through the pipeline."""
+  results.json (but for its provenance), run through the pipeline; the layout's run is
+  configs/mini.py:smoke (shortened) end to end, from its generated folder to results.json."""
   from configs import mini
   from f2m_jax import pipeline
 
@@ -336,6 +338,10 @@ def test_the_mini_fake_folder_gives_the_results_of_its_layout(tmp_path):
     return c
 
   want = pipeline.run(config(), str(tmp_path / 'layout'))
+  assert want['dataset'] == 'mini_imagenet' and len(want['sessions']) == 9
+  assert want['sessions'][0]['num_classes'] == 8 and want['sessions'][-1]['num_classes'] == 8 + 2 * 8
+  assert want['sessions'][0]['acc']['mean'] > 50  # 8 fake classes are easy
+  assert (tmp_path / 'cache' / 'fake_folder' / f'v{fake_folders.VERSION}' / fake_folders.COMPLETE).is_file()
   got = pipeline.run(_mini_through_the_folder_fields(config(), fake_folders.fake_folder(tmp_path / 'cache')),
                      str(tmp_path / 'generic'))
   assert without_provenance(got) == without_provenance(want)

@@ -1,6 +1,7 @@
 """miniImageNet and CUB-200, the layouts of the folder source: the TOPIC lists (real copies in
 $F2M_DATA_DIR/index_list, skipped if absent), the loaders on the generated fake folders, the array
-cache, the errors for missing data, and the `:smoke` configs end to end (files on disk -> results.json)."""
+cache, the errors for missing data, and CUB's `:smoke` config end to end (files on disk -> results.json;
+miniImageNet's: tests/test_folder.py)."""
 import json
 import shutil
 
@@ -213,11 +214,12 @@ def test_cub_config_needs_pretrained_weights(monkeypatch):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize('name,sessions', [('mini', 9), ('cub200', 11)])
-def test_smoke_config_end_to_end(name, sessions, tmp_path):
-  import importlib
+def test_cub200_smoke_config_end_to_end(tmp_path):
+  """configs/cub200.py:smoke shortened, from its generated folder to results.json. miniImageNet's:
+  tests/test_folder.py::test_the_mini_fake_folder_gives_the_results_of_its_layout."""
+  from configs import cub200
   from f2m_jax import pipeline
-  config = importlib.import_module(f'configs.{name}').get_config('smoke')
+  config = cub200.get_config('smoke')
   assert config.data.source == 'fake_folder'
   config.data.cache_dir = str(tmp_path / 'cache')
   config.runs = 1  # the smoke run shortened: the code path is the same, the compiles dominate
@@ -225,8 +227,7 @@ def test_smoke_config_end_to_end(name, sessions, tmp_path):
   pipeline.run(config, str(tmp_path / 'work'))
   with open(tmp_path / 'work' / 'results.json') as f:
     results = json.load(f)
-  assert results['dataset'] == {'mini': 'mini_imagenet', 'cub200': 'cub200'}[name]
-  assert len(results['sessions']) == sessions
-  assert results['sessions'][0]['num_classes'] == 8 and results['sessions'][-1]['num_classes'] == 8 + 2 * (sessions - 1)
+  assert results['dataset'] == 'cub200' and len(results['sessions']) == 11
+  assert results['sessions'][0]['num_classes'] == 8 and results['sessions'][-1]['num_classes'] == 8 + 2 * 10
   assert results['sessions'][0]['acc']['mean'] > 50  # 8 fake classes are easy
   assert (tmp_path / 'cache' / 'fake_folder' / f'v{fake_folders.VERSION}' / fake_folders.COMPLETE).is_file()
