@@ -170,20 +170,20 @@ def test_task_epoch_batches_through_the_pipeline(smoke_config):
 @pytest.mark.slow
 def test_select_on_test_is_opt_in_and_every_output_says_so(smoke_config, tmp_path):
   smoke_config.base.select_on_test = True
-  smoke_config.base.select_every = 25
+  smoke_config.base.update(select_every=10, steps=40, milestones=(30,), checkpoint_every=20)
   smoke_config.method = 'baseline'  # the selection is the base loop's, the same for every method
   smoke_config.runs = 1
   smoke_config.data.synthetic.num_sessions = 2  # the base model is what is checked
   workdir = str(tmp_path / 'w')
   results = pipeline.run(smoke_config, workdir)
   info = results['base_model']
-  assert info['selection'] == 'best_base_test_accuracy' and info['reads_test_set'] and info['every'] == 25
+  assert info['selection'] == 'best_base_test_accuracy' and info['reads_test_set'] and info['every'] == 10
   with open(f'{workdir}/results.json') as f:
     assert json.load(f)['base_model'] == info
   with open(f'{workdir}/metrics.jsonl') as f:
     lines = [json.loads(line) for line in f]
   selections = [m for m in lines if m['phase'] == 'select_on_test']
-  assert [m['step'] for m in selections] == [25, 50, 75, 100]
+  assert [m['step'] for m in selections] == [10, 20, 30, 40]
   accs = [m['base_test_acc'] for m in selections]
   best = int(np.argmax(accs))  # the first of equal bests is kept (strictly better replaces)
   assert info['step'] == selections[best]['step']
