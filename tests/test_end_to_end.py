@@ -15,7 +15,7 @@ def smoke_run(tmp_path_factory):
   from configs import cifar100
   workdir = str(tmp_path_factory.mktemp('smoke'))
   config = cifar100.get_config('smoke')
-  config.data.synthetic.num_sessions = 3  # 2 runs of 2 sessions: every record's kind, a third of the sessions
+  config.data.synthetic.num_sessions = 3  # 2 incremental sessions of 8: every record's kind
   results = pipeline.run(config, workdir)
   return workdir, results
 
