@@ -60,7 +60,7 @@ def _base_steps(workdir) -> list:
 
 
 @pytest.fixture(scope='module')
-def reference_workdir(tmp_path_factory):
+def uninterrupted_workdir(tmp_path_factory):
   """The uninterrupted run's workdir, shared by the tests."""
   workdir = tmp_path_factory.mktemp('reference')
   run = _run(workdir)
@@ -69,14 +69,14 @@ def reference_workdir(tmp_path_factory):
 
 
 @pytest.fixture(scope='module')
-def reference(reference_workdir):
+def uninterrupted(uninterrupted_workdir):
   """The uninterrupted run's results.json."""
-  with open(reference_workdir / 'results.json') as f:
+  with open(uninterrupted_workdir / 'results.json') as f:
     return json.load(f)
 
 
 @pytest.mark.slow
-def test_signals_stop_the_run_cleanly_and_the_rerun_resumes_exactly(tmp_path, reference):
+def test_signals_stop_the_run_cleanly_and_the_rerun_resumes_exactly(tmp_path, uninterrupted):
   """One workdir, two interruptions, then the rerun that ends it. SIGTERM during the first call, where
   no base step comes (0739cee waited for it, and a second signal left the process running on): the
   line says so, within seconds. SIGINT during base training: it stops at the next step boundary,
@@ -102,7 +102,7 @@ def test_signals_stop_the_run_cleanly_and_the_rerun_resumes_exactly(tmp_path, re
   rerun = _run(workdir)
   assert rerun.wait(timeout=900) == 0, rerun.stderr.read()[-2000:]
   with open(workdir / 'results.json') as f:
-    assert without_provenance(json.load(f)) == without_provenance(reference)
+    assert without_provenance(json.load(f)) == without_provenance(uninterrupted)
 
 
 def test_a_signal_stops_a_mode_without_boundaries_at_once(tmp_path):
@@ -119,11 +119,11 @@ def test_a_signal_stops_a_mode_without_boundaries_at_once(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_signal_stops_eval_during_a_restore(tmp_path, reference_workdir):
+def test_a_signal_stops_eval_during_a_restore(tmp_path, uninterrupted_workdir):
   """--mode eval ignored SIGINT at 0739cee (no trained session, no boundary)."""
   workdir = tmp_path / 'w'
-  shutil.copytree(reference_workdir, workdir)
+  shutil.copytree(uninterrupted_workdir, workdir)
   seconds, lines = _stop_when(_run(workdir, '--mode', 'eval', patch='restore'), signal.SIGINT, 'session 1: ')
   assert seconds < 30 and len(lines) == 1 and lines[0].startswith('interrupted (SIGINT): no step or session '
                                                                   'boundary came within 5 s'), (seconds, lines)
-  assert sorted(os.listdir(workdir)) == sorted(os.listdir(reference_workdir))
+  assert sorted(os.listdir(workdir)) == sorted(os.listdir(uninterrupted_workdir))
