@@ -1,6 +1,8 @@
 """Orbax checkpoints of a workdir under <workdir>/checkpoints/: base/<step>/ (TrainState), base_best/<step>/
-(base.select_on_test), model/0/ (phi*, BN statistics, base prototypes), run_<r>/<session>/. The base states and
-sessions are written in the background; every read waits for the writes in flight, `close()` for all."""
+(base.select_on_test), model/0/ (phi*, BN statistics, base prototypes), run_<r>/<session>/, and a joint
+session's training/run_<r>_session_<s>/<step>/ (and run_<r>_session_<s>_best/, base.select_on_test) until
+the session is saved. The base states and sessions are written in the background; every read waits for the
+writes in flight, `close()` for all."""
 from __future__ import annotations
 
 import contextlib
@@ -154,6 +156,7 @@ class Checkpoints:
     self._in_flight = []  # (manager, step, what, then) of the saves not yet known to be complete
     self._base = _manager(os.path.join(self.root, 'base'), keep, read_only, background=True)
     self._model = _manager(os.path.join(self.root, 'model'), None, read_only)
+    self.best_base = _Best(self, os.path.join(self.root, 'base_best'), 'best base model', read_only)
     self._runs = {}
 
   def _run(self, run: int) -> ocp.CheckpointManager:
@@ -236,29 +239,16 @@ class Checkpoints:
               'delete that folder to train the base session again from step 0')
     return self._restore(self._base, step, _to_numpy(template), 'base train state', advice)
 
-  # The best base model on the base test images (base.select_on_test).
-  def _best_manager(self) -> Optional[ocp.CheckpointManager]:
-    path = os.path.join(self.root, 'base_best')
-    if self._read_only and not os.path.isdir(path):
-      return None
-    if not hasattr(self, '_best'):
-      self._best = _manager(path, 1, self._read_only)
-    return self._best
-
+  # The best base model on the base test images (base.select_on_test): `best_base`, a _Best.
   def best_base_step(self) -> Optional[int]:
-    manager = self._best_manager()
-    return None if manager is None else manager.latest_step()
+    return self.best_base.step()
 
   def save_best_base(self, step: int, params, batch_stats, test_acc: float) -> None:
-    item = {'params': params, 'batch_stats': batch_stats, 'test_acc': np.asarray(test_acc, np.float64)}
-    self._save(self._best_manager(), step, _to_numpy(item), 'best base model')
+    self.best_base.save(step, params, batch_stats, test_acc)
 
   def restore_best_base(self, template: dict) -> dict:
     """{'params', 'batch_stats', 'test_acc'} of the best model; template: params and batch_stats."""
-    template = {**template, 'test_acc': np.zeros((), np.float64)}
-    manager = self._best_manager()
-    return self._restore(manager, manager.latest_step(), _to_numpy(template), 'best base model',
-                         'the best model so far cannot be recovered; start again with a new --workdir')
+    return self.best_base.restore(template)
 
   # Base model phi* and base prototypes, with its record (`RECORD`, methods/common.py).
   def has_model(self) -> bool:
@@ -326,16 +316,51 @@ class Checkpoints:
     try:
       self._settle()
     finally:
-      for m in [self._base, self._model, *self._runs.values(), *([self._best] if hasattr(self, '_best') else [])]:
+      for m in [self._base, self._model, *self._runs.values()]:
         with contextlib.suppress(Exception):  # a failed save is reported by _settle, once
           m.close()
+      self.best_base.close()
+
+
+class _Best:
+  """The best model so far of a selection on test images, in its own folder (one step kept): step(),
+  save(step, params, batch_stats, test_acc), restore(template) -> {'params', 'batch_stats', 'test_acc'}."""
+
+  def __init__(self, owner: Checkpoints, path: str, what: str, read_only: bool = False):
+    self._owner, self.path, self._what, self._read_only = owner, path, what, read_only
+    self._opened = None  # the folder is made at the first use (a run without the selection has none)
+
+  def _manager(self) -> Optional[ocp.CheckpointManager]:
+    if self._opened is None and not (self._read_only and not os.path.isdir(self.path)):
+      self._opened = _manager(self.path, 1, self._read_only)
+    return self._opened
+
+  def step(self) -> Optional[int]:
+    manager = self._manager()
+    return None if manager is None else manager.latest_step()
+
+  def save(self, step: int, params, batch_stats, test_acc: float) -> None:
+    item = {'params': params, 'batch_stats': batch_stats, 'test_acc': np.asarray(test_acc, np.float64)}
+    self._owner._save(self._manager(), step, _to_numpy(item), self._what)
+
+  def restore(self, template: dict) -> dict:
+    template = {**template, 'test_acc': np.zeros((), np.float64)}
+    return self._owner._restore(self._manager(), self.step(), _to_numpy(template), self._what,
+                                'the best model so far cannot be recovered; start again with a new --workdir')
+
+  def close(self) -> None:
+    if self._opened is not None:
+      with contextlib.suppress(Exception):  # a failed save is reported by the owner's _settle, once
+        self._opened.close()
 
 
 class _Training:
-  """Train states of one per-session training: latest_step(), save(step, state), restore(template)."""
+  """Train states of one per-session training: latest_step(), save(step, state), restore(template);
+  `best`: the best model so far of its selection on test images (base.select_on_test), beside them."""
 
   def __init__(self, owner: Checkpoints, manager: ocp.CheckpointManager, what: str):
     self._owner, self._manager, self._what = owner, manager, what
+    self.best = _Best(owner, f'{manager.directory}_best', f'{what} best model', owner._read_only)
 
   def latest_step(self) -> Optional[int]:
     return self._manager.latest_step()
@@ -349,7 +374,9 @@ class _Training:
 
   def close(self) -> None:
     self._manager.close()
+    self.best.close()
 
   def remove(self) -> None:
     import shutil  # pylint: disable=g-import-not-at-top
-    shutil.rmtree(str(self._manager.directory), ignore_errors=True)
+    for path in (str(self._manager.directory), self.best.path):
+      shutil.rmtree(path, ignore_errors=True)

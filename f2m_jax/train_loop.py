@@ -37,7 +37,7 @@ class Member:
 def train_base(exp: Experiment, ckpts: Checkpoints, log: workdir_lib.MetricsLog, hook: Hook = None):
   """Trains session 1 from the latest base checkpoint (or from scratch); returns the final state.
   `hook('base_step', step=n)` is called after every step (tests use it to interrupt a run)."""
-  select = TestSetSelector(exp, ckpts, log) if exp.config.base.select_on_test else None
+  select = TestSetSelector(exp, exp.model, 1, ckpts.best_base, log) if exp.config.base.select_on_test else None
   return trees.index(train_base_sessions([exp], [ckpts], [log], 'base session', select=select, hook=hook), 0)
 
 
@@ -206,27 +206,48 @@ def diverged(loss: float, step: int, who: str, phase: str, saved: Optional[int],
 
 
 class TestSetSelector:
-  """base.select_on_test, the original's model selection: keeps the model of the best base-test accuracy
-  so far in the workdir's base_best checkpoint (results then say they read the test set)."""
+  """base.select_on_test, the original's model selection: at each call, the accuracy of `network`'s linear
+  classifier (the argmax of its logits) on the test images of every class seen up to `session` (session 1:
+  the base classes); the model of the best accuracy so far (a strictly better one replaces it) is kept in
+  `best` (a checkpoint's _Best), where a resumed training finds it (results then say they read the test
+  set). `where` (run, session) goes into each log line; `logits`: the network's logits program, if made."""
 
-  def __init__(self, exp: Experiment, ckpts: Checkpoints, log):
+  def __init__(self, exp: Experiment, network, session: int, best, log, logits: Optional[Callable] = None,
+               where: Optional[dict] = None):
     bench = exp.bench
-    self.ckpts, self.log = ckpts, log
-    idx = protocol_lib.test_indices(bench, 1)
+    self.store, self.log, self.where = best, log, where or {}
+    self.name = 'base_test' if session == 1 else 'seen_test'  # the log's fields: <name>_acc, best_<name>_acc
+    idx = protocol_lib.test_indices(bench, session)
     self.images, self.labels = bench.test.images[idx], bench.test.labels[idx]
-    self.logits = evaluation.make_embed(exp.model, bench.mean, bench.std, exp.config.eval.batch_size, logits=True)
+    self.logits = logits or evaluation.make_embed(network, bench.mean, bench.std, exp.config.eval.batch_size,
+                                                  logits=True)
+    self.template, self.seen = exp.variables_template(network), bench.num_seen_classes(session)
     self.best = -1.0
-    if ckpts.best_base_step() is not None:
-      self.best = float(ckpts.restore_best_base(exp.variables_template())['test_acc'])
+    if best.step() is not None:
+      self.best = float(best.restore(self.template)['test_acc'])
+
+  def accuracy(self, variables) -> float:
+    return 100.0 * float(np.mean(np.argmax(self.logits(variables, self.images), -1) == self.labels))
 
   def __call__(self, step: int, state) -> None:
     variables = {'params': jax.device_get(state.params), 'batch_stats': jax.device_get(state.batch_stats)}
-    acc = 100.0 * float(np.mean(np.argmax(self.logits(variables, self.images), -1) == self.labels))
+    acc = self.accuracy(variables)
     if acc > self.best:
       self.best = acc
-      self.ckpts.save_best_base(step, variables['params'], variables['batch_stats'], acc)
-    self.log.write(phase='select_on_test', step=step, base_test_acc=acc, best_base_test_acc=self.best,
-                   best_step=self.ckpts.best_base_step())
+      self.store.save(step, variables['params'], variables['batch_stats'], acc)
+    self.log.write(phase='select_on_test', **self.where, step=step,
+                   **{f'{self.name}_acc': acc, f'best_{self.name}_acc': self.best}, best_step=self.store.step())
+
+  def chosen(self, variables: dict, title: str, steps: int) -> dict:
+    """The best model kept ({'params', 'batch_stats'}, and a line saying so), or `variables` where none
+    was (no selection step reached)."""
+    if self.store.step() is None:
+      return variables
+    best = self.store.restore(self.template)
+    print(f'{title}: the network of step {self.store.step()} of {steps}, chosen on the TEST images of the '
+          f'{self.seen} seen classes ({float(best["test_acc"]):.2f}%; base.select_on_test reads the test set)',
+          flush=True)
+    return {'params': best['params'], 'batch_stats': best['batch_stats']}
 
 
 def selection_info(config, ckpts: Checkpoints) -> dict:

@@ -106,7 +106,8 @@ def test_resume_with_test_set_selection_keeps_the_best_so_far(tmp_path):
   assert [r['step'] for r in selected] == [5, 10, 15] and ckpts.best_base_step() in (5, 10, 15)
   resolved = pipeline.resolve(config)
   exp = experiment_lib.Experiment.create(resolved, sources.load_benchmark(resolved))
-  assert train_loop.TestSetSelector(exp, ckpts, log=None).best == max(r['base_test_acc'] for r in selected)  # not -1
+  selector = train_loop.TestSetSelector(exp, exp.model, 1, ckpts.best_base, log=None)
+  assert selector.best == max(r['base_test_acc'] for r in selected)  # not -1
   ckpts.close()
   assert same_results(pipeline.run(config, workdir), whole)
 
