@@ -362,14 +362,14 @@ def atomic_write(path: str, text: str) -> None:
 
 class MetricsLog:
   """Appends one JSON object per line to <workdir>/metrics.jsonl and, with `tensorboard`, the same numbers
-  as TensorBoard scalars. A line of a (phase, step) the log holds already is not written again; a last line
-  cut short by a kill is ended before the next."""
+  as TensorBoard scalars. A line of a (phase, run, session, step) the log holds already is not written
+  again; a last line cut short by a kill is ended before the next."""
 
   def __init__(self, workdir: str, tensorboard: bool = False, writes: bool = True):
     self.path, self._writes = os.path.join(workdir, 'metrics.jsonl'), writes  # False: a read-only workdir's
     self._tb_dir = os.path.join(workdir, 'tensorboard') if tensorboard else None
     self._tb = None  # opened with the first scalar, so a run that fails before any adds no file
-    self._logged = {(r.get('phase'), r['step']) for r in self.records() if 'step' in r}
+    self._logged = {_step_key(r) for r in self.records() if 'step' in r}
     self._start = None
     self._cut_line = self._cut()
 
@@ -410,7 +410,7 @@ class MetricsLog:
     self._start = {'time': round(time.time(), 3), 'phase': 'start', 'mode': mode}
 
   def write(self, **record) -> None:
-    if not (primary() and self._writes) or ('step' in record and (record.get('phase'), record['step']) in self._logged):
+    if not (primary() and self._writes) or ('step' in record and _step_key(record) in self._logged):
       return
     record = {'time': round(time.time(), 3), **record}
     lines = [self._start, record] if self._start else [record]
@@ -431,6 +431,8 @@ class MetricsLog:
       prefix, step = f'run_{record["run"]}', record['session']
     elif phase in ('base', 'select_on_test'):
       prefix, step = {'base': 'base', 'select_on_test': 'select'}[phase], record['step']
+      if 'run' in record:  # a joint session's selection
+        prefix += f'_run_{record["run"]}_session_{record["session"]}'
     else:
       return
     self.open()
@@ -449,6 +451,11 @@ class MetricsLog:
   def close(self) -> None:
     if self._tb is not None:
       self._tb.close()
+
+
+def _step_key(record: dict) -> tuple:
+  """What a line of a step is logged once by: its phase, run, session (a joint session's selection) and step."""
+  return record.get('phase'), record.get('run'), record.get('session'), record['step']
 
 
 def write_results(workdir: str, results: dict, rows: list, name: str = 'results') -> None:

@@ -75,6 +75,82 @@ def test_joint_sessions_start_from_the_pretrained_trunk(monkeypatch, tmp_path):
   assert state.params['fc']['kernel'].shape[-1] == 10
 
 
+class Interrupt(Exception):
+  pass
+
+
+@pytest.mark.slow
+def test_joint_sessions_chosen_on_test_keep_the_best_network_through_a_resume(monkeypatch, tmp_path):
+  """base.select_on_test on joint (the authors' model selection, docs/method.md): every base.select_every
+  steps a session's network is measured on the test images of the classes seen so far (the selector's
+  accuracy is joint's linear one), and the session ends with the network of the best accuracy (staged here:
+  step 2's; step 6's equal one does not replace it), not the last step's; a training interrupted after that
+  selection and resumed from the checkpoint of step 4 ends with the same network, and the log holds each of
+  its select lines once, beside the base session's of the same steps."""
+  from configs import cifar100
+  from f2m_jax import train_loop
+  from f2m_jax import workdir as workdir_lib
+  from f2m_jax.checkpoint import _Training
+  from f2m_jax.data import sources
+  from f2m_jax.methods import joint
+  config = tiny(cifar100.get_config('smoke'), 'joint')  # a checkpoint every 4 steps
+  config.base.update(steps=8, milestones=(6,), select_on_test=True, select_every=2)
+  config = pipeline.resolve(config)
+  exp = experiment_lib.Experiment.create(config, sources.load_benchmark(config))
+  staged = {2: 50.0, 4: 40.0, 6: 50.0, 8: 20.0}
+  seen, measure, select = {}, train_loop.TestSetSelector.accuracy, train_loop.TestSetSelector.__call__
+  monkeypatch.setattr(train_loop.TestSetSelector, '__call__',
+                      lambda self, step, state: seen.update(step=step, **{str(step): state.params}) or
+                      select(self, step, state))
+  monkeypatch.setattr(train_loop.TestSetSelector, 'accuracy', lambda self, variables: staged[seen['step']])
+  shots = protocol.session_shots(exp.bench, 'draws', 0, 2, 5, 0)
+
+  def session(name, save_fails_at=None):
+    save = _Training.save
+
+    def failing(self, step, state):  # the interruption: the save of that step, after its selection
+      if step == save_fails_at:
+        raise Interrupt(step)
+      save(self, step, state)
+
+    ckpts = Checkpoints(str(tmp_path / name))
+    with monkeypatch.context() as m:
+      m.setattr(_Training, 'save', failing)
+      runner = joint.JointRunner(exp, exp.variables_template(), ckpts, log=workdir_lib.MetricsLog(str(tmp_path / name)))
+      try:
+        return runner, runner.update(None, 0, 2, shots)[0]
+      finally:
+        ckpts.close()
+
+  for name in ('whole', 'resumed'):
+    (tmp_path / name).mkdir()
+  for s in staged:  # the base session's selections, logged by an earlier invocation
+    workdir_lib.MetricsLog(str(tmp_path / 'whole')).write(phase='select_on_test', step=s, base_test_acc=0.0)
+  runner, whole = session('whole')
+  assert seen.get('step') == 8  # the selection ran
+  chex.assert_trees_all_equal(whole['params'], seen['2'])
+  assert not np.array_equal(whole['params']['fc']['kernel'], seen['8']['fc']['kernel'])
+  lines = [r for r in workdir_lib.MetricsLog(str(tmp_path / 'whole')).records() if r.get('session') == 2]
+  assert [(r['run'], r['step'], r['seen_test_acc'], r['best_step']) for r in lines] == [
+      (0, s, a, 2) for s, a in staged.items()]
+  assert not list((tmp_path / 'whole' / 'checkpoints' / 'training').iterdir())  # the train states, the best: removed
+  network, unused = runner.network(2), Checkpoints(str(tmp_path / 'probe'))
+  probe = train_loop.TestSetSelector(exp, network, 2, unused.best_base, None)
+  assert measure(probe, whole) == joint.linear_accuracies(exp, whole, network, 2)['acc']  # the seen classes'
+  unused.close()
+  with pytest.raises(Interrupt):
+    session('resumed', save_fails_at=8)
+  ckpts = Checkpoints(str(tmp_path / 'resumed'))
+  training = ckpts.training(0, 2)
+  assert training.latest_step() == 4 and training.best.step() == 2
+  training.close()
+  ckpts.close()
+  _, resumed = session('resumed')
+  chex.assert_trees_all_equal(resumed, whole)
+  lines = [r for r in workdir_lib.MetricsLog(str(tmp_path / 'resumed')).records() if r.get('session') == 2]
+  assert [r['step'] for r in lines] == list(staged)
+
+
 def test_crt_reinitialises_any_head_of_the_linear_family():
   """cRT's fresh classifier, N(0, 0.001) and a zero bias, also for the bias-free head
   (model.head='linear_no_bias'); the trunk untouched."""

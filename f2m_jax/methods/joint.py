@@ -36,9 +36,11 @@ def linear_accuracies(exp, variables, network, session: int, logits_fn=None) -> 
                                                 evaluation.session_ends(bench, session))
 
 
-def train_network(exp, network, pool: np.ndarray, key, training, log, desc: str, stream: tuple) -> dict:
+def train_network(exp, network, pool: np.ndarray, key, training, log, desc: str, stream: tuple,
+                  select=None) -> dict:
   """A network trained from scratch (model.pretrained's trunk where set) on `pool` with shuffled batches and
-  the base.* budget, resuming from `training`. Returns {'params', 'batch_stats'}."""
+  the base.* budget, resuming from `training`. Returns {'params', 'batch_stats'}: the last step's, or with
+  `select` (a train_loop.TestSetSelector, every base.select_every steps) the best one it kept."""
   cfg = exp.config.base
   state = exp.init_state(network, key)
   start = training.latest_step()
@@ -48,9 +50,11 @@ def train_network(exp, network, pool: np.ndarray, key, training, log, desc: str,
   member = train_loop.Member(lambda step: protocol_lib.shuffled_batch(pool, cfg.batch_size, exp.config.seed, step,
                                                                       stream),
                              jax.random.fold_in(key, 1), 0.0, training.save, log)
-  states = train_loop.train_steps(exp, network, plain, [member], trees.stack([state]), start or 0, desc, desc)
+  states = train_loop.train_steps(exp, network, plain, [member], trees.stack([state]), start or 0, desc, desc,
+                                  select)
   state = trees.index(states, 0)
-  return {'params': jax.device_get(state.params), 'batch_stats': jax.device_get(state.batch_stats)}
+  variables = {'params': jax.device_get(state.params), 'batch_stats': jax.device_get(state.batch_stats)}
+  return variables if select is None else select.chosen(variables, desc, cfg.steps)
 
 
 class JointRunner:
@@ -83,11 +87,14 @@ class JointRunner:
     pool = np.concatenate([exp.bench.base_train, exemplars])
     training = self.ckpts.training(run, session)
     try:
+      select = (train_loop.TestSetSelector(exp, self.network(session), session, training.best, self.log,
+                                           self.logits_fn(session), {'run': run, 'session': session})
+                if exp.config.base.select_on_test else None)  # the authors' best on test (docs/method.md)
       variables = train_network(exp, self.network(session), pool, exp.key(4, run, session), training, self.log,
-                                f'joint run {run} session {session}', (run, session))
+                                f'joint run {run} session {session}', (run, session), select)
     finally:
       training.close()
-    training.remove()  # the session checkpoint keeps the network; its train states are not needed
+    training.remove()  # the session checkpoint keeps the network; its train states (and best) are not needed
     return variables, {'images': int(len(pool))}
 
   def accuracies(self, state, session: int) -> dict:
