@@ -105,6 +105,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.base.batch_size = 256  # 'task_epochs' and 'shuffle'
   # Base-model selection on the base classes' *test* images, as the original's train.py: every
   # select_every steps the linear classifier's accuracy on them is measured and the best model kept.
+  # With method=joint also each later session's network, on the test images of every class seen so
+  # far, as their train_upper_bound.py (and so cRT's, which retrains those networks' classifiers).
   # Off by default (it reads the test set); every output of a run that uses it says so.
   c.base.select_on_test = False
   c.base.select_every = 1500
