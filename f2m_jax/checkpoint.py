@@ -77,8 +77,7 @@ def _write_fault(what: str, path: str, e: BaseException) -> CheckpointFault:
   """The one line of a checkpoint that could not be written, and what to do."""
   blocker = workdir_lib.file_in_the_way(path)
   if blocker:
-    return CheckpointFault(f'cannot write the {what} checkpoint {path}: {blocker} is a file where a folder '
-                           'should be; move it away, then rerun the same command')
+    return CheckpointFault(f'cannot write the {what} checkpoint {path}: {workdir_lib.in_the_way(blocker)}')
   return CheckpointFault(f'cannot write the {what} checkpoint {path}: {_cause(e)}; fix that, then rerun the same '
                          'command: it resumes from the last complete checkpoint')
 
@@ -86,8 +85,7 @@ def _write_fault(what: str, path: str, e: BaseException) -> CheckpointFault:
 def _check_folder(directory: str) -> None:
   """A CheckpointFault where a file stands in place of the checkpoint folder `directory`."""
   if os.path.lexists(directory) and not os.path.isdir(directory):
-    raise CheckpointFault(f'{directory} is a file where a checkpoint folder should be; move it away, then rerun '
-                          'the same command')
+    raise CheckpointFault(workdir_lib.in_the_way(directory, 'checkpoint folder'))
 
 
 # Every manager of this process that writes in the background, and a lock held through each save's

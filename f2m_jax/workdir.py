@@ -157,12 +157,17 @@ def file_in_the_way(path: str) -> Optional[str]:
   return None
 
 
+def in_the_way(blocker: str, folder: str = 'folder') -> str:
+  """The line for a file `blocker` that stands where a `folder` should be, with what to do."""
+  return f'{blocker} is a file where a {folder} should be; move it away, then rerun the same command'
+
+
 def describe_os_error(e: OSError) -> str:
   """An OSError as the one line a user acts on: a file where a folder should be is named, with
   what to do; otherwise the OS's reason in full and the file."""
   blocker = file_in_the_way(e.filename) if e.filename and e.errno in (errno.ENOTDIR, errno.EEXIST) else None
   if blocker:
-    return f'{blocker} is a file where a folder should be; move it away, then rerun the same command'
+    return in_the_way(blocker)
   return f'{e.strerror or e}' + (f': {e.filename}' if e.filename else '')
 
 
