@@ -1,13 +1,11 @@
 """The authors' behaviours as config fields: defaults, the pieces the fixtures do not cover (the
-CPU kernel gradient, the BN fold, the TaskSampler epochs through the pipeline), and the opt-in
-model selection on the test set, which every output must admit to. Saved configs' compatibility:
+CPU kernel gradient, the BN fold, the TaskSampler epochs through the pipeline), and that the model selection on the test
+set is opt-in (its outputs: tests/test_checkpoint.py). Saved configs' compatibility:
 tests/test_saved_configs.py."""
 from __future__ import annotations
 
-import json
 import re
 
-import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -133,6 +131,26 @@ def test_conv2d_gradients_on_every_backend_path(monkeypatch, backward):
     assert bool(shifts) == (backward == 'cpu' and min_bytes == 0)  # the path taken
 
 
+@pytest.mark.parametrize('min_bytes', [0, 1 << 40])
+def test_conv2d_gradients_under_vmap_equal_each_members(monkeypatch, min_bytes):
+  """The CPU backward (model.conv_backward='cpu', both of its forms) mapped over a member axis
+  (members.map='vmap' on a CPU) gives each member the gradients of its own input, kernel and noise."""
+  monkeypatch.setattr(resnet, 'KERNEL_GRAD_MIN_BYTES', min_bytes)
+  by_shifts, shifts = resnet._kernel_grad_by_shifts, []
+  monkeypatch.setattr(resnet, '_kernel_grad_by_shifts', lambda *a: shifts.append(1) or by_shifts(*a))
+  kx, kw, ke = jax.random.split(jax.random.key(2), 3)
+  x, w = jax.random.normal(kx, (3, 2, 8, 8, 3)), jax.random.normal(kw, (3, 3, 3, 3, 4))  # 3 members
+  eps = 0.3 * jax.random.normal(ke, w.shape)
+  args = ((1, 1), ((1, 1), (1, 1)), jnp.float32, 'cpu')
+  grads = jax.grad(lambda x_, w_, e_: jnp.sum(jnp.sin(resnet.conv2d(x_, w_, e_, *args))), (0, 1))
+  mapped = jax.jit(jax.vmap(grads))(x, w, eps)
+  for i in range(3):
+    one = jax.jit(grads)(x[i], w[i], eps[i])
+    for got, want in zip(mapped, one):
+      np.testing.assert_allclose(got[i], want, rtol=1e-5, atol=1e-5)
+  assert bool(shifts) == (min_bytes == 0)  # the form taken
+
+
 def test_fold_batch_stats_is_pytorch_running_update_in_turn():
   running = {'bn': {'mean': jnp.asarray([1.0, -2.0]), 'var': jnp.asarray([0.5, 3.0])}}
   batch = [{'bn': {'mean': jnp.asarray([0.1 * i, 1.0]), 'var': jnp.asarray([1.0 + i, 2.0])}} for i in range(3)]
@@ -165,51 +183,6 @@ def test_task_epoch_batches_through_the_pipeline(smoke_config):
     assert len(np.unique(blocks[:, 0])) == len(blocks)
     assert len(np.unique(epoch)) == len(epoch)
   assert not np.array_equal(batches[0], batches[per_epoch])
-
-
-@pytest.mark.slow
-def test_select_on_test_is_opt_in_and_every_output_says_so(smoke_config, tmp_path):
-  smoke_config.base.select_on_test = True
-  smoke_config.base.update(select_every=10, steps=40, milestones=(30,), checkpoint_every=20)
-  smoke_config.method = 'baseline'  # the selection is the base loop's, the same for every method
-  smoke_config.runs = 1
-  smoke_config.data.synthetic.num_sessions = 2  # the base model is what is checked
-  workdir = str(tmp_path / 'w')
-  results = pipeline.run(smoke_config, workdir)
-  info = results['base_model']
-  assert info['selection'] == 'best_base_test_accuracy' and info['reads_test_set'] and info['every'] == 10
-  with open(f'{workdir}/results.json') as f:
-    assert json.load(f)['base_model'] == info
-  with open(f'{workdir}/metrics.jsonl') as f:
-    lines = [json.loads(line) for line in f]
-  selections = [m for m in lines if m['phase'] == 'select_on_test']
-  assert [m['step'] for m in selections] == [10, 20, 30, 40]
-  accs = [m['base_test_acc'] for m in selections]
-  best = int(np.argmax(accs))  # the first of equal bests is kept (strictly better replaces)
-  assert info['step'] == selections[best]['step']
-  assert selections[-1]['best_base_test_acc'] == max(accs)
-  # The base model the sessions used is the selected one.
-  from f2m_jax.checkpoint import Checkpoints
-  from f2m_jax.data import sources
-  config = pipeline.resolve(smoke_config)
-  template = experiment_lib.Experiment.create(config, sources.load_benchmark(config)).init_state()
-  ckpts = Checkpoints(workdir, read_only=True)
-  best = ckpts.restore_best_base({'params': template.params, 'batch_stats': template.batch_stats})
-  model = ckpts.restore_model({'params': template.params, 'batch_stats': template.batch_stats,
-                               'prototypes': np.zeros((20, 32), np.float32)})
-  chex.assert_trees_all_equal(model['params'], best['params'])
-  chex.assert_trees_all_equal(model['batch_stats'], best['batch_stats'])
-  if info['step'] != smoke_config.base.steps:
-    last = ckpts.restore_base_state(template, smoke_config.base.steps)
-    assert not np.array_equal(last.params['fc']['kernel'], best['params']['fc']['kernel'])
-  from f2m_jax import report
-  assert 'TEST images' in report.format_session_table(results)
-  rows = report.build_rows([workdir], ['selected'])
-  assert 'chosen on test images' in report.format_table(rows)
-  assert 'chosen on the base classes\' test images' in report.format_report(rows)
-  # Without the field the result says it used the last step.
-  smoke_config.base.select_on_test = False
-  assert train_loop.selection_info(smoke_config, None) == {'selection': 'last', 'step': smoke_config.base.steps}
 
 
 def test_the_prototype_norm_switch_reaches_the_sessions(smoke_config):
