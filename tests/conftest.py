@@ -164,12 +164,15 @@ def snapshot(workdir) -> dict:
 
 
 def tiny_smoke(**changes):
-  """The smoke config with 3 sessions and 20 base steps (checkpoints every 10, the rate cut at 15),
-  and `changes` ({dotted field: value}) on top."""
+  """The smoke config with 3 sessions and 20 base steps (checkpoints every 10, a log line every 5, the
+  rate cut at 15), and `changes` ({dotted field: value}) on top. Tests whose runs need no other shape
+  derive theirs from it: their programs are then the reference run's, which the persistent compilation
+  cache serves (a program of another shape compiles anew: log and checkpoint intervals set the steps a
+  call, and the classes the sizes)."""
   from configs import cifar100  # pylint: disable=g-import-not-at-top
   c = cifar100.get_config('smoke')
   c.data.synthetic.num_sessions = 3
-  c.base.update(steps=20, checkpoint_every=10, milestones=(15,))
+  c.base.update(steps=20, checkpoint_every=10, log_every=5, milestones=(15,))
   for field, value in changes.items():
     section, _, name = field.rpartition('.')
     node = c

@@ -75,11 +75,10 @@ def test_resume_after_interrupted_base_training(reference, tmp_path):
   twice) and its wall time is the sum of both invocations'."""
   _, ref = reference
   workdir = str(tmp_path / 'w')
-  config = lambda: tiny_config(**{'base.log_every': 5})  # a line at 15, after the checkpoint of step 10
-  with pytest.raises(Interrupt):
-    pipeline.run(config(), workdir, hook=interrupt_at('base_step', step=15, sleep_at=5, seconds=3.0))
+  with pytest.raises(Interrupt):  # after the log line of step 15, written after the checkpoint of step 10
+    pipeline.run(tiny_config(), workdir, hook=interrupt_at('base_step', step=15, sleep_at=5, seconds=3.0))
   assert Checkpoints(workdir).latest_base_step() == 10
-  results = pipeline.run(config(), workdir)
+  results = pipeline.run(tiny_config(), workdir)
   assert same_results(results, ref)
   with open(os.path.join(workdir, 'metrics.jsonl')) as f:
     records = [json.loads(line) for line in f]
@@ -90,13 +89,47 @@ def test_resume_after_interrupted_base_training(reference, tmp_path):
   assert results['provenance']['wall_time_s'] == round(sum(times), 1)
 
 
+def _check_the_selection_is_said_and_used(results: dict, workdir: str, config) -> None:
+  """base.select_on_test's outputs: results.json says the base model was chosen on test images and
+  which step (the first of equal bests: a strictly better one replaces), the metrics log holds every
+  selection, and the base model the sessions used is the selected one."""
+  info = results['base_model']
+  assert info['selection'] == 'best_base_test_accuracy' and info['reads_test_set'] and info['every'] == 5
+  with open(os.path.join(workdir, 'results.json')) as f:
+    assert json.load(f)['base_model'] == info
+  with open(os.path.join(workdir, 'metrics.jsonl')) as f:
+    selections = [m for m in map(json.loads, f) if m['phase'] == 'select_on_test']
+  assert [m['step'] for m in selections] == [5, 10, 15, 20]
+  accs = [m['base_test_acc'] for m in selections]
+  assert info['step'] == selections[int(np.argmax(accs))]['step']
+  assert selections[-1]['best_base_test_acc'] == max(accs)
+  resolved = pipeline.resolve(config)
+  exp = experiment_lib.Experiment.create(resolved, sources.load_benchmark(resolved))
+  ckpts = Checkpoints(workdir, read_only=True)
+  best = ckpts.restore_best_base(exp.variables_template())
+  model = ckpts.restore_model({**exp.variables_template(),
+                               'prototypes': np.zeros((exp.bench.num_base_classes, exp.embedding_dim()), np.float32)})
+  chex.assert_trees_all_equal((model['params'], model['batch_stats']), (best['params'], best['batch_stats']))
+  if info['step'] != config.base.steps:
+    last = ckpts.restore_base_state(exp.state_template(), config.base.steps)
+    assert not np.array_equal(last.params['fc']['kernel'], best['params']['fc']['kernel'])
+  from f2m_jax import report  # pylint: disable=g-import-not-at-top
+  assert 'TEST images' in report.format_session_table(results)
+  rows = report.build_rows([workdir], ['selected'])
+  assert 'chosen on test images' in report.format_table(rows)
+  assert 'chosen on the base classes\' test images' in report.format_report(rows)
+  # Without the field the result says it used the last step.
+  assert train_loop.selection_info(tiny_config(), None) == {'selection': 'last', 'step': config.base.steps}
+
+
 @pytest.mark.slow
 def test_resume_with_test_set_selection_keeps_the_best_so_far(tmp_path):
-  """base.select_on_test resumed after the best model was saved: the selector restores the best
-  accuracy so far, and the run ends as an uninterrupted one."""
-  config = tiny_config(**{'base.select_on_test': True, 'base.select_every': 5, 'runs': 1,
-                          'data.synthetic.num_sessions': 2})
+  """base.select_on_test (opt-in: the reference run selects nothing, test_fidelity.py) resumed after the
+  best model was saved: the selector restores the best accuracy so far, and the run ends as an
+  uninterrupted one, whose outputs say the selection and use it."""
+  config = tiny_config(**{'base.select_on_test': True, 'base.select_every': 5, 'runs': 1})  # the reference's shapes
   whole = pipeline.run(config, str(tmp_path / 'whole'))
+  _check_the_selection_is_said_and_used(whole, str(tmp_path / 'whole'), config)
   workdir = str(tmp_path / 'w')
   with pytest.raises(Interrupt):  # after the selections of steps 5, 10 and 15; the checkpoint is step 10's
     pipeline.run(config, workdir, hook=interrupt_at('base_step', step=15))

@@ -28,7 +28,8 @@ from f2m_jax.workdir import WorkdirError
 
 # tiny_config as command-line overrides of configs/cifar100.py:smoke (run.py in a child process)
 TINY_ARGS = ['--config', 'configs/cifar100.py:smoke', '--config.data.synthetic.num_sessions=3',
-             '--config.base.steps=20', '--config.base.checkpoint_every=10', '--config.base.milestones=(15,)']
+             '--config.base.steps=20', '--config.base.checkpoint_every=10', '--config.base.log_every=5',
+             '--config.base.milestones=(15,)']
 
 
 def one_line_error(capsys) -> str:

@@ -4,11 +4,12 @@ same results.json with and without the cache."""
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pytest
 
-from conftest import without_provenance
+from conftest import tiny_smoke, without_provenance
 from f2m_jax import evaluator
 from f2m_jax import experiment as experiment_lib
 from f2m_jax import pipeline
@@ -47,12 +48,12 @@ def test_cached_suffix_embeddings_equal_full_network(smoke_config):
 
 
 @pytest.mark.slow
-def test_results_identical_with_and_without_cache(smoke_config, tmp_path):
-  cached = pipeline.run(small_config(smoke_config, True), str(tmp_path / 'cached'))
-  # Same base model (restored from the first workdir), trunk cache off.
-  uncached = pipeline.run(small_config(smoke_config, False), str(tmp_path / 'uncached'),
-                          checkpoint=str(tmp_path / 'cached'))
+def test_results_identical_with_and_without_cache(reference, tmp_path):
+  """conftest's reference run (cache on, the default) and the same config with the cache off, from the
+  reference's base model (--checkpoint): the same results."""
+  workdir, cached = reference
+  uncached = pipeline.run(tiny_smoke(**{'eval.cache_trunk': False}), str(tmp_path / 'uncached'), checkpoint=workdir)
   assert without_provenance(cached) == without_provenance(uncached)
-  on_disk = [json.loads((tmp_path / d / 'results.json').read_text()) for d in ('cached', 'uncached')]
+  on_disk = [json.loads(open(os.path.join(d, 'results.json')).read()) for d in (workdir, str(tmp_path / 'uncached'))]
   assert without_provenance(on_disk[0]) == without_provenance(on_disk[1])
   assert cached['sessions'][-1]['acc_novel'] is not None

@@ -11,8 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import Interrupt, run_py, without_provenance
-from configs import cifar100
+from conftest import Interrupt, run_py, tiny_smoke, without_provenance
 from f2m_jax import base as base_lib
 from f2m_jax import cli
 from f2m_jax import evaluation
@@ -29,11 +28,9 @@ SEEDS = (0, 1)
 
 
 def tiny(seed: int = 0, **members_fields):
-  """The smoke config shrunk: 10 base classes and 2 sessions of 2-way 5-shot, 2 runs, 20 base steps."""
-  c = cifar100.get_config('smoke')
-  c.seed, c.runs, c.tensorboard = seed, 2, False
-  c.data.synthetic.update(num_base=10, num_sessions=3)
-  c.base.update(steps=20, milestones=(15,), log_every=5, checkpoint_every=5)
+  """conftest's tiny_smoke (a single run's programs are the reference run's) with checkpoints every 5
+  steps (the steps a call unchanged)."""
+  c = tiny_smoke(**{'seed': seed, 'tensorboard': False, 'base.checkpoint_every': 5})
   c.members.update(members_fields)
   return c
 
@@ -57,7 +54,7 @@ def sweep(tmp_path_factory):
 def base_model(workdir: str, seed: int) -> dict:
   config = pipeline.resolve(tiny(seed))
   exp = Experiment.create(config, sources.load_benchmark(config))
-  template = {**exp.variables_template(), 'prototypes': np.zeros((10, exp.embedding_dim()), np.float32)}
+  template = {**exp.variables_template(), 'prototypes': np.zeros((exp.bench.num_base_classes, exp.embedding_dim()), np.float32)}
   return Checkpoints(workdir, read_only=True).restore_model(template)
 
 
@@ -134,11 +131,11 @@ def test_a_resumed_sweep_equals_an_uninterrupted_one(sweep, tmp_path):
 
 @pytest.mark.slow
 def test_the_gpu_layout_equals_single_steps_of_each_member():
-  """The member axis mapped with jax.vmap, with the CPU convolution backward and with XLA's own
-  (model.conv_backward='xla': with members.map='vmap', the layout for a GPU), gives each member, of its
-  own noise bound, its own single run's steps (unrolled, the CPU backward: the default here) to float
-  rounding; at a small learning rate, so three steps do not amplify it. On 8 px images: the layout does
-  not depend on the image size."""
+  """The member axis mapped with jax.vmap and XLA's convolution backward (model.conv_backward='xla':
+  with members.map='vmap', the layout for a GPU) gives each member, of its own noise bound, its own
+  single run's steps (unrolled, the CPU backward: the default here) to float rounding; at a small
+  learning rate, so three steps do not amplify it. On 8 px images: the layout does not depend on the
+  image size. (The CPU backward under vmap, member by member: test_fidelity.py.)"""
   def programs(conv_backward):
     config = tiny(field='noise.bound', field_values=(0.002, 0.02))
     config.base.lr, config.model.conv_backward = 1e-3, conv_backward
@@ -157,14 +154,13 @@ def test_the_gpu_layout_equals_single_steps_of_each_member():
   unrolled = make('unroll')
   singles = [trees.index(unrolled(trees.stack([e.init_state()]), *data, indices[:, i:i + 1], np.int32(3),
                                   keys[i:i + 1], bounds[i:i + 1])[0], 0).params for i, e in enumerate(exps)]
-  for conv_backward in ('cpu', 'xla'):
-    _, _, _, make = programs(conv_backward)
-    ours, _ = make('vmap')(trees.stack([e.init_state() for e in exps]), *data, indices, np.int32(3), keys, bounds)
-    for i, single in enumerate(singles):
-      leaves = jax.tree_util.tree_leaves(single)
-      scale = max(float(np.abs(np.asarray(b)).max()) for b in leaves)  # float32 rounding is relative to the weights
-      for a, b in zip(jax.tree_util.tree_leaves(trees.index(ours, i).params), leaves):
-        np.testing.assert_allclose(a, b, rtol=0, atol=1e-6 * scale, err_msg=f'{conv_backward}, member {i}')
+  _, _, _, make = programs('xla')
+  ours, _ = make('vmap')(trees.stack([e.init_state() for e in exps]), *data, indices, np.int32(3), keys, bounds)
+  for i, single in enumerate(singles):
+    leaves = jax.tree_util.tree_leaves(single)
+    scale = max(float(np.abs(np.asarray(b)).max()) for b in leaves)  # float32 rounding is relative to the weights
+    for a, b in zip(jax.tree_util.tree_leaves(trees.index(ours, i).params), leaves):
+      np.testing.assert_allclose(a, b, rtol=0, atol=1e-6 * scale, err_msg=f'member {i}')
 
 
 def test_summary_intervals_over_members_and_over_members_and_draws():
@@ -202,18 +198,18 @@ def test_eval_of_a_folder_without_a_sweep_writes_nothing(tmp_path):
   assert not (tmp_path / 'w').exists()
 
 
-@pytest.mark.slow
-def test_a_sweeps_records_hold_the_effective_config(tmp_path):
-  """The sweep's config.json and each member's, written before training: the method's presets applied
-  (a Baseline sweep has no noise) and every 'auto' resolved."""
+def test_a_sweeps_records_hold_the_effective_config(tmp_path, monkeypatch):
+  """The sweep's config.json and each member's, written before training (stopped where it would
+  start): the method's presets applied (a Baseline sweep has no noise) and every 'auto' resolved."""
   config = tiny(seeds=(0, 1))
   config.method = 'baseline'
 
-  def stop(kind, **_):
+  def stop(*_, **__):
     raise Interrupt
 
+  monkeypatch.setattr(train_loop, 'train_base_sessions', stop)
   with pytest.raises(Interrupt):
-    members.run(config, str(tmp_path / 'w'), hook=stop, origin={'config': 'x', 'changes': {'method': 'baseline'}})
+    members.run(config, str(tmp_path / 'w'), origin={'config': 'x', 'changes': {'method': 'baseline'}})
   for folder in ('w', 'w/member_0', 'w/member_1'):
     saved = json.loads((tmp_path / folder / 'config.json').read_text())
     assert saved['noise']['enabled'] is False and saved['eval']['normalize_prototypes'] is False, folder
