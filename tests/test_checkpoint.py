@@ -113,6 +113,7 @@ def _check_the_selection_is_said_and_used(results: dict, workdir: str, config) -
   if info['step'] != config.base.steps:
     last = ckpts.restore_base_state(exp.state_template(), config.base.steps)
     assert not np.array_equal(last.params['fc']['kernel'], best['params']['fc']['kernel'])
+  ckpts.close()
   from f2m_jax import report  # pylint: disable=g-import-not-at-top
   assert 'TEST images' in report.format_session_table(results)
   rows = report.build_rows([workdir], ['selected'])
