@@ -154,6 +154,7 @@ class Checkpoints:
     self._in_flight = []  # (manager, step, what, then) of the saves not yet known to be complete
     self._base = _manager(os.path.join(self.root, 'base'), keep, read_only, background=True)
     self._model = _manager(os.path.join(self.root, 'model'), None, read_only)
+    # The best base model on the base test images (base.select_on_test).
     self.best_base = _Best(self, os.path.join(self.root, 'base_best'), 'best base model', read_only)
     self._runs = {}
 
@@ -236,17 +237,6 @@ class Checkpoints:
     advice = (f'delete that folder to resume from the base train state of step {max(earlier)}' if earlier else
               'delete that folder to train the base session again from step 0')
     return self._restore(self._base, step, _to_numpy(template), 'base train state', advice)
-
-  # The best base model on the base test images (base.select_on_test): `best_base`, a _Best.
-  def best_base_step(self) -> Optional[int]:
-    return self.best_base.step()
-
-  def save_best_base(self, step: int, params, batch_stats, test_acc: float) -> None:
-    self.best_base.save(step, params, batch_stats, test_acc)
-
-  def restore_best_base(self, template: dict) -> dict:
-    """{'params', 'batch_stats', 'test_acc'} of the best model; template: params and batch_stats."""
-    return self.best_base.restore(template)
 
   # Base model phi* and base prototypes, with its record (`RECORD`, methods/common.py).
   def has_model(self) -> bool:

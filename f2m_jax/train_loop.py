@@ -34,11 +34,19 @@ class Member:
   log: workdir_lib.MetricsLog
 
 
-def train_base(exp: Experiment, ckpts: Checkpoints, log: workdir_lib.MetricsLog, hook: Hook = None):
-  """Trains session 1 from the latest base checkpoint (or from scratch); returns the final state.
-  `hook('base_step', step=n)` is called after every step (tests use it to interrupt a run)."""
+def train_base(exp: Experiment, ckpts: Checkpoints, log: workdir_lib.MetricsLog, hook: Hook = None) -> dict:
+  """Trains session 1 from the latest base checkpoint (or from scratch); returns the base network
+  (`chosen_variables`). `hook('base_step', step=n)` is called after every step (tests use it to interrupt a run)."""
   select = TestSetSelector(exp, exp.model, 1, ckpts.best_base, log) if exp.config.base.select_on_test else None
-  return trees.index(train_base_sessions([exp], [ckpts], [log], 'base session', select=select, hook=hook), 0)
+  state = trees.index(train_base_sessions([exp], [ckpts], [log], 'base session', select=select, hook=hook), 0)
+  return chosen_variables(state, select, 'base model', exp.config.base.steps)
+
+
+def chosen_variables(state, select: Optional['TestSetSelector'], title: str, steps: int) -> dict:
+  """{'params', 'batch_stats'} of a finished training as host arrays (as every later stage passes them: one
+  compiled embedding program for all): the last step's, or the model `select` kept, and a line saying so."""
+  variables = {'params': jax.device_get(state.params), 'batch_stats': jax.device_get(state.batch_stats)}
+  return variables if select is None else select.chosen(variables, title, steps)
 
 
 def train_base_sessions(exps: Sequence[Experiment], ckpts: Sequence[Checkpoints], logs: Sequence, title: str,
@@ -244,9 +252,9 @@ class TestSetSelector:
     if self.store.step() is None:
       return variables
     best = self.store.restore(self.template)
-    print(f'{title}: the network of step {self.store.step()} of {steps}, chosen on the TEST images of the '
-          f'{self.seen} seen classes ({float(best["test_acc"]):.2f}%; base.select_on_test reads the test set)',
-          flush=True)
+    images = 'the base TEST images' if self.name == 'base_test' else f'the TEST images of the {self.seen} seen classes'
+    print(f'{title}: step {self.store.step()} of {steps}, chosen on {images} ({float(best["test_acc"]):.2f}%; '
+          'base.select_on_test reads the test set)', flush=True)
     return {'params': best['params'], 'batch_stats': best['batch_stats']}
 
 
@@ -255,6 +263,6 @@ def selection_info(config, ckpts: Checkpoints) -> dict:
   step with the best base-test accuracy, flagged as reading the test set."""
   if not config.base.select_on_test:
     return {'selection': 'last', 'step': int(config.base.steps)}
-  step = ckpts.best_base_step()
+  step = ckpts.best_base.step()
   return {'selection': 'best_base_test_accuracy', 'reads_test_set': True, 'every': int(config.base.select_every),
           'step': int(step) if step is not None else int(config.base.steps)}

@@ -106,7 +106,7 @@ def _check_the_selection_is_said_and_used(results: dict, workdir: str, config) -
   resolved = pipeline.resolve(config)
   exp = experiment_lib.Experiment.create(resolved, sources.load_benchmark(resolved))
   ckpts = Checkpoints(workdir, read_only=True)
-  best = ckpts.restore_best_base(exp.variables_template())
+  best = ckpts.best_base.restore(exp.variables_template())
   model = ckpts.restore_model({**exp.variables_template(),
                                'prototypes': np.zeros((exp.bench.num_base_classes, exp.embedding_dim()), np.float32)})
   chex.assert_trees_all_equal((model['params'], model['batch_stats']), (best['params'], best['batch_stats']))
@@ -137,7 +137,7 @@ def test_resume_with_test_set_selection_keeps_the_best_so_far(tmp_path):
   ckpts = Checkpoints(workdir, read_only=False)
   with open(os.path.join(workdir, 'metrics.jsonl')) as f:
     selected = [json.loads(line) for line in f if '"select_on_test"' in line]
-  assert [r['step'] for r in selected] == [5, 10, 15] and ckpts.best_base_step() in (5, 10, 15)
+  assert [r['step'] for r in selected] == [5, 10, 15] and ckpts.best_base.step() in (5, 10, 15)
   resolved = pipeline.resolve(config)
   exp = experiment_lib.Experiment.create(resolved, sources.load_benchmark(resolved))
   selector = train_loop.TestSetSelector(exp, exp.model, 1, ckpts.best_base, log=None)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 from typing import Optional
 
-import jax
 import numpy as np
 
 from f2m_jax import evaluation
@@ -31,14 +30,7 @@ def base_model(exp: Experiment, ckpts: Checkpoints, log, source: Optional[Checkp
     return restore_base_model(exp, source)
   if ckpts.has_model():
     return restore_base_model(exp, ckpts)
-  state = train_base(exp, ckpts, log, hook)
-  variables = jax.device_get({'params': state.params, 'batch_stats': state.batch_stats})  # host arrays,
-  # as every later stage passes them (one compiled embedding program for all)
-  if exp.config.base.select_on_test and ckpts.best_base_step() is not None:
-    best = ckpts.restore_best_base(exp.variables_template())
-    variables = {'params': best['params'], 'batch_stats': best['batch_stats']}
-    print(f'base model: step {ckpts.best_base_step()} of {exp.config.base.steps}, chosen on the base TEST '
-          f'images ({float(best["test_acc"]):.2f}%; base.select_on_test reads the test set)', flush=True)
+  variables = train_base(exp, ckpts, log, hook)  # the last step's, or the one chosen on test
   protos = base_prototypes(exp, variables)
   save_base_model(exp, ckpts, variables, protos)
   return {'params': variables['params'], 'batch_stats': variables['batch_stats'], 'prototypes': protos}

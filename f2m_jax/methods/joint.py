@@ -52,9 +52,7 @@ def train_network(exp, network, pool: np.ndarray, key, training, log, desc: str,
                              jax.random.fold_in(key, 1), 0.0, training.save, log)
   states = train_loop.train_steps(exp, network, plain, [member], trees.stack([state]), start or 0, desc, desc,
                                   select)
-  state = trees.index(states, 0)
-  variables = {'params': jax.device_get(state.params), 'batch_stats': jax.device_get(state.batch_stats)}
-  return variables if select is None else select.chosen(variables, desc, cfg.steps)
+  return train_loop.chosen_variables(trees.index(states, 0), select, desc, cfg.steps)
 
 
 class JointRunner:
