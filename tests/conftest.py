@@ -182,6 +182,12 @@ def tiny_smoke(**changes):
   return c
 
 
+# tiny_smoke() as run.py's command line (a child process): its runs are the reference run's.
+TINY_SMOKE_ARGS = ['--config', 'configs/cifar100.py:smoke', '--config.data.synthetic.num_sessions=3',
+                   '--config.base.steps=20', '--config.base.checkpoint_every=10', '--config.base.log_every=5',
+                   '--config.base.milestones=(15,)']
+
+
 @pytest.fixture(scope='session')
 def reference(tmp_path_factory):
   """(workdir, results) of pipeline.run(tiny_smoke()): the one uninterrupted run of the session that

@@ -18,18 +18,13 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from conftest import REPO, copy_of, snapshot, tiny_smoke as tiny_config, without_provenance
+from conftest import REPO, TINY_SMOKE_ARGS, copy_of, snapshot, tiny_smoke as tiny_config, without_provenance
 from f2m_jax import cli
 from f2m_jax import pipeline
 from f2m_jax import workdir as workdir_lib
 from f2m_jax.checkpoint import CheckpointError, CheckpointFault, Checkpoints
 from f2m_jax.data import sources
 from f2m_jax.workdir import WorkdirError
-
-# tiny_config as command-line overrides of configs/cifar100.py:smoke (run.py in a child process)
-TINY_ARGS = ['--config', 'configs/cifar100.py:smoke', '--config.data.synthetic.num_sessions=3',
-             '--config.base.steps=20', '--config.base.checkpoint_every=10', '--config.base.log_every=5',
-             '--config.base.milestones=(15,)']
 
 
 def one_line_error(capsys) -> str:
@@ -633,7 +628,7 @@ def test_sigkill_then_the_same_command_gives_the_same_results(reference, tmp_pat
   the results equal an uninterrupted run's."""
   workdir = str(tmp_path / 'w')
   metrics = os.path.join(workdir, 'metrics.jsonl')
-  command = [sys.executable, 'run.py', *TINY_ARGS, '--workdir', workdir]
+  command = [sys.executable, 'run.py', *TINY_SMOKE_ARGS, '--workdir', workdir]
   child = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
   try:
     wait_for(lambda: lines_of(metrics, 'session') >= 1, child)

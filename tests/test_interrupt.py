@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -14,21 +13,24 @@ import time
 
 import pytest
 
-from conftest import REPO, without_provenance
+from conftest import REPO, TINY_SMOKE_ARGS, copy_of, without_provenance
 
-# The smoke config's base training (100 steps, 5 a call, checkpoints every 25), so its programs are
-# those of the other smoke runs (the persistent compilation cache), with one run of one session.
-ARGS = ['--config', 'configs/cifar100.py:smoke', '--config.tensorboard=False', '--config.runs=1',
-        '--config.data.synthetic.num_sessions=2']
+# The reference run's config (conftest.tiny_smoke: 20 base steps, 5 a call, checkpoints every 10): its
+# programs are in the persistent compilation cache, and the rerun is compared with its results.
+ARGS = [*TINY_SMOKE_ARGS, '--config.tensorboard=False']
 
 
-# Python run before run.py's main: the base program's first call, or each restored session, takes a
-# minute (a call that holds the main thread, as an XLA compile does).
+# Python run before run.py's main, staging where a signal comes: the base program's first call, or each
+# restored session, takes a minute (a call that holds the main thread, as an XLA compile does); or every
+# base call after the first takes a second more, so that base training is still under way when a signal
+# sent after step 10 arrives.
 PATCHES = {
     'first_call': 'from f2m_jax import train_loop as m; f = m.Records.__call__; '
                   'm.Records.__call__ = lambda self, *a: (self.bar is None and time.sleep(60), f(self, *a))[1]',
     'restore': 'from f2m_jax import sessions as m; f = m.restore_session; '
                'm.restore_session = lambda *a: (time.sleep(60), f(*a))[1]',
+    'slow_calls': 'from f2m_jax import train_loop as m; f = m.Records.__call__; '
+                  'm.Records.__call__ = lambda self, *a: (self.bar is not None and time.sleep(1), f(self, *a))[1]',
 }
 
 
@@ -59,37 +61,22 @@ def _base_steps(workdir) -> list:
     return [json.loads(line)['step'] for line in f if '"phase": "base"' in line]
 
 
-@pytest.fixture(scope='module')
-def uninterrupted_workdir(tmp_path_factory):
-  """The uninterrupted run's workdir, shared by the tests."""
-  workdir = tmp_path_factory.mktemp('reference')
-  run = _run(workdir)
-  assert run.wait(timeout=900) == 0, run.stderr.read()[-2000:]
-  return workdir
-
-
-@pytest.fixture(scope='module')
-def uninterrupted(uninterrupted_workdir):
-  """The uninterrupted run's results.json."""
-  with open(uninterrupted_workdir / 'results.json') as f:
-    return json.load(f)
-
-
 @pytest.mark.slow
-def test_signals_stop_the_run_cleanly_and_the_rerun_resumes_exactly(tmp_path, uninterrupted):
+def test_signals_stop_the_run_cleanly_and_the_rerun_resumes_exactly(tmp_path, reference):
   """One workdir, two interruptions, then the rerun that ends it. SIGTERM during the first call, where
   no base step comes (0739cee waited for it, and a second signal left the process running on): the
   line says so, within seconds. SIGINT during base training: it stops at the next step boundary,
-  one line, exit code 130, no results. The rerun of the same command gives the uninterrupted
-  run's results."""
+  one line, exit code 130, no results. The rerun of the same command gives the results of the
+  uninterrupted run of the same config (conftest.reference)."""
   workdir = tmp_path / 'w'
   seconds, lines = _stop_when(_run(workdir, patch='first_call'), signal.SIGTERM, 'first call: ')
   assert seconds < 30 and lines == [
       'interrupted (SIGTERM): no step or session boundary came within 5 s, so it stopped at once; every checkpoint '
       'written is complete: rerun the same command to resume'], (seconds, lines)
-  child = _run(workdir)
+  child = _run(workdir, patch='slow_calls')
   deadline = time.time() + 600
-  while not [s for s in _base_steps(workdir) if s >= 40] and time.time() < deadline:
+  while not [s for s in _base_steps(workdir) if s >= 10] and time.time() < deadline:
+    assert child.poll() is None, child.stderr.read()[-3000:]
     time.sleep(0.05)
   child.send_signal(signal.SIGINT)
   _, err = child.communicate(timeout=300)
@@ -98,11 +85,11 @@ def test_signals_stop_the_run_cleanly_and_the_rerun_resumes_exactly(tmp_path, un
   assert 'Traceback' not in err and len(lines) == 1, lines
   assert lines[0].startswith('interrupted (SIGINT) after base step ') and 'rerun the same command' in lines[0]
   stopped_at = int(lines[0].split('after base step ')[1].split(';')[0])
-  assert 40 <= stopped_at < 100 and not os.path.exists(workdir / 'results.json')
+  assert 10 <= stopped_at < 20 and not os.path.exists(workdir / 'results.json')
   rerun = _run(workdir)
   assert rerun.wait(timeout=900) == 0, rerun.stderr.read()[-2000:]
   with open(workdir / 'results.json') as f:
-    assert without_provenance(json.load(f)) == without_provenance(uninterrupted)
+    assert without_provenance(json.load(f)) == without_provenance(reference[1])
 
 
 def test_a_signal_stops_a_mode_without_boundaries_at_once(tmp_path):
@@ -119,11 +106,10 @@ def test_a_signal_stops_a_mode_without_boundaries_at_once(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_signal_stops_eval_during_a_restore(tmp_path, uninterrupted_workdir):
+def test_a_signal_stops_eval_during_a_restore(tmp_path, reference):
   """--mode eval ignored SIGINT at 0739cee (no trained session, no boundary)."""
-  workdir = tmp_path / 'w'
-  shutil.copytree(uninterrupted_workdir, workdir)
+  workdir = copy_of(reference, tmp_path)
   seconds, lines = _stop_when(_run(workdir, '--mode', 'eval', patch='restore'), signal.SIGINT, 'session 1: ')
   assert seconds < 30 and len(lines) == 1 and lines[0].startswith('interrupted (SIGINT): no step or session '
                                                                   'boundary came within 5 s'), (seconds, lines)
-  assert sorted(os.listdir(workdir)) == sorted(os.listdir(uninterrupted_workdir))
+  assert sorted(os.listdir(workdir)) == sorted(os.listdir(reference[0]))
