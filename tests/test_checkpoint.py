@@ -1,9 +1,9 @@
 """Checkpoints: bit-exact save/restore, resume after interruption, and bad input (eval mode:
-tests/test_records.py; the NaN stop and its last good checkpoint: tests/test_base_program.py)."""
+tests/test_records.py; the NaN stop and its last good checkpoint: tests/test_base_program.py; resume
+of base training after a signal: tests/test_interrupt.py, after SIGKILL: tests/test_faults.py)."""
 import json
 import os
 import shutil
-import time
 
 import chex
 import jax
@@ -28,12 +28,9 @@ class Interrupt(Exception):
   pass
 
 
-def interrupt_at(event, sleep_at: int = 0, seconds: float = 0.0, **where):
-  """A hook that raises Interrupt at the `event` whose info has `where`'s values (and sleeps
-  `seconds` at base step `sleep_at`)."""
+def interrupt_at(event, **where):
+  """A hook that raises Interrupt at the `event` whose info has `where`'s values."""
   def hook(name, **info):
-    if name == 'base_step' and info['step'] == sleep_at:
-      time.sleep(seconds)
     if name == event and all(info[k] == v for k, v in where.items()):
       raise Interrupt(f'{name} {info}')
   return hook
@@ -66,27 +63,6 @@ def test_save_restore_is_bit_identical(tmp_path):
   _leaves_equal({'params': jax.device_get(state.params), 'batch_stats': jax.device_get(state.batch_stats),
                  'prototypes': protos}, ckpts.restore_model(template))
   ckpts.close()
-
-
-@pytest.mark.slow
-def test_resume_after_interrupted_base_training(reference, tmp_path):
-  """Stopped at base step 15, the run resumes from the checkpoint of step 10 and ends as an uninterrupted
-  one; its log holds each step once (the line of step 15, written after that checkpoint, is not written
-  twice) and its wall time is the sum of both invocations'."""
-  _, ref = reference
-  workdir = str(tmp_path / 'w')
-  with pytest.raises(Interrupt):  # after the log line of step 15, written after the checkpoint of step 10
-    pipeline.run(tiny_config(), workdir, hook=interrupt_at('base_step', step=15, sleep_at=5, seconds=3.0))
-  assert Checkpoints(workdir).latest_base_step() == 10
-  results = pipeline.run(tiny_config(), workdir)
-  assert same_results(results, ref)
-  with open(os.path.join(workdir, 'metrics.jsonl')) as f:
-    records = [json.loads(line) for line in f]
-  assert [r['step'] for r in records if r['phase'] == 'base'] == [5, 10, 15, 20]
-  assert [r['mode'] for r in records if r['phase'] == 'start'] == ['train', 'train']
-  times = results['provenance']['invocation_times_s']
-  assert len(times) == 2 and times[0] >= 3.0
-  assert results['provenance']['wall_time_s'] == round(sum(times), 1)
 
 
 def _check_the_selection_is_said_and_used(results: dict, workdir: str, config) -> None:

@@ -89,7 +89,17 @@ def test_signals_stop_the_run_cleanly_and_the_rerun_resumes_exactly(tmp_path, re
   rerun = _run(workdir)
   assert rerun.wait(timeout=900) == 0, rerun.stderr.read()[-2000:]
   with open(workdir / 'results.json') as f:
-    assert without_provenance(json.load(f)) == without_provenance(reference[1])
+    results = json.load(f)
+  assert without_provenance(results) == without_provenance(reference[1])
+  # The log holds each base step once (a step logged after the checkpoint the rerun resumed from is not
+  # written again) and the start of each invocation that logged something (the first logged nothing);
+  # the wall time is the sum of theirs, the interrupted one's (a second or more of staged calls) too.
+  with open(workdir / 'metrics.jsonl') as f:
+    records = [json.loads(line) for line in f]
+  assert [r['step'] for r in records if r['phase'] == 'base'] == [5, 10, 15, 20]
+  assert [r['mode'] for r in records if r['phase'] == 'start'] == ['train', 'train']
+  times = results['provenance']['invocation_times_s']
+  assert len(times) == 2 and times[0] >= 1.0 and results['provenance']['wall_time_s'] == round(sum(times), 1)
 
 
 def test_a_signal_stops_a_mode_without_boundaries_at_once(tmp_path):
