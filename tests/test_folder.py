@@ -326,13 +326,16 @@ def test_folder_smoke_end_to_end(tmp_path, capsys):
 def test_the_mini_fake_folder_gives_the_results_of_its_layout(tmp_path):
   """The miniImageNet fake folder through the generic fields and through its own layout: the same
   results.json (but for its provenance), run through the pipeline; the layout's run is
-  configs/mini.py:smoke (shortened) end to end, from its generated folder to results.json."""
+  configs/mini.py:smoke (shortened) end to end, from its generated folder to results.json. With the
+  Baseline: the data are every method's, and its programs compile fastest (F2M on the ResNet-18 end
+  to end: tests/test_mini_cub.py's CUB-200 run)."""
   from configs import mini
   from f2m_jax import pipeline
 
   def config():
     c = mini.get_config('smoke')
     c.data.cache_dir = str(tmp_path / 'cache')
+    c.method = 'baseline'
     c.runs = 1
     c.base.update(steps=30, milestones=(20,), checkpoint_every=10)
     return c
