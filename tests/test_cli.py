@@ -67,8 +67,12 @@ def test_a_bad_override_ends_the_process_with_exit_code_2(tmp_path, override):
   assert len(lines) == 1 and lines[0].startswith('error: ') and field in lines[0], lines
 
 
-def test_run_py_takes_the_flags_its_libraries_define():
-  """A flag that f2m_jax.cli's imports define (orbax's) is taken; a flag nobody defines is one line."""
+def test_run_py_takes_the_flags_its_libraries_define(monkeypatch, capsys):
+  """A flag nobody defines is one line, exit code 2 (run.py's flags parsed in this process); a flag that
+  f2m_jax.cli's imports define (orbax's, on absl's global FLAGS, which only the real run.py reads) is taken."""
+  assert run_py(['run.py', '--config', 'configs/cifar100.py:smoke', '--dry-run', '--nosuchflag=1'], monkeypatch) == 2
+  err = capsys.readouterr().err
+  assert err.strip() == "error: Unknown command line flag 'nosuchflag'", err[-2000:]
   from absl import flags  # pylint: disable=g-import-not-at-top
   import orbax.checkpoint  # pylint: disable=g-import-not-at-top,unused-import  (defines its flags)
   if 'experimental_orbax_use_distributed_barrier' not in flags.FLAGS:
@@ -77,19 +81,16 @@ def test_run_py_takes_the_flags_its_libraries_define():
                       '--experimental_orbax_use_distributed_barrier=false'], capture_output=True, text=True, cwd=REPO,
                      timeout=300)
   assert r.returncode == 0 and r.stdout.strip().endswith('dry run: nothing was written'), r.stderr[-2000:]
-  r = subprocess.run([sys.executable, 'run.py', '--config', 'configs/cifar100.py:smoke', '--dry-run', '--nosuchflag=1'],
-                     capture_output=True, text=True, cwd=REPO, timeout=300)
-  assert r.returncode == 2 and r.stderr.strip() == "error: Unknown command line flag 'nosuchflag'", r.stderr[-2000:]
 
 
-def test_good_overrides_pass_the_check(tmp_path):
+def test_good_overrides_pass_the_check(tmp_path, monkeypatch, capsys):
   """Overrides of every kind parse; the run then stops at its first check of the workdir (eval of a
   folder that holds no run), so nothing trains."""
-  r = subprocess.run([sys.executable, 'run.py', '--config', 'configs/cifar100.py:smoke', '--config.base.milestones=(50,)',
-                      '--config.noise.M', '3', '--config.noise.enabled=False', '--config.method=baseline',
-                      '--workdir', str(tmp_path / 'w'), '--mode', 'eval'], capture_output=True, text=True, cwd=REPO,
-                     timeout=300)
-  assert r.returncode == 2 and r.stderr.startswith('error: nothing to evaluate'), r.stderr
+  code = run_py(['run.py', '--config', 'configs/cifar100.py:smoke', '--config.base.milestones=(50,)',
+                 '--config.noise.M', '3', '--config.noise.enabled=False', '--config.method=baseline',
+                 '--workdir', str(tmp_path / 'w'), '--mode', 'eval'], monkeypatch)
+  err = capsys.readouterr().err
+  assert code == 2 and err.startswith('error: nothing to evaluate'), err
 
 
 @pytest.mark.parametrize('spec,what', [
@@ -109,24 +110,25 @@ def test_bad_config_argument_is_one_clear_line(tmp_path, monkeypatch, capsys, sp
     ('configs/cub200.py', 'CUB_200_2011.tgz'),
     ('configs/cifar100.py:trainsplit', 'python -m f2m_jax.data.make_trainsplit'),
 ])
-def test_no_data_folder_says_what_to_put_there(tmp_path, spec, what):
+def test_no_data_folder_says_what_to_put_there(tmp_path, monkeypatch, capsys, spec, what):
   """Without F2M_DATA_DIR the first message already says what the folder must hold and how to get it."""
   workdir = tmp_path / 'w'
-  env = {k: v for k, v in os.environ.items() if k != 'F2M_DATA_DIR'}
-  r = subprocess.run([sys.executable, 'run.py', '--config', spec, '--workdir', str(workdir)], capture_output=True,
-                     text=True, cwd=REPO, timeout=300, env={**env, 'F2M_CACHE_DIR': str(tmp_path / 'cache')})
-  assert r.returncode == 2 and 'Traceback' not in r.stderr, r.stderr
-  assert r.stderr.startswith('error: ') and 'needs a data folder: set F2M_DATA_DIR' in r.stderr
-  assert 'How to obtain it' in r.stderr and what in r.stderr
+  monkeypatch.delenv('F2M_DATA_DIR', raising=False)
+  monkeypatch.setenv('F2M_CACHE_DIR', str(tmp_path / 'cache'))
+  code = run_py(['run.py', '--config', spec, '--workdir', str(workdir)], monkeypatch)
+  err = capsys.readouterr().err
+  assert code == 2 and 'Traceback' not in err, err
+  assert err.startswith('error: ') and 'needs a data folder: set F2M_DATA_DIR' in err
+  assert 'How to obtain it' in err and what in err
   assert not workdir.exists()
 
 
-def test_a_dry_run_prints_the_effective_config_and_writes_nothing(tmp_path):
-  r = subprocess.run([sys.executable, 'run.py', '--config', 'configs/cifar100.py:smoke', '--dry-run',
-                      '--config.method=baseline', '--config.eval.normalize_prototypes=True',
-                      '--workdir', str(tmp_path / 'w')], capture_output=True, text=True, cwd=REPO, timeout=300)
-  assert r.returncode == 0, r.stderr
-  printed, _, notes = r.stdout.partition('set when the run starts')
+def test_a_dry_run_prints_the_effective_config_and_writes_nothing(tmp_path, monkeypatch, capsys):
+  code = run_py(['run.py', '--config', 'configs/cifar100.py:smoke', '--dry-run', '--config.method=baseline',
+                 '--config.eval.normalize_prototypes=True', '--workdir', str(tmp_path / 'w')], monkeypatch)
+  out, err = capsys.readouterr()
+  assert code == 0, err
+  printed, _, notes = out.partition('set when the run starts')
   config = json.loads(printed)
   assert config['method'] == 'baseline' and config['noise']['enabled'] is False
   assert config['eval']['normalize_prototypes'] is True  # the command line wins over the presets
@@ -137,13 +139,14 @@ def test_a_dry_run_prints_the_effective_config_and_writes_nothing(tmp_path):
 
 # ----------------------------------------------------------------------------- a workdir is enough
 
-def test_no_config_and_a_workdir_without_a_run_is_one_line(tmp_path):
-  """The exit code and the whole output of the process: before, a traceback (IndexError)."""
-  r = subprocess.run([sys.executable, 'run.py', '--workdir', str(tmp_path), '--mode', 'eval'], capture_output=True,
-                     text=True, cwd=REPO, timeout=300)
-  assert r.returncode == 2 and r.stdout == '', (r.stdout, r.stderr)
-  assert r.stderr == (f"error: --config is required: a config file such as configs/cifar100.py:smoke, or a workdir's "
-                      f'config.json ({tmp_path} holds no config.json to read instead)\n')
+def test_no_config_and_a_workdir_without_a_run_is_one_line(tmp_path, monkeypatch, capsys):
+  """The exit code and the whole output of run.py's flags and main (in this process): before, a traceback
+  (IndexError)."""
+  code = run_py(['run.py', '--workdir', str(tmp_path), '--mode', 'eval'], monkeypatch)
+  out, err = capsys.readouterr()
+  assert code == 2 and out == '', (out, err)
+  assert err == (f"error: --config is required: a config file such as configs/cifar100.py:smoke, or a workdir's "
+                 f'config.json ({tmp_path} holds no config.json to read instead)\n')
 
 
 @pytest.mark.parametrize('argv,config,workdir,dry_run,problem', [
