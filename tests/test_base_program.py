@@ -49,6 +49,7 @@ def _moved(state, init) -> tuple:
       (state.params, state.batch_stats)), jax.device_get((init.params, init.batch_stats)))
 
 
+@pytest.mark.slow
 def test_scanned_steps_equal_single_steps(smoke_config):
   smoke_config.method = 'baseline'  # the scan is the same for every method's step; the Baseline's compiles fastest
   config = pipeline.resolve(_smooth(smoke_config))

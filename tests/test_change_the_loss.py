@@ -55,6 +55,7 @@ def test_the_default_leaves_the_term_out_and_a_negative_weight_is_refused(smoke_
     pipeline.resolve(smoke_config)
 
 
+@pytest.mark.slow
 def test_the_term_changes_the_gradient_as_its_formula_says_float64():
   """L_w = L_0 + w CE_clean and grad L_w = grad L_0 + w grad CE_clean, CE_clean's gradient taken
   naively (the clean network's CE on the batch, train-mode BN), with the authors' M = 2 draws, PF

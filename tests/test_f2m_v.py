@@ -30,6 +30,7 @@ def test_variant_changes_only_its_choices(arg):
   assert variant['method'] == 'f2m' and variant['noise.enabled'] and variant['noise.prototype_fixing']
 
 
+@pytest.mark.slow
 def test_pf_does_nothing_in_the_variants_base_training():
   """With the variant's noise fields (PF without gradient, no std term) the base step's gradient is
   the same with PF on and off: PF only adds a constant to the loss. With the authors' std term

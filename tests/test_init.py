@@ -26,7 +26,8 @@ def _stock_init(monkeypatch, network, key, size):
     return network.init(key, jnp.zeros((1, size, size, 3), jnp.float32), train=False)
 
 
-@pytest.mark.parametrize('arch,head', [('resnet20', 'linear'), ('resnet18', 'linear'), ('resnet20', 'cosine')])
+@pytest.mark.parametrize('arch,head', [('resnet20', 'linear'), pytest.param('resnet18', 'linear', marks=pytest.mark.slow),
+                                       ('resnet20', 'cosine')])
 def test_jitted_init_equals_flax_initializers_op_by_op(monkeypatch, arch, head):
   network = build_model(arch, 12, 8, jnp.float32, head=head)
   key, size = jax.random.key(3), 32

@@ -32,6 +32,7 @@ def workdirs(tmp_path_factory):
   return root, joint, crt
 
 
+@pytest.mark.slow
 def test_joint_sessions_start_from_the_pretrained_trunk(monkeypatch, tmp_path):
   """model.pretrained reaches the network of every joint session (and so cRT's), not only session
   1's: the trunk and BN statistics are the file's, the classifier of the session's size a fresh init

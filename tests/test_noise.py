@@ -102,6 +102,7 @@ def test_noise_bounded_and_only_on_masked_leaves(net, distribution):
   assert float(jnp.abs(with_noise - clean).max()) > 1e-4
 
 
+@pytest.mark.slow
 def test_zero_bound_equals_plain_cross_entropy_and_trains(net):
   model, variables = net
   paths = tuple(noise_set_paths(model, 4))

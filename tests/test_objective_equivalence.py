@@ -65,7 +65,9 @@ def assert_trees_close(a, b, rtol=2e-5, scale_tol=1e-5):
 # Each network once, with a deep (K = 8) and a shallow (K = 4) noise set, and each way of mapping the
 # draws once (the two are compared with each other directly below). Every case costs two slow
 # compiles, so the grid is not crossed.
-CASES = [('resnet20', 8, 16, 8, 'vmap'), ('resnet18', 8, 32, 4, 'unroll')]
+# The ResNet-18 case is in the full suite only (slow), as are the unrolled loop over draws and bfloat16:
+# each compiles a whole network anew; `-m "not slow"` keeps the ResNet-20 and vmapped cases.
+CASES = [('resnet20', 8, 16, 8, 'vmap'), pytest.param('resnet18', 8, 32, 4, 'unroll', marks=pytest.mark.slow)]
 
 
 @pytest.mark.parametrize('arch,width,size,num_layers,draw_map', CASES)
@@ -90,7 +92,7 @@ def test_shared_trunk_equals_naive(arch, width, size, num_layers, draw_map):
   assert float(jnp.abs(g[max(eps)]).max()) > 0
 
 
-@pytest.mark.parametrize('std_weight,draw_map', [(0.0, 'unroll'), (2.0, 'vmap')])
+@pytest.mark.parametrize('std_weight,draw_map', [pytest.param(0.0, 'unroll', marks=pytest.mark.slow), (2.0, 'vmap')])
 def test_mapped_draws_equal_a_loop_over_draws(std_weight, draw_map):
   """Eq. 3 with M = 3 draws (vmapped or unrolled) equals the loss and gradient assembled from M
   one-draw evaluations: mean_j L_j (+ gamma * unbiased std_j L_j, whose gradient is computed by hand)."""
@@ -112,6 +114,7 @@ def test_mapped_draws_equal_a_loop_over_draws(std_weight, draw_map):
   assert_trees_close(new_stats, per_draw[0][1])
 
 
+@pytest.mark.slow
 def test_bfloat16_compute_keeps_float32_state():
   """model.dtype='bfloat16': the loss is close to float32's on the same batch and draws, and a train
   step runs, with a finite loss, leaving the parameters, BN statistics and optimizer state float32."""

@@ -235,6 +235,7 @@ def test_one_base_step_float64(fx64, x64, backward, draw_map):
                'BN statistics after step 1')
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('backward', BACKWARDS)
 def test_three_base_steps_across_the_milestone_float64(fx64, x64, backward):
   """Steps 1 and 2 at lr 0.1, step 3 at 0.1 x 0.01 (the milestone), with the optimizer built from the
@@ -346,6 +347,7 @@ def compare_session(fx, runner, state, prefix, exact: bool) -> tuple:
   return differ, near, total
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('precision', ['float64', 'float32'])
 def test_two_runs_of_three_sessions(fx, fx64, precision):
   """Their incremental procedure against NCMRunner, run by run and session by session: base
@@ -385,6 +387,7 @@ def test_two_runs_of_three_sessions(fx, fx64, precision):
         f'all among the {counts[1]} near a rounding boundary')
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('retry', [True, False])
 def test_the_doubled_step_retry(fx64, x64, retry, monkeypatch):
   """A session at a bound where whole tensors round to zero and their doubled step is taken instead
