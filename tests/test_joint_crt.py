@@ -85,9 +85,10 @@ def test_joint_sessions_chosen_on_test_keep_the_best_network_through_a_resume(mo
   """base.select_on_test on joint (the authors' model selection, docs/method.md): every base.select_every
   steps a session's network is measured on the test images of the classes seen so far (the selector's
   accuracy is joint's linear one), and the session ends with the network of the best accuracy (staged here:
-  step 2's; step 6's equal one does not replace it), not the last step's; a training interrupted after that
-  selection and resumed from the checkpoint of step 4 ends with the same network, and the log holds each of
-  its select lines once, beside the base session's of the same steps."""
+  step 4's; step 12's equal one does not replace it), not the last step's; a training interrupted after the
+  selection of step 8 and resumed from the checkpoint of step 4 ends with the same network, and the log holds
+  each of its select lines once, beside the base session's of the same steps. The config is the `workdirs`
+  fixture's with selections every 4 steps: its programs are the fixture's."""
   from configs import cifar100
   from f2m_jax import train_loop
   from f2m_jax import workdir as workdir_lib
@@ -95,10 +96,10 @@ def test_joint_sessions_chosen_on_test_keep_the_best_network_through_a_resume(mo
   from f2m_jax.data import sources
   from f2m_jax.methods import joint
   config = tiny(cifar100.get_config('smoke'), 'joint')  # a checkpoint every 4 steps
-  config.base.update(steps=8, milestones=(6,), select_on_test=True, select_every=2)
+  config.base.update(select_on_test=True, select_every=4)
   config = pipeline.resolve(config)
   exp = experiment_lib.Experiment.create(config, sources.load_benchmark(config))
-  staged = {2: 50.0, 4: 40.0, 6: 50.0, 8: 20.0}
+  staged = {4: 50.0, 8: 40.0, 12: 50.0}
   seen, measure, select = {}, train_loop.TestSetSelector.accuracy, train_loop.TestSetSelector.__call__
   monkeypatch.setattr(train_loop.TestSetSelector, '__call__',
                       lambda self, step, state: seen.update(step=step, **{str(step): state.params}) or
@@ -128,12 +129,12 @@ def test_joint_sessions_chosen_on_test_keep_the_best_network_through_a_resume(mo
   for s in staged:  # the base session's selections, logged by an earlier invocation
     workdir_lib.MetricsLog(str(tmp_path / 'whole')).write(phase='select_on_test', step=s, base_test_acc=0.0)
   runner, whole = session('whole')
-  assert seen.get('step') == 8  # the selection ran
-  chex.assert_trees_all_equal(whole['params'], seen['2'])
-  assert not np.array_equal(whole['params']['fc']['kernel'], seen['8']['fc']['kernel'])
+  assert seen.get('step') == 12  # the selection ran
+  chex.assert_trees_all_equal(whole['params'], seen['4'])
+  assert not np.array_equal(whole['params']['fc']['kernel'], seen['12']['fc']['kernel'])
   lines = [r for r in workdir_lib.MetricsLog(str(tmp_path / 'whole')).records() if r.get('session') == 2]
   assert [(r['run'], r['step'], r['seen_test_acc'], r['best_step']) for r in lines] == [
-      (0, s, a, 2) for s, a in staged.items()]
+      (0, s, a, 4) for s, a in staged.items()]
   assert not list((tmp_path / 'whole' / 'checkpoints' / 'training').iterdir())  # the train states, the best: removed
   network, unused = runner.network(2), Checkpoints(str(tmp_path / 'probe'))
   probe = train_loop.TestSetSelector(exp, network, 2, unused.best_base, None)
@@ -143,7 +144,7 @@ def test_joint_sessions_chosen_on_test_keep_the_best_network_through_a_resume(mo
     session('resumed', save_fails_at=8)
   ckpts = Checkpoints(str(tmp_path / 'resumed'))
   training = ckpts.training(0, 2)
-  assert training.latest_step() == 4 and training.best.step() == 2
+  assert training.latest_step() == 4 and training.best.step() == 4
   training.close()
   ckpts.close()
   _, resumed = session('resumed')
