@@ -385,10 +385,24 @@ def test_a_file_in_place_of_any_folder_is_named(tmp_path):
 # ----------------------------------------------------------------------------- 2. a diverged session stops
 
 @pytest.mark.slow
-def test_a_diverged_session_stops_unsaved(reference, tmp_path, capsys):
+def test_a_diverged_session_stops_unsaved(reference, tmp_path, capsys, monkeypatch):
+  """A session's fine-tuning that ends in NaN (staged: the reference's program, its weights times NaN)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from f2m_jax import incremental  # pylint: disable=g-import-not-at-top
+  make = incremental.make_finetune
+
+  def diverging(settings):
+    finetune = make(settings)
+
+    def run(*args):
+      params, losses = finetune(*args)
+      return jax.tree_util.tree_map(lambda x: x * jnp.nan, params), losses
+    return run
+
+  monkeypatch.setattr(incremental, 'make_finetune', diverging)
   workdir = str(tmp_path / 'diverged')
-  config = tiny_config(**{'incremental.lr': 1e30, 'incremental.clamp': False})
-  assert cli.main(config, workdir, 'train', checkpoint=reference[0]) == 3
+  assert cli.main(tiny_config(), workdir, 'train', checkpoint=reference[0]) == 3
   line = one_line_error(capsys)
   assert line.startswith('training stopped: non-finite values (') and 'of method f2m in run 0 session 2;' in line
   assert line.endswith('it was not saved, the last good checkpoint (the base model) is kept'), line
