@@ -103,10 +103,8 @@ def finetune_session(trainable, frozen, batch_stats, anchor, step_inputs: Callab
     return trainable, opt_state, losses.at[i].set(loss)
 
   carry = (trainable, tx.init(trainable), jnp.zeros((settings.steps,), augment_lib.float_dtype()))
-  # A Python loop: E is small (experiments/results/README.md, 'Figures behind the code's choices').
-  for i in range(settings.steps):
-    carry = step(i, carry)
-  trainable, _, losses = carry
+  # One traced step in a loop (experiments/results/README.md, 'Figures behind the code's choices').
+  trainable, _, losses = jax.lax.fori_loop(0, settings.steps, step, carry)
   return trainable, losses
 
 
