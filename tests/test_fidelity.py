@@ -14,7 +14,6 @@ import pytest
 from configs import cifar100, cub200, mini
 from f2m_jax import experiment as experiment_lib
 from f2m_jax import pipeline
-from f2m_jax import train_loop
 from f2m_jax.models import resnet
 from f2m_jax.models.resnet import BN_MOMENTUM, fold_batch_stats
 
