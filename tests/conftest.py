@@ -180,6 +180,11 @@ def snapshot(workdir) -> dict:
   return out
 
 
+# What tiny_smoke() changes in configs/cifar100.py:smoke.
+TINY_SMOKE = {'data.synthetic.num_sessions': 3, 'base.steps': 20, 'base.checkpoint_every': 10, 'base.log_every': 5,
+              'base.milestones': (15,)}
+
+
 def tiny_smoke(**changes):
   """The smoke config with 3 sessions and 20 base steps (checkpoints every 10, a log line every 5, the
   rate cut at 15), and `changes` ({dotted field: value}) on top. Tests whose runs need no other shape
@@ -188,9 +193,7 @@ def tiny_smoke(**changes):
   call, and the classes the sizes)."""
   from configs import cifar100  # pylint: disable=g-import-not-at-top
   c = cifar100.get_config('smoke')
-  c.data.synthetic.num_sessions = 3
-  c.base.update(steps=20, checkpoint_every=10, log_every=5, milestones=(15,))
-  for field, value in changes.items():
+  for field, value in {**TINY_SMOKE, **changes}.items():
     section, _, name = field.rpartition('.')
     node = c
     for part in section.split('.') if section else ():
@@ -200,9 +203,7 @@ def tiny_smoke(**changes):
 
 
 # tiny_smoke() as run.py's command line (a child process): its runs are the reference run's.
-TINY_SMOKE_ARGS = ['--config', 'configs/cifar100.py:smoke', '--config.data.synthetic.num_sessions=3',
-                   '--config.base.steps=20', '--config.base.checkpoint_every=10', '--config.base.log_every=5',
-                   '--config.base.milestones=(15,)']
+TINY_SMOKE_ARGS = ['--config', 'configs/cifar100.py:smoke', *(f'--config.{k}={v}' for k, v in TINY_SMOKE.items())]
 
 
 @pytest.fixture(scope='session')

@@ -24,13 +24,18 @@ ARGS = [*TINY_SMOKE_ARGS, '--config.tensorboard=False']
 # restored session, takes a minute (a call that holds the main thread, as an XLA compile does); or every
 # base call after the first takes a second more, so that base training is still under way when a signal
 # sent after step 10 arrives.
+def _base_calls_sleep(when: str, seconds: int) -> str:
+  """Python making each base call for which `when` holds (`self`: the train loop's Records, whose bar
+  is None until the first call) take `seconds` more."""
+  return ('from f2m_jax import train_loop as m; f = m.Records.__call__; '
+          f'm.Records.__call__ = lambda self, *a: (({when}) and time.sleep({seconds}), f(self, *a))[1]')
+
+
 PATCHES = {
-    'first_call': 'from f2m_jax import train_loop as m; f = m.Records.__call__; '
-                  'm.Records.__call__ = lambda self, *a: (self.bar is None and time.sleep(60), f(self, *a))[1]',
+    'first_call': _base_calls_sleep('self.bar is None', 60),
     'restore': 'from f2m_jax import sessions as m; f = m.restore_session; '
                'm.restore_session = lambda *a: (time.sleep(60), f(*a))[1]',
-    'slow_calls': 'from f2m_jax import train_loop as m; f = m.Records.__call__; '
-                  'm.Records.__call__ = lambda self, *a: (self.bar is not None and time.sleep(1), f(self, *a))[1]',
+    'slow_calls': _base_calls_sleep('self.bar is not None', 1),
 }
 
 

@@ -44,10 +44,12 @@ def sweep(tmp_path_factory, reference):
   assert cli.main(tiny(seeds=SEEDS, map='unroll'), root, 'train', origin=origin) == 0
   with open(os.path.join(root, 'summary.json')) as f:
     summary = json.load(f)
-  assert SEEDS == (0, 1)
-  single = str(tmp_path_factory.mktemp('single1') / 'run')
-  pipeline.run(tiny(1), single)
-  return root, summary, [reference[0], single]
+  assert SEEDS[0] == 0  # the reference run's seed
+  singles = [reference[0]]
+  for seed in SEEDS[1:]:
+    singles.append(str(tmp_path_factory.mktemp(f'single{seed}') / 'run'))
+    pipeline.run(tiny(seed), singles[-1])
+  return root, summary, singles
 
 
 def base_model(workdir: str, seed: int) -> dict:
