@@ -3,7 +3,8 @@ program every base training runs (and `--mode bench` times). The noise bound b i
 not read from config.noise, so that the members of a sweep over b share one program."""
 from __future__ import annotations
 
-from typing import Any, Callable
+import functools
+from typing import Any, Callable, NamedTuple
 
 import flax
 import jax
@@ -13,6 +14,7 @@ import optax
 
 from f2m_jax import noise as noise_lib
 from f2m_jax import objectives
+from f2m_jax import optim
 from f2m_jax import sharding
 from f2m_jax import trees
 from f2m_jax.data import augment as augment_lib
@@ -155,3 +157,27 @@ def make_train_program(model: ResNet, noise: ml_collections.FrozenConfigDict, tx
   rep = sharding.replicated(mesh)
   return jax.jit(program, in_shardings=(rep, rep, rep, sharding.member_rows_sharded(mesh), rep, rep, rep),
                  out_shardings=(rep, rep), donate_argnums=(0,))
+
+
+class Inputs(NamedTuple):
+  """What the base program reads of a Benchmark (`make_train_program`'s `data`): how its images are
+  augmented and normalised. Hashable, unlike the Benchmark and its images."""
+  augment: str
+  image_size: int
+  mean: tuple
+  std: tuple
+
+  @classmethod
+  def of(cls, bench) -> Inputs:
+    return cls(bench.augment, bench.image_size, tuple(bench.mean), tuple(bench.std))
+
+
+@functools.lru_cache(maxsize=8)
+def train_program(model: ResNet, noise: ml_collections.FrozenConfigDict, optimizer_settings: tuple, inputs: Inputs,
+                  members_map: str, mesh) -> Callable:
+  """`make_train_program` with the base optimizer `optim.sgd(*optimizer_settings)`, built once per process
+  for each set of arguments: every argument that shapes the program is in the key, so a later training
+  of the same program (a resume, each seed of a sweep, a second run in one process) finds it traced and
+  compiled in jax.jit's caches, instead of tracing it and loading it from the persistent cache again
+  (experiments/results/README.md, 'Figures behind the code's choices')."""
+  return make_train_program(model, noise, optim.sgd(*optimizer_settings), inputs, members_map, mesh)

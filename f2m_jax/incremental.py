@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Callable, Mapping, Optional
 
 import jax
@@ -116,10 +117,12 @@ def _finetune_steps(trainable, frozen, batch_stats, anchor, images, labels, stor
   return finetune_session(trainable, frozen, batch_stats, anchor, step_inputs, labels, stored, num_seen, settings, tx)
 
 
+@functools.lru_cache(maxsize=8)
 def make_finetune(settings: SessionSettings) -> Callable:
   """finetune(params, batch_stats, anchor, images_u8, labels, stored, num_seen, key) -> (params,
   losses[E]), jitted: one session of one run. `stored`: [C, D] prototypes, the first `num_seen` rows seen.
-  `pad_session` pads every session to the last one's sizes (one compile; padding takes no part in the loss)."""
+  `pad_session` pads every session to the last one's sizes (one compile; padding takes no part in the loss).
+  Built once per process for each `settings` (every value the program depends on), as `base.train_program`."""
   tx = session_optimizer(settings)
 
   @jax.jit

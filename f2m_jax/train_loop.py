@@ -107,7 +107,8 @@ def train_steps(exp: Experiment, model, noise, members: Sequence[Member], states
     return states
   mesh = sharding.data_mesh()  # data parallel over all devices; the batch is the global batch
   per_call = steps_per_call(cfg, select is not None)
-  program = base_lib.make_train_program(model, noise, exp.optimizer(), bench, exp.config.members.map, mesh)
+  program = base_lib.train_program(model, noise, exp.optimizer_settings(), base_lib.Inputs.of(bench),
+                                   exp.config.members.map, mesh)
   data = sharding.replicate((bench.train.images, bench.train.labels), mesh)
   keys, bounds = sharding.replicate((jnp.stack([m.key for m in members]),
                                      np.asarray([m.bound for m in members], np.float32)), mesh)
