@@ -33,16 +33,18 @@ if '--xla_backend_optimization_level' not in os.environ.get('XLA_FLAGS', ''):
   os.environ['XLA_FLAGS'] = f"{os.environ.get('XLA_FLAGS', '')} {TEST_XLA_FLAGS}".strip()
 
 
-# pytest-xdist (pytest.ini: --dist loadfile) hands the workers whole files in collection order: the
-# longest files go first, so that no worker is left alone with one at the end (the order is by their
-# times in the full suite on 2 cores, longest first; the other files follow in name order). The
-# second file does not build `reference`: the first one's worker builds it meanwhile, and the other
-# worker's build of it later finds its programs in the persistent cache.
-LONGEST_FIRST = ('test_members.py', 'test_torch_fixtures.py', 'test_objective_equivalence.py', 'test_faults.py',
-                 'test_multihost.py', 'test_interrupt.py', 'test_joint_crt.py', 'test_checkpoint.py',
-                 'test_folder.py', 'test_base_program.py', 'test_icarl.py', 'test_end_to_end.py', 'test_sharding.py',
-                 'test_mini_cub.py', 'test_rebalance.py', 'test_cli.py', 'test_f2m_v.py', 'test_fsll.py',
-                 'test_change_the_loss.py', 'test_noise.py', 'test_incremental.py', 'test_init.py')
+# pytest-xdist (pytest.ini: --dist loadfile --no-loadscope-reorder) hands the workers whole files in
+# collection order: the longest files go first, so that no worker is left alone with one at the end (the
+# order is by their times in the full suite on 2 cores, longest first; the other files follow in name
+# order). The second file does not build `reference`: the first one's worker builds it meanwhile, and the
+# other worker's build of it later finds its programs in the persistent cache.
+LONGEST_FIRST = ('test_members.py', 'test_objective_equivalence.py', 'test_faults.py', 'test_torch_fixtures.py',
+                 'test_multihost.py', 'test_base_program.py', 'test_interrupt.py', 'test_folder.py',
+                 'test_joint_crt.py', 'test_end_to_end.py', 'test_icarl.py', 'test_f2m_v.py', 'test_cli.py',
+                 'test_fsll.py', 'test_sharding.py', 'test_mini_cub.py', 'test_rebalance.py', 'test_noise.py',
+                 'test_checkpoint.py', 'test_change_the_loss.py', 'test_incremental.py', 'test_init.py',
+                 'test_fidelity.py', 'test_records.py', 'test_switches_and_flatness.py', 'test_configs.py',
+                 'test_objectives.py', 'test_adding_a_method.py')
 
 
 def pytest_collection_modifyitems(items):

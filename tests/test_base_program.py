@@ -184,3 +184,34 @@ def test_a_diverged_training_says_why_and_which_lr_to_try(loss, saved, classifie
   parameters were not (0739cee called both 'non-finite loss'), and a tenth of the lr."""
   from f2m_jax import train_loop
   assert train_loop.diverged(loss, 188, 'method f2m', 'base', saved, 0.1, classifier_lr).startswith(expected)
+
+
+def test_the_programs_are_built_once_per_process_for_the_same_arguments():
+  """base.train_program and incremental.make_finetune key on every value that shapes their programs:
+  equal values (new objects, as the next run of a process builds them) give the same jitted program,
+  whose traces and executables jax.jit keeps; a change of any one of them gives another program."""
+  import dataclasses  # pylint: disable=g-import-not-at-top
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  from f2m_jax import incremental  # pylint: disable=g-import-not-at-top
+  from f2m_jax.methods import ncm  # pylint: disable=g-import-not-at-top
+
+  def parts(config):
+    exp = experiment_lib.Experiment.create(pipeline.resolve(config), sources.load_benchmark(pipeline.resolve(config)))
+    return exp, [exp.model, ml_collections.FrozenConfigDict(exp.config.noise), exp.optimizer_settings(),
+                 base_lib.Inputs.of(exp.bench), exp.config.members.map, sharding.data_mesh()]
+
+  exp, args = parts(_tiny(5))
+  program = base_lib.train_program(*args)
+  assert base_lib.train_program(*parts(_tiny(5))[1]) is program  # another run's equal arguments
+  changes = {1: lambda c: c.noise.update(M=3), 2: lambda c: c.base.update(lr=2e-3),
+             3: lambda c: c.data.synthetic.update(image_size=8), 4: lambda c: c.members.update(map='vmap')}
+  for i, change in changes.items():
+    config = _tiny(5)
+    change(config)
+    other = parts(config)[1]
+    assert other[i] != args[i] and base_lib.train_program(*other) is not program, i
+  settings = ncm.session_settings(exp, exp.noise_paths)
+  finetune = incremental.make_finetune(settings)
+  assert incremental.make_finetune(dataclasses.replace(settings)) is finetune
+  for field, value in (('lr', settings.lr / 2), ('steps', settings.steps + 1), ('bound', settings.bound * 2)):
+    assert incremental.make_finetune(dataclasses.replace(settings, **{field: value})) is not finetune, field
