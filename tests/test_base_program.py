@@ -50,15 +50,18 @@ def _moved(state, init) -> tuple:
 
 
 @pytest.mark.slow
-def test_scanned_steps_equal_single_steps(smoke_config):
-  smoke_config.method = 'baseline'  # the scan is the same for every method's step; the Baseline's compiles fastest
-  config = pipeline.resolve(_smooth(smoke_config))
+def test_scanned_steps_equal_single_steps():
+  """The program of the `runs` fixture's runs (one step a call, and five), as the train loop builds and
+  feeds it: the scanned calls from step 0 equal single steps, the last one padded."""
+  config = pipeline.resolve(_tiny(5))
   exp = experiment_lib.Experiment.create(config, sources.load_benchmark(config))
   bench = exp.bench
   mesh = sharding.data_mesh()
-  program = base_lib.make_train_program(exp.model, exp.noise, exp.optimizer(), bench, 'unroll', mesh)
-  n, per_call = 5, 2  # a full call from step 0, one from step 2; the last call is 1 step, padded to 2 rows
-  indices = np.stack([exp.batch_indices(s) for s in range(n)] + [exp.batch_indices(0)]).astype(np.int32)
+  program = base_lib.train_program(exp.model, exp.noise, exp.optimizer_settings(), base_lib.Inputs.of(bench),
+                                   config.members.map, mesh)
+  n, per_call = 7, 5  # a full call from step 0, then one of 2 steps, padded to 5 rows
+  indices = np.stack([exp.batch_indices(s) for s in range(n)] + [exp.batch_indices(0)] * 3).astype(np.int32)
+  rows = lambda first, count: sharding.shard_member_rows(mesh, indices[first:first + count, None])
   data = sharding.replicate((bench.train.images, bench.train.labels), mesh)
   keys, bounds = sharding.replicate((jnp.stack([exp.key(0)]), np.asarray([config.noise.bound], np.float32)), mesh)
   init = exp.init_state()
@@ -66,10 +69,9 @@ def test_scanned_steps_equal_single_steps(smoke_config):
   for first, steps in train_loop.call_spans(0, n, per_call):
     singles = []
     for s in range(first, first + steps):
-      one, m = program(one, *data, jnp.asarray(indices[s:s + 1, None]), np.int32(1), keys, bounds)
+      one, m = program(one, *data, rows(s, 1), np.int32(1), keys, bounds)
       singles.append(jax.device_get(m))
-    scanned, metrics = program(scanned, *data, jnp.asarray(indices[first:first + per_call, None]), np.int32(steps),
-                               keys, bounds)
+    scanned, metrics = program(scanned, *data, rows(first, per_call), np.int32(steps), keys, bounds)
     metrics = jax.device_get(metrics)
     assert int(scanned.step[0]) == first + steps
     # Relative to how far the model moved (measured: 2e-6 with two XLA threads; 1.2e-4 with one,
