@@ -193,14 +193,14 @@ def test_the_programs_are_built_once_per_process_for_the_same_arguments():
   equal values (new objects, as the next run of a process builds them) give the same jitted program,
   whose traces and executables jax.jit keeps; a change of any one of them gives another program."""
   import dataclasses  # pylint: disable=g-import-not-at-top
-  import ml_collections  # pylint: disable=g-import-not-at-top
   from f2m_jax import incremental  # pylint: disable=g-import-not-at-top
   from f2m_jax.methods import ncm  # pylint: disable=g-import-not-at-top
 
-  def parts(config):
-    exp = experiment_lib.Experiment.create(pipeline.resolve(config), sources.load_benchmark(pipeline.resolve(config)))
-    return exp, [exp.model, ml_collections.FrozenConfigDict(exp.config.noise), exp.optimizer_settings(),
-                 base_lib.Inputs.of(exp.bench), exp.config.members.map, sharding.data_mesh()]
+  def parts(config):  # train_loop.train_steps's arguments of base.train_program for `config`
+    config = pipeline.resolve(config)
+    exp = experiment_lib.Experiment.create(config, sources.load_benchmark(config))
+    return exp, [exp.model, exp.noise, exp.optimizer_settings(), base_lib.Inputs.of(exp.bench), config.members.map,
+                 sharding.data_mesh()]
 
   exp, args = parts(_tiny(5))
   program = base_lib.train_program(*args)
