@@ -165,6 +165,21 @@ def tiny_method_run(tmp_path_factory, make_config) -> TinyRun:
   return TinyRun(results, exp, ckpts, first)
 
 
+def rel_norm_diff(a, b) -> float:
+  """|a - b| / |b| over all leaves of two pytrees together, in float64."""
+  import jax  # pylint: disable=g-import-not-at-top
+  flat = lambda t: np.concatenate([np.ravel(np.float64(v)) for v in jax.tree_util.tree_leaves(jax.device_get(t))])
+  x, y = flat(a), flat(b)
+  return float(np.linalg.norm(x - y) / np.linalg.norm(y))
+
+
+def moved(state, init) -> tuple:
+  """How far a train state's parameters and BN statistics moved from `init`'s, in float64."""
+  import jax  # pylint: disable=g-import-not-at-top
+  return jax.tree_util.tree_map(lambda a, b: np.float64(a) - np.float64(b), jax.device_get(
+      (state.params, state.batch_stats)), jax.device_get((init.params, init.batch_stats)))
+
+
 def far_above_chance(accuracy: float, images: int, classes: int, p_value: float = 1e-6) -> bool:
   """Whether `accuracy` (%) on `images` test images of `classes` balanced classes is one that guessing
   reaches with probability below `p_value` (binomial tail): a learning criterion that does not hang

@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from conftest import moved, rel_norm_diff
 from f2m_jax import base as base_lib
 from f2m_jax import experiment as experiment_lib
 from f2m_jax import pipeline
@@ -34,19 +35,6 @@ def _smooth(config):
   config.base.lr = 1e-3
   config.noise.std_weight = 0.0
   return config
-
-
-def _rel_norm_diff(a, b) -> float:
-  """|a - b| / |b| over all leaves of two pytrees together."""
-  flat = lambda t: np.concatenate([np.ravel(np.float64(v)) for v in jax.tree_util.tree_leaves(jax.device_get(t))])
-  x, y = flat(a), flat(b)
-  return float(np.linalg.norm(x - y) / np.linalg.norm(y))
-
-
-def _moved(state, init) -> tuple:
-  """How far the parameters and BN statistics moved from `init`."""
-  return jax.tree_util.tree_map(lambda a, b: np.float64(a) - np.float64(b), jax.device_get(
-      (state.params, state.batch_stats)), jax.device_get((init.params, init.batch_stats)))
 
 
 @pytest.mark.slow
@@ -77,8 +65,8 @@ def test_scanned_steps_equal_single_steps():
     # Relative to how far the model moved (measured: 2e-6 with two XLA threads; 1.2e-4 with one,
     # where other reduction orders leave the near-zero BN biases 0.3% apart; a wrong batch or a
     # skipped step is off by order 1; a padding step applied, too).
-    for a, b in zip(_moved(trees.index(scanned, 0), init), _moved(trees.index(one, 0), init)):
-      assert _rel_norm_diff(a, b) < 1e-3, f'after step {first + steps}'
+    for a, b in zip(moved(trees.index(scanned, 0), init), moved(trees.index(one, 0), init)):
+      assert rel_norm_diff(a, b) < 1e-3, f'after step {first + steps}'
     for k in metrics:
       assert metrics[k].shape == (per_call, 1)
       np.testing.assert_allclose(metrics[k][:steps, 0], [m[k][0, 0] for m in singles], rtol=1e-5, atol=1e-6)
@@ -140,8 +128,8 @@ def test_a_run_does_not_depend_on_steps_per_call(runs):
   device_state, host_state = _final_base_state(device_dir), _final_base_state(host_dir)
   # The model after 20 steps (measured: 2e-8 params, 1e-7 BN statistics). Not the momentum: it is the
   # recent gradients, which move by up to 1% of a leaf's scale with differences in the 7th digit.
-  assert _rel_norm_diff(device_state.params, host_state.params) < 1e-5
-  assert _rel_norm_diff(device_state.batch_stats, host_state.batch_stats) < 1e-5
+  assert rel_norm_diff(device_state.params, host_state.params) < 1e-5
+  assert rel_norm_diff(device_state.batch_stats, host_state.batch_stats) < 1e-5
   for a, b in zip(host['sessions'], device['sessions']):
     np.testing.assert_allclose(a['acc']['runs'], b['acc']['runs'], atol=1e-9)
 
