@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from configs import cifar100, common, mini
-from conftest import run_py
+from conftest import Interrupt, run_py
 from f2m_jax import pipeline
 from f2m_jax import registry
 
@@ -65,22 +65,30 @@ def test_a_user_value_a_method_cannot_run_stops_naming_the_field():
     pipeline.resolve(config, {'model.head': 'linear'})
 
 
-@pytest.mark.slow
 def test_command_line_overrides_survive_the_baseline(tmp_path, monkeypatch):
-  """Through run.py's flags and main (in this process, conftest.run_py): a run of two base steps,
-  one draw and one incremental session writes the effective config.json."""
+  """Through run.py's flags and main (in this process, conftest.run_py), stopped where the run would
+  start computing: the effective config.json, and the origin it hands the run (which records it in its
+  results' provenance: tests/test_members.py's sweep) names the fields changed on the command line."""
+  seen = {}
+
+  def stop(*args):
+    seen['origin'] = args[6]  # pipeline.compute(exp, workdir, mode, checkpoint, base_source, hook, origin, writes)
+    raise Interrupt
+
+  monkeypatch.setattr(pipeline, 'compute', stop)
   workdir = tmp_path / 'w'
-  assert run_py(['run.py', '--config', 'configs/cifar100.py:smoke', '--workdir', str(workdir),
-                 '--config.method=baseline', '--config.eval.normalize_prototypes=True',
-                 '--config.base.sampler', 'task_epochs', '--config.base.steps=2', '--config.base.milestones=()',
-                 '--config.runs=1', '--config.data.synthetic.num_sessions=2'], monkeypatch) == 0
+  with pytest.raises(Interrupt):
+    run_py(['run.py', '--config', 'configs/cifar100.py:smoke', '--workdir', str(workdir),
+            '--config.method=baseline', '--config.eval.normalize_prototypes=True',
+            '--config.base.sampler', 'task_epochs', '--config.base.steps=2', '--config.base.milestones=()',
+            '--config.runs=1', '--config.data.synthetic.num_sessions=2'], monkeypatch)
   saved = json.loads((workdir / 'config.json').read_text())
   assert saved['method'] == 'baseline' and not saved['noise']['enabled'] and not saved['incremental']['finetune']
   assert saved['eval']['normalize_prototypes'] and saved['base']['sampler'] == 'task_epochs'
-  results = json.loads((workdir / 'results.json').read_text())
-  assert sorted(results['provenance']['origin']['changes']) == ['base.milestones', 'base.sampler', 'base.steps',
-                                                                'data.synthetic.num_sessions',
-                                                                'eval.normalize_prototypes', 'method', 'runs']
+  assert seen['origin']['config'] == 'configs/cifar100.py:smoke'
+  assert sorted(seen['origin']['changes']) == ['base.milestones', 'base.sampler', 'base.steps',
+                                               'data.synthetic.num_sessions', 'eval.normalize_prototypes',
+                                               'method', 'runs']
   assert 'set_by_user' not in saved
 
 
