@@ -153,13 +153,13 @@ def test_the_gpu_layout_equals_single_steps_of_each_member(reference):
   _, ours = parts(**{'model.conv_backward': 'xla', 'members.map': 'vmap'})
   bench = exps[0].bench
   data = (bench.train.images, bench.train.labels)
-  per_call = train_loop.steps_per_call(exps[0].config.base, selecting=False)  # the reference run's calls
+  per_call = train_loop.steps_per_call(exps[0].config.base, selecting=False)  # the reference run's calls, 1 step used
   indices = np.stack([np.stack([e.batch_indices(0) for e in exps])] * per_call).astype(np.int32)  # [N, S, B]
   keys, bounds = jnp.stack([e.key(0) for e in exps]), np.asarray([0.002, 0.02], np.float32)
   inits = [e.init_state() for e in exps]
   singles = [trees.index(single(trees.stack([init]), *data, indices[:, i:i + 1], np.int32(1), keys[i:i + 1],
                                 bounds[i:i + 1])[0], 0) for i, init in enumerate(inits)]
-  mapped, _ = ours(trees.stack(inits), *data, indices, np.int32(1), keys, bounds)
+  mapped, _ = ours(trees.stack(inits), *data, indices[:1], np.int32(1), keys, bounds)  # a call of one step
   assert single._cache_size() == 1  # the reference run's program, not another
   # The step each member took, relative to its size: float32 rounding of the gradient's sums (up to about
   # 2e4 terms, sqrt(2e4) x 1.2e-7 = 2e-5 apart for two orders of summing) against order 1 for another
