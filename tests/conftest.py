@@ -59,8 +59,9 @@ def pytest_collection_modifyitems(items):
 # before it starts them; LD_PRELOAD given by the user is left alone. The figures: docs/development.md.
 if 'PYTEST_XDIST_WORKER' not in os.environ and 'LD_PRELOAD' not in os.environ:
   import ctypes.util  # pylint: disable=g-import-not-at-top
-  if ctypes.util.find_library('jemalloc'):
-    os.environ['LD_PRELOAD'] = ctypes.util.find_library('jemalloc')
+  JEMALLOC = ctypes.util.find_library('jemalloc')  # its soname, which ld.so finds on its own search path
+  if JEMALLOC:
+    os.environ['LD_PRELOAD'] = JEMALLOC
 
 
 def pytest_collection_finish(session):
