@@ -95,6 +95,26 @@ def noise_view(**fields):
   return ml_collections.FrozenConfigDict(noise)
 
 
+def naive_cross_entropies(model, params, batch_stats, images, labels, eps) -> tuple:
+  """(CE of each draw [M], CE of the clean network) on one batch, computed naively: the whole network in
+  train mode (batch statistics) at params + eps_j for each draw of `eps` ({path: [M, ...]}), one draw at
+  a time, and at params; the CE as the mean of -log softmax at the label. Differentiable in `params`
+  (the gradient of 'noisy' backward weights). Under jax.enable_x64 with float64 arrays it is the
+  reference a loss term's test holds `base.base_loss` to (tests/test_change_the_loss.py)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from f2m_jax import base  # pylint: disable=g-import-not-at-top
+
+  def ce(p):
+    (_, logits), _ = model.apply({'params': p, 'batch_stats': batch_stats}, images, train=True,
+                                 mutable=['batch_stats'])
+    return -jnp.mean(jax.nn.log_softmax(logits)[jnp.arange(len(labels)), labels])
+
+  num_draws = next(iter(eps.values())).shape[0]
+  per_draw = [ce(base.perturb(params, {p: e[j] for p, e in eps.items()})) for j in range(num_draws)]
+  return jnp.stack(per_draw), ce(params)
+
+
 def xla_flags(*flags: str) -> str:
   """XLA_FLAGS for a child process: this process's flags and `flags`."""
   return ' '.join([os.environ.get('XLA_FLAGS', ''), *flags]).strip()
