@@ -126,21 +126,15 @@ def fetch_archive(cache_dir, help_text: str = '') -> pathlib.Path:
                         ARCHIVE_SIZE, f'CIFAR-100 ({ARCHIVE_SIZE / 1e6:.0f} MB)', help_text)
 
 
-def official_arrays(cache_dir) -> tuple:
-  """(train, test) Splits in the official order, read from the official archive in `<cache>/downloads/`,
-  downloaded there once (`fetch_archive`)."""
+def load_official(index_dir, cache_dir) -> Benchmark:
+  """The official protocol (official train order and test set, session_*.txt's base images and shots),
+  from the official archive in `<cache>/downloads/`, downloaded there once (`fetch_archive`)."""
   archive = pathlib.Path(cache_dir) / 'downloads' / ARCHIVE_NAME
   if not archive.is_file():
     print(f'CIFAR-100: not in the cache folder ({archive}); downloading the official archive once '
           f'({ARCHIVE_SIZE / 1e6:.0f} MB, {ARCHIVE_URL})', file=sys.stderr, flush=True)
   arrays = read_archive(fetch_archive(cache_dir, f'Alternative: {TRAINSPLIT_ALTERNATIVE}.'))
-  return tuple(Split(arrays[f'x_{s}'], arrays[f'y_{s}'].astype(np.int32)) for s in ('train', 'test'))
-
-
-def load_official(index_dir, cache_dir) -> Benchmark:
-  """The official protocol (official train order and test set, session_*.txt's base images and shots),
-  from the official archive (`official_arrays`)."""
-  train, test = official_arrays(cache_dir)
+  train, test = (Split(arrays[f'x_{s}'], arrays[f'y_{s}'].astype(np.int32)) for s in ('train', 'test'))
   base_train, topic_shots = read_topic_lists(index_dir, len(train))
   return _benchmark('cifar100', train, test, base_train, np.flatnonzero(train.labels >= NUM_BASE), topic_shots)
 
