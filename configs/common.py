@@ -72,7 +72,6 @@ def base_config() -> ml_collections.ConfigDict:
   # only) or 'incremental50' (plain class-incremental: configs/cifar100_incremental.py)
   c.data.split = ''
   c.data.data_dir = ''  # empty: $F2M_DATA_DIR
-  c.data.tfds_data_dir = ''  # empty: TFDS default (~/tensorflow_datasets)
   c.data.cache_dir = ''  # empty: $F2M_CACHE_DIR or ~/.cache/f2m_jax
   # data.source='synthetic': generated images; `seed` is the data's own (a run's seed changes its
   # training, not its data, as with real data: runs of several seeds see the same images)
@@ -213,7 +212,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.compilation_cache = True
 
   # --mode bench (f2m_jax/bench.py); the values fit a CPU. On a GPU the scripts in experiments/ time more:
-  # M_list (1, 2, 4, 8), dtypes ('float32', 'bfloat16'), other_draw_map=True, member_sizes (1, 2, 4, 8).
+  # M_list (1, 2, 4, 8), dtypes ('float32', 'bfloat16'), other_draw_map=True; S members against S single
+  # runs: experiments/bench_members.py.
   c.bench = ml_collections.ConfigDict()
   c.bench.M_list = (2, 4)
   c.bench.dtypes = ('float32',)
@@ -221,9 +221,6 @@ def base_config() -> ml_collections.ConfigDict:
   c.bench.warmup = 1
   c.bench.iters = 5
   c.bench.batch = 0  # 0: the base-session batch (base.ways x base.shots, or base.batch_size)
-  # S runs' base steps in one program (a seed sweep, f2m_jax/members.py) against S single steps, for
-  # every S here (() for none)
-  c.bench.member_sizes = (1, 2, 4)
   return c
 
 
@@ -273,7 +270,6 @@ def make_smoke(c: ml_collections.ConfigDict) -> None:
   c.eval.batch_size = 250
   c.bench.M_list = (1, 2)
   c.bench.iters = 3
-  c.bench.member_sizes = (1, 2)
   for section in ('icarl', 'rebalance'):  # a few short epochs per session
     c[section].update(epochs=4, milestones=(2,), batch_size=32)
   c.crt.update(epochs=2, milestones=(1,), batch_size=40)

@@ -44,12 +44,10 @@ def _add(a, b):
 
 
 def base_loss(params, batch_stats, images, labels, eps, model: ResNet, noise: ml_collections.FrozenConfigDict):
-  """Eq. 3-4 as the authors' code runs them (docs/method.md, 'Base session') for the M draws `eps`
-  ({path: [M, ...]}): L = 1/M sum_j L_j + gamma std_j(L_j), L_j = CE(z; phi + eps_j, psi) + lambda PF_j,
-  gamma = noise.std_weight, lambda = noise.pf_weight (0 without noise.prototype_fixing), plus
-  noise.clean_ce_weight times the clean pass's CE. Without draws (eps empty) L is the clean pass's CE.
-  Returns (L, (new batch_stats, metrics)). Each pass runs on zero running statistics, so it returns
-  BN_MOMENTUM times its batch statistics; `fold_batch_stats` applies them in PyTorch's order."""
+  """L for the M draws `eps` ({path: [M, ...]}): the sum of `loss_terms` of the clean pass and one pass
+  at `params + eps_j` per draw (eps empty: the clean pass's CE). Returns (L, (new batch_stats, metrics)),
+  metrics' 'loss' being `minimised`. Each pass runs on zero running statistics, so it returns BN_MOMENTUM
+  times its batch statistics; `fold_batch_stats` applies them in PyTorch's order."""
   zeros = jax.tree_util.tree_map(jnp.zeros_like, batch_stats)
 
   def run(variables, x, first, last=None):
@@ -67,36 +65,53 @@ def base_loss(params, batch_stats, images, labels, eps, model: ResNet, noise: ml
     return ce_clean, (fold_batch_stats(batch_stats, [clean_update]), metrics)
 
   def noisy_pass(eps_j):
+    """({'ce': CE(z; phi + eps_j, psi), 'pf': PF_j}, the pass's BN update) of one draw."""
     if noise.backward_weights == 'clean':  # the convs add eps_j and are differentiated at the clean weights
       variables = {'params': params, 'noise': trees.unflatten(eps_j)}
     else:
       variables = {'params': perturb(params, eps_j)}
     (emb_j, logits_j), update_j = run(variables, inputs, split)
     pf_j = objectives.prototype_fixing(emb, emb_j, labels, model.num_classes)
-    pf_j = pf_j if noise.pf_gradient else jax.lax.stop_gradient(pf_j)
-    # a shared trunk saw the same batch M more times
-    return objectives.cross_entropy(logits_j, labels), pf_j, _add(trunk_update, update_j)
+    outputs = {'ce': objectives.cross_entropy(logits_j, labels),
+               'pf': pf_j if noise.pf_gradient else jax.lax.stop_gradient(pf_j)}
+    return outputs, _add(trunk_update, update_j)  # a shared trunk saw the same batch M more times
 
-  ce, pf, noisy_updates = map_draws(noisy_pass, eps, noise.draw_map)
-  pf_weight = noise.pf_weight if noise.prototype_fixing else 0.0
-  loss = objectives.flat_minima_objective(ce + pf_weight * pf, noise.std_weight)
-  if noise.clean_ce_weight:  # at 0 the clean pass needs no backward
-    loss = loss + noise.clean_ce_weight * ce_clean
+  per_draw, noisy_updates = map_draws(noisy_pass, eps, noise.draw_map)
+  terms = loss_terms({**per_draw, 'ce_clean': ce_clean}, noise)
   updates = [clean_update] + (noisy_updates if noise.bn_updates == 'all_passes' else [])
-  metrics.update(loss=loss, ce=ce.mean(), pf=pf.mean(), ce_clean=ce_clean)
-  return loss, (fold_batch_stats(batch_stats, updates), metrics)
+  metrics.update(loss=minimised(terms, noise), ce=per_draw['ce'].mean(), pf=per_draw['pf'].mean(), ce_clean=ce_clean)
+  return sum(terms.values()), (fold_batch_stats(batch_stats, updates), metrics)
+
+
+def loss_terms(out: dict, noise: ml_collections.FrozenConfigDict) -> dict:
+  """{name: scalar} the base loss sums, from the passes' outputs ('ce', 'pf': per draw [M]; 'ce_clean'):
+  Eq. 3-4 as the authors' code runs them (docs/method.md, 'Base session'), mean_j L_j + gamma std_j(L_j),
+  L_j = CE_j + lambda PF_j (lambda 0 without noise.prototype_fixing), plus noise.clean_ce_weight CE_clean.
+  A weight of 0 leaves its term out of the program (a Python branch on the frozen view)."""
+  pf = (noise.pf_weight if noise.prototype_fixing else 0.0) * out['pf']
+  terms = {'ce': jnp.mean(out['ce']), 'pf': jnp.mean(pf)}
+  if noise.std_weight and out['ce'].shape[0] > 1:  # the authors' code; the paper has no such term
+    terms['std'] = noise.std_weight * objectives.unbiased_std(out['ce'] + pf)
+  if noise.clean_ce_weight:  # at 0 the clean pass needs no backward
+    terms['clean_ce'] = noise.clean_ce_weight * out['ce_clean']
+  return terms
+
+
+def minimised(terms: dict, noise: ml_collections.FrozenConfigDict) -> jax.Array:
+  """What the step minimises: the sum of `terms` less PF's where PF has no gradient (noise.pf_gradient
+  False): a constant to the step, which PF acts on only through the std term (F2M-V has none)."""
+  return sum(value for name, value in terms.items() if name != 'pf' or noise.pf_gradient)
 
 
 def map_draws(noisy_pass: Callable, eps: dict, draw_map: str) -> tuple:
-  """(ce [M], pf [M], [BN updates of each draw]) of `noisy_pass` over the M draws of `eps`
-  ({path: [M, ...]}): `jax.vmap` over the draw axis ('vmap'), or the M passes written out ('unroll')."""
+  """({name: [M]}, [M BN updates]) of `noisy_pass(eps_j) -> ({name: scalar}, BN update)` over the draws
+  of `eps`: `jax.vmap` over the draw axis ('vmap'), or the M passes written out ('unroll')."""
   num_draws = next(iter(eps.values())).shape[0]
   if draw_map == 'unroll':
-    per_draw = [noisy_pass({p: e[j] for p, e in eps.items()}) for j in range(num_draws)]
-    ce, pf = (jnp.stack(v) for v in list(zip(*per_draw))[:2])
-    return ce, pf, [u for _, _, u in per_draw]
-  ce, pf, stacked = jax.vmap(noisy_pass)(eps)
-  return ce, pf, [trees.index(stacked, j) for j in range(num_draws)]
+    outputs, updates = zip(*[noisy_pass({p: e[j] for p, e in eps.items()}) for j in range(num_draws)])
+    return trees.stack(outputs), list(updates)
+  outputs, stacked = jax.vmap(noisy_pass)(eps)
+  return outputs, [trees.index(stacked, j) for j in range(num_draws)]
 
 
 def all_finite(tree) -> jax.Array:

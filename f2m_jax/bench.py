@@ -86,11 +86,9 @@ def peak_bytes(compiled) -> int | None:
   temporaries - donated buffers (XLA:CPU's `peak_memory_in_bytes` leaves the temporaries out)."""
   try:
     m = compiled.memory_analysis()
-  except Exception:  # pylint: disable=broad-except
+    return int(m.temp_size_in_bytes + m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes)
+  except Exception:  # pylint: disable=broad-except  (not reported: an error, or None)
     return None
-  if m is None:
-    return None
-  return int(m.temp_size_in_bytes + m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes)
 
 
 @dataclasses.dataclass
@@ -211,26 +209,6 @@ def ncm_cases(exp: Experiment) -> list:
           Case('ncm_eval_suffix', None, len(images), evaluator.embedder(exp, first=exp.split), (variables, trunk))]
 
 
-def member_cases(config: ml_collections.ConfigDict, mesh) -> list:
-  """The F2M base program of S runs for every S of bench.member_sizes, timed in the same rounds (S = 1 is
-  the single run's program)."""
-  exp = bench_experiment(config, config.model.dtype)
-  sizes = sorted(set((1,) + tuple(config.bench.member_sizes)))
-  return [program_case(exp, exp.noise, f'members_{s}_{config.members.map}', s, s, mesh) for s in sizes]
-
-
-def format_members(records: Sequence[dict]) -> str:
-  """S runs' base steps in one program against S times one run's (the first record, S = 1)."""
-  single = records[0]
-  lines = [f"{'members':<20} {'S':>3} {'ms per step':>12} {'run-steps/s':>12} {'x S single steps':>17} {'compile s':>9}"]
-  for r in records:
-    s = r['M']
-    speedup = s * single['step_ms_median'] / r['step_ms_median']
-    lines.append(f"{r['variant']:<20} {s:>3} {r['step_ms_median']:>12.1f} {1e3 * s / r['step_ms_median']:>12.2f} "
-                 f"{speedup:>17.2f} {r['compile_s']:>9.1f}")
-  return '\n'.join(lines)
-
-
 def format_table(records: Sequence[dict]) -> str:
   """The bench table; 'x plain' is each base-step variant's median over the plain step's (same dtype)."""
   lines = [f"{'variant':<17} {'dtype':<9} {'M':>2} {'batch':>5} {'median ms':>10} {'min ms':>9} {'img/s':>9} "
@@ -255,8 +233,9 @@ def output_path(workdir: str) -> str:
 
 
 def run(config: ml_collections.ConfigDict, workdir: str, origin: Optional[dict] = None) -> list:
-  """Runs every variant for every dtype of config.bench.dtypes and the member table; writes the JSON and
-  returns the records. `origin` as `pipeline.run`'s, recorded in bench.json."""
+  """Runs every variant for every dtype of config.bench.dtypes; writes the JSON and returns the records.
+  `origin` as `pipeline.run`'s, recorded in bench.json. (S members against S single runs:
+  experiments/bench_members.py.)"""
   config = pipeline.resolve(config, (origin or {}).get('changes'), reads_data=False)
   workdir_lib.check_output_folder(workdir)
   mesh = sharding.data_mesh()
@@ -266,15 +245,9 @@ def run(config: ml_collections.ConfigDict, workdir: str, origin: Optional[dict] 
     new = bench_dtype(config, dtype, mesh)
     print(format_table(new), flush=True)
     records.extend(new)
-  member_records = []
-  if config.bench.member_sizes:
-    member_records = time_cases(member_cases(config, mesh), config.model.dtype, config.bench.warmup,
-                                config.bench.iters)
-    print(format_members(member_records), flush=True)
   os.makedirs(workdir, exist_ok=True)
   path = output_path(workdir)
   provenance = {**workdir_lib.provenance(config.to_dict()), **({'origin': origin} if origin else {})}
-  workdir_lib.atomic_write(path, json.dumps({'provenance': provenance, 'records': records, 'members': member_records},
-                                            indent=1))
+  workdir_lib.atomic_write(path, json.dumps({'provenance': provenance, 'records': records}, indent=1))
   print(f'bench records written to {path}', flush=True)
   return records

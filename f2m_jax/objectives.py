@@ -59,15 +59,6 @@ def _unbiased_std_bwd(residuals, g):
 unbiased_std.defvjp(_unbiased_std_fwd, _unbiased_std_bwd)
 
 
-def flat_minima_objective(per_draw: jax.Array, gamma: float) -> jax.Array:
-  """Eq. 3 as run: the mean over the M draws of `per_draw` (L_j), plus gamma times their unbiased std
-  (`unbiased_std`; the paper has no such term)."""
-  loss = jnp.mean(per_draw)
-  if gamma and per_draw.shape[0] > 1:
-    loss = loss + gamma * unbiased_std(per_draw)
-  return loss
-
-
 def pairwise_distance(x: jax.Array, prototypes: jax.Array, distance: str) -> jax.Array:
   """[N, D] x [C, D] -> [N, C] distances: 'squared_euclidean' (the original) or 'euclidean'."""
   sq = (jnp.sum(x * x, -1, keepdims=True) - 2.0 * x @ prototypes.T + jnp.sum(prototypes ** 2, -1)[None])

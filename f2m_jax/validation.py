@@ -68,7 +68,16 @@ def validate_noise(c: ml_collections.ConfigDict) -> None:
        f'allowed: {base_lib.BN_UPDATES}')
   need(c.noise.pf_weight >= 0 and c.noise.std_weight >= 0, 'noise.pf_weight/std_weight',
        (c.noise.pf_weight, c.noise.std_weight), 'must be >= 0')
-  need(c.noise.clean_ce_weight >= 0, 'noise.clean_ce_weight', c.noise.clean_ce_weight, 'must be >= 0')
+  need_term_weight(c, 'clean_ce_weight')
+
+
+def need_term_weight(c: ml_collections.ConfigDict, name: str) -> None:
+  """The weight noise.<name> of a term of the noisy passes' loss (`base.loss_terms`): >= 0, and 0 where
+  noise is off, whose loss is the clean pass's CE alone (the term would be silently left out)."""
+  value, field = c.noise[name], f'noise.{name}'
+  need(value >= 0, field, value, 'must be >= 0')
+  need(not value or c.noise.enabled, field, value, f'a term of the noisy passes, which method {c.method!r} '
+       'runs without (noise.enabled=False): must be 0, or set --config.noise.enabled=True')
 
 
 def validate_base(c: ml_collections.ConfigDict) -> None:

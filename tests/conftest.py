@@ -1,7 +1,10 @@
 """Shared test setup: repo root on sys.path (for `configs`), the real data folder, the smoke config."""
+import collections
 import dataclasses
 import gc
 import hashlib
+import json
+import math
 import os
 import pathlib
 import sys
@@ -35,22 +38,37 @@ if '--xla_backend_optimization_level' not in os.environ.get('XLA_FLAGS', ''):
 
 
 # pytest-xdist (pytest.ini: --dist loadfile --no-loadscope-reorder) hands the workers whole files in
-# collection order: the longest files go first, so that no worker is left alone with one at the end (the
-# order is by their times in the full suite on 2 cores, longest first; the other files follow in name
-# order). The second file does not build `reference`: the first one's worker builds it meanwhile, and the
-# other worker's build of it later finds its programs in the persistent cache.
-LONGEST_FIRST = ('test_members.py', 'test_objective_equivalence.py', 'test_faults.py', 'test_torch_fixtures.py',
-                 'test_multihost.py', 'test_base_program.py', 'test_interrupt.py', 'test_folder.py',
-                 'test_joint_crt.py', 'test_end_to_end.py', 'test_icarl.py', 'test_f2m_v.py', 'test_cli.py',
-                 'test_fsll.py', 'test_sharding.py', 'test_mini_cub.py', 'test_rebalance.py', 'test_noise.py',
-                 'test_checkpoint.py', 'test_change_the_loss.py', 'test_incremental.py', 'test_init.py',
-                 'test_fidelity.py', 'test_records.py', 'test_switches_and_flatness.py', 'test_configs.py',
-                 'test_objectives.py', 'test_adding_a_method.py')
+# collection order: the longest go first, so that no worker is left alone with a long one at the end. A
+# file's length is its time in the run that last wrote tests/durations.json (`--write-durations`: the
+# seconds of its tests' setup, call and teardown, on one worker); a file not in it goes first, in name
+# order, since its time is unknown (docs/development.md, "The test suite").
+DURATIONS = pathlib.Path(__file__).with_name('durations.json')
+_measured = collections.Counter()
+
+
+def pytest_addoption(parser):
+  parser.addoption('--write-durations', action='store_true',
+                   help="write each test file's time in this run into tests/durations.json, the files' order "
+                        'in later runs (after a full run; the entries of files that did not run are kept)')
 
 
 def pytest_collection_modifyitems(items):
-  rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-  items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: each file's own order is kept
+  seconds = json.loads(DURATIONS.read_text()) if DURATIONS.is_file() else {}
+  items.sort(key=lambda item: -seconds.get(item.path.name, math.inf))  # stable: each file's own order is kept
+
+
+def pytest_runtest_logreport(report):
+  _measured[pathlib.PurePath(report.nodeid.split('::')[0]).name] += report.duration
+
+
+def pytest_sessionfinish(session):
+  """With --write-durations, in the process that started the workers: this run's file times into
+  tests/durations.json, over the entries of the same files (those of deleted files dropped)."""
+  if session.config.getoption('--write-durations') and not hasattr(session.config, 'workerinput'):
+    old = json.loads(DURATIONS.read_text()) if DURATIONS.is_file() else {}
+    new = {**{name: t for name, t in old.items() if DURATIONS.with_name(name).is_file()},
+           **{name: round(t, 1) for name, t in _measured.items()}}
+    DURATIONS.write_text(json.dumps(dict(sorted(new.items())), indent=1) + '\n')
 
 
 # Where the system has jemalloc (.ci/run installs it), the pytest-xdist workers and every child process
@@ -93,6 +111,26 @@ def noise_view(**fields):
   noise = common.base_config().noise
   noise.update({'draw_map': 'unroll', **fields})
   return ml_collections.FrozenConfigDict(noise)
+
+
+def naive_cross_entropies(model, params, batch_stats, images, labels, eps) -> tuple:
+  """(CE of each draw [M], CE of the clean network) on one batch, computed naively: the whole network in
+  train mode (batch statistics) at params + eps_j for each draw of `eps` ({path: [M, ...]}), one draw at
+  a time, and at params; the CE as the mean of -log softmax at the label. Differentiable in `params`
+  (the gradient of 'noisy' backward weights). Under jax.enable_x64 with float64 arrays it is the
+  reference a loss term's test holds `base.base_loss` to (tests/test_change_the_loss.py)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from f2m_jax import base  # pylint: disable=g-import-not-at-top
+
+  def ce(p):
+    (_, logits), _ = model.apply({'params': p, 'batch_stats': batch_stats}, images, train=True,
+                                 mutable=['batch_stats'])
+    return -jnp.mean(jax.nn.log_softmax(logits)[jnp.arange(len(labels)), labels])
+
+  num_draws = next(iter(eps.values())).shape[0]
+  per_draw = [ce(base.perturb(params, {p: e[j] for p, e in eps.items()})) for j in range(num_draws)]
+  return jnp.stack(per_draw), ce(params)
 
 
 def xla_flags(*flags: str) -> str:

@@ -38,7 +38,7 @@ def trainsplit():
 
 @needs_npz
 def test_topic_lists_protocol(train_labels):
-  base, shots = cifar100.read_topic_lists(CIFAR_LISTS)
+  base, shots = cifar100.read_topic_lists(CIFAR_LISTS, len(train_labels))
   assert base.shape == (30000,) and len(np.unique(base)) == 30000
   assert np.array_equal(np.bincount(train_labels[base], minlength=100)[:60], np.full(60, 500))
   assert train_labels[base].max() < 60
@@ -78,117 +78,6 @@ def test_trainsplit_test_indices_skip_shots():
   labels = np.array([0, 1, 0, 1, 0, 1, 0, 1])
   got = cifar100.trainsplit_test_indices(labels, np.array([6]), per_class=2)
   assert got.tolist() == [2, 4, 5, 7]
-
-
-# ---------------------------------------------------------------- TFDS path
-
-def test_official_order_from_ids():
-  rng = np.random.default_rng(0)
-  perm = rng.permutation(20)
-  ids = [f'train_{k:05d}' for k in perm]
-  order = cifar100.official_order(ids)
-  assert [ids[i] for i in order] == [f'train_{k:05d}' for k in range(20)]
-  assert cifar100.official_order([b'test_00001', b'test_00000']).tolist() == [1, 0]
-  for bad in (['train_00000', 'train_00002'], ['train_00000', 'train_00000'], ['abc']):
-    with pytest.raises(DataError):
-      cifar100.official_order(bad)
-
-
-@pytest.fixture
-def tfds():
-  tfds = pytest.importorskip('tensorflow_datasets')
-  return tfds
-
-
-def _fix_mock_getitems(monkeypatch):
-  """tfds.testing.mock_data installs `__getitems__` on the mocked reader without binding `self`, so
-  batched reads fail under the mock only; read one by one there."""
-  from tensorflow_datasets.core.data_sources import array_record
-  monkeypatch.setattr(array_record.ArrayRecordDataSource, '__getitems__',
-                      lambda self, keys: [self[k] for k in keys])
-
-
-def test_tfds_mock_data_source(tfds, monkeypatch):
-  _fix_mock_getitems(monkeypatch)
-  with tfds.testing.mock_data(num_examples=7, policy=tfds.testing.MockPolicy.USE_CODE):
-    images, labels, ids = cifar100.read_records(cifar100.open_tfds_split('train', None),
-                                                batch_size=3)
-  assert images.shape == (7, 32, 32, 3) and images.dtype == np.uint8
-  assert labels.shape == (7,) and ((labels >= 0) & (labels < 100)).all() and len(ids) == 7
-
-
-class _ListSource:
-  """A random-access data source over a list of records."""
-
-  def __init__(self, records):
-    self.records = records
-
-  def __len__(self):
-    return len(self.records)
-
-  def __getitem__(self, i):
-    return self.records[i]
-
-  def __getitems__(self, keys):
-    return [self.records[k] for k in keys]
-
-
-def _fake_records(split, n, seed):
-  """Records stored shuffled; official image k has label k % 100 and pixel values encoding k."""
-  records = []
-  for k in np.random.default_rng(seed).permutation(n):
-    image = np.zeros((32, 32, 3), np.uint8)
-    image[..., 0], image[..., 1] = k % 256, k // 256
-    records.append({'id': f'{split}_{k:05d}', 'image': image, 'label': np.int64(k % 100),
-                    'coarse_label': np.int64(0)})
-  return records
-
-
-def _write_tiny_lists(folder, per_class):
-  """TOPIC-shaped lists for fake data where official image k has label k % 100."""
-  folder.mkdir(parents=True)
-  index = lambda c, j: c + 100 * j
-  base = [index(c, j) for c in range(60) for j in range(per_class)]
-  (folder / 'session_1.txt').write_text('\n'.join(map(str, base)) + '\n')
-  for t in range(2, 10):
-    shots = [index(c, j) for c in range(60 + 5 * (t - 2), 65 + 5 * (t - 2)) for j in range(5)]
-    (folder / f'session_{t}.txt').write_text('\n'.join(map(str, shots)) + '\n')
-
-
-def test_tfds_end_to_end_mock(tfds, tmp_path):
-  sizes = {'train': 600, 'test': 200}
-  fake = lambda self, split, **kwargs: _ListSource(_fake_records(split, sizes[split], len(split)))
-  _write_tiny_lists(tmp_path / 'lists', per_class=6)
-  with tfds.testing.mock_data(as_data_source_fn=fake):
-    b = cifar100.load_cifar100_tfds(None, tmp_path / 'lists')
-  k = np.arange(600)
-  assert np.array_equal(b.train.labels, k % 100)
-  assert np.array_equal(b.train.images[:, 0, 0, 0], k % 256)
-  assert np.array_equal(b.train.images[:, 0, 0, 1], k // 256)
-  assert np.array_equal(b.test.labels, np.arange(200) % 100)
-  assert len(b.base_train) == 360 and len(b.topic_shots) == 8
-  assert np.array_equal(b.shot_pool, np.flatnonzero(k % 100 >= 60))
-
-
-def test_tfds_wrong_lists_detected(tfds, tmp_path):
-  fake = lambda self, split, **kwargs: _ListSource(_fake_records(split, 600, 0))
-  _write_tiny_lists(tmp_path / 'lists', per_class=6)
-  (tmp_path / 'lists' / 'session_2.txt').write_text('\n'.join(['1'] * 25))  # class 1, not 60..64
-  with tfds.testing.mock_data(as_data_source_fn=fake):
-    with pytest.raises(DataError, match='TOPIC lists do not match'):
-      cifar100.load_cifar100_tfds(None, tmp_path / 'lists')
-
-
-def test_tfds_not_prepared_error(tfds, monkeypatch):
-  def fail(*args, **kwargs):
-    raise NotImplementedError('not prepared')
-  monkeypatch.setattr(tfds, 'data_source', fail)
-  with pytest.raises(DataError) as e:
-    cifar100.load_cifar100_tfds('/nowhere', CIFAR_LISTS)
-  msg = str(e.value)
-  for part in ('pip install tensorflow', 'tfds build cifar100', 'array_record', 'trainsplit',
-               'cifar100_train.npz', '/nowhere'):
-    assert part in msg
 
 
 # ---------------------------------------------------------------- index lists

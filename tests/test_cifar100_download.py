@@ -1,7 +1,7 @@
-"""CIFAR-100 without manual steps: where TFDS cifar100 is not prepared, the official archive is
-downloaded into the cache (resumable, size and sha256 checked, progress bar), converted once and
-reused. Offline here, so a small archive in the official binary format stands in, served from a
-file:// URL: the whole path, a truncated download resumed, a checksum mismatch, no network."""
+"""CIFAR-100 without manual steps (data.source 'tfds'): the official archive is downloaded into the
+cache once (resumable, size and sha256 checked, progress bar) and read from there. Offline here, so a
+small archive in the official binary format stands in, served from a file:// URL: the whole path, a
+truncated download resumed, a checksum mismatch, no network, index lists that do not fit the labels."""
 from __future__ import annotations
 
 import hashlib
@@ -29,10 +29,10 @@ def _records(n: int) -> bytes:
 
 
 def _archive(path: pathlib.Path) -> pathlib.Path:
+  names = '\n'.join(f'class_{c}' for c in range(100)).encode()
   with tarfile.open(path, 'w:gz', compresslevel=1) as tar:
-    for name, n in (('train', N_TRAIN), ('test', N_TEST)):
-      data = _records(n)
-      info = tarfile.TarInfo(f'cifar-100-binary/{name}.bin')
+    for name, data in (('train.bin', _records(N_TRAIN)), ('test.bin', _records(N_TEST)), ('fine_label_names.txt', names)):
+      info = tarfile.TarInfo(f'cifar-100-binary/{name}')
       info.size = len(data)
       tar.addfile(info, io.BytesIO(data))
   return path
@@ -50,19 +50,14 @@ def _lists(folder: pathlib.Path) -> pathlib.Path:
 
 @pytest.fixture
 def served(tmp_path, monkeypatch):
-  """The fake archive as ARCHIVE_URL (file://) with its size and sha256 pinned, and TFDS failing as
-  where cifar100 is not prepared. Returns (archive path, cache dir, lists dir)."""
+  """The fake archive as ARCHIVE_URL (file://) with its size and sha256 pinned. Returns (archive path,
+  cache dir, lists dir)."""
   (tmp_path / 'served').mkdir()
   archive = _archive(tmp_path / 'served' / 'cifar-100-binary.tar.gz')
   data = archive.read_bytes()
   monkeypatch.setattr(cifar100, 'ARCHIVE_URL', archive.as_uri())
   monkeypatch.setattr(cifar100, 'ARCHIVE_SIZE', len(data))
   monkeypatch.setattr(cifar100, 'ARCHIVE_SHA256', hashlib.sha256(data).hexdigest())
-
-  def not_prepared(split, data_dir):
-    raise DataError('Could not open TFDS cifar100 (not prepared)')
-  monkeypatch.setattr(cifar100, 'open_tfds_split', not_prepared)
-  monkeypatch.setenv('TFDS_DATA_DIR', str(tmp_path / 'tensorflow_datasets'))  # none prepared there
   return archive, tmp_path / 'cache', _lists(tmp_path / 'lists')
 
 
@@ -76,13 +71,12 @@ def _check(bench):
   assert len(bench.base_train) == 360 and len(bench.topic_shots) == 8
 
 
-def test_downloads_converts_once_and_reuses(served):
+def test_downloads_once_and_reuses(served):
   archive, cache, lists = served
-  _check(cifar100.load_cifar100_tfds(None, lists, cache))
-  assert (cache / 'cifar100' / cifar100.CONVERTED).is_file()
-  assert not list((cache / 'downloads').iterdir())  # the archive is gone once converted
-  archive.unlink()  # no second download: the converted arrays are reused
-  _check(cifar100.load_cifar100_tfds(None, lists, cache))
+  _check(cifar100.load_official(lists, cache))
+  assert [p.name for p in (cache / 'downloads').iterdir()] == ['cifar-100-binary.tar.gz']
+  archive.unlink()  # no second download: the archive in the cache is read
+  _check(cifar100.load_official(lists, cache))
 
 
 def test_truncated_download_is_kept_and_resumed(served, monkeypatch):
@@ -92,12 +86,12 @@ def test_truncated_download_is_kept_and_resumed(served, monkeypatch):
   short.write_bytes(full[:len(full) // 2])
   monkeypatch.setattr(cifar100, 'ARCHIVE_URL', short.as_uri())
   with pytest.raises(DataError, match=r'ended at [\d,]+ of [\d,]+ bytes \(truncated\)\. Rerun to resume') as e:
-    cifar100.load_cifar100_tfds(None, lists, cache)
-  assert 'tfds build cifar100' in str(e.value) and 'trainsplit' in str(e.value)
+    cifar100.load_official(lists, cache)
+  assert 'trainsplit' in str(e.value)
   part = cache / 'downloads' / 'cifar-100-binary.tar.gz.part'
   assert part.stat().st_size == len(full) // 2
   monkeypatch.setattr(cifar100, 'ARCHIVE_URL', archive.as_uri())  # the connection is back: resume
-  _check(cifar100.load_cifar100_tfds(None, lists, cache))
+  _check(cifar100.load_official(lists, cache))
   assert not part.exists()
 
 
@@ -107,38 +101,42 @@ def test_checksum_mismatch_deletes_and_says_what_to_do(served):
   data[len(data) // 2] ^= 0xFF
   archive.write_bytes(bytes(data))
   with pytest.raises(DataError, match='wrong checksum') as e:
-    cifar100.load_cifar100_tfds(None, lists, cache)
+    cifar100.load_official(lists, cache)
   assert 'Rerun to download it again' in str(e.value) and 'put it at' in str(e.value)
-  assert not (cache / 'downloads' / 'cifar-100-binary.tar.gz.part').exists()
-  assert not (cache / 'cifar100' / cifar100.CONVERTED).exists()
+  assert not list((cache / 'downloads').iterdir())
 
 
 def test_no_network_names_the_address_and_the_alternatives(served, monkeypatch, tmp_path):
   _, cache, lists = served
   monkeypatch.setattr(cifar100, 'ARCHIVE_URL', (tmp_path / 'nowhere.tar.gz').as_uri())
   with pytest.raises(DataError) as e:
-    cifar100.load_cifar100_tfds(None, lists, cache)
+    cifar100.load_official(lists, cache)
   msg = str(e.value)
-  for part in ('could not download CIFAR-100', 'nowhere.tar.gz', 'put it at', str(cache), 'trainsplit',
-               'tfds build cifar100'):
+  for part in ('could not download CIFAR-100', 'nowhere.tar.gz', 'put it at', str(cache), 'trainsplit'):
     assert part in msg, part
 
 
-def test_without_a_prepared_tfds_copy_tfds_is_not_opened(served, monkeypatch, tmp_path, capsys):
-  """TFDS's download-and-prepare needs TensorFlow: where no copy is prepared it is never started, and
-  the first line says what is missing, where it goes and where it comes from."""
+def test_the_first_line_says_what_is_missing_where_it_goes_and_where_it_comes_from(served, monkeypatch, tmp_path,
+                                                                                    capsys):
   _, cache, lists = served
-  monkeypatch.setenv('TFDS_DATA_DIR', str(tmp_path / 'tensorflow_datasets'))
-
-  def opened(split, data_dir):
-    raise AssertionError('TFDS was opened although no cifar100 is prepared')
-  monkeypatch.setattr(cifar100, 'open_tfds_split', opened)
   monkeypatch.setattr(cifar100, 'ARCHIVE_URL', (tmp_path / 'nowhere.tar.gz').as_uri())
   with pytest.raises(DataError, match='could not download CIFAR-100'):
-    cifar100.load_cifar100_tfds(None, lists, cache)
+    cifar100.load_official(lists, cache)
   first = capsys.readouterr().err.splitlines()[0]
   assert first.startswith(f'CIFAR-100: not in the cache folder ({cache}') and 'downloading the official archive' in first
-  assert str(tmp_path / 'tensorflow_datasets') in first
+  assert (tmp_path / 'nowhere.tar.gz').as_uri() in first
+
+
+def test_index_lists_that_do_not_fit_the_labels_are_named(served):
+  """The TOPIC lists are checked against the labels (a wrong image order would pass unnoticed otherwise)
+  and against the number of images."""
+  _, cache, lists = served
+  (lists / 'session_2.txt').write_text('\n'.join(['1'] * 25))  # class 1, not 60..64
+  with pytest.raises(DataError, match='TOPIC lists do not match'):
+    cifar100.load_official(lists, cache)
+  (lists / 'session_2.txt').write_text('\n'.join([str(N_TRAIN)] * 25))  # one past the last image
+  with pytest.raises(DataError, match=f'the index lists point outside the {N_TRAIN} training images'):
+    cifar100.load_official(lists, cache)
 
 
 def test_offline_the_first_message_names_the_archive_and_the_lists(tmp_path, monkeypatch):
@@ -148,7 +146,6 @@ def test_offline_the_first_message_names_the_archive_and_the_lists(tmp_path, mon
   from configs import cifar100 as cifar_cfg
   from f2m_jax.data import index_lists, sources
   monkeypatch.delenv('F2M_DATA_DIR', raising=False)
-  monkeypatch.setenv('TFDS_DATA_DIR', str(tmp_path / 'tensorflow_datasets'))
   monkeypatch.setattr(index_lists, 'BASE_URL', (tmp_path / 'offline').as_uri())  # every download fails
   config = cifar_cfg.get_config()
   config.data.cache_dir = str(tmp_path / 'cache')

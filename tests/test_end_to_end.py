@@ -190,7 +190,7 @@ def test_bench_keeps_the_command_lines_values_and_records_them(tmp_path, smoke_c
   other mode runs it (the Baseline's presets turned the noise off), and bench.json records the origin."""
   from f2m_jax import cli
   smoke_config.method, smoke_config.noise.enabled = 'baseline', True
-  smoke_config.bench.update(dtypes=(), member_sizes=())  # nothing timed: the config and the record only
+  smoke_config.bench.update(dtypes=())  # nothing timed: the config and the record only
   origin = {'config': 'configs/cifar100.py:smoke', 'changes': {'method': 'baseline', 'noise.enabled': True}}
   assert cli.main(smoke_config, str(tmp_path / 'b'), 'bench', origin=origin) == 0
   with open(tmp_path / 'b' / 'bench.json') as f:

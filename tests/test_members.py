@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import Interrupt, moved, rel_norm_diff, run_py, tiny_smoke, without_provenance
+from conftest import REPO, Interrupt, moved, rel_norm_diff, run_py, tiny_smoke, without_provenance
 from f2m_jax import base as base_lib
 from f2m_jax import cli
 from f2m_jax import evaluation
@@ -229,20 +229,21 @@ def test_a_field_sweep_gives_each_member_its_value():
   assert all(c.seed == 0 and not members.enabled(c) for c in configs)
 
 
-def test_bench_times_members_against_single_steps():
-  """bench.member_cases: the base program of S = 1 and of each member size, on arguments of S members
-  (traced, not compiled: bench.time_cases compiles and times a case, tests/test_cli.py's dry run); the
-  table gives each S's steps against S single steps (S x the single step's ms over its own)."""
-  from f2m_jax import bench  # pylint: disable=g-import-not-at-top
-  config = tiny()
-  config.bench.update(member_sizes=(2,))
-  cases = bench.member_cases(pipeline.resolve(config), sharding.data_mesh())
+def test_the_member_table_times_members_against_single_steps():
+  """experiments/bench_members.py: the base program of S = 1 and of each member size, on arguments of S
+  members (traced, not compiled: bench.time_cases compiles and times a case, tests/test_cli.py's dry run);
+  the table gives each S's steps against S single steps (S x the single step's ms over its own)."""
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  spec = importlib.util.spec_from_file_location('bench_members', REPO / 'experiments' / 'bench_members.py')
+  table_lib = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(table_lib)
+  cases = table_lib.member_cases(pipeline.resolve(tiny()), (2,), sharding.data_mesh())
   assert [(c.variant, c.m, c.batch) for c in cases] == [('members_1_unroll', 1, 80), ('members_2_unroll', 2, 160)]
   for c in cases:
     state, metrics = jax.eval_shape(c.fn, *c.args)
     assert state.step.shape == (c.m,) and metrics['loss'].shape == (c.steps, c.m), c.variant
   records = [dict(variant=c.variant, M=c.m, step_ms_median=ms, compile_s=1.5) for c, ms in zip(cases, (10.0, 16.0))]
-  table = bench.format_members(records).splitlines()
+  table = table_lib.format_members(records).splitlines()
   assert [line.split()[1:] for line in table[1:]] == [['1', '10.0', '100.00', '1.00', '1.5'],
                                                       ['2', '16.0', '125.00', '1.25', '1.5']]
 

@@ -1,10 +1,10 @@
-"""Paper equations on hand-made numbers: PF (Eq. 4), Eq. 3, metric loss (Eq. 5), NCM, PN, PD/AVG/CI."""
+"""Paper equations on hand-made numbers: PF (Eq. 4), Eq. 3 and the base loss's terms, metric loss (Eq. 5), NCM, PN, PD/AVG/CI."""
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from f2m_jax import evaluation, objectives
+from f2m_jax import base, evaluation, objectives
 
 
 def test_class_means_and_prototype_fixing():
@@ -50,12 +50,34 @@ def test_prototype_fixing_is_the_mean_over_the_batch_classes_float64():
     assert float(jnp.abs(grad).sum()) > 0
 
 
-def test_flat_minima_objective_std_term():
-  per_draw = jnp.array([1.0, 3.0])
-  assert float(objectives.flat_minima_objective(per_draw, 0.0)) == pytest.approx(2.0)
-  # unbiased std of {1, 3} is sqrt(2)
-  assert float(objectives.flat_minima_objective(per_draw, 2.0)) == pytest.approx(2.0 + 2 * np.sqrt(2))
-  assert float(objectives.flat_minima_objective(jnp.array([4.0]), 2.0)) == pytest.approx(4.0)
+def test_loss_terms_and_what_the_step_minimises_float64():
+  """Eq. 3 as run (base.loss_terms): mean_j L_j + gamma std_j(L_j), L_j = CE_j + lambda PF_j (std of
+  {1 + 1, 3 + 2} = 3 / sqrt(2)); with M = 1 no std term. What the step minimises (base.minimised) leaves out
+  PF's mean where PF has no gradient, and has the step's gradient: F2M-V's (no std term) is its mean
+  CE; with the authors' std term PF still acts, through the std."""
+  from conftest import noise_view
+  from configs import f2m_v
+  out = {'ce': jnp.array([1.0, 3.0]), 'pf': jnp.array([1.0, 2.0]), 'ce_clean': jnp.array(5.0)}
+  total = lambda terms: float(sum(terms.values()))
+  authors, variant = noise_view(), noise_view(**{f.split('.')[1]: v for f, v in f2m_v.CHOICES.items() if 'noise.' in f})
+  assert variant.std_weight == 0 and not variant.pf_gradient and variant.prototype_fixing
+  assert total(base.loss_terms(out, variant)) == pytest.approx(2.0 + 1.5)
+  assert total(base.loss_terms(out, authors)) == pytest.approx(3.5 + 3 * np.sqrt(2))
+  assert total(base.loss_terms(out, noise_view(clean_ce_weight=0.5))) == pytest.approx(3.5 + 3 * np.sqrt(2) + 2.5)
+  assert total(base.loss_terms({k: v[:1] for k, v in out.items() if k != 'ce_clean'}, authors)) == pytest.approx(2.0)
+  assert float(base.minimised(base.loss_terms(out, variant), variant)) == 2.0
+  assert float(base.minimised(base.loss_terms(out, authors), authors)) == pytest.approx(2.0 + 3 * np.sqrt(2))
+  with_gradient = noise_view(pf_gradient=True)
+  assert float(base.minimised(base.loss_terms(out, with_gradient), with_gradient)) == pytest.approx(
+      3.5 + 3 * np.sqrt(2))
+  with jax.enable_x64(True):
+    x = {k: jnp.asarray(v, jnp.float64) for k, v in out.items()}
+    for noise in (variant, authors):
+      def objective(ce, pick):
+        terms = base.loss_terms({**x, 'ce': ce, 'pf': jax.lax.stop_gradient(x['pf'])}, noise)
+        return pick(terms, noise)
+      grad = lambda pick: np.asarray(jax.grad(objective)(x['ce'], pick))
+      np.testing.assert_array_equal(grad(base.minimised), grad(lambda terms, _: sum(terms.values())))
 
 
 def test_std_term_gradient_at_equal_losses_is_pytorchs():
@@ -63,7 +85,7 @@ def test_std_term_gradient_at_equal_losses_is_pytorchs():
   g / (2 std) masked where std = 0), so Eq. 3's gradient is the mean's alone, not inf * 0 = NaN; elsewhere
   it is d std / dx = (x - mean) / ((n - 1) std)."""
   with jax.enable_x64(True):
-    grad = jax.jit(jax.grad(lambda x: objectives.flat_minima_objective(x, 2.0)))
+    grad = jax.jit(jax.grad(lambda x: jnp.mean(x) + 2.0 * objectives.unbiased_std(x)))
     for x in ([1.0, 1.0], [0.25, 0.25, 0.25]):
       x = jnp.asarray(x, jnp.float64)
       np.testing.assert_array_equal(np.asarray(grad(x)), np.full(len(x), 1.0 / len(x)))

@@ -1,14 +1,12 @@
-"""CIFAR-100 in the TOPIC protocol (docs/data.md): the official set (`load_cifar100_tfds`) or the
-trainsplit npz (`load_cifar100_trainsplit`), class ids the official fine labels; also the class splits."""
+"""CIFAR-100 in the TOPIC protocol (docs/data.md): the official train and test sets from the official
+archive (`load_official`, data.source 'tfds') or the official training set alone from the trainsplit npz
+(`load_cifar100_trainsplit`), class ids the official fine labels; also the class splits."""
 from __future__ import annotations
 
 import json
-import os
 import pathlib
-import re
 import sys
 import tarfile
-from typing import Optional, Sequence
 
 import numpy as np
 
@@ -25,12 +23,14 @@ NUM_BASE, WAY, SHOTS, NUM_SESSIONS = 60, 5, 5, 9
 SESSION_CLASSES = sessions_from_counts(NUM_BASE, WAY, NUM_SESSIONS)
 TEST_PER_CLASS = 100  # trainsplit: held-out images per class
 NPZ_NAME = 'cifar100_train.npz'
-# The official binary archive, pinned as TFDS pins it (tensorflow_datasets/url_checksums/cifar100.txt).
+# The official binary archive, pinned as TFDS pins it (tensorflow_datasets/url_checksums/cifar100.txt):
+# data.source 'tfds' is the same cifar100 as TFDS's, read from the archive TFDS downloads.
 ARCHIVE_URL = 'https://www.cs.toronto.edu/~kriz/cifar-100-binary.tar.gz'
 ARCHIVE_SIZE = 168513733
 ARCHIVE_SHA256 = '58a81ae192c23a4be8b1804d68e518ed807d710a4eb253b1f2a199162a40d8ec'
 ARCHIVE_NAME = 'cifar-100-binary.tar.gz'
-CONVERTED = 'cifar100_official.npz'
+TRAINSPLIT_ALTERNATIVE = (f'configs/cifar100.py:trainsplit on {NPZ_NAME} (python -m f2m_jax.data.make_trainsplit '
+                          'builds it from the archive)')
 TRAINSPLIT_HOW_TO_GET = (
     f'How to obtain it: {NPZ_NAME} is the official training set as arrays (docs/data.md); build it with '
     '`python -m f2m_jax.data.make_trainsplit --out <data folder>` (downloads the official archive, or '
@@ -39,20 +39,17 @@ TRAINSPLIT_HOW_TO_GET = (
 
 # ---------------------------------------------------------------- TOPIC lists
 
-def read_topic_lists(index_dir) -> tuple:
-  """(base_train, topic_shots): session_1.txt and the session_2..9.txt lists as int64 arrays."""
+def read_topic_lists(index_dir, num_images: int) -> tuple:
+  """(base_train, topic_shots): session_1.txt and the session_2..9.txt lists as int64 arrays, every index
+  one of the `num_images` training images."""
   lists = session_lists(index_dir, NUM_SESSIONS)
   try:
     arrays = [np.asarray([int(x) for x in lines], np.int64) for lines in lists]
   except ValueError as e:
     raise DataError(f'{index_dir}: CIFAR-100 index lists must hold one integer per line ({e})') from e
+  if any(a.size and (a.min() < 0 or a.max() >= num_images) for a in arrays):
+    raise DataError(f'{index_dir}: the index lists point outside the {num_images} training images')
   return arrays[0], tuple(arrays[1:])
-
-
-def _check_in_range(index_arrays, n: int):
-  for idx in index_arrays:
-    if idx.size and (idx.min() < 0 or idx.max() >= n):
-      raise DataError(f'index lists point outside the {n} training images')
 
 
 def _benchmark(name: str, train: Split, test: Split, base_train: np.ndarray, shot_pool: np.ndarray,
@@ -62,7 +59,6 @@ def _benchmark(name: str, train: Split, test: Split, base_train: np.ndarray, sho
       name=name, train=train, test=test, base_train=base_train, session_classes=SESSION_CLASSES,
       shot_pool=shot_pool, topic_shots=topic_shots, image_size=IMAGE_SIZE, mean=MEAN, std=STD,
       augment='crop_flip')
-  _check_in_range((base_train, shot_pool, *topic_shots), len(train))
   try:
     if np.any(train.labels[base_train] >= NUM_BASE):
       raise ValueError('session 1: base training images of novel classes')
@@ -73,80 +69,7 @@ def _benchmark(name: str, train: Split, test: Split, base_train: np.ndarray, sho
   return bench
 
 
-# ---------------------------------------------------------------- TFDS source
-
-def official_order(ids: Sequence) -> np.ndarray:
-  """The permutation that sorts records by the integer ending each id ('train_00012': 12, its position
-  in the official file); a DataError unless those are exactly 0..N-1."""
-  numbers = []
-  for record_id in ids:
-    record_id = record_id.decode() if isinstance(record_id, bytes) else str(record_id)
-    match = re.search(r'(\d+)$', record_id)
-    if match is None:
-      raise DataError(f'CIFAR-100 record id {record_id!r} does not end in an integer')
-    numbers.append(int(match.group(1)))
-  numbers = np.asarray(numbers, np.int64)
-  order = np.argsort(numbers, kind='stable')
-  if not np.array_equal(numbers[order], np.arange(len(numbers))):
-    raise DataError('CIFAR-100 record ids do not number the images 0..N-1 exactly once')
-  return order
-
-
-def tfds_folder(data_dir: Optional[str]) -> pathlib.Path:
-  """TFDS's data folder: `data_dir`, else $TFDS_DATA_DIR, else ~/tensorflow_datasets."""
-  return pathlib.Path(data_dir or os.environ.get('TFDS_DATA_DIR') or
-                      os.path.join(os.path.expanduser('~'), 'tensorflow_datasets'))
-
-
-def tfds_prepared(data_dir: Optional[str]) -> bool:
-  """Whether a prepared TFDS cifar100 (cifar100/<version>/dataset_info.json) is in TFDS's data folder."""
-  return any(tfds_folder(data_dir).glob('cifar100/*/dataset_info.json'))
-
-
-def _tfds_help(split: str, data_dir: Optional[str], error: Exception) -> str:
-  where = f' --data_dir={data_dir}' if data_dir else ''
-  return (
-      f'Could not open TFDS cifar100 (split {split!r}, data_dir {data_dir or "default"}): '
-      f'{type(error).__name__}: {error}\n'
-      'Prepare it once in array_record format; this needs TensorFlow and internet:\n'
-      '  pip install tensorflow\n'
-      f'  tfds build cifar100 --file_format=array_record{where}\n'
-      f'Alternative without the official test set: the trainsplit protocol on {NPZ_NAME} '
-      f'(config variant ":trainsplit", file in ${DATA_DIR_ENV}).')
-
-
-def open_tfds_split(split: str, data_dir: Optional[str]):
-  """`tfds.data_source('cifar100', split=...)` of a prepared copy (random access, no TensorFlow; never
-  downloading)."""
-  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top (optional, slow import)
-  try:
-    return tfds.data_source('cifar100', split=split, data_dir=data_dir, download=False)
-  except Exception as e:  # tfds raises many types here (ImportError, NotImplementedError, ...)
-    raise DataError(_tfds_help(split, data_dir, e)) from e
-
-
-def read_records(source, desc: str = '', batch_size: int = 1000) -> tuple:
-  """(images uint8 [N, 32, 32, 3], labels int32 [N], ids [N]) in the source's storage order."""
-  from tqdm.auto import tqdm  # pylint: disable=g-import-not-at-top
-  n = len(source)
-  images, labels, ids = [], [], []
-  with tqdm(total=n, desc=desc, unit='img', disable=None, leave=False) as bar:
-    for start in range(0, n, batch_size):
-      records = source.__getitems__(list(range(start, min(n, start + batch_size))))
-      images.extend(r['image'] for r in records)
-      labels.extend(int(r['label']) for r in records)
-      ids.extend(r['id'] for r in records)
-      bar.update(len(records))
-  images = np.stack(images).astype(np.uint8) if images else np.zeros((0, 32, 32, 3), np.uint8)
-  return images, np.asarray(labels, np.int32), ids
-
-
-def tfds_split(split: str, data_dir: Optional[str]) -> Split:
-  """One TFDS split, reordered into the official file order by record id."""
-  images, labels, ids = read_records(open_tfds_split(split, data_dir), desc=f'cifar100 {split}')
-  order = official_order(ids)
-  return Split(images[order], labels[order])
-
+# ---------------------------------------------------------------- the official archive
 
 def parse_binary(data: bytes) -> Split:
   """Records of the official binary format (coarse label, fine label, 3 x 32 x 32 planes) -> Split."""
@@ -158,21 +81,42 @@ def parse_binary(data: bytes) -> Split:
   return Split(np.ascontiguousarray(images), rows[:, 1].astype(np.int32))
 
 
-def images_at_hand(tfds_data_dir: Optional[str], cache_dir) -> bool:
-  """Whether the 'tfds' source finds the images without a download: a prepared TFDS cifar100, the
-  converted arrays or the official archive in the cache folder."""
-  cache = pathlib.Path(cache_dir)
-  return (tfds_prepared(tfds_data_dir) or (cache / 'cifar100' / CONVERTED).is_file()
-          or (cache / 'downloads' / ARCHIVE_NAME).is_file())
+ARCHIVE_FILES = ('train.bin', 'test.bin', 'fine_label_names.txt')
+
+
+def read_archive(archive) -> dict:
+  """{'x_train', 'y_train', 'x_test', 'y_test', 'label_names'} of the official binary archive (images in
+  file order, fine labels as int16), read in one pass: the one reader of both sources' arrays."""
+  try:
+    with tarfile.open(archive, 'r:*') as tar:
+      files = {m.name.split('/')[-1]: tar.extractfile(m).read() for m in tar
+               if m.name.split('/')[-1] in ARCHIVE_FILES and m.isfile()}
+  except (tarfile.TarError, OSError) as e:
+    raise DataError(f'could not read {archive} as a .tar.gz archive: {e}') from e
+  missing = [n for n in ARCHIVE_FILES if n not in files]
+  if missing:
+    raise DataError(f'{archive} is not the CIFAR-100 binary archive: it lacks {", ".join(missing)} '
+                    '(expected cifar-100-binary/train.bin, test.bin and fine_label_names.txt)')
+  arrays = {'label_names': np.asarray(files['fine_label_names.txt'].decode().split())}
+  for split in ('train', 'test'):
+    parsed = parse_binary(files[f'{split}.bin'])
+    arrays[f'x_{split}'], arrays[f'y_{split}'] = parsed.images, parsed.labels.astype(np.int16)
+  if len(arrays['label_names']) != 100 or arrays['y_train'].max(initial=0) >= 100:
+    raise DataError(f'{archive}: expected 100 fine label names and labels 0..99, found '
+                    f'{len(arrays["label_names"])} names')
+  return arrays
+
+
+def images_at_hand(cache_dir) -> bool:
+  """Whether the 'tfds' source finds the images without a download: the official archive in the cache."""
+  return (pathlib.Path(cache_dir) / 'downloads' / ARCHIVE_NAME).is_file()
 
 
 def archive_help(cache_dir) -> str:
   """Where the 'tfds' source's images come from, and what to do offline."""
   return (f'The official archive {ARCHIVE_NAME} ({ARCHIVE_SIZE / 1e6:.0f} MB, {ARCHIVE_URL}, sha256 {ARCHIVE_SHA256}), '
           f'downloaded into {pathlib.Path(cache_dir) / "downloads"}/ when online; offline, put it there yourself, '
-          'or prepare a TFDS cifar100 with TensorFlow (pip install tensorflow; tfds build cifar100 '
-          f'--file_format=array_record), or use configs/cifar100.py:trainsplit on {NPZ_NAME} (python -m '
-          'f2m_jax.data.make_trainsplit builds it from the archive).')
+          f'or use {TRAINSPLIT_ALTERNATIVE}.')
 
 
 def fetch_archive(cache_dir, help_text: str = '') -> pathlib.Path:
@@ -182,59 +126,17 @@ def fetch_archive(cache_dir, help_text: str = '') -> pathlib.Path:
                         ARCHIVE_SIZE, f'CIFAR-100 ({ARCHIVE_SIZE / 1e6:.0f} MB)', help_text)
 
 
-def official_arrays(cache_dir) -> tuple:
-  """(train, test) Splits in the official order, from `<cache>/cifar100/cifar100_official.npz`, made once
-  from the official archive (`fetch_archive`, deleted after a successful conversion)."""
-  folder = pathlib.Path(cache_dir) / 'cifar100'
-  converted = folder / CONVERTED
-  if not converted.is_file():
-    archive = fetch_archive(
-        cache_dir, f'Alternatives: a TFDS cifar100 prepared with TensorFlow (pip install tensorflow; tfds build '
-        f'cifar100 --file_format=array_record), or the trainsplit protocol on {NPZ_NAME} '
-        f'(configs/cifar100.py:trainsplit; python -m f2m_jax.data.make_trainsplit builds it).')
-    arrays = {}
-    with tarfile.open(archive, 'r:*') as tar:
-      for split in ('train', 'test'):
-        member = tar.extractfile(f'cifar-100-binary/{split}.bin')
-        if member is None:
-          raise DataError(f'{archive} lacks cifar-100-binary/{split}.bin')
-        parsed = parse_binary(member.read())
-        arrays[f'x_{split}'], arrays[f'y_{split}'] = parsed.images, parsed.labels.astype(np.int16)
-    folder.mkdir(parents=True, exist_ok=True)
-    with download.written_atomically(converted, '.npz') as tmp:
-      np.savez(tmp, **arrays)
-    os.remove(archive)
-    print(f'converted CIFAR-100 once into {converted}', file=sys.stderr, flush=True)
-  with np.load(converted) as f:
-    return (Split(f['x_train'], f['y_train'].astype(np.int32)), Split(f['x_test'], f['y_test'].astype(np.int32)))
-
-
-def load_cifar100_tfds(tfds_data_dir: Optional[str], index_dir, cache_dir=None) -> Benchmark:
+def load_official(index_dir, cache_dir) -> Benchmark:
   """The official protocol (official train order and test set, session_*.txt's base images and shots),
-  from a prepared TFDS cifar100, else (with a cache folder) from the official archive."""
-  tfds_error = None
-  if cache_dir is None or tfds_prepared(tfds_data_dir):
-    try:
-      train = tfds_split('train', tfds_data_dir)
-      test = tfds_split('test', tfds_data_dir)
-    except DataError as e:
-      if cache_dir is None:
-        raise
-      tfds_error = e
-  if cache_dir is not None and (tfds_error is not None or not tfds_prepared(tfds_data_dir)):
-    converted = pathlib.Path(cache_dir) / 'cifar100' / CONVERTED
-    if not converted.is_file():
-      print(f'CIFAR-100: not in the cache folder ({converted}) and no TFDS cifar100 prepared in '
-            f'{tfds_folder(tfds_data_dir)}; downloading the official archive once ({ARCHIVE_SIZE / 1e6:.0f} MB, '
-            f'{ARCHIVE_URL}) into {pathlib.Path(cache_dir) / "downloads"}', file=sys.stderr, flush=True)
-    try:
-      train, test = official_arrays(cache_dir)
-    except DataError as e:
-      raise DataError(f'{e}' + (f'\n\nA prepared TFDS cifar100 was found but could not be read: {tfds_error}'
-                                if tfds_error is not None else '')) from e
-  base_train, topic_shots = read_topic_lists(index_dir)
-  shot_pool = np.flatnonzero(train.labels >= NUM_BASE)
-  return _benchmark('cifar100', train, test, base_train, shot_pool, topic_shots)
+  from the official archive in `<cache>/downloads/`, downloaded there once (`fetch_archive`)."""
+  archive = pathlib.Path(cache_dir) / 'downloads' / ARCHIVE_NAME
+  if not archive.is_file():
+    print(f'CIFAR-100: not in the cache folder ({archive}); downloading the official archive once '
+          f'({ARCHIVE_SIZE / 1e6:.0f} MB, {ARCHIVE_URL})', file=sys.stderr, flush=True)
+  arrays = read_archive(fetch_archive(cache_dir, f'Alternative: {TRAINSPLIT_ALTERNATIVE}.'))
+  train, test = (Split(arrays[f'x_{s}'], arrays[f'y_{s}'].astype(np.int32)) for s in ('train', 'test'))
+  base_train, topic_shots = read_topic_lists(index_dir, len(train))
+  return _benchmark('cifar100', train, test, base_train, np.flatnonzero(train.labels >= NUM_BASE), topic_shots)
 
 
 # ---------------------------------------------------------------- trainsplit source
@@ -255,23 +157,19 @@ def trainsplit_test_indices(labels: np.ndarray, shots: np.ndarray,
                             per_class: int = TEST_PER_CLASS) -> np.ndarray:
   """For every class c (ascending): the last `per_class` of the sorted indices of c that are not in
   `shots`. Concatenated class by class."""
-  is_shot = np.zeros(labels.shape[0], bool)
-  is_shot[shots] = True
-  picked = []
-  for c in np.unique(labels):
-    candidates = np.flatnonzero((labels == c) & ~is_shot)
-    if candidates.size < per_class:
-      raise DataError(f'class {c}: only {candidates.size} non-shot images, need {per_class}')
-    picked.append(candidates[-per_class:])
-  return np.concatenate(picked)
+  free = np.setdiff1d(np.arange(len(labels)), shots)
+  picked = {c: free[labels[free] == c][-per_class:] for c in np.unique(labels)}
+  for c, p in picked.items():
+    if len(p) < per_class:
+      raise DataError(f'class {c}: only {len(p)} non-shot images, need {per_class}')
+  return np.concatenate(list(picked.values()))
 
 
 def load_cifar100_trainsplit(npz_path, index_dir) -> Benchmark:
   """The `trainsplit` protocol: test = the last 100 non-shot training images of each class, base_train =
   session_1.txt minus those, shot_pool = the other novel-class training images (docs/data.md)."""
   train = load_train_npz(npz_path)
-  base_list, topic_shots = read_topic_lists(index_dir)
-  _check_in_range((base_list, *topic_shots), len(train))
+  base_list, topic_shots = read_topic_lists(index_dir, len(train))
   test_idx = trainsplit_test_indices(train.labels, np.concatenate(topic_shots))
   is_test = np.zeros(len(train), bool)
   is_test[test_idx] = True

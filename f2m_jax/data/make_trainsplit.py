@@ -11,7 +11,6 @@ import argparse
 import hashlib
 import pathlib
 import sys
-import tarfile
 from typing import Optional, Sequence
 
 import numpy as np
@@ -31,25 +30,6 @@ def content_sha256(arrays: dict) -> dict:
           'y_train': hashlib.sha256(np.asarray(arrays['y_train'], '<i2').tobytes()).hexdigest()}
 
 
-def read_archive(archive) -> dict:
-  """{'x_train', 'y_train', 'label_names'} from the official binary archive's train.bin and
-  fine_label_names.txt."""
-  try:
-    with tarfile.open(archive, 'r:*') as tar:
-      members = {m.name.split('/')[-1]: m for m in tar.getmembers()}
-      missing = [n for n in ('train.bin', 'fine_label_names.txt') if n not in members]
-      if missing:
-        raise DataError(f'{archive} is not the CIFAR-100 binary archive: it lacks {", ".join(missing)} '
-                        '(expected cifar-100-binary/train.bin and fine_label_names.txt)')
-      train = cifar100.parse_binary(tar.extractfile(members['train.bin']).read())
-      names = tar.extractfile(members['fine_label_names.txt']).read().decode().split()
-  except (tarfile.TarError, OSError) as e:
-    raise DataError(f'could not read {archive} as a .tar.gz archive: {e}') from e
-  if len(names) != 100 or train.labels.max(initial=0) >= 100:
-    raise DataError(f'{archive}: expected 100 fine label names and labels 0..99, found {len(names)} names')
-  return {'x_train': train.images, 'y_train': train.labels.astype(np.int16), 'label_names': np.asarray(names)}
-
-
 def build(archive, out_dir, verify: bool = True) -> dict:
   """Writes <out_dir>/cifar100_train.npz from `archive` (checked against the pinned size and sha256
   where `verify`); returns {'path', 'sha256', 'content', 'as_measured'}. Refuses an existing file."""
@@ -65,7 +45,8 @@ def build(archive, out_dir, verify: bool = True) -> dict:
       raise DataError(f'{archive} is not the official archive ({size:,} bytes, sha256 {digest}; expected '
                       f'{cifar100.ARCHIVE_SIZE:,} bytes, sha256 {cifar100.ARCHIVE_SHA256}); download it again '
                       f'from {cifar100.ARCHIVE_URL}, or pass --no-verify to build from it anyway')
-  arrays = read_archive(archive)
+  arrays = cifar100.read_archive(archive)
+  arrays = {k: arrays[k] for k in ('x_train', 'y_train', 'label_names')}
   out.parent.mkdir(parents=True, exist_ok=True)
   with download.written_atomically(out, '.npz') as tmp:
     np.savez(tmp, source=np.asarray(f'{cifar100.ARCHIVE_URL} (train.bin, file order)'), **arrays)
