@@ -72,6 +72,7 @@ def base_config() -> ml_collections.ConfigDict:
   # only) or 'incremental50' (plain class-incremental: configs/cifar100_incremental.py)
   c.data.split = ''
   c.data.data_dir = ''  # empty: $F2M_DATA_DIR
+  c.data.tfds_data_dir = ''  # a prepared TFDS cifar100's folder; empty: $TFDS_DATA_DIR or ~/tensorflow_datasets
   c.data.cache_dir = ''  # empty: $F2M_CACHE_DIR or ~/.cache/f2m_jax
   # data.source='synthetic': generated images; `seed` is the data's own (a run's seed changes its
   # training, not its data, as with real data: runs of several seeds see the same images)

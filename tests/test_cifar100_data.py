@@ -80,6 +80,80 @@ def test_trainsplit_test_indices_skip_shots():
   assert got.tolist() == [2, 4, 5, 7]
 
 
+# ---------------------------------------------------------------- a prepared TFDS cifar100
+
+class _ListSource(list):
+  """A random-access data source over a list of records, as tfds.data_source returns."""
+
+  def __getitems__(self, keys):
+    return [self[k] for k in keys]
+
+
+def _fake_records(split, n, seed):
+  """Records stored shuffled; official image k has label k % 100 and pixel values encoding k."""
+  records = []
+  for k in np.random.default_rng(seed).permutation(n):
+    image = np.zeros((32, 32, 3), np.uint8)
+    image[..., 0], image[..., 1] = k % 256, k // 256
+    records.append({'id': f'{split}_{k:05d}'.encode(), 'image': image, 'label': np.int64(k % 100)})
+  return records
+
+
+def _write_tiny_lists(folder, per_class):
+  """TOPIC-shaped lists for fake data where official image k has label k % 100."""
+  folder.mkdir(parents=True)
+  base = [c + 100 * j for c in range(60) for j in range(per_class)]
+  (folder / 'session_1.txt').write_text('\n'.join(map(str, base)) + '\n')
+  for t in range(2, 10):
+    shots = [c + 100 * j for c in range(60 + 5 * (t - 2), 65 + 5 * (t - 2)) for j in range(5)]
+    (folder / f'session_{t}.txt').write_text('\n'.join(map(str, shots)) + '\n')
+
+
+@pytest.fixture
+def prepared(tmp_path):
+  """A TFDS data folder that holds a prepared cifar100 (its dataset_info.json), and TOPIC lists."""
+  (tmp_path / 'tfds' / 'cifar100' / '3.0.2').mkdir(parents=True)
+  (tmp_path / 'tfds' / 'cifar100' / '3.0.2' / 'dataset_info.json').write_text('{}')
+  _write_tiny_lists(tmp_path / 'lists', per_class=6)
+  return tmp_path
+
+
+def test_a_prepared_tfds_cifar100_is_read_in_the_official_order_without_a_download(prepared):
+  tfds = pytest.importorskip('tensorflow_datasets')
+  sizes = {'train': 600, 'test': 200}
+  fake = lambda self, split, **kwargs: _ListSource(_fake_records(split, sizes[split], len(split)))
+  assert cifar100.images_at_hand(prepared / 'no_cache', str(prepared / 'tfds'))
+  with tfds.testing.mock_data(as_data_source_fn=fake):  # the cache folder holds no archive: no download
+    b = cifar100.load_official(prepared / 'lists', prepared / 'no_cache', str(prepared / 'tfds'))
+  k = np.arange(600)
+  assert np.array_equal(b.train.labels, k % 100)
+  assert np.array_equal(b.train.images[:, 0, 0, 0], k % 256) and np.array_equal(b.train.images[:, 0, 0, 1], k // 256)
+  assert np.array_equal(b.test.labels, np.arange(200) % 100)
+  assert len(b.base_train) == 360 and len(b.topic_shots) == 8
+  assert not (prepared / 'no_cache').exists()
+
+
+def test_a_tfds_copy_whose_ids_do_not_number_the_images_is_refused(prepared):
+  tfds = pytest.importorskip('tensorflow_datasets')
+  records = _fake_records('train', 600, 0)
+  records[0] = {**records[0], 'id': records[1]['id']}  # one id twice, another missing
+  fake = lambda self, split, **kwargs: _ListSource(records)
+  with tfds.testing.mock_data(as_data_source_fn=fake):
+    with pytest.raises(DataError, match='do not number its images 0..N-1 exactly once'):
+      cifar100.load_official(prepared / 'lists', prepared / 'no_cache', str(prepared / 'tfds'))
+
+
+def test_an_unreadable_tfds_copy_says_what_to_do(prepared, monkeypatch):
+  tfds = pytest.importorskip('tensorflow_datasets')
+  def fail(*args, **kwargs):
+    raise NotImplementedError('not prepared')
+  monkeypatch.setattr(tfds, 'data_source', fail)
+  with pytest.raises(DataError) as e:
+    cifar100.load_official(prepared / 'lists', prepared / 'no_cache', str(prepared / 'tfds'))
+  for part in (str(prepared / 'tfds'), 'tfds build cifar100 --file_format=array_record', 'move it away'):
+    assert part in str(e.value)
+
+
 # ---------------------------------------------------------------- index lists
 
 @needs_lists

@@ -58,6 +58,7 @@ def served(tmp_path, monkeypatch):
   monkeypatch.setattr(cifar100, 'ARCHIVE_URL', archive.as_uri())
   monkeypatch.setattr(cifar100, 'ARCHIVE_SIZE', len(data))
   monkeypatch.setattr(cifar100, 'ARCHIVE_SHA256', hashlib.sha256(data).hexdigest())
+  monkeypatch.setenv('TFDS_DATA_DIR', str(tmp_path / 'tfds'))  # no prepared TFDS cifar100: the archive is read
   return archive, tmp_path / 'cache', _lists(tmp_path / 'lists')
 
 
@@ -123,7 +124,8 @@ def test_the_first_line_says_what_is_missing_where_it_goes_and_where_it_comes_fr
   with pytest.raises(DataError, match='could not download CIFAR-100'):
     cifar100.load_official(lists, cache)
   first = capsys.readouterr().err.splitlines()[0]
-  assert first.startswith(f'CIFAR-100: not in the cache folder ({cache}') and 'downloading the official archive' in first
+  assert first.startswith(f'CIFAR-100: no TFDS cifar100 prepared in {tmp_path / "tfds"}, nor the official archive in '
+                          f'the cache ({cache}') and 'downloading the archive once' in first
   assert (tmp_path / 'nowhere.tar.gz').as_uri() in first
 
 

@@ -1,10 +1,13 @@
-"""CIFAR-100 in the TOPIC protocol (docs/data.md): the official train and test sets from the official
-archive (`load_official`, data.source 'tfds') or the official training set alone from the trainsplit npz
-(`load_cifar100_trainsplit`), class ids the official fine labels; also the class splits."""
+"""CIFAR-100 in the TOPIC protocol (docs/data.md): the official train and test sets (`load_official`,
+data.source 'tfds': a TFDS cifar100 prepared in TFDS's data folder, else the official archive TFDS itself
+downloads) or the official training set alone from the trainsplit npz (`load_cifar100_trainsplit`), class
+ids the official fine labels; also the class splits."""
 from __future__ import annotations
 
 import json
+import os
 import pathlib
+import re
 import sys
 import tarfile
 
@@ -107,9 +110,41 @@ def read_archive(archive) -> dict:
   return arrays
 
 
-def images_at_hand(cache_dir) -> bool:
-  """Whether the 'tfds' source finds the images without a download: the official archive in the cache."""
-  return (pathlib.Path(cache_dir) / 'downloads' / ARCHIVE_NAME).is_file()
+def images_at_hand(cache_dir, tfds_data_dir: str = '') -> bool:
+  """Whether the 'tfds' source finds the images without a download: a prepared TFDS cifar100, or the
+  official archive in the cache."""
+  return tfds_prepared(tfds_data_dir) or (pathlib.Path(cache_dir) / 'downloads' / ARCHIVE_NAME).is_file()
+
+
+def tfds_folder(data_dir: str = '') -> pathlib.Path:
+  """TFDS's data folder: `data_dir` (data.tfds_data_dir), else $TFDS_DATA_DIR, else ~/tensorflow_datasets."""
+  return pathlib.Path(data_dir or os.environ.get('TFDS_DATA_DIR') or '~/tensorflow_datasets').expanduser()
+
+
+def tfds_prepared(data_dir: str = '') -> bool:
+  """Whether a TFDS cifar100 is prepared there (cifar100/<version>/dataset_info.json)."""
+  return any(tfds_folder(data_dir).glob('cifar100/*/dataset_info.json'))
+
+
+def tfds_split(split: str, data_dir: str = '', batch: int = 1000) -> Split:
+  """One split of the prepared TFDS cifar100, read with `tfds.data_source` (random access: no TensorFlow,
+  never a download) and put back into the official file order by its record ids ('train_00012': 12)."""
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top (a slow import, only here)
+  try:
+    source = tfds.data_source('cifar100', split=split, data_dir=str(tfds_folder(data_dir)), download=False)
+    records = [r for i in range(0, len(source), batch)
+               for r in source.__getitems__(list(range(i, min(len(source), i + batch))))]
+  except Exception as e:  # tfds raises many types for a copy it cannot read
+    raise DataError(f'the TFDS cifar100 prepared in {tfds_folder(data_dir)} cannot be read ({type(e).__name__}: '
+                    f'{e}); prepare it again (pip install tensorflow; tfds build cifar100 --file_format=array_record) '
+                    'or move it away to use the official archive') from e
+  ids = [r['id'].decode() if isinstance(r['id'], bytes) else str(r['id']) for r in records]
+  numbers = np.asarray([int(m[1]) if (m := re.search(r'(\d+)$', i)) else -1 for i in ids])
+  order = np.argsort(numbers, kind='stable')
+  if not np.array_equal(numbers[order], np.arange(len(numbers))):
+    raise DataError(f'the record ids of TFDS cifar100 {split} do not number its images 0..N-1 exactly once')
+  images = np.stack([r['image'] for r in records]).astype(np.uint8)
+  return Split(images[order], np.asarray([int(r['label']) for r in records], np.int32)[order])
 
 
 def archive_help(cache_dir) -> str:
@@ -126,15 +161,20 @@ def fetch_archive(cache_dir, help_text: str = '') -> pathlib.Path:
                         ARCHIVE_SIZE, f'CIFAR-100 ({ARCHIVE_SIZE / 1e6:.0f} MB)', help_text)
 
 
-def load_official(index_dir, cache_dir) -> Benchmark:
+def load_official(index_dir, cache_dir, tfds_data_dir: str = '') -> Benchmark:
   """The official protocol (official train order and test set, session_*.txt's base images and shots),
-  from the official archive in `<cache>/downloads/`, downloaded there once (`fetch_archive`)."""
-  archive = pathlib.Path(cache_dir) / 'downloads' / ARCHIVE_NAME
-  if not archive.is_file():
-    print(f'CIFAR-100: not in the cache folder ({archive}); downloading the official archive once '
-          f'({ARCHIVE_SIZE / 1e6:.0f} MB, {ARCHIVE_URL})', file=sys.stderr, flush=True)
-  arrays = read_archive(fetch_archive(cache_dir, f'Alternative: {TRAINSPLIT_ALTERNATIVE}.'))
-  train, test = (Split(arrays[f'x_{s}'], arrays[f'y_{s}'].astype(np.int32)) for s in ('train', 'test'))
+  from a prepared TFDS cifar100 (`tfds_split`), else from the official archive in `<cache>/downloads/`,
+  downloaded there once (`fetch_archive`)."""
+  if tfds_prepared(tfds_data_dir):
+    train, test = tfds_split('train', tfds_data_dir), tfds_split('test', tfds_data_dir)
+  else:
+    archive = pathlib.Path(cache_dir) / 'downloads' / ARCHIVE_NAME
+    if not archive.is_file():
+      print(f'CIFAR-100: no TFDS cifar100 prepared in {tfds_folder(tfds_data_dir)}, nor the official archive in the '
+            f'cache ({archive}); downloading the archive once ({ARCHIVE_SIZE / 1e6:.0f} MB, {ARCHIVE_URL})',
+            file=sys.stderr, flush=True)
+    arrays = read_archive(fetch_archive(cache_dir, f'Alternative: {TRAINSPLIT_ALTERNATIVE}.'))
+    train, test = (Split(arrays[f'x_{s}'], arrays[f'y_{s}'].astype(np.int32)) for s in ('train', 'test'))
   base_train, topic_shots = read_topic_lists(index_dir, len(train))
   return _benchmark('cifar100', train, test, base_train, np.flatnonzero(train.labels >= NUM_BASE), topic_shots)
 

@@ -69,7 +69,7 @@ def _load(config) -> Benchmark:
 
 
 def _load_cifar100(config) -> Benchmark:
-  """CIFAR-100 from the official archive ('tfds') or from cifar100_train.npz ('trainsplit'): the
+  """CIFAR-100 from TFDS or the official archive ('tfds') or from cifar100_train.npz ('trainsplit'): the
   images' files are named before the index lists are looked for, or with them where both are missing."""
   cache = cache_dir(config)
   if config.data.source == 'trainsplit':
@@ -84,11 +84,11 @@ def _load_cifar100(config) -> Benchmark:
   try:
     index_dir = index_lists.index_list_dir('cifar100', data_dir(config) or None, cache)
   except DataError as e:
-    if cifar100.images_at_hand(cache):
+    if cifar100.images_at_hand(cache, config.data.tfds_data_dir):
       raise
     raise DataError(f'CIFAR-100 needs two things this machine has not got:\n1. {cifar100.archive_help(cache)}\n'
                     f'2. {e}') from e
-  return cifar100.load_official(index_dir, cache)
+  return cifar100.load_official(index_dir, cache, config.data.tfds_data_dir)
 
 
 def _load_folder(config) -> Benchmark:
