@@ -24,8 +24,10 @@ def make_embed(model: ResNet, mean, std, batch_size: int = 500, first: int = 0,
   activations entering block `first`. `last`: the activation before block `last`; `logits`: the classifier's."""
 
   @jax.jit
-  def _embed(variables, inputs):
-    return embed_inputs(model, variables, inputs, mean, std, first, last, logits)
+  def _embed(variables, inputs):  # the test view, BN in eval mode
+    x = augment_lib.normalize(inputs, mean, std) if first == 0 else inputs
+    out = model.apply(variables, x, train=False, first=first, last=last)
+    return out if last is not None else out[1 if logits else 0]
 
   def embed(variables, inputs, keep_on_device: bool = False):
     """The outputs for `inputs` (host or device arrays) as one numpy array, or (`keep_on_device`) as
@@ -38,14 +40,6 @@ def make_embed(model: ResNet, mean, std, batch_size: int = 500, first: int = 0,
     return xp.concatenate(out)
 
   return embed
-
-
-def embed_inputs(model: ResNet, variables, inputs, mean, std, first: int = 0, last: Optional[int] = None,
-                 logits: bool = False):
-  """`make_embed`'s outputs for one batch of `inputs`, traced: the test view, BN in eval mode."""
-  x = augment_lib.normalize(inputs, mean, std) if first == 0 else inputs
-  out = model.apply(variables, x, train=False, first=first, last=last)
-  return out if last is not None else out[1 if logits else 0]
 
 
 def prototypes(embeddings: np.ndarray, labels: np.ndarray, classes: Sequence[int]) -> np.ndarray:

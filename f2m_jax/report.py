@@ -21,6 +21,7 @@ import sys
 from typing import Any, Optional, Sequence
 
 KEYS = ('acc', 'acc_base', 'acc_novel', 'hm')  # a session's statistics, in the tables' order
+SESSION_HEADER = ['Method', 'Session', 'Classes', 'Acc', 'Base', 'Novel', 'HM']
 PATHS = ('cache_dir', 'data_dir', 'tfds_data_dir')  # data fields that change nothing that is drawn
 PD_AVG = ('PD: accuracy of session 1 minus that of the last session (what was forgotten; lower is better); '
           'AVG: accuracy averaged over all sessions')
@@ -213,12 +214,16 @@ def matrix_cells(results: dict) -> list:
                                           for n, row in zip(numbers, mean)] if mean else []
 
 
+def session_rows(rows: Sequence[Row], all_sessions: bool = True) -> list:
+  """Label, session, classes, accuracy, base, novel and HM of each row's sessions (or last session)."""
+  return [[r.label, s['session'], s['num_classes']] + [format_stat(s.get(k), has_interval(r.results)) for k in KEYS]
+          for r in rows for s in in_order(r.results)[0 if all_sessions else -1:]]
+
+
 def format_session_table(results: dict) -> str:
   """The plain table printed after a run or a seed sweep: sessions, PD and AVG, the accuracy matrix."""
   ci, matrix = has_interval(results), matrix_cells(results)
-  lines = table(['Session', 'Classes', 'Acc', 'Base', 'Novel', 'HM'], [
-      [s['session'], s['num_classes']] + [format_stat(s.get(k), ci) for k in KEYS] for s in in_order(results)],
-                plain=True).splitlines()
+  lines = table(SESSION_HEADER[1:], [r[1:] for r in session_rows([Row('', results)])], plain=True).splitlines()
   lines[1:1] = ['-' * len(lines[0])]
   title = (f'{results.get("label") or results["method"]} on {results["dataset"]} ({results["protocol"]}, '
            f'{results["runs"]} {"seeds" if "members" in results else "runs"}, %, '
@@ -244,15 +249,18 @@ def seed_runs(path: str) -> dict:
   return out
 
 
+def draws(results: dict) -> str:
+  """The digest of a run's shot draws; where none is recorded, what fixes them: seed, runs and data config."""
+  prov = results['provenance']
+  data = {k: v for k, v in prov['config']['data'].items() if k not in PATHS}
+  return prov.get('shots') or json.dumps([prov['config']['seed'], results['runs'], data], sort_keys=True)
+
+
 def pair(a: str, b: str) -> list:
-  """[(seed, A's results, B's)] of the same seeds, setting, runs and shot draws (their digest, or the seed,
-  runs and data config where none is recorded); else a ValueError naming a difference."""
+  """[(seed, A's results, B's)] of the same seeds, setting, classes, runs and shot draws; else a ValueError."""
   runs_a, runs_b = seed_runs(a), seed_runs(b)
   if sorted(runs_a) != sorted(runs_b):
     raise ValueError(f'--paired: {a} holds seeds {sorted(runs_a)}, {b} {sorted(runs_b)}; pairs need the same seeds')
-  draws = lambda r: r['provenance'].get('shots') or json.dumps(
-      [r['provenance']['config']['seed'], r['runs'], {k: v for k, v in r['provenance']['config']['data'].items()
-                                                      if k not in PATHS}], sort_keys=True)
   for seed in sorted(runs_a):
     for what, key in (('setting', setting), ('classes', lambda r: [s['num_classes'] for s in in_order(r)]),
                       ('number of runs', lambda r: r['runs']), ('shot draws', draws)):
@@ -262,7 +270,7 @@ def pair(a: str, b: str) -> list:
   return [(seed, runs_a[seed], runs_b[seed]) for seed in sorted(runs_a)]
 
 
-def format_paired(pairs: list, a: str, b: str, plain: bool = True) -> str:
+def format_paired(pairs: list, a: str, b: str) -> str:
   """B - A per session, PD and AVG: the mean over the seeds of each seed's difference of means over its draws
   (paired: the same seed and run draw the same shots), its t-interval over the seeds and a verdict."""
   picks = [(f'session {s["session"]}', lambda r, i=i: in_order(r)[i]['acc']['mean'])
@@ -276,7 +284,7 @@ def format_paired(pairs: list, a: str, b: str, plain: bool = True) -> str:
   return (f'{b} - {a}, paired over seeds {[s for s, _, _ in pairs]} ({pairs[0][1]["runs"]} draws each, averaged '
           'within a seed); 95% interval t(0.975, S-1) * std(ddof=1) / sqrt(S) over the S seeds:\n\n'
           + table(['', f'{b} - {a}', '95% CI', 'verdict'], [[n, f'{x:+.2f}', ci(x, y), verdict(x, y)]
-                                                           for n, x, y in rows], plain)
+                                                           for n, x, y in rows], plain=True)
           + f'\n\n{b} {"above" if m > 0 else "below" if m < 0 else "level with"} {a} at {name}: {m:+.2f}, '
           f'95% CI {ci(m, h)}: {verdict(m, h)}')
 
@@ -345,17 +353,15 @@ def format_report(rows: Sequence[Row], reference: Any = 0, all_sessions: bool = 
   comparison and the sources; a section only where there is something to show."""
   ref = resolve_reference(rows, reference)
   matrices = [f'{r.label}:\n\n{table(m[0], m[1:])}\n' for r in rows for m in [matrix_cells(r.results)] if m]
-  base_novel = [[r.label, s['session'], s['num_classes']] + [format_stat(s.get(k), has_interval(r.results)) for k in KEYS]
-                for r in rows for s in in_order(r.results)[0 if all_sessions else -1:]]
   sections = [
       ("Accuracy per session (%, mean ± 95% CI over runs; each row's interval in Sources)",
        f'{format_table(rows, ref)}\n\n{PD_AVG}; {GAP} "{rows[ref].label}".' + ''.join(f'\n- {n}' for n in notes(rows, ref))),
       (f'Base vs novel accuracy ({"every" if all_sessions else "last"} session)',
-       table(['Method', 'Session', 'Classes', 'Acc', 'Base', 'Novel', 'HM'], base_novel)),
+       table(SESSION_HEADER, session_rows(rows, all_sessions))),
       ('Accuracy matrix (%, mean over runs)', matrices and MATRIX[0].upper() + MATRIX[1:] + '.\n\n' + '\n'.join(matrices)),
       ('Flatness of the base model (base loss over noise draws)', format_flatness_table(rows)),
       ('Prototype norms after the last session (L2; mean ± 95% CI over runs)', format_norms_table(rows)),
-      ('Paired comparison', paired), ('Sources', '\n'.join(source_line(r) for r in rows))]
+      ('Paired comparison', paired and f'```\n{paired}\n```'), ('Sources', '\n'.join(source_line(r) for r in rows))]
   return '# F2M report\n\n' + ''.join(f'## {title}\n\n{text.rstrip()}\n\n' for title, text in sections if text)
 
 
@@ -380,16 +386,15 @@ def write_report(rows: Sequence[Row], out: str, reference: Any = 0, all_sessions
   return paths
 
 
-def paired_text(args: argparse.Namespace, rows: Sequence[Row], plain: bool) -> str:
-  """--paired's comparison of the two paths; without the flag that of two seed sweeps that pair, else ''."""
-  if args.paired and len(args.paths) != 2:
-    raise ValueError(f'--paired compares two runs or sweeps (A B), got {len(args.paths)} paths')
+def paired(paths: Sequence[str], rows: Sequence[Row], asked: bool) -> str:
+  """The paired comparison of two paths (`asked`: --paired), or of two seed sweeps that pair; else ''."""
+  if asked and len(paths) != 2:
+    raise ValueError(f'--paired compares two runs or sweeps (A B), got {len(paths)} paths')
   try:
-    sweeps = len(args.paths) == 2 and all(results_path(p).endswith('summary.json') for p in args.paths)
-    names = [r.label for r in rows] if len(rows) == 2 else args.paths
-    return format_paired(pair(*args.paths), *names, plain=plain) if args.paired or sweeps else ''
+    sweeps = len(paths) == 2 and all(results_path(p).endswith('summary.json') for p in paths)
+    return format_paired(pair(*paths), *[r.label for r in rows]) if asked or sweeps else ''
   except (ValueError, KeyError, TypeError):
-    if args.paired:
+    if asked:
       raise
     return ''  # no pair: the table alone
 
@@ -407,8 +412,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   args = parser.parse_args(argv)
   try:
     rows = build_rows(args.paths, args.labels and [s.strip() for s in args.labels.split(',')])
-    reference, paired = resolve_reference(rows, args.reference), paired_text(args, rows, plain=True)
-    written = (write_report(rows, args.out, reference, args.base_novel == 'all', paired_text(args, rows, False))
+    reference, comparison = resolve_reference(rows, args.reference), paired(args.paths, rows, args.paired)
+    written = (write_report(rows, args.out, reference, args.base_novel == 'all', comparison)
                if args.out is not None else {})
   except ValueError as e:  # ResultsError included
     print(f'report: error: {e}', file=sys.stderr)
@@ -416,7 +421,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   print(''.join(f'report: warning: {n}\n' for n in notes(rows, reference)), end='', file=sys.stderr)
   print(f'{format_table(rows, reference)}\n{PD_AVG}; {GAP} "{rows[reference].label}" (--reference)')
   print(''.join(f'\n{r.label}: {MATRIX}\n{table(m[0], m[1:], plain=True)}\n' for r in rows
-                for m in [matrix_cells(r.results)] if m) + (f'\n{paired}\n' if paired else ''), end='')
+                for m in [matrix_cells(r.results)] if m) + (f'\n{comparison}\n' if comparison else ''), end='')
   print('\n'.join(['wrote:'] + [f'  {p}' for p in written.values()]) if written else
         '(nothing written: --out DIR writes report.md, report.csv, accuracy.png, base_novel.png and '
         'accuracy_matrix.png)')
