@@ -118,6 +118,11 @@ def summarize(values: Sequence[float], over: Optional[str] = 'draws') -> dict:
   return {'mean': float(v.mean()), 'ci95': ci, 'runs': v.tolist()}
 
 
+def summarize_all(values: Sequence[Optional[float]], over: Optional[str]) -> Optional[dict]:
+  """`summarize`, or None where a run has no value (e.g. no novel classes in session 1)."""
+  return None if any(v is None for v in values) else summarize(values, over)
+
+
 def prototype_norms(prototypes: np.ndarray, num_base: int) -> dict:
   """The paper's norm table for one run: mean and (population) std of the L2 norms of the base
   prototypes (the first `num_base` rows) and of the novel ones (the rest; None without any)."""
@@ -135,7 +140,7 @@ def build_results(dataset: str, method: str, protocol: str, num_classes: Sequenc
   per-run prototype norm statistics after the last session (`prototype_norms`); intervals over `over`
   (`INTERVALS`), none where every run trained on the same shots (`same_shots`: no draw to vary over)."""
   over = None if same_shots else over
-  stat = lambda values: None if any(v is None for v in values) else summarize(values, over)
+  stat = lambda values: summarize_all(values, over)
   sessions = [{'session': t + 1, 'num_classes': int(n),
                **{k: stat([run[t][k] for run in per_run]) for k in ('acc', 'acc_base', 'acc_novel', 'hm')}}
               for t, n in enumerate(num_classes)]
@@ -158,20 +163,10 @@ def accuracy_matrix(per_run: Sequence[Sequence[dict]], over: Optional[str] = 'dr
   if not all('acc_sessions' in s for run in per_run for s in run):
     return None
   n = len(per_run[0])
-  values = np.full((len(per_run), n, n), np.nan)  # [run, session of origin, after session]
-  for r, run in enumerate(per_run):
-    for j, s in enumerate(run):
-      values[r, :j + 1, j] = [np.nan if v is None else v for v in s['acc_sessions']]
-  cells = [[_cell(values[:, i, j], over) for j in range(n)] for i in range(n)]
+  runs = [[[run[j]['acc_sessions'][i] if i <= j else None for j in range(n)] for i in range(n)] for run in per_run]
+  cells = [[summarize_all([r[i][j] for r in runs], over) for j in range(n)] for i in range(n)]
   return {'rows': 'session whose classes are tested', 'columns': 'after session',
-          'mean': [[c and c['mean'] for c in row] for row in cells],
-          'ci95': [[c and c['ci95'] for c in row] for row in cells],
-          'runs': np.where(np.isnan(values), None, values).tolist()}
-
-
-def _cell(values: np.ndarray, over: Optional[str]) -> Optional[dict]:
-  """`summarize` of one cell's values over runs; None where a run has none (NaN)."""
-  return None if np.isnan(values).any() else summarize(values, over)
+          **{k: [[c and c[k] for c in row] for row in cells] for k in ('mean', 'ci95')}, 'runs': runs}
 
 
 def results_rows(results: dict) -> list:

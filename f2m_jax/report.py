@@ -126,17 +126,13 @@ def table(header: Sequence, body: Sequence[Sequence], plain: bool = False) -> st
   return '\n'.join('| ' + ' | '.join(c.replace('|', '\\|').replace('\n', ' ') for c in r) + ' |' for r in rows)
 
 
-def in_order(results: dict) -> list:
-  return sorted(results['sessions'], key=lambda s: s['session'])
-
-
 def setting(results: dict) -> str:
   return f'{results["dataset"]}, {results["protocol"]}, {len(results["sessions"])} sessions'  # what a gap needs
 
 
 def gap(row: Row, reference: Row) -> Optional[float]:
   """Last-session accuracy of `row` minus the reference's; None for another setting (nothing to subtract)."""
-  last = lambda r: in_order(r)[-1]['acc']['mean']
+  last = lambda r: r['sessions'][-1]['acc']['mean']
   return last(row.results) - last(reference.results) if setting(row.results) == setting(reference.results) else None
 
 
@@ -160,30 +156,36 @@ def notes(rows: Sequence[Row], reference: int) -> list:
              if str(r.results.get('interval')).startswith('n/a')])
 
 
+def row_stats(rows: Sequence[Row]) -> tuple:
+  """The main table's columns (s<n> per session, pd, avg) and each row's statistics in them (None: none)."""
+  numbers = sorted({s['session'] for r in rows for s in r.results['sessions']})
+  stats = [{**{f's{s["session"]}': s['acc'] for s in r.results['sessions']}, 'pd': r.results['pd'],
+            'avg': r.results['avg']} for r in rows]
+  names = [f's{n}' for n in numbers] + ['pd', 'avg']
+  return names, [[row.get(name) for name in names] for row in stats]
+
+
 def main_table(rows: Sequence[Row], reference: Any = 0) -> list:
   """The main table's records (report.csv): each session's, PD's and AVG's mean and ci95 (None: none), the gap."""
-  ref, numbers = rows[resolve_reference(rows, reference)], sorted({s['session'] for r in rows for s in r.results['sessions']})
+  ref, (names, stats) = rows[resolve_reference(rows, reference)], row_stats(rows)
   out = []
-  for row in rows:
+  for row, row_stat in zip(rows, stats):
     r = row.results
-    stats = {**{f's{s["session"]}': s['acc'] for s in r['sessions']}, 'pd': r['pd'], 'avg': r['avg']}
     record = {'label': row.label, **{k: r[k] for k in ('dataset', 'method', 'protocol', 'runs')}}
-    for key in [f's{n}' for n in numbers] + ['pd', 'avg']:
-      stat = stats.get(key) or {}
-      record.update({key: stat.get('mean'), f'{key}_ci95': stat.get('ci95') if has_interval(r) else None})
+    for name, stat in zip(names, row_stat):
+      record.update({name: stat and stat['mean'], f'{name}_ci95': stat.get('ci95') if stat and has_interval(r) else None})
     out.append({**record, 'gap': gap(row, ref), 'interval': r.get('interval')})
   return out
 
 
 def format_table(rows: Sequence[Row], reference: Any = 0) -> str:
   """The main table in markdown: accuracy per session ('-' where a row has none), PD, AVG and the gap."""
-  records = main_table(rows, reference)
-  keys = [k for k in records[0] if k[0] == 's' and k[1:].isdigit()] + ['pd', 'avg']
+  ref, (names, stats) = rows[resolve_reference(rows, reference)], row_stats(rows)
   body = [[row.label + ('' if has_interval(row.results) else ' (1 run, no interval)')
            + (' (base model chosen on test images)' if reads_test_set(row.results) else '')]
-          + [format_stat(r[k] is not None and {'mean': r[k], 'ci95': r[f'{k}_ci95']} or None, has_interval(row.results))
-             for k in keys] + ['n/a' if r['gap'] is None else f'{r["gap"]:+.2f}'] for row, r in zip(rows, records)]
-  return table(['Method'] + [k[1:] for k in keys[:-2]] + ['PD', 'AVG', 'gap'], body)
+          + [format_stat(stat, has_interval(row.results)) for stat in row_stat]
+          + ['n/a' if gap(row, ref) is None else f'{gap(row, ref):+.2f}'] for row, row_stat in zip(rows, stats)]
+  return table(['Method'] + [n[1:] for n in names[:-2]] + ['PD', 'AVG', 'gap'], body)
 
 
 def reads_test_set(results: dict) -> bool:
@@ -209,7 +211,7 @@ def format_flatness_table(rows: Sequence[Row]) -> str:
 
 def matrix_cells(results: dict) -> list:
   """The accuracy matrix as a header and a row per session of origin ('' before it); [] without one."""
-  mean, numbers = (results.get('accuracy_matrix') or {}).get('mean'), [s['session'] for s in in_order(results)]
+  mean, numbers = (results.get('accuracy_matrix') or {}).get('mean'), [s['session'] for s in results['sessions']]
   return [['from / after'] + numbers] + [[n] + ['' if v is None else f'{v:.2f}' for v in row]
                                           for n, row in zip(numbers, mean)] if mean else []
 
@@ -217,7 +219,7 @@ def matrix_cells(results: dict) -> list:
 def session_rows(rows: Sequence[Row], all_sessions: bool = True) -> list:
   """Label, session, classes, accuracy, base, novel and HM of each row's sessions (or last session)."""
   return [[r.label, s['session'], s['num_classes']] + [format_stat(s.get(k), has_interval(r.results)) for k in KEYS]
-          for r in rows for s in in_order(r.results)[0 if all_sessions else -1:]]
+          for r in rows for s in r.results['sessions'][0 if all_sessions else -1:]]
 
 
 def format_session_table(results: dict) -> str:
@@ -262,7 +264,7 @@ def pair(a: str, b: str) -> list:
   if sorted(runs_a) != sorted(runs_b):
     raise ValueError(f'--paired: {a} holds seeds {sorted(runs_a)}, {b} {sorted(runs_b)}; pairs need the same seeds')
   for seed in sorted(runs_a):
-    for what, key in (('setting', setting), ('classes', lambda r: [s['num_classes'] for s in in_order(r)]),
+    for what, key in (('setting', setting), ('classes', lambda r: [s['num_classes'] for s in r['sessions']]),
                       ('number of runs', lambda r: r['runs']), ('shot draws', draws)):
       if key(runs_a[seed]) != key(runs_b[seed]):
         raise ValueError(f'--paired: seed {seed} has another {what} in {a} ({str(key(runs_a[seed]))[:60]}) than in '
@@ -271,10 +273,10 @@ def pair(a: str, b: str) -> list:
 
 
 def format_paired(pairs: list, a: str, b: str) -> str:
-  """B - A per session, PD and AVG: the mean over the seeds of each seed's difference of means over its draws
-  (paired: the same seed and run draw the same shots), its t-interval over the seeds and a verdict."""
-  picks = [(f'session {s["session"]}', lambda r, i=i: in_order(r)[i]['acc']['mean'])
-           for i, s in enumerate(in_order(pairs[0][1]))] + [('PD', lambda r: r['pd']['mean']),
+  """B - A per session, PD and AVG: the mean over the seeds of each seed's difference of its means over the
+  same draws, its t-interval over the seeds and a verdict (resolved where the interval excludes 0)."""
+  picks = [(f'session {s["session"]}', lambda r, i=i: r['sessions'][i]['acc']['mean'])
+           for i, s in enumerate(pairs[0][1]['sessions'])] + [('PD', lambda r: r['pd']['mean']),
                                                             ('AVG', lambda r: r['avg']['mean'])]
   rows = [(name, statistics.fmean(d), t_interval(d)) for name, pick in picks
           for d in [[pick(y) - pick(x) for _, x, y in pairs]]]
@@ -296,7 +298,7 @@ def plot(rows: Sequence[Row], path: str, title: str, curves: Sequence[tuple]) ->
   ax = FigureCanvasAgg(Figure(figsize=(7.0, 4.5))).figure.add_subplot()
   for i, row in enumerate(rows):
     for key, style, suffix in curves:
-      points = [(s['session'], s[key]['mean'], s[key].get('ci95')) for s in in_order(row.results) if s.get(key)]
+      points = [(s['session'], s[key]['mean'], s[key].get('ci95')) for s in row.results['sessions'] if s.get(key)]
       x, mean, ci = zip(*points) if points else ((), (), ())
       ax.plot(x, mean, style, marker='o', markersize=3, color=f'C{i % 10}', label=row.label + suffix)
       if points and None not in ci and has_interval(row.results):
@@ -335,8 +337,7 @@ def plot_matrix(rows: Sequence[Row], path: str) -> Optional[str]:
 
 
 def source_line(row: Row) -> str:
-  """Where a row was read from; its setting and interval, the command line's config and changes, and the
-  base model --checkpoint took (its folder, method, commit and the fields its config set otherwise)."""
+  """Where a row was read from: its setting and interval, the command line, --checkpoint's base model."""
   r, prov = row.results, row.results.get('provenance') or {}
   origin, src = prov.get('origin') or {}, prov.get('base_source') or {}
   changes = ', '.join(f'{k}={v!r}' for k, v in (origin.get('changes') or {}).items())
@@ -349,8 +350,7 @@ def source_line(row: Row) -> str:
 
 
 def format_report(rows: Sequence[Row], reference: Any = 0, all_sessions: bool = False, paired: str = '') -> str:
-  """report.md: the main table (with the gaps refused), base/novel, the matrices, flatness, norms, the paired
-  comparison and the sources; a section only where there is something to show."""
+  """report.md: a section per table (where a row has its data), the paired comparison and the sources."""
   ref = resolve_reference(rows, reference)
   matrices = [f'{r.label}:\n\n{table(m[0], m[1:])}\n' for r in rows for m in [matrix_cells(r.results)] if m]
   sections = [
