@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from f2m_jax import objectives
+from f2m_jax import report
 from f2m_jax.padding import pad_rows
 from f2m_jax.data import augment as augment_lib
 from f2m_jax.data.types import Benchmark
@@ -23,8 +24,10 @@ def make_embed(model: ResNet, mean, std, batch_size: int = 500, first: int = 0,
   activations entering block `first`. `last`: the activation before block `last`; `logits`: the classifier's."""
 
   @jax.jit
-  def _embed(variables, inputs):
-    return embed_inputs(model, variables, inputs, mean, std, first, last, logits)
+  def _embed(variables, inputs):  # the test view, BN in eval mode
+    x = augment_lib.normalize(inputs, mean, std) if first == 0 else inputs
+    out = model.apply(variables, x, train=False, first=first, last=last)
+    return out if last is not None else out[1 if logits else 0]
 
   def embed(variables, inputs, keep_on_device: bool = False):
     """The outputs for `inputs` (host or device arrays) as one numpy array, or (`keep_on_device`) as
@@ -37,14 +40,6 @@ def make_embed(model: ResNet, mean, std, batch_size: int = 500, first: int = 0,
     return xp.concatenate(out)
 
   return embed
-
-
-def embed_inputs(model: ResNet, variables, inputs, mean, std, first: int = 0, last: Optional[int] = None,
-                 logits: bool = False):
-  """`make_embed`'s outputs for one batch of `inputs`, traced: the test view, BN in eval mode."""
-  x = augment_lib.normalize(inputs, mean, std) if first == 0 else inputs
-  out = model.apply(variables, x, train=False, first=first, last=last)
-  return out if last is not None else out[1 if logits else 0]
 
 
 def prototypes(embeddings: np.ndarray, labels: np.ndarray, classes: Sequence[int]) -> np.ndarray:
@@ -71,18 +66,12 @@ def eval_shapes(bench: Benchmark) -> tuple:
   return len(bench.test.labels), bench.num_seen_classes(bench.num_sessions)
 
 
-def ncm_dtype(*dtypes):
-  """The dtype NCM compares embeddings and prototypes in: float32, or float64 where either is (the
-  float64 tests)."""
-  return functools.reduce(jnp.promote_types, dtypes, jnp.dtype(jnp.float32))
-
-
 def ncm_accuracies(embeddings: np.ndarray, labels: np.ndarray, protos: np.ndarray, num_base: int,
                    normalize: bool, pad_to: Optional[tuple] = None, session_ends: Sequence[int] = ()) -> dict:
   """NCM over all seen classes: acc, acc_base, acc_novel (None without novel images), hm, in percent, and
   acc_sessions where `session_ends` is given. `pad_to` = (rows, classes) pads so that every session runs
   one compiled program."""
-  dtype = ncm_dtype(np.asarray(embeddings).dtype, np.asarray(protos).dtype)
+  dtype = jnp.promote_types(jnp.promote_types(np.asarray(embeddings).dtype, np.asarray(protos).dtype), jnp.float32)
   embeddings, protos = np.asarray(embeddings, dtype), np.asarray(protos, dtype)
   rows, classes = pad_to or (len(embeddings), len(protos))
   pred = ncm_predict_padded(pad_rows(embeddings, rows), pad_rows(protos, classes), np.int32(len(protos)), normalize)
@@ -115,22 +104,23 @@ def harmonic_mean(a: float, b: float) -> float:
   return 0.0 if a + b == 0 else 2.0 * a * b / (a + b)
 
 
-def summarize(values: Sequence[float]) -> dict:
-  """Mean and 95% interval over runs: 1.96 * std / sqrt(R), population std as the original."""
+INTERVALS = {'draws': "the authors': 1.96 * std(ddof=0) / sqrt(R) over the R draws",
+             'seeds': "t(0.975, S-1) * std(ddof=1) / sqrt(S) over the S seeds (each seed's mean over its draws)"}
+SAME_SHOTS = ('n/a: every run trained on the same shots (fixed lists, or shot pools of data.shots images a '
+              'class), so the runs are no draws of them')
+
+
+def summarize(values: Sequence[float], over: Optional[str] = 'draws') -> dict:
+  """Mean, 95% interval (`INTERVALS[over]`; None where `over` is None or there is one value) and the values."""
   v = np.asarray(values, np.float64)
-  return {'mean': float(v.mean()), 'ci95': float(1.96 * v.std() / np.sqrt(len(v))), 'runs': v.tolist()}
+  ci = None if over is None or len(v) < 2 else (report.t_interval(v.tolist()) if over == 'seeds'
+                                                else float(1.96 * v.std() / np.sqrt(len(v))))
+  return {'mean': float(v.mean()), 'ci95': ci, 'runs': v.tolist()}
 
 
-def performance_drop(first: Sequence[float], last: Sequence[float]) -> dict:
-  """PD = acc(session 1) - acc(last session), per run, summarised."""
-  s = summarize(np.asarray(first) - np.asarray(last))
-  return {'mean': s['mean'], 'ci95': s['ci95']}
-
-
-def average_accuracy(per_session: np.ndarray) -> dict:
-  """AVG = mean over sessions, per run ([runs, sessions] in), summarised."""
-  s = summarize(np.asarray(per_session).mean(axis=1))
-  return {'mean': s['mean'], 'ci95': s['ci95']}
+def summarize_all(values: Sequence[Optional[float]], over: Optional[str]) -> Optional[dict]:
+  """`summarize`, or None where a run has no value (e.g. no novel classes in session 1)."""
+  return None if any(v is None for v in values) else summarize(values, over)
 
 
 def prototype_norms(prototypes: np.ndarray, num_base: int) -> dict:
@@ -144,58 +134,43 @@ def prototype_norms(prototypes: np.ndarray, num_base: int) -> dict:
 
 
 def build_results(dataset: str, method: str, protocol: str, num_classes: Sequence[int],
-                  per_run: Sequence[Sequence[dict]], norms: Optional[Sequence[dict]] = None) -> dict:
-  """The results.json document from per-run, per-session accuracy dicts ([runs][sessions]) and,
-  optionally, per-run prototype norm statistics after the last session (`prototype_norms`)."""
-  runs = len(per_run)
-  sessions = []
-  for t, n in enumerate(num_classes):
-    entry = {'session': t + 1, 'num_classes': int(n)}
-    for key in ('acc', 'acc_base', 'acc_novel', 'hm'):
-      vals = [per_run[r][t][key] for r in range(runs)]
-      entry[key] = None if any(v is None for v in vals) else summarize(vals)
-    sessions.append(entry)
+                  per_run: Sequence[Sequence[dict]], norms: Optional[Sequence[dict]] = None,
+                  over: str = 'draws', same_shots: bool = False) -> dict:
+  """The results.json document from per-run, per-session accuracy dicts ([runs][sessions]) and, optionally,
+  per-run prototype norm statistics after the last session (`prototype_norms`); intervals over `over`
+  (`INTERVALS`), none where every run trained on the same shots (`same_shots`: no draw to vary over)."""
+  over = None if same_shots else over
+  stat = lambda values: summarize_all(values, over)
+  sessions = [{'session': t + 1, 'num_classes': int(n),
+               **{k: stat([run[t][k] for run in per_run]) for k in ('acc', 'acc_base', 'acc_novel', 'hm')}}
+              for t, n in enumerate(num_classes)]
   acc = np.asarray([[s['acc'] for s in run] for run in per_run])
-  out = {'dataset': dataset, 'method': method, 'protocol': protocol, 'runs': runs, 'sessions': sessions,
-         'pd': performance_drop(acc[:, 0], acc[:, -1]), 'avg': average_accuracy(acc)}
+  brief = lambda values: {k: v for k, v in summarize(values, over).items() if k != 'runs'}
+  out = {'dataset': dataset, 'method': method, 'protocol': protocol, 'runs': len(per_run), 'sessions': sessions,
+         'pd': brief(acc[:, 0] - acc[:, -1]), 'avg': brief(acc.mean(axis=1)),
+         'interval': INTERVALS[over] if over else SAME_SHOTS}
   if norms:
-    out['prototype_norms'] = {key: None if any(n[key] is None for n in norms) else summarize([n[key] for n in norms])
-                              for key in norms[0]}
-  matrix = accuracy_matrix(per_run)
+    out['prototype_norms'] = {key: stat([n[key] for n in norms]) for key in norms[0]}
+  matrix = accuracy_matrix(per_run, over)
   if matrix:
     out['accuracy_matrix'] = matrix
   return out
 
 
-def accuracy_matrix(per_run: Sequence[Sequence[dict]]) -> Optional[dict]:
+def accuracy_matrix(per_run: Sequence[Sequence[dict]], over: Optional[str] = 'draws') -> Optional[dict]:
   """The accuracy on the classes of session i after session j (None for j < i), as mean and 95% interval
   over runs and per run, from the runs' acc_sessions; None where one lacks them."""
   if not all('acc_sessions' in s for run in per_run for s in run):
     return None
   n = len(per_run[0])
-  values = np.full((len(per_run), n, n), np.nan)  # [run, session of origin, after session]
-  for r, run in enumerate(per_run):
-    for j, s in enumerate(run):
-      values[r, :j + 1, j] = [np.nan if v is None else v for v in s['acc_sessions']]
-  cells = [[_cell(values[:, i, j]) for j in range(n)] for i in range(n)]
+  runs = [[[run[j]['acc_sessions'][i] if i <= j else None for j in range(n)] for i in range(n)] for run in per_run]
+  cells = [[summarize_all([r[i][j] for r in runs], over) for j in range(n)] for i in range(n)]
   return {'rows': 'session whose classes are tested', 'columns': 'after session',
-          'mean': [[c and c['mean'] for c in row] for row in cells],
-          'ci95': [[c and c['ci95'] for c in row] for row in cells],
-          'runs': np.where(np.isnan(values), None, values).tolist()}
-
-
-def _cell(values: np.ndarray) -> Optional[dict]:
-  """`summarize` of one cell's values over runs; None where a run has none (NaN)."""
-  return None if np.isnan(values).any() else summarize(values)
+          **{k: [[c and c[k] for c in row] for row in cells] for k in ('mean', 'ci95')}, 'runs': runs}
 
 
 def results_rows(results: dict) -> list:
-  """Flat rows (one per session) for results.csv."""
-  rows = []
-  for s in results['sessions']:
-    row = {'session': s['session'], 'num_classes': s['num_classes']}
-    for key in ('acc', 'acc_base', 'acc_novel', 'hm'):
-      row[f'{key}_mean'] = None if s[key] is None else round(s[key]['mean'], 4)
-      row[f'{key}_ci95'] = None if s[key] is None else round(s[key]['ci95'], 4)
-    rows.append(row)
-  return rows
+  """Flat rows (one per session) for results.csv: classes, then each statistic's mean and ci95."""
+  value = lambda stat, field: None if stat is None or stat[field] is None else round(stat[field], 4)
+  return [{'session': s['session'], 'num_classes': s['num_classes'],
+           **{f'{k}_{f}': value(s[k], f) for k in report.KEYS for f in ('mean', 'ci95')}} for s in results['sessions']]

@@ -14,6 +14,7 @@ import numpy as np
 from f2m_jax import evaluation
 from f2m_jax import pipeline
 from f2m_jax import registry
+from f2m_jax import report
 from f2m_jax import train_loop
 from f2m_jax import workdir as workdir_lib
 from f2m_jax.checkpoint import CheckpointError, Checkpoints
@@ -58,26 +59,21 @@ def member_configs(config) -> list:
 
 
 def summarize(member_results: list) -> dict:
-  """results.json's format over the members of one setting: each session's mean and 95% interval of the
-  members' means over their draws; 'pooled': the same over members x draws."""
+  """results.json's format over the members (seeds) of one setting: per session the seeds' means over their
+  draws, with the t-interval over the seeds (draws averaged within a seed: the right interval for the mean
+  over both levels, where members x draws taken as independent would be too narrow)."""
   head = member_results[0]
-  keys = ('acc', 'acc_base', 'acc_novel', 'hm')
-  num_classes = [s['num_classes'] for s in head['sessions']]
-
-  means = [[{k: None if s[k] is None else float(np.mean(s[k]['runs'])) for k in keys} for s in r['sessions']]
+  means = [[{k: None if s[k] is None else float(np.mean(s[k]['runs'])) for k in report.KEYS} for s in r['sessions']]
            for r in member_results]
-  draws = [[{k: None if s[k] is None else s[k]['runs'][d] for k in keys} for s in r['sessions']]
-           for r in member_results for d in range(r['runs'])]
-  build = lambda rows: evaluation.build_results(head['dataset'], head['method'], head['protocol'], num_classes, rows)
-  return {**build(means), 'interval_over': 'members',
-          'pooled': {**build(draws), 'interval_over': 'members x draws'}}
+  return evaluation.build_results(head['dataset'], head['method'], head['protocol'],
+                                  [s['num_classes'] for s in head['sessions']], means, over='seeds')
 
 
 def summarize_values(field: str, values, member_results: list) -> dict:
   """A sweep over `field`: each value's results (one member each, its mean and 95% interval over its
   draws), never pooled across values."""
-  keep = ('dataset', 'method', 'protocol', 'runs', 'sessions', 'pd', 'avg')
-  return {'field': field, 'values': [{'value': v, **{k: r[k] for k in keep}, 'interval_over': 'draws'}
+  keep = ('dataset', 'method', 'protocol', 'runs', 'sessions', 'pd', 'avg', 'interval')
+  return {'field': field, 'values': [{'value': v, **{k: r[k] for k in keep if k in r}}
                                      for v, r in zip(values, member_results)]}
 
 
@@ -157,26 +153,9 @@ def train_members(exps: list, dirs: list, hook: Hook) -> None:
 
 
 def format_summary(summary: dict) -> str:
-  """A seed sweep: per session the mean over the members and its 95% interval, then over members x
-  draws. A sweep over a field: per session each value's mean and interval over its draws."""
-  if 'values' in summary:
-    return format_values(summary)
-  lines = [f'{summary["runs"]} members: accuracy per session, mean ± 95% interval over the members '
-           '(over members x draws)']
-  for s, p in zip(summary['sessions'], summary['pooled']['sessions']):
-    lines.append(f'  session {s["session"]:2d}: {s["acc"]["mean"]:6.2f} ± {s["acc"]["ci95"]:.2f} '
-                 f'(± {p["acc"]["ci95"]:.2f})')
-  lines.append(f'  PD {summary["pd"]["mean"]:.2f} ± {summary["pd"]["ci95"]:.2f}, '
-               f'AVG {summary["avg"]["mean"]:.2f} ± {summary["avg"]["ci95"]:.2f}')
-  return '\n'.join(lines)
-
-
-def format_values(summary: dict) -> str:
-  """`summarize_values`' table: a column per value, a row per session, then PD and AVG."""
-  values = summary['values']
-  ci = lambda d: f'{d["mean"]:.2f} ± {d["ci95"]:.2f}'
-  row = lambda name, pick: f'  {name:>8}' + ''.join(f'{pick(v):>18}' for v in values)
-  lines = [f'{len(values)} values of {summary["field"]}: accuracy per session, mean ± 95% interval over each '
-           "value's draws", row('session', lambda v: f'{summary["field"].split(".")[-1]}={v["value"]:g}')]
-  lines += [row(str(t + 1), lambda v, t=t: ci(v['sessions'][t]['acc'])) for t in range(len(values[0]['sessions']))]
-  return '\n'.join(lines + [row('PD', lambda v: ci(v['pd'])), row('AVG', lambda v: ci(v['avg']))])
+  """The table printed after a sweep: a seed sweep's as a run's; a field's as the report's, a row per value."""
+  if 'values' not in summary:
+    return report.format_session_table(summary)
+  rows = [report.Row(f'{summary["field"]}={v["value"]:g}', v) for v in summary['values']]
+  return (f'{len(rows)} values of {summary["field"]}: accuracy per session, mean ± 95% interval over each value\'s '
+          f'draws\n{report.format_table(rows)}')

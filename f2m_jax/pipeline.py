@@ -17,7 +17,6 @@ from f2m_jax import checkpoint as checkpoint_lib
 from f2m_jax import flatness
 from f2m_jax import memory
 from f2m_jax import registry
-from f2m_jax import report
 from f2m_jax import validation
 from f2m_jax import workdir as workdir_lib
 from f2m_jax.checkpoint import CheckpointError, Checkpoints
@@ -202,12 +201,14 @@ def compute(exp: Experiment, workdir: str, mode: str, checkpoint: Optional[str],
       ckpts.close()  # also when stopped: the checkpoints written in the background are completed
     finally:
       log.close()
+  draws = protocol_lib.shot_draws(bench, config.data.protocol, config.data.shots, config.seed, config.runs)
   results = evaluation.build_results(bench.name, config.method, config.data.protocol,
                                      [bench.num_seen_classes(t) for t in range(1, bench.num_sessions + 1)],
-                                     per_run, norms if all(n is not None for n in norms) else None)
+                                     per_run, norms if all(n is not None for n in norms) else None,
+                                     same_shots=draws['same'])
   results['base_model'] = base_info
   wall = round(time.time() - t0, 1)
-  results['provenance'] = run_provenance(config, earlier + [wall], origin, base_source)
+  results['provenance'] = {**run_provenance(config, earlier + [wall], origin, base_source), 'shots': draws['digest']}
   log.write(phase='done', mode=mode, wall_time_s=wall,
             base_checkpoint=os.path.abspath(checkpoint) if checkpoint else None)
   return results
@@ -233,12 +234,20 @@ def start_line(config, bench, workdir: str, mode: str, ckpts: Checkpoints, base_
     base = 'base model restored from this workdir'
   else:
     step = ckpts.latest_base_step()
-    base = (f'base training {report.base_budget(config.to_dict())}'
+    base = (f'base training {base_budget(config)}'
             + ('' if step is None else ', trained already' if step >= config.base.steps else f', resuming at step {step}'))
   done = sum(len(ckpts.sessions_done(r)) for r in range(config.runs)) if ckpts.any_sessions() else 0
   sessions = f'{config.runs} runs x {later} sessions' + (f' ({done} restored)' if done else '')
   return (f'f2m-jax {mode}: {_what(config, origin)} on {backend.devices()}; workdir {workdir}; '
           f'{base}; then {sessions}')
+
+
+def base_budget(config) -> str:
+  """'S steps of B (sampler), lr L[, M=.., b=..]': the base training `config` asks for."""
+  b, noise = config.base, config.noise
+  batch = b.ways * b.shots if b.sampler == 'balanced' else b.batch_size
+  return f'{b.steps} steps of {batch} ({b.sampler}), lr {b.lr:g}' + (f', M={noise.M}, b={noise.bound:g}'
+                                                                     if noise.enabled else '')
 
 
 def _what(config, origin: Optional[dict]) -> str:

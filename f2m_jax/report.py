@@ -1,28 +1,28 @@
-"""Gather the `results.json` of several runs into tables and plots (README, 'What a workdir holds'):
+"""Tables, plots and paired comparisons from the `results.json` of runs (README, 'What a workdir holds'):
 
     python -m f2m_jax.report W1 W2 ... [--out DIR] [--reference LABEL_OR_INDEX] [--labels a,b,..]
-                             [--base-novel {last,all}]
+                             [--base-novel {last,all}] [--paired]
 
-Only the standard library is imported at module level (matplotlib lazily, without pyplot), so importing
-this module never touches jax or a display.
+W: a workdir, a sweep's folder (read through its summary.json) or either file. `--paired` A B: B - A seed
+by seed with a t-interval over the seeds (shown without the flag for two seed sweeps that pair). Only the
+standard library is imported at module level (matplotlib and scipy lazily): no jax, no display.
 """
 from __future__ import annotations
 
 import argparse
 import csv
 import dataclasses
+import glob
 import json
 import math
 import os
+import statistics
 import sys
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any, Optional, Sequence
 
-RESULTS_NAME = 'results.json'
-SUMMARY_NAME = 'summary.json'  # a member sweep's (members.py), in results.json's format
-FLATNESS_NAME = 'flatness.json'  # written by `run.py --mode flatness` into the workdir
-STAT_SESSION_KEYS = ('acc', 'acc_base', 'acc_novel', 'hm')  # a session's statistics, in the tables' order
-SESSION_HEADER = ['Session', 'Classes', 'Acc', 'Base', 'Novel', 'HM']  # the cells of `session_cells`
-MISSING = '-'
+KEYS = ('acc', 'acc_base', 'acc_novel', 'hm')  # a session's statistics, in the tables' order
+SESSION_HEADER = ['Method', 'Session', 'Classes', 'Acc', 'Base', 'Novel', 'HM']
+PATHS = ('cache_dir', 'data_dir', 'tfds_data_dir')  # data fields that change nothing that is drawn
 PD_AVG = ('PD: accuracy of session 1 minus that of the last session (what was forgotten; lower is better); '
           'AVG: accuracy averaged over all sessions')
 GAP = 'gap: last-session accuracy minus that of the reference row'
@@ -36,524 +36,392 @@ class ResultsError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class Row:
-  """One run of the report: its display label, its results dict and where it was read from."""
+  """A row of the report: its label, its results, the file they came from and the workdir's flatness files."""
   label: str
   results: dict
   source: str = ''
-  flatness: tuple = ()  # the workdir's flatness files (run.py --mode flatness), if any
+  flatness: tuple = ()
 
 
-# ----------------------------------------------------------------------------- loading
+def t_interval(values: Sequence[float]) -> Optional[float]:
+  """Half-width of the 95% interval of a mean over few values: t(0.975, n-1) * std(ddof=1) / sqrt(n)."""
+  if len(values) < 2:
+    return None
+  from scipy.stats import t  # pylint: disable=g-import-not-at-top
+  return float(t.ppf(0.975, len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values)))
 
 
 def results_path(path: str) -> str:
-  """The results file for `path`: a directory's results.json, else its summary.json (a sweep's) where
-  only that exists; a file itself."""
+  """A folder's results.json, or its summary.json (a sweep's) where only that exists; a file itself."""
+  summary, results = os.path.join(path, 'summary.json'), os.path.join(path, 'results.json')
   if not os.path.isdir(path):
     return path
-  summary = os.path.join(path, SUMMARY_NAME)
-  results = os.path.join(path, RESULTS_NAME)
   return summary if os.path.isfile(summary) and not os.path.isfile(results) else results
 
 
-def load_results(path: str) -> dict:
-  """Read a results.json (a workdir or the file itself), or a sweep's summary.json."""
-  file = results_path(path)
-  if not os.path.isfile(file):
-    raise ResultsError(f'{file}: no such results file' + (f' (nor a sweep\'s {SUMMARY_NAME} in {path})'
-                                                          if os.path.isdir(path) else ''))
+def read_json(file: str, check, what: str) -> Any:
+  """`file`'s JSON after `check` (which raises where it is not `what`); a ResultsError naming the file."""
   try:
     with open(file, encoding='utf-8') as f:
-      results = json.load(f)
+      data = json.load(f)
+    check(data)
+    return data
+  except FileNotFoundError:
+    raise ResultsError(f'{file}: no such results file' + (f" (nor a sweep's summary.json in {os.path.dirname(file)})"
+                                                          if file.endswith('results.json') else '')) from None
   except json.JSONDecodeError as e:
-    raise ResultsError(f'{file}: not valid JSON ({e})') from e
-  if not isinstance(results, dict) or not ('sessions' in results or 'values' in results):
-    raise ResultsError(f'{file}: not the results.json (or summary.json) of a run: it holds no sessions')
-  return results
+    raise ResultsError(f'{file}: not valid JSON ({e})') from None
+  except (AttributeError, KeyError, TypeError, ValueError) as e:
+    raise ResultsError(f'{file}: not the {what} ({e!r})') from None
 
 
-# ----------------------------------------------------------------------------- table helpers
+def load_results(path: str) -> dict:
+  """A results.json (its workdir or the file) or a sweep's summary.json."""
+  return read_json(results_path(path), lambda d: d.get('sessions') or d['values'],
+                   'results.json (or summary.json) of a run: it holds no sessions')
 
 
-def format_stat(stat: Optional[dict], interval: bool = True) -> str:
-  """'mean ± ci95' to 2 decimals ('mean' alone without an interval), or '-' for a missing/null statistic."""
-  if stat is None:
-    return MISSING
-  return f'{stat["mean"]:.2f}' + (f' ± {stat["ci95"]:.2f}' if interval else '')
+def load_flatness(path: str) -> tuple:
+  """A workdir's flatness.json, then the flatness_<time>.json of later `--mode flatness` runs."""
+  names = [n for n in (os.listdir(path) if os.path.isdir(path) else ()) if n.startswith('flatness') and n.endswith('.json')]
+  check = lambda f: [float(f['bound'])] + [float(f[s][k]) for s in ('train', 'test') for k in ('I', 'sigma2', 'num_draws')]
+  return tuple(read_json(os.path.join(path, n), check, 'flatness file of run.py --mode flatness')
+               for n in sorted(names, key=lambda n: (n != 'flatness.json', n)))
+
+
+def build_rows(paths: Sequence[str], labels: Optional[Sequence[str]] = None) -> list:
+  """A Row per path (per value of a field's sweep), labelled `labels`, the results' label or '<method> <folder>'."""
+  if labels is not None and len(labels) != len(paths):
+    raise ValueError(f'got {len(labels)} labels for {len(paths)} results: {list(labels)}')
+  rows = []
+  for i, path in enumerate(paths):
+    results, file = load_results(path), results_path(path)
+    folder = os.path.basename(os.path.dirname(os.path.abspath(file)))
+    for suffix, r in ([(f' {results["field"]}={v["value"]:g}', v) for v in results['values']]
+                      if 'values' in results else [('', results)]):
+      label = labels[i] if labels is not None else str(r.get('label') or f'{r["method"]} {folder}')
+      rows.append(Row(label + suffix, r, file, load_flatness(path)))
+  return rows
 
 
 def has_interval(results: dict) -> bool:
-  """Whether the statistics rest on several runs: one run has no interval (its ci95 is written as 0)."""
-  return results.get('runs', 2) > 1
+  return results.get('runs', 2) > 1  # one run's results hold ci95 0 (earlier versions) or null
 
 
-def in_order(results: dict) -> list:
-  """The session dicts by session number, the last session last."""
-  return sorted(results['sessions'], key=lambda s: s['session'])
+def format_stat(stat: Optional[dict], interval: bool = True) -> str:
+  """'mean ± ci95', 'mean ± n/a' where the runs give no interval, the mean alone for one run; '-' for none."""
+  if stat is None:
+    return '-'
+  ci = stat.get('ci95')
+  return f'{stat["mean"]:.2f}' + ((' ± n/a' if ci is None else f' ± {ci:.2f}') if interval else '')
 
 
-def session_numbers(rows: Sequence[Row]) -> list:
-  """Sorted union of the session numbers of all rows (the table's session columns)."""
-  return sorted({s['session'] for row in rows for s in row.results['sessions']})
-
-
-def session_cells(session: dict, interval: bool) -> list:
-  """A session's number, classes, accuracy, base, novel and HM as table cells."""
-  return ([str(session['session']), str(session['num_classes'])]
-          + [format_stat(session.get(k), interval) for k in STAT_SESSION_KEYS])
+def table(header: Sequence, body: Sequence[Sequence], plain: bool = False) -> str:
+  """A GitHub markdown table (the first column left-aligned), or `plain` text in right-aligned columns."""
+  rows = [[str(c) for c in r] for r in [header, *body]]
+  if plain:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return '\n'.join('  '.join(c.rjust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
+  rows.insert(1, [':---'] + ['---:'] * (len(header) - 1))
+  return '\n'.join('| ' + ' | '.join(c.replace('|', '\\|').replace('\n', ' ') for c in r) + ' |' for r in rows)
 
 
 def setting(results: dict) -> str:
-  """'dataset, protocol, N sessions': what a gap needs two runs to share."""
-  return f'{results["dataset"]}, {results["protocol"]}, {len(results["sessions"])} sessions'
+  return f'{results["dataset"]}, {results["protocol"]}, {len(results["sessions"])} sessions'  # what a gap needs
 
 
 def gap(row: Row, reference: Row) -> Optional[float]:
-  """Last-session accuracy of `row` minus that of `reference`; None for runs of another dataset,
-  protocol or session count (their difference measures nothing)."""
-  if setting(row.results) != setting(reference.results):
-    return None
-  return in_order(row.results)[-1]['acc']['mean'] - in_order(reference.results)[-1]['acc']['mean']
-
-
-def gap_warnings(rows: Sequence[Row], reference: Any = 0) -> list:
-  """One line per row whose gap to the reference is refused (`gap`)."""
-  ref = rows[resolve_reference(rows, reference)]
-  return [f'no gap for "{r.label}" ({setting(r.results)}): the reference "{ref.label}" is {setting(ref.results)}, '
-          'and only runs of the same dataset, protocol and session count are subtracted'
-          for r in rows if gap(r, ref) is None]
+  """Last-session accuracy of `row` minus the reference's; None for another setting (nothing to subtract)."""
+  last = lambda r: r['sessions'][-1]['acc']['mean']
+  return last(row.results) - last(reference.results) if setting(row.results) == setting(reference.results) else None
 
 
 def resolve_reference(rows: Sequence[Row], reference: Any = None) -> int:
-  """Index of the reference row: None -> 0; an exact label match; else an integer index
-  (0-based, negative counts from the end). Raises ValueError if nothing matches."""
-  if reference is None:
-    return 0
+  """Index of the reference row: a label, else an index (negative from the end); None: the first."""
   labels = [row.label for row in rows]
-  if isinstance(reference, str) and reference in labels:
-    return labels.index(reference)
   try:
-    index = int(reference)
-  except (TypeError, ValueError):
-    raise ValueError(f'reference {reference!r} is neither a label {labels} nor an index') from None
-  if not -len(rows) <= index < len(rows):
-    raise ValueError(f'reference index {index} out of range for {len(rows)} rows')
-  return index % len(rows)
+    return labels.index(reference) if reference in labels else range(len(rows))[int(reference or 0)]
+  except (TypeError, ValueError, IndexError):
+    raise ValueError(f'--reference {reference!r} is neither a label {labels} nor an index of the {len(rows)} '
+                     'rows') from None
 
 
-def _escape(text: str) -> str:
-  """Make `text` safe inside a markdown table cell."""
-  return str(text).replace('|', '\\|').replace('\n', ' ')
+def notes(rows: Sequence[Row], reference: int) -> list:
+  """A line per refused gap and per row whose runs give no interval (every run trained on the same shots)."""
+  ref = rows[reference]
+  return ([f'no gap for "{r.label}" ({setting(r.results)}): the reference "{ref.label}" is {setting(ref.results)}, '
+           'and only runs of the same dataset, protocol and session count are subtracted'
+           for r in rows if gap(r, ref) is None]
+          + [f'"{r.label}": interval {r.results["interval"]}' for r in rows
+             if str(r.results.get('interval')).startswith('n/a')])
 
 
-def markdown_table(header: Sequence[str], body: Iterable[Sequence[str]], align: str = 'r') -> str:
-  """A GitHub markdown table; the first column is left-aligned, the others `align` ('l'/'r')."""
-  rule = [':---'] + ['---:' if align == 'r' else ':---'] * (len(header) - 1)
-  lines = [header, rule] + [list(r) for r in body]
-  return '\n'.join('| ' + ' | '.join(_escape(c) for c in line) + ' |' for line in lines)
+def row_stats(rows: Sequence[Row]) -> tuple:
+  """The main table's columns (s<n> per session, pd, avg) and each row's statistics in them (None: none)."""
+  numbers = sorted({s['session'] for r in rows for s in r.results['sessions']})
+  stats = [{**{f's{s["session"]}': s['acc'] for s in r.results['sessions']}, 'pd': r.results['pd'],
+            'avg': r.results['avg']} for r in rows]
+  names = [f's{n}' for n in numbers] + ['pd', 'avg']
+  return names, [[row.get(name) for name in names] for row in stats]
 
 
-# ----------------------------------------------------------------------------- provenance
-
-
-def reads_test_set(results: dict) -> bool:
-  """Whether the run chose its base model on test images (base.select_on_test)."""
-  return bool((results.get('base_model') or {}).get('reads_test_set'))
-
-
-def base_budget(config: dict) -> str:
-  """'S steps of B (sampler), lr L[, M=.., b=..]': the base training a config dict asks for."""
-  b = config['base']
-  batch = b['ways'] * b['shots'] if b['sampler'] == 'balanced' else b['batch_size']
-  text = f'{b["steps"]} steps of {batch} ({b["sampler"]}), lr {b["lr"]:g}'
-  if config['noise']['enabled']:
-    text += f', M={config["noise"]["M"]}, b={config["noise"]["bound"]:g}'
-  return text
-
-
-def recorded(results: dict, key: str) -> Any:
-  """results.json's provenance[key] (e.g. base_source: the --checkpoint workdir of the base model), or None."""
-  return (results.get('provenance') or {}).get(key)
-
-
-def budget(results: dict) -> str:
-  """The base budget of a run ('' without a recorded config); for a base model from --checkpoint, that
-  of the config that trained it (this run's config with the source's differing values)."""
-  config, source = recorded(results, 'config'), recorded(results, 'base_source')
-  if not config:
-    return ''
-  if source and source.get('differences'):
-    config = json.loads(json.dumps(config))
-    for field, (there, _) in source['differences'].items():
-      *sections, name = field.split('.')
-      node = config
-      for section in sections:
-        node = node.get(section) if isinstance(node, dict) else None
-      if isinstance(node, dict) and name in node:
-        node[name] = there
-  return base_budget(config)
-
-
-def origin(results: dict) -> str:
-  """'configs/x.py:arg with field=value, ...': the command line's config and its changes ('' if
-  not recorded)."""
-  o = recorded(results, 'origin') or {}
-  if not o.get('config'):
-    return ''
-  changes = o.get('changes') or {}
-  return o['config'] + (' with ' + ', '.join(f'{k}={v!r}' for k, v in changes.items()) if changes else '')
-
-
-def source_text(results: dict) -> str:
-  """Where a --checkpoint run's base model came from: its folder, the method and commit that trained
-  it and the fields its config set otherwise ('' for a base model trained in the run's own workdir)."""
-  source = recorded(results, 'base_source')
-  if not source:
-    return ''
-  commit = source.get('commit')
-  text = (f'base model from `{source["path"]}` (trained by {source.get("method") or "an unrecorded method"}, commit '
-          + (f'{commit[:10]}' + ('+dirty' if source.get('dirty') else '') if commit else 'unrecorded') + ')')
-  diff = source.get('differences') or {}
-  if diff:
-    text += '; its config differs in ' + ', '.join(f'{k}={there!r} (here {here!r})' for k, (there, here) in diff.items())
-  if source.get('note'):
-    text = f'{source["note"]}: {text}'
-  return text
-
-
-def hardware(results: dict) -> str:
-  """'N x device kind (backend), jax V, commit C[+dirty]' from the provenance ('' if absent)."""
-  prov = results.get('provenance')
-  if not prov:
-    return ''
-  hw, git = prov['hardware'], prov.get('git') or {}
-  text = f'{hw["num_devices"]} x {hw["device_kind"]} ({hw["backend"]}), jax {prov["versions"]["jax"]}'
-  if git:
-    text += f', commit {git["commit"][:10]}' + ('+dirty' if git['dirty'] else '')
-  return text
-
-
-# ----------------------------------------------------------------------------- tables
-
-
-def format_table(rows: Sequence[Row], reference: Any = 0) -> str:
-  """The main markdown table: label, accuracy per session ('-' where a row has none), PD, AVG and the
-  gap (the last-session accuracy minus that of the `reference` row, see `resolve_reference`)."""
-  if not rows:
-    raise ValueError('no rows to tabulate')
-  ref = rows[resolve_reference(rows, reference)]
-  numbers = session_numbers(rows)
-  body = []
-  for row in rows:
-    r, ci, difference = row.results, has_interval(row.results), gap(row, ref)
-    by_number = {s['session']: s['acc'] for s in r['sessions']}
-    label = (row.label + ('' if ci else ' (1 run, no interval)')
-             + (' (base model chosen on test images)' if reads_test_set(r) else ''))
-    body.append([label] + [format_stat(by_number.get(n), ci) for n in numbers] + [
-        format_stat(r['pd'], ci), format_stat(r['avg'], ci), 'n/a' if difference is None else f'{difference:+.2f}'])
-  return markdown_table(['Method'] + [str(n) for n in numbers] + ['PD', 'AVG', 'gap'], body)
-
-
-def format_base_novel_table(rows: Sequence[Row], all_sessions: bool = False) -> str:
-  """Markdown table of base / novel accuracy and HM: each row's last session, or every session."""
-  body = [[row.label] + session_cells(s, has_interval(row.results))
-          for row in rows for s in (in_order(row.results) if all_sessions else in_order(row.results)[-1:])]
-  return markdown_table(['Method'] + SESSION_HEADER, body)
-
-
-def format_session_table(results: dict) -> str:
-  """A short plain-text table of one results dict, printed at the end of a training run: per session
-  the classes, accuracy, base, novel and HM (mean ± ci95), then PD and AVG."""
-  ci = has_interval(results)
-  lines = [session_cells(s, ci) for s in in_order(results)]
-  widths = [max(len(r[i]) for r in [SESSION_HEADER] + lines) for i in range(len(SESSION_HEADER))]
-  render = lambda r: '  '.join(c.rjust(w) for c, w in zip(r, widths)).rstrip()
-  title = (f'{results.get("label") or results.get("method", "?")} on {results.get("dataset", "?")}'
-           f' ({results.get("protocol", "?")}, {results.get("runs", "?")} runs, '
-           f'{"mean ± 95% CI" if ci else "no interval"}, %)')
-  rule = '-' * len(render(SESSION_HEADER))
-  footer = f'PD  {format_stat(results["pd"], ci)}    AVG  {format_stat(results["avg"], ci)}\n{PD_AVG}'
-  if reads_test_set(results):
-    footer += (f'\nbase model: step {results["base_model"]["step"]}, chosen on the base classes\' TEST images '
-               '(base.select_on_test)')
-  matrix = matrix_lines(results)
-  return '\n'.join([title, render(SESSION_HEADER), rule] + [render(r) for r in lines] + [rule, footer]
-                   + (['', MATRIX[0].upper() + MATRIX[1:] + ':'] + matrix if matrix else []))
-
-
-def matrix_cells(results: dict) -> list:
-  """The accuracy matrix as rows of cells: a header of the sessions, then per session of origin the mean
-  accuracy after each session ('' before it); [] for results without one."""
-  mean = (results.get('accuracy_matrix') or {}).get('mean')
-  if not mean:
-    return []
-  numbers = [str(s['session']) for s in in_order(results)]
-  return [['from / after'] + numbers] + [[n] + ['' if v is None else f'{v:.2f}' for v in row]
-                                          for n, row in zip(numbers, mean)]
-
-
-def matrix_lines(results: dict) -> list:
-  """`matrix_cells` as plain-text lines, right-aligned columns."""
-  cells = matrix_cells(results)
-  widths = [max(len(r[i]) for r in cells) for i in range(len(cells[0]))] if cells else []
-  return ['  '.join(c.rjust(w) for c, w in zip(r, widths)).rstrip() for r in cells]
-
-
-def csv_rows(rows: Sequence[Row], reference: Any = 0) -> list:
-  """The main table as dicts in the CSV's column order; '' for a missing session, for a refused gap and
-  for the intervals of a single run."""
-  ref, numbers = rows[resolve_reference(rows, reference)], session_numbers(rows)
+def main_table(rows: Sequence[Row], reference: Any = 0) -> list:
+  """The main table's records (report.csv): each session's, PD's and AVG's mean and ci95 (None: none), the gap."""
+  ref, (names, stats) = rows[resolve_reference(rows, reference)], row_stats(rows)
   out = []
-  for row in rows:
-    r, difference = row.results, gap(row, ref)
-    by_number = {s['session']: s['acc'] for s in r['sessions']}
-    ci95 = lambda stat: '' if stat is None or not has_interval(r) else stat['ci95']  # one run: no interval
+  for row, row_stat in zip(rows, stats):
+    r = row.results
     record = {'label': row.label, **{k: r[k] for k in ('dataset', 'method', 'protocol', 'runs')}}
-    for n in numbers:
-      record.update({f's{n}': by_number[n]['mean'] if n in by_number else '', f's{n}_ci95': ci95(by_number.get(n))})
-    record.update(pd=r['pd']['mean'], pd_ci95=ci95(r['pd']), avg=r['avg']['mean'],
-                  avg_ci95=ci95(r['avg']), gap='' if difference is None else difference, budget=budget(r),
-                  hardware=hardware(r))
-    out.append(record)
+    for name, stat in zip(names, row_stat):
+      record.update({name: stat and stat['mean'], f'{name}_ci95': stat.get('ci95') if stat and has_interval(r) else None})
+    out.append({**record, 'gap': gap(row, ref), 'interval': r.get('interval')})
   return out
 
 
-def write_csv(rows: Sequence[Row], path: str, reference: Any = 0) -> str:
-  """Write the main table to `path` as CSV (full-precision floats); return `path`."""
-  records = csv_rows(rows, reference)
-  with open(path, 'w', newline='', encoding='utf-8') as f:
-    writer = csv.DictWriter(f, fieldnames=list(records[0]))
-    writer.writeheader()
-    writer.writerows(records)
-  return path
+def format_table(rows: Sequence[Row], reference: Any = 0) -> str:
+  """The main table in markdown: accuracy per session ('-' where a row has none), PD, AVG and the gap."""
+  ref, (names, stats) = rows[resolve_reference(rows, reference)], row_stats(rows)
+  body = [[row.label + ('' if has_interval(row.results) else ' (1 run, no interval)')
+           + (' (base model chosen on test images)' if reads_test_set(row.results) else '')]
+          + [format_stat(stat, has_interval(row.results)) for stat in row_stat]
+          + ['n/a' if gap(row, ref) is None else f'{gap(row, ref):+.2f}'] for row, row_stat in zip(rows, stats)]
+  return table(['Method'] + [n[1:] for n in names[:-2]] + ['PD', 'AVG', 'gap'], body)
 
 
-def format_flatness_table(rows: Sequence[Row]) -> str:
-  """The paper's flatness table (indicator I and variance sigma^2 on the training and test sets), one
-  line per flatness file of each row; '' if no row has one."""
-  body = [[_escape(r.label), f'{f["bound"]:g}'] + [f'{f[s][k]:.4g}' for k in ('I', 'sigma2') for s in ('train', 'test')]
-          + [str(f['train']['num_draws']), f'{f["train"]["num_images"]} / {f["test"]["num_images"]}']
-          for r in rows for f in r.flatness]
-  header = ['Method', 'b', 'I (train)', 'I (test)', 'sigma^2 (train)', 'sigma^2 (test)', 'draws', 'images']
-  return markdown_table(header, body) if body else ''
+def reads_test_set(results: dict) -> bool:
+  return bool((results.get('base_model') or {}).get('reads_test_set'))  # base.select_on_test
 
 
 def format_norms_table(rows: Sequence[Row]) -> str:
-  """The paper's norm table: per row the mean and std over classes of the L2 norms of the base and novel
-  prototypes after the last session, averaged over runs; '' when no row has them (older results)."""
-  body = [[_escape(r.label)] + [format_stat(r.results['prototype_norms'][k], has_interval(r.results))
-                                for k in ('base_mean', 'base_std', 'novel_mean', 'novel_std')]
+  """The paper's norm table: the prototypes' L2 norms after the last session; '' when no row has them."""
+  body = [[r.label] + [format_stat(r.results['prototype_norms'][k], has_interval(r.results))
+                       for k in ('base_mean', 'base_std', 'novel_mean', 'novel_std')]
           for r in rows if r.results.get('prototype_norms')]
-  header = ['Method', 'base norm mean', 'base norm std', 'novel norm mean', 'novel norm std']
-  return markdown_table(header, body) if body else ''
+  return table(['Method', 'base norm mean', 'base norm std', 'novel norm mean', 'novel norm std'], body) if body else ''
 
 
-# ----------------------------------------------------------------------------- plots
+def format_flatness_table(rows: Sequence[Row]) -> str:
+  """The paper's flatness table: I and sigma^2 on the training and test sets, a line per flatness file."""
+  body = [[r.label, f'{f["bound"]:g}'] + [f'{f[s][k]:.4g}' for k in ('I', 'sigma2') for s in ('train', 'test')]
+          + [f['train']['num_draws'], f'{f["train"]["num_images"]} / {f["test"]["num_images"]}']
+          for r in rows for f in r.flatness]
+  header = ['Method', 'b', 'I (train)', 'I (test)', 'sigma^2 (train)', 'sigma^2 (test)', 'draws', 'images']
+  return table(header, body) if body else ''
 
 
-def _plot(rows: Sequence[Row], path: str, title: str, curves: Sequence[tuple], alpha: float) -> str:
-  """Each row's `curves` ((statistic, line style, label suffix)) per session with a shaded mean ± ci95
-  band, one colour per row, skipping null sessions; PNG at `path`. Draws on an Agg canvas of its own."""
-  from matplotlib.backends.backend_agg import FigureCanvasAgg
-  from matplotlib.figure import Figure
-  fig = Figure(figsize=(7.0, 4.5))
-  FigureCanvasAgg(fig)
-  ax = fig.add_subplot()
+def matrix_cells(results: dict) -> list:
+  """The accuracy matrix as a header and a row per session of origin ('' before it); [] without one."""
+  mean, numbers = (results.get('accuracy_matrix') or {}).get('mean'), [s['session'] for s in results['sessions']]
+  return [['from / after'] + numbers] + [[n] + ['' if v is None else f'{v:.2f}' for v in row]
+                                          for n, row in zip(numbers, mean)] if mean else []
+
+
+def session_rows(rows: Sequence[Row], all_sessions: bool = True) -> list:
+  """Label, session, classes, accuracy, base, novel and HM of each row's sessions (or last session)."""
+  return [[r.label, s['session'], s['num_classes']] + [format_stat(s.get(k), has_interval(r.results)) for k in KEYS]
+          for r in rows for s in r.results['sessions'][0 if all_sessions else -1:]]
+
+
+def format_session_table(results: dict) -> str:
+  """The plain table printed after a run or a seed sweep: sessions, PD and AVG, the accuracy matrix."""
+  ci, matrix = has_interval(results), matrix_cells(results)
+  lines = table(SESSION_HEADER[1:], [r[1:] for r in session_rows([Row('', results)])], plain=True).splitlines()
+  lines[1:1] = ['-' * len(lines[0])]
+  title = (f'{results.get("label") or results["method"]} on {results["dataset"]} ({results["protocol"]}, '
+           f'{results["runs"]} {"seeds" if "members" in results else "runs"}, %, '
+           + (f'mean ± 95% interval: {results.get("interval", "1.96 * std / sqrt(R)")})' if ci else 'no interval)'))
+  footer = [lines[1], f'PD  {format_stat(results["pd"], ci)}    AVG  {format_stat(results["avg"], ci)}', PD_AVG]
+  if reads_test_set(results):
+    footer.append(f'base model: step {results["base_model"]["step"]}, chosen on the base classes\' TEST images '
+                  '(base.select_on_test)')
+  return '\n'.join([title] + lines + footer + (['', MATRIX[0].upper() + MATRIX[1:] + ':',
+                                                table(matrix[0], matrix[1:], plain=True)] if matrix else []))
+
+
+def seed_runs(path: str) -> dict:
+  """{seed: results} of a seed sweep's members (its folder or summary.json) or of one workdir."""
+  file, results = results_path(path), load_results(path)
+  if 'values' in results:
+    raise ResultsError(f'{path}: a sweep over {results["field"]} holds no seeds to pair')
+  files = (sorted(glob.glob(os.path.join(os.path.dirname(file), 'member_*', 'results.json')))
+           if file.endswith('summary.json') else [file])
+  out = {((r.get('provenance') or {}).get('config') or {}).get('seed'): r for r in map(load_results, files)}
+  if None in out:
+    raise ResultsError(f'{path}: a run there records no seed (no provenance.config): nothing to pair it by')
+  return out
+
+
+def draws(results: dict) -> str:
+  """The digest of a run's shot draws; where none is recorded, what fixes them: seed, runs and data config."""
+  prov = results['provenance']
+  data = {k: v for k, v in prov['config']['data'].items() if k not in PATHS}
+  return prov.get('shots') or json.dumps([prov['config']['seed'], results['runs'], data], sort_keys=True)
+
+
+def pair(a: str, b: str) -> list:
+  """[(seed, A's results, B's)] of the same seeds, setting, classes, runs and shot draws; else a ValueError."""
+  runs_a, runs_b = seed_runs(a), seed_runs(b)
+  if sorted(runs_a) != sorted(runs_b):
+    raise ValueError(f'--paired: {a} holds seeds {sorted(runs_a)}, {b} {sorted(runs_b)}; pairs need the same seeds')
+  for seed in sorted(runs_a):
+    for what, key in (('setting', setting), ('classes', lambda r: [s['num_classes'] for s in r['sessions']]),
+                      ('number of runs', lambda r: r['runs']), ('shot draws', draws)):
+      if key(runs_a[seed]) != key(runs_b[seed]):
+        raise ValueError(f'--paired: seed {seed} has another {what} in {a} ({str(key(runs_a[seed]))[:60]}) than in '
+                         f'{b} ({str(key(runs_b[seed]))[:60]}); pairs need the same draws of the same protocol')
+  return [(seed, runs_a[seed], runs_b[seed]) for seed in sorted(runs_a)]
+
+
+def format_paired(pairs: list, a: str, b: str) -> str:
+  """B - A per session, PD and AVG: the mean over the seeds of each seed's difference of its means over the
+  same draws, its t-interval over the seeds and a verdict (resolved where the interval excludes 0)."""
+  picks = [(f'session {s["session"]}', lambda r, i=i: r['sessions'][i]['acc']['mean'])
+           for i, s in enumerate(pairs[0][1]['sessions'])] + [('PD', lambda r: r['pd']['mean']),
+                                                            ('AVG', lambda r: r['avg']['mean'])]
+  rows = [(name, statistics.fmean(d), t_interval(d)) for name, pick in picks
+          for d in [[pick(y) - pick(x) for _, x, y in pairs]]]
+  verdict = lambda m, h: 'n/a (one seed)' if h is None else 'resolved' if abs(m) > h else 'not resolved'
+  ci = lambda m, h: 'n/a' if h is None else f'[{m - h:+.2f}, {m + h:+.2f}]'
+  name, m, h = rows[-3]
+  return (f'{b} - {a}, paired over seeds {[s for s, _, _ in pairs]} ({pairs[0][1]["runs"]} draws each, averaged '
+          'within a seed); 95% interval t(0.975, S-1) * std(ddof=1) / sqrt(S) over the S seeds:\n\n'
+          + table(['', f'{b} - {a}', '95% CI', 'verdict'], [[n, f'{x:+.2f}', ci(x, y), verdict(x, y)]
+                                                           for n, x, y in rows], plain=True)
+          + f'\n\n{b} {"above" if m > 0 else "below" if m < 0 else "level with"} {a} at {name}: {m:+.2f}, '
+          f'95% CI {ci(m, h)}: {verdict(m, h)}')
+
+
+def plot(rows: Sequence[Row], path: str, title: str, curves: Sequence[tuple]) -> str:
+  """Each row's `curves` ((statistic, style, suffix)) per session with its ± ci95 band; PNG at `path`."""
+  from matplotlib.backends.backend_agg import FigureCanvasAgg  # pylint: disable=g-import-not-at-top
+  from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top
+  ax = FigureCanvasAgg(Figure(figsize=(7.0, 4.5))).figure.add_subplot()
   for i, row in enumerate(rows):
     for key, style, suffix in curves:
-      points = [(s['session'], s[key]['mean'], s[key]['ci95']) for s in in_order(row.results) if s.get(key)]
-      if not points:
-        continue
-      x, mean, ci = (list(v) for v in zip(*points))
+      points = [(s['session'], s[key]['mean'], s[key].get('ci95')) for s in row.results['sessions'] if s.get(key)]
+      x, mean, ci = zip(*points) if points else ((), (), ())
       ax.plot(x, mean, style, marker='o', markersize=3, color=f'C{i % 10}', label=row.label + suffix)
-      ax.fill_between(x, [m - c for m, c in zip(mean, ci)], [m + c for m, c in zip(mean, ci)],
-                      color=f'C{i % 10}', alpha=alpha, linewidth=0)
-  ax.set_xticks(session_numbers(rows))
-  ax.set_xlabel('session')
-  ax.set_ylabel('accuracy (%)')
-  ax.set_title(title)
+      if points and None not in ci and has_interval(row.results):
+        ax.fill_between(x, [m - c for m, c in zip(mean, ci)], [m + c for m, c in zip(mean, ci)],
+                        color=f'C{i % 10}', alpha=0.2 / len(curves), linewidth=0)
+  ax.set(xlabel='session', ylabel='accuracy (%)', title=title)
   ax.grid(alpha=0.3)
   ax.legend(fontsize='small')
-  fig.tight_layout()
-  fig.savefig(path, dpi=120)
+  ax.figure.savefig(path, dpi=120, bbox_inches='tight')
   return path
 
 
-def plot_accuracy(rows: Sequence[Row], path: str) -> str:
-  """Accuracy per session, one line per row with a shaded mean ± ci95 band; PNG at `path`."""
-  return _plot(rows, path, 'Accuracy per session (mean ± 95% CI)', [('acc', '-', '')], 0.2)
-
-
-def plot_base_novel(rows: Sequence[Row], path: str) -> str:
-  """Base (solid) and novel (dashed) accuracy per session, one colour per row; PNG at `path`."""
-  return _plot(rows, path, 'Base (solid) and novel (dashed) accuracy',
-               [('acc_base', '-', ' base'), ('acc_novel', '--', ' novel')], 0.12)
-
-
 def plot_matrix(rows: Sequence[Row], path: str) -> Optional[str]:
-  """One heatmap per row with an accuracy matrix, on one colour scale from the lowest cell (to the ten
-  below) to 100; PNG at `path`, or None where no row has a matrix."""
-  from matplotlib.backends.backend_agg import FigureCanvasAgg
-  from matplotlib.figure import Figure
-  shown = [r for r in rows if matrix_cells(r.results)]
+  """A heatmap per accuracy matrix on one colour scale, cells labelled; PNG at `path` (None: no matrix)."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from matplotlib.backends.backend_agg import FigureCanvasAgg  # pylint: disable=g-import-not-at-top
+  from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top
+  shown = [(r, np.array(r.results['accuracy_matrix']['mean'], float)) for r in rows if matrix_cells(r.results)]
   if not shown:
     return None
-  fig = Figure(figsize=(4.6 * len(shown), 4.2))
-  FigureCanvasAgg(fig)
-  low = 10 * math.floor(min(v for r in shown for row in r.results['accuracy_matrix']['mean'] for v in row
-                            if v is not None) / 10)
-  for k, row in enumerate(shown):
+  fig = FigureCanvasAgg(Figure(figsize=(4.6 * len(shown), 4.2))).figure
+  low = 10 * math.floor(min(np.nanmin(m) for _, m in shown) / 10)  # None cells are NaN: left blank
+  for k, (row, mean) in enumerate(shown):
     ax = fig.add_subplot(1, len(shown), k + 1)
-    mean = [[float('nan') if v is None else v for v in r] for r in row.results['accuracy_matrix']['mean']]
     image = ax.imshow(mean, vmin=low, vmax=100, cmap='viridis')
-    label_cells(ax, mean, low)
-    numbers = [s['session'] for s in in_order(row.results)]
-    ax.set_xticks(range(len(numbers)), numbers)
-    ax.set_yticks(range(len(numbers)), numbers)
-    ax.set_xlabel('after session')
-    ax.set_ylabel('classes of session')
+    for i, j in np.argwhere(~np.isnan(mean)):
+      ax.text(j, i, f'{mean[i, j]:.0f}', ha='center', va='center', fontsize=7,
+              color='white' if mean[i, j] < low + 0.6 * (100 - low) else 'black')
+    numbers = matrix_cells(row.results)[0][1:]
+    ax.set(xticks=range(len(numbers)), xticklabels=numbers, yticks=range(len(numbers)), yticklabels=numbers,
+           xlabel='after session', ylabel='classes of session')
     ax.set_title(row.label, fontsize='small')
   fig.colorbar(image, ax=fig.axes, label='accuracy (%)', shrink=0.8)
   fig.savefig(path, dpi=120)
   return path
 
 
-def label_cells(ax, mean: list, low: float) -> None:
-  """Each cell's mean written on it (none on NaN), white on the darker colours."""
-  for i, row in enumerate(mean):
-    for j, v in enumerate(row):
-      if v == v:  # not NaN
-        ax.text(j, i, f'{v:.0f}', ha='center', va='center', fontsize=7,
-                color='white' if v < low + 0.6 * (100 - low) else 'black')
+def source_line(row: Row) -> str:
+  """Where a row was read from: its setting and interval, the command line, --checkpoint's base model."""
+  r, prov = row.results, row.results.get('provenance') or {}
+  origin, src = prov.get('origin') or {}, prov.get('base_source') or {}
+  changes = ', '.join(f'{k}={v!r}' for k, v in (origin.get('changes') or {}).items())
+  parts = [f'{r["dataset"]}, {r["method"]}, {r["protocol"]}, {r["runs"]} runs', r.get('interval'),
+           origin.get('config') and origin['config'] + (changes and f' with {changes}'),
+           src and f'{src.get("note") or "base model"} from `{src["path"]}` (trained by {src.get("method")}, commit '
+                   f'{str(src.get("commit"))[:10]}; config differs in {", ".join(src.get("differences") or []) or "nothing"})',
+           reads_test_set(r) and f'base model of step {r["base_model"]["step"]}, chosen on the base classes\' test images']
+  return f'- {row.label}: `{row.source}` (' + '; '.join(p for p in parts if p) + ')'
 
 
-# ----------------------------------------------------------------------------- report
+def format_report(rows: Sequence[Row], reference: Any = 0, all_sessions: bool = False, paired: str = '') -> str:
+  """report.md: a section per table (where a row has its data), the paired comparison and the sources."""
+  ref = resolve_reference(rows, reference)
+  matrices = [f'{r.label}:\n\n{table(m[0], m[1:])}\n' for r in rows for m in [matrix_cells(r.results)] if m]
+  sections = [
+      ("Accuracy per session (%, mean ± 95% CI over runs; each row's interval in Sources)",
+       f'{format_table(rows, ref)}\n\n{PD_AVG}; {GAP} "{rows[ref].label}".' + ''.join(f'\n- {n}' for n in notes(rows, ref))),
+      (f'Base vs novel accuracy ({"every" if all_sessions else "last"} session)',
+       table(SESSION_HEADER, session_rows(rows, all_sessions))),
+      ('Accuracy matrix (%, mean over runs)', matrices and MATRIX[0].upper() + MATRIX[1:] + '.\n\n' + '\n'.join(matrices)),
+      ('Flatness of the base model (base loss over noise draws)', format_flatness_table(rows)),
+      ('Prototype norms after the last session (L2; mean ± 95% CI over runs)', format_norms_table(rows)),
+      ('Paired comparison', paired and f'```\n{paired}\n```'), ('Sources', '\n'.join(source_line(r) for r in rows))]
+  return '# F2M report\n\n' + ''.join(f'## {title}\n\n{text.rstrip()}\n\n' for title, text in sections if text)
 
 
-def build_rows(paths: Sequence[str], labels: Optional[Sequence[str]] = None) -> list:
-  """One Row per path (a sweep over a field: one per value, never pooled), labelled by `labels` (one per
-  path), else by the results' "label", else "<method> <workdir basename>"."""
-  if labels is not None and len(labels) != len(paths):
-    raise ValueError(f'got {len(labels)} labels for {len(paths)} results: {list(labels)}')
-  rows = []
-  for i, path in enumerate(paths):
-    results, file, flatness = load_results(path), results_path(path), load_flatness(path)
-    values = ([(f' {results["field"]}={v["value"]:g}', v) for v in results['values']] if 'values' in results
-              else [('', results)])
-    for suffix, r in values:
-      if labels is not None:
-        label = labels[i]
-      elif r.get('label'):
-        label = str(r['label'])
-      else:
-        label = f'{r["method"]} {os.path.basename(os.path.dirname(os.path.abspath(file)))}'
-      rows.append(Row(label=label + suffix, results=r, source=file, flatness=flatness))
-  return rows
-
-
-def load_flatness(path: str) -> tuple:
-  """The flatness files of a workdir: flatness.json, then any flatness_<time>.json that later runs of
-  `--mode flatness` (e.g. at another bound) wrote beside it; () if there are none."""
-  if not os.path.isdir(path):
-    return ()
-  names = [n for n in os.listdir(path)
-           if n == FLATNESS_NAME or (n.startswith('flatness_') and n.endswith('.json'))]
-  out = []
-  for name in sorted(names, key=lambda n: (n != FLATNESS_NAME, n)):
-    file = os.path.join(path, name)
-    try:
-      with open(file, encoding='utf-8') as f:
-        flat = json.load(f)
-      for split in ('train', 'test'):
-        for key in ('I', 'sigma2', 'num_draws', 'num_images'):
-          float(flat[split][key])
-      float(flat['bound'])
-    except (OSError, ValueError, KeyError, TypeError) as e:
-      raise ResultsError(f'{file}: not a flatness file of run.py --mode flatness ({e})') from e
-    out.append(flat)
-  return tuple(out)
-
-
-def format_report(rows: Sequence[Row], reference: Any = 0, all_sessions: bool = False) -> str:
-  """The full report.md text: main table, base/novel table, flatness and norm tables (where there are
-  any) and the list of sources."""
-  ref = rows[resolve_reference(rows, reference)]
-  sources = [f'- {_escape(r.label)}: `{r.source}` ({r.results["dataset"]}, {r.results["method"]}, '
-             f'{r.results["protocol"]}, {r.results["runs"]} runs'
-             + (f'; base model of step {r.results["base_model"]["step"]}, chosen on the base classes\' test '
-                'images' if reads_test_set(r.results) else '')
-             + ''.join(f'; {x}' for x in (origin(r.results), source_text(r.results), budget(r.results),
-                                          hardware(r.results)) if x) + ')' for r in rows]
-  flatness = format_flatness_table(rows)
-  norms = format_norms_table(rows)
-  matrices = [line for r in rows if matrix_cells(r.results) for line in
-              [f'{_escape(r.label)}:', '', markdown_table(matrix_cells(r.results)[0], matrix_cells(r.results)[1:]), '']]
-  refused = [f'- {_escape(w)}' for w in gap_warnings(rows, reference)]
-  return '\n'.join([
-      '# F2M report', '',
-      '## Accuracy per session (%, mean ± 95% CI over runs)', '',
-      format_table(rows, reference), '',
-      f'{PD_AVG}; {GAP} "{_escape(ref.label)}".', '',
-  ] + refused + [''] * bool(refused) + [
-      f'## Base vs novel accuracy ({"every" if all_sessions else "last"} session)', '',
-      format_base_novel_table(rows, all_sessions), '',
-  ] + (['## Accuracy matrix (%, mean over runs)', '', MATRIX[0].upper() + MATRIX[1:] + '.', ''] + matrices
-       if matrices else [])
-      + (['## Flatness of the base model (base loss over noise draws)', '', flatness, ''] if flatness else [])
-      + (['## Prototype norms after the last session (L2; mean ± 95% CI over runs)', '', norms, ''] if norms else [])
-      + ['## Sources', ''] + sources) + '\n'
-
-
-def write_report(rows: Sequence[Row], out: str, reference: Any = 0,
-                 all_sessions: bool = False) -> dict:
-  """Write report.md, report.csv, accuracy.png and base_novel.png into `out` (created if missing,
-  files overwritten); return {name: path}."""
+def write_report(rows: Sequence[Row], out: str, reference: Any = 0, all_sessions: bool = False,
+                 paired: str = '') -> dict:
+  """The report's files into `out` (created if missing, these files overwritten); returns {name: path}."""
   if not out or (os.path.exists(out) and not os.path.isdir(out)):
-    raise ValueError(f'--out {out!r} is not a folder: give a folder (created if missing) for the report\'s files')
+    raise ValueError(f"--out {out!r} is not a folder: give a folder (created if missing) for the report's files")
   os.makedirs(out, exist_ok=True)
-  paths = {name: os.path.join(out, name)
-           for name in ('report.md', 'report.csv', 'accuracy.png', 'base_novel.png', 'accuracy_matrix.png')}
+  paths = {n: os.path.join(out, n) for n in ('report.md', 'report.csv', 'accuracy.png', 'base_novel.png',
+                                             'accuracy_matrix.png')}
   with open(paths['report.md'], 'w', encoding='utf-8') as f:
-    f.write(format_report(rows, reference, all_sessions))
-  write_csv(rows, paths['report.csv'], reference)
-  plot_accuracy(rows, paths['accuracy.png'])
-  plot_base_novel(rows, paths['base_novel.png'])
+    f.write(format_report(rows, reference, all_sessions, paired))
+  records = main_table(rows, reference)
+  with open(paths['report.csv'], 'w', newline='', encoding='utf-8') as f:
+    csv.writer(f).writerows([list(records[0])] + [['' if v is None else v for v in r.values()] for r in records])
+  plot(rows, paths['accuracy.png'], 'Accuracy per session (mean ± 95% CI)', [('acc', '-', '')])
+  plot(rows, paths['base_novel.png'], 'Base (solid) and novel (dashed) accuracy',
+       [('acc_base', '-', ' base'), ('acc_novel', '--', ' novel')])
   if not plot_matrix(rows, paths['accuracy_matrix.png']):
     del paths['accuracy_matrix.png']
   return paths
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-  """CLI entry point (see the module docstring): print the main table (and the gaps refused), write the
-  report where --out asks and name its files. Returns the exit status."""
-  parser = argparse.ArgumentParser(prog='python -m f2m_jax.report',
-                                   description='Tabulate (and with --out, plot) the results of training runs.')
-  parser.add_argument('paths', nargs='+', help="workdirs holding results.json, sweeps' folders holding "
-                                               'summary.json, or those files')
-  parser.add_argument('--out', default=None, help='report folder for report.md, report.csv and the plots '
-                                                   '(created if missing); without it, nothing is written')
-  parser.add_argument('--reference', default=None,
-                      help='row whose last-session accuracy the gap column subtracts: a label or a '
-                           '0-based index (default: the first row)')
-  parser.add_argument('--labels', default=None, help='comma-separated labels, one per path')
-  parser.add_argument('--base-novel', choices=('last', 'all'), default='last',
-                      help='base/novel table for the last session only or for every session')
-  args = parser.parse_args(argv)
-  labels = [s.strip() for s in args.labels.split(',')] if args.labels is not None else None
+def paired(paths: Sequence[str], rows: Sequence[Row], asked: bool) -> str:
+  """The paired comparison of two paths (`asked`: --paired), or of two seed sweeps that pair; else ''."""
+  if asked and len(paths) != 2:
+    raise ValueError(f'--paired compares two runs or sweeps (A B), got {len(paths)} paths')
   try:
-    rows = build_rows(args.paths, labels)
-    reference = resolve_reference(rows, args.reference)
-    written = write_report(rows, args.out, reference, args.base_novel == 'all') if args.out is not None else {}
+    sweeps = len(paths) == 2 and all(results_path(p).endswith('summary.json') for p in paths)
+    return format_paired(pair(*paths), *[r.label for r in rows]) if asked or sweeps else ''
+  except (ValueError, KeyError, TypeError):
+    if asked:
+      raise
+    return ''  # no pair: the table alone
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+  """Print the tables (notes on stderr) and write the report where --out asks; exit status 2: bad input."""
+  parser = argparse.ArgumentParser(prog='python -m f2m_jax.report', description=__doc__.split('\n')[0])
+  parser.add_argument('paths', nargs='+', help="workdirs (results.json), sweeps' folders (summary.json) or those files")
+  parser.add_argument('--out', help='folder for report.md, report.csv and the plots (created if missing)')
+  parser.add_argument('--reference', help='the row the gap subtracts: a label or a 0-based index (default: the first)')
+  parser.add_argument('--labels', help='comma-separated labels, one per path')
+  parser.add_argument('--base-novel', choices=('last', 'all'), default='last', help='last session or every one')
+  parser.add_argument('--paired', action='store_true', help='A B of the same seeds, protocol and shot draws: B - A '
+                      'per session, PD and AVG, its t-interval over the seeds and a verdict')
+  args = parser.parse_args(argv)
+  try:
+    rows = build_rows(args.paths, args.labels and [s.strip() for s in args.labels.split(',')])
+    reference, comparison = resolve_reference(rows, args.reference), paired(args.paths, rows, args.paired)
+    written = (write_report(rows, args.out, reference, args.base_novel == 'all', comparison)
+               if args.out is not None else {})
   except ValueError as e:  # ResultsError included
     print(f'report: error: {e}', file=sys.stderr)
     return 2
-  for warning in gap_warnings(rows, reference):
-    print(f'report: warning: {warning}', file=sys.stderr)
-  print(format_table(rows, reference))
-  print(f'{PD_AVG}; {GAP} "{rows[reference].label}" (--reference)')
-  for row in rows:
-    if matrix_cells(row.results):
-      print('\n'.join(['', f'{row.label}: {MATRIX}'] + matrix_lines(row.results)))
+  print(''.join(f'report: warning: {n}\n' for n in notes(rows, reference)), end='', file=sys.stderr)
+  print(f'{format_table(rows, reference)}\n{PD_AVG}; {GAP} "{rows[reference].label}" (--reference)')
+  print(''.join(f'\n{r.label}: {MATRIX}\n{table(m[0], m[1:], plain=True)}\n' for r in rows
+                for m in [matrix_cells(r.results)] if m) + (f'\n{comparison}\n' if comparison else ''), end='')
   print('\n'.join(['wrote:'] + [f'  {p}' for p in written.values()]) if written else
         '(nothing written: --out DIR writes report.md, report.csv, accuracy.png, base_novel.png and '
         'accuracy_matrix.png)')

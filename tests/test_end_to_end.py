@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from conftest import far_above_chance, run_py, without_provenance
+from conftest import far_above_chance, run_py, tiny_smoke, without_provenance
 from f2m_jax import pipeline
 
 
@@ -62,7 +62,8 @@ def test_smoke_results_file_is_valid_and_learns(reference):
   assert all(abs(v - session_acc[step]) < 1e-3 for step, v in scalars['run_1/acc'])
   from f2m_jax import report
   text = report.format_report(report.build_rows([workdir]))
-  assert '20 steps of 80 (task_epochs), lr 0.1, M=2, b=0.005' in text and '(cpu), jax' in text
+  assert f'{workdir}/results.json` (synthetic, f2m, draws, 2 runs; the authors\': 1.96 * std(ddof=0)' in text
+  assert pipeline.base_budget(pipeline.resolve(tiny_smoke())) == '20 steps of 80 (task_epochs), lr 0.1, M=2, b=0.005'
 
 
 def _tensorboard_scalars(folder) -> dict:

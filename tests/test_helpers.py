@@ -1,13 +1,21 @@
-"""The small shared helpers: padding to a fixed shape, parameter trees as flat dicts, the SGD."""
+"""The small shared helpers: padding to a fixed shape, parameter trees as flat dicts, the SGD; the intervals
+over seeds and draws; what the shot draws record."""
+import math
+
 import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from scipy import stats
 
+from f2m_jax import evaluation
 from f2m_jax import optim
 from f2m_jax import padding
+from f2m_jax import report
 from f2m_jax import trees
+from f2m_jax.data import protocol
+from f2m_jax.data import synthetic
 
 
 def test_round_up():
@@ -63,3 +71,33 @@ def test_sgd_is_pytorchs_with_its_milestones():
   np.testing.assert_array_equal(p + u, p1)
   u, state = at_rate.update(jnp.ones(1), optim.set_rate(state, np.float32(optim.rate_at(1, 0.1, (1,), 0.1))), p1)
   np.testing.assert_allclose(p1 + u, float(p1[0]) - 0.01 * (0.9 * g1 + g2), rtol=1e-6)
+
+
+@pytest.mark.parametrize('values', [[50.0, 52.5], [40.0, 41.0, 45.5], [30.0, 31.25, 29.5, 33.0, 30.5]])
+def test_the_interval_over_seeds_is_students_t(values):
+  """t(0.975, S-1) * std(ddof=1) / sqrt(S) at S = 2, 3, 5, against the definition computed by hand in float64
+  (the quantiles checked against a printed table); over draws the authors' 1.96 * std(ddof=0) / sqrt(R)."""
+  s = len(values)
+  mean = math.fsum(values) / s
+  sd = math.sqrt(math.fsum((v - mean) ** 2 for v in values) / (s - 1))
+  quantile = stats.t.ppf(0.975, s - 1)
+  assert round(quantile, 3) == {2: 12.706, 3: 4.303, 5: 2.776}[s]
+  want = quantile * sd / math.sqrt(s)
+  assert report.t_interval(values) == pytest.approx(want, rel=1e-13, abs=0)
+  assert evaluation.summarize(values, 'seeds') == {'mean': pytest.approx(mean, rel=1e-15), 'runs': values,
+                                                   'ci95': pytest.approx(want, rel=1e-13, abs=0)}
+  population = math.sqrt(math.fsum((v - mean) ** 2 for v in values) / s)
+  assert evaluation.summarize(values)['ci95'] == pytest.approx(1.96 * population / math.sqrt(s), rel=1e-13)
+  assert evaluation.summarize(values[:1], 'seeds')['ci95'] is None and report.t_interval(values[:1]) is None
+
+
+def test_shot_draws_say_when_every_run_trains_on_the_same_images():
+  """A shot pool of data.shots images a class: every run draws the same shots (no interval over the runs);
+  a larger pool: the runs differ, and the digest follows the seed."""
+  sizes = dict(num_base=4, way=2, num_sessions=3, test_per_class=1, image_size=4)
+  same = protocol.shot_draws(synthetic.make_synthetic(train_per_class=5, **sizes), 'draws', 5, seed=0, runs=3)
+  bench = synthetic.make_synthetic(train_per_class=8, **sizes)
+  drawn = protocol.shot_draws(bench, 'draws', 5, seed=0, runs=3)
+  assert same['same'] and not drawn['same'] and not protocol.shot_draws(bench, 'draws', 5, 0, runs=1)['same']
+  assert drawn == protocol.shot_draws(bench, 'draws', 5, seed=0, runs=3)
+  assert drawn['digest'] != protocol.shot_draws(bench, 'draws', 5, seed=1, runs=3)['digest']

@@ -3,11 +3,16 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import os
 import pathlib
+import re
 
 import pytest
 
+from conftest import tiny_smoke
+from f2m_jax import cli
+from f2m_jax import evaluation
 from f2m_jax import report
 
 
@@ -101,35 +106,41 @@ def test_format_table_reference_by_label_and_index(workdirs):
   assert by_label[2].endswith('| +5.12 |') and by_label[3].endswith('| +0.00 |')
   assert by_label[4].endswith('| n/a |')
   assert report.resolve_reference(rows, '-1') == 2
-  with pytest.raises(ValueError, match='neither a label'):
-    report.resolve_reference(rows, 'nope')
-  with pytest.raises(ValueError, match='out of range'):
-    report.resolve_reference(rows, 3)
+  for wrong in ('nope', 3, -4):
+    with pytest.raises(ValueError, match=f'--reference {wrong!r} is neither a label .* nor an index of the 3 rows'):
+      report.resolve_reference(rows, wrong)
+
+
+def base_novel(md: str) -> list:
+  """The base/novel table's lines of a report.md."""
+  return md.split('## Base vs novel accuracy')[1].split('\n\n')[1].splitlines()
 
 
 def test_base_novel_table(workdirs):
   rows = report.build_rows(workdirs, ['f2m', 'base', 'cub'])
-  last = report.format_base_novel_table(rows).splitlines()
+  last = base_novel(report.format_report(rows))
   assert len(last) == 2 + 3
   # f2m last session 9: 100 classes, base 65.12, novel 35.12 ± 1.80, hm 40.12 ± 2.70.
   assert last[2] == '| f2m | 9 | 100 | 55.12 ± 0.90 | 65.12 ± 0.90 | 35.12 ± 1.80 | 40.12 ± 2.70 |'
   assert last[4].startswith('| cub | 11 | 200 | 57.00 ± 1.10 |')
-  every = report.format_base_novel_table(rows, all_sessions=True).splitlines()
+  every = base_novel(report.format_report(rows, all_sessions=True))
   assert len(every) == 2 + 9 + 9 + 11
   assert every[2] == '| f2m | 1 | 60 | 81.23 ± 0.10 | 91.23 ± 0.10 | - | - |'
 
 
-def test_csv_round_trip(workdirs, tmp_path):
+def test_csv_round_trip_and_plots(workdirs, tmp_path):
   rows = report.build_rows(workdirs, ['f2m', 'base', 'cub'])
-  path = report.write_csv(rows, str(tmp_path / 'r.csv'))
-  with open(path, newline='') as f:
+  paths = report.write_report(rows, str(tmp_path / 'out'))
+  for name in ('accuracy.png', 'base_novel.png'):
+    assert open(paths[name], 'rb').read(8) == b'\x89PNG\r\n\x1a\n' and os.path.getsize(paths[name]) > 1000
+  with open(paths['report.csv'], newline='') as f:
     records = list(csv.DictReader(f))
     f.seek(0)
     header = next(csv.reader(f))
   assert header[:5] == ['label', 'dataset', 'method', 'protocol', 'runs']
-  assert header[5:9] == ['s1', 's1_ci95', 's2', 's2_ci95'] and header[-7:] == [
-      'pd', 'pd_ci95', 'avg', 'avg_ci95', 'gap', 'budget', 'hardware']
-  assert len(header) == 5 + 2 * 11 + 7
+  assert header[5:9] == ['s1', 's1_ci95', 's2', 's2_ci95'] and header[-6:] == [
+      'pd', 'pd_ci95', 'avg', 'avg_ci95', 'gap', 'interval']
+  assert len(header) == 5 + 2 * 11 + 6
   f2m, base, cub = records
   assert (f2m['label'], f2m['dataset'], f2m['method'], f2m['protocol'], int(f2m['runs'])) == (
       'f2m', 'cifar100', 'f2m', 'draws', 10)
@@ -142,15 +153,6 @@ def test_csv_round_trip(workdirs, tmp_path):
   assert float(f2m['gap']) == 0.0
   assert float(base['gap']) == 50.0 - 55.125
   assert cub['gap'] == ''  # refused: another dataset and session count
-
-
-def test_plots_written(workdirs, tmp_path):
-  rows = report.build_rows(workdirs)
-  for fn, name in ((report.plot_accuracy, 'acc.png'), (report.plot_base_novel, 'bn.png')):
-    path = fn(rows, str(tmp_path / name))
-    with open(path, 'rb') as f:
-      data = f.read()
-    assert data.startswith(b'\x89PNG') and len(data) > 1000
 
 
 def test_main_writes_report(workdirs, tmp_path, capsys):
@@ -191,7 +193,7 @@ def test_flatness_table_from_workdirs(workdirs, tmp_path):
   assert '| F2M | 0.005 | 0.0506 | 0.08 | 0.0296 | 0.0334 | 1000 | 30000 / 6000 |' in md
   assert '| Baseline | 0.005 | 0.2993 | 0.4582 | 0.1451 | 0.2395 | 1000 | 30000 / 6000 |' in md
   assert md.index('| Baseline | 0.005 |') < md.index('| Baseline | 0.05 | 1.5 | 2.5 | 0.5 | 0.75 |')
-  assert '| cub |' not in report.format_flatness_table(rows)  # no flatness file: no line
+  assert '| cub |' not in md.split('## Flatness')[1].split('##')[0]  # no flatness file: no line
   assert '## Flatness' not in report.format_report(report.build_rows(workdirs[2:]))
   (pathlib.Path(workdirs[2]) / 'flatness.json').write_text('{"train": {}}')
   with pytest.raises(report.ResultsError, match='flatness.json'):
@@ -246,9 +248,9 @@ def test_one_run_shows_no_interval(tmp_path, workdirs):
   assert '81.23 ± 0.10' in f2m_line and '±' not in joint_line
   assert joint_line.startswith('| joint (1 run, no interval) | 80.00 | 75.00 |')
   assert '±' not in report.format_session_table(one) and 'no interval' in report.format_session_table(one)
-  record = report.csv_rows(rows)[1]
-  assert record['s1'] == 80.0 and record['s1_ci95'] == '' and record['pd_ci95'] == ''
-  assert report.csv_rows(rows)[0]['s1_ci95'] == 0.1
+  record = report.main_table(rows)[1]
+  assert record['s1'] == 80.0 and record['s1_ci95'] is None and record['pd_ci95'] is None
+  assert report.main_table(rows)[0]['s1_ci95'] == 0.1
 
 
 def test_the_printed_table_explains_pd_and_avg():
@@ -311,7 +313,7 @@ def test_runs_of_another_protocol_or_session_count_are_not_subtracted(tmp_path, 
   assert captured.err == ('report: warning: no gap for "f2m v" (cifar100, validation, 6 sessions): the reference '
                           '"f2m d" is cifar100, draws, 9 sessions, and only runs of the same dataset, protocol and '
                           'session count are subtracted\n')
-  assert [r['gap'] for r in report.csv_rows(report.build_rows(dirs))][1:] == [50.0 - 55.125, '']
+  assert [r['gap'] for r in report.main_table(report.build_rows(dirs))][1:] == [50.0 - 55.125, None]
   assert 'no gap for "f2m v"' in (tmp_path / 'out' / 'report.md').read_text()
 
 
@@ -357,3 +359,110 @@ def test_the_printed_table_explains_the_gap(workdirs, capsys):
   assert report.main(workdirs[:2]) == 0
   assert ('gap: last-session accuracy minus that of the reference row "F2M" (--reference)'
           in capsys.readouterr().out.splitlines()[4])
+
+
+def member(seed, accs, pd=None, runs=2, shots='d1', protocol='draws'):
+  """A member's results.json: session accuracies `accs` (means over `runs` draws), its seed and shot digest."""
+  r = {**make_results('f2m', accs, [0.1] * len(accs)), 'runs': runs, 'protocol': protocol,
+       'provenance': {'config': {'seed': seed, 'data': {'shots': 5, 'data_dir': f'/x{seed}'}}, 'shots': shots}}
+  if pd is not None:
+    r['pd'] = {'mean': pd, 'ci95': 0.1}
+  return r
+
+
+def sweep_folder(tmp_path, name, members):
+  """A seed sweep's folder: summary.json (its own numbers do not matter to a paired comparison) and members."""
+  root = tmp_path / name
+  root.mkdir()
+  (root / 'summary.json').write_text(json.dumps({**members[0], 'members': [{'seed': 0}]}))
+  for i, r in enumerate(members):
+    write_workdir(root, f'member_{i}', r)
+  return str(root)
+
+
+def test_a_paired_comparison_by_hand(tmp_path, capsys):
+  """B - A per seed (each seed's mean over its draws), then the mean and t(0.975, 1) * std(ddof=1) / sqrt(2)
+  over the 2 seeds, as computed here by hand: session 2 resolved, session 3 (the last) not; PD and AVG too."""
+  a = sweep_folder(tmp_path, 'a', [member(0, [60.0, 50.0, 40.0]), member(1, [62.0, 54.0, 41.0])])
+  b = sweep_folder(tmp_path, 'b', [member(1, [63.0, 55.1, 44.0]), member(0, [60.5, 51.0, 41.0])])  # by seed, not place
+  assert report.main([a, b, '--paired', '--labels', 'A,B']) == 0
+  out = capsys.readouterr().out
+  t1 = 12.706204736174698  # t(0.975, 1)
+  half = lambda d0, d1: t1 * abs(d0 - d1) / math.sqrt(2) / math.sqrt(2)
+  rows = {''.join(line.split()[:2]): line.split()[2:] for line in out.splitlines() if line.lstrip().startswith('session')}
+  s1, s2, s3 = (0.5, 1.0), (1.0, 1.1), (1.0, 3.0)  # seed 0's and seed 1's B - A
+  for (d0, d1), name in zip((s1, s2, s3), ('session1', 'session2', 'session3')):
+    m, h = (d0 + d1) / 2, half(d0, d1)
+    assert rows[name][:3] == [f'{m:+.2f}', f'[{m - h:+.2f},', f'{m + h:+.2f}]'], name
+  assert rows['session2'][3:] == ['resolved'] and rows['session3'][3:] == ['not', 'resolved']
+  m, h = 2.0, half(1.0, 3.0)
+  assert out.splitlines()[-2] == f'B above A at session 3: +2.00, 95% CI [{m - h:+.2f}, {m + h:+.2f}]: not resolved'
+  pd = [(60.5 - 41.0) - (60.0 - 40.0), (63.0 - 44.0) - (62.0 - 41.0)]  # PD from the sessions (make_results)
+  assert [l for l in out.splitlines() if l.strip().startswith('PD ')][0].split()[1] == f'{sum(pd) / 2:+.2f}'
+
+
+@pytest.mark.parametrize('change, message', [
+    (dict(seed=2), r'holds seeds \[0, 1\], .* \[0, 2\]; pairs need the same seeds'),
+    (dict(runs=3), 'seed 1 has another number of runs'),
+    (dict(shots='d2'), 'seed 1 has another shot draws'),
+    (dict(protocol='validation'), 'seed 1 has another setting'),
+])
+def test_a_paired_comparison_refuses_runs_that_do_not_pair(tmp_path, capsys, change, message):
+  a = sweep_folder(tmp_path, 'a', [member(0, [60.0, 50.0]), member(1, [62.0, 54.0])])
+  b = sweep_folder(tmp_path, 'b', [member(0, [60.0, 50.0]), member(**{'seed': 1, 'accs': [61.0, 52.0], **change})])
+  assert report.main([a, b, '--paired']) == 2
+  err = capsys.readouterr().err
+  assert len(err.splitlines()) == 1 and re.search(message, err), err
+  assert report.main([a, b]) == 0 and 'paired' not in capsys.readouterr().out  # two sweeps that do not pair: the table
+
+
+def test_two_sweeps_that_pair_are_compared_without_the_flag(tmp_path, capsys):
+  """Two seed sweeps of the same seeds and draws get the paired lines by themselves; one workdir (one seed)
+  paired with another gets no interval."""
+  a = sweep_folder(tmp_path, 'a', [member(0, [60.0, 50.0]), member(1, [62.0, 54.0])])
+  b = sweep_folder(tmp_path, 'b', [member(0, [61.0, 50.0]), member(1, [62.0, 56.0])])
+  assert report.main([a, b]) == 0
+  assert 'f2m b above f2m a at session 2: +1.00, 95% CI [-11.71, +13.71]: not resolved' in capsys.readouterr().out
+  one_a, one_b = (os.path.join(x, 'member_0') for x in (a, b))
+  assert report.main([one_a, one_b, '--paired', '--labels', 'A,B']) == 0
+  assert 'B level with A at session 2: +0.00, 95% CI n/a: n/a (one seed)' in capsys.readouterr().out
+  assert report.main([one_a, one_b, a, '--paired']) == 2 and 'got 3 paths' in capsys.readouterr().err
+
+
+def test_runs_on_the_same_shots_show_no_interval(tmp_path, capsys):
+  """Every run trained on the same shots: ci95 null, shown as '± n/a' (not '± 0.00') in the tables and empty in
+  the CSV, with the reason once on stderr and in report.md."""
+  same = {**make_results('baseline', BASE_ACCS, [0.0] * 9), 'interval': evaluation.SAME_SHOTS}
+  for s in same['sessions']:
+    for k in report.KEYS:
+      if s[k]:
+        s[k]['ci95'] = None
+  same['pd']['ci95'] = same['avg']['ci95'] = None
+  workdir = write_workdir(tmp_path, 'same', same)
+  assert report.main([workdir, '--out', str(tmp_path / 'out')]) == 0
+  out, err = capsys.readouterr()
+  assert '| baseline same | 80.00 ± n/a | 75.00 ± n/a |' in out and '± 0.00' not in out
+  assert err == f'report: warning: "baseline same": interval {evaluation.SAME_SHOTS}\n'
+  assert f'- "baseline same": interval {evaluation.SAME_SHOTS}' in (tmp_path / 'out' / 'report.md').read_text()
+  assert report.main_table(report.build_rows([workdir]))[0]['s1_ci95'] is None
+  text = report.format_session_table(same)
+  assert evaluation.SAME_SHOTS in text.splitlines()[0] and '80.00 ± n/a' in text
+
+
+@pytest.mark.slow
+def test_a_run_whose_runs_draw_the_same_shots_says_so(reference, tmp_path, capsys):
+  """Shot pools of data.shots images a class (the synthetic source's 40 a class, 40 shots): every run trains on
+  the same shots, so results.json, results.csv and the printed table give no interval (null, empty, '± n/a';
+  the per-run values stay) and say why once. The Baseline's sessions (no training) on the reference run's
+  base model (--checkpoint): programs the suite has built."""
+  workdir = tmp_path / 'same'
+  assert cli.main(tiny_smoke(**{'method': 'baseline', 'data.shots': 40}), str(workdir), 'train',
+                  checkpoint=reference[0]) == 0
+  out = capsys.readouterr().out
+  results = json.loads((workdir / 'results.json').read_text())
+  assert results['interval'] == evaluation.SAME_SHOTS and len(results['sessions'][-1]['acc']['runs']) == 2
+  assert all(s['acc']['ci95'] is None for s in results['sessions']) and results['pd']['ci95'] is None
+  assert out.count(evaluation.SAME_SHOTS) == 1 and '± n/a' in out and '± 0.00' not in out
+  with open(workdir / 'results.csv', newline='') as f:
+    assert {r['acc_ci95'] for r in csv.DictReader(f)} == {''}
+  assert reference[1]['interval'] == evaluation.INTERVALS['draws'] and reference[1]['pd']['ci95'] > 0

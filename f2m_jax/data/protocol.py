@@ -1,6 +1,8 @@
 """Which images each session trains on: TOPIC fixed lists or F2M's seeded draws (docs/data.md, 'Protocols')."""
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
 
 from f2m_jax.data.types import Benchmark, check_session_indices
@@ -33,6 +35,20 @@ def session_shots(benchmark: Benchmark, protocol: str, run: int, session: int, s
     raise ValueError(f'protocol={protocol!r} is not one of {PROTOCOLS}')
   check_session_indices(benchmark, indices, session, shots)
   return indices
+
+
+def shot_draws(benchmark: Benchmark, protocol: str, shots: int, seed: int, runs: int) -> dict:
+  """Every run's shots (`session_shots`) in brief: `digest`, a hash of their indices and labels run by run
+  (equal digests, equal draws: what a paired comparison needs), and `same`: whether every run trains on the
+  same images (TOPIC's lists, or shot pools of `shots` images a class), so the runs are no draws of them."""
+  digest, first, same = hashlib.sha256(), None, runs > 1
+  for run in range(runs):
+    indices = np.concatenate([np.zeros(0, np.int64)] + [session_shots(benchmark, protocol, run, s, shots, seed)
+                                                        for s in range(2, benchmark.num_sessions + 1)])
+    digest.update(np.stack([indices, benchmark.train.labels[indices]]).astype(np.int64).tobytes())
+    first = indices if first is None else first
+    same = same and np.array_equal(indices, first)
+  return {'digest': digest.hexdigest()[:16], 'same': bool(same)}
 
 
 def class_aware_epoch(labels: np.ndarray, pool: np.ndarray, per_class: int, seed: int, epoch: int,
