@@ -16,7 +16,7 @@ from conftest import without_provenance
 from f2m_jax.data import augment, fake_folders, folder, protocol, sources
 from f2m_jax.data.types import DataError
 
-SPEC = fake_folders.FOLDER_SPEC  # 20 classes: 10 base + 5 sessions x 2-way, 12 train and 6 test images each
+SPEC = fake_folders.SPECS['folder']  # 20 classes: 10 base + 5 sessions x 2-way, 12 train and 6 test images each
 
 
 @pytest.fixture(scope='module')

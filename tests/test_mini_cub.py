@@ -29,9 +29,9 @@ def _no_decode(*args):
 # ---------------------------------------------------------------- the real TOPIC lists
 
 @pytest.mark.skipif(not (MINI_LISTS / 'session_1.txt').is_file(), reason=f'no lists in {MINI_LISTS}')
-def test_real_mini_imagenet_lists():
+def test_real_mini_imagenet_lists(tmp_path):
   spec = folder.Spec('mini_imagenet', train=str(MINI_LISTS / 'train.csv'), test=str(MINI_LISTS / 'test.csv'),
-                     root='/no-images-needed', lists=str(MINI_LISTS), num_base=60, way=5, num_sessions=9,
+                     root=str(tmp_path), lists=str(MINI_LISTS), num_base=60, way=5, num_sessions=9,
                      protocol='topic')
   p = folder.read_protocol(spec)
   assert len(p.order) == 100 and list(p.order) == sorted(p.order)
@@ -79,7 +79,7 @@ def test_real_cub200_lists(tmp_path):
 
 def test_fake_mini_imagenet_benchmark(fake_root, tmp_path):
   b = layouts.load('mini_imagenet', fake_root, fake_root / 'index_list' / 'mini_imagenet', tmp_path, image_size=32)
-  spec = fake_folders.MINI_SPEC
+  spec = fake_folders.SPECS['mini_imagenet']
   assert b.name == 'mini_imagenet' and b.num_sessions == 9 and b.num_base_classes == 8
   assert b.session_classes[1:] == tuple((8 + 2 * i, 9 + 2 * i) for i in range(8))
   n_cls = fake_folders.num_classes(spec)
@@ -101,7 +101,7 @@ def test_fake_mini_imagenet_benchmark(fake_root, tmp_path):
 
 def test_fake_cub200_benchmark(fake_root, tmp_path):
   b = layouts.load('cub200', fake_root, fake_root / 'index_list' / 'cub200', tmp_path, image_size=56)
-  spec = fake_folders.CUB_SPEC
+  spec = fake_folders.SPECS['cub200']
   n_cls = fake_folders.num_classes(spec)
   assert b.name == 'cub200' and b.num_sessions == 11 and b.num_base_classes == 8
   assert [len(c) for c in b.session_classes] == [8] + [2] * 10
@@ -120,8 +120,8 @@ def test_fake_cub200_benchmark(fake_root, tmp_path):
 
 def test_fake_folder_is_deterministic(tmp_path):
   a, b = tmp_path / 'a', tmp_path / 'b'
-  fake_folders.write_fake_mini_imagenet(a)
-  fake_folders.write_fake_mini_imagenet(b)
+  fake_folders.write_images(a, 'mini_imagenet')
+  fake_folders.write_images(b, 'mini_imagenet')
   files = sorted(p.relative_to(a) for p in a.rglob('*') if p.is_file())
   assert files and files == sorted(p.relative_to(b) for p in b.rglob('*') if p.is_file())
   assert all((a / f).read_bytes() == (b / f).read_bytes() for f in files)

@@ -106,7 +106,7 @@ def folder_spec(config, writes: bool = True) -> Optional[tuple]:
   fields = dict(shots=config.data.shots, protocol=config.data.protocol)
   root = None
   if config.data.source == 'fake_folder':
-    root = fake_folders.fake_folder(cache) if writes else fake_folders.generated(cache)
+    root = fake_folders.fake_folder(cache, create=writes)
     if root is None:
       return None
   if uses_layout(config):
