@@ -26,7 +26,6 @@ from f2m_jax.workdir import flat_items
 
 AUGMENTS = {'rrc_flip': 'random-resized crops and horizontal flips', 'none': 'none',
             'crop_flip': 'random crops of the image padded by 4 pixels and horizontal flips'}
-GRAYSCALE = {'1', 'L', 'LA', 'I', 'I;16', 'F'}  # PIL's modes of one channel (and alpha)
 
 
 def describe(config, origin, time_step: bool = False, checkpoint=None) -> str:
@@ -110,7 +109,8 @@ def files_line(paths: list, sample: int = 24) -> str:
       pass
   if not heads:
     return f'none of the {min(sample, len(paths))} files read is an image'
-  (w0, h0), (w1, h1), modes = np.min([h[:2] for h in heads], 0), np.max([h[:2] for h in heads], 0), {h[2] for h in heads}
+  (w0, h0), (w1, h1) = np.min([h[:2] for h in heads], 0), np.max([h[:2] for h in heads], 0)
+  modes = {h[2] for h in heads}
   gray = ' (grayscale: its value in all three channels)' if modes & {'1', 'L', 'LA', 'I', 'I;16'} else ''
   return (f'{w0}x{h0}' if (w0, h0) == (w1, h1) else f'widths {w0} to {w1}, heights {h0} to {h1}') + (
       f' pixels, colour mode {"/".join(sorted(modes))}{"" if modes == {"RGB"} else f", converted to RGB{gray}"} '
@@ -161,9 +161,8 @@ def step_line(config, b, time_step: bool, checkpoint) -> str:
     return (f'base step: {seconds:.3g} s, measured (compiled in {record["compile_s"]:.0f} s, then 3 steps on random '
             f'images of the config\'s shapes); base.steps={steps:,}: about {progress.elapsed(seconds * steps)}')
   program = base_lib.make_train_program(exp.model, exp.noise, exp.optimizer(), exp.bench, c.members.map, mesh)
-  shape = lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype)  # pylint: disable=unnecessary-lambda-assignment
   state = jax.tree_util.tree_map(lambda s: jax.ShapeDtypeStruct((1, *s.shape), s.dtype), exp.state_shapes())
-  lowered = program.lower(state, shape(exp.bench.train.images), shape(exp.bench.train.labels),
+  lowered = program.lower(state, exp.bench.train.images, exp.bench.train.labels,  # traced: only shapes matter
                           np.zeros((1, 1, bench.base_batch(c)), np.int32), np.int32(1), jnp.stack([exp.key(0)]),
                           np.full((1,), c.noise.bound, np.float32))
   flops, rate = float(lowered.cost_analysis()['flops']), matmul_rate()

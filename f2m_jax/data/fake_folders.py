@@ -72,7 +72,7 @@ def write_images(root: pathlib.Path, name: str) -> list:
       rows.append((c, path(c, k, is_test[k]), is_test[k]))
       file = root / rows[-1][1]
       file.parent.mkdir(parents=True, exist_ok=True)
-      Image.fromarray(img).save(file, **(dict(format='PNG') if file.suffix == '.png' else dict(format='JPEG', quality=95)))
+      Image.fromarray(img).save(file, **({'format': 'PNG'} if file.suffix == '.png' else {'quality': 95}))
   for t, lines in enumerate(sessions, start=1):
     write_lines(root / lists / f'session_{t}.txt', lines)
   return rows

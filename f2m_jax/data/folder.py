@@ -115,8 +115,9 @@ def read_csv(path: pathlib.Path, root: pathlib.Path, split: str) -> Table:
       raise DataError(f'{path}:{n}: every row needs a value in each of the columns {", ".join(rows[0])}; got {r}')
   files, names, *given = zip(*([r[i] for i in columns] for r in rows[1:]))
   splits = tuple(s.lower() for s in given[0]) if given else (split,) * len(files)
-  if set(splits) - {'train', 'test'}:
-    raise DataError(f'{path}: the split column holds {sorted(set(splits) - {"train", "test"})[:3]}; allowed: train, test')
+  bad = sorted(set(splits) - {'train', 'test'})
+  if bad:
+    raise DataError(f'{path}: the split column holds {bad[:3]}; allowed: train, test')
   return Table(root, files, names, splits, str(path))
 
 
@@ -133,7 +134,7 @@ def read_images(spec: Spec, name: str) -> Table:
   if path.is_file() and path.suffix.lower() == '.csv':
     return read_csv(path, pathlib.Path(spec.root or path.parent), name)
   unset = ' (an environment variable in it is unset?)' if '$' in given else ''
-  raise DataError(f'data.folder.{name}={given!r}{" does not exist" if not path.exists() else " is not a folder or a .csv"}'
+  raise DataError(f'data.folder.{name}={given!r}{" is not a folder or a .csv" if path.exists() else " does not exist"}'
                   f'{unset}; allowed: a folder with one subfolder of images per class, or a CSV of path,label[,split]')
 
 
@@ -165,10 +166,8 @@ def split_off(table: Table, spec: Spec) -> np.ndarray:
                     f'test_per_class={spec.test_per_class} must leave every class training images: lower it')
   n = len(label)
   rank = np.arange(n) if spec.split_by == 'first' else np.random.default_rng(spec.split_seed).permutation(n)
-  order = np.lexsort((rank, label))
-  is_test = np.zeros(n, bool)
-  is_test[order[np.arange(n) - np.repeat(np.cumsum(counts) - counts, counts) < spec.test_per_class]] = True
-  return is_test
+  within = np.arange(n) - np.repeat(np.cumsum(counts) - counts, counts)  # place in its class, by class and rank
+  return np.isin(np.arange(n), np.lexsort((rank, label))[within < spec.test_per_class])
 
 
 # ================================================================ classes, layout, lists
@@ -284,8 +283,7 @@ def read_protocol(spec: Spec) -> Protocol:
   """The `Protocol` of `spec` from its tables (`read_tables` where None), every check made; no image is read."""
   train, test = spec.tables or read_tables(spec)
   order = class_order(spec, train)
-  found = len(set(train.names))
-  counted = f'{train.where} has {found} classes' + (
+  counted = f'{train.where} has {len(set(train.names))} classes' + (
       f' and data.folder.classes={spec.classes!r} lists {len(order)} of them, the classes used'
       if isinstance(spec.classes, str) and spec.classes else '')
   train, train_labels = labelled(train, order, strict=False)
@@ -362,15 +360,14 @@ def decode_cached(paths: Sequence[pathlib.Path], cache_folder, name: str, resize
   if not paths:
     return np.zeros(shape, np.uint8)
   target = cached_file(paths, cache_folder, name, resize, crop, desc, how_to_get)
-  folder = target.parent
   try:
     done = np.load(target, mmap_mode='r')
     if done.shape == shape and done.dtype == np.uint8:
       return done
   except (OSError, ValueError):  # absent, unreadable or truncated: decode again
     pass
-  folder.mkdir(parents=True, exist_ok=True)
-  remove_stale(folder, '.*.npy.*.tmp')  # every killed decode's (of any data), not only this file's
+  target.parent.mkdir(parents=True, exist_ok=True)
+  remove_stale(target.parent, '.*.npy.*.tmp')  # every killed decode's (of any data), not only this file's
   with written_atomically(target) as tmp:
     out = np.lib.format.open_memmap(tmp, mode='w+', dtype=np.uint8, shape=shape)
 
@@ -382,7 +379,7 @@ def decode_cached(paths: Sequence[pathlib.Path], cache_folder, name: str, resize
                         'be an image PIL reads (JPEG, PNG, ...): replace or remove it') from e
 
     with concurrent.futures.ThreadPoolExecutor(max(1, min(16, os.cpu_count() or 1))) as pool, \
-        progress.bar(len(paths), f'decoding {desc or name} (once, cached in {folder})', file=sys.stderr,
+        progress.bar(len(paths), f'decoding {desc or name} (once, cached in {target.parent})', file=sys.stderr,
                      unit='img') as bar:
       for _ in pool.map(work, range(len(paths))):
         bar.update(1)

@@ -45,25 +45,22 @@ def check_layout(dataset: str, data_dir) -> pathlib.Path:
   return root
 
 
-def mini_csv(root: pathlib.Path, index_dir, name: str) -> pathlib.Path:
+def mini_csv(root: pathlib.Path, index_dir, name: str) -> str:
   """`<index_dir>/<name>.csv` if present, else `<root>/split/<name>.csv`."""
-  for path in (pathlib.Path(index_dir) / f'{name}.csv', root / 'split' / f'{name}.csv'):
-    if path.is_file():
-      return path
-  raise DataError(f'miniImageNet split file {name}.csv not found in {index_dir} or {root / "split"}.\n'
-                  f'{HOW_TO_GET["mini_imagenet"]}')
+  found = [p for p in (pathlib.Path(index_dir) / f'{name}.csv', root / 'split' / f'{name}.csv') if p.is_file()]
+  if not found:
+    raise DataError(f'miniImageNet split file {name}.csv not found in {index_dir} or {root / "split"}.\n'
+                    f'{HOW_TO_GET["mini_imagenet"]}')
+  return str(found[0])
 
 
 def _read_pairs(path: pathlib.Path) -> dict:
   """{int id: value} from '<id> <value>' lines."""
-  out = {}
-  for n, line in enumerate(path.read_text().splitlines(), start=1):
-    parts = line.strip().split(maxsplit=1)
+  lines = [(n, line, line.split(maxsplit=1)) for n, line in enumerate(path.read_text().splitlines(), start=1)]
+  for n, line, parts in lines:
     if parts and (len(parts) != 2 or not parts[0].isdigit()):
       raise DataError(f'{path}:{n}: expected "<id> <value>", got {line!r}')
-    if parts:
-      out[int(parts[0])] = parts[1].strip()
-  return out
+  return {int(parts[0]): parts[1].strip() for _, _, parts in lines if parts}
 
 
 def cub_tables(root: pathlib.Path) -> tuple:
@@ -94,7 +91,7 @@ def spec(dataset: str, data_dir, index_dir=None, cache_dir=None, image_size: int
   common = dict(name=dataset, lists=str(index_dir), image_size=image_size or IMAGE_SIZE[dataset],
                 resize=RESIZE[dataset], how_to_get=HOW_TO_GET[dataset], **fields)
   if dataset == 'mini_imagenet':
-    return folder.Spec(train=str(mini_csv(root, index_dir, 'train')), test=str(mini_csv(root, index_dir, 'test')),
+    return folder.Spec(train=mini_csv(root, index_dir, 'train'), test=mini_csv(root, index_dir, 'test'),
                        root=str(root / 'images'), **common)
   train, test, order = cub_tables(root)
   return folder.Spec(classes=order, tables=(train, test), **common)

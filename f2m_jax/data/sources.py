@@ -36,12 +36,10 @@ def needs_data_dir(config) -> bool:
 def how_to_get(config) -> str:
   """What to put into the data folder for the config's dataset and source, and how to get it ('' for
   sources that read no data folder)."""
-  dataset, source = config.data.dataset, config.data.source
-  if source == 'folder' and uses_layout(config):
-    return layouts.HOW_TO_GET[dataset]
-  if dataset == 'cifar100' and source == 'trainsplit':
-    return cifar100.TRAINSPLIT_HOW_TO_GET
-  return ''
+  if config.data.source == 'folder' and uses_layout(config):
+    return layouts.HOW_TO_GET[config.data.dataset]
+  trainsplit = (config.data.dataset, config.data.source) == ('cifar100', 'trainsplit')
+  return cifar100.TRAINSPLIT_HOW_TO_GET if trainsplit else ''
 
 
 def load_benchmark(config) -> Benchmark:
@@ -114,7 +112,7 @@ def folder_spec(config, writes: bool = True) -> Optional[folder.Spec]:
     size = int(config.data.get('image_size', 0) or 0)
     return layouts.spec(dataset, root or data_dir(config), index_dir, cache, size, **fields)
   f = config.data.folder
-  path = lambda p: os.path.expanduser(os.path.expandvars(p)) if p else ''  # pylint: disable=unnecessary-lambda-assignment
+  path = lambda p: os.path.expanduser(os.path.expandvars(p)) if p else ''
   files = {name: path(f[name]) for name in ('train', 'test', 'root', 'lists', 'classes')}
   if root is not None:  # the generated folder of 20 classes and its lists instead of the user's files
     files.update({name: str(root / 'folder' / name) for name in ('train', 'test', 'lists')})
