@@ -235,7 +235,7 @@ def folder_section() -> ml_collections.ConfigDict:
       test='',  # the test images the same way ('' where the CSV's split column or test_per_class gives them)
       class_depth=0,  # a folder's class: 0 the image's folder (its path under train/test), k its first k levels
       test_per_class=0,  # > 0: that many images of each class of `train` are its test images instead
-      split_by='first',  # those test images: 'first' (in sorted path order) or 'random' (seeded by split_seed)
+      split_by='first',  # those test images: 'first' (a folder's sorted paths, a CSV's rows) or 'random' (by split_seed)
       split_seed=0,
       root='',  # the folder a CSV's relative paths start from ('': the CSV's own folder)
       classes='',  # '' (the sorted class names) or a file listing the class names in order

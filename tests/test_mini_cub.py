@@ -169,6 +169,16 @@ def test_missing_data_errors(tmp_path):
     load('mini_imagenet', '', None, tmp_path / 'cache')
 
 
+def test_cub_metadata_lines(tmp_path):
+  """CUB's '<id> <value>' files: blank lines skipped, a line of another form named by its number."""
+  path = tmp_path / 'images.txt'
+  path.write_text('1 001.Albatross/a b.jpg\n\n2  002.Crow/c.jpg \n')
+  assert layouts._read_pairs(path) == {1: '001.Albatross/a b.jpg', 2: '002.Crow/c.jpg'}  # pylint: disable=protected-access
+  path.write_text('1 001.Albatross/a.jpg\nx 002.Crow/c.jpg\n')
+  with pytest.raises(DataError, match=f'{path}:2: expected "<id> <value>", got \'x 002.Crow/c.jpg\''):
+    layouts._read_pairs(path)  # pylint: disable=protected-access
+
+
 def test_incomplete_data_errors(fake_root, tmp_path):
   root = tmp_path / 'data'
   shutil.copytree(fake_root, root)

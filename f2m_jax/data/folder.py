@@ -104,12 +104,7 @@ def read_csv(path: pathlib.Path, root: pathlib.Path, split: str) -> Table:
   """The rows of a CSV with a header naming path (or filename), label and optionally split (else `split`)."""
   with open(path, newline='', encoding='utf-8') as f:
     rows = [[c.strip() for c in r] for r in csv.reader(f) if any(c.strip() for c in r)]
-  header = [c.lower() for c in rows[0]] if rows else []
-  columns = [header.index(c) for c in ('path' if 'path' in header else 'filename', 'label', 'split') if c in header]
-  if len(columns) < 2 or header[columns[1]] != 'label' or len(rows) < 2:
-    raise DataError(f'{path}: expected a header naming the columns path (or filename), label and optionally '
-                    f'split, then one row per image; got {rows[0] if rows else "an empty file"}'
-                    + ('' if len(rows) != 1 else ' and no rows'))
+  columns = csv_columns(path, rows)
   for n, r in enumerate(rows[1:], start=2):
     if len(r) <= max(columns) or not all(r[i] for i in columns):
       raise DataError(f'{path}:{n}: every row needs a value in each of the columns {", ".join(rows[0])}; got {r}')
@@ -119,6 +114,17 @@ def read_csv(path: pathlib.Path, root: pathlib.Path, split: str) -> Table:
   if bad:
     raise DataError(f'{path}: the split column holds {bad[:3]}; allowed: train, test')
   return Table(root, files, names, splits, str(path))
+
+
+def csv_columns(path: pathlib.Path, rows: list) -> list:
+  """The column numbers of path (or filename), label and split (where there is one) in a CSV's header row."""
+  header = [c.lower() for c in rows[0]] if rows else []
+  columns = [header.index(c) for c in ('path' if 'path' in header else 'filename', 'label', 'split') if c in header]
+  if len(columns) < 2 or header[columns[1]] != 'label' or len(rows) < 2:
+    raise DataError(f'{path}: expected a header naming the columns path (or filename), label and optionally '
+                    f'split, then one row per image; got {rows[0] if rows else "an empty file"}'
+                    + ('' if len(rows) != 1 else ' and no rows'))
+  return columns
 
 
 def read_images(spec: Spec, name: str) -> Table:

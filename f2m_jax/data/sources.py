@@ -109,8 +109,7 @@ def folder_spec(config, writes: bool = True) -> Optional[folder.Spec]:
                  None if writes else index_lists.local_index_list_dir(dataset, data_dir(config), cache))
     if index_dir is None and not writes:
       return None
-    size = int(config.data.get('image_size', 0) or 0)
-    return layouts.spec(dataset, root or data_dir(config), index_dir, cache, size, **fields)
+    return layouts.spec(dataset, root or data_dir(config), index_dir, cache, config.data.get('image_size', 0), **fields)
   f = config.data.folder
   path = lambda p: os.path.expanduser(os.path.expandvars(p)) if p else ''
   files = {name: path(f[name]) for name in ('train', 'test', 'root', 'lists', 'classes')}
