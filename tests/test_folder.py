@@ -187,7 +187,8 @@ def test_a_seeded_split_of_one_folder(tmp_path, split_by):
     assert len(chosen) == 3 and sum(n == name for n in train.names) == 4
     if split_by == 'first':
       assert chosen == [f'{name}/{k:02d}.png' for k in range(3)]
-  assert test.where.endswith('omniglot (data.folder.test_per_class=3 of each class, split_by ' f'{split_by})')
+  assert test.where.endswith(f'omniglot (data.folder.test_per_class=3 of each class, split_by {split_by}'
+                             + (', split_seed 5)' if split_by == 'random' else ')'))
   again = folder.read_tables(spec)
   other = folder.read_tables(dataclasses.replace(spec, split_seed=6))
   assert again == (train, test) and (other == (train, test)) == (split_by == 'first')
@@ -216,7 +217,7 @@ def test_a_dry_run_shows_classes_images_and_their_files(tmp_path, capsys):
       '  training images per class (min / median / max): base classes 20 / 20 / 20; later classes 20 / 20 / 20 '
       '(their shots are drawn from these)',
       f'  test images per class (min / median / max): 6 / 6 / 6, 72 in all, from {root} '
-      "(data.folder.test_per_class=6 of each class, split_by random)",
+      "(data.folder.test_per_class=6 of each class, split_by random, split_seed 1)",
       '  image files: widths 40 to 44, heights 40 to 48 pixels, colour mode L, converted to RGB (grayscale: its '
       'value in all three channels) (24 of 312 files read)',
       '  training augmentation: random-resized crops and horizontal flips (rrc_flip)']

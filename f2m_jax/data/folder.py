@@ -158,7 +158,8 @@ def read_tables(spec: Spec) -> tuple:
   where = f'{given.where} (its split=test rows; data.folder.test is empty)'
   if spec.test_per_class:
     is_test = split_off(given, spec)
-    where = f'{given.where} (data.folder.test_per_class={spec.test_per_class} of each class, split_by {spec.split_by})'
+    how = f'split_by {spec.split_by}' + (f', split_seed {spec.split_seed}' if spec.split_by == 'random' else '')
+    where = f'{given.where} (data.folder.test_per_class={spec.test_per_class} of each class, {how})'
   train, test = given.select(~is_test), dataclasses.replace(given.select(is_test), where=where)
   return train, read_images(spec, 'test') if spec.test else test
 
