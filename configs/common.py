@@ -230,7 +230,11 @@ def folder_section() -> ml_collections.ConfigDict:
   Paths may use ~ and $VARIABLES (e.g. '$F2M_DATA_DIR/birds/train')."""
   return ml_collections.ConfigDict(dict(
       train='',  # a folder with one subfolder of images per class, or a CSV of path,label[,split]
-      test='',  # the test images the same way ('' where the CSV's split column gives them)
+      test='',  # the test images the same way ('' where the CSV's split column or test_per_class gives them)
+      class_depth=0,  # a folder's class: 0 the image's folder (its path under train/test), k its first k levels
+      test_per_class=0,  # > 0: that many images of each class of `train` are its test images instead
+      split_by='first',  # those test images: 'first' (a folder's sorted paths, a CSV's rows) or 'random' (by split_seed)
+      split_seed=0,
       root='',  # the folder a CSV's relative paths start from ('': the CSV's own folder)
       classes='',  # '' (the sorted class names) or a file listing the class names in order
       lists='',  # '' or a folder of TOPIC-style lists session_1.txt .. session_<num_sessions>.txt

@@ -7,11 +7,14 @@
   python run.py --config configs/folder.py:smoke --workdir W   # a generated folder of 20 classes, < 1 min
 
 Data (`f2m_jax/data/folder.py`, fields in `configs/common.py: folder_section`): `data.folder.train` is a
-folder with one subfolder of images per class, or a CSV of `path,label` (optionally a `split` column
-of train/test); `data.folder.test` the test images the same way. The classes in sorted order (or
-`data.folder.classes`, a file listing them); session 1 takes `data.folder.num_base` classes (0: all
-but the later sessions'), each later session `data.folder.way`, with `data.shots` images each;
-`data.image_size` the network's input. Every image is decoded once into the cache folder.
+folder of class folders (an image's class: its folder's path under it, at any depth, or its first
+`data.folder.class_depth` folders), or a CSV of `path,label` (optionally a `split` column of
+train/test); `data.folder.test` the test images the same way, or `data.folder.test_per_class` images of
+each class of `train` split off as its test images (`split_by` 'first' or 'random', `split_seed`).
+The classes in sorted order (or `data.folder.classes`, a file listing them); session 1 takes
+`data.folder.num_base` classes (0: all but the later sessions'), each later session `data.folder.way`,
+with `data.shots` images each; `data.image_size` the network's input. Every image is decoded once
+into the cache folder.
 
 Training: the miniImageNet settings (configs/mini.py: ResNet-18 with the ImageNet stem from a random
 init, 28,503 base iterations of TaskSampler epochs of 16 images per class, M = 2, b = 0.008, no

@@ -61,7 +61,7 @@ def run_mode(config, workdir: str, mode: str, checkpoint, origin, hook) -> int:
     elif mode == 'bench':
       bench.run(config, workdir, origin)
     elif mode in ('dry_run', 'time_step'):
-      print(dry_run_lib.describe(config, origin, time_step=mode == 'time_step'), flush=True)
+      print(dry_run_lib.describe(config, origin, time_step=mode == 'time_step', checkpoint=checkpoint), flush=True)
     else:
       raise ValueError(f'--mode {mode} is not implemented yet')
     return 0

@@ -143,6 +143,11 @@ def validate_folder(d: ml_collections.ConfigDict) -> None:
   need(f.augment in folder_lib.AUGMENTS, 'data.folder.augment', f.augment, f'allowed: {folder_lib.AUGMENTS}')
   need(f.resize >= 1 and (f.augment == 'rrc_flip' or f.resize == 1), 'data.folder.resize', f.resize,
        "the stored images' side over data.image_size: >= 1, and 1 with augment 'crop_flip'")
+  need(f.class_depth >= 0, 'data.folder.class_depth', f.class_depth,
+       "must be >= 0: 0 each image's own folder is its class, k its first k folders")
+  need(f.test_per_class >= 0 and not (f.test_per_class and f.test), 'data.folder.test_per_class', f.test_per_class,
+       f'>= 0, and 0 where data.folder.test is set (is {f.test!r}): the test images come one way')
+  need(f.split_by in folder_lib.SPLIT_BY, 'data.folder.split_by', f.split_by, f'allowed: {folder_lib.SPLIT_BY}')
 
 
 def check_data_folder(c: ml_collections.ConfigDict) -> None:

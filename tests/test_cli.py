@@ -229,16 +229,16 @@ def test_a_dry_run_shows_the_data_the_cache_and_a_steps_cost(tmp_path, capsys):
   data = next(i for i, line in enumerate(out) if line.startswith('data: '))
   assert out[data] == (f'data: folder, 20 classes found in {tmp_path}/mine/train, 20 classes used (protocol draws): '
                        'session 1 of 10 classes, then 5 sessions of 2 classes x 5 shots, 10 runs')
-  assert out[data + 1] == ('  training images per class (min / median / max): base classes 12 / 12 / 12; later '
+  assert out[data + 2] == ('  training images per class (min / median / max): base classes 12 / 12 / 12; later '
                            'classes 12 / 12 / 12 (their shots are drawn from these)')
-  assert out[data + 2] == '  test images per class (min / median / max): 6 / 6 / 6, 120 in all'
-  assert out[data + 3].startswith(f'cache: {tmp_path}/cache holds 0 B')
-  assert out[data + 4].startswith(f'  train: 240 images of 37x37 (985.7 kB), decoded once on the first run: '
+  assert out[data + 3] == f'  test images per class (min / median / max): 6 / 6 / 6, 120 in all, from {tmp_path}/mine/test'
+  assert out[data + 6].startswith(f'cache: {tmp_path}/cache holds 0 B')  # class names, files: tests/test_folder.py
+  assert out[data + 7].startswith(f'  train: 240 images of 37x37 (985.7 kB), decoded once on the first run: '
                                   f'{tmp_path}/cache/arrays/folder/train-')
-  assert out[data + 5].startswith('  test: 120 images of 32x32 (368.6 kB), decoded once on the first run: ')
-  assert out[data + 6].startswith(f'  to clear: rm -r {tmp_path}/cache/arrays/folder (every image size')
-  assert out[data + 7].startswith('base step: at least ') and ' GFLOP at the ' in out[data + 7]
-  assert out[data + 7].endswith('--dry-run --time-step measures it') and out[-1] == 'dry run: nothing was written'
+  assert out[data + 8].startswith('  test: 120 images of 32x32 (368.6 kB), decoded once on the first run: ')
+  assert out[data + 9].startswith(f'  to clear: rm -r {tmp_path}/cache/arrays/folder (every image size')
+  assert out[data + 10].startswith('base step: at least ') and ' GFLOP at the ' in out[data + 10]
+  assert out[data + 10].endswith('--dry-run --time-step measures it') and out[-1] == 'dry run: nothing was written'
   assert snapshot(tmp_path) == before
   config.data.folder.train = str(tmp_path / 'mine' / 'trian')
   assert cli.main(config, None, 'train', dry_run=True) == 2

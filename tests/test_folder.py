@@ -4,6 +4,7 @@ TOPIC-style lists, the validation protocol without test images, every problem st
 naming the file (before any workdir), the miniImageNet fake folder through the generic fields equal to
 its own layout, and configs/folder.py:smoke end to end."""
 import csv
+import dataclasses
 import json
 import pathlib
 import shutil
@@ -11,12 +12,12 @@ import shutil
 import numpy as np
 import pytest
 
-from conftest import without_provenance
+from conftest import far_above_chance, without_provenance
 
 from f2m_jax.data import augment, fake_folders, folder, protocol, sources
 from f2m_jax.data.types import DataError
 
-SPEC = fake_folders.FOLDER_SPEC  # 20 classes: 10 base + 5 sessions x 2-way, 12 train and 6 test images each
+SPEC = fake_folders.SPECS['folder']  # 20 classes: 10 base + 5 sessions x 2-way, 12 train and 6 test images each
 
 
 @pytest.fixture(scope='module')
@@ -33,6 +34,36 @@ def spec_of(data: pathlib.Path, **fields) -> folder.Spec:
 def copy_of(fake_root, tmp_path) -> pathlib.Path:
   shutil.copytree(fake_root / 'folder', tmp_path / 'data' / 'folder')
   return tmp_path / 'data'
+
+
+def write_nested(root: pathlib.Path, per_class: int = 26) -> pathlib.Path:
+  """Omniglot as distributed, in small: `root`/alphabet_<g>/character<c>/<k>.png, 3 alphabets of 4 characters,
+  `per_class` grayscale drawings of each (a grating of the class's angle and frequency, plus noise) of two
+  sizes; no CSV, no train or test folders."""
+  from PIL import Image  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(0)
+  for c in range(12):
+    folder_path = root / f'alphabet_{c // 4}' / f'character{c % 4 + 1:02d}'
+    folder_path.mkdir(parents=True)
+    for k in range(per_class):
+      h, w = (40, 40) if k % 2 else (48, 44)
+      yy, xx = np.mgrid[:h, :w] / 40
+      wave = np.sin(2 * np.pi * (1 + c % 4) * (np.cos(c) * xx + np.sin(c) * yy) + rng.uniform(0, 6.3))
+      image = np.clip(128 + 90 * wave + rng.normal(0, 20, (h, w)), 0, 255).astype(np.uint8)
+      Image.fromarray(image, 'L').save(folder_path / f'{k:02d}.png')
+  return root
+
+
+def nested_config(tmp_path, **fields):
+  """configs/folder.py:smoke on `write_nested`'s folder, 6 drawings of each character split off as its test
+  images (seeded): 10 base characters + 1 session of 2, 20 training and 6 test images each, so that its arrays
+  and batches have the shapes of the smoke run's (its compiled programs serve)."""
+  from configs import folder as folder_cfg  # pylint: disable=g-import-not-at-top
+  config = folder_cfg.get_config('smoke')
+  config.data.source, config.data.cache_dir, config.runs = 'folder', str(tmp_path / 'cache'), 1
+  config.data.folder.update(train=str(write_nested(tmp_path / 'images_background')), test_per_class=6,
+                            split_by='random', split_seed=1, num_base=10, way=2, num_sessions=2, **fields)
+  return config
 
 
 def write_csv(path: pathlib.Path, rows, header=('path', 'label', 'split')) -> str:
@@ -126,6 +157,75 @@ def test_the_validation_protocol_needs_no_test_images(fake_root, tmp_path):
   assert len(v.test) == 10 * 3 and len(v.base_train) == 6 * 9
 
 
+def test_classes_at_any_depth(tmp_path):
+  """The class of an image is its folder's path under the root (default), or its first k folders."""
+  root = write_nested(tmp_path / 'omniglot', per_class=2)
+  t = folder.scan_folder(root, 'train')
+  assert t.files[:3] == ('alphabet_0/character01/00.png', 'alphabet_0/character01/01.png',
+                         'alphabet_0/character02/00.png') and len(t.files) == 24
+  assert sorted(set(t.names)) == [f'alphabet_{c // 4}/character{c % 4 + 1:02d}' for c in range(12)]
+  assert t.names[:3] == ('alphabet_0/character01',) * 2 + ('alphabet_0/character02',)
+  assert sorted(set(folder.scan_folder(root, 'train', depth=1).names)) == ['alphabet_0', 'alphabet_1', 'alphabet_2']
+  assert folder.scan_folder(root, 'train', depth=2).names == t.names
+  (root / 'stray.png').write_bytes(b'')  # an image in no folder has no class
+  (root / 'alphabet_0' / '.hidden').mkdir()
+  (root / 'alphabet_0' / '.hidden' / 'x.png').write_bytes(b'')
+  assert folder.scan_folder(root, 'train') == t
+
+
+@pytest.mark.parametrize('split_by', folder.SPLIT_BY)
+def test_a_seeded_split_of_one_folder(tmp_path, split_by):
+  """test_per_class images of each class split off as its test images: its first in path order, or a
+  random choice that its seed alone decides; every other image a training image."""
+  root = write_nested(tmp_path / 'omniglot', per_class=7)
+  spec = folder.Spec('mine', train=str(root), test_per_class=3, split_by=split_by, split_seed=5)
+  train, test = folder.read_tables(spec)
+  everything = folder.scan_folder(root, 'train')
+  assert sorted(train.files + test.files) == sorted(everything.files) and not set(train.files) & set(test.files)
+  for name in set(everything.names):
+    chosen = [f for f, n in zip(test.files, test.names) if n == name]
+    assert len(chosen) == 3 and sum(n == name for n in train.names) == 4
+    if split_by == 'first':
+      assert chosen == [f'{name}/{k:02d}.png' for k in range(3)]
+  assert test.where.endswith(f'omniglot (data.folder.test_per_class=3 of each class, split_by {split_by}'
+                             + (', split_seed 5)' if split_by == 'random' else ')'))
+  again = folder.read_tables(spec)
+  other = folder.read_tables(dataclasses.replace(spec, split_seed=6))
+  assert again == (train, test) and (other == (train, test)) == (split_by == 'first')
+  with pytest.raises(DataError, match=r"class 'alphabet_0/character01' has 7 images; data.folder.test_per_class=7 "
+                                      'must leave every class training images'):
+    folder.read_tables(dataclasses.replace(spec, test_per_class=7))
+  with pytest.raises(DataError, match='the test images are given more than one way'):
+    folder.read_tables(dataclasses.replace(spec, test=str(root)))
+
+
+def test_a_dry_run_shows_classes_images_and_their_files(tmp_path, capsys, monkeypatch):
+  """The nested folder split by the config, before anything is read but headers: its 12 classes by their
+  paths, the images per class, where the test images come from, the files' native sizes and colour mode,
+  the augmentation and its flips. (A base step's cost: tests/test_cli.py, whose lowering of the step is
+  left out here.)"""
+  from f2m_jax import cli, dry_run  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(dry_run, 'step_line', lambda *args: 'base step: not estimated here')
+  config = nested_config(tmp_path)
+  assert cli.main(config, None, 'train', dry_run=True) == 0
+  out = capsys.readouterr().out.split('set when the run starts', 1)[1].splitlines()
+  data = next(i for i, line in enumerate(out) if line.startswith('data: '))
+  root = tmp_path / 'images_background'
+  assert out[data:data + 6] == [
+      f'data: folder, 12 classes found in {root}, 12 classes used (protocol draws): session 1 of 10 classes, then '
+      '1 sessions of 2 classes x 5 shots, 1 runs',
+      '  classes in label order: alphabet_0/character01, alphabet_0/character02, alphabet_0/character03, '
+      'alphabet_0/character04, ..., alphabet_2/character04',
+      '  training images per class (min / median / max): base classes 20 / 20 / 20; later classes 20 / 20 / 20 '
+      '(their shots are drawn from these)',
+      f'  test images per class (min / median / max): 6 / 6 / 6, 72 in all, from {root} '
+      "(data.folder.test_per_class=6 of each class, split_by random, split_seed 1)",
+      '  image files: widths 40 to 44, heights 40 to 48 pixels, colour mode L, converted to RGB (grayscale: its '
+      'value in all three channels) (24 of 312 files read)',
+      '  training augmentation: random-resized crops and horizontal flips (rrc_flip)']
+  assert not (tmp_path / 'cache').exists()
+
+
 # ---------------------------------------------------------------- problems, each one message
 
 def _corrupt(root):
@@ -145,6 +245,10 @@ PROBLEMS = [
                                        'protocol=validation']),
     (lambda root, tmp: dict(train=str(root / 'nope')), ["data.folder.train='", "nope' does not exist",
                                                         'allowed: a folder with one subfolder of images per class']),
+    # a CSV's root that does not exist: one line (d41b789: each of its images named as missing)
+    (lambda root, tmp: dict(train=write_csv(tmp / 'r.csv', folder_rows(root)), test='', root=str(tmp / 'nowhere')),
+     ["data.folder.root='", "nowhere' is not a folder; allowed: the folder that the relative paths of ",
+      "r.csv start from, or '' (the CSV's own folder)"]),
     (lambda root, tmp: dict(train=write_csv(tmp / 'a.csv', [('x.jpg', 'c')], ('file', 'label'))),
      ['a.csv: expected a header naming the columns path (or filename), label']),
     (lambda root, tmp: dict(train=write_csv(tmp / 'b.csv', [('x.jpg', 'c', 'val')])),
@@ -240,12 +344,15 @@ def test_problems_stop_run_py_before_the_workdir(fake_root, tmp_path):
     ('augment', 'crop_flip', "data.folder.resize=1.1428571428571428 is invalid: the stored images' side over "
                              "data.image_size: >= 1, and 1 with augment 'crop_flip'"),
     ('train', '', "data.folder.train='' is invalid: a folder with one subfolder of images per class"),
+    ('class_depth', -1, "data.folder.class_depth=-1 is invalid: must be >= 0"),
+    ('test_per_class', 3, "data.folder.test_per_class=3 is invalid: >= 0, and 0 where data.folder.test is set"),
+    ('split_by', 'last', "data.folder.split_by='last' is invalid: allowed: ('first', 'random')"),
 ])
 def test_bad_folder_fields_are_refused_before_reading(field, value, allowed):
   from configs import folder as folder_cfg
   from f2m_jax import validation
   config = folder_cfg.get_config('')
-  config.data.folder.train = '/somewhere'
+  config.data.folder.update(train='/somewhere', test='/elsewhere')
   config.data.folder[field] = value
   with pytest.raises(ValueError, match=allowed.replace('(', r'\(').replace(')', r'\)').replace('.', r'\.')):
     validation.validate(config)
@@ -348,6 +455,29 @@ def test_the_mini_fake_folder_gives_the_results_of_its_layout(tmp_path):
   got = pipeline.run(_mini_through_the_folder_fields(config(), fake_folders.fake_folder(tmp_path / 'cache')),
                      str(tmp_path / 'generic'))
   assert without_provenance(got) == without_provenance(want)
+
+
+@pytest.mark.slow
+def test_a_nested_folder_split_by_the_config_end_to_end(tmp_path, capsys):
+  """Omniglot's layout in small, one folder split by the config, to results.json (in process, after
+  configs/folder.py:smoke above, whose programs it reuses: 20 base steps of them); the split is in
+  config.json. A dry run with --checkpoint of that workdir then estimates no base training."""
+  from f2m_jax import cli  # pylint: disable=g-import-not-at-top
+  from f2m_jax import pipeline  # pylint: disable=g-import-not-at-top
+  config = nested_config(tmp_path)
+  config.base.steps = 20  # the schedule (its milestone at 80) as the smoke's: the same program
+  results = pipeline.run(config, str(tmp_path / 'work'))
+  assert [s['num_classes'] for s in results['sessions']] == [10, 12]
+  assert far_above_chance(results['sessions'][0]['acc']['mean'], images=60, classes=10)
+  with open(tmp_path / 'work' / 'config.json') as f:
+    recorded = json.load(f)['data']['folder']
+  assert (recorded['test_per_class'], recorded['split_by'], recorded['split_seed'], recorded['class_depth']) == (
+      6, 'random', 1, 0)
+  capsys.readouterr()
+  assert cli.main(config, None, 'train', checkpoint=str(tmp_path / 'work'), dry_run=True) == 0
+  out = capsys.readouterr().out.splitlines()
+  assert out[-2] == f'base training: none, the base model is read from --checkpoint {tmp_path / "work"}'
+  assert not any(line.startswith('base step') for line in out)
 
 
 def test_the_image_decode_shows_its_progress_off_a_terminal(tmp_path, capsys):

@@ -22,6 +22,11 @@ def fake_root(tmp_path_factory):
   return fake_folders.fake_folder(tmp_path_factory.mktemp('cache'))
 
 
+def load(dataset, data_dir, index_dir, cache_dir, decode=None, **fields):
+  """The benchmark of `dataset`'s layout in `data_dir`, as the folder source reads it."""
+  return folder.load(layouts.spec(dataset, data_dir, index_dir, cache_dir, **fields), cache_dir, decode)
+
+
 def _no_decode(*args):
   raise AssertionError(f'decoded {args[0]} although the cache should have been used')
 
@@ -29,9 +34,9 @@ def _no_decode(*args):
 # ---------------------------------------------------------------- the real TOPIC lists
 
 @pytest.mark.skipif(not (MINI_LISTS / 'session_1.txt').is_file(), reason=f'no lists in {MINI_LISTS}')
-def test_real_mini_imagenet_lists():
+def test_real_mini_imagenet_lists(tmp_path):
   spec = folder.Spec('mini_imagenet', train=str(MINI_LISTS / 'train.csv'), test=str(MINI_LISTS / 'test.csv'),
-                     root='/no-images-needed', lists=str(MINI_LISTS), num_base=60, way=5, num_sessions=9,
+                     root=str(tmp_path), lists=str(MINI_LISTS), num_base=60, way=5, num_sessions=9,
                      protocol='topic')
   p = folder.read_protocol(spec)
   assert len(p.order) == 100 and list(p.order) == sorted(p.order)
@@ -65,7 +70,7 @@ def test_real_cub200_lists(tmp_path):
   (root / 'image_class_labels.txt').write_text(''.join(f'{i + 1} {cls[r.split("/")[0]]}\n' for i, r in enumerate(rel)))
   (root / 'classes.txt').write_text(''.join(f'{cls[d]} {d}\n' for d in dirs))
 
-  p = folder.read_protocol(*layouts.spec('cub200', tmp_path, CUB_LISTS, protocol='topic'))
+  p = folder.read_protocol(layouts.spec('cub200', tmp_path, CUB_LISTS, protocol='topic'))
   assert [len(c) for c in p.session_classes] == [100] + [10] * 10
   assert p.session_classes[0] == tuple(range(100)) and p.session_classes[10] == tuple(range(190, 200))
   base = p.train_labels[p.base_train]
@@ -78,8 +83,8 @@ def test_real_cub200_lists(tmp_path):
 # ---------------------------------------------------------------- loaders on the fake folders
 
 def test_fake_mini_imagenet_benchmark(fake_root, tmp_path):
-  b = layouts.load('mini_imagenet', fake_root, fake_root / 'index_list' / 'mini_imagenet', tmp_path, image_size=32)
-  spec = fake_folders.MINI_SPEC
+  b = load('mini_imagenet', fake_root, fake_root / 'index_list' / 'mini_imagenet', tmp_path, image_size=32)
+  spec = fake_folders.SPECS['mini_imagenet']
   assert b.name == 'mini_imagenet' and b.num_sessions == 9 and b.num_base_classes == 8
   assert b.session_classes[1:] == tuple((8 + 2 * i, 9 + 2 * i) for i in range(8))
   n_cls = fake_folders.num_classes(spec)
@@ -100,8 +105,8 @@ def test_fake_mini_imagenet_benchmark(fake_root, tmp_path):
 
 
 def test_fake_cub200_benchmark(fake_root, tmp_path):
-  b = layouts.load('cub200', fake_root, fake_root / 'index_list' / 'cub200', tmp_path, image_size=56)
-  spec = fake_folders.CUB_SPEC
+  b = load('cub200', fake_root, fake_root / 'index_list' / 'cub200', tmp_path, image_size=56)
+  spec = fake_folders.SPECS['cub200']
   n_cls = fake_folders.num_classes(spec)
   assert b.name == 'cub200' and b.num_sessions == 11 and b.num_base_classes == 8
   assert [len(c) for c in b.session_classes] == [8] + [2] * 10
@@ -120,8 +125,8 @@ def test_fake_cub200_benchmark(fake_root, tmp_path):
 
 def test_fake_folder_is_deterministic(tmp_path):
   a, b = tmp_path / 'a', tmp_path / 'b'
-  fake_folders.write_fake_mini_imagenet(a)
-  fake_folders.write_fake_mini_imagenet(b)
+  fake_folders.write_images(a, 'mini_imagenet')
+  fake_folders.write_images(b, 'mini_imagenet')
   files = sorted(p.relative_to(a) for p in a.rglob('*') if p.is_file())
   assert files and files == sorted(p.relative_to(b) for p in b.rglob('*') if p.is_file())
   assert all((a / f).read_bytes() == (b / f).read_bytes() for f in files)
@@ -133,22 +138,22 @@ def test_cache_is_reused_and_keyed_by_files(fake_root, tmp_path):
   root = tmp_path / 'data'
   shutil.copytree(fake_root / 'CUB_200_2011', root / 'CUB_200_2011')
   lists = fake_root / 'index_list' / 'cub200'
-  first = layouts.load('cub200', root, lists, tmp_path / 'cache', image_size=32)
+  first = load('cub200', root, lists, tmp_path / 'cache', image_size=32)
   cached = sorted((tmp_path / 'cache' / 'arrays' / 'cub200').iterdir())
   assert [p.suffix for p in cached] == ['.npy', '.npy']
-  again = layouts.load('cub200', root, lists, tmp_path / 'cache', image_size=32, decode=_no_decode)
+  again = load('cub200', root, lists, tmp_path / 'cache', image_size=32, decode=_no_decode)
   assert np.array_equal(first.train.images, again.train.images)
   assert np.array_equal(first.test.images, again.test.images)
   # A changed file (another size) changes the key: that split is decoded again.
   img = next((root / 'CUB_200_2011' / 'images').rglob('*.jpg'))
   img.write_bytes(img.read_bytes() + b'\0')
   with pytest.raises(DataError, match='although the cache should have been used'):
-    layouts.load('cub200', root, lists, tmp_path / 'cache', image_size=32, decode=_no_decode)
+    load('cub200', root, lists, tmp_path / 'cache', image_size=32, decode=_no_decode)
 
 
 def test_data_folder_is_only_read(fake_root, tmp_path):
   before = sorted(str(p) for p in fake_root.rglob('*'))
-  layouts.load('mini_imagenet', fake_root, fake_root / 'index_list' / 'mini_imagenet', tmp_path, image_size=32)
+  load('mini_imagenet', fake_root, fake_root / 'index_list' / 'mini_imagenet', tmp_path, image_size=32)
   assert sorted(str(p) for p in fake_root.rglob('*')) == before
   assert list((tmp_path / 'arrays' / 'mini_imagenet').glob('*.npy'))
 
@@ -157,11 +162,21 @@ def test_data_folder_is_only_read(fake_root, tmp_path):
 
 def test_missing_data_errors(tmp_path):
   with pytest.raises(DataError, match=r'(?s)miniimagenet/images.*How to obtain'):
-    layouts.load('mini_imagenet', tmp_path, None, tmp_path / 'cache')
+    load('mini_imagenet', tmp_path, None, tmp_path / 'cache')
   with pytest.raises(DataError, match=r'(?s)CUB_200_2011/images.*images.txt.*How to obtain'):
-    layouts.load('cub200', tmp_path, None, tmp_path / 'cache')
+    load('cub200', tmp_path, None, tmp_path / 'cache')
   with pytest.raises(DataError, match='needs a data folder'):
-    layouts.load('mini_imagenet', '', None, tmp_path / 'cache')
+    load('mini_imagenet', '', None, tmp_path / 'cache')
+
+
+def test_cub_metadata_lines(tmp_path):
+  """CUB's '<id> <value>' files: blank lines skipped, a line of another form named by its number."""
+  path = tmp_path / 'images.txt'
+  path.write_text('1 001.Albatross/a b.jpg\n\n2  002.Crow/c.jpg \n')
+  assert layouts._read_pairs(path) == {1: '001.Albatross/a b.jpg', 2: '002.Crow/c.jpg'}  # pylint: disable=protected-access
+  path.write_text('1 001.Albatross/a.jpg\nx 002.Crow/c.jpg\n')
+  with pytest.raises(DataError, match=f'{path}:2: expected "<id> <value>", got \'x 002.Crow/c.jpg\''):
+    layouts._read_pairs(path)  # pylint: disable=protected-access
 
 
 def test_incomplete_data_errors(fake_root, tmp_path):
@@ -170,15 +185,15 @@ def test_incomplete_data_errors(fake_root, tmp_path):
   victim = sorted((root / 'miniimagenet' / 'images').iterdir())[3]
   victim.unlink()
   with pytest.raises(DataError, match=f'(?s)1 of .* image files are missing:.*{victim.name}'):
-    layouts.load('mini_imagenet', root, root / 'index_list' / 'mini_imagenet', tmp_path / 'cache', image_size=32)
+    load('mini_imagenet', root, root / 'index_list' / 'mini_imagenet', tmp_path / 'cache', image_size=32)
   (root / 'CUB_200_2011' / 'train_test_split.txt').unlink()
   with pytest.raises(DataError, match='train_test_split.txt'):
-    layouts.load('cub200', root, root / 'index_list' / 'cub200', tmp_path / 'cache', image_size=32)
+    load('cub200', root, root / 'index_list' / 'cub200', tmp_path / 'cache', image_size=32)
   # A list naming an image the split does not have.
   s2 = root / 'index_list' / 'mini_imagenet' / 'session_2.txt'
   s2.write_text(s2.read_text().replace('.jpg', 'x.jpg', 1))
   with pytest.raises(DataError, match='x.jpg, which is not a training image of .*train.csv'):
-    folder.read_protocol(*layouts.spec('mini_imagenet', root, root / 'index_list' / 'mini_imagenet'))
+    folder.read_protocol(layouts.spec('mini_imagenet', root, root / 'index_list' / 'mini_imagenet'))
 
 
 # ---------------------------------------------------------------- configs

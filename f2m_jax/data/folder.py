@@ -22,6 +22,7 @@ from f2m_jax.data.types import Benchmark, DataError, Split, sessions_from_counts
 
 IMAGE_SUFFIXES = ('.bmp', '.gif', '.jpeg', '.jpg', '.png', '.tif', '.tiff', '.webp')
 AUGMENTS = ('rrc_flip', 'crop_flip')
+SPLIT_BY = ('first', 'random')
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 CACHE_VERSION = 2
@@ -44,7 +45,12 @@ class Spec:
   image_size: int = 84
   resize: float = 8 / 7
   augment: str = 'rrc_flip'
+  class_depth: int = 0
+  test_per_class: int = 0
+  split_by: str = 'first'
+  split_seed: int = 0
   how_to_get: str = ''  # appended to the message about missing image files
+  tables: Optional[tuple] = None  # a layout's own (train, test) Tables, read instead of train and test
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,75 +87,94 @@ class Protocol:
 
 # ================================================================ reading the file lists
 
-def scan_folder(folder: pathlib.Path, split: str) -> Table:
-  """Every image under `<folder>/<class>/`, class folders and files in sorted order."""
-  files, names = [], []
-  for cls in sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith('.')):
-    for path in sorted(cls.rglob('*')):
-      rel = path.relative_to(folder)
-      if path.suffix.lower() in IMAGE_SUFFIXES and not any(p.startswith('.') for p in rel.parts) and path.is_file():
-        files.append(rel.as_posix())
-        names.append(cls.name)
+def scan_folder(folder: pathlib.Path, split: str, depth: int = 0) -> Table:
+  """Every image in a subfolder of `folder` (at any depth, hidden files and folders skipped), in sorted path
+  order; its class the path of its folder relative to `folder` (depth k > 0: of the first k folders)."""
+  files = sorted(p.relative_to(folder) for p in folder.rglob('*') if p.suffix.lower() in IMAGE_SUFFIXES)
+  files = [f for f in files if len(f.parts) > 1 and not any(p.startswith('.') for p in f.parts)
+           and (folder / f).is_file()]
   if not files:
     raise DataError(f'{folder} holds no images in class subfolders: expected {folder}/<class name>/<image> '
                     f'(suffixes {", ".join(IMAGE_SUFFIXES)})')
-  return Table(folder, tuple(files), tuple(names), (split,) * len(files), str(folder))
+  names = tuple('/'.join(f.parts[:-1][:depth or None]) for f in files)
+  return Table(folder, tuple(f.as_posix() for f in files), names, (split,) * len(files), str(folder))
 
 
 def read_csv(path: pathlib.Path, root: pathlib.Path, split: str) -> Table:
   """The rows of a CSV with a header naming path (or filename), label and optionally split (else `split`)."""
   with open(path, newline='', encoding='utf-8') as f:
     rows = [[c.strip() for c in r] for r in csv.reader(f) if any(c.strip() for c in r)]
-  path_col, label_col, split_col = csv_columns(path, rows)
-  wanted = [c for c in (path_col, label_col, split_col) if c is not None]
+  columns = csv_columns(path, rows)
   for n, r in enumerate(rows[1:], start=2):
-    if len(r) <= max(wanted) or not all(r[i] for i in wanted):
+    if len(r) <= max(columns) or not all(r[i] for i in columns):
       raise DataError(f'{path}:{n}: every row needs a value in each of the columns {", ".join(rows[0])}; got {r}')
-  splits = tuple(split if split_col is None else r[split_col].lower() for r in rows[1:])
+  files, names, *given = zip(*([r[i] for i in columns] for r in rows[1:]))
+  splits = tuple(s.lower() for s in given[0]) if given else (split,) * len(files)
   bad = sorted(set(splits) - {'train', 'test'})
   if bad:
     raise DataError(f'{path}: the split column holds {bad[:3]}; allowed: train, test')
-  return Table(root, tuple(r[path_col] for r in rows[1:]), tuple(r[label_col] for r in rows[1:]), splits, str(path))
+  return Table(root, files, names, splits, str(path))
 
 
-def csv_columns(path: pathlib.Path, rows: list) -> tuple:
-  """(path, label, split or None) column numbers of a CSV's header row; a DataError without them."""
+def csv_columns(path: pathlib.Path, rows: list) -> list:
+  """The column numbers of path (or filename), label and split (where there is one) in a CSV's header row."""
   header = [c.lower() for c in rows[0]] if rows else []
-  column = {name: header.index(name) for name in ('path', 'filename', 'label', 'split') if name in header}
-  path_col = column.get('path', column.get('filename'))
-  if path_col is None or 'label' not in column or len(rows) < 2:
+  columns = [header.index(c) for c in ('path' if 'path' in header else 'filename', 'label', 'split') if c in header]
+  if len(columns) < 2 or header[columns[1]] != 'label' or len(rows) < 2:
     raise DataError(f'{path}: expected a header naming the columns path (or filename), label and optionally '
                     f'split, then one row per image; got {rows[0] if rows else "an empty file"}'
                     + ('' if len(rows) != 1 else ' and no rows'))
-  return path_col, column['label'], column.get('split')
+  return columns
 
 
-def read_images(given: str, root: str, field: str, split: str) -> Table:
-  """The Table of a folder of class subfolders or of a CSV (paths relative to `root`, else the CSV's folder)."""
+def read_images(spec: Spec, name: str) -> Table:
+  """The Table of `spec.<name>` ('train' or 'test'): a folder of class subfolders, or a CSV (paths relative to
+  `spec.root`, else to the CSV's folder)."""
+  given = getattr(spec, name)
   path = pathlib.Path(given)
   if path.is_dir():
-    return scan_folder(path, split)
+    return scan_folder(path, name, spec.class_depth)
+  if spec.root and not os.path.isdir(spec.root):
+    raise DataError(f'data.folder.root={spec.root!r} is not a folder; allowed: the folder that the relative paths '
+                    f"of {given} start from, or '' (the CSV's own folder)")
   if path.is_file() and path.suffix.lower() == '.csv':
-    return read_csv(path, pathlib.Path(root) if root else path.parent, split)
+    return read_csv(path, pathlib.Path(spec.root or path.parent), name)
   unset = ' (an environment variable in it is unset?)' if '$' in given else ''
-  raise DataError(f'{field}={given!r}{" does not exist" if not path.exists() else " is not a folder or a .csv"}'
+  raise DataError(f'data.folder.{name}={given!r}{" is not a folder or a .csv" if path.exists() else " does not exist"}'
                   f'{unset}; allowed: a folder with one subfolder of images per class, or a CSV of path,label[,split]')
 
 
 def read_tables(spec: Spec) -> tuple:
-  """(train Table, test Table): `spec.train`'s rows, its split=test rows or `spec.test`'s the test images."""
+  """(train Table, test Table): `spec.train`'s images; the test images its split=test rows, `spec.test_per_class`
+  of each class (`split_off`) or `spec.test`'s."""
   if not spec.train:
     raise DataError('data.folder.train is empty: set it to a folder with one subfolder of images per class, '
                     'or to a CSV of path,label[,split]')
-  given = read_images(spec.train, spec.root, 'data.folder.train', 'train')
-  is_test = [s == 'test' for s in given.splits]
-  train, test = given.select([not t for t in is_test]), given.select(is_test)
-  if not spec.test:
-    return train, dataclasses.replace(test, where=f'{given.where} (its split=test rows; data.folder.test is empty)')
-  if test.files:
-    raise DataError(f'{given.where} has split=test rows and data.folder.test={spec.test!r} is set too: '
-                    'give the test images one way')
-  return train, read_images(spec.test, spec.root, 'data.folder.test', 'test')
+  given = read_images(spec, 'train')
+  is_test = np.asarray([s == 'test' for s in given.splits], bool)
+  if bool(spec.test) + bool(spec.test_per_class) + is_test.any() > 1:
+    raise DataError(f'the test images are given more than one way: data.folder.test={spec.test!r}, data.folder.'
+                    f'test_per_class={spec.test_per_class} and {is_test.sum()} split=test rows of {given.where}')
+  where = f'{given.where} (its split=test rows; data.folder.test is empty)'
+  if spec.test_per_class:
+    is_test = split_off(given, spec)
+    how = f'split_by {spec.split_by}' + (f', split_seed {spec.split_seed}' if spec.split_by == 'random' else '')
+    where = f'{given.where} (data.folder.test_per_class={spec.test_per_class} of each class, {how})'
+  train, test = given.select(~is_test), dataclasses.replace(given.select(is_test), where=where)
+  return train, read_images(spec, 'test') if spec.test else test
+
+
+def split_off(table: Table, spec: Spec) -> np.ndarray:
+  """Which rows of `table` are test images: `spec.test_per_class` of each class, its first (in the table's
+  order) or a random choice (seeded by `spec.split_seed`, one permutation of all rows)."""
+  classes, label, counts = np.unique(np.asarray(table.names), return_inverse=True, return_counts=True)
+  if counts.min() <= spec.test_per_class:
+    raise DataError(f'{table.where}: class {str(classes[counts.argmin()])!r} has {counts.min()} images; data.folder.'
+                    f'test_per_class={spec.test_per_class} must leave every class training images: lower it')
+  n = len(label)
+  rank = np.arange(n) if spec.split_by == 'first' else np.random.default_rng(spec.split_seed).permutation(n)
+  within = np.arange(n) - np.repeat(np.cumsum(counts) - counts, counts)  # place in its class, by class and rank
+  return np.isin(np.arange(n), np.lexsort((rank, label))[within < spec.test_per_class])
 
 
 # ================================================================ classes, layout, lists
@@ -261,12 +286,11 @@ def check_lists(spec: Spec, indices: list, labels: np.ndarray, order: tuple, cla
   return indices[0], tuple(indices[1:])
 
 
-def read_protocol(spec: Spec, tables: Optional[tuple] = None) -> Protocol:
+def read_protocol(spec: Spec) -> Protocol:
   """The `Protocol` of `spec` from its tables (`read_tables` where None), every check made; no image is read."""
-  train, test = tables or read_tables(spec)
+  train, test = spec.tables or read_tables(spec)
   order = class_order(spec, train)
-  found = len(set(train.names))
-  counted = f'{train.where} has {found} classes' + (
+  counted = f'{train.where} has {len(set(train.names))} classes' + (
       f' and data.folder.classes={spec.classes!r} lists {len(order)} of them, the classes used'
       if isinstance(spec.classes, str) and spec.classes else '')
   train, train_labels = labelled(train, order, strict=False)
@@ -321,10 +345,9 @@ def cache_key(paths: Sequence[pathlib.Path], transform: dict, what: str, how_to_
       continue
     h.update(f'\n{os.path.abspath(p)}\t{int(s.st_size)}\t{int(s.st_mtime_ns)}'.encode())
   if missing:
-    shown = '\n  '.join(missing[:10])
-    more = f'\n  ... and {len(missing) - 10} more' if len(missing) > 10 else ''
-    raise DataError(f'{what}: {len(missing)} of {len(paths)} image files are missing:\n  {shown}{more}'
-                    + (f'\n{how_to_get}' if how_to_get else ''))
+    more = [f'... and {len(missing) - 10} more'] if len(missing) > 10 else []
+    raise DataError('\n  '.join([f'{what}: {len(missing)} of {len(paths)} image files are missing:', *missing[:10],
+                                 *more]) + (f'\n{how_to_get}' if how_to_get else ''))
   return h.hexdigest()
 
 
@@ -344,15 +367,14 @@ def decode_cached(paths: Sequence[pathlib.Path], cache_folder, name: str, resize
   if not paths:
     return np.zeros(shape, np.uint8)
   target = cached_file(paths, cache_folder, name, resize, crop, desc, how_to_get)
-  folder = target.parent
   try:
     done = np.load(target, mmap_mode='r')
     if done.shape == shape and done.dtype == np.uint8:
       return done
   except (OSError, ValueError):  # absent, unreadable or truncated: decode again
     pass
-  folder.mkdir(parents=True, exist_ok=True)
-  remove_stale(folder, '.*.npy.*.tmp')  # every killed decode's (of any data), not only this file's
+  target.parent.mkdir(parents=True, exist_ok=True)
+  remove_stale(target.parent, '.*.npy.*.tmp')  # every killed decode's (of any data), not only this file's
   with written_atomically(target) as tmp:
     out = np.lib.format.open_memmap(tmp, mode='w+', dtype=np.uint8, shape=shape)
 
@@ -364,7 +386,7 @@ def decode_cached(paths: Sequence[pathlib.Path], cache_folder, name: str, resize
                         'be an image PIL reads (JPEG, PNG, ...): replace or remove it') from e
 
     with concurrent.futures.ThreadPoolExecutor(max(1, min(16, os.cpu_count() or 1))) as pool, \
-        progress.bar(len(paths), f'decoding {desc or name} (once, cached in {folder})', file=sys.stderr,
+        progress.bar(len(paths), f'decoding {desc or name} (once, cached in {target.parent})', file=sys.stderr,
                      unit='img') as bar:
       for _ in pool.map(work, range(len(paths))):
         bar.update(1)
@@ -382,10 +404,9 @@ def cache_plan(spec: Spec, p: Protocol, cache_dir) -> dict:
           for split, table in (('train', p.train), ('test', p.test))}
 
 
-def load(spec: Spec, cache_dir, decode: Optional[Callable] = None, tables: Optional[tuple] = None) -> Benchmark:
-  """The `Benchmark` of `spec`, images cached in `<cache_dir>/arrays/<name>/`; `tables` replaces
-  `read_tables` (a layout's own files), `decode` `decode_file`."""
-  p = read_protocol(spec, tables)
+def load(spec: Spec, cache_dir, decode: Optional[Callable] = None) -> Benchmark:
+  """The `Benchmark` of `spec`, images cached in `<cache_dir>/arrays/<name>/`; `decode` replaces `decode_file`."""
+  p = read_protocol(spec)
   images = {split: decode_cached(paths, *args, desc=f'{spec.name} {split}', how_to_get=spec.how_to_get, decode=decode)
             for split, (paths, args) in cache_plan(spec, p, cache_dir).items()}
   return benchmark(spec, p, images)

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import pathlib
-from typing import Callable, Optional
 
 import numpy as np
 
 from f2m_jax.data import folder, index_lists
 from f2m_jax.data.index_lists import DATA_DIR_ENV
-from f2m_jax.data.types import Benchmark, DataError
+from f2m_jax.data.types import DataError
 
 IMAGE_SIZE = {'mini_imagenet': 84, 'cub200': 224}
 RESIZE = {'mini_imagenet': 92 / 84, 'cub200': 256 / 224}  # the stored side over the image size
@@ -46,25 +45,22 @@ def check_layout(dataset: str, data_dir) -> pathlib.Path:
   return root
 
 
-def mini_csv(root: pathlib.Path, index_dir, name: str) -> pathlib.Path:
+def mini_csv(root: pathlib.Path, index_dir, name: str) -> str:
   """`<index_dir>/<name>.csv` if present, else `<root>/split/<name>.csv`."""
-  for path in (pathlib.Path(index_dir) / f'{name}.csv', root / 'split' / f'{name}.csv'):
-    if path.is_file():
-      return path
-  raise DataError(f'miniImageNet split file {name}.csv not found in {index_dir} or {root / "split"}.\n'
-                  f'{HOW_TO_GET["mini_imagenet"]}')
+  found = [p for p in (pathlib.Path(index_dir) / f'{name}.csv', root / 'split' / f'{name}.csv') if p.is_file()]
+  if not found:
+    raise DataError(f'miniImageNet split file {name}.csv not found in {index_dir} or {root / "split"}.\n'
+                    f'{HOW_TO_GET["mini_imagenet"]}')
+  return str(found[0])
 
 
 def _read_pairs(path: pathlib.Path) -> dict:
   """{int id: value} from '<id> <value>' lines."""
-  out = {}
-  for n, line in enumerate(path.read_text().splitlines(), start=1):
-    parts = line.strip().split(maxsplit=1)
+  lines = [(n, line, line.split(maxsplit=1)) for n, line in enumerate(path.read_text().splitlines(), start=1)]
+  for n, line, parts in lines:
     if parts and (len(parts) != 2 or not parts[0].isdigit()):
       raise DataError(f'{path}:{n}: expected "<id> <value>", got {line!r}')
-    if parts:
-      out[int(parts[0])] = parts[1].strip()
-  return out
+  return {int(parts[0]): parts[1].strip() for _, _, parts in lines if parts}
 
 
 def cub_tables(root: pathlib.Path) -> tuple:
@@ -86,24 +82,16 @@ def cub_tables(root: pathlib.Path) -> tuple:
   return table.select(is_train), table.select(~is_train), tuple(classes[c] for c in sorted(classes))
 
 
-def spec(dataset: str, data_dir, index_dir=None, cache_dir=None, image_size: int = 0, **fields) -> tuple:
-  """(the folder source's Spec, its tables or None where the Spec names the files) of `dataset` in
-  `data_dir`; `fields`: shots, protocol."""
+def spec(dataset: str, data_dir, index_dir=None, cache_dir=None, image_size: int = 0, **fields) -> folder.Spec:
+  """The folder source's Spec of `dataset` in `data_dir` (its TOPIC lists in `index_dir`, else found or
+  downloaded into `cache_dir`: index_lists.index_list_dir); `fields`: shots, protocol."""
   root = check_layout(dataset, data_dir)
   if index_dir is None:
     index_dir = index_lists.index_list_dir(dataset, str(data_dir), cache_dir)
   common = dict(name=dataset, lists=str(index_dir), image_size=image_size or IMAGE_SIZE[dataset],
                 resize=RESIZE[dataset], how_to_get=HOW_TO_GET[dataset], **fields)
   if dataset == 'mini_imagenet':
-    return folder.Spec(train=str(mini_csv(root, index_dir, 'train')), test=str(mini_csv(root, index_dir, 'test')),
-                       root=str(root / 'images'), **common), None
+    return folder.Spec(train=mini_csv(root, index_dir, 'train'), test=mini_csv(root, index_dir, 'test'),
+                       root=str(root / 'images'), **common)
   train, test, order = cub_tables(root)
-  return folder.Spec(classes=order, **common), (train, test)
-
-
-def load(dataset: str, data_dir, index_dir=None, cache_dir=None, image_size: int = 0,
-         decode: Optional[Callable] = None, **fields) -> Benchmark:
-  """The `Benchmark` of `dataset` in `data_dir` (`spec`); `decode` replaces `folder.decode_file` (tests)."""
-  cache_dir = pathlib.Path(index_lists.cache_folder(cache_dir))
-  s, tables = spec(dataset, data_dir, index_dir, cache_dir, image_size, **fields)
-  return folder.load(s, cache_dir, decode, tables)
+  return folder.Spec(classes=order, tables=(train, test), **common)

@@ -36,12 +36,10 @@ def needs_data_dir(config) -> bool:
 def how_to_get(config) -> str:
   """What to put into the data folder for the config's dataset and source, and how to get it ('' for
   sources that read no data folder)."""
-  dataset, source = config.data.dataset, config.data.source
-  if source == 'folder' and uses_layout(config):
-    return layouts.HOW_TO_GET[dataset]
-  if dataset == 'cifar100' and source == 'trainsplit':
-    return cifar100.TRAINSPLIT_HOW_TO_GET
-  return ''
+  if config.data.source == 'folder' and uses_layout(config):
+    return layouts.HOW_TO_GET[config.data.dataset]
+  trainsplit = (config.data.dataset, config.data.source) == ('cifar100', 'trainsplit')
+  return cifar100.TRAINSPLIT_HOW_TO_GET if trainsplit else ''
 
 
 def load_benchmark(config) -> Benchmark:
@@ -94,35 +92,29 @@ def _load_cifar100(config) -> Benchmark:
 def _load_folder(config) -> Benchmark:
   """miniImageNet / CUB-200 from their files (layouts.py), any other dataset from the data.folder fields
   (`folder_spec`). Missing or inconsistent files are named before any image is decoded."""
-  spec, tables = folder_spec(config)
-  return folder.load(spec, cache_dir(config), tables=tables)
+  return folder.load(folder_spec(config), cache_dir(config))
 
 
-def folder_spec(config, writes: bool = True) -> Optional[tuple]:
-  """(folder.Spec, its tables or None) of a folder source: a layout's own files, the data.folder fields,
-  or the generated 'fake_folder'. With `writes=False` (a dry run) None where it would be created."""
-  cache = cache_dir(config)
+def folder_spec(config, writes: bool = True) -> Optional[folder.Spec]:
+  """The folder.Spec of a folder source: a layout's own files, the data.folder fields, or the generated
+  'fake_folder'. With `writes=False` (a dry run) None where it would be created."""
+  cache, dataset = cache_dir(config), config.data.dataset
   fields = dict(shots=config.data.shots, protocol=config.data.protocol)
-  root = None
-  if config.data.source == 'fake_folder':
-    root = fake_folders.fake_folder(cache) if writes else fake_folders.generated(cache)
-    if root is None:
+  root = fake_folders.fake_folder(cache, create=writes) if config.data.source == 'fake_folder' else None
+  if config.data.source == 'fake_folder' and root is None:
+    return None
+  if uses_layout(config):  # the lists found where they are (by layouts.spec, downloaded where absent)
+    index_dir = (root / 'index_list' / dataset if root else
+                 None if writes else index_lists.local_index_list_dir(dataset, data_dir(config), cache))
+    if index_dir is None and not writes:
       return None
-  if uses_layout(config):
-    dataset, size = config.data.dataset, int(config.data.get('image_size', 0) or 0)
-    if root is not None:
-      index_dir = root / 'index_list' / dataset
-    else:  # found where they are (by layouts.spec, downloaded where absent)
-      index_dir = None if writes else index_lists.local_index_list_dir(dataset, data_dir(config), cache)
-      if index_dir is None and not writes:
-        return None
-    return layouts.spec(dataset, str(root) if root else data_dir(config), index_dir, cache, size, **fields)
+    return layouts.spec(dataset, root or data_dir(config), index_dir, cache, config.data.get('image_size', 0), **fields)
   f = config.data.folder
   path = lambda p: os.path.expanduser(os.path.expandvars(p)) if p else ''
-  files = dict(train=path(f.train), test=path(f.test), root=path(f.root), lists=path(f.lists))
+  files = {name: path(f[name]) for name in ('train', 'test', 'root', 'lists', 'classes')}
   if root is not None:  # the generated folder of 20 classes and its lists instead of the user's files
-    files = {name: str(root / 'folder' / name) for name in ('train', 'test', 'lists')}
-  spec = folder.Spec(name=config.data.dataset or 'folder', classes=path(f.classes), num_base=f.num_base, way=f.way,
-                     num_sessions=f.num_sessions, image_size=config.data.image_size, resize=float(f.resize),
-                     augment=f.augment, **files, **fields)
-  return spec, None
+    files.update({name: str(root / 'folder' / name) for name in ('train', 'test', 'lists')})
+  fields.update({k: f[k] for k in ('num_base', 'way', 'num_sessions', 'augment', 'class_depth', 'test_per_class',
+                                   'split_by', 'split_seed')})
+  return folder.Spec(name=dataset or 'folder', image_size=config.data.image_size, resize=float(f.resize), **files,
+                     **fields)
