@@ -10,9 +10,11 @@ import ml_collections
 # `exemplars` ('herding' as theirs on CIFAR-100 and miniImageNet, or 'random': `memory` drawn per class,
 # their CUB value); each session `epochs` epochs of shuffled batches over memory + shots (remainder
 # dropped), SGD with the rate x lr_gamma after each milestone epoch. Its base session is its own
-# (method=icarl sets model.head='linear_no_bias', their bias-free classifier).
+# (method=icarl sets model.head='linear_no_bias', their bias-free classifier). color_jitter s > 0: the
+# sessions' training images (not the base session's) also get torchvision's ColorJitter(s, s, s), as their
+# miniImageNet configs of iCaRL, Rebalance and FSLL (s = 0.4, configs/mini.py); 0: none, as the rest.
 ICARL = dict(memory=2, exemplars='herding', epochs=90, batch_size=120, lr=0.1, milestones=(50, 70), lr_gamma=0.1,
-             momentum=0.9, weight_decay=5e-4)
+             momentum=0.9, weight_decay=5e-4, color_jitter=0.0)
 # cRT: the classifier's retraining (the original's CIFAR-100 schedule: 17 epochs of max-class-size x
 # classes samples, lr 0.1 x 0.5 after epochs 8, 12 and 14; 4 images per visit of a class).
 # method=joint trains every session's network with the base.* budget, as the Baseline (theirs: 241
@@ -31,9 +33,9 @@ REBALANCE = {**ICARL, 'exemplars': 'random', 'lambda_base': 4.0, 'K': 2, 'margin
 # FSLL: tensors with max |value| <= threshold fine-tuned for `epochs` TaskSampler epochs (way x shots
 # per batch); loss = triplet + pn_weight x prototype loss (cosine, scale omega) + reg_weight x L1
 # drift, the drift without gradient as their code adds it (reg_gradient=True: with). Their milestone
-# (160 steps) is never reached.
+# (160 steps) is never reached. color_jitter: as iCaRL's.
 FSLL = dict(threshold=0.4, epochs=15, lr=1e-3, momentum=0.9, weight_decay=5e-4, margin=0.0, pn_weight=1.0,
-            omega=1.0, reg_weight=5.0, reg_gradient=False)
+            omega=1.0, reg_weight=5.0, reg_gradient=False, color_jitter=0.0)
 METHOD_SECTIONS = {'crt': CRT, 'icarl': ICARL, 'rebalance': REBALANCE, 'fsll': FSLL}
 
 
@@ -45,11 +47,11 @@ def parse_arg(arg: str, allowed) -> str:
 
 def base_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
-  # 'f2m', 'baseline' (no noise, no fine-tuning, NCM with raw prototypes), 'joint' (a network from
-  # scratch on all data seen so far, per session), 'crt' (joint's networks, classifier retrained;
-  # --checkpoint JOINT_WORKDIR), 'icarl' (exemplar memory, distillation, nearest mean of
-  # exemplars), 'rebalance' (LUCIR: cosine classifier, less-forget and margin-ranking losses) or
-  # 'fsll' (small-magnitude tensors fine-tuned with triplet + prototype losses);
+  # 'f2m', 'baseline' (no noise, no fine-tuning, NCM with raw prototypes), 'joint' (per session a new
+  # network, from model.pretrained where set as on CUB, on all data seen so far), 'crt' (joint's
+  # networks, classifier retrained from session 2 on; --checkpoint JOINT_WORKDIR), 'icarl' (exemplar
+  # memory, distillation, nearest mean of exemplars), 'rebalance' (LUCIR: cosine classifier, less-forget
+  # and margin-ranking losses) or 'fsll' (small-magnitude tensors fine-tuned with triplet + prototype losses);
   # f2m_jax/methods, listed in f2m_jax/registry.py. A method other than F2M replaces some of the
   # values below with its own (its `presets`, e.g. the Baseline: no noise, no fine-tuning, no PN,
   # shuffled batches) when the run starts (f2m_jax/pipeline.py: resolve), except those set on the
@@ -107,7 +109,8 @@ def base_config() -> ml_collections.ConfigDict:
   # select_every steps the linear classifier's accuracy on them is measured and the best model kept.
   # With method=joint also each later session's network, on the test images of every class seen so
   # far, as their train_upper_bound.py (and so cRT's, which retrains those networks' classifiers).
-  # Off by default (it reads the test set); every output of a run that uses it says so.
+  # Off by default (it reads the test set); every output of a run that uses it says so. One interval
+  # for every method here; theirs differ by method and dataset (docs/method.md, the one list, row 1).
   c.base.select_on_test = False
   c.base.select_every = 1500
   c.base.lr = 0.1

@@ -26,9 +26,10 @@ included) and 1e-2 for the classifier (momentum 0.9, weight decay 5e-4), x 0.1 a
 noise on the last K = 8 3x3 convs with true half-width b = 0.0001 (its config's bound_value 0.0002),
 M = 2 draws; with `--config.base.select_on_test=True`, their selection on base-test accuracy every 200
 iterations. Its incremental sessions use BaselineModel: no fine-tuning and NCM **without** prototype
-normalisation; 5 runs of shot draws. Where this departs from the paper: b (the paper: 0.01 on every
-dataset), no fine-tuning and no PN in the sessions, and 5 runs (the paper: 10); docs/method.md lists
-each with its switch. Not measured here (no CUB data on our machines).
+normalisation; 5 runs of shot draws, for every method (their iCaRL, Rebalance and FSLL configs draw
+10: `--config.runs=10`). Where this departs from the paper: b (the paper: 0.01 on every dataset), no
+fine-tuning and no PN in the sessions, and 5 runs (the paper: 10); docs/method.md lists each with its
+switch. Not measured here (no CUB data on our machines).
 
 `cpu`: the fields of a budget set together (common.make_cpu): 1,000 iterations of batch 64 (16
 classes x 4 images), lr 0.05 for the whole network from a random init (no ImageNet weights fit a

@@ -52,6 +52,17 @@ def test_prototype_loss_equals_the_naive_formula():
   np.testing.assert_allclose(got, naive, rtol=1e-5)
 
 
+def test_fsll_settings_per_dataset_are_the_authors():
+  """Their FSLL session configs: threshold 0.4, 0.16, 0.15 and colour jitter (0.4) on miniImageNet only;
+  a negative jitter is refused naming the field."""
+  from configs import cifar100, cub200, mini
+  configs = [m.get_config() for m in (cifar100, mini, cub200)]
+  assert [(c.fsll.threshold, c.fsll.color_jitter) for c in configs] == [(0.4, 0.0), (0.16, 0.4), (0.15, 0.0)]
+  configs[0].fsll.color_jitter = -0.1
+  with pytest.raises(ValueError, match='color_jitter >= 0'):
+    fsll.validate_fsll(configs[0])
+
+
 def test_selected_paths_by_largest_magnitude():
   params = {'conv1': {'kernel': np.array([0.1, -0.39])}, 'bn1': {'scale': np.array([1.0, 0.2])},
             'layer1_0': {'conv1': {'kernel': np.array([-0.5])}}, 'fc': {'kernel': np.array([0.01])}}

@@ -114,11 +114,32 @@ def test_icarl_classifier_is_bias_free_with_fan_out_init_float64():
   assert abs(wide.std() / np.sqrt(2 / 64) - 1) < 0.01 and abs(wide.mean()) < 0.01 * np.sqrt(2 / 64)
 
 
+def test_colour_jitter_by_hand_float64():
+  """augment.jitter_image, torchvision's ColorJitter with its draws given, in float64 against a hand
+  computation on a 1x2 image; color_jitter's brightness factors (a grey image: contrast and saturation
+  leave it as it is) uniform over [0.6, 1.4] at strength 0.4."""
+  from f2m_jax.data import augment
+  with jax.enable_x64(True):
+    image = jnp.array([[[100.0, 50.0, 200.0], [250.0, 0.0, 10.0]]])
+    # saturation 1.4 (pixel greys 82.05, 75.89): 1.4 x - 0.4 grey -> (107.18, 37.18, 247.18), (255, 0, 0)
+    # after the clip; brightness 1.2: (128.616, 44.616, 255), (255, 0, 0); contrast 0.5 with the mean
+    # grey (93.715776 + 76.245) / 2 = 84.980388: 0.5 x + 42.490194
+    out = jax.jit(augment.jitter_image)(image, jnp.array([1.2, 0.5, 1.4]), jnp.array([2, 0, 1]))
+    assert out.dtype == jnp.float64
+    np.testing.assert_allclose(out, [[[106.798194, 64.798194, 169.990194], [169.990194, 42.490194, 42.490194]]],
+                               rtol=1e-12)
+    grey = jnp.full((512, 2, 2, 3), 100.0)
+    jittered = jax.jit(augment.color_jitter, static_argnums=2)(jax.random.key(0), grey, 0.4)
+    factors = np.asarray(jittered)[:, 0, 0, 0] / 100
+    assert 0.6 <= factors.min() < 0.62 and 1.38 < factors.max() <= 1.4 and abs(factors.mean() - 1) < 0.03
+
+
 def test_icarl_defaults_are_the_authors():
   """method=icarl as the authors' configs run it: its own base (plain CE, shuffled batches, the
   bias-free classifier; FSIL_train_res18_cifar_ICaRL_SGD_01.yml), their session settings
   (incremental_res18_<dataset>_iCaRL*.yml): 2 exemplars per class by herding (random on CUB), 90
-  epochs of batch 120, lr 0.1 (1e-2 on miniImageNet and CUB) x 0.1 after epochs 50 and 70."""
+  epochs of batch 120, lr 0.1 (1e-2 on miniImageNet and CUB) x 0.1 after epochs 50 and 70; colour jitter
+  (0.4) in the sessions on miniImageNet only."""
   from configs import cifar100, cub200, mini
   from f2m_jax import pipeline
   config = cifar100.get_config()
@@ -127,9 +148,12 @@ def test_icarl_defaults_are_the_authors():
   assert config.model.head == 'linear_no_bias' and config.base.sampler == 'shuffle' and not config.noise.enabled
   assert not config.incremental.finetune and not config.eval.normalize_prototypes
   assert dict(config.icarl) == dict(memory=2, exemplars='herding', epochs=90, batch_size=120, lr=0.1,
-                                    milestones=(50, 70), lr_gamma=0.1, momentum=0.9, weight_decay=5e-4)
-  assert (mini.get_config().icarl.lr, mini.get_config().icarl.exemplars) == (1e-2, 'herding')
-  assert (cub200.get_config().icarl.lr, cub200.get_config().icarl.exemplars) == (1e-2, 'random')
+                                    milestones=(50, 70), lr_gamma=0.1, momentum=0.9, weight_decay=5e-4,
+                                    color_jitter=0.0)
+  assert (mini.get_config().icarl.lr, mini.get_config().icarl.exemplars, mini.get_config().icarl.color_jitter) == (
+      1e-2, 'herding', 0.4)
+  cub = cub200.get_config().icarl
+  assert (cub.lr, cub.exemplars, cub.color_jitter) == (1e-2, 'random', 0.0)
 
 
 def tiny():

@@ -175,6 +175,7 @@ def test_joint_and_crt_end_to_end(workdirs):
     assert [s['num_classes'] for s in results['sessions']] == [6, 8]
     assert len(results['sessions'][1]['acc']['runs']) == 2 and 'prototype_norms' not in results
   assert joint['method'] == 'joint' and crt['method'] == 'crt'
+  assert crt['sessions'][0] == joint['sessions'][0]  # session 1 is joint's network and classifier, as theirs
   # every run trains on its own draw of the shots: a session's network differs between runs
   ck = Checkpoints(str(root / 'joint'), read_only=True)
   assert ck.sessions_done(0) == ck.sessions_done(1) == [2]

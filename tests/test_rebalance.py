@@ -109,7 +109,8 @@ def test_rebalance_defaults_are_the_authors():
   """method=rebalance as the authors' NCM configs run it (incremental_res18_<dataset>_NCM_5shots_SGD.yml,
   the loss block their Rebalance_model.py reads): lambda_base 4 (miniImageNet 3, CUB 5), K 2, weight 1,
   margin 0.5; 2 exemplars per class drawn at random; 90 epochs of batch 120, lr 0.1 (1e-2 on
-  miniImageNet and CUB) x 0.1 after epochs 50 and 70; the cosine classifier's test."""
+  miniImageNet and CUB) x 0.1 after epochs 50 and 70; the cosine classifier's test; colour jitter (0.4)
+  in the sessions on miniImageNet only."""
   from configs import cifar100, cub200, mini
   config = cifar100.get_config()
   config.method = 'rebalance'
@@ -117,9 +118,11 @@ def test_rebalance_defaults_are_the_authors():
   assert config.model.head == 'cosine' and config.base.sampler == 'shuffle' and not config.noise.enabled
   assert dict(config.rebalance) == dict(memory=2, exemplars='random', epochs=90, batch_size=120, lr=0.1,
                                         milestones=(50, 70), lr_gamma=0.1, momentum=0.9, weight_decay=5e-4,
-                                        lambda_base=4.0, K=2, margin=0.5, weight=1.0, classifier='cosine')
-  assert (mini.get_config().rebalance.lambda_base, mini.get_config().rebalance.lr) == (3.0, 1e-2)
-  assert (cub200.get_config().rebalance.lambda_base, cub200.get_config().rebalance.lr) == (5.0, 1e-2)
+                                        lambda_base=4.0, K=2, margin=0.5, weight=1.0, classifier='cosine',
+                                        color_jitter=0.0)
+  mini_r, cub_r = mini.get_config().rebalance, cub200.get_config().rebalance
+  assert (mini_r.lambda_base, mini_r.lr, mini_r.color_jitter) == (3.0, 1e-2, 0.4)
+  assert (cub_r.lambda_base, cub_r.lr, cub_r.color_jitter) == (5.0, 1e-2, 0.0)
 
 
 def tiny():

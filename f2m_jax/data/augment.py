@@ -73,7 +73,37 @@ def augment(key: jax.Array, images: jax.Array, kind: str, size: int) -> jax.Arra
   return images if one is None else jax.vmap(one)(keys, images)
 
 
-def train_inputs(key, images_u8, kind: str, size: int, mean, std) -> jax.Array:
+GREY = (0.299, 0.587, 0.114)  # ITU-R 601-2 luma: torchvision's and PIL's grayscale
+
+
+def jitter_image(image: jax.Array, factors: jax.Array, order: jax.Array) -> jax.Array:
+  """torchvision's ColorJitter on one float image [H, W, 3] in [0, 255] with its draws given: factors
+  (brightness, contrast, saturation) applied in `order` (a permutation of 0, 1, 2), each result clipped
+  to [0, 255]. Brightness blends with black, contrast with the image's mean grey, saturation with each
+  pixel's grey. In float: the original's PIL images also round to 8 bits after each operation."""
+  grey = lambda x: x @ jnp.asarray(GREY, x.dtype)
+  ops = (lambda x, f: f * x, lambda x, f: f * x + (1 - f) * jnp.mean(grey(x)),
+         lambda x, f: f * x + (1 - f) * grey(x)[..., None])
+  for i in range(3):
+    image = jnp.clip(jax.lax.switch(order[i], ops, image, factors[order[i]]), 0.0, 255.0)
+  return image
+
+
+def color_jitter(key, images: jax.Array, strength: float) -> jax.Array:
+  """ColorJitter(strength, strength, strength) on a float batch [N, H, W, 3]: per image three factors
+  uniform in [max(0, 1 - strength), 1 + strength] and a random order of the three operations, as
+  torchvision draws them per image (`jitter_image`)."""
+  kf, ko = jax.random.split(key)
+  n = images.shape[0]
+  factors = jax.random.uniform(kf, (n, 3), images.dtype, max(0.0, 1.0 - strength), 1.0 + strength)
+  order = jax.vmap(lambda k: jax.random.permutation(k, 3))(jax.random.split(ko, n))
+  return jax.vmap(jitter_image)(images, factors, order)
+
+
+def train_inputs(key, images_u8, kind: str, size: int, mean, std, jitter: float = 0.0) -> jax.Array:
   """uint8 training images -> augmented, normalised float32 network inputs. Crops pad with black
-  before normalisation, as torchvision's RandomCrop does on the original's PIL images."""
-  return normalize(augment(key, images_u8.astype(float_dtype()), kind, size), mean, std)
+  before normalisation, as torchvision's RandomCrop does on the original's PIL images; `jitter` > 0
+  adds `color_jitter` after the crop and flip (the original's order: crop, jitter, flip; the flip
+  commutes with it)."""
+  x = augment(key, images_u8.astype(float_dtype()), kind, size)
+  return normalize(color_jitter(jax.random.fold_in(key, 1), x, jitter) if jitter else x, mean, std)

@@ -20,7 +20,8 @@ from f2m_jax.validation import need
 
 def validate_fsll(config) -> None:
   c = config.fsll
-  need(c.epochs >= 1 and c.lr > 0 and c.threshold >= 0, 'fsll', dict(c), 'needs epochs >= 1, lr > 0 and threshold >= 0')
+  need(c.epochs >= 1 and c.lr > 0 and c.threshold >= 0 and c.color_jitter >= 0, 'fsll', dict(c),
+       'needs epochs >= 1, lr > 0, threshold >= 0 and color_jitter >= 0')
 
 
 def selected_paths(params, threshold: float) -> tuple:
@@ -100,7 +101,8 @@ class FSLLRunner:
     @jax.jit
     def step(params, batch_stats, opt_state, former, base_prototypes, images, labels, key):
       trainable, frozen = trees.split(params, paths)
-      x = augment_lib.train_inputs(key, images, bench.augment, bench.image_size, bench.mean, bench.std)
+      x = augment_lib.train_inputs(key, images, bench.augment, bench.image_size, bench.mean, bench.std,
+                                   cfg.color_jitter)
 
       def loss_fn(tr):
         (emb, _), new = model.apply({'params': trees.unflatten({**frozen, **tr}), 'batch_stats': batch_stats},

@@ -27,8 +27,8 @@ HEADS = ('linear_no_bias', 'linear')
 
 def validate_icarl(config) -> None:
   c = config.icarl
-  need(c.memory >= 1 and c.epochs >= 1 and c.batch_size >= 1 and c.lr > 0, 'icarl', dict(c),
-       'needs memory, epochs, batch_size >= 1 and lr > 0')
+  need(c.memory >= 1 and c.epochs >= 1 and c.batch_size >= 1 and c.lr > 0 and c.color_jitter >= 0, 'icarl',
+       dict(c), 'needs memory, epochs, batch_size >= 1, lr > 0 and color_jitter >= 0')
   need(c.exemplars in EXEMPLARS, 'icarl.exemplars', c.exemplars, f'allowed: {EXEMPLARS}')
   need(config.model.head in HEADS, 'model.head', config.model.head, f'method=icarl needs one of {HEADS}')
 
@@ -108,16 +108,17 @@ def icarl_loss(network):
   return loss
 
 
-def make_session_step(network, loss_fn, momentum: float, weight_decay: float, augment: str, image_size: int,
-                      mean, std, mask_updates=None):
+def make_session_step(network, loss_fn, cfg, bench, mask_updates=None):
   """step(params, batch_stats, opt_state, former, images_u8, labels, key, lr, num_old, num_seen) ->
-  (params, batch_stats, opt_state, loss): one SGD step at rate `lr` of `loss_fn`, `former` (the previous
-  network) in eval mode on the same images; `mask_updates`, if given, edits the updates (Rebalance)."""
-  tx = optim.sgd_at_rate(momentum, weight_decay)
+  (params, batch_stats, opt_state, loss): one SGD step at rate `lr` of `loss_fn` (momentum, weight decay
+  and colour jitter from the method's section `cfg`), `former` (the previous network) in eval mode on the
+  same images; `mask_updates`, if given, edits the updates (Rebalance)."""
+  tx = optim.sgd_at_rate(cfg.momentum, cfg.weight_decay)
 
   @jax.jit
   def step(params, batch_stats, opt_state, former, images, labels, key, lr, num_old, num_seen):
-    x = augment_lib.train_inputs(key, images, augment, image_size, mean, std)
+    x = augment_lib.train_inputs(key, images, bench.augment, bench.image_size, bench.mean, bench.std,
+                                 cfg.color_jitter)
     former_out = network.apply(former, x, train=False)
     (loss, new_stats), grads = jax.value_and_grad(loss_fn, has_aux=True)(
         params, batch_stats, former_out, x, labels, num_old, num_seen)
@@ -152,9 +153,7 @@ class ICaRLRunner:
                                      self.first['prototypes'], 0, 1)
 
   def make_step(self):
-    bench = self.exp.bench
-    return make_session_step(self.network, icarl_loss(self.network), self.cfg.momentum, self.cfg.weight_decay,
-                             bench.augment, bench.image_size, bench.mean, bench.std)
+    return make_session_step(self.network, icarl_loss(self.network), self.cfg, self.exp.bench)
 
   def new_columns(self, key, params: dict, start: int, stop: int) -> dict:
     return new_columns(key, params, start, stop)

@@ -38,9 +38,9 @@ def linear_accuracies(exp, variables, network, session: int, logits_fn=None) -> 
 
 def train_network(exp, network, pool: np.ndarray, key, training, log, desc: str, stream: tuple,
                   select=None) -> dict:
-  """A network trained from scratch (model.pretrained's trunk where set) on `pool` with shuffled batches and
-  the base.* budget, resuming from `training`. Returns {'params', 'batch_stats'}: the last step's, or with
-  `select` (a train_loop.TestSetSelector, every base.select_every steps) the best one it kept."""
+  """A new network (model.pretrained's trunk where set, else a random init) trained on `pool` with shuffled
+  batches and the base.* budget, resuming from `training`. Returns {'params', 'batch_stats'}: the last
+  step's, or with `select` (a train_loop.TestSetSelector, every base.select_every steps) the best one kept."""
   cfg = exp.config.base
   state = exp.init_state(network, key)
   start = training.latest_step()
@@ -167,16 +167,10 @@ def _need_source(source):
 
 
 def crt_first_session(exp, ckpts, log, source=None, hook=None) -> dict:
-  """Session 1: the joint workdir's base network with its classifier retrained (saved as this
-  workdir's model, so a rerun reuses it)."""
+  """Session 1: the joint workdir's base network and its own classifier, not retrained (theirs has no
+  session-1 cRT; the paper prints cRT's session 1 equal to joint's)."""
   _need_source(source)
-  template = common.base_model(exp, ckpts, log, source=source)  # the joint base model (with its prototypes)
-  if ckpts.has_model():
-    return common.restore_base_model(exp, ckpts)
-  pool = exp.bench.base_train
-  retrained = retrain_classifier(exp, exp.model, template, pool, exp.key(5, 0, 1), (0, 1))
-  common.save_base_model(exp, ckpts, retrained, template['prototypes'])
-  return {**retrained, 'prototypes': template['prototypes']}
+  return common.base_model(exp, ckpts, log, source=source)
 
 
 class CRTRunner(JointRunner):
@@ -205,7 +199,7 @@ class CRTRunner(JointRunner):
 
 JOINT = Method('joint', common.BASELINE_PRESETS,  # plain CE with shuffled batches in every session
                common.base_model, JointRunner,
-               'from scratch on all data seen so far, every session; linear classifier')
+               'a new network (model.pretrained where set) on all data seen so far, every session; linear classifier')
 CRT = Method('crt', common.BASELINE_PRESETS, crt_first_session, CRTRunner,
-             "joint's networks, classifier retrained class-balanced with the rest frozen",
+             "joint's networks, from session 2 on the classifier retrained class-balanced with the rest frozen",
              section='crt', validate=validate_crt)

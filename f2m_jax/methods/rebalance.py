@@ -25,8 +25,8 @@ CLASSIFIERS = ('cosine', 'nearest_mean')
 def validate_rebalance(config) -> None:
   r = config.rebalance
   need(r.memory >= 1 and r.epochs >= 1 and r.batch_size >= 1 and r.lr > 0 and r.K >= 1 and r.margin >= 0
-       and r.lambda_base >= 0 and r.weight >= 0, 'rebalance', dict(r),
-       'needs memory, epochs, batch_size, K >= 1, lr > 0, margin, lambda_base, weight >= 0')
+       and r.lambda_base >= 0 and r.weight >= 0 and r.color_jitter >= 0, 'rebalance', dict(r),
+       'needs memory, epochs, batch_size, K >= 1, lr > 0, margin, lambda_base, weight, color_jitter >= 0')
   need(r.exemplars in icarl.EXEMPLARS, 'rebalance.exemplars', r.exemplars, f'allowed: {icarl.EXEMPLARS}')
   need(r.classifier in CLASSIFIERS, 'rebalance.classifier', r.classifier, f'allowed: {CLASSIFIERS}')
   need(config.model.head == 'cosine', 'model.head', config.model.head, "method=rebalance needs 'cosine' (LUCIR's "
@@ -112,15 +112,14 @@ class RebalanceRunner(icarl.ICaRLRunner):
     super().__init__(exp, first, *args, **kwargs)
 
   def make_step(self):
-    bench, network, cfg = self.exp.bench, self.network, self.cfg
+    network, cfg = self.network, self.cfg
 
     def loss(params, batch_stats, former_out, x, labels, num_old, num_seen):
       value, (new_stats, _) = session_loss(params, batch_stats, former_out[0], x, labels, network, num_old,
                                            num_seen, cfg)
       return value, new_stats
 
-    return icarl.make_session_step(network, loss, cfg.momentum, cfg.weight_decay, bench.augment, bench.image_size,
-                                   bench.mean, bench.std, mask_updates=frozen_columns)
+    return icarl.make_session_step(network, loss, cfg, self.exp.bench, mask_updates=frozen_columns)
 
   def new_columns(self, key, params: dict, start: int, stop: int) -> dict:
     return new_columns(key, params, start, stop)
