@@ -175,7 +175,7 @@ def crt_first_session(exp, ckpts, log, source=None, hook=None) -> dict:
     return common.restore_base_model(exp, ckpts)
   pool = exp.bench.base_train
   retrained = retrain_classifier(exp, exp.model, template, pool, exp.key(5, 0, 1), (0, 1))
-  common.save_base_model(exp, ckpts, retrained, template['prototypes'])
+  common.save_base_model(ckpts, retrained, template['prototypes'])
   return {**retrained, 'prototypes': template['prototypes']}
 
 
@@ -192,8 +192,8 @@ class CRTRunner(JointRunner):
     if session not in self.source.sessions_done(run):
       raise CheckpointError(f'the joint workdir ({self.source.root}) has no run {run} session {session}: '
                             'train it first (or give this run fewer runs or sessions)')
-    saved = self.source.restore_session(run, session, {**self.template(session), 'exemplars': exemplars,
-                                                        'accuracy': np.zeros((4,), np.float64)})
+    saved = self.source.run(run).restore({**self.template(session), 'exemplars': exemplars,
+                                          'accuracy': np.zeros((4,), np.float64)}, session)
     if not np.array_equal(saved['exemplars'], exemplars):
       raise CheckpointError(f'run {run} session {session}: the joint workdir trained on other shots '
                             '(another seed, protocol or data)')
