@@ -260,10 +260,10 @@ def test_a_workdir_saved_without_digests_is_used_and_said_once(reference, tmp_pa
 @pytest.mark.slow
 @pytest.mark.parametrize('flips,mode', [(1, 'eval'), (2, 'eval'), (2, 'train')])
 def test_accuracies_computed_otherwise_than_saved(reference, tmp_path, capsys, monkeypatch, flips, mode):
-  """Evaluated (or resumed) with eval.batch_size changed, on a set staged to flip predictions at near-ties
-  (rounding: 1 in 1000 of the 480 test images of session 3, at least 1, may flip): `flips` predictions of run 0
-  session 3 flipped. One is a line, exit 0, results_eval.json holds both; two (its digest holds) is another
-  code, data or backend, named: exit 0 in eval, both recorded; a resume stops (exit 2) writing nothing."""
+  """Evaluated (or resumed) with eval.batch_size changed, on a set staged as near-ties that flip: `flips`
+  correct predictions of run 0 session 3 made wrong (rounding may flip 1 in 1000 of its 480 test images,
+  at least 1). One is a line, exit 0, and results_eval.json holds both values; two (the digest holding)
+  is another code, data or backend, named: exit 0 in eval, both recorded; a resume stops (exit 2)."""
   from f2m_jax import evaluation  # pylint: disable=g-import-not-at-top
   workdir = copy_of(reference, tmp_path, unfinished=mode == 'train')
   real, flipped = evaluation.accuracies_from_predictions, []
