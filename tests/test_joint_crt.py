@@ -186,7 +186,7 @@ def _session(root, name, run, session, runner_exp):
   template = runner_exp.variables_template(runner_exp.network(runner_exp.bench.num_seen_classes(session)))
   exemplars = np.concatenate([protocol.session_shots(runner_exp.bench, 'draws', run, t, 5, 0)
                               for t in range(2, session + 1)])
-  return ck.restore_session(run, session, {**template, 'exemplars': exemplars, 'accuracy': np.zeros(4)})
+  return ck.run(run).restore({**template, 'exemplars': exemplars, 'accuracy': np.zeros(4)}, session)
 
 
 @pytest.mark.slow
