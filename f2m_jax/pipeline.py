@@ -181,7 +181,7 @@ def compute(exp: Experiment, workdir: str, mode: str, checkpoint: Optional[str],
   results document (not yet written). `writes` False: a read-only workdir's evaluation, which logs nothing."""
   config, bench = exp.config, exp.bench
   log = workdir_lib.MetricsLog(workdir, tensorboard=config.tensorboard, writes=writes)
-  ckpts = Checkpoints(workdir, read_only=not writes)
+  ckpts = Checkpoints(workdir, read_only=not writes, resume=mode == 'train')
   source = Checkpoints(checkpoint, read_only=True) if checkpoint else None
   if source is None and not ckpts.has_model() and (mode == 'eval' or ckpts.any_sessions()):
     raise CheckpointError(f'{ckpts.root}/model has no base model checkpoint (deleted?) although this workdir '
@@ -207,6 +207,9 @@ def compute(exp: Experiment, workdir: str, mode: str, checkpoint: Optional[str],
                                      per_run, norms if all(n is not None for n in norms) else None,
                                      same_shots=draws['same'])
   results['base_model'] = base_info
+  differences = ckpts.differences + (source.differences if source else [])
+  if differences:  # restored accuracies computed otherwise than saved (Checkpoints.compare)
+    results['checkpoint_differences'] = differences
   wall = round(time.time() - t0, 1)
   results['provenance'] = {**run_provenance(config, earlier + [wall], origin, base_source), 'shots': draws['digest']}
   log.write(phase='done', mode=mode, wall_time_s=wall,
@@ -233,7 +236,7 @@ def start_line(config, bench, workdir: str, mode: str, ckpts: Checkpoints, base_
   elif ckpts.has_model():
     base = 'base model restored from this workdir'
   else:
-    step = ckpts.latest_base_step()
+    step = ckpts.base.latest_step()
     base = (f'base training {base_budget(config)}'
             + ('' if step is None else ', trained already' if step >= config.base.steps else f', resuming at step {step}'))
   done = sum(len(ckpts.sessions_done(r)) for r in range(config.runs)) if ckpts.any_sessions() else 0

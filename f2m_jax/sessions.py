@@ -1,6 +1,5 @@
 """The incremental sessions of any method: every run's sessions through its runner, each run and
-session checkpointed on its own and restored where saved.
-"""
+session checkpointed on its own and restored where saved."""
 from __future__ import annotations
 
 import numpy as np
@@ -26,13 +25,13 @@ def run_sessions(exp: Experiment, runner, ckpts: Checkpoints, log, train: bool =
                      unit='session')
   accs, norms = [], []
   for run in range(cfg.runs):
-    done = saved_sessions(ckpts, run)
+    done = ckpts.sessions_done(run)
     state, exemplars, run_accs = runner.start(), np.zeros((0,), np.int64), [first]
     for session in range(2, bench.num_sessions + 1):
       shots = protocol_lib.session_shots(bench, cfg.data.protocol, run, session, cfg.data.shots, cfg.seed)
       exemplars = np.concatenate([exemplars, shots])
       if session in done:
-        state, acc = restore_session(runner, ckpts, run, session, exemplars)
+        state, acc = restore_session(exp, runner, ckpts, run, session, exemplars)
       elif train:
         state, acc = train_session(cfg.method, runner, ckpts, log, state, run, session, exemplars)
         if hook:
@@ -48,16 +47,6 @@ def run_sessions(exp: Experiment, runner, ckpts: Checkpoints, log, train: bool =
   return accs, norms
 
 
-def saved_sessions(ckpts: Checkpoints, run: int) -> set:
-  """The sessions of `run` saved in `ckpts`; a CheckpointError where one is missing before a later one."""
-  done = set(ckpts.sessions_done(run))
-  gaps = sorted(set(range(2, max(done, default=1) + 1)) - done)
-  if gaps:
-    raise CheckpointError(f'{ckpts.root}/run_{run}: sessions {sorted(done)} are saved but {gaps} are missing; '
-                          f'restore them or delete the folder run_{run} to recompute that run')
-  return done
-
-
 def train_session(method: str, runner, ckpts: Checkpoints, log, state, run: int, session: int,
                   exemplars: np.ndarray) -> tuple:
   """(state, accuracies) of `run` after training `session`; saved, then logged. A TrainingError, before
@@ -69,28 +58,48 @@ def train_session(method: str, runner, ckpts: Checkpoints, log, state, run: int,
     kept = f'run {run} session {session - 1}' if session > 2 else 'the base model'
     raise TrainingError(f'non-finite values ({", ".join(bad[:3])}) of method {method} in run {run} session '
                         f'{session}; it was not saved, the last good checkpoint ({kept}) is kept')
-  ckpts.save_session(run, session, {**runner.item(state), 'exemplars': exemplars,
-                                    'accuracy': np.asarray([np.nan if acc[k] is None else acc[k]
-                                                            for k in ACCURACY_KEYS], np.float64)},
-                     then=lambda: log.write(phase='session', run=run, session=session, **info, **acc))
+  ckpts.run(run).save(session, {**runner.item(state), 'exemplars': exemplars,
+                                'accuracy': np.asarray([np.nan if acc[k] is None else acc[k] for k in ACCURACY_KEYS],
+                                                       np.float64)},
+                       then=lambda: log.write(phase='session', run=run, session=session, **info, **acc))
   return state, acc
 
 
-def restore_session(runner, ckpts: Checkpoints, run: int, session: int, exemplars: np.ndarray) -> tuple:
-  """(state, accuracies) of `run` after `session`, restored, the accuracies computed again; a
-  CheckpointFault where they differ from those saved or its exemplars from the protocol's."""
-  saved = ckpts.restore_session(run, session, {**runner.template(session), 'exemplars': exemplars,
-                                                'accuracy': np.zeros((len(ACCURACY_KEYS),), np.float64)})
+def restore_session(exp: Experiment, runner, ckpts: Checkpoints, run: int, session: int,
+                    exemplars: np.ndarray) -> tuple:
+  """(state, accuracies) of `run` after `session`, restored (a CheckpointFault where its exemplars differ from
+  the protocol's), the accuracies computed again and compared with those saved, as test images that flipped
+  (base and novel ones apart). Up to k (rounding): a line. More, its digest holding, means another
+  code, data or backend: a line naming who saved it and who computes, or in a resume a CheckpointError.
+  Each difference goes into ckpts.differences."""
+  path = f'{ckpts.root}/run_{run}/{session}'
+  saved = ckpts.run(run).restore({**runner.template(session), 'exemplars': exemplars,
+                                  'accuracy': np.zeros((len(ACCURACY_KEYS),), np.float64)}, session)
   if not np.array_equal(saved['exemplars'], exemplars):
-    raise CheckpointFault(f'run {run} session {session}: the exemplars saved in {ckpts.root}/run_{run}/{session} '
-                          'differ from the protocol\'s: the file is corrupt, or the data or the code changed since '
-                          'it was saved')
-  acc = {k: None if np.isnan(v) else float(v) for k, v in zip(ACCURACY_KEYS, np.asarray(saved['accuracy']))}
+    raise CheckpointFault(f'run {run} session {session}: the exemplars saved in {path} differ from the protocol\'s: '
+                          'the data or the code changed since it was saved')
   state = runner.restore(saved)
-  again = runner.accuracies(state, session)
-  if any(again[k] != acc[k] for k in ACCURACY_KEYS):  # the checkpoint holds these (not acc_sessions)
-    differ = ', '.join(f'{k} {again[k]} (saved {acc[k]})' for k in ACCURACY_KEYS if again[k] != acc[k])
-    raise CheckpointFault(f'run {run} session {session}: the accuracies computed again from '
-                          f'{ckpts.root}/run_{run}/{session} differ from those saved in it ({differ}): the '
-                          f'checkpoint (or the base model) changed since it was saved; {ckpts.session_advice(run)}')
+  again, acc = runner.accuracies(state, session), [None if np.isnan(v) else float(v) for v in saved['accuracy']]
+  acc = dict(zip(ACCURACY_KEYS, acc))
+  labels = exp.bench.test.labels[protocol_lib.test_indices(exp.bench, session)]
+  n, base = len(labels), int(np.sum(labels < exp.bench.num_base_classes))
+  flips = sum(round(abs(again[key] - acc[key]) * c / 100) for key, c in (('acc_base', base), ('acc_novel', n - base))
+              if acc[key] is not None)
+  if not flips:
+    return state, again
+  by = (ckpts.digests().get(f'run_{run}/{session}') or {}).get('by')  # its writer
+  k = max(1, -(-n // 1000))  # what rounding may flip: docs/development.md, 'When a run stops'
+  ckpts.differences.append({'checkpoint': path, 'saved': acc, 'recomputed': {key: again[key] for key in acc},
+                            'images': flips, 'of': n, 'saved_by': by, 'recomputed_by': ckpts.writer})
+  line = (f'run {run} session {session}: the accuracies computed again from {path} differ from those it saved in '
+          f'{flips} of {n} test images')
+  if flips > k:
+    who = lambda w: f'commit {w.get("commit")}{" (dirty)" * bool(w.get("dirty"))} on {w["backend"]} ({w["device"]})'
+    line += (f', more than the {k} that rounding may flip: the code, data or backend differs from the one that '
+             f'saved it (saved by {who(by) if by else "an unrecorded one"}, computed by {who(ckpts.writer)})')
+    if ckpts.resume:
+      raise CheckpointError(f'{line}; a resume would mix the two in one results.json: resume it with the code '
+                            'and backend that saved it, or evaluate it with --mode eval, which records both')
+  print(f'note: {line}' + (f', within the {k} that rounding may flip: the recomputed ones are used' if flips <= k
+                           else '; the recomputed ones are used and the results record both'), flush=True)
   return state, again

@@ -54,17 +54,17 @@ def train_base_sessions(exps: Sequence[Experiment], ckpts: Sequence[Checkpoints]
   """The base sessions of S >= 1 runs in lockstep through `train_steps`, from the latest base step all of
   them hold (`resume_step`) or from scratch; each state saved into its own workdir, never at a step it
   holds already. Returns the final states, with a leading member axis."""
-  held = [c.base_steps() for c in ckpts]
+  held = [c.base.steps() for c in ckpts]
   start = resume_step(held)
   steps = exps[0].config.base.steps
   if start >= steps:  # trained already: its state is the last saved one
-    return trees.stack([c.restore_base_state(e.state_template(), start) for e, c in zip(exps, ckpts)])
+    return trees.stack([c.base.restore(e.state_template(), start) for e, c in zip(exps, ckpts)])
   if start:
     print(f'{title}: resuming at step {start}/{steps}', flush=True)
-    states = trees.stack([c.restore_base_state(e.state_template(), start) for e, c in zip(exps, ckpts)])
+    states = trees.stack([c.base.restore(e.state_template(), start) for e, c in zip(exps, ckpts)])
   else:
     states = trees.stack([e.init_state() for e in exps])
-  members = [Member(e.batch_indices, e.key(0), e.config.noise.bound, saving_after(c.save_base_state, max(h, default=0)),
+  members = [Member(e.batch_indices, e.key(0), e.config.noise.bound, saving_after(c.base.save, max(h, default=0)),
                     log) for e, c, log, h in zip(exps, ckpts, logs, held)]
   return train_steps(exps[0], exps[0].model, exps[0].noise, members, states, start, 'base', title, select, hook)
 
@@ -218,7 +218,7 @@ class TestSetSelector:
   """base.select_on_test, the original's model selection: at each call, the accuracy of `network`'s linear
   classifier (the argmax of its logits) on the test images of every class seen up to `session` (session 1:
   the base classes); the model of the best accuracy so far (a strictly better one replaces it) is kept in
-  `best` (a checkpoint's _Best), where a resumed training finds it (results then say they read the test
+  `best` (a checkpoint.Folder), where a resumed training finds it (results then say they read the test
   set). `where` (run, session) goes into each log line; `logits`: the network's logits program, if made."""
 
   def __init__(self, exp: Experiment, network, session: int, best, log, logits: Optional[Callable] = None,
@@ -230,9 +230,9 @@ class TestSetSelector:
     self.images, self.labels = bench.test.images[idx], bench.test.labels[idx]
     self.logits = logits or evaluation.make_embed(network, bench.mean, bench.std, exp.config.eval.batch_size,
                                                   logits=True)
-    self.template, self.seen = exp.variables_template(network), bench.num_seen_classes(session)
-    self.best = -1.0
-    if best.step() is not None:
+    self.template = {**exp.variables_template(network), 'test_acc': np.zeros((), np.float64)}
+    self.seen, self.best = bench.num_seen_classes(session), -1.0
+    if best.latest_step() is not None:
       self.best = float(best.restore(self.template)['test_acc'])
 
   def accuracy(self, variables) -> float:
@@ -243,18 +243,18 @@ class TestSetSelector:
     acc = self.accuracy(variables)
     if acc > self.best:
       self.best = acc
-      self.store.save(step, variables['params'], variables['batch_stats'], acc)
+      self.store.save(step, {**variables, 'test_acc': np.asarray(acc, np.float64)})
     self.log.write(phase='select_on_test', **self.where, step=step,
-                   **{f'{self.name}_acc': acc, f'best_{self.name}_acc': self.best}, best_step=self.store.step())
+                   **{f'{self.name}_acc': acc, f'best_{self.name}_acc': self.best}, best_step=self.store.latest_step())
 
   def chosen(self, variables: dict, title: str, steps: int) -> dict:
     """The best model kept ({'params', 'batch_stats'}, and a line saying so), or `variables` where none
     was (no selection step reached)."""
-    if self.store.step() is None:
+    if self.store.latest_step() is None:
       return variables
     best = self.store.restore(self.template)
     images = 'the base TEST images' if self.name == 'base_test' else f'the TEST images of the {self.seen} seen classes'
-    print(f'{title}: step {self.store.step()} of {steps}, chosen on {images} ({float(best["test_acc"]):.2f}%; '
+    print(f'{title}: step {self.store.latest_step()} of {steps}, chosen on {images} ({float(best["test_acc"]):.2f}%; '
           'base.select_on_test reads the test set)', flush=True)
     return {'params': best['params'], 'batch_stats': best['batch_stats']}
 
@@ -264,6 +264,6 @@ def selection_info(config, ckpts: Checkpoints) -> dict:
   step with the best base-test accuracy, flagged as reading the test set."""
   if not config.base.select_on_test:
     return {'selection': 'last', 'step': int(config.base.steps)}
-  step = ckpts.best_base.step()
+  step = ckpts.best_base.latest_step()
   return {'selection': 'best_base_test_accuracy', 'reads_test_set': True, 'every': int(config.base.select_every),
           'step': int(step) if step is not None else int(config.base.steps)}

@@ -118,7 +118,7 @@ def _final_base_state(workdir: str):
   config = pipeline.resolve(_tiny(5))
   exp = experiment_lib.Experiment.create(config, sources.load_benchmark(config))
   ckpts = Checkpoints(workdir, read_only=True)
-  return ckpts.restore_base_state(exp.init_state(), config.base.steps)
+  return ckpts.base.restore(exp.init_state(), config.base.steps)
 
 
 @pytest.mark.slow
@@ -150,11 +150,11 @@ def test_nan_stop_names_the_same_step_and_keeps_the_last_good_checkpoint(tmp_pat
   assert '; no checkpoint was saved yet. ' in messages['four'] and 'try a tenth of it, --config.base.lr=100,' in messages['four']
   # The host run's last checkpoint is the last one before the divergence, and finite.
   ckpts = Checkpoints(str(tmp_path / 'one'), read_only=True)
-  last = ckpts.latest_base_step()
+  last = ckpts.base.latest_step()
   assert last is not None and steps['one'] - 2 <= last < steps['one']
   assert f'; the last good checkpoint (step {last}) is kept. ' in messages['one']
   config = pipeline.resolve(_tiny(5))
-  state = ckpts.restore_base_state(experiment_lib.Experiment.create(config, sources.load_benchmark(config)).init_state(), last)
+  state = ckpts.base.restore(experiment_lib.Experiment.create(config, sources.load_benchmark(config)).init_state(), last)
   assert all(np.isfinite(x).all() for x in jax.tree_util.tree_leaves(jax.device_get(state.params)))
 
 

@@ -55,10 +55,10 @@ def test_save_restore_is_bit_identical(tmp_path):
   state = base_lib.TrainState(np.int32(1), rand(init.params), rand(init.batch_stats), rand(init.opt_state))
   assert any(np.abs(x).max() > 0 for x in jax.tree.leaves(state.opt_state))  # a momentum to save
   ckpts = Checkpoints(str(tmp_path))
-  ckpts.save_base_state(1, state)
-  _leaves_equal(jax.device_get(state), ckpts.restore_base_state(exp.state_template(), 1))  # zeros of the shapes
+  ckpts.base.save(1, state)
+  _leaves_equal(jax.device_get(state), ckpts.base.restore(exp.state_template(), 1))  # zeros of the shapes
   protos = np.random.default_rng(0).normal(size=(20, 32)).astype(np.float32)
-  ckpts.save_model(state.params, state.batch_stats, protos)
+  ckpts.model.save(0, {'params': state.params, 'batch_stats': state.batch_stats, 'prototypes': protos})
   template = {'params': state.params, 'batch_stats': state.batch_stats, 'prototypes': np.zeros_like(protos)}
   _leaves_equal({'params': jax.device_get(state.params), 'batch_stats': jax.device_get(state.batch_stats),
                  'prototypes': protos}, ckpts.restore_model(template))
@@ -82,12 +82,12 @@ def _check_the_selection_is_said_and_used(results: dict, workdir: str, config) -
   resolved = pipeline.resolve(config)
   exp = experiment_lib.Experiment.create(resolved, sources.load_benchmark(resolved))
   ckpts = Checkpoints(workdir, read_only=True)
-  best = ckpts.best_base.restore(exp.variables_template())
+  best = ckpts.best_base.restore({**exp.variables_template(), 'test_acc': np.zeros((), np.float64)})
   model = ckpts.restore_model({**exp.variables_template(),
                                'prototypes': np.zeros((exp.bench.num_base_classes, exp.embedding_dim()), np.float32)})
   chex.assert_trees_all_equal((model['params'], model['batch_stats']), (best['params'], best['batch_stats']))
   if info['step'] != config.base.steps:
-    last = ckpts.restore_base_state(exp.state_template(), config.base.steps)
+    last = ckpts.base.restore(exp.state_template(), config.base.steps)
     assert not np.array_equal(last.params['fc']['kernel'], best['params']['fc']['kernel'])
   ckpts.close()
   from f2m_jax import report  # pylint: disable=g-import-not-at-top
@@ -113,7 +113,7 @@ def test_resume_with_test_set_selection_keeps_the_best_so_far(tmp_path):
   ckpts = Checkpoints(workdir, read_only=False)
   with open(os.path.join(workdir, 'metrics.jsonl')) as f:
     selected = [json.loads(line) for line in f if '"select_on_test"' in line]
-  assert [r['step'] for r in selected] == [5, 10, 15] and ckpts.best_base.step() in (5, 10, 15)
+  assert [r['step'] for r in selected] == [5, 10, 15] and ckpts.best_base.latest_step() in (5, 10, 15)
   resolved = pipeline.resolve(config)
   exp = experiment_lib.Experiment.create(resolved, sources.load_benchmark(resolved))
   selector = train_loop.TestSetSelector(exp, exp.model, 1, ckpts.best_base, log=None)

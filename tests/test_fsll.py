@@ -101,7 +101,7 @@ def test_fsll_end_to_end_changes_only_the_selected_tensors(fsll_run):
   exp, ck, base = fsll_run.exp, fsll_run.ckpts, fsll_run.first
   runner = fsll.FSLLRunner(exp, base)
   shots = protocol.session_shots(exp.bench, 'draws', 0, 2, 5, 0)
-  saved = ck.restore_session(0, 2, {**runner.template(2), 'exemplars': shots, 'accuracy': np.zeros(4)})
+  saved = ck.run(0).restore({**runner.template(2), 'exemplars': shots, 'accuracy': np.zeros(4)}, 2)
   chosen = set(fsll.selected_paths(base['params'], 0.3))
   assert chosen and len(chosen) < len(trees.flatten(base['params']))
   before, after = trees.flatten(base['params']), trees.flatten(saved['params'])

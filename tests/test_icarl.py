@@ -172,8 +172,8 @@ def test_icarl_end_to_end(icarl_run):
   runner = icarl.ICaRLRunner(exp, icarl_run.first)
   for run in range(2):
     shots = [protocol.session_shots(bench, 'draws', run, t, 5, 0) for t in (2, 3)]
-    saved = ck.restore_session(run, 3, {**runner.template(3), 'exemplars': np.concatenate(shots),
-                                        'accuracy': np.zeros(4)})
+    saved = ck.run(run).restore({**runner.template(3), 'exemplars': np.concatenate(shots),
+                                 'accuracy': np.zeros(4)}, 3)
     memory = saved['memory']
     # two exemplars per class: the base ones from the base training images, each session's from its
     # shots (herding picks 2 of the 5 after the session)

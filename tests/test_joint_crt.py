@@ -92,7 +92,7 @@ def test_joint_sessions_chosen_on_test_keep_the_best_network_through_a_resume(mo
   from configs import cifar100
   from f2m_jax import train_loop
   from f2m_jax import workdir as workdir_lib
-  from f2m_jax.checkpoint import _Training
+  from f2m_jax.checkpoint import Folder
   from f2m_jax.data import sources
   from f2m_jax.methods import joint
   config = tiny(cifar100.get_config('smoke'), 'joint')  # a checkpoint every 4 steps
@@ -108,7 +108,7 @@ def test_joint_sessions_chosen_on_test_keep_the_best_network_through_a_resume(mo
   shots = protocol.session_shots(exp.bench, 'draws', 0, 2, 5, 0)
 
   def session(name, save_fails_at=None):
-    save = _Training.save
+    save = Folder.save
 
     def failing(self, step, state):  # the interruption: the save of that step, after its selection
       if step == save_fails_at:
@@ -117,7 +117,7 @@ def test_joint_sessions_chosen_on_test_keep_the_best_network_through_a_resume(mo
 
     ckpts = Checkpoints(str(tmp_path / name))
     with monkeypatch.context() as m:
-      m.setattr(_Training, 'save', failing)
+      m.setattr(Folder, 'save', failing)
       runner = joint.JointRunner(exp, exp.variables_template(), ckpts, log=workdir_lib.MetricsLog(str(tmp_path / name)))
       try:
         return runner, runner.update(None, 0, 2, shots)[0]
@@ -144,7 +144,7 @@ def test_joint_sessions_chosen_on_test_keep_the_best_network_through_a_resume(mo
     session('resumed', save_fails_at=8)
   ckpts = Checkpoints(str(tmp_path / 'resumed'))
   training = ckpts.training(0, 2)
-  assert training.latest_step() == 4 and training.best.step() == 4
+  assert training.latest_step() == 4 and training.best.latest_step() == 4
   training.close()
   ckpts.close()
   _, resumed = session('resumed')
@@ -187,7 +187,7 @@ def _session(root, name, run, session, runner_exp):
   template = runner_exp.variables_template(runner_exp.network(runner_exp.bench.num_seen_classes(session)))
   exemplars = np.concatenate([protocol.session_shots(runner_exp.bench, 'draws', run, t, 5, 0)
                               for t in range(2, session + 1)])
-  return ck.restore_session(run, session, {**template, 'exemplars': exemplars, 'accuracy': np.zeros(4)})
+  return ck.run(run).restore({**template, 'exemplars': exemplars, 'accuracy': np.zeros(4)}, session)
 
 
 @pytest.mark.slow

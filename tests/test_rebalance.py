@@ -147,8 +147,8 @@ def test_rebalance_end_to_end_keeps_old_columns(rebalance_run):
   memories = []
   for run in range(2):
     shots = [protocol.session_shots(exp.bench, 'draws', run, t, 5, 0) for t in (2, 3)]
-    saved = [ck.restore_session(run, t, {**runner.template(t), 'exemplars': np.concatenate(shots[:t - 1]),
-                                         'accuracy': np.zeros(len(ACCURACY_KEYS))}) for t in (2, 3)]
+    saved = [ck.run(run).restore({**runner.template(t), 'exemplars': np.concatenate(shots[:t - 1]),
+                                  'accuracy': np.zeros(len(ACCURACY_KEYS))}, t) for t in (2, 3)]
     kernels = [np.asarray(first['params']['fc']['kernel'])] + [s['params']['fc']['kernel'] for s in saved]
     np.testing.assert_array_equal(kernels[1][:, :6], kernels[0])  # the base columns, frozen in session 2
     np.testing.assert_array_equal(kernels[2][:, :8], kernels[1][:, :8])  # and session 2's in session 3

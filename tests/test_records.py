@@ -147,7 +147,7 @@ def test_sessions_on_another_workdirs_base_model_name_their_source(reference, tm
   with open(os.path.join(workdir, 'results.json')) as f:
     results = json.load(f)
   assert results['provenance']['origin'] == origin
-  assert Checkpoints(workdir).latest_base_step() is None  # the base model was not trained again ...
+  assert Checkpoints(workdir).base.latest_step() is None  # the base model was not trained again ...
   assert os.listdir(os.path.join(workdir, 'checkpoints', 'run_0'))  # ... and the sessions were
   with open(os.path.join(workdir, 'metrics.jsonl')) as f:
     done = [json.loads(line) for line in f if '"done"' in line]

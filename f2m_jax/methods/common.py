@@ -1,15 +1,13 @@
 """What several methods share: the Baseline's presets, session 1's base network and
-prototypes, and NCM accuracies of a network that changes every session.
-"""
+prototypes, and NCM accuracies of a network that changes every session."""
 from __future__ import annotations
 
-import os
 from typing import Optional
 
 import numpy as np
 
 from f2m_jax import evaluation
-from f2m_jax.checkpoint import CheckpointFault, Checkpoints
+from f2m_jax.checkpoint import Checkpoints
 from f2m_jax.data import protocol as protocol_lib
 from f2m_jax.evaluator import embedder
 from f2m_jax.experiment import Experiment, Hook
@@ -26,46 +24,20 @@ def base_model(exp: Experiment, ckpts: Checkpoints, log, source: Optional[Checkp
                hook: Hook = None) -> dict:
   """Session 1 of every method that starts from one base network: phi*, its BN statistics and the base
   prototypes (Eq. 1), restored from `source` (--checkpoint) or the workdir if saved, else trained and saved."""
-  if source is not None:
-    return restore_base_model(exp, source)
-  if ckpts.has_model():
-    return restore_base_model(exp, ckpts)
+  if source is not None or ckpts.has_model():
+    return restore_base_model(exp, source or ckpts)
   variables = train_base(exp, ckpts, log, hook)  # the last step's, or the one chosen on test
   protos = base_prototypes(exp, variables)
-  save_base_model(exp, ckpts, variables, protos)
+  save_base_model(ckpts, variables, protos)
   return {'params': variables['params'], 'batch_stats': variables['batch_stats'], 'prototypes': protos}
 
 
-def save_base_model(exp: Experiment, ckpts: Checkpoints, variables: dict, protos: np.ndarray) -> None:
-  """The base model saved with its record (`base_record`), which every restore checks."""
-  ckpts.save_model(variables['params'], variables['batch_stats'], protos, record=base_record(exp, variables, protos))
+def save_base_model(ckpts: Checkpoints, variables: dict, protos: np.ndarray) -> None:
+  ckpts.model.save(0, {'params': variables['params'], 'batch_stats': variables['batch_stats'], 'prototypes': protos})
 
 
 def restore_base_model(exp: Experiment, ckpts: Checkpoints) -> dict:
-  """The saved base model, checked against its record (a CheckpointFault where `base_record` computed
-  again differs); one saved before records were kept is used unchecked, and a line says so."""
-  model, saved = ckpts.restore_model(model_template(exp), with_record=True)
-  path = os.path.join(ckpts.root, 'model', '0')
-  if saved is None:
-    print(f'note: {path} was saved without a record of its accuracy (by an earlier version), so it cannot be '
-          'checked', flush=True)
-    return model
-  again = base_record(exp, {'params': model['params'], 'batch_stats': model['batch_stats']}, model['prototypes'])
-  if again != float(saved):
-    raise CheckpointFault(f'the base model checkpoint {path}: its accuracy on the test images of session 1 (NCM '
-                          f'with its own prototypes), computed again, is {again}%, saved {saved}%: it changed '
-                          f'since it was saved; {ckpts.model_advice()}')
-  return model
-
-
-def base_record(exp: Experiment, variables: dict, protos: np.ndarray) -> float:
-  """What the base model's checkpoint records to be checked by: the accuracy (%) of NCM with `protos`,
-  unnormalized, on the test images of session 1, the same for every method that reads the model."""
-  bench = exp.bench
-  idx = protocol_lib.test_indices(bench, 1)
-  emb = embedder(exp)(variables, bench.test.images[idx])
-  return float(evaluation.ncm_accuracies(emb, bench.test.labels[idx], protos, bench.num_base_classes, False,
-                                         pad_to=evaluation.eval_shapes(bench))['acc'])
+  return ckpts.restore_model(model_template(exp))
 
 
 def model_template(exp: Experiment) -> dict:

@@ -186,8 +186,8 @@ class CRTRunner(JointRunner):
     if session not in self.source.sessions_done(run):
       raise CheckpointError(f'the joint workdir ({self.source.root}) has no run {run} session {session}: '
                             'train it first (or give this run fewer runs or sessions)')
-    saved = self.source.restore_session(run, session, {**self.template(session), 'exemplars': exemplars,
-                                                        'accuracy': np.zeros((4,), np.float64)})
+    saved = self.source.run(run).restore({**self.template(session), 'exemplars': exemplars,
+                                          'accuracy': np.zeros((4,), np.float64)}, session)
     if not np.array_equal(saved['exemplars'], exemplars):
       raise CheckpointError(f'run {run} session {session}: the joint workdir trained on other shots '
                             '(another seed, protocol or data)')
