@@ -507,7 +507,7 @@ def test_the_two_records_of_a_config_that_disagree_are_both_named(tmp_path):
   assert snapshot(tmp_path) == before
 
 
-def stale(path, seconds: float = 7200.0) -> None:
+def stale(path, seconds: float = 60.0) -> None:
   """`path`'s modification time set `seconds` into the past."""
   old = time.time() - seconds
   os.utime(path, (old, old))
@@ -527,8 +527,10 @@ def locked(path):
 
 def test_a_killed_writers_leftovers_are_removed_and_a_live_writers_kept(tmp_path):
   """A killed decode leaves its whole temporary file and a killed fake-folder generation its
-  temporary folder; the next write removes those no live process holds, however old the live ones."""
+  temporary folder; the next write removes those no live process holds (a minute old: before, only
+  after an hour), however old the live ones, and spares one just made (its writer about to lock it)."""
   from f2m_jax.data import fake_folders, folder  # pylint: disable=g-import-not-at-top
+  image = fake_folders.fake_folder(tmp_path) / 'folder' / 'train' / 'class_00' / '000.jpg'
   arrays = tmp_path / 'arrays'
   arrays.mkdir()
   killed, other, live, fresh = (arrays / f'.{n}.npy.x{i}.tmp' for i, n in enumerate(('train-a', 'test-b', 'train-a',
@@ -538,8 +540,7 @@ def test_a_killed_writers_leftovers_are_removed_and_a_live_writers_kept(tmp_path
   for p in (killed, other, live):
     stale(p)
   with locked(live):  # another process writing it
-    images = folder.decode_cached([fake_folders.fake_folder(tmp_path) / 'folder' / 'train' / 'class_00' / '000.jpg'],
-                                  arrays, 'train', 8, 8, decode=lambda p, r, c: np.zeros((8, 8, 3), np.uint8))
+    images = folder.decode_cached([image], arrays, 'train', 8, 8, decode=lambda p, r, c: np.zeros((8, 8, 3), np.uint8))
     assert images.shape == (1, 8, 8, 3)
     assert sorted(p.name for p in arrays.iterdir() if p.name.startswith('.')) == sorted([live.name, fresh.name])
   killed_folder, live_folder = tmp_path / 'fake_folder' / '.v2-dead', tmp_path / 'fake_folder' / '.v2-live'
