@@ -75,9 +75,9 @@ def _cause(e: BaseException, limit: Optional[int] = None) -> str:
 
 def _write_fault(what: str, path: str, e: BaseException) -> CheckpointFault:
   """The one line of a checkpoint that could not be written, and what to do."""
-  blocker = workdir_lib.file_in_the_way(path)
-  if blocker:
-    return CheckpointFault(f'cannot write the {what} checkpoint {path}: {workdir_lib.in_the_way(blocker)}')
+  blocked = workdir_lib.in_the_way(path)
+  if blocked:
+    return CheckpointFault(f'cannot write the {what} checkpoint {path}: {blocked}')
   return CheckpointFault(f'cannot write the {what} checkpoint {path}: {_cause(e)}; fix that, then rerun the same '
                          'command: it resumes from the last complete checkpoint')
 
