@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
+from typing import Optional
 
 import jax
 import ml_collections
@@ -47,8 +48,23 @@ def resolve(config: ml_collections.ConfigDict, backend: str = '') -> ml_collecti
 
 
 def used(config) -> dict:
-  """{field: value} of the choices in an (effective) config, for the records."""
+  """{field: value} of the choices in a resolved config, for the records."""
   return {field: _get(config, field) for field in CHOICES}
+
+
+def record(config) -> dict:
+  """What an invocation's first line in the metrics log records of a resolved config: the backend and
+  the choices made on it."""
+  return {'backend': jax.default_backend(), 'choices': used(config)}
+
+
+def moved(before: dict, config) -> Optional[str]:
+  """One line naming each choice of `config` that differs from `before` (`record`'s of the workdir's
+  last invocation; {} or one without choices: none), or None."""
+  was, now = before.get('choices') or {}, record(config)
+  changed = [f'{k}: {was[k]!r} when this workdir was last run ({before.get("backend")}), {v!r} now ({now["backend"]})'
+             for k, v in now['choices'].items() if k in was and was[k] != v]
+  return '; '.join(changed) or None
 
 
 def available_memory() -> tuple:

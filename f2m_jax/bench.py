@@ -237,7 +237,7 @@ def run(config: ml_collections.ConfigDict, workdir: str, origin: Optional[dict] 
   `origin` as `pipeline.run`'s, recorded in bench.json. (S members against S single runs:
   experiments/bench_members.py.)"""
   config = pipeline.resolve(config, (origin or {}).get('changes'), reads_data=False)
-  workdir_lib.check_output_folder(workdir)
+  workdir_lib.check_folders(workdir)
   mesh = sharding.data_mesh()
   print(f'bench on {backend.devices()}, {os.cpu_count()} CPU cores; {backend.used(config)}', flush=True)
   records = []

@@ -72,10 +72,9 @@ def _cause(e: BaseException, limit: Optional[int] = None) -> str:
 
 
 def _write_fault(what: str, path: str, e: BaseException) -> CheckpointFault:
-  blocker = workdir_lib.file_in_the_way(path)
+  blocked = workdir_lib.in_the_way(path)
   return CheckpointFault(f'cannot write the {what} checkpoint {path}: ' + (
-      workdir_lib.in_the_way(blocker) if blocker else
-      f'{_cause(e)}; fix that, then rerun the same command: it resumes from the last complete checkpoint'))
+      blocked or f'{_cause(e)}; fix that, then rerun the same command: it resumes from the last complete checkpoint'))
 
 
 # Every manager of this process that writes in the background, and a lock held through each save's synchronous

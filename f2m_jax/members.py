@@ -85,20 +85,22 @@ def run(config: ml_collections.ConfigDict, root: str, mode: str = 'train', check
     raise ValueError('--checkpoint takes one base model; a member sweep trains its own')
   validate(config)
   changes = (origin or {}).get('changes')
-  configs = [pipeline.resolve(c, changes) for c in member_configs(config)]
-  sweep = pipeline.resolve(config, changes)
+  records = [pipeline.effective(c, changes) for c in member_configs(config)]  # as config.json: 'auto' kept
+  configs = [pipeline.resolve(c, changes) for c in records]
+  pipeline.resolve(config, changes)  # the sweep's every value checked
+  sweep = pipeline.effective(config, changes)
   bench = sources.load_benchmark(configs[0])  # before anything is written: missing data stop here
   exps = [pipeline.check(c, bench) for c in configs]  # and what the data and the networks allow
   if mode == 'eval' and not os.path.exists(os.path.join(root, 'config.json')):
     raise CheckpointError(f'nothing to evaluate: {root} holds no sweep (no config.json); train it first')
   writes = workdir_lib.writes_into(root, mode)  # a read-only finished run is evaluated too
-  lock = workdir_lib.prepare(root, sweep.to_dict(), records=('config.json',), writes=writes)
+  lock = workdir_lib.prepare(root, sweep.to_dict(), writes=writes)
   try:
     dirs = [os.path.join(root, f'member_{i}') for i in range(len(configs))]
     if mode == 'train':
-      train_members(exps, dirs, hook)
+      train_members(exps, records, dirs, hook)
     results = [pipeline.run(c, d, mode=mode, hook=hook, origin={**origin, 'sweep_member': i} if origin else None)
-               for i, (c, d) in enumerate(zip(configs, dirs))]
+               for i, (c, d) in enumerate(zip(records, dirs))]
   finally:
     lock.close()
   summary = sweep_summary(sweep, dirs, configs, results, origin)
@@ -135,13 +137,13 @@ def write_summary(root: str, summary: dict, mode: str, writes: bool = True) -> s
   return f'summary written to {path}; each member in {root}/member_<i>/'
 
 
-def train_members(exps: list, dirs: list, hook: Hook) -> None:
-  """The members' base sessions in lockstep, each saved into its own workdir (created and held here),
-  unless every member already holds its base model."""
+def train_members(exps: list, records: list, dirs: list, hook: Hook) -> None:
+  """The members' base sessions in lockstep, each saved into its own workdir (created and held here, its
+  config.json `records`'), unless every member already holds its base model."""
   ckpts, logs, locks = [], [], []
   try:
-    for d, e in zip(dirs, exps):
-      locks.append(workdir_lib.prepare(d, e.config.to_dict(), registry.method_sections()))
+    for d, e, r in zip(dirs, exps, records):
+      locks.append(workdir_lib.prepare(d, r.to_dict(), registry.method_sections()))
       ckpts.append(Checkpoints(d))
       logs.append(workdir_lib.MetricsLog(d, tensorboard=e.config.tensorboard))
     if not all(ck.has_model() for ck in ckpts):

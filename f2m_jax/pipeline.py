@@ -2,7 +2,6 @@
 the flatness of a base model. Rerunning on the same workdir continues from the last checkpoint."""
 from __future__ import annotations
 
-import functools
 import json
 import os
 import time
@@ -30,22 +29,35 @@ from f2m_jax.train_loop import selection_info
 
 def resolve(config: ml_collections.ConfigDict, changes: Optional[dict] = None,
             reads_data: bool = True) -> ml_collections.ConfigDict:
-  """The effective config (`effective`), every value validated and (`reads_data`) the data folder it
-  will read checked (`validate`). Nothing is written before this passes."""
-  config = effective(config, changes)
+  """The config a run runs: `effective`, every 'auto' resolved on this backend (backend.resolve), every
+  value validated and (`reads_data`) the data folder it will read checked (`validate`)."""
+  config = backend.resolve(effective(config, changes))
   validate(config, reads_data)
   return config
 
 
 def effective(config: ml_collections.ConfigDict, changes: Optional[dict] = None) -> ml_collections.ConfigDict:
-  """The method's presets over the config's values, except on the fields the command line changed
-  (`changes`), every 'auto' resolved on this backend, and base.shots=0 resolved (protocol.sampler_shots)."""
+  """The config as config.json records it: the method's presets over the config's values, except on the
+  fields the command line changed (`changes`), and base.shots=0 resolved (protocol.sampler_shots); an
+  'auto' stays 'auto', for the backend the workdir is run on to resolve."""
   config = ml_collections.ConfigDict(config.to_dict())
-  apply_presets(config, registry.get(config.method).presets, keep=changes or {})
-  config = backend.resolve(config)
+  presets = registry.get(config.method).presets  # not over the user's values: those are validated as any other
+  config.update_from_flattened_dict({k: v for k, v in presets.items() if k not in (changes or {})})
   b = config.base
   b.shots = protocol_lib.sampler_shots(b.sampler, b.batch_size, b.ways, b.shots)
   return config
+
+
+def checked(config: ml_collections.ConfigDict, workdir: str, checkpoint: Optional[str],
+            origin: Optional[dict]) -> tuple:
+  """(the effective config, the config to run: `resolve`'s) once the workdir's config.json (with
+  --checkpoint) and then every value are checked. `origin`: as `run`'s."""
+  record = effective(config, (origin or {}).get('changes'))
+  workdir_lib.check_record(workdir, record.to_dict(), registry.method_sections(),
+                           {'path': os.path.abspath(checkpoint)} if checkpoint else None)
+  config = backend.resolve(record)
+  validate(config)
+  return record, config
 
 
 def validate(config: ml_collections.ConfigDict, reads_data: bool = True) -> None:
@@ -60,46 +72,33 @@ def validate(config: ml_collections.ConfigDict, reads_data: bool = True) -> None
     memory.check(config)
 
 
-def apply_presets(config: ml_collections.ConfigDict, presets, keep=()) -> None:
-  """Sets each {dotted field: value} of `presets` in `config` unless the field is in `keep` (the
-  user's value stays; it is validated as any other)."""
-  for field, value in presets.items():
-    if field not in keep:
-      *sections, name = field.split('.')
-      functools.reduce(lambda node, key: node[key], sections, config)[name] = value
-
-
 def run(config: ml_collections.ConfigDict, workdir: str, mode: str = 'train',
         checkpoint: Optional[str] = None, hook: Hook = None, origin: Optional[dict] = None) -> dict:
   """Trains (or, mode='eval', only restores) and writes results.json / results.csv; returns results.
   Every check comes before anything is written; the workdir is then held (Lock) until the run ends. A
   complete workdir is not trained again. `origin` ({'config', 'changes'}, cli.py) decides which presets
-  apply (`resolve`) and goes into the provenance, as does --checkpoint's `base_source`."""
-  config = effective(config, (origin or {}).get('changes'))
-  workdir_lib.check_records(workdir, config.to_dict(), registry.method_sections(), source_path(checkpoint))
-  validate(config)
-  if mode == 'eval' and not any(os.path.exists(os.path.join(workdir, r)) for r in workdir_lib.RECORDS):
+  apply (`effective`) and goes into the provenance, as does --checkpoint's `base_source`."""
+  record, config = checked(config, workdir, checkpoint, origin)
+  if mode == 'eval' and not os.path.exists(os.path.join(workdir, 'config.json')):
     raise CheckpointError(f'nothing to evaluate: {workdir} holds no run (no config.json); --mode eval recomputes '
                           'the results of a trained workdir from its checkpoints. Train it first (without '
                           '--mode eval)')
+  results_json = os.path.join(workdir, 'results.json')
+  if os.path.exists(results_json):
+    workdir_lib.read_json(results_json)  # one that is not JSON is named before any work
   exp = check(config, sources.load_benchmark(config))
   base_source = source(checkpoint, exp) if checkpoint else None
   writes = workdir_lib.writes_into(workdir, mode)  # a read-only finished run is evaluated too
-  lock = workdir_lib.prepare(workdir, config.to_dict(), registry.method_sections(), base_source=base_source,
+  lock = workdir_lib.prepare(workdir, record.to_dict(), registry.method_sections(), base_source=base_source,
                              writes=writes)
   try:
-    if mode == 'train' and os.path.exists(os.path.join(workdir, 'results.json')):
+    if mode == 'train' and os.path.exists(results_json):
       return finished(workdir)
-    results = compute(exp, workdir, mode, checkpoint, base_source, hook, origin, writes)
+    results = compute(exp, record, workdir, mode, checkpoint, base_source, hook, origin, writes)
     print(write_outputs(workdir, results, mode, writes), flush=True)
     return results
   finally:
     lock.close()
-
-
-def source_path(checkpoint: Optional[str]) -> Optional[dict]:
-  """--checkpoint as the records compare it (the `path` of `source`'s description), None without one."""
-  return {'path': os.path.abspath(checkpoint)} if checkpoint else None
 
 
 def check(config: ml_collections.ConfigDict, bench) -> Experiment:
@@ -115,50 +114,38 @@ NETWORK_FIELDS = ('model.arch', 'model.width', 'model.head')
 
 def source(checkpoint: str, exp: Experiment) -> dict:
   """--checkpoint W's base model, checked before anything is written (a CheckpointError where W holds no
-  base model of this network), and described for the provenance: W's path, method, config and its
-  differences from this run's, `selection`, commit and a `note` where W's method is not this run's."""
-  saved, ours = source_config(checkpoint, exp.config), exp.config.to_dict()
+  base model, or one of another network: W/config.json, else restoring, tells), and described for the
+  provenance: W's path, method, its config's differences from this run's, `selection`, commit and a
+  `note` where W's method is not this run's."""
+  if not checkpoint_lib.has_base_model(checkpoint):
+    raise CheckpointError(f'--checkpoint {checkpoint} holds no base model ({checkpoint}/checkpoints/model is '
+                          'missing): pass a workdir that holds a trained one, or drop --checkpoint to train one here')
+  path, ours, method = os.path.join(checkpoint, 'config.json'), exp.config.to_dict(), exp.config.method
+  saved = workdir_lib.recorded_config(path, registry.method_sections()) if os.path.exists(path) else None
+  there, here = workdir_lib.flat_items(saved or {}), workdir_lib.flat_items(ours)
+  diff = [f'{k}={there[k]!r} there, {here[k]!r} here' for k in NETWORK_FIELDS if saved and there[k] != here[k]]
+  if diff:
+    raise CheckpointError(f'--checkpoint {checkpoint} holds another network than method={method} builds '
+                          f'({"; ".join(diff)}); pass a workdir trained with the same network, set these fields '
+                          'to the values there on the command line, or pass none (the base session is then '
+                          'trained here)')
   out = {'path': os.path.abspath(checkpoint), 'method': None, 'differences': None, 'commit': None}
   ckpts = Checkpoints(checkpoint, read_only=True)
   try:
     ckpts.restore_model(common.model_template(exp))
     if saved is not None:
-      there, here = workdir_lib.flat_items(saved), workdir_lib.flat_items(ours)
       fields = workdir_lib.config_differences(saved, ours, method_sections=registry.method_sections())
-      out.update(method=saved.get('method'), differences={k: [there.get(k), here.get(k)] for k in fields})
-      out['selection'] = selection_info(ml_collections.ConfigDict(saved), ckpts)  # the source's own steps
+      out.update(method=saved.get('method'), differences={k: [there.get(k), here.get(k)] for k in fields},
+                 selection=selection_info(ml_collections.ConfigDict(saved), ckpts))  # the source's own steps
   finally:
     ckpts.close()
   results = os.path.join(checkpoint, 'results.json')
   if os.path.exists(results):
     git = (workdir_lib.read_json(results).get('provenance') or {}).get('git') or {}
     out.update(commit=git.get('commit'), dirty=git.get('dirty'))
-  if out['method'] and out['method'] != exp.config.method:
-    out['note'] = f'{exp.config.method} sessions on a base model trained by {out["method"]}'
+  if out['method'] and out['method'] != method:
+    out['note'] = f'{method} sessions on a base model trained by {out["method"]}'
   return out
-
-
-def source_config(checkpoint: str, config: ml_collections.ConfigDict) -> Optional[dict]:
-  """The config W/config.json records (workdir.recorded_config), None where W has none; a
-  CheckpointError where W holds no base model, or one of another network than `config` builds."""
-  if not os.path.isdir(checkpoint):
-    raise CheckpointError(f'--checkpoint {checkpoint} does not exist: pass a workdir that holds a trained base '
-                          'model (its checkpoints/model), or drop --checkpoint to train one here')
-  if not checkpoint_lib.has_base_model(checkpoint):
-    raise CheckpointError(f'--checkpoint {checkpoint} holds no base model ({os.path.join(checkpoint, "checkpoints", "model")} '
-                          'is missing): train it first, or pass another workdir')
-  path = os.path.join(checkpoint, 'config.json')
-  if not os.path.exists(path):
-    return None  # a folder of checkpoints alone: restoring will tell
-  saved = workdir_lib.recorded_config(path, registry.method_sections())
-  there, ours = workdir_lib.flat_items(saved), workdir_lib.flat_items(config.to_dict())
-  diff = [f'{k}={there.get(k)!r} there, {ours[k]!r} here' for k in NETWORK_FIELDS if there.get(k) != ours[k]]
-  if diff:
-    raise CheckpointError(f'--checkpoint {checkpoint} holds another network than method={config.method} builds '
-                          f'({"; ".join(diff)}); pass a workdir trained with the same network, set these fields '
-                          'to the values there on the command line, or pass none (the base session is then '
-                          'trained here)')
-  return saved
 
 
 def finished(workdir: str) -> dict:
@@ -175,10 +162,11 @@ def finished(workdir: str) -> dict:
   return saved
 
 
-def compute(exp: Experiment, workdir: str, mode: str, checkpoint: Optional[str], base_source: Optional[dict],
-            hook: Hook, origin: Optional[dict], writes: bool = True) -> dict:
+def compute(exp: Experiment, record, workdir: str, mode: str, checkpoint: Optional[str],
+            base_source: Optional[dict], hook: Hook, origin: Optional[dict], writes: bool = True) -> dict:
   """`run`'s work once the checks passed: session 1 and every run's sessions through the method, then the
-  results document (not yet written). `writes` False: a read-only workdir's evaluation, which logs nothing."""
+  results document (not yet written). `record`: the effective config, for the provenance. `writes`
+  False: a read-only workdir's evaluation, which logs nothing."""
   config, bench = exp.config, exp.bench
   log = workdir_lib.MetricsLog(workdir, tensorboard=config.tensorboard, writes=writes)
   ckpts = Checkpoints(workdir, read_only=not writes, resume=mode == 'train')
@@ -187,8 +175,11 @@ def compute(exp: Experiment, workdir: str, mode: str, checkpoint: Optional[str],
     raise CheckpointError(f'{ckpts.root}/model has no base model checkpoint (deleted?) although this workdir '
                           'is meant to hold one; restore it, pass --checkpoint WORKDIR, or use a new --workdir')
   print(start_line(config, bench, workdir, mode, ckpts, base_source, origin), flush=True)
-  earlier = log.invocation_times(mode) if mode == 'train' else []
-  log.start(mode)
+  moved = backend.moved(log.invocations[-1] if log.invocations else {}, config)
+  if moved:
+    print(moved, flush=True)
+  earlier = [round(i['end'] - i['time'], 1) for i in log.invocations if mode == 'train' and i.get('mode') == mode]
+  log.start(mode, **backend.record(config))
   t0 = time.time()
   method = registry.get(config.method)
   try:
@@ -211,18 +202,13 @@ def compute(exp: Experiment, workdir: str, mode: str, checkpoint: Optional[str],
   if differences:  # restored accuracies computed otherwise than saved (Checkpoints.compare)
     results['checkpoint_differences'] = differences
   wall = round(time.time() - t0, 1)
-  results['provenance'] = {**run_provenance(config, earlier + [wall], origin, base_source), 'shots': draws['digest']}
+  times = earlier + [wall]
+  results['provenance'] = workdir_lib.provenance(  # the config as config.json has it; `choices`: each 'auto' here
+      record.to_dict(), origin, choices=backend.used(config), wall_time_s=round(sum(times), 1),
+      invocation_times_s=times, shots=draws['digest'], **({'base_source': base_source} if base_source else {}))
   log.write(phase='done', mode=mode, wall_time_s=wall,
             base_checkpoint=os.path.abspath(checkpoint) if checkpoint else None)
   return results
-
-
-def run_provenance(config, times: list, origin: Optional[dict], base_source: Optional[dict]) -> dict:
-  """results.json's provenance: workdir.provenance, what each 'auto' became, the seconds of each
-  invocation that trained the run (`times`) and their sum, and `origin` and `base_source` where given."""
-  return {**workdir_lib.provenance(config.to_dict()), 'choices': backend.used(config),
-          'wall_time_s': round(sum(times), 1), 'invocation_times_s': times,
-          **({'origin': origin} if origin else {}), **({'base_source': base_source} if base_source else {})}
 
 
 def start_line(config, bench, workdir: str, mode: str, ckpts: Checkpoints, base_source: Optional[dict],
@@ -269,23 +255,21 @@ def write_outputs(workdir: str, results: dict, mode: str, writes: bool = True) -
   path = os.path.join(workdir, 'results.json')
   unwritten = f'; {workdir} is read-only, so the results follow as JSON:\n{json.dumps(results, indent=1)}'
   if mode == 'eval' and os.path.exists(path):
-    saved = workdir_lib.read_json(path)
+    saved, new = workdir_lib.read_json(path), json.loads(json.dumps(results))
     # when and where differ, nothing else may; keys a results.json of an earlier version lacks
     # (accuracy_matrix) are not compared
-    strip = lambda r: {k: v for k, v in r.items() if k != 'provenance' and k in saved}
-    saved, new = strip(saved), strip(json.loads(json.dumps(results)))
-    if saved == new:
+    differ = sorted(k for k in saved if k != 'provenance' and saved[k] != new.get(k, workdir_lib.ABSENT))
+    if not differ:
       return (f'evaluation reproduced {path} exactly (every run and session computed again from its checkpoint); '
               'results.json unchanged, nothing written' + (' but its lines in metrics.jsonl' if writes else ''))
-    differ = sorted(k for k in set(saved) | set(new) if saved.get(k) != new.get(k))
+    what = f'evaluation differs from {path} in {", ".join(differ)}'
     if not writes:
-      return f'evaluation differs from {path} in {", ".join(differ)}' + unwritten
+      return what + unwritten
     name = 'results_eval'
     if os.path.exists(os.path.join(workdir, f'{name}.json')):
       name = f'results_eval_{time.strftime("%Y%m%d-%H%M%S")}'
     workdir_lib.write_results(workdir, results, evaluation.results_rows(results), name=name)
-    return (f'evaluation differs from {path} in {", ".join(differ)}; wrote {name}.json and {name}.csv beside it '
-            '(results.json unchanged)')
+    return f'{what}; wrote {name}.json and {name}.csv beside it (results.json unchanged)'
   if not writes:
     return 'no results.json to compare with' + unwritten
   workdir_lib.write_results(workdir, results, evaluation.results_rows(results))
@@ -297,24 +281,22 @@ def run_flatness(config: ml_collections.ConfigDict, workdir: str, checkpoint: Op
                  origin: Optional[dict] = None) -> dict:
   """--mode flatness: I and sigma^2 of the base loss around the base model of `workdir` (or `checkpoint`);
   writes flatness.json. `origin`: as `run`'s."""
-  config = effective(config, (origin or {}).get('changes'))
-  workdir_lib.check_records(workdir, config.to_dict(), registry.method_sections(), source_path(checkpoint))
-  validate(config)
-  workdir_lib.check_output_folder(workdir)
+  record, config = checked(config, workdir, checkpoint, origin)
+  workdir_lib.check_folders(workdir)
   bench = sources.load_benchmark(config)
   exp = Experiment.create(config, bench)
   ckpts = Checkpoints(checkpoint or workdir, read_only=True)
   f = config.flatness
+  bound = f.bound if f.bound >= 0 else config.noise.bound
   print(f'f2m-jax flatness: {_what(config, origin)} on {backend.devices()}; base model of {checkpoint or workdir}; '
-        f'{f.num_draws} draws at bound {f.bound if f.bound >= 0 else config.noise.bound:g} on the base training '
-        f'and test images (at most {f.max_images or "all"} each); writes {workdir}/flatness.json', flush=True)
+        f'{f.num_draws} draws at bound {bound:g} on the base training and test images (at most '
+        f'{f.max_images or "all"} each); writes {workdir}/flatness.json', flush=True)
   model = common.base_model(exp, ckpts, log=None, source=ckpts)
   variables = {'params': model['params'], 'batch_stats': model['batch_stats']}
-  bound = f.bound if f.bound >= 0 else config.noise.bound
   rng = np.random.default_rng([config.seed, 5])
   out = {'bound': bound, 'distribution': config.noise.distribution, 'num_layers': config.noise.num_layers,
          'checkpoint': os.path.abspath(checkpoint or workdir),
-         'provenance': {**workdir_lib.provenance(config.to_dict()), **({'origin': origin} if origin else {})}}
+         'provenance': workdir_lib.provenance(record.to_dict(), origin, choices=backend.used(config))}
   test_idx = protocol_lib.test_indices(bench, 1)
   for name, split, idx in (('train', bench.train, bench.base_train), ('test', bench.test, test_idx)):
     if f.max_images and len(idx) > f.max_images:

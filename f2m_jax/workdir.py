@@ -8,7 +8,7 @@ import fcntl
 import io
 import json
 import os
-import tempfile
+import platform
 import time
 from typing import Iterable, Optional
 
@@ -40,15 +40,9 @@ class WorkdirError(RuntimeError):
   """The workdir belongs to another config or holds something we must not overwrite."""
 
 
-def flat_items(d: dict, prefix: str = '') -> dict:
-  out = {}
-  for k, v in d.items():
-    key = f'{prefix}{k}'
-    if isinstance(v, dict):
-      out.update(flat_items(v, key + '.'))
-    else:
-      out[key] = list(v) if isinstance(v, tuple) else v
-  return out
+def flat_items(d: dict) -> dict:
+  """{'section.field': value} of a nested dict, tuples as lists (as JSON has them)."""
+  return {k: list(v) if isinstance(v, tuple) else v for k, v in traverse_util.flatten_dict(d, sep='.').items()}
 
 
 def default_items(folder: bool) -> dict:
@@ -87,32 +81,21 @@ def difference_details(fields: list, saved: dict, current: dict, path: str) -> s
   text = '; '.join(f'{k}: saved {a.get(k, ABSENT)!r}, now {b.get(k, ABSENT)!r}' for k in fields)
   if all(k in a and k in b for k in fields):
     return text
-  commit = (saved.get(GIT_KEY) or {}).get('commit') or results_commit(os.path.dirname(path))
+  commit, results = (saved.get(GIT_KEY) or {}).get('commit'), os.path.join(os.path.dirname(path), 'results.json')
+  if not commit and os.path.exists(results):  # else the one its results.json names
+    commit = ((read_json(results).get('provenance') or {}).get(GIT_KEY) or {}).get('commit')
   return (f'{text}; a field absent on one side is read only by the commit that wrote {path}: '
           + (f'{commit}, check it out to resume or evaluate this workdir' if commit else
              'it names none (config format 0); check that commit out to resume or evaluate this workdir'))
 
 
-def results_commit(folder: str) -> Optional[str]:
-  """The commit folder/results.json was computed by, where it says."""
-  path = os.path.join(folder, 'results.json')
-  results = read_json(path) if os.path.exists(path) else {}
-  return ((results.get('provenance') or {}).get('git') or {}).get('commit')
-
-
-# Where a workdir's config is recorded: config.json, and a copy that travels with the checkpoints
-# (a resume or an evaluation is compared with each that exists, whatever happened to the other).
-RECORDS = ('config.json', os.path.join('checkpoints', 'config.json'))
-
-
 def read_json(path: str):
   """The JSON document in `path`; a WorkdirError naming the file where it is not valid JSON."""
   with open(path) as f:
-    text = f.read()
-  try:
-    return json.loads(text)
-  except json.JSONDecodeError as e:
-    raise WorkdirError(f'{path} is not valid JSON ({e}); repair it or move it away') from e
+    try:
+      return json.load(f)
+    except json.JSONDecodeError as e:
+      raise WorkdirError(f'{path} is not valid JSON ({e}); repair it or move it away') from e
 
 
 def recorded_config(path: str, method_sections: Optional[dict] = None) -> dict:
@@ -129,68 +112,38 @@ def recorded_config(path: str, method_sections: Optional[dict] = None) -> dict:
   return traverse_util.unflatten_dict({k: tuple(v) if isinstance(v, list) else v for k, v in config.items()}, sep='.')
 
 
-def writable_folder(path: str) -> Optional[str]:
-  """Why `path` cannot be a folder this process writes into ('it is a file', 'Permission denied', ...), or
-  None: created where missing, then probed with a file (root ignores permissions)."""
-  if os.path.lexists(path) and not os.path.isdir(path):
-    return 'it is a file, not a folder'
-  try:
-    os.makedirs(path, exist_ok=True)
-    fd, probe = tempfile.mkstemp(dir=path, prefix='.write_probe')
-    os.close(fd)
-    os.remove(probe)
-  except OSError as e:
-    return e.strerror or str(e)
-  return None
-
-
-def file_in_the_way(path: str) -> Optional[str]:
-  """The file that stands where `path`, or a folder above it, should be a folder; None where none
-  does."""
+def in_the_way(path: str, what: str = 'folder') -> Optional[str]:
+  """The line naming the file that stands where `path`, or a folder above it, should be a folder (`what`
+  names it), with what to do; None where none does."""
   parts = os.path.abspath(path).split(os.sep)
-  for i in range(2, len(parts) + 1):
-    prefix = os.sep.join(parts[:i])
-    if os.path.lexists(prefix) and not os.path.isdir(prefix):
-      return prefix
-    if not os.path.lexists(prefix):
-      return None
+  for prefix in (os.sep.join(parts[:i]) for i in range(2, len(parts) + 1)):
+    if not os.path.isdir(prefix):
+      return (f'{prefix} is a file where a {what} should be; move it away, then rerun the same command'
+              if os.path.lexists(prefix) else None)
   return None
 
 
-def in_the_way(blocker: str, folder: str = 'folder') -> str:
-  """The line for a file `blocker` that stands where a `folder` should be, with what to do."""
-  return f'{blocker} is a file where a {folder} should be; move it away, then rerun the same command'
+def check_folders(*paths: str) -> None:
+  """A WorkdirError naming the first of `paths` (folders this process will write into) that a file
+  stands in the way of, or whose nearest existing folder this user cannot write; creates nothing."""
+  for path in paths:
+    folder = os.path.abspath(path)
+    while not os.path.lexists(folder):
+      folder = os.path.dirname(folder)
+    why = in_the_way(path) or (not os.access(folder, os.W_OK | os.X_OK) and
+                               f'this user cannot write {folder} (its permissions, or a read-only mount); make '
+                               'it writable, or use another --workdir')
+    if why:
+      raise WorkdirError(f'cannot write into {path}: {why}')
 
 
 def describe_os_error(e: OSError) -> str:
-  """An OSError as the one line a user acts on: a file where a folder should be is named, with
-  what to do; otherwise the OS's reason in full and the file."""
-  blocker = file_in_the_way(e.filename) if e.filename and e.errno in (errno.ENOTDIR, errno.EEXIST) else None
-  if blocker:
-    return in_the_way(blocker)
-  return f'{e.strerror or e}' + (f': {e.filename}' if e.filename else '')
-
-
-def check_folders(workdir: str) -> None:
-  """A WorkdirError unless the workdir, checkpoints/ and tensorboard/ are writable folders or absent;
-  creates none of them but a missing workdir."""
-  for path in [workdir] + [os.path.join(workdir, n) for n in ('checkpoints', 'tensorboard')
-                           if os.path.lexists(os.path.join(workdir, n))]:
-    why = writable_folder(path)
-    if why:
-      raise WorkdirError(f'cannot write into {path}: {why}. Make it a folder this user can write, or use '
-                         'another --workdir')
-
-
-def check_output_folder(path: str) -> None:
-  """check_folders' WorkdirError for a folder a mode writes its file into at the end (bench,
-  flatness), before the work; creates nothing."""
-  blocker = file_in_the_way(path)
-  if blocker:
-    raise WorkdirError(f'cannot write into {path}: {blocker} is a file, not a folder. Move it away, or use '
-                       'another --workdir')
-  if os.path.isdir(path):
-    check_folders(path)
+  """An OSError as the one line a user acts on: a file where a folder should be or a folder where a
+  file should be is named, with what to do; otherwise the OS's reason and the file."""
+  if e.filename and e.errno == errno.EISDIR:
+    return f'{e.filename} is a folder where a file should be; move it away, then rerun the same command'
+  line = in_the_way(e.filename) if e.filename and e.errno in (errno.ENOTDIR, errno.EEXIST) else None
+  return line or f'{e.strerror or e}' + (f': {e.filename}' if e.filename else '')
 
 
 class Lock:
@@ -228,57 +181,32 @@ class Lock:
       self._fd = None
 
 
-def check_records(workdir: str, config: dict, method_sections: Optional[dict] = None,
-                  base_source: Optional[dict] = None, records: tuple = RECORDS) -> list:
-  """The paths of `records` in `workdir` that exist, each checked against `config`
-  (`config_differences`) and `base_source`; a WorkdirError otherwise."""
-  present = [p for p in (os.path.join(workdir, r) for r in records) if os.path.exists(p)]
-  _check_records_agree(present, workdir, method_sections)
-  for path in present:
-    saved = read_json(path)
-    diff = config_differences(saved, config, method_sections=method_sections)
-    if diff:
-      raise WorkdirError(f'{workdir} holds a run of a different config '
-                         f'({difference_details(diff, saved, config, path)}; recorded in {path}). Drop --config '
-                         'and its changes to use the recorded config, use another --workdir, or pass --checkpoint '
-                         'to start new sessions from its base model.')
-    was, now = (saved.get(SOURCE_KEY) or {}).get('path'), (base_source or {}).get('path')
-    if SOURCE_KEY in saved and was != now:
-      raise WorkdirError(f'{workdir} was started with ' + (f'--checkpoint {was}' if was else 'no --checkpoint')
-                         + ', now ' + (f'--checkpoint {now}' if now else 'without one')
-                         + (f': pass --checkpoint {was} to resume or evaluate it' if was else
-                            ': its base model is its own; drop --checkpoint, or use another --workdir'))
-  return present
-
-
-def _check_records_agree(paths: list, workdir: str, method_sections) -> None:
-  """A WorkdirError naming both records of the workdir's config where they differ in a result-relevant
-  field or in --checkpoint (one was edited or copied from elsewhere)."""
-  if len(paths) < 2:
-    return
-  saved = [read_json(p) for p in paths]
-  items = [flat_items({k: v for k, v in s.items() if k not in RECORD_KEYS}) for s in saved]
-  diff = [k for k in config_differences(saved[0], saved[1], defaults={}, method_sections=method_sections)
-          if k in items[0] and k in items[1]]
-  details = [f'{k}: {items[0][k]!r} in one, {items[1][k]!r} in the other' for k in diff]
-  sources = [_source_path(s) for s in saved if SOURCE_KEY in s]
-  if len(sources) == 2 and sources[0] != sources[1]:
-    details.append(f'--checkpoint: {sources[0]!r} in one, {sources[1]!r} in the other')
-  if details:
-    raise WorkdirError(f'{workdir} holds two records of its config that disagree, {paths[0]} and {paths[1]} '
-                       f'({"; ".join(details)}): one was edited or copied from another workdir. Make them agree (the '
-                       'checkpoints carry the second), or use another --workdir')
-
-
-def _source_path(saved: dict) -> Optional[str]:
-  """The --checkpoint a saved config records (None: its base model is its own)."""
-  return (saved.get(SOURCE_KEY) or {}).get('path')
+def check_record(workdir: str, config: dict, method_sections: Optional[dict] = None,
+                 base_source: Optional[dict] = None) -> bool:
+  """Whether `workdir` records a config (config.json); a WorkdirError where that one differs from `config`
+  (`config_differences`) or from `base_source` (--checkpoint)."""
+  path = os.path.join(workdir, 'config.json')
+  if not os.path.exists(path):
+    return False
+  saved = read_json(path)
+  diff = config_differences(saved, config, method_sections=method_sections)
+  if diff:
+    raise WorkdirError(f'{workdir} holds a run of a different config ({difference_details(diff, saved, config, path)}'
+                       f'; recorded in {path}). Drop --config and its changes to use the recorded config, use '
+                       'another --workdir, or pass --checkpoint to start new sessions from its base model.')
+  was, now = (saved.get(SOURCE_KEY) or {}).get('path'), (base_source or {}).get('path')
+  if SOURCE_KEY in saved and was != now:
+    raise WorkdirError(f'{workdir} was started with ' + (f'--checkpoint {was}' if was else 'no --checkpoint')
+                       + ', now ' + (f'--checkpoint {now}' if now else 'without one')
+                       + (f': pass --checkpoint {was} to resume or evaluate it' if was else
+                          ': its base model is its own; drop --checkpoint, or use another --workdir'))
+  return True
 
 
 def writes_into(workdir: str, mode: str) -> bool:
   """Whether `mode` writes into `workdir`: every mode does but eval, which writes nothing into an
   existing folder this process cannot write (a read-only mount)."""
-  return mode != 'eval' or not os.path.isdir(workdir) or writable_folder(workdir) is None
+  return mode != 'eval' or not os.path.isdir(workdir) or os.access(workdir, os.W_OK | os.X_OK)
 
 
 def holds_checkpoints(workdir: str) -> bool:
@@ -290,25 +218,22 @@ def holds_checkpoints(workdir: str) -> bool:
 
 
 def prepare(workdir: str, config: dict, method_sections: Optional[dict] = None,
-            base_source: Optional[dict] = None, records: tuple = RECORDS, writes: bool = True) -> Lock:
-  """Takes the workdir (creating it, and its Lock), checks each existing record of its config against the
-  other and against `config`, then writes the missing ones. A workdir with checkpoints but no record is
-  refused. With `writes` False the records are checked, nothing is written, no lock taken. Returns the Lock."""
+            base_source: Optional[dict] = None, writes: bool = True) -> Lock:
+  """Takes the workdir (creating it, and its Lock), checks its config.json against `config` (`check_record`)
+  or writes it where it is missing; a workdir with checkpoints but no config.json is refused. With `writes`
+  False it checks, writes nothing and takes no lock. Returns the Lock."""
   if writes:
-    check_folders(workdir)
+    check_folders(workdir, *(os.path.join(workdir, n) for n in ('checkpoints', 'tensorboard')))
     os.makedirs(workdir, exist_ok=True)
   lock = Lock(workdir, take=writes)
   try:
-    paths = [os.path.join(workdir, r) for r in records]
-    present = check_records(workdir, config, method_sections, base_source, records)
-    if not present and holds_checkpoints(workdir):
-      raise WorkdirError(f'{workdir} holds checkpoints but no record of the config they were trained with '
-                         f'({" and ".join(paths)} are missing): restore one, or use another --workdir')
-    missing = sorted(set(paths) - set(present)) if writes else []
-    record = {**config, SOURCE_KEY: base_source, FORMAT_KEY: CONFIG_FORMAT, GIT_KEY: git_state() if missing else {}}
-    for path in missing:
-      os.makedirs(os.path.dirname(path), exist_ok=True)
-      atomic_write(path, json.dumps(record, indent=2, sort_keys=True))
+    if not check_record(workdir, config, method_sections, base_source):
+      if holds_checkpoints(workdir):
+        raise WorkdirError(f'{workdir} holds checkpoints but no record of the config they were trained with '
+                           f'({workdir}/config.json is missing): restore it, or use another --workdir')
+      if writes:
+        record = {**config, SOURCE_KEY: base_source, FORMAT_KEY: CONFIG_FORMAT, GIT_KEY: git_state()}
+        atomic_write(os.path.join(workdir, 'config.json'), json.dumps(record, indent=2, sort_keys=True))
     lock.claim()
   except BaseException:
     lock.close(undo=True)
@@ -316,24 +241,22 @@ def prepare(workdir: str, config: dict, method_sections: Optional[dict] = None,
   return lock
 
 
-def git_state(path: str = None) -> dict:
+def git_state() -> dict:
   """The project's git commit and whether its tree had uncommitted changes ({} outside a checkout)."""
   import subprocess
-  root = path or os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   try:
-    commit = subprocess.run(['git', '-C', root, 'rev-parse', 'HEAD'], capture_output=True, text=True,
-                            timeout=10, check=True).stdout.strip()
-    status = subprocess.run(['git', '-C', root, 'status', '--porcelain', '--untracked-files=no'],
-                            capture_output=True, text=True, timeout=10, check=True).stdout
+    lines = subprocess.run(['git', '-C', root, 'status', '--porcelain=v2', '--branch', '--untracked-files=no'],
+                           capture_output=True, text=True, timeout=10, check=True).stdout.splitlines()
   except (OSError, subprocess.SubprocessError):
     return {}
-  return {'commit': commit, 'dirty': bool(status.strip())}
+  commit = next((line.split()[2] for line in lines if line.startswith('# branch.oid ')), None)
+  return {'commit': commit, 'dirty': any(not line.startswith('#') for line in lines)}
 
 
-def provenance(config: dict) -> dict:
+def provenance(config: dict, origin: Optional[dict] = None, **more) -> dict:
   """Where a result came from: the effective config, the git commit (and whether the tree was dirty), the
-  library versions and the hardware."""
-  import platform
+  library versions and the hardware; `origin` (the command line, cli.py) where given, and `more`."""
   import jaxlib
   import flax
   import optax
@@ -346,7 +269,7 @@ def provenance(config: dict) -> dict:
       'hardware': {'backend': jax.default_backend(), 'device_kind': device.device_kind,
                    'num_devices': jax.device_count(), 'process_count': jax.process_count(),
                    'host': platform.node(), 'cpu_count': os.cpu_count()},
-      'time': time.strftime('%Y-%m-%dT%H:%M:%S%z'),
+      'time': time.strftime('%Y-%m-%dT%H:%M:%S%z'), **({'origin': origin} if origin else {}), **more,
   }
 
 
@@ -367,52 +290,32 @@ def atomic_write(path: str, text: str) -> None:
 
 class MetricsLog:
   """Appends one JSON object per line to <workdir>/metrics.jsonl and, with `tensorboard`, the same numbers
-  as TensorBoard scalars. A line of a (phase, run, session, step) the log holds already is not written
-  again; a last line cut short by a kill is ended before the next."""
+  as TensorBoard scalars (written in this thread: a write that fails is an OSError naming its file). A
+  line of a (phase, run, session, step) the log holds already is not written again; a last line cut
+  short by a kill is ended before the next. `invocations`: each earlier invocation's 'start' line, with
+  'end', the time of its last line."""
 
   def __init__(self, workdir: str, tensorboard: bool = False, writes: bool = True):
     self.path, self._writes = os.path.join(workdir, 'metrics.jsonl'), writes  # False: a read-only workdir's
     self._tb_dir = os.path.join(workdir, 'tensorboard') if tensorboard else None
-    self._tb = None  # opened with the first scalar, so a run that fails before any adds no file
-    self._logged = {_step_key(r) for r in self.records() if 'step' in r}
-    self._start = None
-    self._cut_line = self._cut()
-
-  def _cut(self) -> bool:
-    """Whether the log's last line was cut short (a kill in the middle of a write)."""
-    if not os.path.exists(self.path) or os.path.getsize(self.path) == 0:
-      return False
-    with open(self.path, 'rb') as f:
-      f.seek(-1, os.SEEK_END)
-      return f.read(1) != b'\n'
+    self._tb, self._start, self._flushed = None, None, 0.0  # the writer is opened with the first scalar
+    records, self._cut_line = read_lines(self.path)
+    self._logged = {_step_key(r) for r in records if 'step' in r}
+    self.invocations = []
+    for r in records:
+      if r.get('phase') == 'start':
+        self.invocations.append({**r, 'end': r.get('time')})
+      elif self.invocations:
+        self.invocations[-1]['end'] = r.get('time', self.invocations[-1]['end'])
 
   def records(self) -> list:
-    """The lines written so far, as dicts (a line cut short by a kill is skipped)."""
-    out = []
-    if os.path.exists(self.path):
-      with open(self.path) as f:
-        for line in f:
-          try:
-            out.append(json.loads(line))
-          except json.JSONDecodeError:
-            pass
-    return out
+    """The lines written so far, as dicts (`read_lines`)."""
+    return read_lines(self.path)[0]
 
-  def invocation_times(self, mode: str = 'train') -> list:
-    """Seconds each invocation in `mode` logged so far ran: from its 'start' line to its last line
-    (for one that was killed, the last line it wrote)."""
-    spans = []
-    for r in self.records():
-      if r.get('phase') == 'start':
-        spans.append([r.get('mode'), r['time'], r['time']])
-      elif spans:
-        spans[-1][2] = r['time']
-    return [round(end - start, 1) for m, start, end in spans if m == mode]
-
-  def start(self, mode: str) -> None:
-    """Marks an invocation's start: its 'start' line goes in with the first line it writes (one that
-    stops before it writes any leaves the log as it was)."""
-    self._start = {'time': round(time.time(), 3), 'phase': 'start', 'mode': mode}
+  def start(self, mode: str, **fields) -> None:
+    """Marks an invocation's start: its 'start' line (with `fields`) goes in with the first line it
+    writes (one that stops before it writes any leaves the log as it was)."""
+    self._start = {'time': round(time.time(), 3), 'phase': 'start', 'mode': mode, **fields}
 
   def write(self, **record) -> None:
     if not (primary() and self._writes) or ('step' in record and _step_key(record) in self._logged):
@@ -420,13 +323,9 @@ class MetricsLog:
     record = {'time': round(time.time(), 3), **record}
     lines = [self._start, record] if self._start else [record]
     self._start = None
-    text = ''.join(json.dumps(r) + '\n' for r in lines)
-    try:
-      with open(self.path, 'a') as f:
-        f.write(('\n' if self._cut_line else '') + text)
-      self._cut_line = False
-    except OSError as e:  # the file named, which a failed write() does not do
-      raise OSError(e.errno, e.strerror, self.path) from e
+    with download.naming(self.path), open(self.path, 'a') as f:
+      f.write(('\n' if self._cut_line else '') + ''.join(json.dumps(r) + '\n' for r in lines))
+    self._cut_line = False
     if self._tb_dir is not None:
       self._scalars(record)
 
@@ -440,22 +339,53 @@ class MetricsLog:
         prefix += f'_run_{record["run"]}_session_{record["session"]}'
     else:
       return
+    from tensorboardX.summary import scalar  # pylint: disable=g-import-not-at-top
     self.open()
-    for name, value in record.items():
-      if name not in ('time', 'phase', 'step', 'run', 'session') and isinstance(value, (int, float)) \
-          and not isinstance(value, bool):
-        self._tb.add_scalar(f'{prefix}/{name}', value, step, walltime=record['time'])
+    with download.naming(self._tb.path):
+      for name, value in record.items():
+        if name not in ('time', 'phase', 'step', 'run', 'session') and isinstance(value, (int, float)) \
+            and not isinstance(value, bool):
+          self._event(summary=scalar(f'{prefix}/{name}', value), step=step, wall_time=record['time'])
+      if time.time() - self._flushed > 30:  # to the disk at most every 30 s, and at the end
+        self._tb.flush()
+        self._flushed = time.time()
+
+  def _event(self, **fields) -> None:
+    from tensorboardX.proto.event_pb2 import Event  # pylint: disable=g-import-not-at-top
+    self._tb.write(Event(**fields).SerializeToString())
 
   def open(self) -> None:
-    """Opens the TensorBoard writer (if any) now: the base loop calls this before its first step, so
-    that opening it (an import and a writer thread) does not stall the running loop."""
+    """Opens the TensorBoard event file (if any) now: the base loop calls this before its first step."""
     if self._tb_dir is not None and self._tb is None and primary() and self._writes:
-      from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
-      self._tb = SummaryWriter(self._tb_dir, flush_secs=30)
+      from tensorboardX.record_writer import RecordWriter  # pylint: disable=g-import-not-at-top
+      path = os.path.join(self._tb_dir, f'events.out.tfevents.{time.time():.6f}.{platform.node()}')
+      with download.naming(path):
+        os.makedirs(self._tb_dir, exist_ok=True)
+        self._tb = RecordWriter(path)
+        self._event(wall_time=time.time(), file_version='brain.Event:2')
 
   def close(self) -> None:
     if self._tb is not None:
-      self._tb.close()
+      tb, self._tb = self._tb, None
+      with download.naming(tb.path):
+        tb.close()
+
+
+def read_lines(path: str) -> tuple:
+  """(the JSON objects of the file `path`'s lines, whether its last line was cut short); a line that is
+  not one (cut short by a kill, or not UTF-8) is skipped. ([], False) where there is no file."""
+  try:
+    with open(path, 'rb') as f:
+      data = f.read()
+  except FileNotFoundError:
+    return [], False
+  out = []
+  for line in data.split(b'\n'):
+    try:
+      out.append(json.loads(line))
+    except ValueError:  # json's errors and UnicodeDecodeError
+      pass
+  return [r for r in out if isinstance(r, dict)], data[-1:] not in (b'', b'\n')
 
 
 def _step_key(record: dict) -> tuple:

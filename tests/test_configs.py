@@ -71,8 +71,8 @@ def test_command_line_overrides_survive_the_baseline(tmp_path, monkeypatch):
   results' provenance: tests/test_members.py's sweep) names the fields changed on the command line."""
   seen = {}
 
-  def stop(exp, workdir, mode, checkpoint, base_source, hook, origin, writes):  # pipeline.compute's arguments
-    del exp, workdir, mode, checkpoint, base_source, hook, writes
+  def stop(exp, record, workdir, mode, checkpoint, base_source, hook, origin, writes):  # pipeline.compute's arguments
+    del exp, record, workdir, mode, checkpoint, base_source, hook, writes
     seen['origin'] = origin
     raise Interrupt
 

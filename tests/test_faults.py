@@ -1,11 +1,12 @@
 """Faults that must not produce records that look valid (issue 48): bad values and data limits
-stopped before anything is written, one owner per workdir, checkpoints that carry their config and
-are read back only when whole, eval that computes every session again, a diverged session stopped,
-a checkpoint that cannot be written failing fast, and resumes after SIGKILL equal to a whole run.
-Each test here failed on 4928fab."""
+stopped before anything is written, one owner per workdir, checkpoints never used without their
+config and read back only when whole, eval that computes every session again, a diverged session
+stopped, a checkpoint that cannot be written failing fast, and resumes after SIGKILL equal to a whole
+run. Each test here failed on 4928fab; those of the smaller faults of issue 73 on d41b789."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import shutil
@@ -475,22 +476,6 @@ def test_a_folder_that_turns_read_only_during_the_run_fails_fast(reference, tmp_
   assert not os.listdir(run_1)
 
 
-# ----------------------------------------------------------------------------- 4. the config travels with the checkpoints
-
-@pytest.mark.slow
-def test_a_workdir_without_config_json_is_checked_against_its_checkpoints(reference, tmp_path):
-  workdir = copy_of(reference, tmp_path, unfinished=True)
-  os.remove(os.path.join(workdir, 'config.json'))
-  before = snapshot(workdir)
-  for mode in ('train', 'eval'):
-    with pytest.raises(WorkdirError, match=r'holds a run of a different config \(base.lr: saved 0.1, now 0.05; '
-                                           r'noise.M: saved 2, now 4; recorded in .*checkpoints/config.json\)'):
-      pipeline.run(tiny_config(**{'noise.M': 4, 'base.lr': 0.05}), workdir, mode=mode)
-  assert snapshot(workdir) == before
-  assert without_provenance(pipeline.run(tiny_config(), workdir)) == without_provenance(reference[1])
-  assert os.path.exists(os.path.join(workdir, 'config.json'))
-
-
 # ----------------------------------------------------------------------------- 7. the smaller ones
 
 def test_a_cut_last_line_of_the_metrics_log_is_ended_and_skipped(tmp_path):
@@ -508,21 +493,62 @@ def test_a_cut_last_line_of_the_metrics_log_is_ended_and_skipped(tmp_path):
                                                                    ('base', 20)]
 
 
-def test_the_two_records_of_a_config_that_disagree_are_both_named(tmp_path):
-  config = pipeline.resolve(tiny_config()).to_dict()
+def test_a_metrics_log_that_is_not_utf8_is_read_without_those_lines(tmp_path):
+  """A line of other bytes is skipped as a cut line is (before: a codec error naming no file, at
+  every resume)."""
+  (tmp_path / 'metrics.jsonl').write_bytes(b'{"time": 1.0, "phase": "start", "mode": "train"}\n\xff\xfe{"ph\n'
+                                           b'{"time": 3.0, "phase": "base", "step": 5}\n')
+  log = workdir_lib.MetricsLog(str(tmp_path))
+  assert [r['phase'] for r in log.records()] == ['start', 'base']
+  assert [(i['mode'], i['end'] - i['time']) for i in log.invocations] == [('train', 2.0)]
+
+
+@pytest.mark.parametrize('when', ['write', 'close'])
+def test_a_full_disk_under_tensorboard_names_the_event_file(tmp_path, monkeypatch, when):
+  """During the run or at its end: one OSError naming the file, raised in this thread (before: a
+  writer thread's traceback, then 'No space left on device' naming no file and tensorboardX's exit
+  hook's traceback)."""
+  import threading  # pylint: disable=g-import-not-at-top
+  from tensorboardX import record_writer  # pylint: disable=g-import-not-at-top
+  threads = threading.active_count()
+  log = workdir_lib.MetricsLog(str(tmp_path), tensorboard=True)
+  log.write(phase='session', run=0, session=1, acc=50.0)
+  assert threading.active_count() == threads
+
+  def full(*_):
+    raise OSError(errno.ENOSPC, 'No space left on device')
+
+  monkeypatch.setattr(record_writer.RecordWriter, when, full)
+  with pytest.raises(OSError) as e:
+    log.write(phase='session', run=0, session=2, acc=40.0)
+    log.close()
+  [events] = (tmp_path / 'tensorboard').iterdir()
+  assert workdir_lib.describe_os_error(e.value) == f'No space left on device: {events}'
+
+
+def test_an_invalid_results_json_is_named_before_any_work(tmp_path, monkeypatch):
   workdir = tmp_path / 'w'
-  (workdir / 'checkpoints').mkdir(parents=True)
-  (workdir / 'config.json').write_text(json.dumps({**config, 'noise': {**config['noise'], 'M': 4}}))
-  (workdir / 'checkpoints' / 'config.json').write_text(json.dumps(config))
-  before = snapshot(tmp_path)
-  with pytest.raises(WorkdirError) as e:
-    workdir_lib.prepare(str(workdir), config)
-  assert (f'{workdir} holds two records of its config that disagree, {workdir}/config.json and '
-          f'{workdir}/checkpoints/config.json (noise.M: 4 in one, 2 in the other)') in str(e.value)
-  assert snapshot(tmp_path) == before
+  workdir_lib.prepare(str(workdir), pipeline.effective(tiny_config()).to_dict()).close()
+  (workdir / 'results.json').write_text('{"sessions": [')
+
+  def work(*_):
+    raise AssertionError('the data were loaded')
+
+  monkeypatch.setattr(pipeline.sources, 'load_benchmark', work)
+  with pytest.raises(WorkdirError, match=f'{workdir}/results.json is not valid JSON'):
+    pipeline.run(tiny_config(), str(workdir), mode='eval')
 
 
-def stale(path, seconds: float = 7200.0) -> None:
+@pytest.mark.parametrize('name', ['metrics.jsonl', 'lock'])
+def test_a_folder_in_place_of_a_workdirs_file_is_one_line(tmp_path, capsys, name):
+  workdir = tmp_path / 'w'
+  (workdir / name).mkdir(parents=True)
+  assert cli.main(tiny_config(), str(workdir), 'train') == 3
+  assert one_line_error(capsys) == (f'error: {workdir / name} is a folder where a file should be; move it away, '
+                                    'then rerun the same command')
+
+
+def stale(path, seconds: float = 60.0) -> None:
   """`path`'s modification time set `seconds` into the past."""
   old = time.time() - seconds
   os.utime(path, (old, old))
@@ -542,8 +568,10 @@ def locked(path):
 
 def test_a_killed_writers_leftovers_are_removed_and_a_live_writers_kept(tmp_path):
   """A killed decode leaves its whole temporary file and a killed fake-folder generation its
-  temporary folder; the next write removes those no live process holds, however old the live ones."""
+  temporary folder; the next write removes those no live process holds (a minute old: before, only
+  after an hour), however old the live ones, and spares one just made (its writer about to lock it)."""
   from f2m_jax.data import fake_folders, folder  # pylint: disable=g-import-not-at-top
+  image = fake_folders.fake_folder(tmp_path) / 'folder' / 'train' / 'class_00' / '000.jpg'
   arrays = tmp_path / 'arrays'
   arrays.mkdir()
   killed, other, live, fresh = (arrays / f'.{n}.npy.x{i}.tmp' for i, n in enumerate(('train-a', 'test-b', 'train-a',
@@ -553,8 +581,7 @@ def test_a_killed_writers_leftovers_are_removed_and_a_live_writers_kept(tmp_path
   for p in (killed, other, live):
     stale(p)
   with locked(live):  # another process writing it
-    images = folder.decode_cached([fake_folders.fake_folder(tmp_path) / 'folder' / 'train' / 'class_00' / '000.jpg'],
-                                  arrays, 'train', 8, 8, decode=lambda p, r, c: np.zeros((8, 8, 3), np.uint8))
+    images = folder.decode_cached([image], arrays, 'train', 8, 8, decode=lambda p, r, c: np.zeros((8, 8, 3), np.uint8))
     assert images.shape == (1, 8, 8, 3)
     assert sorted(p.name for p in arrays.iterdir() if p.name.startswith('.')) == sorted([live.name, fresh.name])
   killed_folder, live_folder = tmp_path / 'fake_folder' / '.v2-dead', tmp_path / 'fake_folder' / '.v2-live'

@@ -239,7 +239,7 @@ def test_eval_of_a_folder_without_a_sweep_writes_nothing(tmp_path):
 
 def test_a_sweeps_records_hold_the_effective_config(tmp_path, monkeypatch):
   """The sweep's config.json and each member's, written before training (stopped where it would
-  start): the method's presets applied (a Baseline sweep has no noise) and every 'auto' resolved."""
+  start): the method's presets applied (a Baseline sweep has no noise) and every 'auto' kept."""
   config = tiny(seeds=(0, 1))
   config.method = 'baseline'
 
@@ -252,7 +252,7 @@ def test_a_sweeps_records_hold_the_effective_config(tmp_path, monkeypatch):
   for folder in ('w', 'w/member_0', 'w/member_1'):
     saved = json.loads((tmp_path / folder / 'config.json').read_text())
     assert saved['noise']['enabled'] is False and saved['eval']['normalize_prototypes'] is False, folder
-    assert (saved['noise']['draw_map'], saved['model']['conv_backward']) == ('unroll', 'cpu'), folder
+    assert (saved['noise']['draw_map'], saved['model']['conv_backward']) == ('auto', 'auto'), folder
 
 
 def test_a_field_sweep_gives_each_member_its_value():

@@ -180,14 +180,25 @@ def test_eval_of_a_workdir_alone_reproduces_its_results_and_says_so(reference, t
   again, says it reproduced results.json exactly, and writes nothing but its log lines. What is given
   beside W is checked as a resume is: a change of no result is taken (eval.batch_size), another (or
   another config file, even one that would not validate) refused by name, one line, before anything is
-  read or written."""
+  read or written. Its config.json keeps each 'auto': moved to another backend (a GPU, mocked), the
+  workdir is evaluated with that backend's choices, and one line names each that changed."""
+  import jax  # pylint: disable=g-import-not-at-top
   workdir = copy_of(reference, tmp_path)
+  with open(os.path.join(workdir, 'config.json')) as f:
+    assert json.load(f)['noise']['draw_map'] == 'auto'
   before = snapshot(workdir)
   capsys.readouterr()
-  assert run_py(['run.py', '--workdir', workdir, '--mode', 'eval', '--config.eval.batch_size=100'], monkeypatch) == 0
+  with monkeypatch.context() as gpu:
+    gpu.setattr(jax, 'default_backend', lambda: 'gpu')
+    assert run_py(['run.py', '--workdir', workdir, '--mode', 'eval', '--config.eval.batch_size=100'], monkeypatch) == 0
   out = capsys.readouterr().out
   assert f'reproduced {workdir}/results.json exactly' in out and 'results.json unchanged' in out
   assert 'results written' not in out
+  assert ("noise.draw_map: 'unroll' when this workdir was last run (cpu), 'vmap' now (gpu); model.conv_backward: "
+          "'cpu' when this workdir was last run (cpu), 'xla' now (gpu)\n") in out
+  with open(os.path.join(workdir, 'metrics.jsonl')) as f:
+    start = [json.loads(line) for line in f if '"start"' in line][-1]
+  assert start['choices'] == {'noise.draw_map': 'vmap', 'model.conv_backward': 'xla'} and start['backend'] == 'gpu'
   for change, refused in (('--config.incremental.lr=0.02', 'incremental.lr: saved 0.01, now 0.02'),
                           ('--config=configs/folder.py', "data.dataset: saved 'cifar100', now 'folder'")):
     assert run_py(['run.py', '--workdir', workdir, '--mode', 'eval', change], monkeypatch) == 2

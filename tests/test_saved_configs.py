@@ -1,7 +1,8 @@
 """How a saved config.json is read (workdir.config_differences; docs/development.md, "Adding a config
 field"): a field it lacks takes its default only where it records the current config format, a field
 this code no longer has is refused unless it changes no result, and a refusal names the commit that
-reads it. A method's own section is compared only when that method runs."""
+reads it. A method's own section is compared only when that method runs. Its 'auto' stays 'auto', for
+the backend it is run on."""
 import json
 
 import pytest
@@ -109,3 +110,30 @@ def test_a_new_record_holds_the_config_format_and_the_commit(tmp_path):
   workdir.prepare(str(tmp_path / 'w'), config).close()  # and resumes under the same config
   with pytest.raises(workdir.WorkdirError, match=r"noise.bound: saved 0.005, now 0.01.*Drop --config"):
     workdir.prepare(str(tmp_path / 'w'), {'method': 'f2m', 'noise': {'bound': 0.01}})
+
+
+def test_auto_stays_auto_and_the_backend_a_workdir_is_run_on_resolves_it(tmp_path, monkeypatch):
+  """config.json keeps each 'auto'; the metrics log's start line records what it became and on which
+  backend; on another (a GPU, mocked) it resolves to that backend's choices, and `backend.moved` is the
+  one line naming each that changed (tests/test_records.py: printed by an evaluation)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from configs import cifar100  # pylint: disable=g-import-not-at-top
+  from f2m_jax import backend, pipeline  # pylint: disable=g-import-not-at-top
+  config = cifar100.get_config('smoke')
+  workdir.prepare(str(tmp_path), pipeline.effective(config).to_dict()).close()
+  saved = json.loads((tmp_path / 'config.json').read_text())
+  assert (saved['noise']['draw_map'], saved['model']['conv_backward']) == ('auto', 'auto')
+  cpu = pipeline.resolve(config, reads_data=False)
+  log = workdir.MetricsLog(str(tmp_path))
+  log.start('train', **backend.record(cpu))
+  log.write(phase='done')
+  monkeypatch.setattr(jax, 'default_backend', lambda: 'gpu')
+  gpu = pipeline.resolve(config, reads_data=False)
+  assert backend.used(gpu) == {'noise.draw_map': 'vmap', 'model.conv_backward': 'xla'} == backend.choices('gpu')
+  assert backend.used(backend.resolve(config, 'cpu')) == backend.used(cpu) == backend.choices('cpu')
+  [last] = workdir.MetricsLog(str(tmp_path)).invocations
+  assert last['backend'] == 'cpu' and last['choices'] == backend.used(cpu)
+  assert backend.moved(last, gpu) == ("noise.draw_map: 'unroll' when this workdir was last run (cpu), 'vmap' now "
+                                      "(gpu); model.conv_backward: 'cpu' when this workdir was last run (cpu), 'xla' "
+                                      "now (gpu)")
+  assert backend.moved(last, cpu) is None and backend.moved({}, gpu) is None  # the same choices; no record of any

@@ -29,10 +29,9 @@ def sha256_file(path, chunk: int = CHUNK) -> str:
   return h.hexdigest()
 
 
-# A temporary file or folder older than this that no process holds a lock on was left by a writer that
-# was killed: a live writer locks it within moments of creating it and holds the lock to the end (an
-# hour, not a minute, spares the writers of earlier versions, which lock nothing, sharing a cache).
-STALE_AFTER_S = 3600
+# A temporary file or folder that no process holds locked, older than the moment between its writer's
+# creating and locking it, was left by a killed writer: a live one holds its lock from then to the end.
+STALE_AFTER_S = 2
 
 
 def remove_stale(folder, pattern: str) -> None:
@@ -40,14 +39,13 @@ def remove_stale(folder, pattern: str) -> None:
   older than STALE_AFTER_S that nobody holds locked (`held`)."""
   for p in pathlib.Path(folder).glob(pattern):
     try:
-      if time.time() - p.lstat().st_mtime < STALE_AFTER_S:
-        continue
       fd = os.open(p, os.O_RDONLY)
     except OSError:  # gone, or not ours to read
       continue
     try:
-      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-      shutil.rmtree(p) if p.is_dir() else p.unlink()
+      if time.time() - os.fstat(fd).st_mtime >= STALE_AFTER_S:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        shutil.rmtree(p) if p.is_dir() else p.unlink()
     except OSError:  # held: its writer is alive (or it cannot be removed)
       pass
     finally:
@@ -67,25 +65,32 @@ def held(path):
 
 
 @contextlib.contextmanager
+def naming(path):
+  """An OSError raised in the block without a file (a failed write() or flush()) names `path`."""
+  try:
+    yield
+  except OSError as e:
+    if e.filename is not None:
+      raise
+    raise OSError(e.errno, e.strerror, str(path)) from e
+
+
+@contextlib.contextmanager
 def written_atomically(path, suffix: str = ''):
   """A temporary file beside `path` to write in the block, readable by all and renamed to `path` when the
-  block completes (removed when it fails, held while written so `remove_stale` never takes a live one's).
-  A write that fails names `path`."""
+  block completes (removed when it fails, `held` while written); a killed writer's are removed first
+  (`remove_stale`). A write that fails names `path`."""
   path = pathlib.Path(path)
   remove_stale(path.parent, f'.{glob.escape(path.name)}.*.tmp{glob.escape(suffix)}')
   fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f'.{path.name}.', suffix=f'.tmp{suffix}')
-  os.close(fd)
   try:
-    with held(tmp):
-      try:
-        yield pathlib.Path(tmp)
-      except OSError as e:
-        if e.filename is None:  # a failed write() names no file
-          raise OSError(e.errno, e.strerror, str(path)) from e
-        raise
-      os.chmod(tmp, 0o644)  # mkstemp makes it private
-      os.replace(tmp, path)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    with naming(path):
+      yield pathlib.Path(tmp)
+    os.chmod(tmp, 0o644)  # mkstemp makes it private
+    os.replace(tmp, path)
   finally:
+    os.close(fd)  # and its lock
     if os.path.exists(tmp):
       os.remove(tmp)
 
