@@ -38,7 +38,7 @@ def main(config, workdir: str, mode: str, checkpoint=None, origin=None, dry_run:
   """Runs `mode`. `origin` ({'config', 'changes'}: the --config argument and the command line's overrides)
   is what the user changed: no method's presets replace those fields, and it goes into the records."""
   at_once = '--dry-run' if dry_run else '' if mode in ('train', 'eval') else f'--mode {mode}'
-  with quiet_orbax(), stopping.stopping(at_once=at_once) as stop:
+  with quiet_orbax(), stopping.stopping(at_once, error=Interrupted) as stop:
     return stop.exit(run_mode(config, workdir, ('time_step' if time_step else 'dry_run') if dry_run else mode,
                               checkpoint, origin, stop.hook))
 
@@ -119,13 +119,17 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
 
 
 def parse_flags(argv: list, flag_values: flags.FlagValues = flags.FLAGS) -> list:
-  """run.py's absl flags parser; without --config, --workdir's config.json is the config. A bad --config,
-  an unknown field or a value of the wrong type stops with one line (exit code 2) before anything is written."""
+  """run.py's absl flags parser; without --config, --workdir's config.json is the config. A bad flag or
+  value (absl's own words), or a --config.FIELD the config lacks, stops with one line (exit code 2)
+  before anything is written."""
   argv = with_recorded_config(argv)
   try:
     return flag_values(argv)
   except Exception as e:  # whatever absl or ml_collections raise
-    print(f'error: {flag_problem(e, argv, flag_values["config"].parser.loaded)}', file=sys.stderr, flush=True)
+    config = flag_values['config'].parser.loaded
+    names = [m[2] for m in (re.match(r'-{1,2}(no)?config\.([\w.]+)', a) for a in argv) if m]
+    unknown = isinstance(e, (KeyError, AttributeError)) and config is not None and unknown_field(config, names)
+    print(f'error: {unknown or " ".join(str(e).split())}', file=sys.stderr, flush=True)
     sys.exit(2)
 
 
@@ -217,33 +221,18 @@ def with_recorded_config(argv: list) -> list:
   return argv[:1] + [f'--config={path}'] + argv[1:] if os.path.isfile(path) else argv
 
 
-def flag_problem(error: Exception, argv: list, config=None) -> str:
-  """One line for what absl or ml_collections raised while parsing `argv` (`config`: --config's config,
-  where it loaded)."""
-  message = ' '.join(str(error).split())
-  field = re.match(r'flag --(config\.[\w.]+)=(.*?): (.*)', message)  # absl's 'flag --config.F=V: reason'
-  spec = re.match(r'flag --config=(.*?): (.*)', message)
-  names = [m[2] for m in (re.match(r'-{1,2}(no)?config\.([\w.]+)', a) for a in argv) if m]
-  return ((config is not None and unknown_field(config, names))
-          or (f'{field[1]}={field[2]!r} is invalid: {field[3]}' if field else
-              f'--config {spec[1]}: {spec[2]}' if spec else message))
-
-
 def unknown_field(config, names: list) -> Optional[str]:
-  """'unknown config field ...' for the first of `names` (dotted, the command line's --config.FIELD)
-  that `config` lacks, with the close names, or None."""
+  """'unknown config field ...' for the first of `names` (dotted: the command line's --config.FIELD) that
+  `config` lacks, with the names close to it there, or those there; None where it has them all."""
   for name in names:
-    *parents, leaf = name.split('.')
-    node = config
-    for i, part in enumerate(parents):
-      if part not in node or not hasattr(node[part], 'keys'):
-        near = difflib.get_close_matches(part, [k for k in node.keys() if hasattr(node[k], 'keys')], n=1)
-        return (f"unknown config field config.{name}; config.{'.'.join(parents[:i + 1])} does not exist"
-                + (f' (did you mean config.{".".join(parents[:i] + near)}?)' if near else ''))
-      node = node[part]
-    if leaf not in node:
-      close = difflib.get_close_matches(leaf, list(node.keys()), n=3, cutoff=0.5)
-      hint = (f'did you mean {", ".join(f"config.{name[:-len(leaf)]}{c}" for c in close)}?' if close
-              else f'the fields there are {", ".join(sorted(node.keys()))}')
-      return f'unknown config field config.{name}; {hint}'
+    node, path = config, 'config'
+    for part in name.split('.'):
+      if not hasattr(node, 'keys'):
+        return f'unknown config field config.{name}: {path} is a value, not a section'
+      if part not in node:
+        close = difflib.get_close_matches(part, list(node.keys()), n=3, cutoff=0.5)
+        return (f'unknown config field config.{name}: {path} has no field {part!r}; ' +
+                (f'did you mean {", ".join(f"{path}.{c}" for c in close)}?' if close else
+                 f'its fields are {", ".join(sorted(node.keys()))}'))
+      node, path = node[part], f'{path}.{part}'
   return None

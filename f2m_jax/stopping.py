@@ -1,82 +1,68 @@
-"""SIGINT and SIGTERM end a run within seconds in every phase, with exit code 130 and every
-checkpoint written complete (f2m_jax/cli.py wraps every mode in `stopping`).
+"""SIGINT and SIGTERM end run.py within seconds at any moment, with exit code 130, one line on stderr and
+every checkpoint written complete. The standard library only: run.py calls `watch` on its first line.
 
-Python runs a signal handler only between bytecodes of the main thread, so while the main thread is
-inside an XLA compile or a long call no handler runs. The interpreter's C handler still writes the
-signal's number to a wakeup fd (`signal.set_wakeup_fd`), which a watcher thread reads. After the
-first signal the run stops at its next base step or session boundary (the hook raises Interrupted
-there) if one comes within GRACE_S seconds; else, or at a second signal, the watcher waits for the
-checkpoint writes in flight (`checkpoint.finish_writes`), prints one line and ends the process. A
-mode that saves nothing (bench, flatness, a dry run) ends at the first signal.
+Python runs a signal handler only between bytecodes of the main thread, so none runs while it is inside
+an import's C code, an XLA compile or a long call. The interpreter's C handler still writes the signal's
+number to a wakeup fd (`signal.set_wakeup_fd`), which a watcher thread reads. Outside a run (imports,
+flags, the config) a signal ends the process at once: nothing is written there. Within `stopping` the
+first signal makes the run's hook raise experiment.Interrupted at its next base call or session boundary (base
+training saves its state there) if one comes within GRACE_S seconds; else, or at a second signal, or
+where the stopping run has not ended 10 * GRACE_S seconds later, the watcher waits for the checkpoint
+writes in flight, prints one line and ends the process. A mode that saves nothing (bench, flatness, a
+dry run) ends at the first signal.
 """
-from __future__ import annotations
 
 import atexit
 import contextlib
 import os
+import select
 import signal
-import socket
 import sys
 import threading
 import time
 
-from f2m_jax import checkpoint as checkpoint_lib
-from f2m_jax import progress
-from f2m_jax.experiment import Interrupted
-
 GRACE_S = 5.0
 EXIT_HANDLERS_S = 5.0
-SIGNALS = (signal.SIGINT, signal.SIGTERM)
 EXIT_CODE = 130
 RESUME = 'every checkpoint written is complete: rerun the same command to resume'
 
 
-class _Stop:
-  """What the watcher and the main thread share: the signals received, and whether the main thread
-  has taken the stop in hand (raised Interrupted at a boundary)."""
+class Stop:
+  """A run's stop, shared by the watcher and the main thread: the signals received, the deadline, and
+  whether the main thread took the stop in hand (raised Interrupted at a boundary)."""
 
-  def __init__(self, at_once: str, grace_s: float):
-    self.at_once, self.grace_s = at_once, grace_s
-    self.received, self.stopping = [], False
+  def __init__(self, at_once: str = '', grace_s: float = GRACE_S, error: type = KeyboardInterrupt):
+    self.at_once, self.grace_s, self.error = at_once, grace_s, error
+    self.received, self.stopping, self.deadline = [], False, None
 
   def hook(self, kind, **info) -> None:
-    """The run's boundary hook: raises Interrupted after a signal (pipeline's `hook`)."""
+    """The run's boundary hook (pipeline's `hook`): raises `error` after a signal."""
     if self.received:
-      self.stopping = True
+      self.stopping, self.deadline = True, time.monotonic() + 10 * self.grace_s
       where = ', '.join(f'{k} {v}' for k, v in info.items())
-      raise Interrupted(f'interrupted ({self.received[0]}) after {"base " if kind == "base_step" else ""}{where}')
+      raise self.error(f'interrupted ({self.received[0]}) after {"base " if kind == "base_step" else ""}{where}')
 
-  def watch(self, sock: socket.socket) -> None:
-    """The watcher thread: reads the signals' numbers until the mode ends (the other end closed);
-    ends the process where the main thread does not stop in time."""
-    deadline = None
-    while True:
-      sock.settimeout(None if deadline is None else max(0.01, deadline - time.monotonic()))
-      try:
-        data = sock.recv(64)
-      except (socket.timeout, TimeoutError):
-        data = None
-      if data == b'':
-        return
-      self.received.extend(signal.Signals(number).name for number in data or b'')
-      if self.at_once:
-        end(f'interrupted ({self.received[0]}); {self.at_once} saves nothing: rerun the same command')
-      if len(self.received) > 1:
-        end(f'interrupted again ({self.received[-1]}): stopped at once; {RESUME}')
-      if deadline is None:
-        deadline = time.monotonic() + self.grace_s
-      elif time.monotonic() >= deadline and not self.stopping:
-        end(f'interrupted ({self.received[0]}): no step or session boundary came within {self.grace_s:g} s, '
-            f'so it stopped at once; {RESUME}')
-      elif time.monotonic() >= deadline:  # stopping at a boundary, it closes its checkpoints: give it time
-        deadline, self.stopping = time.monotonic() + 10 * self.grace_s, False
+  def signalled(self, names: list) -> None:
+    """The watcher's part, at signals (`names`) or at the deadline (none)."""
+    first = (self.received + names)[0]
+    self.received += names
+    if self.at_once:
+      end(f'interrupted ({first}); {self.at_once} saves nothing: rerun the same command')
+    if len(self.received) > 1:
+      end(f'interrupted again ({self.received[-1]}): stopped at once; {RESUME}')
+    if self.deadline is None:
+      self.deadline = time.monotonic() + self.grace_s
+    elif time.monotonic() >= self.deadline:
+      end(f'interrupted ({first}): ' + (f'the run did not end {10 * self.grace_s:g} s after its boundary' if self.stopping else
+                                         f'no step or session boundary came within {self.grace_s:g} s')
+          + f', so it stopped at once; {RESUME}')
 
   def exit(self, code: int) -> int:
-    """`code`, or where a signal came, the end of the process with that code once the checkpoint
-    writes are complete and the exit handlers ran (TensorBoard's writer flushes there), for at most
+    """`code`, or where a signal came, the end of the process with that code once the checkpoint writes
+    are complete and the exit handlers ran (TensorBoard's writer flushes there), for at most
     EXIT_HANDLERS_S: no computation still in flight keeps it alive."""
     if self.received:
-      checkpoint_lib.finish_writes()
+      _finish_writes()
       handlers = threading.Thread(target=atexit._run_exitfuncs, daemon=True)  # pylint: disable=protected-access
       handlers.start()
       handlers.join(timeout=EXIT_HANDLERS_S)
@@ -86,38 +72,80 @@ class _Stop:
     return code
 
 
+def _finish_writes() -> None:
+  """checkpoint.finish_writes and progress.end_lines where those modules are loaded (the watcher imports
+  nothing: the main thread may be importing them)."""
+  for module, name in (('f2m_jax.checkpoint', 'finish_writes'), ('f2m_jax.progress', 'end_lines')):
+    getattr(sys.modules.get(module), name, lambda: None)()
+
+
 def end(line: str) -> None:
-  """Ends the process (exit code 130) once the checkpoint writes in flight are complete, with `line`
-  on stderr on a line of its own."""
-  checkpoint_lib.finish_writes()
-  progress.end_lines()
+  """Ends the process (exit code 130) once the checkpoint writes in flight are complete, with `line` on
+  stderr on a line of its own."""
+  _finish_writes()
   print(line, file=sys.stderr, flush=True)
   sys.stdout.flush()
   os._exit(EXIT_CODE)  # pylint: disable=protected-access
 
 
+class _Watcher:
+  """The watcher thread on the wakeup fd; `stop`: the run's Stop, None outside a run."""
+
+  def __init__(self):
+    self.stop, (self._reader, self._writer) = None, os.pipe()
+    os.set_blocking(self._writer, False)
+    self._previous = {s: signal.signal(s, lambda *_: None) for s in (signal.SIGINT, signal.SIGTERM)}
+    self._previous_fd = signal.set_wakeup_fd(self._writer, warn_on_full_buffer=False)
+    self._thread = threading.Thread(target=self._watch, daemon=True, name='f2m-signals')
+    self._thread.start()
+
+  def _watch(self) -> None:
+    while True:
+      deadline = self.stop and self.stop.deadline
+      ready = select.select([self._reader], [], [], None if deadline is None else max(0.01, deadline - time.monotonic()))
+      data = os.read(self._reader, 64) if ready[0] else None
+      if data == b'':  # closed
+        return
+      stop = self.stop
+      names = [signal.Signals(number).name for number in data or b'']
+      if stop is None and names:
+        end(f'interrupted ({names[0]}); {RESUME}')
+      elif stop is not None and (names or time.monotonic() >= stop.deadline):
+        stop.signalled(names)
+
+  def close(self) -> None:
+    signal.set_wakeup_fd(self._previous_fd)
+    for s, handler in self._previous.items():
+      signal.signal(s, handler)
+    os.close(self._writer)
+    self._thread.join(timeout=1.0)
+    os.close(self._reader)
+
+
+_WATCHER = []  # the process's watcher, once `watch` started it
+
+
+def watch() -> None:
+  """Watches SIGINT and SIGTERM from now on, in the main thread (run.py's first line)."""
+  if not _WATCHER:
+    _WATCHER.append(_Watcher())
+
+
 @contextlib.contextmanager
-def stopping(at_once: str = '', grace_s: float = GRACE_S):
-  """Yields a _Stop, with SIGINT and SIGTERM watched (module docstring): its `hook` is the run's
-  boundary hook, its `exit(code)` ends the process after a signal. `at_once` names a mode that saves
-  nothing (e.g. '--mode bench'): its first signal ends it. Outside the main thread (which alone
-  takes signals) nothing is watched. The previous handlers are restored afterwards."""
-  stop = _Stop(at_once, grace_s)
-  if threading.current_thread() is not threading.main_thread():
-    yield stop
-    return
-  reader, writer = socket.socketpair()
-  writer.setblocking(False)
-  previous = {s: signal.signal(s, lambda *_: None) for s in SIGNALS}  # the watcher acts, not the handler
-  previous_fd = signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
-  watcher = threading.Thread(target=stop.watch, args=(reader,), daemon=True, name='f2m-signals')
-  watcher.start()
+def stopping(at_once: str = '', grace_s: float = GRACE_S, error: type = KeyboardInterrupt):
+  """Yields a Stop, with SIGINT and SIGTERM watched (module docstring): its `hook` is the run's boundary
+  hook (raising `error`: experiment.Interrupted), its `exit(code)` ends the process after a signal. `at_once` names a mode that saves nothing
+  (e.g. '--mode bench'): its first signal ends it. Without run.py's watcher, one is started for the block
+  in the main thread (the previous handlers are restored afterwards); outside it nothing is watched."""
+  stop = Stop(at_once, grace_s, error)
+  own = not _WATCHER and threading.current_thread() is threading.main_thread()
+  watcher = _WATCHER[0] if _WATCHER else _Watcher() if own else None
+  if watcher:
+    watcher.stop = stop
   try:
     yield stop
   finally:
-    signal.set_wakeup_fd(previous_fd)
-    for s, handler in previous.items():
-      signal.signal(s, handler)
-    writer.close()
-    watcher.join(timeout=1.0)
-    reader.close()
+    if watcher:
+      watcher.stop = None
+    if own:
+      watcher.close()

@@ -19,7 +19,8 @@ from f2m_jax import trees
 from f2m_jax import workdir as workdir_lib
 from f2m_jax.checkpoint import Checkpoints
 from f2m_jax.data import protocol as protocol_lib
-from f2m_jax.experiment import Experiment, Hook, TrainingError
+from f2m_jax.data import sources
+from f2m_jax.experiment import Experiment, Hook, Interrupted, TrainingError
 from f2m_jax.padding import pad_rows
 
 
@@ -36,7 +37,8 @@ class Member:
 
 def train_base(exp: Experiment, ckpts: Checkpoints, log: workdir_lib.MetricsLog, hook: Hook = None) -> dict:
   """Trains session 1 from the latest base checkpoint (or from scratch); returns the base network
-  (`chosen_variables`). `hook('base_step', step=n)` is called after every step (tests use it to interrupt a run)."""
+  (`chosen_variables`). `hook('base_step', step=n)` is called after every call, at its last step n (tests use
+  it to interrupt a run)."""
   select = TestSetSelector(exp, exp.model, 1, ckpts.best_base, log) if exp.config.base.select_on_test else None
   state = trees.index(train_base_sessions([exp], [ckpts], [log], 'base session', select=select, hook=hook), 0)
   return chosen_variables(state, select, 'base model', exp.config.base.steps)
@@ -101,7 +103,9 @@ def train_steps(exp: Experiment, model, noise, members: Sequence[Member], states
                 title: str, select: Optional[Callable] = None, hook: Hook = None):
   """Steps `start`..base.steps of S >= 1 members in lockstep from `states` (leading member axis); returns
   the final states. `select(step, state)` runs every base.select_every steps; the step's metrics go to each
-  member's log under `phase`; a non-finite step raises TrainingError."""
+  member's log under `phase`; a non-finite step raises TrainingError. Where `hook` raises Interrupted (a
+  signal), the call in flight ends the training: its steps are recorded and its states saved, so that a
+  resume recomputes no step."""
   cfg, bench = exp.config.base, exp.bench
   if start >= cfg.steps:
     return states
@@ -113,7 +117,7 @@ def train_steps(exp: Experiment, model, noise, members: Sequence[Member], states
   keys, bounds = sharding.replicate((jnp.stack([m.key for m in members]),
                                      np.asarray([m.bound for m in members], np.float32)), mesh)
   states = sharding.replicate(states, mesh)
-  status = progress.Status(f'{title}: compiling the step{f" of {len(members)} members" if len(members) > 1 else ""} '
+  status = progress.status(f'{title}: compiling the step{f" of {len(members)} members" if len(members) > 1 else ""} '
                            f'(steps {start}-{cfg.steps}, {per_call} a call)')
   records = Records(exp.config, members, phase, title, start, select, hook, status)
   pending = None  # (first step, steps, metrics, snapshot) of the call dispatched last
@@ -122,27 +126,44 @@ def train_steps(exp: Experiment, model, noise, members: Sequence[Member], states
       rows = np.stack([np.stack([m.batch_indices(s) for m in members]) for s in range(first, first + n)])
       rows = sharding.shard_member_rows(mesh, pad_rows(rows.astype(np.int32), per_call))  # extra rows: masked
       if pending is None:  # compiled first, so that the status line can tell compiling from running
-        program = program.lower(states, *data, rows, np.int32(n), keys, bounds).compile()
-        status.set(f'{title}: compiled in {progress.elapsed(time.monotonic() - status.t0)}; first call: {n} steps')
+        program = compiled(program.lower(states, *data, rows, np.int32(n), keys, bounds), status, exp.config)
+        status.set(f'{title}: compiled in {progress.elapsed(status.format_dict["elapsed"])}; first call: {n} steps')
       states, metrics = program(states, *data, rows, np.int32(n), keys, bounds)
       if pending:
         records(*pending)
       pending = (first, n, metrics, jax.tree_util.tree_map(jnp.copy, states) if records.needs_state(first + n) else None)
+      if records.interrupted:
+        break
     records(*pending)
   finally:
     status.close()
+  if records.interrupted:
+    if records.saved != pending[0] + pending[1]:
+      records.save(pending[0] + pending[1], jax.device_get(states))
+    raise Interrupted(f'{records.interrupted}, where its state is saved')
   records.close()
   return states
 
 
+def compiled(lowered, status, config):
+  """`lowered`, compiled, with the status line saying how long it took on this machine last time (the
+  cache folder's record, which keeps this time)."""
+  folder, key = sources.cache_dir(config), progress.program_key(lowered)
+  status.set_description_str(f'{status.desc}: {progress.last_compile(folder, key)}')
+  program = lowered.compile()
+  progress.record_compile(folder, key, status.format_dict['elapsed'])
+  return program
+
+
 class Records:
   """What the host does with each call's results: the non-finite stop, the progress bar, the metrics log's
-  averages, the test-set selection, the checkpoints and the hook."""
+  averages, the test-set selection, the checkpoints and the hook (an Interrupted it raises is kept in
+  `interrupted`: the training ends after the call in flight)."""
 
   def __init__(self, config, members: Sequence[Member], phase: str, title: str, start: int,
-               select: Optional[Callable], hook: Hook, status: Optional[progress.Status] = None):
+               select: Optional[Callable], hook: Hook, status):
     self.cfg, self.method, self.members, self.phase, self.title = config.base, config.method, members, phase, title
-    self.select, self.hook, self.status = select, hook, status
+    self.select, self.hook, self.status, self.interrupted = select, hook, status, None
     self.window, self.t0, self.saved, self.bar = [], time.time(), (start or None), None
     for m in members:
       m.log.open()
@@ -155,13 +176,13 @@ class Records:
 
   def __call__(self, first: int, n: int, metrics, snapshot) -> None:
     """Reads the metrics of a call of `n` steps (leaves [N, S]; waiting for it), then stops, logs,
-    selects and saves step by step; `snapshot`: a copy of the states after the call, where needed."""
+    selects and saves step by step, then calls the hook; `snapshot`: a copy of the states after the
+    call, where needed."""
     metrics = jax.device_get(metrics)
     per_step = [{k: v[i] for k, v in metrics.items()} for i in range(n)]
     self._check_finite(first, per_step)
     if self.bar is None:
-      if self.status:
-        self.status.close()
+      self.status.close()
       self.bar = progress.bar(self.cfg.steps, self.title, initial=first)
     self.bar.update(n)
     host = None if snapshot is None else jax.device_get(snapshot)
@@ -172,11 +193,18 @@ class Records:
       if self.select is not None and done % self.cfg.select_every == 0:
         self.select(done, trees.index(host, 0))
       if done % self.cfg.checkpoint_every == 0 or done == self.cfg.steps:
-        for j, member in enumerate(self.members):
-          member.save(done, trees.index(host, j))
-        self.saved = done
+        self.save(done, host)
+    try:
       if self.hook:
-        self.hook('base_step', step=done)
+        self.hook('base_step', step=first + n)
+    except Interrupted as e:
+      self.interrupted = e
+
+  def save(self, step: int, host) -> None:
+    """Saves each member's state of `host` (leading member axis) as `step`."""
+    for j, member in enumerate(self.members):
+      member.save(step, trees.index(host, j))
+    self.saved = step
 
   def _check_finite(self, first: int, per_step: list) -> None:
     for i, m in enumerate(per_step):

@@ -37,9 +37,9 @@ def test_off_a_terminal_a_bar_is_lines():
 
 
 def test_the_status_line_of_a_long_call_is_kept_up_to_date():
-  """Redrawn in place every second on a terminal, with the time since its text was set."""
+  """Redrawn in place every second on a terminal, with the time since its text was set (tqdm's mm:ss)."""
   terminal = Terminal()
-  status = progress.Status('base session: compiling the step', file=terminal)
+  status = progress.status('base session: compiling the step', file=terminal)
   time.sleep(2.5)
   status.set('base session: compiled in 2 s; first call: 20 steps')
   progress.end_lines()  # as an error does: the line ends, the updates stop
@@ -47,12 +47,12 @@ def test_the_status_line_of_a_long_call_is_kept_up_to_date():
   time.sleep(1.2)
   assert terminal.getvalue() == text and text.endswith('\n')
   draws = text.rstrip('\n').split('\r')[1:]
-  assert [d.rstrip() for d in draws[:3]] == ['base session: compiling the step (0 s)',
-                                             'base session: compiling the step (1 s)',
-                                             'base session: compiling the step (2 s)']
-  assert draws[-1].rstrip() == 'base session: compiled in 2 s; first call: 20 steps (0 s)'
+  assert [d.rstrip() for d in draws[:3]] == ['base session: compiling the step (00:00)',
+                                             'base session: compiling the step (00:01)',
+                                             'base session: compiling the step (00:02)']
+  assert draws[-1].rstrip() == 'base session: compiled in 2 s; first call: 20 steps (00:00)'
   log = io.StringIO()
-  progress.Status('base session: compiling the step', file=log).close()
-  assert log.getvalue() == 'base session: compiling the step (0 s)\n' * 2
+  progress.status('base session: compiling the step', file=log).close()
+  assert log.getvalue() == 'base session: compiling the step (00:00)\n' * 2
   assert [progress.elapsed(s) for s in (45, 723, 7500)] == ['45 s', '12 min 03 s', '2 h 05 min']
 
