@@ -37,7 +37,7 @@ def main(config, workdir: str, mode: str, checkpoint=None, origin=None, dry_run:
          time_step: bool = False) -> int:
   """Runs `mode`. `origin` ({'config', 'changes'}: the --config argument and the command line's overrides)
   is what the user changed: no method's presets replace those fields, and it goes into the records."""
-  at_once = '--dry-run' if dry_run else '' if mode in ('train', 'eval') else f'--mode {mode}'
+  at_once = '--dry-run' if dry_run else '' if mode in ('train', 'eval') else f'--mode {mode}'  # saves nothing
   with quiet_orbax(), stopping.stopping(at_once, error=Interrupted) as stop:
     return stop.exit(run_mode(config, workdir, ('time_step' if time_step else 'dry_run') if dry_run else mode,
                               checkpoint, origin, stop.hook))
@@ -172,8 +172,7 @@ def departures(config) -> dict:
 
 
 class ConfigFile(flags.ArgumentParser):
-  """--config's parser (run.py): `load_config`, locked. The last config it loaded stays in `loaded`,
-  for the message naming the fields close to an unknown one."""
+  """--config's parser: `load_config`, locked; the last config loaded stays in `loaded` (`unknown_field`)."""
   loaded = None
 
   def parse(self, argument):
@@ -203,6 +202,7 @@ def load_config(spec: str) -> ml_collections.ConfigDict:
 
 
 def missing_file(path: str) -> str:
+  """'there is no file PATH', with the close name and the configs in its folder."""
   folder = os.path.dirname(path) or '.'
   options = sorted(f for f in os.listdir(folder) if f.endswith('.py') and not f.startswith('_')) \
       if os.path.isdir(folder) else []

@@ -57,15 +57,11 @@ def train_base_sessions(exps: Sequence[Experiment], ckpts: Sequence[Checkpoints]
   them hold (`resume_step`) or from scratch; each state saved into its own workdir, never at a step it
   holds already. Returns the final states, with a leading member axis."""
   held = [c.base_steps() for c in ckpts]
-  start = resume_step(held)
-  steps = exps[0].config.base.steps
-  if start >= steps:  # trained already: its state is the last saved one
-    return trees.stack([c.restore_base_state(e.state_template(), start) for e, c in zip(exps, ckpts)])
-  if start:
+  start, steps = resume_step(held), exps[0].config.base.steps
+  if 0 < start < steps:
     print(f'{title}: resuming at step {start}/{steps}', flush=True)
-    states = trees.stack([c.restore_base_state(e.state_template(), start) for e, c in zip(exps, ckpts)])
-  else:
-    states = trees.stack([e.init_state() for e in exps])
+  states = trees.stack([c.restore_base_state(e.state_template(), start) if start else e.init_state()
+                        for e, c in zip(exps, ckpts)])  # trained already where start is the last step
   members = [Member(e.batch_indices, e.key(0), e.config.noise.bound, saving_after(c.save_base_state, max(h, default=0)),
                     log) for e, c, log, h in zip(exps, ckpts, logs, held)]
   return train_steps(exps[0], exps[0].model, exps[0].noise, members, states, start, 'base', title, select, hook)
@@ -86,10 +82,7 @@ def saving_after(save: Callable, latest: int) -> Callable:
 def steps_per_call(cfg, selecting: bool) -> int:
   """base.steps_per_call reduced to divide the logging, checkpoint (and selection) intervals, so that
   those always fall on a call's end."""
-  per_call = cfg.steps_per_call
-  for every in (cfg.log_every, cfg.checkpoint_every) + ((cfg.select_every,) if selecting else ()):
-    per_call = math.gcd(per_call, every)
-  return per_call
+  return math.gcd(cfg.steps_per_call, cfg.log_every, cfg.checkpoint_every, *([cfg.select_every] if selecting else []))
 
 
 def call_spans(start: int, steps: int, per_call: int) -> list:
@@ -126,7 +119,8 @@ def train_steps(exp: Experiment, model, noise, members: Sequence[Member], states
       rows = np.stack([np.stack([m.batch_indices(s) for m in members]) for s in range(first, first + n)])
       rows = sharding.shard_member_rows(mesh, pad_rows(rows.astype(np.int32), per_call))  # extra rows: masked
       if pending is None:  # compiled first, so that the status line can tell compiling from running
-        program = compiled(program.lower(states, *data, rows, np.int32(n), keys, bounds), status, exp.config)
+        program = status.compile(program.lower(states, *data, rows, np.int32(n), keys, bounds),
+                                 sources.cache_dir(exp.config))
         status.set(f'{title}: compiled in {progress.elapsed(status.format_dict["elapsed"])}; first call: {n} steps')
       states, metrics = program(states, *data, rows, np.int32(n), keys, bounds)
       if pending:
@@ -141,18 +135,8 @@ def train_steps(exp: Experiment, model, noise, members: Sequence[Member], states
     if records.saved != pending[0] + pending[1]:
       records.save(pending[0] + pending[1], jax.device_get(states))
     raise Interrupted(f'{records.interrupted}, where its state is saved')
-  records.close()
+  records.bar.close()
   return states
-
-
-def compiled(lowered, status, config):
-  """`lowered`, compiled, with the status line saying how long it took on this machine last time (the
-  cache folder's record, which keeps this time)."""
-  folder, key = sources.cache_dir(config), progress.program_key(lowered)
-  status.set_description_str(f'{status.desc}: {progress.last_compile(folder, key)}')
-  program = lowered.compile()
-  progress.record_compile(folder, key, status.format_dict['elapsed'])
-  return program
 
 
 class Records:
@@ -223,10 +207,6 @@ class Records:
     if len(self.members) == 1:
       self.bar.set_postfix(loss=f'{avg["loss"]:.3f}', acc=f'{avg["acc"]:.3f}', refresh=False)
     self.window, self.t0 = [], time.time()
-
-  def close(self) -> None:
-    if self.bar is not None:
-      self.bar.close()
 
 
 def diverged(loss: float, step: int, who: str, phase: str, saved: Optional[int], lr: float,
