@@ -77,7 +77,7 @@ class Status(tqdm):
     with contextlib.suppress(OSError, ValueError, TypeError), open(path) as f:
       times = dict(json.load(f))
     self.set_description_str(f'{self.desc}: ' + (f'{elapsed(times[key])} here last time' if key in times else
-                                                  'its first compile here: a minute or more on a CPU'))
+                             "its first compile here: a minute or more on a CPU, seconds where JAX's cache holds it"))
     program = lowered.compile()
     with contextlib.suppress(OSError):
       os.makedirs(folder, exist_ok=True)
@@ -95,7 +95,7 @@ def status(text: str, file=None) -> Status:
   draws it a last time and ends the line. While it is open XLA's C++ log shows fatal errors only: its
   slow-compile alarm ('Very slow compile?' after 2 min, which reads as a crash) says nothing the line does
   not."""
-  line = bar(None, text, file, cls=Status, bar_format='{desc} ({elapsed})')
+  line = bar(None, text, file, cls=Status, bar_format='{desc} ({elapsed})', position=0)
   threading.Thread(target=line.tick, args=(1.0 if (file or sys.stdout).isatty() else LOG_EVERY_S,), daemon=True,
                    name='f2m-status').start()
   absl_set_min_log_level(3)
