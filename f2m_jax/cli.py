@@ -87,15 +87,11 @@ def message(line: str, code: int) -> int:
 def enable_compilation_cache(config):
   """Where config.compilation_cache asks for it, JAX's persistent compilation cache in <cache folder>/
   jax_compilation_cache, for every program; returns the folder in use (one already set is kept), or None."""
-  if jax.config.jax_compilation_cache_dir:
-    return jax.config.jax_compilation_cache_dir
-  if not config.get('compilation_cache', False):
-    return None
-  path = os.path.join(sources.cache_dir(config), 'jax_compilation_cache')
-  jax.config.update('jax_compilation_cache_dir', path)
-  if 'JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS' not in os.environ:
-    jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.0)
-  return path
+  if not jax.config.jax_compilation_cache_dir and config.get('compilation_cache', False):
+    jax.config.update('jax_compilation_cache_dir', os.path.join(sources.cache_dir(config), 'jax_compilation_cache'))
+    if 'JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS' not in os.environ:
+      jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.0)
+  return jax.config.jax_compilation_cache_dir or None
 
 
 # ----------------------------------------------------------------------------- run.py's command line

@@ -85,32 +85,23 @@ class _Watcher(threading.Thread):
 
   def __init__(self):
     super().__init__(daemon=True, name='f2m-signals')
-    self.stop, (self.reader, self.writer) = None, os.pipe()
-    os.set_blocking(self.writer, False)
-    self.previous = {s: signal.signal(s, lambda *_: None) for s in (signal.SIGINT, signal.SIGTERM)}
-    self.previous_fd = signal.set_wakeup_fd(self.writer, warn_on_full_buffer=False)
+    self.stop, (self.reader, writer) = None, os.pipe()
+    os.set_blocking(writer, False)
+    for s in (signal.SIGINT, signal.SIGTERM):
+      signal.signal(s, lambda *_: None)  # Python's part does nothing: the watcher acts
+    signal.set_wakeup_fd(writer, warn_on_full_buffer=False)
     self.start()
 
   def run(self) -> None:
     while True:
       deadline = self.stop and self.stop.deadline
       wait = None if deadline is None else max(0.01, deadline - time.monotonic())
-      data = os.read(self.reader, 64) if select.select([self.reader], [], [], wait)[0] else None
-      if data == b'':  # closed
-        return
-      stop, names = self.stop, [signal.Signals(n).name for n in data or b'']
+      data = os.read(self.reader, 64) if select.select([self.reader], [], [], wait)[0] else b''
+      stop, names = self.stop, [signal.Signals(n).name for n in data]
       if stop is not None and (names or stop.received):
         stop.signalled(names)
       elif names:
         end(f'interrupted ({names[0]}); {RESUME}')
-
-  def close(self) -> None:
-    signal.set_wakeup_fd(self.previous_fd)
-    for s, handler in self.previous.items():
-      signal.signal(s, handler)
-    os.close(self.writer)
-    self.join(timeout=1.0)
-    os.close(self.reader)
 
 
 _WATCHER = []  # the process's watcher, once `watch` started it
@@ -125,17 +116,13 @@ def watch() -> None:
 @contextlib.contextmanager
 def stopping(at_once: str = '', grace_s: float = GRACE_S, error: type = KeyboardInterrupt):
   """Yields a Stop whose `hook` is the run's boundary hook and whose `exit(code)` ends the process after a
-  signal (module docstring); `at_once` names a mode that saves nothing ('--mode bench'): a signal ends it at
-  once. Without run.py's watcher one watches the block in the main thread (the previous handlers restored
-  afterwards); nothing elsewhere."""
-  own = not _WATCHER and threading.current_thread() is threading.main_thread()
-  watcher, stop = _WATCHER[0] if _WATCHER else _Watcher() if own else None, Stop(at_once, grace_s, error)
-  if watcher:
+  signal, handed to run.py's watcher (module docstring; without it, as in a test's run, nothing is
+  watched); `at_once` names a mode that saves nothing ('--mode bench'): a signal ends it at once."""
+  stop = Stop(at_once, grace_s, error)
+  for watcher in _WATCHER:
     watcher.stop = stop
   try:
     yield stop
   finally:
-    if watcher:
+    for watcher in _WATCHER:
       watcher.stop = None
-    if own:
-      watcher.close()
