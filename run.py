@@ -4,6 +4,11 @@
 CONFIG is a config file (configs/cifar100.py:smoke) or a workdir's config.json; without --config,
 --workdir's own config.json. f2m_jax.cli defines, parses and acts on the flags.
 """
+from f2m_jax import stopping
+
+stopping.watch()  # first: a signal during the imports below (seconds) ends the process with one line
+
+# pylint: disable=g-import-not-at-top,wrong-import-position
 import sys
 
 from absl import app, flags

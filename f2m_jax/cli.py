@@ -37,8 +37,8 @@ def main(config, workdir: str, mode: str, checkpoint=None, origin=None, dry_run:
          time_step: bool = False) -> int:
   """Runs `mode`. `origin` ({'config', 'changes'}: the --config argument and the command line's overrides)
   is what the user changed: no method's presets replace those fields, and it goes into the records."""
-  at_once = '--dry-run' if dry_run else '' if mode in ('train', 'eval') else f'--mode {mode}'
-  with quiet_orbax(), stopping.stopping(at_once=at_once) as stop:
+  at_once = '--dry-run' if dry_run else '' if mode in ('train', 'eval') else f'--mode {mode}'  # saves nothing
+  with quiet_orbax(), stopping.stopping(at_once, error=Interrupted) as stop:
     return stop.exit(run_mode(config, workdir, ('time_step' if time_step else 'dry_run') if dry_run else mode,
                               checkpoint, origin, stop.hook))
 
@@ -87,15 +87,11 @@ def message(line: str, code: int) -> int:
 def enable_compilation_cache(config):
   """Where config.compilation_cache asks for it, JAX's persistent compilation cache in <cache folder>/
   jax_compilation_cache, for every program; returns the folder in use (one already set is kept), or None."""
-  if jax.config.jax_compilation_cache_dir:
-    return jax.config.jax_compilation_cache_dir
-  if not config.get('compilation_cache', False):
-    return None
-  path = os.path.join(sources.cache_dir(config), 'jax_compilation_cache')
-  jax.config.update('jax_compilation_cache_dir', path)
-  if 'JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS' not in os.environ:
-    jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.0)
-  return path
+  if not jax.config.jax_compilation_cache_dir and config.get('compilation_cache', False):
+    jax.config.update('jax_compilation_cache_dir', os.path.join(sources.cache_dir(config), 'jax_compilation_cache'))
+    if 'JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS' not in os.environ:
+      jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.0)
+  return jax.config.jax_compilation_cache_dir or None
 
 
 # ----------------------------------------------------------------------------- run.py's command line
@@ -119,13 +115,17 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
 
 
 def parse_flags(argv: list, flag_values: flags.FlagValues = flags.FLAGS) -> list:
-  """run.py's absl flags parser; without --config, --workdir's config.json is the config. A bad --config,
-  an unknown field or a value of the wrong type stops with one line (exit code 2) before anything is written."""
+  """run.py's absl flags parser; without --config, --workdir's config.json is the config. A bad flag or
+  value (absl's own words), or a --config.FIELD the config lacks, stops with one line (exit code 2)
+  before anything is written."""
   argv = with_recorded_config(argv)
   try:
     return flag_values(argv)
   except Exception as e:  # whatever absl or ml_collections raise
-    print(f'error: {flag_problem(e, argv, flag_values["config"].parser.loaded)}', file=sys.stderr, flush=True)
+    config = flag_values['config'].parser.loaded
+    names = [m[2] for m in (re.match(r'-{1,2}(no)?config\.([\w.]+)', a) for a in argv) if m]
+    unknown = isinstance(e, (KeyError, AttributeError)) and config is not None and unknown_field(config, names)
+    print(f'error: {unknown or " ".join(str(e).split())}', file=sys.stderr, flush=True)
     sys.exit(2)
 
 
@@ -168,8 +168,7 @@ def departures(config) -> dict:
 
 
 class ConfigFile(flags.ArgumentParser):
-  """--config's parser (run.py): `load_config`, locked. The last config it loaded stays in `loaded`,
-  for the message naming the fields close to an unknown one."""
+  """--config's parser: `load_config`, locked; the last config loaded stays in `loaded` (`unknown_field`)."""
   loaded = None
 
   def parse(self, argument):
@@ -199,6 +198,7 @@ def load_config(spec: str) -> ml_collections.ConfigDict:
 
 
 def missing_file(path: str) -> str:
+  """'there is no file PATH', with the close name and the configs in its folder."""
   folder = os.path.dirname(path) or '.'
   options = sorted(f for f in os.listdir(folder) if f.endswith('.py') and not f.startswith('_')) \
       if os.path.isdir(folder) else []
@@ -217,33 +217,18 @@ def with_recorded_config(argv: list) -> list:
   return argv[:1] + [f'--config={path}'] + argv[1:] if os.path.isfile(path) else argv
 
 
-def flag_problem(error: Exception, argv: list, config=None) -> str:
-  """One line for what absl or ml_collections raised while parsing `argv` (`config`: --config's config,
-  where it loaded)."""
-  message = ' '.join(str(error).split())
-  field = re.match(r'flag --(config\.[\w.]+)=(.*?): (.*)', message)  # absl's 'flag --config.F=V: reason'
-  spec = re.match(r'flag --config=(.*?): (.*)', message)
-  names = [m[2] for m in (re.match(r'-{1,2}(no)?config\.([\w.]+)', a) for a in argv) if m]
-  return ((config is not None and unknown_field(config, names))
-          or (f'{field[1]}={field[2]!r} is invalid: {field[3]}' if field else
-              f'--config {spec[1]}: {spec[2]}' if spec else message))
-
-
 def unknown_field(config, names: list) -> Optional[str]:
-  """'unknown config field ...' for the first of `names` (dotted, the command line's --config.FIELD)
-  that `config` lacks, with the close names, or None."""
+  """'unknown config field ...' for the first of `names` (dotted: the command line's --config.FIELD) that
+  `config` lacks, with the names close to it there, or those there; None where it has them all."""
   for name in names:
-    *parents, leaf = name.split('.')
-    node = config
-    for i, part in enumerate(parents):
-      if part not in node or not hasattr(node[part], 'keys'):
-        near = difflib.get_close_matches(part, [k for k in node.keys() if hasattr(node[k], 'keys')], n=1)
-        return (f"unknown config field config.{name}; config.{'.'.join(parents[:i + 1])} does not exist"
-                + (f' (did you mean config.{".".join(parents[:i] + near)}?)' if near else ''))
-      node = node[part]
-    if leaf not in node:
-      close = difflib.get_close_matches(leaf, list(node.keys()), n=3, cutoff=0.5)
-      hint = (f'did you mean {", ".join(f"config.{name[:-len(leaf)]}{c}" for c in close)}?' if close
-              else f'the fields there are {", ".join(sorted(node.keys()))}')
-      return f'unknown config field config.{name}; {hint}'
+    node, path = config, 'config'
+    for part in name.split('.'):
+      if not hasattr(node, 'keys'):
+        return f'unknown config field config.{name}: {path} is a value, not a section'
+      if part not in node:
+        close = difflib.get_close_matches(part, list(node.keys()), n=3, cutoff=0.5)
+        return (f'unknown config field config.{name}: {path} has no field {part!r}; ' +
+                (f'did you mean {", ".join(f"{path}.{c}" for c in close)}?' if close else
+                 f'its fields are {", ".join(sorted(node.keys()))}'))
+      node, path = node[part], f'{path}.{part}'
   return None

@@ -1,51 +1,51 @@
-"""What a run shows while it works: progress bars, a status line kept alive while the main thread waits
-in one long call (an XLA compile, a program's first call), and the end of the line either draws on
-before a message, so that a message never starts on a bar's line.
-
-On a terminal a bar or the status line is redrawn in place; elsewhere (a log file, a pipe) each
-update is a line of its own, at most every LOG_EVERY_S seconds.
-"""
+"""What a run shows while it works: tqdm bars, a status line kept alive while the main thread waits in one
+long call (an XLA compile, saying how long it took here last time; a program's first call), and the end of
+every line drawn before a message, so that a message never starts on a bar's line. On a terminal a line is
+redrawn in place; elsewhere (a log file, a pipe) each update is a line of its own, at most every
+LOG_EVERY_S seconds."""
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import json
+import os
 import sys
 import threading
 import time
-import weakref
 
+import jax
 from tqdm import tqdm
 
+from f2m_jax import workdir as workdir_lib
+
 LOG_EVERY_S = 30.0
-_STATUS = weakref.WeakSet()  # the open status lines
+COMPILE_TIMES = 'compile_times.json'  # in the cache folder: {program key: seconds its last compile took}
+try:  # XLA's C++ log threshold (0 info .. 3 fatal), as jax_logging_level sets it
+  from jax._src.lib.utils import absl_set_min_log_level  # pylint: disable=g-import-not-at-top
+except ImportError:  # another jaxlib: its messages stay on
+  absl_set_min_log_level = lambda level: None  # pylint: disable=invalid-name
 
 
 class _Lines:
   """A file for tqdm off a terminal: each redraw ('\\r' + the bar) becomes a line of its own."""
 
   def __init__(self, file):
-    self.file = file
+    self.file, self.flush = file, file.flush
 
   def write(self, text: str) -> None:
     text = text.replace('\r', '').rstrip()
     if text:
       self.file.write(text + '\n')
 
-  def flush(self) -> None:
-    self.file.flush()
 
-
-def interactive(file) -> bool:
-  isatty = getattr(file, 'isatty', None)
-  return bool(isatty and isatty())
-
-
-def bar(total: int, desc: str, file=None, mininterval: float = 2.0, **kw) -> tqdm:
-  """A tqdm bar on `file` (default stdout): redrawn in place on a terminal, else a line at most every
-  LOG_EVERY_S seconds."""
+def bar(total, desc: str, file=None, mininterval: float = 2.0, cls=tqdm, **kw) -> tqdm:
+  """A tqdm bar (`cls`) on `file` (default stdout): redrawn in place on a terminal, else a line at most
+  every LOG_EVERY_S seconds."""
   file = file or sys.stdout
-  if interactive(file):
-    return tqdm(total=total, desc=desc, file=file, mininterval=mininterval, **kw)
-  return tqdm(total=total, desc=desc, file=_Lines(file), mininterval=LOG_EVERY_S, maxinterval=LOG_EVERY_S,
-              ascii=True, **kw)
+  if file.isatty():
+    return cls(total=total, desc=desc, file=file, mininterval=mininterval, **kw)
+  return cls(total=total, desc=desc, file=_Lines(file), mininterval=LOG_EVERY_S, maxinterval=LOG_EVERY_S,
+             ascii=True, **kw)
 
 
 def elapsed(seconds: float) -> str:
@@ -56,59 +56,56 @@ def elapsed(seconds: float) -> str:
   return f'{s // 60} min {s % 60:02d} s' if s < 3600 else f'{s // 3600} h {s % 3600 // 60:02d} min'
 
 
-class Status:
-  """One line saying what the main thread waits for and for how long, kept up to date by a thread of
-  its own: on a terminal redrawn every second, else a line every LOG_EVERY_S seconds. `set` changes
-  the text; `close` draws it a last time and ends the line."""
+class Status(tqdm):
+  """`status`'s line: a tqdm of no total that draws its text and its time, redrawn by `tick`."""
 
-  def __init__(self, text: str, file=None):
-    self.file = file or sys.stdout
-    self.tty = interactive(self.file)
-    self.text, self.t0, self.width = text, time.monotonic(), 0
-    self._done = threading.Event()
-    self._lock = threading.Lock()
-    _STATUS.add(self)
-    self._draw()
-    self._thread = threading.Thread(target=self._tick, daemon=True, name='f2m-status')
-    self._thread.start()
-
-  def _draw(self, last: bool = False) -> None:
-    with self._lock:
-      if self._done.is_set():
-        return
-      line = f'{self.text} ({elapsed(time.monotonic() - self.t0)})'
-      if self.tty:
-        self.file.write('\r' + line.ljust(self.width) + ('\n' if last else ''))
-        self.width = len(line)
-      else:
-        self.file.write(line + '\n')
-      self.file.flush()
-      if last:
-        self._done.set()
-
-  def _tick(self) -> None:
-    while not self._done.wait(1.0 if self.tty else LOG_EVERY_S):
-      self._draw()
+  def tick(self, every: float) -> None:
+    while not self.disable:
+      time.sleep(every)
+      self.refresh()
 
   def set(self, text: str) -> None:
     """A new text, its time counted from now."""
-    self.text, self.t0 = text, time.monotonic()
-    self._draw()
+    self.set_description_str(text, refresh=False)
+    self.reset()
+
+  def compile(self, lowered, folder: str):
+    """`lowered`, compiled, the line saying how long the same program (its text, the devices, XLA's flags)
+    took here last time: <folder>/compile_times.json, which keeps this time (where it can be written)."""
+    text = '\n'.join([jax.__version__, jax.devices()[0].device_kind, os.environ.get('XLA_FLAGS', ''), lowered.as_text()])
+    key, path, times = hashlib.sha256(text.encode()).hexdigest()[:20], os.path.join(folder, COMPILE_TIMES), {}
+    with contextlib.suppress(OSError, ValueError, TypeError), open(path) as f:
+      times = dict(json.load(f))
+    self.set_description_str(f'{self.desc}: ' + (f'{elapsed(times[key])} here last time' if key in times else
+                             "its first compile here: a minute or more on a CPU, seconds where JAX's cache holds it"))
+    program = lowered.compile()
+    with contextlib.suppress(OSError):
+      os.makedirs(folder, exist_ok=True)
+      workdir_lib.atomic_write(path, json.dumps({**times, key: round(self.format_dict['elapsed'], 1)}, indent=0))
+    return program
 
   def close(self) -> None:
-    """Draws the line a last time (its time), ends it and stops the updates."""
-    self._draw(last=True)
-    _STATUS.discard(self)
+    super().close()
+    absl_set_min_log_level(int(os.environ.get('TF_CPP_MIN_LOG_LEVEL', '1')))
+
+
+def status(text: str, file=None) -> Status:
+  """One line saying what the main thread waits for and for how long, kept up to date by a thread: on a
+  terminal redrawn every second, else a line every LOG_EVERY_S seconds; `set` changes the text, `close`
+  draws it a last time and ends the line. While it is open XLA's C++ log shows fatal errors only: its
+  slow-compile alarm ('Very slow compile?' after 2 min, which reads as a crash) says nothing the line does
+  not."""
+  line = bar(None, text, file, cls=Status, bar_format='{desc} ({elapsed})', position=0)
+  threading.Thread(target=line.tick, args=(1.0 if (file or sys.stdout).isatty() else LOG_EVERY_S,), daemon=True,
+                   name='f2m-status').start()
+  absl_set_min_log_level(3)
+  return line
 
 
 def end_lines() -> None:
-  """Closes every open bar and status line (each draws its last state and ends its line), so that
-  what is printed next (an error, the line of an interrupted run) starts on a line of its own and no
-  bar is drawn again after it."""
-  for status in list(_STATUS):
-    status.close()
+  """Closes every open bar and status line (each draws its last state and ends its line), so that what is
+  printed next (an error, the line of an interrupted run) starts on a line of its own and no bar is drawn
+  again after it."""
   for b in list(tqdm._instances):  # pylint: disable=protected-access
-    try:
+    with contextlib.suppress(OSError, ValueError):  # a closed stream
       b.close()
-    except (OSError, ValueError):  # a closed stream
-      pass

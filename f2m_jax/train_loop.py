@@ -19,7 +19,8 @@ from f2m_jax import trees
 from f2m_jax import workdir as workdir_lib
 from f2m_jax.checkpoint import Checkpoints
 from f2m_jax.data import protocol as protocol_lib
-from f2m_jax.experiment import Experiment, Hook, TrainingError
+from f2m_jax.data import sources
+from f2m_jax.experiment import Experiment, Hook, Interrupted, TrainingError
 from f2m_jax.padding import pad_rows
 
 
@@ -36,7 +37,8 @@ class Member:
 
 def train_base(exp: Experiment, ckpts: Checkpoints, log: workdir_lib.MetricsLog, hook: Hook = None) -> dict:
   """Trains session 1 from the latest base checkpoint (or from scratch); returns the base network
-  (`chosen_variables`). `hook('base_step', step=n)` is called after every step (tests use it to interrupt a run)."""
+  (`chosen_variables`). `hook('base_step', step=n)` is called after every call, at its last step n (tests use
+  it to interrupt a run)."""
   select = TestSetSelector(exp, exp.model, 1, ckpts.best_base, log) if exp.config.base.select_on_test else None
   state = trees.index(train_base_sessions([exp], [ckpts], [log], 'base session', select=select, hook=hook), 0)
   return chosen_variables(state, select, 'base model', exp.config.base.steps)
@@ -55,15 +57,11 @@ def train_base_sessions(exps: Sequence[Experiment], ckpts: Sequence[Checkpoints]
   them hold (`resume_step`) or from scratch; each state saved into its own workdir, never at a step it
   holds already. Returns the final states, with a leading member axis."""
   held = [c.base.steps() for c in ckpts]
-  start = resume_step(held)
-  steps = exps[0].config.base.steps
-  if start >= steps:  # trained already: its state is the last saved one
-    return trees.stack([c.base.restore(e.state_template(), start) for e, c in zip(exps, ckpts)])
-  if start:
+  start, steps = resume_step(held), exps[0].config.base.steps
+  if 0 < start < steps:
     print(f'{title}: resuming at step {start}/{steps}', flush=True)
-    states = trees.stack([c.base.restore(e.state_template(), start) for e, c in zip(exps, ckpts)])
-  else:
-    states = trees.stack([e.init_state() for e in exps])
+  states = trees.stack([c.base.restore(e.state_template(), start) if start else e.init_state()
+                        for e, c in zip(exps, ckpts)])  # trained already where start is the last step
   members = [Member(e.batch_indices, e.key(0), e.config.noise.bound, saving_after(c.base.save, max(h, default=0)),
                     log) for e, c, log, h in zip(exps, ckpts, logs, held)]
   return train_steps(exps[0], exps[0].model, exps[0].noise, members, states, start, 'base', title, select, hook)
@@ -84,10 +82,7 @@ def saving_after(save: Callable, latest: int) -> Callable:
 def steps_per_call(cfg, selecting: bool) -> int:
   """base.steps_per_call reduced to divide the logging, checkpoint (and selection) intervals, so that
   those always fall on a call's end."""
-  per_call = cfg.steps_per_call
-  for every in (cfg.log_every, cfg.checkpoint_every) + ((cfg.select_every,) if selecting else ()):
-    per_call = math.gcd(per_call, every)
-  return per_call
+  return math.gcd(cfg.steps_per_call, cfg.log_every, cfg.checkpoint_every, *([cfg.select_every] if selecting else []))
 
 
 def call_spans(start: int, steps: int, per_call: int) -> list:
@@ -101,7 +96,9 @@ def train_steps(exp: Experiment, model, noise, members: Sequence[Member], states
                 title: str, select: Optional[Callable] = None, hook: Hook = None):
   """Steps `start`..base.steps of S >= 1 members in lockstep from `states` (leading member axis); returns
   the final states. `select(step, state)` runs every base.select_every steps; the step's metrics go to each
-  member's log under `phase`; a non-finite step raises TrainingError."""
+  member's log under `phase`; a non-finite step raises TrainingError. Where `hook` raises Interrupted (a
+  signal), the call in flight ends the training: its steps are recorded and its states saved, so that a
+  resume recomputes no step."""
   cfg, bench = exp.config.base, exp.bench
   if start >= cfg.steps:
     return states
@@ -113,7 +110,7 @@ def train_steps(exp: Experiment, model, noise, members: Sequence[Member], states
   keys, bounds = sharding.replicate((jnp.stack([m.key for m in members]),
                                      np.asarray([m.bound for m in members], np.float32)), mesh)
   states = sharding.replicate(states, mesh)
-  status = progress.Status(f'{title}: compiling the step{f" of {len(members)} members" if len(members) > 1 else ""} '
+  status = progress.status(f'{title}: compiling the step{f" of {len(members)} members" if len(members) > 1 else ""} '
                            f'(steps {start}-{cfg.steps}, {per_call} a call)')
   records = Records(exp.config, members, phase, title, start, select, hook, status)
   pending = None  # (first step, steps, metrics, snapshot) of the call dispatched last
@@ -122,27 +119,35 @@ def train_steps(exp: Experiment, model, noise, members: Sequence[Member], states
       rows = np.stack([np.stack([m.batch_indices(s) for m in members]) for s in range(first, first + n)])
       rows = sharding.shard_member_rows(mesh, pad_rows(rows.astype(np.int32), per_call))  # extra rows: masked
       if pending is None:  # compiled first, so that the status line can tell compiling from running
-        program = program.lower(states, *data, rows, np.int32(n), keys, bounds).compile()
-        status.set(f'{title}: compiled in {progress.elapsed(time.monotonic() - status.t0)}; first call: {n} steps')
+        program = status.compile(program.lower(states, *data, rows, np.int32(n), keys, bounds),
+                                 sources.cache_dir(exp.config))
+        status.set(f'{title}: compiled in {progress.elapsed(status.format_dict["elapsed"])}; first call: {n} steps')
       states, metrics = program(states, *data, rows, np.int32(n), keys, bounds)
       if pending:
         records(*pending)
       pending = (first, n, metrics, jax.tree_util.tree_map(jnp.copy, states) if records.needs_state(first + n) else None)
+      if records.interrupted:
+        break
     records(*pending)
   finally:
     status.close()
-  records.close()
+  if records.interrupted:
+    if records.saved != pending[0] + pending[1]:
+      records.save(pending[0] + pending[1], jax.device_get(states))
+    raise Interrupted(f'{records.interrupted}, where its state is saved')
+  records.bar.close()
   return states
 
 
 class Records:
   """What the host does with each call's results: the non-finite stop, the progress bar, the metrics log's
-  averages, the test-set selection, the checkpoints and the hook."""
+  averages, the test-set selection, the checkpoints and the hook (an Interrupted it raises is kept in
+  `interrupted`: the training ends after the call in flight)."""
 
   def __init__(self, config, members: Sequence[Member], phase: str, title: str, start: int,
-               select: Optional[Callable], hook: Hook, status: Optional[progress.Status] = None):
+               select: Optional[Callable], hook: Hook, status):
     self.cfg, self.method, self.members, self.phase, self.title = config.base, config.method, members, phase, title
-    self.select, self.hook, self.status = select, hook, status
+    self.select, self.hook, self.status, self.interrupted = select, hook, status, None
     self.window, self.t0, self.saved, self.bar = [], time.time(), (start or None), None
     for m in members:
       m.log.open()
@@ -155,13 +160,13 @@ class Records:
 
   def __call__(self, first: int, n: int, metrics, snapshot) -> None:
     """Reads the metrics of a call of `n` steps (leaves [N, S]; waiting for it), then stops, logs,
-    selects and saves step by step; `snapshot`: a copy of the states after the call, where needed."""
+    selects and saves step by step, then calls the hook; `snapshot`: a copy of the states after the
+    call, where needed."""
     metrics = jax.device_get(metrics)
     per_step = [{k: v[i] for k, v in metrics.items()} for i in range(n)]
     self._check_finite(first, per_step)
     if self.bar is None:
-      if self.status:
-        self.status.close()
+      self.status.close()
       self.bar = progress.bar(self.cfg.steps, self.title, initial=first)
     self.bar.update(n)
     host = None if snapshot is None else jax.device_get(snapshot)
@@ -172,11 +177,18 @@ class Records:
       if self.select is not None and done % self.cfg.select_every == 0:
         self.select(done, trees.index(host, 0))
       if done % self.cfg.checkpoint_every == 0 or done == self.cfg.steps:
-        for j, member in enumerate(self.members):
-          member.save(done, trees.index(host, j))
-        self.saved = done
+        self.save(done, host)
+    try:
       if self.hook:
-        self.hook('base_step', step=done)
+        self.hook('base_step', step=first + n)
+    except Interrupted as e:
+      self.interrupted = e
+
+  def save(self, step: int, host) -> None:
+    """Saves each member's state of `host` (leading member axis) as `step`."""
+    for j, member in enumerate(self.members):
+      member.save(step, trees.index(host, j))
+    self.saved = step
 
   def _check_finite(self, first: int, per_step: list) -> None:
     for i, m in enumerate(per_step):
@@ -195,10 +207,6 @@ class Records:
     if len(self.members) == 1:
       self.bar.set_postfix(loss=f'{avg["loss"]:.3f}', acc=f'{avg["acc"]:.3f}', refresh=False)
     self.window, self.t0 = [], time.time()
-
-  def close(self) -> None:
-    if self.bar is not None:
-      self.bar.close()
 
 
 def diverged(loss: float, step: int, who: str, phase: str, saved: Optional[int], lr: float,

@@ -1,11 +1,14 @@
-"""Ctrl-C (SIGINT) and SIGTERM stop a run at its next step or session boundary, or within seconds where
+"""Ctrl-C (SIGINT) and SIGTERM stop run.py at any moment: before a run starts (the imports) at once; in a
+run at its next step or session boundary, base training saving its state there, or within seconds where
 none comes (a long compile or first call, a restore): one line saying where and how to resume, exit
-code 130, no traceback; the rerun of the same command ends with the results of an uninterrupted run.
-A long call is staged in the child by a sleep where it happens (PATCHES)."""
+code 130, no traceback; the rerun of the same command resumes at the step it stopped at and ends with
+the results of an uninterrupted run. A long call is staged in the child by a sleep where it happens
+(PATCHES)."""
 from __future__ import annotations
 
 import json
 import os
+import pathlib
 import signal
 import subprocess
 import sys
@@ -21,21 +24,23 @@ ARGS = [*TINY_SMOKE_ARGS, '--config.tensorboard=False']
 
 
 # Python run before run.py's main, staging where a signal comes: the base program's first call, or each
-# restored session, takes a minute (a call that holds the main thread, as an XLA compile does); or every
-# base call after the first takes a second more, so that base training is still under way when a signal
-# sent after step 10 arrives.
+# restored session, takes a minute (a call that holds the main thread, as an XLA compile does); or the
+# base call of steps 6-10 (the second, of 5 steps) takes 3 s more, the file <workdir>.marker made as
+# it starts: a signal sent then arrives while base training is under way, after step 5's hook.
 def _base_calls_sleep(when: str, seconds: int) -> str:
   """Python making each base call for which `when` holds (`self`: the train loop's Records, whose bar
-  is None until the first call) take `seconds` more."""
+  is None until the first call; `a[0]`: the call's first step) take `seconds` more."""
   return ('from f2m_jax import train_loop as m; f = m.Records.__call__; '
-          f'm.Records.__call__ = lambda self, *a: (({when}) and time.sleep({seconds}), f(self, *a))[1]')
+          "marker = sys.argv[sys.argv.index('--workdir') + 1] + '.marker'; "
+          f'm.Records.__call__ = lambda self, *a: (({when}) and (open(marker, "w").close(), time.sleep({seconds})), '
+          'f(self, *a))[1]')
 
 
 PATCHES = {
     'first_call': _base_calls_sleep('self.bar is None', 60),
     'restore': 'from f2m_jax import sessions as m; f = m.restore_session; '
                'm.restore_session = lambda *a: (time.sleep(60), f(*a))[1]',
-    'slow_calls': _base_calls_sleep('self.bar is not None', 1),
+    'second_call': _base_calls_sleep('a[0] == 5', 3),
 }
 
 
@@ -58,41 +63,77 @@ def _stop_when(child, sig, text: str) -> tuple:
   return time.time() - t0, [line for line in err.splitlines() if line.strip()]
 
 
-def _base_steps(workdir) -> list:
-  path = os.path.join(workdir, 'metrics.jsonl')
-  if not os.path.exists(path):
-    return []
-  with open(path) as f:
-    return [json.loads(line)['step'] for line in f if '"phase": "base"' in line]
+def _incomplete(workdir) -> list:
+  """The files under `workdir` that a writer left unfinished: temporary files, JSON that does not parse,
+  a log whose last line is cut."""
+  bad = []
+  for path in workdir.rglob('*') if workdir.exists() else ():
+    text = path.read_text() if path.is_file() and path.suffix in ('.json', '.jsonl') else ''
+    try:
+      [json.loads(line) for line in text.splitlines()] if path.suffix == '.jsonl' else json.loads(text or '{}')
+    except ValueError:
+      bad.append(path)
+    if 'tmp' in path.name or (text and not text.endswith('\n') and path.suffix == '.jsonl'):
+      bad.append(path)
+  return bad
+
+
+@pytest.mark.parametrize('sig', [signal.SIGINT, signal.SIGTERM], ids=['SIGINT', 'SIGTERM'])
+@pytest.mark.parametrize('after_s', [0.2, 1.0, 3.0])
+def test_a_signal_at_any_moment_ends_run_py_with_one_line(tmp_path, sig, after_s):
+  """From run.py's first line on: while it imports JAX (seconds; d41b789 lost a SIGINT there and trained
+  to the end, and a SIGTERM killed it without a word), reads its flags, or runs. Exit code 130 within
+  seconds, one line, nothing written but complete files; the run would train 100,000 steps. Before
+  run.py's first line the interpreter starts: its `site` runs the environment's .pth files (0.1-0.5 s
+  on a loaded 2-core machine, where a signal gets Python's own default), so the child starts with -S
+  and this process's sys.path instead, its first line 30 ms after the start."""
+  workdir = tmp_path / 'w'
+  child = subprocess.Popen([sys.executable, '-S', 'run.py', *ARGS, '--config.base.steps=100000', '--workdir',
+                            str(workdir)], cwd=REPO, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           env={**os.environ, 'PYTHONPATH': os.pathsep.join(p for p in sys.path if p)})
+  try:
+    time.sleep(after_s)
+    t0 = time.time()
+    child.send_signal(sig)
+    _, err = child.communicate(timeout=120)
+  finally:
+    child.kill()  # where it ran on (d41b789)
+  lines = [line for line in err.splitlines() if line.strip()]
+  assert child.returncode == 130 and len(lines) == 1 and lines[0].startswith(f'interrupted ({sig.name})'), err[-3000:]
+  assert time.time() - t0 < 30 and not _incomplete(workdir), (time.time() - t0, _incomplete(workdir))
 
 
 @pytest.mark.slow
 def test_signals_stop_the_run_cleanly_and_the_rerun_resumes_exactly(tmp_path, reference):
   """One workdir, two interruptions, then the rerun that ends it. SIGTERM during the first call, where
   no base step comes (0739cee waited for it, and a second signal left the process running on): the
-  line says so, within seconds. SIGINT during base training: it stops at the next step boundary,
-  one line, exit code 130, no results. The rerun of the same command gives the results of the
-  uninterrupted run of the same config (conftest.reference)."""
+  line says so, within seconds. SIGINT during base training, between the checkpoints of steps 10 and
+  20: it stops after the call in flight and saves its state there (d41b789 kept step 10's only, and
+  the rerun computed 11-15 again), one line, exit code 130, no results. The rerun of the same command
+  resumes at that step and gives the results of the uninterrupted run of the same config
+  (conftest.reference)."""
   workdir = tmp_path / 'w'
   seconds, lines = _stop_when(_run(workdir, patch='first_call'), signal.SIGTERM, 'first call: ')
   assert seconds < 30 and lines == [
       'interrupted (SIGTERM): no step or session boundary came within 5 s, so it stopped at once; every checkpoint '
       'written is complete: rerun the same command to resume'], (seconds, lines)
-  child = _run(workdir, patch='slow_calls')
-  deadline = time.time() + 600
-  while not [s for s in _base_steps(workdir) if s >= 10] and time.time() < deadline:
+  pathlib.Path(f'{workdir}.marker').unlink(missing_ok=True)
+  child = _run(workdir, patch='second_call')
+  while not os.path.exists(f'{workdir}.marker'):
     assert child.poll() is None, child.stderr.read()[-3000:]
     time.sleep(0.05)
   child.send_signal(signal.SIGINT)
   _, err = child.communicate(timeout=300)
   lines = [line for line in err.splitlines() if line.strip()]
   assert child.returncode == 130, err[-3000:]
-  assert 'Traceback' not in err and len(lines) == 1, lines
-  assert lines[0].startswith('interrupted (SIGINT) after base step ') and 'rerun the same command' in lines[0]
-  stopped_at = int(lines[0].split('after base step ')[1].split(';')[0])
-  assert 10 <= stopped_at < 20 and not os.path.exists(workdir / 'results.json')
+  assert 'Traceback' not in err and lines == [  # the hook of step 10 raised; the call of steps 11-15 ended it
+      'interrupted (SIGINT) after base step 15, where its state is saved; every checkpoint written is complete: '
+      'rerun the same command to resume'], lines
+  assert sorted(os.listdir(workdir / 'checkpoints' / 'base')) == ['10', '15'] and not (workdir / 'results.json').exists()
   rerun = _run(workdir)
-  assert rerun.wait(timeout=900) == 0, rerun.stderr.read()[-2000:]
+  out, err = rerun.communicate(timeout=900)
+  assert rerun.returncode == 0, err[-2000:]
+  assert 'base session: resuming at step 15/20' in out, out[-2000:]  # the stopped step: none recomputed
   with open(workdir / 'results.json') as f:
     results = json.load(f)
   assert without_provenance(results) == without_provenance(reference[1])

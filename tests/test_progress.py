@@ -1,6 +1,8 @@
 """What a run shows while it works: bars in place on a terminal and as lines elsewhere, the status line
 of a long call, and a message that never starts on a bar's line."""
 import io
+import json
+import re
 import sys
 import time
 
@@ -37,9 +39,9 @@ def test_off_a_terminal_a_bar_is_lines():
 
 
 def test_the_status_line_of_a_long_call_is_kept_up_to_date():
-  """Redrawn in place every second on a terminal, with the time since its text was set."""
+  """Redrawn in place every second on a terminal, with the time since its text was set (tqdm's mm:ss)."""
   terminal = Terminal()
-  status = progress.Status('base session: compiling the step', file=terminal)
+  status = progress.status('base session: compiling the step', file=terminal)
   time.sleep(2.5)
   status.set('base session: compiled in 2 s; first call: 20 steps')
   progress.end_lines()  # as an error does: the line ends, the updates stop
@@ -47,12 +49,35 @@ def test_the_status_line_of_a_long_call_is_kept_up_to_date():
   time.sleep(1.2)
   assert terminal.getvalue() == text and text.endswith('\n')
   draws = text.rstrip('\n').split('\r')[1:]
-  assert [d.rstrip() for d in draws[:3]] == ['base session: compiling the step (0 s)',
-                                             'base session: compiling the step (1 s)',
-                                             'base session: compiling the step (2 s)']
-  assert draws[-1].rstrip() == 'base session: compiled in 2 s; first call: 20 steps (0 s)'
+  assert [d.rstrip() for d in draws[:3]] == ['base session: compiling the step (00:00)',
+                                             'base session: compiling the step (00:01)',
+                                             'base session: compiling the step (00:02)']
+  assert draws[-1].rstrip() == 'base session: compiled in 2 s; first call: 20 steps (00:00)'
   log = io.StringIO()
-  progress.Status('base session: compiling the step', file=log).close()
-  assert log.getvalue() == 'base session: compiling the step (0 s)\n' * 2
+  progress.status('base session: compiling the step', file=log).close()
+  assert log.getvalue() == 'base session: compiling the step (00:00)\n' * 2
   assert [progress.elapsed(s) for s in (45, 723, 7500)] == ['45 s', '12 min 03 s', '2 h 05 min']
 
+
+
+def test_a_compile_says_how_long_it_took_here_last_time(tmp_path, monkeypatch):
+  """The status line of a compile names its time on this machine from the cache folder's record (the first
+  time, that there is none), which the compile then keeps; while the line is up XLA's C++ log shows fatal
+  errors only (its 'Very slow compile?' alarm at 2 min read as a crash), and its level is back afterwards."""
+  import jax  # pylint: disable=g-import-not-at-top
+  levels = []
+  monkeypatch.setattr(progress, 'absl_set_min_log_level', levels.append)
+  monkeypatch.setenv('TF_CPP_MIN_LOG_LEVEL', '1')
+  lowered = jax.jit(lambda x: x * 3.0 + 1.0).lower(jax.ShapeDtypeStruct((7,), 'float32'))
+  shown = []
+  for _ in range(2):
+    log = io.StringIO()
+    status = progress.status('base session: compiling the step', file=log)
+    assert float(status.compile(lowered, str(tmp_path / 'cache'))(jax.numpy.ones(7))[0]) == 4.0
+    status.close()
+    shown.append(log.getvalue().splitlines()[-1])
+  assert shown[0].startswith('base session: compiling the step: its first compile here: ')
+  assert re.fullmatch(r'base session: compiling the step: \d+ s here last time \(00:0\d\)', shown[1]), shown[1]
+  with open(tmp_path / 'cache' / progress.COMPILE_TIMES) as f:
+    assert len(json.load(f)) == 1  # the same program: one record
+  assert levels == [3, 1, 3, 1]
