@@ -25,9 +25,9 @@ CHOICES = {'noise.distribution': noise_lib.DISTRIBUTIONS, 'noise.backward_weight
            'incremental.trainable': ('noise_set', 'all'), 'incremental.prototype_norm': incremental_lib.PROTOTYPE_NORMS,
            'incremental.distance': objectives.DISTANCES, 'data.protocol': protocol_lib.PROTOCOLS,
            'data.source': sources.SOURCES, 'model.arch': tuple(ARCHS), 'model.dtype': ('float32', 'bfloat16'),
-           'model.head': HEADS, 'model.conv_backward': ('xla', 'cpu'), 'members.map': base_lib.MEMBER_MAPS}
+           'model.head': HEADS, 'model.conv_backward': ('xla', 'cpu', 'auto'), 'members.map': base_lib.MEMBER_MAPS}
 LEAST = {'runs': 1, 'seed': 0, 'eval.batch_size': 1, 'noise.M': 1, 'noise.bound': 0, 'noise.pf_weight': 0,
-         'noise.std_weight': 0, 'noise.clean_ce_weight': 0, 'base.steps': 1, 'base.batch_size': 1, 'base.ways': 1,
+         'noise.std_weight': 0, 'base.steps': 1, 'base.batch_size': 1, 'base.ways': 1,
          'base.shots': 0, 'base.log_every': 1, 'base.select_every': 1, 'base.steps_per_call': 1,
          'base.checkpoint_every': 1, 'incremental.steps': 0, 'data.shots': 1,
          **{f'data.synthetic.{k}': 1 for k in ('num_base', 'way', 'num_sessions', 'train_per_class', 'test_per_class')},
@@ -64,9 +64,9 @@ def validate(c: ml_collections.ConfigDict) -> None:
   need(isinstance(c.model.width, int) and not isinstance(c.model.width, bool) and c.model.width >= 0, 'model.width',
        c.model.width, "an integer >= 1, or 0 for the architecture's standard width")
   need(isinstance(c.model.pretrained, str), 'model.pretrained', c.model.pretrained, "a .pth file's path, or ''")
-  b = c.bench
-  need(min((*b.M_list, *b.member_sizes), default=1) >= 1 and set(b.dtypes) <= {'float32', 'bfloat16'}, 'bench',
-       b.to_dict(), "M_list and member_sizes need integers >= 1, dtypes 'float32' or 'bfloat16'")
+  need(min((*c.bench.M_list, *c.bench.member_sizes), default=1) >= 1 and set(c.bench.dtypes) <= {'float32', 'bfloat16'},
+       'bench', c.bench.to_dict(), "M_list and member_sizes need integers >= 1, dtypes 'float32' or 'bfloat16'")
+  need(c.noise.clean_ce_weight >= 0, 'noise.clean_ce_weight', c.noise.clean_ce_weight, 'must be >= 0')
   d = c.data
   need(d.get('image_size', 8) >= 8, 'data.image_size', d.get('image_size'), 'must be >= 8 (pixels)')  # folder data
   if d.split:
