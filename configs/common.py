@@ -214,6 +214,10 @@ def base_config() -> ml_collections.ConfigDict:
   # JAX_COMPILATION_CACHE_DIR, where set, is used instead. --mode bench never turns it on (it times
   # compiling).
   c.compilation_cache = True
+  # Sizes checked against this machine's memory when a run starts (f2m_jax/memory.py): a run whose
+  # estimate exceeds the machine's total memory is refused, one that exceeds what is free now is warned
+  # about. False skips the check (e.g. where the estimate is known to be too high for a config).
+  c.memory_check = True
 
   # --mode bench (f2m_jax/bench.py); the values fit a CPU. On a GPU the scripts in experiments/ time more:
   # M_list (1, 2, 4, 8), dtypes ('float32', 'bfloat16'), other_draw_map=True; S members against S single

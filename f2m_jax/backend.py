@@ -68,18 +68,22 @@ def moved(before: dict, config) -> Optional[str]:
 
 
 def available_memory() -> tuple:
-  """(bytes the host has available, bytes each device has, or None on a CPU, whose devices are the
-  host's memory): for the memory estimate (f2m_jax/memory.py)."""
-  host = None
+  """(bytes of memory the host has in all: the least of its RAM and its cgroup's limit; bytes free now;
+  bytes each device has, or None on a CPU, whose devices are the host's memory): for f2m_jax/memory.py."""
+  info = {}
   if os.path.exists('/proc/meminfo'):
     with open('/proc/meminfo') as f:
-      fields = dict(line.split(':', 1) for line in f)
-    host = int(fields.get('MemAvailable', '0 kB').split()[0]) * 1024 or None
-  host = host or os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES')
+      info = {k: int(v.split()[0]) * 1024 for k, v in (line.split(':', 1) for line in f)}
+  total = info.get('MemTotal') or os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES')
+  for path in ('/sys/fs/cgroup/memory.max', '/sys/fs/cgroup/memory/memory.limit_in_bytes'):
+    try:
+      with open(path) as f:
+        total = min(total, int(f.read()))
+    except (OSError, ValueError):  # no such cgroup, or 'max': no limit
+      pass
   first = jax.local_devices()[0]
-  if first.platform == 'cpu':
-    return host, None
-  return host, (first.memory_stats() or {}).get('bytes_limit')
+  device = None if first.platform == 'cpu' else (first.memory_stats() or {}).get('bytes_limit')
+  return total, min(total, info.get('MemAvailable', total)), device
 
 
 def devices() -> str:

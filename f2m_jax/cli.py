@@ -18,6 +18,7 @@ from ml_collections import config_flags
 from f2m_jax import bench
 from f2m_jax import dry_run as dry_run_lib
 from f2m_jax import members
+from f2m_jax import memory
 from f2m_jax import pipeline
 from f2m_jax import progress
 from f2m_jax import registry
@@ -75,6 +76,11 @@ def run_mode(config, workdir: str, mode: str, checkpoint, origin, hook) -> int:
     return message(f'{e or "interrupted"}; {stopping.RESUME}', stopping.EXIT_CODE)
   except OSError as e:  # the file system refused a write or read that the checks could not foresee
     return message(f'error: {describe_os_error(e)}', 3)
+  except (MemoryError, jax.errors.JaxRuntimeError) as e:  # an allocation failed: the field to lower
+    if not isinstance(e, MemoryError) and 'RESOURCE_EXHAUSTED' not in str(e):
+      raise
+    return message(f"error: out of memory ({str(e).splitlines()[0] if str(e) else 'MemoryError'}): "
+                   f"{memory.advice(pipeline.effective(config, (origin or {}).get('changes')))}", 3)
 
 
 def message(line: str, code: int) -> int:

@@ -1,153 +1,120 @@
-"""A run's memory, estimated from its config before anything is read or written: sizes that cannot
-fit are refused, naming the field, the estimate and the memory available; sizes the estimate is
-unsure about get a warning.
+"""A run's peak memory, estimated from its config before anything is read or written: a run whose
+estimate exceeds this machine's total memory is refused, naming the field to lower; one whose estimate
+exceeds what is free now is warned about; config.memory_check=False skips both.
 
-The estimate, in bytes (uint8 images: 1 a pixel channel; float32: 4 a value):
-  on the host
-    images       the decoded training and test images, uint8 (generated data and CIFAR-100 only:
-                 other datasets' image counts are known only once their lists are read)
-    generation   generated data are rendered in float64: about 3 values a pixel channel of a split
-    eval batch   every eval batch is padded on the host to eval.batch_size images, uint8
-  on each device (on a CPU the host's memory again)
-    train images the training images, placed on every device for base training
-    parameters   params and momentum, x members; gradients, the update and a saved copy: 3 more
-    base step    what the backward keeps: about 3 values (convolution, BatchNorm, ReLU) a value of
-                 every convolution's output, per image of the batch on the device, for the clean pass
-                 and each of the M noisy ones, x members
-    eval batch   a forward pass of eval.batch_size images: every convolution's output once
-The images, the generation, the eval batch's uint8 copy, the train images and params with momentum
-are allocated as counted; the rest depends on what XLA fuses, keeps and frees, so it may be a few
-times lower. A size is refused when the counted part plus the rest divided by UNCERTAINTY exceeds
-the memory available, and warned about when the whole estimate does.
+The estimate counts arrays and multiplies them by factors in bytes, the largest that whole runs on a CPU
+needed (experiments/results/README.md, "Peak memory against the estimate"). Held throughout: the runtime
+(JAX, XLA, compiling: RUNTIME), PARAMS a parameter per member, and the decoded images, 1 a pixel channel,
+with the training images again on the devices (CIFAR-100 and generated data; other datasets' sizes are
+known once read). Then the largest of three phases: generating synthetic images in float64 (GENERATION a
+pixel channel of the larger split), the base step (STEP a value of every convolution's output per image of
+the batch, per pass: the clean one and noise.M noisy ones, per member) and the evaluation (EVAL a value of
+every convolution's output per image of eval.batch_size). On a GPU the parameters, the devices' images and
+the last two phases count against each device's memory, with the CPU's factors (not measured there).
 """
 from __future__ import annotations
 
 import functools
 import math
 import sys
-from typing import Optional
 
 import jax
+import jax.numpy as jnp
 import ml_collections
 
 from f2m_jax import backend
 from f2m_jax.models import ResNet, build_model
+from f2m_jax.models.resnet import Conv
 
-UNCERTAINTY = 4  # how much lower than estimated what XLA allocates may be
-IMAGE_SIZES = {'cifar100': 32, 'mini_imagenet': 84, 'cub200': 224}  # a dataset's network input
+RUNTIME, PARAMS, GENERATION, STEP, EVAL = 2 ** 30, 60, 30, 8, 2.3
+PHASES = ('generation', 'base step', 'evaluation')
 CIFAR100_IMAGES = (50_000, 10_000)  # training and test images, every protocol and split at most
-GIB = 2 ** 30
 
 
 def network_size(model: ResNet, image_size: int) -> tuple:
-  """(parameters, output values per image summed over every convolution) of `model` on
-  `image_size` px inputs, from its stages alone."""
-  stem = model.stem_width or model.widths[0]
-  size = image_size if model.stem == 'cifar' else math.ceil(image_size / 2)
-  params, values, channels = (9 if model.stem == 'cifar' else 49) * 3 * stem + 2 * stem, size * size * stem, stem
-  size = size if model.stem == 'cifar' else math.ceil(size / 2)  # the max-pool
-  for i, (blocks, width) in enumerate(zip(model.stage_sizes, model.widths)):
-    for j in range(blocks):
-      stride = 2 if (j == 0 and i > 0) else 1
-      size = math.ceil(size / stride)
-      shortcut = stride != 1 or channels != width
-      params += 9 * channels * width + 9 * width * width + 4 * width + shortcut * (channels * width + 2 * width)
-      values += (2 + shortcut) * size * size * width
-      channels = width
-  return params + (channels + 1) * model.num_classes, values
+  """(parameters, values of every convolution's output for one image) of `model` at `image_size` px."""
+  x = jax.ShapeDtypeStruct((1, image_size, image_size, 3), jnp.float32)
+  _, v = jax.eval_shape(lambda x: model.init_with_output(
+      jax.random.key(0), x, train=True, capture_intermediates=lambda m, _: isinstance(m, Conv)), x)
+  return tuple(sum(math.prod(a.shape) for a in jax.tree_util.tree_leaves(v[k])) for k in ('params', 'intermediates'))
 
 
-def _images(config: ml_collections.ConfigDict) -> Optional[tuple]:
-  """(training images, test images, image size, field that sets their number), or None where the
-  number is not known before the data are read."""
-  d = config.data
-  if d.source == 'synthetic':
-    s = d.synthetic
-    classes = s.num_base + s.way * (s.num_sessions - 1)
-    field = 'data.synthetic.' + ('train_per_class' if s.train_per_class >= s.test_per_class else 'test_per_class')
-    return classes * s.train_per_class, classes * s.test_per_class, s.image_size, field
-  if d.dataset == 'cifar100' and d.source in ('tfds', 'trainsplit'):
-    return (*CIFAR100_IMAGES, 32, 'data.dataset')
-  return None
-
-
-def estimate(config: ml_collections.ConfigDict, num_devices: int = 1) -> list:
-  """[(what, where, field, bytes, counted)]: the parts of the module docstring's estimate for
-  `config` (effective: presets applied) on `num_devices` devices; `counted`: allocated as counted."""
-  c = config
-  images = _images(c)
-  size = images[2] if images else (c.data.synthetic.image_size if c.data.source == 'synthetic' else
-                                   int(c.data.get('image_size', 0) or IMAGE_SIZES.get(c.data.dataset, 32)))
-  classes = c.data.synthetic.num_base if c.data.source == 'synthetic' else 100
-  model = build_model(c.model.arch, classes, c.model.width or None)
-  params, values = network_size(model, size)
+def estimate(c: ml_collections.ConfigDict, num_devices: int = 1) -> list:
+  """[(what, field to lower, bytes, on the devices)]: the module docstring's parts for the effective
+  config `c` on `num_devices` devices."""
+  d, s, b, synthetic = c.data, c.data.synthetic, c.base, c.data.source == 'synthetic'
+  size = s.image_size if synthetic else d.get('image_size', 32)  # CIFAR-100's 32 px, or data.image_size
+  params, values = network_size(build_model(c.model.arch, s.num_base if synthetic else 100, c.model.width or None),
+                                size)
   members = max(1, len(c.members.seeds or c.members.field_values))
-  batch = c.base.ways * c.base.shots if c.base.sampler == 'balanced' else c.base.batch_size
+  batch = math.ceil((b.ways * b.shots if b.sampler == 'balanced' else b.batch_size) / num_devices)
   passes = 1 + (c.noise.M if c.noise.enabled else 0)
-  batch_field = 'base.ways' if c.base.sampler == 'balanced' else 'base.batch_size'
-  member_field = 'members.seeds' if c.members.seeds else 'members.field_values'
-  step_field = max([('noise.M', passes), (batch_field, batch), (member_field, members)], key=lambda f: f[1])[0]
+  step_field = max([('noise.M', passes), ('base.ways' if b.sampler == 'balanced' else 'base.batch_size', batch),
+                    ('members.seeds' if c.members.seeds else 'members.field_values', members)], key=lambda f: f[1])[0]
+  parts = [('runtime', '', RUNTIME, False), ('parameters', 'model.width', PARAMS * params * members, True),
+           ('base step', step_field, STEP * values * batch * passes * members, True),
+           ('evaluation', 'eval.batch_size', EVAL * values * c.eval.batch_size, True)]
   pixels = 3 * size * size
-  parts = [('eval batch', 'host', 'eval.batch_size', c.eval.batch_size * pixels, True),
-           ('parameters', 'device', 'model.width', 2 * 4 * params * members, True),
-           ('gradients and copies', 'device', 'model.width', 3 * 4 * params * members, False),
-           ('base step', 'device', step_field, 3 * 4 * values * passes * math.ceil(batch / num_devices) * members, False),
-           ('eval batch', 'device', 'eval.batch_size', 4 * (values + pixels) * c.eval.batch_size, False)]
-  if images:
-    train, test, _, field = images
-    parts += [('images', 'host', field, (train + test) * pixels, True),
-              ('train images', 'device', field, train * pixels, True)]
-    if c.data.source == 'synthetic':
-      parts.append(('generation', 'host', field, 3 * 8 * max(train, test) * pixels, True))
-  return parts
+  if synthetic:
+    classes = s.num_base + s.way * (s.num_sessions - 1)
+    split = 'train_per_class' if s.train_per_class >= s.test_per_class else 'test_per_class'
+    train, test, field = classes * s.train_per_class, classes * s.test_per_class, f'data.synthetic.{split}'
+    parts.append(('generation', field, GENERATION * max(train, test) * pixels, False))
+  elif d.dataset == 'cifar100' and d.source in ('tfds', 'trainsplit'):
+    (train, test), field = CIFAR100_IMAGES, 'data.dataset'
+  else:
+    return parts
+  return parts + [('images', field, (train + test) * pixels, False), ('training images', field, train * pixels, True)]
 
 
-def verdict(parts: list, host: int, device: Optional[int]) -> tuple:
-  """('refuse' | 'warn' | 'fits', the field to name, what the estimate says) for the `estimate` parts
-  against `host` bytes available and `device` bytes per device (None on a CPU, whose devices are the
-  host's memory)."""
-  found = []
-  for pool, available in [('host', host)] + ([] if device is None else [('device', device)]):
-    mine = [p for p in parts if device is None or p[1] == pool]
-    counted, total = sum(p[3] for p in mine if p[4]), sum(p[3] for p in mine)
-    kind = ('refuse' if counted + (total - counted) / UNCERTAINTY > available else
-            'warn' if total > available else None)
-    if kind:
-      found.append((kind == 'warn', kind, max(mine, key=lambda p: p[3]), pool, total, available))
-  if not found:
-    return 'fits', '', ''
-  _, kind, (what, _, field, size, _), pool, total, available = min(found, key=lambda f: f[0])  # a refusal first
-  on = 'this machine' if device is None else ('each device' if pool == 'device' else 'the host')
-  return kind, field, (f'the run needs about {_human(total)} on {on} ({what}: {_human(size)}), and '
-                       f'{_human(available)} is available (the estimate: f2m_jax/memory.py)')
-
-
-def available() -> tuple:
-  """(bytes the host has available, bytes each device has or None: backend.available_memory)."""
-  return backend.available_memory()
+def verdict(parts: list, total: int, free: int, device=None) -> tuple:
+  """('refuse' | 'warn' | 'fits', the largest part, bytes needed, bytes there are) of the `estimate` parts on
+  a host of `total` bytes, `free` free now, whose devices have `device` bytes each (None on a CPU)."""
+  pools = [([p for p in parts if device is None or not p[3]], total, free)]
+  pools += [([p for p in parts if p[3]], device, device)] if device is not None else []
+  for kind, limit in (('refuse', 1), ('warn', 2)):
+    for pool in pools:
+      need = sum(p[2] for p in pool[0] if p[0] not in PHASES) + max([p[2] for p in pool[0] if p[0] in PHASES] or [0])
+      if need > pool[limit]:
+        return kind, max((p for p in pool[0] if p[1]), key=lambda p: p[2]), need, pool[limit]  # one with a field
+  return 'fits', None, 0, 0
 
 
 def check(config: ml_collections.ConfigDict) -> None:
-  """A ValueError naming the field where the run cannot fit in this machine's memory; a warning on
-  stderr where it may not."""
-  host, device = available()
-  kind, field, text = verdict(estimate(config, jax.local_device_count()), host, device)
+  """A ValueError naming the field to lower where the run cannot fit in this machine's memory, a warning
+  where it may not fit in what is free now; nothing where config.memory_check is False."""
+  if not config.memory_check:
+    return
+  total, free, device = backend.available_memory()
+  kind, part, need, limit = verdict(estimate(config, jax.local_device_count()), total, free, device)
   if kind == 'fits':
     return
-  value = functools.reduce(lambda node, key: node[key], field.split('.'), config)
+  field, what = _named(config, part)
   if kind == 'refuse':
-    raise ValueError(f'{field}={value!r} is invalid: {text}')
-  _warn(f'warning: {field}={value!r} may not fit in memory: {text}')
+    on = 'this machine' if device is None else 'each device'
+    raise ValueError(f'{field} is invalid: the run needs about {_gib(need)} ({what}), more than the {_gib(limit)} {on} '
+                     'has (--config.memory_check=False skips this check)')
+  _warn(f'warning: {field} may not fit in memory: the run needs about {_gib(need)} ({what}), {_gib(limit)} free now')
+
+
+def advice(config: ml_collections.ConfigDict) -> str:
+  """What an allocation failure says (cli.py): the field of the estimate's largest part, to lower."""
+  parts = estimate(config, jax.local_device_count())
+  field, what = _named(config, max((p for p in parts if p[1]), key=lambda p: p[2]))
+  return f'lower {field}, the largest part of the memory estimate ({what})'
+
+
+def _named(config: ml_collections.ConfigDict, part) -> tuple:
+  """('<field>=<value>', '<what>: <size>; f2m_jax/memory.py') of an `estimate` part."""
+  value = functools.reduce(lambda node, key: node[key], part[1].split('.'), config)
+  return f'{part[1]}={value!r}', f'{part[0]}: {_gib(part[2])}; f2m_jax/memory.py'
+
+
+def _gib(size: float) -> str:
+  return f'{size / 2 ** 30:.2f} GiB'
 
 
 @functools.lru_cache(maxsize=None)
 def _warn(line: str) -> None:
   """Each warning once per process (a sweep checks each member and the sweep)."""
   print(line, file=sys.stderr, flush=True)
-
-
-def _human(size: float) -> str:
-  for unit in ('B', 'KiB', 'MiB', 'GiB', 'TiB'):
-    if size < 1024 or unit == 'TiB':
-      return f'{size:.1f} {unit}'
-    size /= 1024

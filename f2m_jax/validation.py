@@ -2,9 +2,11 @@
 with `need`)."""
 from __future__ import annotations
 
+import math
 import os
 
 import ml_collections
+from flax import traverse_util
 
 from f2m_jax import base as base_lib
 from f2m_jax import noise as noise_lib
@@ -17,8 +19,24 @@ from f2m_jax.data import sources
 from f2m_jax.experiment import Experiment
 from f2m_jax.models import ARCHS, HEADS
 
-SAMPLERS = ('task_epochs', 'balanced', 'shuffle')
-BACKWARD_WEIGHTS = ('noisy', 'clean')
+# Every field with a set of allowed values, and every number with its least value (one more rule each below).
+CHOICES = {'noise.distribution': noise_lib.DISTRIBUTIONS, 'noise.backward_weights': ('noisy', 'clean'),
+           'noise.bn_updates': base_lib.BN_UPDATES, 'base.sampler': ('task_epochs', 'balanced', 'shuffle'),
+           'incremental.trainable': ('noise_set', 'all'), 'incremental.prototype_norm': incremental_lib.PROTOTYPE_NORMS,
+           'incremental.distance': objectives.DISTANCES, 'data.protocol': protocol_lib.PROTOCOLS,
+           'data.source': sources.SOURCES, 'model.arch': tuple(ARCHS), 'model.dtype': ('float32', 'bfloat16'),
+           'model.head': HEADS, 'model.conv_backward': ('xla', 'cpu', 'auto'), 'members.map': base_lib.MEMBER_MAPS}
+LEAST = {'runs': 1, 'seed': 0, 'eval.batch_size': 1, 'noise.M': 1, 'noise.bound': 0, 'noise.pf_weight': 0,
+         'noise.std_weight': 0, 'base.steps': 1, 'base.batch_size': 1, 'base.ways': 1,
+         'base.shots': 0, 'base.log_every': 1, 'base.select_every': 1, 'base.steps_per_call': 1,
+         'base.checkpoint_every': 1, 'incremental.steps': 0, 'data.shots': 1,
+         **{f'data.synthetic.{k}': 1 for k in ('num_base', 'way', 'num_sessions', 'train_per_class', 'test_per_class')},
+         'data.synthetic.image_size': 8, 'data.synthetic.seed': 0, 'bench.warmup': 0, 'bench.iters': 1,
+         'bench.batch': 0, 'flatness.num_draws': 1, 'flatness.chunk': 1, 'flatness.max_images': 0}
+# Every optimizer's settings, in any section (base, incremental, each method's).
+OPTIMIZER = {'momentum': (lambda v: 0 <= v < 1, 'must be in [0, 1)'), 'lr': (lambda v: v > 0, 'must be > 0'),
+             'weight_decay': (lambda v: v >= 0, 'must be >= 0'),
+             'lr_gamma': (lambda v: v > 0, 'must be > 0 (the rate is multiplied by it at each milestone)')}
 
 
 def need(ok: bool, field: str, value, allowed: str) -> None:
@@ -28,95 +46,29 @@ def need(ok: bool, field: str, value, allowed: str) -> None:
 
 
 def validate(c: ml_collections.ConfigDict) -> None:
-  """Raises ValueError naming the field, its value and what is allowed (the fields every method
-  reads; a method's own section is its `Method.validate`'s)."""
-  validate_noise(c)
-  validate_base(c)
-  validate_incremental(c)
-  validate_data(c)
-  need(c.runs >= 1, 'runs', c.runs, 'must be >= 1')
-  need(c.eval.batch_size >= 1, 'eval.batch_size', c.eval.batch_size, 'must be >= 1')
-  for name, section in c.items():  # every optimizer's settings: base, incremental, each method's section
-    if isinstance(section, ml_collections.ConfigDict) and 'momentum' in section:
-      need(0 <= section.momentum < 1, f'{name}.momentum', section.momentum, 'must be in [0, 1)')
-    if isinstance(section, ml_collections.ConfigDict) and 'weight_decay' in section:
-      need(section.weight_decay >= 0, f'{name}.weight_decay', section.weight_decay, 'must be >= 0')
-  validate_model(c)
-  need(c.members.map in base_lib.MEMBER_MAPS, 'members.map', c.members.map, f'allowed: {base_lib.MEMBER_MAPS}')
-
-
-def validate_model(c: ml_collections.ConfigDict) -> None:
-  """Every model.* field (model.pretrained's file: `check_data_folder`)."""
-  m = c.model
-  need(m.arch in ARCHS, 'model.arch', m.arch, f'allowed: {tuple(ARCHS)}')
-  need(isinstance(m.width, int) and not isinstance(m.width, bool) and m.width >= 0, 'model.width', m.width,
-       "an integer >= 1, or 0 for the architecture's standard width")
-  need(m.dtype in ('float32', 'bfloat16'), 'model.dtype', m.dtype, "'float32' or 'bfloat16'")
-  need(m.head in HEADS, 'model.head', m.head, f'allowed: {HEADS}')
-  need(m.conv_backward in ('xla', 'cpu'), 'model.conv_backward', m.conv_backward, "'xla', 'cpu' or 'auto'")
-  need(isinstance(m.pretrained, str), 'model.pretrained', m.pretrained, "a .pth file's path, or ''")
-
-
-def validate_noise(c: ml_collections.ConfigDict) -> None:
-  need(c.noise.M >= 1, 'noise.M', c.noise.M, 'must be >= 1')
-  need(c.noise.bound >= 0, 'noise.bound', c.noise.bound, 'must be >= 0')
-  need(c.noise.distribution in noise_lib.DISTRIBUTIONS, 'noise.distribution', c.noise.distribution,
-       f'allowed: {noise_lib.DISTRIBUTIONS}')
-  need(c.noise.backward_weights in BACKWARD_WEIGHTS, 'noise.backward_weights', c.noise.backward_weights,
-       f'allowed: {BACKWARD_WEIGHTS}')
-  need(c.noise.bn_updates in base_lib.BN_UPDATES, 'noise.bn_updates', c.noise.bn_updates,
-       f'allowed: {base_lib.BN_UPDATES}')
-  need(c.noise.pf_weight >= 0 and c.noise.std_weight >= 0, 'noise.pf_weight/std_weight',
-       (c.noise.pf_weight, c.noise.std_weight), 'must be >= 0')
-  need_term_weight(c, 'clean_ce_weight')
-
-
-def need_term_weight(c: ml_collections.ConfigDict, name: str) -> None:
-  """The weight noise.<name> of a term of the noisy passes' loss (`base.loss_terms`): >= 0, and 0 where
-  noise is off, whose loss is the clean pass's CE alone (the term would be silently left out)."""
-  value, field = c.noise[name], f'noise.{name}'
-  need(value >= 0, field, value, 'must be >= 0')
-  need(not value or c.noise.enabled, field, value, f'a term of the noisy passes, which method {c.method!r} '
-       'runs without (noise.enabled=False): must be 0, or set --config.noise.enabled=True')
-
-
-def validate_base(c: ml_collections.ConfigDict) -> None:
-  need(c.base.steps >= 1, 'base.steps', c.base.steps, 'must be >= 1')
-  need(c.base.batch_size >= 1, 'base.batch_size', c.base.batch_size, 'must be >= 1')
-  need(c.base.log_every >= 1, 'base.log_every', c.base.log_every, 'must be >= 1')
-  need(c.base.sampler in SAMPLERS, 'base.sampler', c.base.sampler, f'allowed: {SAMPLERS}')
-  need(c.base.select_every >= 1, 'base.select_every', c.base.select_every, 'must be >= 1')
-  need(c.base.ways >= 1, 'base.ways', c.base.ways, 'must be >= 1 (classes per batch)')
-  need(c.base.shots >= 0, 'base.shots', c.base.shots, 'must be >= 0 (0: base.batch_size / base.ways)')
-  need(c.base.lr > 0, 'base.lr', c.base.lr, 'must be > 0')
+  """Raises ValueError naming the field, its value and what is allowed: every field of configs/common.py
+  (a method's own section: also its `Method.validate`)."""
+  fields = traverse_util.flatten_dict(c.to_dict(), sep='.')
+  for field, allowed in CHOICES.items():
+    need(fields[field] in allowed, field, fields[field], f'allowed: {allowed}')
+  for field, least in LEAST.items():
+    need(fields[field] >= least, field, fields[field], f'must be >= {least}')
+  for field, value in fields.items():
+    ok, allowed = OPTIMIZER.get(field.rpartition('.')[2], (None, ''))
+    need(ok is None or ok(value), field, value, allowed)
+    need(not isinstance(value, float) or math.isfinite(value), field, value, 'must be a finite number')
   need(all(isinstance(m, int) and not isinstance(m, bool) for m in c.base.milestones), 'base.milestones',
        tuple(c.base.milestones), 'a tuple of step numbers such as (15000,)')
-  need(c.base.steps_per_call >= 1, 'base.steps_per_call', c.base.steps_per_call, 'must be >= 1')
-  need(c.base.checkpoint_every >= 1, 'base.checkpoint_every', c.base.checkpoint_every, 'must be >= 1')
-
-
-def validate_incremental(c: ml_collections.ConfigDict) -> None:
-  need(c.incremental.trainable in ('noise_set', 'all'), 'incremental.trainable', c.incremental.trainable,
-       "'noise_set' or 'all'")
-  need(c.incremental.steps >= 0, 'incremental.steps', c.incremental.steps, 'must be >= 0')
-  need(c.incremental.lr > 0, 'incremental.lr', c.incremental.lr, 'must be > 0')
   need(not c.incremental.round_steps or c.noise.bound > 0, 'incremental.round_steps', c.incremental.round_steps,
        f'rounds steps to multiples of noise.bound/2, so it needs noise.bound > 0 (is {c.noise.bound})')
-  need(c.incremental.prototype_norm in incremental_lib.PROTOTYPE_NORMS, 'incremental.prototype_norm',
-       c.incremental.prototype_norm, f'allowed: {incremental_lib.PROTOTYPE_NORMS}')
-  need(c.incremental.distance in objectives.DISTANCES, 'incremental.distance', c.incremental.distance,
-       f'allowed: {objectives.DISTANCES}')
-
-
-def validate_data(c: ml_collections.ConfigDict) -> None:
-  """The data section's fields (the folder source's data.folder fields: `validate_folder`)."""
+  need(isinstance(c.model.width, int) and not isinstance(c.model.width, bool) and c.model.width >= 0, 'model.width',
+       c.model.width, "an integer >= 1, or 0 for the architecture's standard width")
+  need(isinstance(c.model.pretrained, str), 'model.pretrained', c.model.pretrained, "a .pth file's path, or ''")
+  need(min(c.bench.M_list, default=1) >= 1 and set(c.bench.dtypes) <= {'float32', 'bfloat16'},
+       'bench', c.bench.to_dict(), "M_list needs integers >= 1, dtypes 'float32' or 'bfloat16'")
+  need_term_weight(c, 'clean_ce_weight')
   d = c.data
-  need(d.protocol in protocol_lib.PROTOCOLS, 'data.protocol', d.protocol, f'allowed: {protocol_lib.PROTOCOLS}')
-  need(d.source in sources.SOURCES, 'data.source', d.source, f'allowed: {sources.SOURCES}')
-  need(d.shots >= 1, 'data.shots', d.shots, 'must be >= 1')
-  if d.source == 'synthetic':
-    need(min(d.synthetic.train_per_class, d.synthetic.test_per_class) >= 1, 'data.synthetic', dict(d.synthetic),
-         'train_per_class and test_per_class must be >= 1')
+  need(d.get('image_size', 8) >= 8, 'data.image_size', d.get('image_size'), 'must be >= 8 (pixels)')  # folder data
   if d.split:
     need(d.split in cifar100.SPLITS, 'data.split', d.split, f'allowed: {sorted(cifar100.SPLITS)}, or empty')
     need(d.dataset == 'cifar100' and d.source in ('tfds', 'trainsplit'), 'data.split', d.split,
@@ -131,6 +83,15 @@ def validate_data(c: ml_collections.ConfigDict) -> None:
     validate_folder(d)
 
 
+def need_term_weight(c: ml_collections.ConfigDict, name: str) -> None:
+  """The weight noise.<name> of a term of the noisy passes' loss (`base.loss_terms`): >= 0, and 0 where
+  noise is off, whose loss is the clean pass's CE alone (the term would be silently left out)."""
+  value, field = c.noise[name], f'noise.{name}'
+  need(value >= 0, field, value, 'must be >= 0')
+  need(not value or c.noise.enabled, field, value, f'a term of the noisy passes, which method {c.method!r} '
+       'runs without (noise.enabled=False): must be 0, or set --config.noise.enabled=True')
+
+
 def validate_folder(d: ml_collections.ConfigDict) -> None:
   """The folder source's fields (f2m_jax/data/folder.py; the files themselves are checked when read)."""
   f = d.folder
@@ -139,7 +100,6 @@ def validate_folder(d: ml_collections.ConfigDict) -> None:
   need(f.num_base >= 0, 'data.folder.num_base', f.num_base, 'must be >= 0 (0: every class no later session takes)')
   need(f.way >= 1, 'data.folder.way', f.way, 'must be >= 1: the classes each later session brings')
   need(f.num_sessions >= 2, 'data.folder.num_sessions', f.num_sessions, 'must be >= 2: the base session and more')
-  need(d.get('image_size', 0) >= 8, 'data.image_size', d.get('image_size'), 'must be >= 8 (pixels)')
   need(f.augment in folder_lib.AUGMENTS, 'data.folder.augment', f.augment, f'allowed: {folder_lib.AUGMENTS}')
   need(f.resize >= 1 and (f.augment == 'rrc_flip' or f.resize == 1), 'data.folder.resize', f.resize,
        "the stored images' side over data.image_size: >= 1, and 1 with augment 'crop_flip'")

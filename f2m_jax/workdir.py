@@ -24,7 +24,7 @@ from f2m_jax.data import download
 NON_RESULT_FIELDS = ('data.data_dir', 'data.tfds_data_dir', 'data.cache_dir', 'base.log_every',
                      'base.checkpoint_every', 'base.steps_per_call', 'noise.draw_map', 'model.conv_backward',
                      'members.map', 'eval.batch_size', 'eval.cache_trunk', 'distributed', 'tensorboard',
-                     'compilation_cache', 'bench.', 'flatness.')
+                     'compilation_cache', 'memory_check', 'bench.', 'flatness.')
 
 # How a saved config.json is read (docs/development.md, "Adding a config field"): one of CONFIG_FORMAT
 # takes the defaults of the fields it lacks; one of another format (0: it records none) is read as it

@@ -44,7 +44,7 @@ def one_line_error(capsys) -> str:
     ('base.momentum', -1.0, 'base.momentum=-1.0 is invalid: must be in [0, 1)'),
     ('incremental.momentum', 1.0, 'incremental.momentum=1.0 is invalid: must be in [0, 1)'),
     ('base.weight_decay', -0.1, 'base.weight_decay=-0.1 is invalid: must be >= 0'),
-    ('data.synthetic.train_per_class', 0, 'train_per_class and test_per_class must be >= 1'),
+    ('data.synthetic.train_per_class', 0, 'data.synthetic.train_per_class=0 is invalid: must be >= 1'),
     ('noise.num_layers', 0, 'noise.num_layers=0 must be in [1, '),
     ('model.arch', 'resnet50', "model.arch='resnet50' is invalid: allowed: ('resnet20', 'resnet18')"),
     ('data.shots', 100, 'data.shots=100 is invalid: class 20 has 40 images in the shot pool'),
