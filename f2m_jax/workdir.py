@@ -30,6 +30,9 @@ NON_RESULT_FIELDS = ('data.data_dir', 'data.tfds_data_dir', 'data.cache_dir', 'b
 # takes the defaults of the fields it lacks; one of another format (0: it records none) is read as it
 # stands. Bump it where a field's default stops computing what the code computed before.
 CONFIG_FORMAT = 1
+# Fields added to CONFIG_FORMAT whose default computes otherwise than the code that wrote a record lacking
+# them: such a record is read with the value that code computed (nested image folders were their top folder).
+LACKED = {'data.folder.class_depth': 1}
 SOURCE_KEY = 'base_source'  # config.json's record of --checkpoint's base model
 FORMAT_KEY, GIT_KEY = 'config_format', 'git'  # and of how it was written
 RECORD_KEYS = (SOURCE_KEY, FORMAT_KEY, GIT_KEY)  # not config fields
@@ -57,7 +60,8 @@ def saved_items(saved: dict, defaults: dict) -> dict:
   """The fields of a saved config (config.json's contents), as flat items; where it is of
   CONFIG_FORMAT, `defaults` ({field: value}) fills the fields it lacks."""
   items = flat_items({k: v for k, v in saved.items() if k not in RECORD_KEYS})
-  return {**defaults, **items} if saved.get(FORMAT_KEY, 0) == CONFIG_FORMAT else items
+  lacked = {k: v for k, v in LACKED.items() if k in defaults}
+  return {**defaults, **lacked, **items} if saved.get(FORMAT_KEY, 0) == CONFIG_FORMAT else items
 
 
 def config_differences(saved: dict, current: dict, defaults: Optional[dict] = None,
@@ -102,8 +106,8 @@ def recorded_config(path: str, method_sections: Optional[dict] = None) -> dict:
   """The config recorded in `path` (a workdir's config.json), read as a resume reads it; a WorkdirError
   naming the field and the commit that reads it where it lacks or holds a field this code cannot read."""
   saved = read_json(path)
-  items = saved_items(saved, {})
-  fill = default_items(any(k.startswith('data.folder.') for k in items))
+  fill = default_items(any(k.startswith('data.folder.') for k in saved_items(saved, {})))
+  items = saved_items(saved, fill)  # of CONFIG_FORMAT: with the defaults (and LACKED) it lacks
   config = {**fill, **{k: v for k, v in items.items() if k in fill or k.startswith('data.')}}  # data.x: a dataset's own
   diff = config_differences(saved, config, fill, method_sections=method_sections)
   if diff:

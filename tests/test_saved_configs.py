@@ -83,6 +83,18 @@ def test_a_recorded_config_reads_as_a_resume_reads_it(tmp_path):
   assert set(workdir.flat_items(config)) == set(defaults) | {'data.image_size'}
 
 
+def test_a_folder_record_written_before_class_depth_reads_its_top_folders_as_classes(tmp_path):
+  """data.folder.class_depth's default (0: an image's own folder) reads nested folders otherwise than the
+  code that wrote a record lacking it (their top folder, 1): such a record keeps what it computed."""
+  defaults = workdir.default_items(folder=True)
+  saved = {k: v for k, v in defaults.items() if k != 'data.folder.class_depth'}
+  doc = {**traverse_util.unflatten_dict(saved, sep='.'), **F}
+  assert defaults['data.folder.class_depth'] == 0
+  assert workdir.recorded_config(write(tmp_path, 'config.json', doc))['data']['folder']['class_depth'] == 1
+  assert workdir.config_differences(doc, {**traverse_util.unflatten_dict(defaults, sep='.')}) == \
+      ['data.folder.class_depth']
+
+
 @pytest.mark.parametrize('fmt', [None, workdir.CONFIG_FORMAT])
 def test_a_recorded_config_this_code_cannot_read_is_refused_with_the_commit_to_go_back_to(tmp_path, fmt):
   """Lacking a field before configs recorded their format, or holding a result-relevant field this code
