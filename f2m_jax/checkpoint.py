@@ -202,12 +202,9 @@ class Checkpoints:
 
   def __init__(self, workdir: str, keep: int = 3, read_only: bool = False, resume: bool = False):
     self.root, self.read_only, self.resume = os.path.join(workdir, 'checkpoints'), read_only, resume
-    if read_only and not os.path.isdir(os.path.join(self.root, 'model')):
-      raise CheckpointError(f'{workdir} has no base model checkpoint ({self.root}/model)')
     self.ledger, self.unchecked = os.path.join(self.root, LEDGER), False  # unchecked: a line said so
     self.in_flight, self.differences, self._runs = [], [], {}  # in_flight: (folder, step, then)
-    self.writer = {**workdir_lib.git_state(), 'backend': jax.default_backend(),  # who saves and computes now
-                   'device': jax.devices()[0].device_kind}
+    self.writer = workdir_lib.writer()  # who saves and computes now
     self.base = Folder(self, 'base', 'base train state', keep, background=True)
     self.model = Folder(self, 'model', 'base model')
     self.best_base = Folder(self, 'base_best', 'best base model', 1)  # the best on the base test images

@@ -45,26 +45,13 @@ def main(config, workdir: str, mode: str, checkpoint=None, origin=None, dry_run:
 
 
 def run_mode(config, workdir: str, mode: str, checkpoint, origin, hook) -> int:
-  """`main`'s work: the mode, with errors as one line and exit codes (2 user error; 3 training
-  stopped, a checkpoint that cannot be read back or written, a file system error; 130 interrupted)."""
+  """`main`'s work: the mode (`dispatch`), with errors as one line and exit codes (2 user error; 3 training
+  stopped, a checkpoint that cannot be read back or written, a file system error, memory; 130 interrupted)."""
   try:
     sharding.maybe_initialize_distributed(config.get('distributed', False))
     if mode != 'bench':
       enable_compilation_cache(config)
-    if mode in ('train', 'eval') and members.enabled(config):
-      summary = members.run(config, workdir, mode=mode, checkpoint=checkpoint, origin=origin, hook=hook)
-      print(members.format_summary(summary), flush=True)
-    elif mode in ('train', 'eval'):
-      results = pipeline.run(config, workdir, mode=mode, checkpoint=checkpoint, origin=origin, hook=hook)
-      print(report.format_session_table(results), flush=True)
-    elif mode == 'flatness':
-      pipeline.run_flatness(config, workdir, checkpoint, origin=origin)
-    elif mode == 'bench':
-      bench.run(config, workdir, origin)
-    elif mode in ('dry_run', 'time_step'):
-      print(dry_run_lib.describe(config, origin, time_step=mode == 'time_step', checkpoint=checkpoint), flush=True)
-    else:
-      raise ValueError(f'--mode {mode} is not implemented yet')
+    dispatch(config, workdir, mode, checkpoint, origin, hook)
     return 0
   except CheckpointFault as e:
     return message(f'error: {e}', 3)
@@ -81,6 +68,24 @@ def run_mode(config, workdir: str, mode: str, checkpoint, origin, hook) -> int:
       raise
     return message(f"error: out of memory ({str(e).splitlines()[0] if str(e) else 'MemoryError'}): "
                    f"{memory.advice(pipeline.effective(config, (origin or {}).get('changes')))}", 3)
+
+
+def dispatch(config, workdir: str, mode: str, checkpoint, origin, hook) -> None:
+  """Runs `mode` and prints its table or text."""
+  if mode in ('train', 'eval') and members.enabled(config):
+    summary = members.run(config, workdir, mode=mode, checkpoint=checkpoint, origin=origin, hook=hook)
+    print(members.format_summary(summary), flush=True)
+  elif mode in ('train', 'eval'):
+    results = pipeline.run(config, workdir, mode=mode, checkpoint=checkpoint, origin=origin, hook=hook)
+    print(report.format_session_table(results), flush=True)
+  elif mode == 'flatness':
+    pipeline.run_flatness(config, workdir, checkpoint, origin=origin)
+  elif mode == 'bench':
+    bench.run(config, workdir, origin)
+  elif mode in ('dry_run', 'time_step'):
+    print(dry_run_lib.describe(config, origin, time_step=mode == 'time_step', checkpoint=checkpoint), flush=True)
+  else:
+    raise ValueError(f'--mode {mode} is not implemented yet')
 
 
 def message(line: str, code: int) -> int:

@@ -67,6 +67,12 @@ def estimate(c: ml_collections.ConfigDict, num_devices: int = 1) -> list:
   return parts + [('images', field, (train + test) * pixels, False), ('training images', field, train * pixels, True)]
 
 
+def needed(parts: list) -> int:
+  """Bytes `parts` need at once: every part outside the PHASES, and the largest phase (each is freed when
+  it ends)."""
+  return sum(p[2] for p in parts if p[0] not in PHASES) + max([p[2] for p in parts if p[0] in PHASES] or [0])
+
+
 def verdict(parts: list, total: int, free: int, device=None) -> tuple:
   """('refuse' | 'warn' | 'fits', the largest part, bytes needed, bytes there are) of the `estimate` parts on
   a host of `total` bytes, `free` free now, whose devices have `device` bytes each (None on a CPU)."""
@@ -74,9 +80,8 @@ def verdict(parts: list, total: int, free: int, device=None) -> tuple:
   pools += [([p for p in parts if p[3]], device, device)] if device is not None else []
   for kind, limit in (('refuse', 1), ('warn', 2)):
     for pool in pools:
-      need = sum(p[2] for p in pool[0] if p[0] not in PHASES) + max([p[2] for p in pool[0] if p[0] in PHASES] or [0])
-      if need > pool[limit]:
-        return kind, max((p for p in pool[0] if p[1]), key=lambda p: p[2]), need, pool[limit]  # one with a field
+      if needed(pool[0]) > pool[limit]:
+        return kind, max((p for p in pool[0] if p[1]), key=lambda p: p[2]), needed(pool[0]), pool[limit]
   return 'fits', None, 0, 0
 
 

@@ -112,23 +112,30 @@ def check(config: ml_collections.ConfigDict, bench) -> Experiment:
 NETWORK_FIELDS = ('model.arch', 'model.width', 'model.head')
 
 
-def source(checkpoint: str, exp: Experiment) -> dict:
-  """--checkpoint W's base model, checked before anything is written (a CheckpointError where W holds no
-  base model, or one of another network: W/config.json, else restoring, tells), and described for the
-  provenance: W's path, method, its config's differences from this run's, `selection`, commit and a
-  `note` where W's method is not this run's."""
+def source_config(checkpoint: str, config: ml_collections.ConfigDict) -> Optional[dict]:
+  """--checkpoint W checked before anything is written, as a dry run checks it too: the config W records
+  (None without config.json); a CheckpointError where W holds no base model, or one of another network."""
   if not checkpoint_lib.has_base_model(checkpoint):
     raise CheckpointError(f'--checkpoint {checkpoint} holds no base model ({checkpoint}/checkpoints/model is '
                           'missing): pass a workdir that holds a trained one, or drop --checkpoint to train one here')
-  path, ours, method = os.path.join(checkpoint, 'config.json'), exp.config.to_dict(), exp.config.method
+  path = os.path.join(checkpoint, 'config.json')
   saved = workdir_lib.recorded_config(path, registry.method_sections()) if os.path.exists(path) else None
-  there, here = workdir_lib.flat_items(saved or {}), workdir_lib.flat_items(ours)
+  there, here = workdir_lib.flat_items(saved or {}), workdir_lib.flat_items(config.to_dict())
   diff = [f'{k}={there[k]!r} there, {here[k]!r} here' for k in NETWORK_FIELDS if saved and there[k] != here[k]]
   if diff:
-    raise CheckpointError(f'--checkpoint {checkpoint} holds another network than method={method} builds '
+    raise CheckpointError(f'--checkpoint {checkpoint} holds another network than method={config.method} builds '
                           f'({"; ".join(diff)}); pass a workdir trained with the same network, set these fields '
                           'to the values there on the command line, or pass none (the base session is then '
                           'trained here)')
+  return saved
+
+
+def source(checkpoint: str, exp: Experiment) -> dict:
+  """--checkpoint W's base model (`source_config`; restoring it tells where W has no config.json),
+  described for the provenance: W's path, method, its config's differences from this run's, `selection`,
+  commit and a `note` where W's method is not this run's."""
+  saved, ours, method = source_config(checkpoint, exp.config), exp.config.to_dict(), exp.config.method
+  there, here = workdir_lib.flat_items(saved or {}), workdir_lib.flat_items(ours)
   out = {'path': os.path.abspath(checkpoint), 'method': None, 'differences': None, 'commit': None}
   ckpts = Checkpoints(checkpoint, read_only=True)
   try:
@@ -174,10 +181,9 @@ def compute(exp: Experiment, record, workdir: str, mode: str, checkpoint: Option
   if source is None and not ckpts.has_model() and (mode == 'eval' or ckpts.any_sessions()):
     raise CheckpointError(f'{ckpts.root}/model has no base model checkpoint (deleted?) although this workdir '
                           'is meant to hold one; restore it, pass --checkpoint WORKDIR, or use a new --workdir')
-  print(start_line(config, bench, workdir, mode, ckpts, base_source, origin), flush=True)
-  moved = backend.moved(log.invocations[-1] if log.invocations else {}, config)
-  if moved:
-    print(moved, flush=True)
+  last = log.invocations[-1] if log.invocations else {}  # and a line where its backend chose otherwise
+  print('\n'.join(filter(None, [start_line(config, bench, workdir, mode, ckpts, base_source, origin),
+                                 backend.moved(last, config)])), flush=True)
   earlier = [round(i['end'] - i['time'], 1) for i in log.invocations if mode == 'train' and i.get('mode') == mode]
   log.start(mode, **backend.record(config))
   t0 = time.time()
@@ -192,23 +198,30 @@ def compute(exp: Experiment, record, workdir: str, mode: str, checkpoint: Option
       ckpts.close()  # also when stopped: the checkpoints written in the background are completed
     finally:
       log.close()
+  wall = round(time.time() - t0, 1)
+  results = results_document(exp, per_run, norms, base_info, ckpts.differences + (source.differences if source else []))
+  results['provenance'] = workdir_lib.provenance(  # the config as config.json has it; `choices`: each 'auto' here
+      record.to_dict(), origin, choices=backend.used(config), wall_time_s=round(sum(earlier) + wall, 1),
+      invocation_times_s=earlier + [wall], shots=results.pop('shots'),
+      **({'base_source': base_source} if base_source else {}))
+  log.write(phase='done', mode=mode, wall_time_s=wall,
+            base_checkpoint=os.path.abspath(checkpoint) if checkpoint else None)
+  return results
+
+
+def results_document(exp: Experiment, per_run: list, norms: list, base_info: dict, differences: list) -> dict:
+  """results.json's contents but the provenance (`shots`: the draws' digest, for it): every session's
+  statistics, the base model's selection, and the restored accuracies computed otherwise than saved."""
+  config, bench = exp.config, exp.bench
   draws = protocol_lib.shot_draws(bench, config.data.protocol, config.data.shots, config.seed, config.runs)
   results = evaluation.build_results(bench.name, config.method, config.data.protocol,
                                      [bench.num_seen_classes(t) for t in range(1, bench.num_sessions + 1)],
                                      per_run, norms if all(n is not None for n in norms) else None,
                                      same_shots=draws['same'])
   results['base_model'] = base_info
-  differences = ckpts.differences + (source.differences if source else [])
-  if differences:  # restored accuracies computed otherwise than saved (Checkpoints.compare)
+  if differences:  # Checkpoints.compare
     results['checkpoint_differences'] = differences
-  wall = round(time.time() - t0, 1)
-  times = earlier + [wall]
-  results['provenance'] = workdir_lib.provenance(  # the config as config.json has it; `choices`: each 'auto' here
-      record.to_dict(), origin, choices=backend.used(config), wall_time_s=round(sum(times), 1),
-      invocation_times_s=times, shots=draws['digest'], **({'base_source': base_source} if base_source else {}))
-  log.write(phase='done', mode=mode, wall_time_s=wall,
-            base_checkpoint=os.path.abspath(checkpoint) if checkpoint else None)
-  return results
+  return {**results, 'shots': draws['digest']}
 
 
 def start_line(config, bench, workdir: str, mode: str, ckpts: Checkpoints, base_source: Optional[dict],

@@ -258,6 +258,11 @@ def git_state() -> dict:
   return {'commit': commit, 'dirty': any(not line.startswith('#') for line in lines)}
 
 
+def writer() -> dict:
+  """Who writes or computes now: the commit (and whether the tree was dirty), the backend and device kind."""
+  return {**git_state(), 'backend': jax.default_backend(), 'device': jax.devices()[0].device_kind}
+
+
 def provenance(config: dict, origin: Optional[dict] = None, **more) -> dict:
   """Where a result came from: the effective config, the git commit (and whether the tree was dirty), the
   library versions and the hardware; `origin` (the command line, cli.py) where given, and `more`."""
