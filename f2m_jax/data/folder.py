@@ -1,11 +1,12 @@
-"""Any image dataset as an incremental few-shot benchmark (`data.source='folder'`; docs/data.md, 'Your own
-images'): `read_protocol` checks the lists without reading an image, `load` decodes each image once into the cache."""
+"""Any image dataset as an incremental few-shot benchmark (`data.source='folder'`; docs/data.md, 'Your own images'):
+`read_protocol` checks the lists, classes and sessions without reading an image; `load` decodes each image once."""
 from __future__ import annotations
 
+import collections
 import concurrent.futures
+import contextlib
 import csv
 import dataclasses
-import glob
 import hashlib
 import json
 import os
@@ -55,8 +56,7 @@ class Spec:
 
 @dataclasses.dataclass(frozen=True)
 class Table:
-  """Images listed by one folder or CSV (`where`): paths relative to `root` and each one's class name
-  and split ('train' or 'test')."""
+  """Images listed by one folder or CSV (`where`): paths relative to `root`, class names, splits ('train', 'test')."""
   root: pathlib.Path
   files: tuple
   names: tuple
@@ -73,8 +73,8 @@ class Table:
 
 @dataclasses.dataclass(frozen=True)
 class Protocol:
-  """Everything but the pixels: the images of the classes in `order` and their labels (positions in
-  `order`), the session classes, the base session's training images and the fixed shots (lists)."""
+  """Everything but the pixels: the images of the classes in `order` and their labels (positions in `order`), the
+  session classes, the base training images, the fixed shots (lists); `found`: the training images' classes."""
   order: tuple
   train: Table
   test: Table
@@ -83,9 +83,8 @@ class Protocol:
   session_classes: tuple
   base_train: np.ndarray
   topic_shots: Optional[tuple]
+  found: int
 
-
-# ================================================================ reading the file lists
 
 def scan_folder(folder: pathlib.Path, split: str, depth: int = 0) -> Table:
   """Every image in a subfolder of `folder` (at any depth, hidden files and folders skipped), in sorted path
@@ -121,9 +120,8 @@ def csv_columns(path: pathlib.Path, rows: list) -> list:
   header = [c.lower() for c in rows[0]] if rows else []
   columns = [header.index(c) for c in ('path' if 'path' in header else 'filename', 'label', 'split') if c in header]
   if len(columns) < 2 or header[columns[1]] != 'label' or len(rows) < 2:
-    raise DataError(f'{path}: expected a header naming the columns path (or filename), label and optionally '
-                    f'split, then one row per image; got {rows[0] if rows else "an empty file"}'
-                    + ('' if len(rows) != 1 else ' and no rows'))
+    raise DataError(f'{path}: expected a header naming the columns path (or filename), label and optionally split, '
+                    f'then one row per image; got {rows[0] if rows else "an empty file"}')
   return columns
 
 
@@ -132,7 +130,7 @@ def read_images(spec: Spec, name: str) -> Table:
   `spec.root`, else to the CSV's folder)."""
   given = getattr(spec, name)
   path = pathlib.Path(given)
-  if path.is_dir():
+  if given and path.is_dir():
     return scan_folder(path, name, spec.class_depth)
   if spec.root and not os.path.isdir(spec.root):
     raise DataError(f'data.folder.root={spec.root!r} is not a folder; allowed: the folder that the relative paths '
@@ -145,11 +143,8 @@ def read_images(spec: Spec, name: str) -> Table:
 
 
 def read_tables(spec: Spec) -> tuple:
-  """(train Table, test Table): `spec.train`'s images; the test images its split=test rows, `spec.test_per_class`
-  of each class (`split_off`) or `spec.test`'s."""
-  if not spec.train:
-    raise DataError('data.folder.train is empty: set it to a folder with one subfolder of images per class, '
-                    'or to a CSV of path,label[,split]')
+  """(train Table, test Table): `spec.train`'s images; the test images its split=test rows, `spec.test`'s or
+  `spec.test_per_class` of each class: its first or a random choice (one permutation of all rows, seeded)."""
   given = read_images(spec, 'train')
   is_test = np.asarray([s == 'test' for s in given.splits], bool)
   if bool(spec.test) + bool(spec.test_per_class) + is_test.any() > 1:
@@ -157,27 +152,19 @@ def read_tables(spec: Spec) -> tuple:
                     f'test_per_class={spec.test_per_class} and {is_test.sum()} split=test rows of {given.where}')
   where = f'{given.where} (its split=test rows; data.folder.test is empty)'
   if spec.test_per_class:
-    is_test = split_off(given, spec)
+    classes, label, counts = np.unique(np.asarray(given.names), return_inverse=True, return_counts=True)
+    if counts.min() <= spec.test_per_class:
+      raise DataError(f'{given.where}: class {str(classes[counts.argmin()])!r} has {counts.min()} images; data.'
+                      f'folder.test_per_class={spec.test_per_class} must leave every class training images: lower it')
+    n = len(label)
+    rank = np.arange(n) if spec.split_by == 'first' else np.random.default_rng(spec.split_seed).permutation(n)
+    within = np.arange(n) - np.repeat(np.cumsum(counts) - counts, counts)  # place in its class, by class and rank
+    is_test = np.isin(np.arange(n), np.lexsort((rank, label))[within < spec.test_per_class])
     how = f'split_by {spec.split_by}' + (f', split_seed {spec.split_seed}' if spec.split_by == 'random' else '')
     where = f'{given.where} (data.folder.test_per_class={spec.test_per_class} of each class, {how})'
   train, test = given.select(~is_test), dataclasses.replace(given.select(is_test), where=where)
   return train, read_images(spec, 'test') if spec.test else test
 
-
-def split_off(table: Table, spec: Spec) -> np.ndarray:
-  """Which rows of `table` are test images: `spec.test_per_class` of each class, its first (in the table's
-  order) or a random choice (seeded by `spec.split_seed`, one permutation of all rows)."""
-  classes, label, counts = np.unique(np.asarray(table.names), return_inverse=True, return_counts=True)
-  if counts.min() <= spec.test_per_class:
-    raise DataError(f'{table.where}: class {str(classes[counts.argmin()])!r} has {counts.min()} images; data.folder.'
-                    f'test_per_class={spec.test_per_class} must leave every class training images: lower it')
-  n = len(label)
-  rank = np.arange(n) if spec.split_by == 'first' else np.random.default_rng(spec.split_seed).permutation(n)
-  within = np.arange(n) - np.repeat(np.cumsum(counts) - counts, counts)  # place in its class, by class and rank
-  return np.isin(np.arange(n), np.lexsort((rank, label))[within < spec.test_per_class])
-
-
-# ================================================================ classes, layout, lists
 
 def class_order(spec: Spec, train: Table) -> tuple:
   """The class names in label order: `spec.classes` (names, or a file listing them), else sorted."""
@@ -202,44 +189,26 @@ def labelled(table: Table, order: tuple, strict: bool) -> tuple:
   index = {n: i for i, n in enumerate(order)}
   unknown = sorted(set(table.names) - set(index))
   if strict and unknown:
-    raise DataError(f'{table.where} has images of classes without training images: {unknown[:5]}; allowed: '
-                    'the classes of the training images, a subfolder each named as its training folder. Test '
-                    'images in one folder with a file of their labels (such as val/images and val_annotations.txt) '
-                    'go in through a CSV of path,label: data.folder.test=FILE.csv (docs/data.md, "Your own images")')
+    raise DataError(f'{table.where} has images of classes without training images: {unknown[:5]}; name a test '
+                    'class folder as its training folder; test images in one folder with a file of their labels (such '
+                    'as val/images, val_annotations.txt) go in through a CSV of path,label: data.folder.test=FILE.csv')
   kept = table.select([n in index for n in table.names])
   return kept, np.asarray([index[n] for n in kept.names], np.int32)
 
 
-def session_layout(spec: Spec, num_classes: int, counted: str) -> tuple:
-  """The class ids of each session (types.sessions_from_counts), checked against the `num_classes`
-  used (`counted`: where they were counted, e.g. 'tin/train has 200 classes')."""
+def session_layout(spec: Spec, order: tuple, found: int, where: str) -> tuple:
+  """The class ids of each session, checked against the classes used (`order`, of the `found` in `where`)."""
   later = spec.way * (spec.num_sessions - 1)
-  base = spec.num_base or num_classes - later
-  if base < 1 or spec.way < 1 or spec.num_sessions < 2 or base + later != num_classes:
+  base = spec.num_base or len(order) - later
+  if base < 1 or spec.way < 1 or spec.num_sessions < 2 or base + later != len(order):
+    used = (f' and data.folder.classes={spec.classes!r} lists {len(order)} of them, the classes used'
+            if isinstance(spec.classes, str) and spec.classes else '')
     raise DataError(
         f'the session layout does not add up: data.folder.num_base={spec.num_base} + data.folder.way={spec.way} '
-        f'x (data.folder.num_sessions={spec.num_sessions} - 1) = {base + later} classes, but {counted}; allowed: '
-        f'num_base + way x (num_sessions - 1) = {num_classes}, way >= 1, num_sessions >= 2 '
+        f'x (data.folder.num_sessions={spec.num_sessions} - 1) = {base + later} classes, but {where} has {found} '
+        f'classes{used}; allowed: num_base + way x (num_sessions - 1) = {len(order)}, way >= 1, num_sessions >= 2 '
         '(num_base=0: every class no later session takes)')
   return sessions_from_counts(base, spec.way, spec.num_sessions)
-
-
-def check_counts(spec: Spec, train: Table, test: Table, train_labels, test_labels, order: tuple) -> None:
-  """Every class has `spec.shots` training images and (but under the validation protocol) a test image."""
-  n_train = np.bincount(train_labels, minlength=len(order))
-  few = np.flatnonzero(n_train < spec.shots)
-  if few.size:
-    raise DataError(f'{train.where}: class {order[few[0]]!r} has {n_train[few[0]]} training images'
-                    f'{f" (and {few.size - 1} more classes too few)" if few.size > 1 else ""}; data.shots='
-                    f'{spec.shots} needs at least {spec.shots} per class: add images, lower --config.data.shots '
-                    'or leave the class out (data.folder.classes)')
-  if spec.protocol == 'validation':
-    return
-  empty = np.flatnonzero(np.bincount(test_labels, minlength=len(order)) == 0)
-  if empty.size:
-    raise DataError(f'no test images of class {order[empty[0]]!r} ({empty.size} of {len(order)} classes have none) '
-                    f'in {test.where}: every class needs test images: a test folder or CSV (data.folder.test) or '
-                    'split=test rows; or --config.data.protocol=validation, which holds out training images instead')
 
 
 def find_listed(line: str, index: dict, train: Table, names: set, where: str) -> int:
@@ -258,14 +227,10 @@ def find_listed(line: str, index: dict, train: Table, names: set, where: str) ->
 
 def map_lists(spec: Spec, train: Table, order: tuple) -> list:
   """Indices into `train` of the images each session_<t>.txt names (num_sessions 0: as many as there are)."""
-  index = {}  # every trailing part of every training path: its index, -1 where several paths share it
-  for i, f in enumerate(train.files):
-    parts = f.split('/')
-    for k in range(len(parts)):
-      key = '/'.join(parts[k:])
-      index[key] = -1 if key in index else i
-  count = spec.num_sessions or len(glob.glob(os.path.join(glob.escape(spec.lists), 'session_*.txt')))
-  names = set(order)
+  trailing = [('/'.join(f.split('/')[k:]), i) for i, f in enumerate(train.files) for k in range(f.count('/') + 1)]
+  shared = collections.Counter(part for part, _ in trailing)
+  index = {part: i if shared[part] == 1 else -1 for part, i in trailing}  # -1: several paths end so
+  names, count = set(order), spec.num_sessions or len(list(pathlib.Path(spec.lists).glob('session_*.txt')))
   return [np.asarray([find_listed(line, index, train, names, os.path.join(spec.lists, f'session_{t}.txt'))
                       for line in lines], np.int64)
           for t, lines in enumerate(session_lists(spec.lists, max(1, count)), start=1)]
@@ -289,17 +254,25 @@ def check_lists(spec: Spec, indices: list, labels: np.ndarray, order: tuple, cla
 def read_protocol(spec: Spec) -> Protocol:
   """The `Protocol` of `spec` from its tables (`read_tables` where None), every check made; no image is read."""
   train, test = spec.tables or read_tables(spec)
-  order = class_order(spec, train)
-  counted = f'{train.where} has {len(set(train.names))} classes' + (
-      f' and data.folder.classes={spec.classes!r} lists {len(order)} of them, the classes used'
-      if isinstance(spec.classes, str) and spec.classes else '')
+  order, found = class_order(spec, train), len(set(train.names))
   train, train_labels = labelled(train, order, strict=False)
   test, test_labels = labelled(test, order, strict=not spec.classes)
   overlap = set(map(str, train.paths())) & set(map(str, test.paths()))
   if overlap:
     raise DataError(f'{min(overlap)} is both a training and a test image ({len(overlap)} such files): the test '
                     f'images of {test.where} must not be training images of {train.where}')
-  check_counts(spec, train, test, train_labels, test_labels, order)
+  n_train = np.bincount(train_labels, minlength=len(order))
+  few = np.flatnonzero(n_train < spec.shots)
+  if few.size:
+    raise DataError(f'{train.where}: class {order[few[0]]!r} has {n_train[few[0]]} training images'
+                    f'{f" (and {few.size - 1} more classes too few)" if few.size > 1 else ""}; data.shots='
+                    f'{spec.shots} needs at least {spec.shots} per class: add images, lower --config.data.shots or '
+                    'leave the class out (data.folder.classes)')
+  empty = np.flatnonzero(np.bincount(test_labels, minlength=len(order)) == 0)
+  if empty.size and spec.protocol != 'validation':  # every class needs test images, but under validation
+    raise DataError(f'no test images of class {order[empty[0]]!r} ({empty.size} of {len(order)} classes have none) '
+                    f'in {test.where}: give them in a test folder or CSV (data.folder.test) or split=test rows; or '
+                    'use --config.data.protocol=validation, which holds out training images instead')
   if spec.protocol == 'topic' and not spec.lists:
     raise DataError("protocol 'topic' takes each session's shots from TOPIC-style lists: set data.folder.lists "
                     "to a folder holding session_1.txt .. session_<T>.txt, or use protocol 'draws'")
@@ -307,13 +280,11 @@ def read_protocol(spec: Spec) -> Protocol:
   if indices and not spec.way and len(indices) > 1:  # the lists' layout (way 0: a layout's own files)
     spec = dataclasses.replace(spec, num_base=len(set(train_labels[indices[0]].tolist())),
                                way=len(set(train_labels[indices[1]].tolist())), num_sessions=len(indices))
-  classes = session_layout(spec, len(order), counted)
+  classes = session_layout(spec, order, found, train.where)
   base_train, topic_shots = (check_lists(spec, indices, train_labels, order, classes) if indices
                              else (np.flatnonzero(train_labels < len(classes[0])), None))
-  return Protocol(order, train, test, train_labels, test_labels, classes, base_train, topic_shots)
+  return Protocol(order, train, test, train_labels, test_labels, classes, base_train, topic_shots, found)
 
-
-# ================================================================ decoding and the array cache
 
 def decode_file(path, resize: int, crop: int) -> np.ndarray:
   """RGB uint8 [crop, crop, 3]: the image file through torchvision's Resize(resize) (the shorter side to
@@ -331,48 +302,34 @@ def decode_file(path, resize: int, crop: int) -> np.ndarray:
     return np.asarray(img.crop((left, top, left + crop, top + crop)), np.uint8)
 
 
-def cache_key(paths: Sequence[pathlib.Path], transform: dict, what: str, how_to_get: str) -> str:
-  """sha256 over the cache version, the transform and every (absolute path, size, modification time);
-  a DataError listing the missing files (the first 10 and a count)."""
-  h = hashlib.sha256()
-  h.update(json.dumps({'version': CACHE_VERSION, 'transform': transform}, sort_keys=True).encode())
-  missing = []
-  for p in paths:
-    try:
-      s = os.stat(p)
-    except OSError:
-      missing.append(str(p))
-      continue
-    h.update(f'\n{os.path.abspath(p)}\t{int(s.st_size)}\t{int(s.st_mtime_ns)}'.encode())
-  if missing:
-    more = [f'... and {len(missing) - 10} more'] if len(missing) > 10 else []
-    raise DataError('\n  '.join([f'{what}: {len(missing)} of {len(paths)} image files are missing:', *missing[:10],
-                                 *more]) + (f'\n{how_to_get}' if how_to_get else ''))
-  return h.hexdigest()
-
-
-def cached_file(paths: Sequence[pathlib.Path], cache_folder, name: str, resize: int, crop: int, desc: str = '',
+def cached_file(paths: Sequence, cache_folder, name: str, resize: int, crop: int, desc: str = '',
                 how_to_get: str = '') -> pathlib.Path:
-  """`<cache_folder>/<name>-<key>.npy`, the decoded array of the images at `paths` (`cache_key`)."""
-  key = cache_key(paths, {'resize': int(resize), 'crop': int(crop)}, desc or name, how_to_get)
-  return pathlib.Path(cache_folder) / f'{name}-{key[:20]}.npy'
+  """`<cache_folder>/<name>-<key>.npy`, its key a sha256 over the cache version, the transform and every
+  (absolute path, size, modification time); a DataError naming the missing files (the first 10)."""
+  missing = [str(p) for p in paths if not os.path.exists(p)]
+  if missing:
+    raise DataError('\n  '.join([f'{desc or name}: {len(missing)} of {len(paths)} image files are missing:',
+                                 *missing[:10]]) + (f'\n{how_to_get}' if how_to_get else ''))
+  transform = {'resize': int(resize), 'crop': int(crop)}
+  h = hashlib.sha256(json.dumps({'version': CACHE_VERSION, 'transform': transform}, sort_keys=True).encode())
+  for p in paths:
+    s = os.stat(p)
+    h.update(f'\n{os.path.abspath(p)}\t{int(s.st_size)}\t{int(s.st_mtime_ns)}'.encode())
+  return pathlib.Path(cache_folder) / f'{name}-{h.hexdigest()[:20]}.npy'
 
 
-def decode_cached(paths: Sequence[pathlib.Path], cache_folder, name: str, resize: int, crop: int,
-                  desc: str = '', how_to_get: str = '', decode: Optional[Callable] = None) -> np.ndarray:
-  """uint8 [N, crop, crop, 3]: the images at `paths` through `decode`, memory-mapped from the cache file
-  `<cache_folder>/<name>-<key>.npy`, decoded once into it where it is absent or incomplete."""
-  paths = [pathlib.Path(p) for p in paths]
+def decode_cached(paths: Sequence, cache_folder, name: str, resize: int, crop: int, desc: str = '',
+                  how_to_get: str = '', decode: Optional[Callable] = None) -> np.ndarray:
+  """uint8 [N, crop, crop, 3]: the images at `paths` through `decode` (`decode_file`), memory-mapped from
+  `cached_file`, decoded once into it where it is absent or incomplete."""
   shape = (len(paths), crop, crop, 3)
   if not paths:
     return np.zeros(shape, np.uint8)
   target = cached_file(paths, cache_folder, name, resize, crop, desc, how_to_get)
-  try:
+  with contextlib.suppress(OSError, ValueError):  # absent, unreadable or truncated: decode again
     done = np.load(target, mmap_mode='r')
     if done.shape == shape and done.dtype == np.uint8:
       return done
-  except (OSError, ValueError):  # absent, unreadable or truncated: decode again
-    pass
   target.parent.mkdir(parents=True, exist_ok=True)
   remove_stale(target.parent, '.*.npy.*.tmp')  # every killed decode's (of any data), not only this file's
   with written_atomically(target) as tmp:
@@ -385,7 +342,7 @@ def decode_cached(paths: Sequence[pathlib.Path], cache_folder, name: str, resize
         raise DataError(f'could not read {paths[i]} as an image ({type(e).__name__}: {e}); every listed file must '
                         'be an image PIL reads (JPEG, PNG, ...): replace or remove it') from e
 
-    with concurrent.futures.ThreadPoolExecutor(max(1, min(16, os.cpu_count() or 1))) as pool, \
+    with concurrent.futures.ThreadPoolExecutor(min(16, os.cpu_count() or 1)) as pool, \
         progress.bar(len(paths), f'decoding {desc or name} (once, cached in {target.parent})', file=sys.stderr,
                      unit='img') as bar:
       for _ in pool.map(work, range(len(paths))):
@@ -394,8 +351,6 @@ def decode_cached(paths: Sequence[pathlib.Path], cache_folder, name: str, resize
     del out
   return np.load(target, mmap_mode='r')
 
-
-# ================================================================ the benchmark
 
 def cache_plan(spec: Spec, p: Protocol, cache_dir) -> dict:
   """{split: (its image paths, `decode_cached`'s arguments: cache folder, name, resize, crop)}."""

@@ -17,32 +17,17 @@ CUB_FILES = ('images.txt', 'train_test_split.txt', 'image_class_labels.txt', 'cl
 NEEDED = {'mini_imagenet': ('images', 'split'), 'cub200': ('images',) + CUB_FILES}
 HOW_TO_GET = {
     'mini_imagenet': (
-        'How to obtain it: miniImageNet as distributed for the FSCIL codebases (CEC, '
-        'https://github.com/icoz69/CEC-CVPR2021, "Datasets": the miniimagenet folder with images/ and split/), '
-        'or build images/ from ImageNet with the miniImageNet split (Ravi & Larochelle) at 84x84. Put it so '
-        'that <data folder>/miniimagenet/images/ holds the JPEGs (such as n0153282900000005.jpg) and <data '
-        f'folder>/miniimagenet/split/ the CSVs train.csv and test.csv (filename,label); the data folder is '
-        f'${DATA_DIR_ENV} or --config.data.data_dir.'),
+        'How to obtain it: the miniimagenet folder (images/ and split/) as the FSCIL codebases distribute it (CEC, '
+        'https://github.com/icoz69/CEC-CVPR2021, "Datasets"), or images/ built from ImageNet with the miniImageNet '
+        'split (Ravi & Larochelle) at 84x84: <data folder>/miniimagenet/images/ holds the JPEGs (such as '
+        'n0153282900000005.jpg), <data folder>/miniimagenet/split/ train.csv and test.csv (filename,label); the '
+        f'data folder is ${DATA_DIR_ENV} or --config.data.data_dir.'),
     'cub200': (
         'How to obtain it: download CUB_200_2011.tgz (Caltech-UCSD Birds-200-2011, '
         'https://www.vision.caltech.edu/datasets/cub_200_2011/ or https://data.caltech.edu/records/65de6-vzc59) '
         f'and unpack it in the data folder (${DATA_DIR_ENV} or --config.data.data_dir), so that '
         '<data folder>/CUB_200_2011/images/<class dir>/<file>.jpg and <data folder>/CUB_200_2011/images.txt exist.'),
 }
-
-
-def check_layout(dataset: str, data_dir) -> pathlib.Path:
-  """`<data_dir>/<the dataset's folder>`; a DataError naming what is missing and how to get it."""
-  if not data_dir:
-    raise DataError(f'{dataset} needs a data folder: set ${DATA_DIR_ENV} or --config.data.data_dir.\n'
-                    f'{HOW_TO_GET[dataset]}')
-  root = pathlib.Path(data_dir) / FOLDER[dataset]
-  missing = [str(root / n) for n in NEEDED[dataset] if not (root / n).exists()]
-  if missing:
-    raise DataError(f'{dataset} not found or incomplete: missing {", ".join(missing)}, and the TOPIC lists in '
-                    f'{pathlib.Path(data_dir) / "index_list" / dataset} are looked for (downloaded into the '
-                    f'cache when absent).\n{HOW_TO_GET[dataset]}')
-  return root
 
 
 def mini_csv(root: pathlib.Path, index_dir, name: str) -> str:
@@ -70,8 +55,6 @@ def cub_tables(root: pathlib.Path) -> tuple:
   if set(split) != set(ids) or set(labels) != set(ids):
     raise DataError(f'{root}: images.txt, train_test_split.txt and image_class_labels.txt list different '
                     'image ids (incomplete download?)')
-  if sorted(classes) != list(range(1, len(classes) + 1)):
-    raise DataError(f'{root}/classes.txt: class ids must be 1..{len(classes)}')
   for i in ids:
     if images[i].split('/')[0] != classes.get(int(labels[i])):
       raise DataError(f'{root}: image {i} ({images[i]}) is not in the folder of its class {labels[i]} '
@@ -83,9 +66,16 @@ def cub_tables(root: pathlib.Path) -> tuple:
 
 
 def spec(dataset: str, data_dir, index_dir=None, cache_dir=None, image_size: int = 0, **fields) -> folder.Spec:
-  """The folder source's Spec of `dataset` in `data_dir` (its TOPIC lists in `index_dir`, else found or
-  downloaded into `cache_dir`: index_lists.index_list_dir); `fields`: shots, protocol."""
-  root = check_layout(dataset, data_dir)
+  """The folder source's Spec of `dataset` in `data_dir`, its TOPIC lists in `index_dir` (else found or downloaded
+  into `cache_dir`); `fields`: shots, protocol. A DataError names what is missing and how to get it."""
+  if not data_dir:
+    raise DataError(f'{dataset} needs a data folder: set ${DATA_DIR_ENV} or --config.data.data_dir.\n'
+                    f'{HOW_TO_GET[dataset]}')
+  root = pathlib.Path(data_dir) / FOLDER[dataset]
+  missing = [str(root / n) for n in NEEDED[dataset] if not (root / n).exists()]
+  if missing:
+    raise DataError(f'{dataset} not found or incomplete: missing {", ".join(missing)} (its TOPIC lists: '
+                    f'{pathlib.Path(data_dir) / "index_list" / dataset}, else downloaded).\n{HOW_TO_GET[dataset]}')
   if index_dir is None:
     index_dir = index_lists.index_list_dir(dataset, str(data_dir), cache_dir)
   common = dict(name=dataset, lists=str(index_dir), image_size=image_size or IMAGE_SIZE[dataset],

@@ -24,8 +24,7 @@ def cache_dir(config) -> str:
 
 def uses_layout(config) -> bool:
   """Whether a folder source reads miniImageNet's or CUB's own files (else the data.folder fields)."""
-  fields = config.data.get('folder')
-  return config.data.dataset in FOLDER_DATASETS and not (fields and fields.train)
+  return config.data.dataset in FOLDER_DATASETS and not config.data.get('folder', {}).get('train')
 
 
 def needs_data_dir(config) -> bool:
@@ -34,8 +33,7 @@ def needs_data_dir(config) -> bool:
 
 
 def how_to_get(config) -> str:
-  """What to put into the data folder for the config's dataset and source, and how to get it ('' for
-  sources that read no data folder)."""
+  """What the data folder must hold for the config's source and how to get it ('' where it reads none)."""
   if config.data.source == 'folder' and uses_layout(config):
     return layouts.HOW_TO_GET[config.data.dataset]
   trainsplit = (config.data.dataset, config.data.source) == ('cifar100', 'trainsplit')
@@ -50,71 +48,48 @@ def load_benchmark(config) -> Benchmark:
 
 
 def _load(config) -> Benchmark:
-  source, dataset = config.data.source, config.data.dataset
+  source, dataset, cache = config.data.source, config.data.dataset, cache_dir(config)
   if source == 'synthetic':
-    s = config.data.synthetic
-    return make_synthetic(seed=s.get('seed', 0), num_base=s.num_base, way=s.way, num_sessions=s.num_sessions,
-                          train_per_class=s.train_per_class, test_per_class=s.test_per_class,
-                          image_size=s.image_size)
-  if dataset == 'cifar100' and source in ('tfds', 'trainsplit'):
-    bench = _load_cifar100(config)
-    split = config.data.get('split', '')
-    return cifar100.class_split(bench, split) if split else bench
+    return make_synthetic(**config.data.synthetic.to_dict())
   if source in ('folder', 'fake_folder') and (uses_layout(config) or 'folder' in config.data):
-    return _load_folder(config)
-  raise ValueError(f'data.source={source!r} is not available for data.dataset={dataset!r} '
-                   f'(sources: {SOURCES}; the folder source reads any dataset through configs/folder.py)')
-
-
-def _load_cifar100(config) -> Benchmark:
-  """CIFAR-100 from TFDS or the official archive ('tfds') or from cifar100_train.npz ('trainsplit'): the
-  images' files are named before the index lists are looked for, or with them where both are missing."""
-  cache = cache_dir(config)
-  if config.data.source == 'trainsplit':
-    folder_path = data_dir(config)
-    if not folder_path:
-      raise ValueError("data.source='trainsplit' reads cifar100_train.npz from a folder: set F2M_DATA_DIR "
-                       f'or --config.data.data_dir.\n{cifar100.TRAINSPLIT_HOW_TO_GET}')
-    npz = os.path.join(folder_path, cifar100.NPZ_NAME)
+    return folder.load(folder_spec(config), cache)
+  if (dataset, source) == ('cifar100', 'trainsplit'):  # cifar100_train.npz in the data folder validation demands
+    npz = os.path.join(data_dir(config), cifar100.NPZ_NAME)
     if not os.path.isfile(npz):
-      cifar100.load_train_npz(npz)  # raises the DataError saying what to put there
-    return cifar100.load_cifar100_trainsplit(npz, index_lists.index_list_dir('cifar100', folder_path, cache))
-  try:
-    index_dir = index_lists.index_list_dir('cifar100', data_dir(config) or None, cache)
-  except DataError as e:
-    if cifar100.images_at_hand(cache, config.data.tfds_data_dir):
-      raise
-    raise DataError(f'CIFAR-100 needs two things this machine has not got:\n1. {cifar100.archive_help(cache)}\n'
-                    f'2. {e}') from e
-  return cifar100.load_official(index_dir, cache, config.data.tfds_data_dir)
-
-
-def _load_folder(config) -> Benchmark:
-  """miniImageNet / CUB-200 from their files (layouts.py), any other dataset from the data.folder fields
-  (`folder_spec`). Missing or inconsistent files are named before any image is decoded."""
-  return folder.load(folder_spec(config), cache_dir(config))
+      cifar100.load_train_npz(npz)  # raises the DataError saying what to put there, before the lists are looked for
+    bench = cifar100.load_cifar100_trainsplit(npz, index_lists.index_list_dir('cifar100', data_dir(config), cache))
+  elif (dataset, source) == ('cifar100', 'tfds'):  # from TFDS or the official archive
+    try:
+      index_dir = index_lists.index_list_dir('cifar100', data_dir(config) or None, cache)
+    except DataError as e:  # the images' files are named with the lists where both are missing
+      if cifar100.images_at_hand(cache, config.data.tfds_data_dir):
+        raise
+      raise DataError(f'CIFAR-100 needs two things this machine has not got:\n1. {cifar100.archive_help(cache)}\n'
+                      f'2. {e}') from e
+    bench = cifar100.load_official(index_dir, cache, config.data.tfds_data_dir)
+  else:
+    raise ValueError(f'data.source={source!r} is not available for data.dataset={dataset!r} '
+                     f'(sources: {SOURCES}; the folder source reads any dataset through configs/folder.py)')
+  split = config.data.get('split', '')
+  return cifar100.class_split(bench, split) if split else bench
 
 
 def folder_spec(config, writes: bool = True) -> Optional[folder.Spec]:
-  """The folder.Spec of a folder source: a layout's own files, the data.folder fields, or the generated
-  'fake_folder'. With `writes=False` (a dry run) None where it would be created."""
+  """The folder.Spec of a folder source: a layout's own files (layouts.py), the data.folder fields, or the
+  generated 'fake_folder'. With `writes=False` (a dry run) None where it would be created."""
   cache, dataset = cache_dir(config), config.data.dataset
   fields = dict(shots=config.data.shots, protocol=config.data.protocol)
   root = fake_folders.fake_folder(cache, create=writes) if config.data.source == 'fake_folder' else None
   if config.data.source == 'fake_folder' and root is None:
     return None
-  if uses_layout(config):  # the lists found where they are (by layouts.spec, downloaded where absent)
+  if uses_layout(config):
     index_dir = (root / 'index_list' / dataset if root else
                  None if writes else index_lists.local_index_list_dir(dataset, data_dir(config), cache))
     if index_dir is None and not writes:
       return None
     return layouts.spec(dataset, root or data_dir(config), index_dir, cache, config.data.get('image_size', 0), **fields)
-  f = config.data.folder
-  path = lambda p: os.path.expanduser(os.path.expandvars(p)) if p else ''
-  files = {name: path(f[name]) for name in ('train', 'test', 'root', 'lists', 'classes')}
+  f = config.data.folder.to_dict()
+  f.update({k: os.path.expanduser(os.path.expandvars(f[k])) for k in ('train', 'test', 'root', 'lists', 'classes')})
   if root is not None:  # the generated folder of 20 classes and its lists instead of the user's files
-    files.update({name: str(root / 'folder' / name) for name in ('train', 'test', 'lists')})
-  fields.update({k: f[k] for k in ('num_base', 'way', 'num_sessions', 'augment', 'class_depth', 'test_per_class',
-                                   'split_by', 'split_seed')})
-  return folder.Spec(name=dataset or 'folder', image_size=config.data.image_size, resize=float(f.resize), **files,
-                     **fields)
+    f.update({name: str(root / 'folder' / name) for name in ('train', 'test', 'lists')})
+  return folder.Spec(name=dataset or 'folder', image_size=config.data.image_size, **f, **fields)
