@@ -58,10 +58,7 @@ class Experiment:
     return self.model.clone(num_classes=num_classes)
 
   def key(self, *path: int) -> jax.Array:
-    k = jax.random.key(self.config.seed)
-    for p in path:
-      k = jax.random.fold_in(k, p)
-    return k
+    return functools.reduce(jax.random.fold_in, path, jax.random.key(self.config.seed))
 
   def optimizer_settings(self) -> tuple:
     """`optim.sgd`'s arguments for the base.* budget, hashable."""
@@ -102,24 +99,19 @@ class Experiment:
     without running the init."""
     return jax.eval_shape(self.init_program(network), self.key(1), None, None)
 
-  def state_template(self):
-    """Host zeros of the train state's shapes, to restore checkpoints into without running (or
-    compiling) the init."""
-    return jax.tree_util.tree_map(lambda s: np.zeros(s.shape, s.dtype), self.state_shapes())
+  def state_template(self, network: Optional[ResNet] = None):
+    """Host zeros of the train state's shapes for `network` (default: the config's), to restore
+    checkpoints into without running (or compiling) the init."""
+    return jax.tree_util.tree_map(lambda s: np.zeros(s.shape, s.dtype), self.state_shapes(network))
 
   def variables_template(self, network: Optional[ResNet] = None) -> dict:
-    """Host zeros of {'params', 'batch_stats'} of `network` (default: the config's), to restore a
-    saved network into."""
-    shapes = self.state_shapes(network)
-    return {k: jax.tree_util.tree_map(lambda s: np.zeros(s.shape, s.dtype), getattr(shapes, k))
-            for k in ('params', 'batch_stats')}
+    """`state_template`'s {'params', 'batch_stats'}, to restore a saved network into."""
+    state = self.state_template(network)
+    return {'params': state.params, 'batch_stats': state.batch_stats}
 
   def embedding_dim(self) -> int:
-    """D, the size of the network's embedding (prototypes are [classes, D]), from shapes alone."""
-    shapes, size = self.state_shapes(), self.bench.image_size
-    return jax.eval_shape(lambda v, x: self.model.apply(v, x, train=False)[0],
-                          {'params': shapes.params, 'batch_stats': shapes.batch_stats},
-                          jax.ShapeDtypeStruct((1, size, size, 3), jnp.float32)).shape[1]
+    """D, the size of the network's embedding (prototypes are [classes, D]): the last stage's width."""
+    return self.model.widths[-1]
 
   def init_program(self, network: Optional[ResNet] = None) -> Callable:
     """init(key, params, batch_stats) -> a fresh train state of `network` (default: the config's) with

@@ -53,9 +53,8 @@ def session_loss(trainable, frozen, batch_stats, x, labels, stored, num_seen, se
   emb, _ = settings.model.apply({'params': params, 'batch_stats': batch_stats}, x, train=False)
   if settings.prototype_norm == 'unit_base':
     stored = objectives.normalize_prototypes(stored)
-  if settings.prototype_norm == 'unit_all':
-    return objectives.metric_loss(emb, labels, stored, settings.distance, num_seen, unit_prototypes=True)
-  return objectives.metric_loss(emb, labels, stored, settings.distance, num_seen)
+  return objectives.metric_loss(emb, labels, stored, settings.distance, num_seen,
+                                unit_prototypes=settings.prototype_norm == 'unit_all')
 
 
 def round_gradient(g: jax.Array, lr: float, quantum: float) -> jax.Array:
@@ -109,14 +108,6 @@ def finetune_session(trainable, frozen, batch_stats, anchor, step_inputs: Callab
   return trainable, losses
 
 
-def _finetune_steps(trainable, frozen, batch_stats, anchor, images, labels, stored, num_seen, key,
-                    settings: SessionSettings, tx: optax.GradientTransformation):
-  """`finetune_session` on uint8 `images`, step i augmented with fold_in(key, i)."""
-  step_inputs = lambda i: augment_lib.train_inputs(jax.random.fold_in(key, i), images, settings.augment,
-                                                   settings.image_size, settings.mean, settings.std)
-  return finetune_session(trainable, frozen, batch_stats, anchor, step_inputs, labels, stored, num_seen, settings, tx)
-
-
 @functools.lru_cache(maxsize=8)
 def make_finetune(settings: SessionSettings) -> Callable:
   """finetune(params, batch_stats, anchor, images_u8, labels, stored, num_seen, key) -> (params,
@@ -127,9 +118,13 @@ def make_finetune(settings: SessionSettings) -> Callable:
 
   @jax.jit
   def finetune(params, batch_stats, anchor, images, labels, stored, num_seen, key):
+    def step_inputs(i):  # step i's augmentation draws: fold_in(key, i)
+      return augment_lib.train_inputs(jax.random.fold_in(key, i), images, settings.augment, settings.image_size,
+                                      settings.mean, settings.std)
+
     trainable, frozen = trees.split(params, settings.trainable_paths)
-    trainable, losses = _finetune_steps(trainable, frozen, batch_stats, anchor, images, labels, stored, num_seen,
-                                        key, settings, tx)
+    trainable, losses = finetune_session(trainable, frozen, batch_stats, anchor, step_inputs, labels, stored,
+                                         num_seen, settings, tx)
     return trees.unflatten({**frozen, **trainable}), losses
 
   return finetune

@@ -6,13 +6,11 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
 from f2m_jax import evaluation
 from f2m_jax import objectives
 from f2m_jax import optim
 from f2m_jax import trees
-from f2m_jax.data import augment as augment_lib
 from f2m_jax.data import protocol as protocol_lib
 from f2m_jax.methods import Method, common
 from f2m_jax.validation import need
@@ -76,62 +74,35 @@ def session_loss(emb, labels, base_prototypes, trainable: dict, former: dict, wa
           + cfg.pn_weight * prototype_loss(emb, base_prototypes, ways, shots, cfg.omega) + cfg.reg_weight * drift)
 
 
-class FSLLRunner:
+class FSLLRunner(common.Runner):
   """State of a run: {'params', 'batch_stats'} of the current network and 'prototypes' (base ones
   from session 1, then the novel classes' under the current network)."""
 
   def __init__(self, exp, first: dict, ckpts=None, source=None, log=None):
-    bench = exp.bench
-    self.exp, self.cfg = exp, exp.config.fsll
+    bench, cfg = exp.bench, exp.config.fsll
+    self.exp, self.cfg, self.network = exp, cfg, exp.model
     self.first = {'params': first['params'], 'batch_stats': first['batch_stats'],
                   'prototypes': np.asarray(first['prototypes'])}
     self.embed = evaluation.make_embed(exp.model, bench.mean, bench.std, exp.config.eval.batch_size)
     self.ways = len(bench.session_classes[1])
-    self._steps = {}
+    self.tx = optim.sgd(cfg.lr, cfg.momentum, cfg.weight_decay)  # their milestone is never reached
+    self.step = common.sgd_step(self.loss, self.tx, bench, cfg.color_jitter)  # one compile per trainable set
 
-  def make_step(self, paths: tuple):
-    """step(params, batch_stats, opt_state, former, base_prototypes, images_u8, labels, key) for the
-    trainable `paths` (jitted; one compile per distinct set)."""
-    if paths in self._steps:
-      return self._steps[paths]
-    cfg, bench, model = self.cfg, self.exp.bench, self.exp.model
-    tx = optim.sgd(cfg.lr, cfg.momentum, cfg.weight_decay)  # their milestone is never reached
+  def loss(self, trainable, x, labels, frozen, batch_stats, former, base_prototypes):
+    """(`session_loss`, new BN statistics) of the network of `trainable` and `frozen` leaves, BN in train mode."""
+    (emb, _), new = self.network.apply({'params': trees.unflatten({**frozen, **trainable}), 'batch_stats': batch_stats},
+                                       x, train=True, mutable=['batch_stats'])
     shots = self.exp.config.data.shots
-
-    @jax.jit
-    def step(params, batch_stats, opt_state, former, base_prototypes, images, labels, key):
-      trainable, frozen = trees.split(params, paths)
-      x = augment_lib.train_inputs(key, images, bench.augment, bench.image_size, bench.mean, bench.std,
-                                   cfg.color_jitter)
-
-      def loss_fn(tr):
-        (emb, _), new = model.apply({'params': trees.unflatten({**frozen, **tr}), 'batch_stats': batch_stats},
-                                    x, train=True, mutable=['batch_stats'])
-        return session_loss(emb, labels, base_prototypes, tr, former, self.ways, shots, cfg), new['batch_stats']
-
-      (loss, new_stats), grads = jax.value_and_grad(loss_fn, has_aux=True)(trainable)
-      updates, opt_state = tx.update(grads, opt_state, trainable)
-      trainable = optax.apply_updates(trainable, updates)
-      return trees.unflatten({**frozen, **trainable}), new_stats, opt_state, loss
-
-    self._steps[paths] = (step, tx)
-    return step, tx
-
-  def first_accuracies(self) -> dict:
-    return self.accuracies(self.first, 1)
-
-  def start(self):
-    return dict(self.first)
+    return session_loss(emb, labels, base_prototypes, trainable, former, self.ways, shots, self.cfg), new['batch_stats']
 
   def update(self, state, run: int, session: int, exemplars: np.ndarray):
     exp, bench, cfg = self.exp, self.exp.bench, self.cfg
     shots = exp.config.data.shots
     labels = bench.train.labels
     paths = selected_paths(state['params'], cfg.threshold)
-    step, tx = self.make_step(paths)
-    former = {p: jnp.asarray(v) for p, v in trees.split(state['params'], paths)[0].items()}
-    params, batch_stats = state['params'], state['batch_stats']
-    opt_state = tx.init(former)
+    trainable, frozen = trees.split(state['params'], paths)
+    former = {p: jnp.asarray(v) for p, v in trainable.items()}
+    batch_stats, opt_state = state['batch_stats'], self.tx.init(former)
     base = jnp.asarray(self.first['prototypes'])
     per_epoch = protocol_lib.task_epoch_batches(len(np.unique(labels[exemplars])), shots, self.ways * shots)
     key = exp.key(7, run, session)
@@ -140,32 +111,16 @@ class FSLLRunner:
       order = protocol_lib.task_epoch(labels, exemplars, shots, exp.config.seed, epoch, (7, run, session))
       for pos in range(per_epoch):
         idx = order[pos * self.ways * shots:(pos + 1) * self.ways * shots]
-        params, batch_stats, opt_state, loss = step(params, batch_stats, opt_state, former, base,
-                                                    bench.train.images[idx], labels[idx],
-                                                    jax.random.fold_in(key, len(losses)))
+        trainable, opt_state, loss, batch_stats = self.step(trainable, opt_state, bench.train.images[idx], labels[idx],
+                                                            jax.random.fold_in(key, len(losses)), frozen, batch_stats,
+                                                            former, base)
         losses.append(float(loss))
-    variables = {'params': jax.device_get(params), 'batch_stats': jax.device_get(batch_stats)}
+    variables = {'params': trees.unflatten({**frozen, **jax.device_get(trainable)}),
+                 'batch_stats': jax.device_get(batch_stats)}
     novel_classes = [c for s in bench.session_classes[1:session] for c in s]
     novel = evaluation.prototypes(self.embed(variables, exp.train_view(exemplars)), labels[exemplars], novel_classes)
     protos = np.concatenate([self.first['prototypes'], novel])
     return {**variables, 'prototypes': protos}, {'losses': losses, 'trainable': len(paths)}
-
-  def accuracies(self, state, session: int) -> dict:
-    return common.nearest_mean_accuracies(self.exp, self.embed, state, session)
-
-  def template(self, session: int) -> dict:
-    bench = self.exp.bench
-    return {**self.exp.variables_template(),
-            'prototypes': np.zeros((bench.num_seen_classes(session), self.first['prototypes'].shape[1]), np.float32)}
-
-  def item(self, state) -> dict:
-    return dict(state)
-
-  def restore(self, saved: dict):
-    return {k: saved[k] for k in ('params', 'batch_stats', 'prototypes')}
-
-  def norms(self, state) -> dict:
-    return evaluation.prototype_norms(state['prototypes'], self.exp.bench.num_base_classes)
 
 
 FSLL = Method('fsll', common.BASELINE_PRESETS,  # the Baseline's base session; NCM over raw means

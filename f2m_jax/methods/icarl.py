@@ -14,7 +14,6 @@ import optax
 from f2m_jax import evaluation
 from f2m_jax import optim
 from f2m_jax import padding
-from f2m_jax.data import augment as augment_lib
 from f2m_jax.data import protocol as protocol_lib
 from f2m_jax.methods import Method, common
 from f2m_jax.validation import need
@@ -96,54 +95,23 @@ def pad_classifier(params: dict, num_classes: int) -> dict:
   return {**params, 'fc': fc}
 
 
-def icarl_loss(network):
-  """loss(params, batch_stats, former_out, x, labels, num_old, num_seen) -> (loss, new BN statistics):
-  sigmoid cross-entropy against `distillation_targets` of the previous network's logits, BN in train mode."""
-  def loss(params, batch_stats, former_out, x, labels, num_old, num_seen):
-    former_logits = former_out[1]
-    targets = distillation_targets(labels, former_logits, num_old, former_logits.shape[-1])
-    (_, logits), new = network.apply({'params': params, 'batch_stats': batch_stats}, x, train=True,
-                                     mutable=['batch_stats'])
-    return masked_sigmoid_cross_entropy(logits, targets, num_seen), new['batch_stats']
-  return loss
-
-
-def make_session_step(network, loss_fn, cfg, bench, mask_updates=None):
-  """step(params, batch_stats, opt_state, former, images_u8, labels, key, lr, num_old, num_seen) ->
-  (params, batch_stats, opt_state, loss): one SGD step at rate `lr` of `loss_fn` (momentum, weight decay
-  and colour jitter from the method's section `cfg`), `former` (the previous network) in eval mode on the
-  same images; `mask_updates`, if given, edits the updates (Rebalance)."""
-  tx = optim.sgd_at_rate(cfg.momentum, cfg.weight_decay)
-
-  @jax.jit
-  def step(params, batch_stats, opt_state, former, images, labels, key, lr, num_old, num_seen):
-    x = augment_lib.train_inputs(key, images, bench.augment, bench.image_size, bench.mean, bench.std,
-                                 cfg.color_jitter)
-    former_out = network.apply(former, x, train=False)
-    (loss, new_stats), grads = jax.value_and_grad(loss_fn, has_aux=True)(
-        params, batch_stats, former_out, x, labels, num_old, num_seen)
-    updates, opt_state = tx.update(grads, optim.set_rate(opt_state, lr), params)
-    if mask_updates is not None:
-      updates = mask_updates(updates, num_old, num_seen)
-    return optax.apply_updates(params, updates), new_stats, opt_state, loss
-
-  return step, tx
-
-
-class ICaRLRunner:
+class ICaRLRunner(common.Runner):
   """State of a run: {'params', 'batch_stats'} (classifier padded to every class), 'memory' (exemplar
   indices of the classes learned before, in class order) and 'prototypes' (one per seen class)."""
   section = 'icarl'
+  keys = ('params', 'batch_stats', 'memory', 'prototypes')
+  new_columns = staticmethod(new_columns)
+  edit_updates = None  # `common.sgd_step`'s (Rebalance freezes columns)
 
   def __init__(self, exp, first: dict, ckpts=None, source=None, log=None):
     cfg, bench = exp.config[self.section], exp.bench
     self.exp, self.cfg = exp, cfg
-    self.total = bench.num_seen_classes(bench.num_sessions)
-    self.network = exp.network(self.total)
-    self.first = {'params': pad_classifier(first['params'], self.total), 'batch_stats': first['batch_stats'],
-                  'prototypes': np.asarray(first['prototypes'])}
+    self.network = exp.network(bench.num_seen_classes(bench.num_sessions))
+    self.first = {'params': pad_classifier(first['params'], self.network.num_classes),
+                  'batch_stats': first['batch_stats'], 'prototypes': np.asarray(first['prototypes'])}
     self.embed = evaluation.make_embed(self.network, bench.mean, bench.std, exp.config.eval.batch_size)
-    self.step, self.tx = self.make_step()
+    self.tx = optim.sgd_at_rate(cfg.momentum, cfg.weight_decay)  # the rate: set before each step
+    self.step = common.sgd_step(self.loss, self.tx, bench, cfg.color_jitter, self.edit_updates)
     counts = np.bincount(bench.train.labels[bench.base_train], minlength=bench.num_base_classes)
     self.base_memory_size = int(np.minimum(counts[np.asarray(bench.session_classes[0])], cfg.memory).sum())
     self.base_memory = None  # herding's base memory: the same for every run, chosen once
@@ -152,11 +120,14 @@ class ICaRLRunner:
       self.base_memory = self.select(variables, bench.base_train, bench.session_classes[0],
                                      self.first['prototypes'], 0, 1)
 
-  def make_step(self):
-    return make_session_step(self.network, icarl_loss(self.network), self.cfg, self.exp.bench)
-
-  def new_columns(self, key, params: dict, start: int, stop: int) -> dict:
-    return new_columns(key, params, start, stop)
+  def loss(self, params, x, labels, batch_stats, former, num_old, num_seen):
+    """(the loss, new BN statistics): sigmoid cross-entropy against `distillation_targets` of the logits of
+    the previous network (`former`, BN in eval mode); BN in train mode."""
+    former_logits = self.network.apply(former, x, train=False)[1]
+    targets = distillation_targets(labels, former_logits, num_old, former_logits.shape[-1])
+    (_, logits), new = self.network.apply({'params': params, 'batch_stats': batch_stats}, x, train=True,
+                                          mutable=['batch_stats'])
+    return masked_sigmoid_cross_entropy(logits, targets, num_seen), new['batch_stats']
 
   def select(self, variables, pool: np.ndarray, classes: Sequence[int], means: np.ndarray, run: int,
              session: int) -> np.ndarray:
@@ -172,9 +143,6 @@ class ICaRLRunner:
       members = np.flatnonzero(labels == c)
       picks.append(pool[members[herding(emb[members], mean, min(self.cfg.memory, len(members)))]])
     return np.concatenate(picks)
-
-  def first_accuracies(self) -> dict:
-    return self.accuracies(self.first, 1)
 
   def start(self):
     return {**self.first, 'memory': self.base_memory}
@@ -200,9 +168,9 @@ class ICaRLRunner:
     for s in range(cfg.epochs * per_epoch):
       idx = protocol_lib.shuffled_batch(pool, cfg.batch_size, exp.config.seed, s, (6, run, session))
       lr = optim.rate_at(s, cfg.lr, [int(m) * per_epoch for m in cfg.milestones], cfg.lr_gamma)
-      params, batch_stats, opt_state, loss = self.step(
-          params, batch_stats, opt_state, former, bench.train.images[idx], bench.train.labels[idx],
-          jax.random.fold_in(key, s + 1), np.float32(lr), num_old, num_seen)
+      params, opt_state, loss, batch_stats = self.step(
+          params, optim.set_rate(opt_state, np.float32(lr)), bench.train.images[idx], bench.train.labels[idx],
+          jax.random.fold_in(key, s + 1), batch_stats, former, num_old, num_seen)
       losses.append(float(loss))
     variables = {'params': jax.device_get(params), 'batch_stats': jax.device_get(batch_stats)}
     emb = self.embed(variables, exp.train_view(pool))
@@ -210,26 +178,10 @@ class ICaRLRunner:
     memory = np.concatenate([memory, self.select(variables, shots, classes, protos[num_old:], run, session)])
     return {**variables, 'memory': memory, 'prototypes': protos}, {'losses': losses, 'images': int(len(pool))}
 
-  def accuracies(self, state, session: int) -> dict:
-    return common.nearest_mean_accuracies(self.exp, self.embed, state, session)
-
   def template(self, session: int) -> dict:
-    bench = self.exp.bench
-    per_novel = min(self.cfg.memory, self.exp.config.data.shots)
-    novel = bench.num_seen_classes(session) - bench.num_base_classes
-    memory = np.zeros((self.base_memory_size + novel * per_novel,), np.int64)
-    dim = self.first['prototypes'].shape[1]
-    return {**self.exp.variables_template(self.network), 'memory': memory,
-            'prototypes': np.zeros((bench.num_seen_classes(session), dim), np.float32)}
-
-  def item(self, state) -> dict:
-    return dict(state)
-
-  def restore(self, saved: dict):
-    return {k: saved[k] for k in ('params', 'batch_stats', 'memory', 'prototypes')}
-
-  def norms(self, state) -> dict:
-    return evaluation.prototype_norms(state['prototypes'], self.exp.bench.num_base_classes)
+    novel = self.exp.bench.num_seen_classes(session) - self.exp.bench.num_base_classes
+    memory = np.zeros((self.base_memory_size + novel * min(self.cfg.memory, self.exp.config.data.shots),), np.int64)
+    return {**super().template(session), 'memory': memory}
 
 
 # The Baseline's base session (plain CE, shuffled batches) with the authors' iCaRL classifier: no bias,

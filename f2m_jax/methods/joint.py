@@ -6,7 +6,6 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-import optax
 
 from f2m_jax import evaluation
 from f2m_jax import objectives
@@ -14,7 +13,6 @@ from f2m_jax import optim
 from f2m_jax import train_loop
 from f2m_jax import trees
 from f2m_jax.checkpoint import CheckpointError
-from f2m_jax.data import augment as augment_lib
 from f2m_jax.data import protocol as protocol_lib
 from f2m_jax.methods import Method, common
 from f2m_jax.validation import need
@@ -55,8 +53,9 @@ def train_network(exp, network, pool: np.ndarray, key, training, log, desc: str,
   return train_loop.chosen_variables(trees.index(states, 0), select, desc, cfg.steps)
 
 
-class JointRunner:
+class JointRunner(common.Runner):
   """State of a run: the variables of the session's network (a classifier over all seen classes)."""
+  keys = ('params', 'batch_stats')
 
   def __init__(self, exp, first: dict, ckpts, source=None, log=None):
     self.exp, self.ckpts, self.log = exp, ckpts, log
@@ -73,12 +72,6 @@ class JointRunner:
       self._logits[seen] = evaluation.make_embed(self.network(session), bench.mean, bench.std,
                                                  self.exp.config.eval.batch_size, logits=True)
     return self._logits[seen]
-
-  def first_accuracies(self) -> dict:
-    return self.accuracies(self.first, 1)
-
-  def start(self):
-    return self.first
 
   def update(self, state, run: int, session: int, exemplars: np.ndarray):
     exp = self.exp
@@ -100,12 +93,6 @@ class JointRunner:
 
   def template(self, session: int) -> dict:
     return self.exp.variables_template(self.network(session))
-
-  def item(self, state) -> dict:
-    return dict(state)
-
-  def restore(self, saved: dict):
-    return {'params': saved['params'], 'batch_stats': saved['batch_stats']}
 
   def norms(self, state):
     return None
@@ -130,33 +117,22 @@ def retrain_classifier(exp, network, variables, pool: np.ndarray, key, stream: t
   params = _reinit_classifier(variables['params'], key)
   per_epoch = max(int(np.max(np.bincount(bench.train.labels[pool]))) * len(np.unique(bench.train.labels[pool]))
                   // c.batch_size, 1)
-  steps = c.epochs * per_epoch
   tx = optim.sgd(c.lr, c.momentum, c.weight_decay, [int(m) * per_epoch for m in c.milestones], c.lr_gamma)
-  fc = params['fc']
-  frozen = {k: v for k, v in params.items() if k != 'fc'}
+  fc, frozen = params['fc'], {k: v for k, v in params.items() if k != 'fc'}
   batch_stats = variables['batch_stats']
 
   def loss_fn(fc_params, x, labels):
     _, logits = network.apply({'params': {**frozen, 'fc': fc_params}, 'batch_stats': batch_stats}, x, train=False)
-    return objectives.cross_entropy(logits, labels)
+    return objectives.cross_entropy(logits, labels), None
 
-  @jax.jit
-  def step(fc_params, opt_state, images, labels, k):
-    x = augment_lib.train_inputs(k, images, bench.augment, bench.image_size, bench.mean, bench.std)
-    loss, grads = jax.value_and_grad(loss_fn)(fc_params, x, labels)
-    updates, opt_state = tx.update(grads, opt_state, fc_params)
-    return optax.apply_updates(fc_params, updates), opt_state, loss
-
+  step = common.sgd_step(loss_fn, tx, bench)
   opt_state = tx.init(fc)
-  epoch_cache = (None, None)
-  for s in range(steps):
-    epoch, pos = divmod(s, per_epoch)
-    if epoch_cache[0] != epoch:
-      epoch_cache = (epoch, protocol_lib.class_aware_epoch(bench.train.labels, pool, c.per_class, exp.config.seed,
-                                                           epoch, stream))
-    idx = epoch_cache[1][pos * c.batch_size:(pos + 1) * c.batch_size]
-    fc, opt_state, loss = step(fc, opt_state, bench.train.images[idx], bench.train.labels[idx],
-                               jax.random.fold_in(key, s))
+  for epoch in range(c.epochs):
+    order = protocol_lib.class_aware_epoch(bench.train.labels, pool, c.per_class, exp.config.seed, epoch, stream)
+    for pos in range(per_epoch):
+      idx = order[pos * c.batch_size:(pos + 1) * c.batch_size]
+      fc, opt_state, _, _ = step(fc, opt_state, bench.train.images[idx], bench.train.labels[idx],
+                                 jax.random.fold_in(key, epoch * per_epoch + pos))
   return {'params': {**frozen, 'fc': jax.device_get(fc)}, 'batch_stats': batch_stats}
 
 

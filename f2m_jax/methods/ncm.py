@@ -26,7 +26,8 @@ def session_settings(exp, trainable_paths) -> incremental.SessionSettings:
 def finetune_sizes(exp) -> tuple:
   """(images, classes) every session's fine-tuning is padded to: the last session's."""
   bench = exp.bench
-  return exp.config.data.shots * sum(len(c) for c in bench.session_classes[1:]), bench.num_seen_classes(bench.num_sessions)
+  novel = sum(len(c) for c in bench.session_classes[1:])
+  return exp.config.data.shots * novel, bench.num_seen_classes(bench.num_sessions)
 
 
 class NCMRunner:

@@ -104,6 +104,7 @@ def new_columns(key, params: dict, start: int, stop: int) -> dict:
 class RebalanceRunner(icarl.ICaRLRunner):
   """iCaRL's runner (memory, herding, NCM, checkpoints) with LUCIR's step and classifier columns."""
   section = 'rebalance'
+  new_columns = staticmethod(new_columns)
 
   def __init__(self, exp, first: dict, *args, **kwargs):
     way = min(len(c) for c in exp.bench.session_classes[1:])
@@ -111,18 +112,14 @@ class RebalanceRunner(icarl.ICaRLRunner):
       raise ValueError(f'rebalance.K={exp.config.rebalance.K} exceeds the {way} new classes of a session')
     super().__init__(exp, first, *args, **kwargs)
 
-  def make_step(self):
-    network, cfg = self.network, self.cfg
+  def loss(self, params, x, labels, batch_stats, former, num_old, num_seen):
+    features = self.network.apply(former, x, train=False)[0]
+    value, (new_stats, _) = session_loss(params, batch_stats, features, x, labels, self.network, num_old,
+                                         num_seen, self.cfg)
+    return value, new_stats
 
-    def loss(params, batch_stats, former_out, x, labels, num_old, num_seen):
-      value, (new_stats, _) = session_loss(params, batch_stats, former_out[0], x, labels, network, num_old,
-                                           num_seen, cfg)
-      return value, new_stats
-
-    return icarl.make_session_step(network, loss, cfg, self.exp.bench, mask_updates=frozen_columns)
-
-  def new_columns(self, key, params: dict, start: int, stop: int) -> dict:
-    return new_columns(key, params, start, stop)
+  def edit_updates(self, updates, batch_stats, former, num_old, num_seen):
+    return frozen_columns(updates, num_old, num_seen)
 
   def accuracies(self, state, session: int) -> dict:
     if self.cfg.classifier == 'nearest_mean':

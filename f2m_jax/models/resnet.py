@@ -106,38 +106,27 @@ def _kernel_grad_eigen(x, g, kernel_shape, strides, padding):
   return jnp.transpose(out[:, :kh, :kw, :], (1, 2, 0, 3))
 
 
-def _cpu_conv_grads(x, kernel, g, strides, padding, dtype):
-  """(d x, d kernel) of conv(x, kernel) contracted with g in the forms XLA:CPU runs fast
-  (experiments/results/README.md, 'CPU speed: the convolution backward's forms')."""
-  float32 = jnp.dtype(dtype) == jnp.float32
-  if float32:
+def _conv_grads(x, kernel, g, strides, padding, dtype, backward):
+  """(d x, d kernel) of conv(x, kernel) contracted with g: XLA's own transposes ('xla'), or ('cpu') the
+  forms XLA:CPU runs fast (experiments/results/README.md, 'CPU speed: the convolution backward's forms')."""
+  eigen = backward == 'cpu' and jnp.dtype(dtype) == jnp.float32
+  if eigen:
     gx = _input_grad_eigen(g, kernel, x.shape, strides, padding)
   else:
-    gx, = jax.vjp(lambda x_: _conv(x_, kernel, strides, padding, dtype), x)[1](g)
-  if g.size * 4 >= KERNEL_GRAD_MIN_BYTES:
+    gx, = jax.linear_transpose(lambda x_: _conv(x_, kernel, strides, padding, dtype), x)(g)
+  if backward == 'cpu' and g.size * 4 >= KERNEL_GRAD_MIN_BYTES:
     gk = _kernel_grad_by_shifts(x.astype(dtype), g, kernel.shape, strides, padding).astype(kernel.dtype)
-  elif float32:
+  elif eigen:
     gk = _kernel_grad_eigen(x, g, kernel.shape, strides, padding)
   else:
-    gk, = jax.vjp(lambda k_: _conv(x, k_, strides, padding, dtype), kernel)[1](g)
+    gk, = jax.linear_transpose(lambda k_: _conv(x, k_, strides, padding, dtype), kernel)(g)
   return gx, gk
-
-
-def _xla_conv_grads(x, kernel, g, strides, padding, dtype):
-  """(d x, d kernel) of conv(x, kernel) contracted with g: XLA's own transposes."""
-  conv = lambda x_, k_: _conv(x_, k_, strides, padding, dtype)
-  gx, = jax.linear_transpose(lambda x_: conv(x_, kernel), x)(g)
-  gk, = jax.linear_transpose(lambda k_: conv(x, k_), kernel)(g)
-  return gx, gk
-
-
-CONV_GRADS = {'cpu': _cpu_conv_grads, 'xla': _xla_conv_grads}
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6))
 def conv2d(x, kernel, eps, strides, padding, dtype, backward):
   """conv(x, kernel + eps) whose backward sees `kernel` alone (eps gets no gradient): the clean-weights
-  backward. backward: 'cpu' or 'xla', the form the gradients are written in (`CONV_GRADS`)."""
+  backward. backward: 'cpu' or 'xla', the form the gradients are written in (`_conv_grads`)."""
   return _conv(x, kernel + eps, strides, padding, dtype)
 
 
@@ -147,8 +136,7 @@ def _conv2d_fwd(x, kernel, eps, strides, padding, dtype, backward):
 
 def _conv2d_bwd(strides, padding, dtype, backward, residuals, g):
   x, kernel, eps = residuals
-  gx, gk = CONV_GRADS[backward](x, kernel, g, strides, padding, dtype)
-  return gx, gk, jnp.zeros_like(eps)
+  return *_conv_grads(x, kernel, g, strides, padding, dtype, backward), jnp.zeros_like(eps)
 
 
 conv2d.defvjp(_conv2d_fwd, _conv2d_bwd)
@@ -169,10 +157,9 @@ class Conv(nn.Module):
     shape = tuple(self.kernel_size) + (x.shape[-1], self.features)
     kernel = self.param('kernel', conv_init, shape, jnp.float32)
     strides, padding = tuple(self.strides), tuple(tuple(p) for p in self.padding)
-    if self.has_variable('noise', 'kernel'):
-      return conv2d(x, kernel, self.get_variable('noise', 'kernel'), strides, padding, self.dtype, self.backward)
-    if self.backward == 'cpu':
-      return conv2d(x, kernel, jnp.zeros_like(kernel), strides, padding, self.dtype, self.backward)
+    if self.has_variable('noise', 'kernel') or self.backward == 'cpu':
+      eps = self.get_variable('noise', 'kernel', jnp.zeros_like(kernel))
+      return conv2d(x, kernel, eps, strides, padding, self.dtype, self.backward)
     return _conv(x, kernel, strides, padding, self.dtype)
 
 
@@ -264,25 +251,17 @@ class ResNet(nn.Module):
     remaining blocks and the head and returns (embedding, logits); otherwise the activation."""
     if first == 0:
       x = x.astype(self.dtype)
-      stem_width = self.stem_width or self.widths[0]
-      if self.stem == 'cifar':
-        x = Conv(stem_width, (3, 3), dtype=self.dtype, backward=self.conv_backward, name='conv1')(x)
-        x = nn.relu(_batch_norm(train, self.dtype, 'bn1')(x))
-      elif self.stem == 'imagenet':
-        x = Conv(stem_width, (7, 7), (2, 2), ((3, 3), (3, 3)), self.dtype, self.conv_backward, name='conv1')(x)
-        x = nn.relu(_batch_norm(train, self.dtype, 'bn1')(x))
+      conv = functools.partial(Conv, self.stem_width or self.widths[0], dtype=self.dtype,
+                               backward=self.conv_backward, name='conv1')
+      imagenet = self.stem == 'imagenet'  # else 'cifar'
+      x = conv((7, 7), (2, 2), ((3, 3), (3, 3)))(x) if imagenet else conv((3, 3))(x)
+      x = nn.relu(_batch_norm(train, self.dtype, 'bn1')(x))
+      if imagenet:
         x = nn.max_pool(x, (3, 3), (2, 2), padding=((1, 1), (1, 1)))
-      else:
-        raise ValueError(f"stem must be 'cifar' or 'imagenet', got {self.stem!r}")
-    names = self.block_names()
-    stop = len(names) if last is None else last
-    index = 0
-    for i, (n, w) in enumerate(zip(self.stage_sizes, self.widths)):
-      for j in range(n):
-        if first <= index < stop:
-          strides = 2 if (j == 0 and i > 0) else 1
-          x = BasicBlock(w, strides, self.dtype, self.conv_backward, name=names[index])(x, train)
-        index += 1
+    blocks = [(w, 2 if (j == 0 and i > 0) else 1) for i, (n, w) in enumerate(zip(self.stage_sizes, self.widths))
+              for j in range(n)]
+    for name, (width, strides) in list(zip(self.block_names(), blocks))[first:last]:
+      x = BasicBlock(width, strides, self.dtype, self.conv_backward, name=name)(x, train)
     if last is not None:
       return x
     embedding = jnp.mean(x, axis=(1, 2)).astype(accumulation_dtype(self.dtype))
@@ -338,10 +317,10 @@ ARCHS = {'resnet20': resnet20, 'resnet18': resnet18}
 
 
 def build_model(arch: str, num_classes: int, width: Optional[int] = None, dtype: Any = jnp.float32,
-                head: str = 'linear', conv_backward: str = 'xla') -> ResNet:
-  """The network `arch` (one of ARCHS) at its standard width or `width`."""
-  kwargs = {} if width is None else {'width': width}
-  return ARCHS[arch](num_classes, dtype=dtype, head=head, conv_backward=conv_backward, **kwargs)
+                **kwargs) -> ResNet:
+  """The network `arch` (one of ARCHS) at its standard width or `width`; kwargs: ResNet's head and
+  conv_backward."""
+  return ARCHS[arch](num_classes, dtype=dtype, **kwargs, **({} if width is None else {'width': width}))
 
 
 def conv3x3_paths(model: ResNet) -> list:
@@ -364,5 +343,4 @@ def noise_set_paths(model: ResNet, num_layers: int) -> list:
 def split_block(model: ResNet, paths: Sequence[tuple]) -> int:
   """Index of the first block that holds a path of `paths`: blocks before it form the trunk."""
   names = model.block_names()
-  owners = [names.index(p[0]) if p[0] in names else 0 for p in paths]
-  return min(owners)
+  return min(names.index(p[0]) if p[0] in names else 0 for p in paths)

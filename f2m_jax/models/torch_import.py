@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any, Mapping, Optional
+from typing import Mapping, Optional
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import traverse_util
 
 TORCHVISION_URL = 'https://download.pytorch.org/models/resnet18-f37072fd.pth'  # IMAGENET1K_V1
 
@@ -18,64 +19,26 @@ class WeightsError(ValueError):
   """Pretrained weights missing, unreadable or not matching the model; the message says what to do."""
 
 
-def _flatten(tree: Mapping, prefix: tuple = ()) -> dict:
-  out = {}
-  for k, v in tree.items():
-    if isinstance(v, Mapping):
-      out.update(_flatten(v, prefix + (k,)))
-    else:
-      out[prefix + (k,)] = v
-  return out
-
-
-def _unflatten(flat: Mapping) -> dict:
-  out: dict = {}
-  for path, v in flat.items():
-    node = out
-    for k in path[:-1]:
-      node = node.setdefault(k, {})
-    node[path[-1]] = v
-  return out
-
-
 def torch_name(collection: str, path: tuple) -> str:
   """The torchvision state-dict key of our leaf `path` in `collection` ('params' or 'batch_stats')."""
   *module, leaf = path
-  parts = []
-  for m in module:
-    match = re.fullmatch(r'layer(\d+)_(\d+)', m)
-    if match:
-      parts += [f'layer{match.group(1)}', match.group(2)]
-    elif m == 'downsample_conv':
-      parts += ['downsample', '0']
-    elif m == 'downsample_bn':
-      parts += ['downsample', '1']
-    else:
-      parts.append(m)
-  is_bn = bool(module) and ('bn' in module[-1])
-  if collection == 'batch_stats':
-    name = {'mean': 'running_mean', 'var': 'running_var'}[leaf]
-  elif leaf == 'kernel':
-    name = 'weight'
-  elif leaf == 'scale' and is_bn:
-    name = 'weight'
-  else:
-    name = leaf  # bias
-  return '.'.join(parts + [name])
+  name = re.sub(r'layer(\d+)_(\d+)', r'layer\1.\2', '.'.join(module))
+  name = name.replace('downsample_conv', 'downsample.0').replace('downsample_bn', 'downsample.1')
+  leaf = 'running_' + leaf if collection == 'batch_stats' else {'kernel': 'weight', 'scale': 'weight'}.get(leaf, leaf)
+  return f'{name}.{leaf}'
 
 
-def _to_numpy(value) -> np.ndarray:
+def _transposed(path: tuple, value: np.ndarray, to_torch: bool = False) -> np.ndarray:
+  """A conv kernel OIHW <-> HWIO, a classifier [out, in] <-> [in, out]; any other leaf as it is."""
+  if path[-1] == 'kernel' and value.ndim == 4:
+    return np.transpose(value, (3, 2, 0, 1) if to_torch else (2, 3, 1, 0))
+  return value.T if path[-1] == 'kernel' and value.ndim == 2 else value
+
+
+def _to_flax(path: tuple, value) -> np.ndarray:
   if hasattr(value, 'detach'):  # a torch tensor
     value = value.detach().cpu().float().numpy()
-  return np.asarray(value, np.float32)
-
-
-def _to_flax(path: tuple, value: np.ndarray) -> np.ndarray:
-  if path[-1] == 'kernel' and value.ndim == 4:
-    return np.transpose(value, (2, 3, 1, 0))  # OIHW -> HWIO
-  if path[-1] == 'kernel' and value.ndim == 2:
-    return value.T  # Linear [out, in] -> Dense [in, out]
-  return value
+  return _transposed(path, np.asarray(value, np.float32))
 
 
 def clean_state_dict(state_dict: Mapping) -> dict:
@@ -95,30 +58,24 @@ def convert_state_dict(state_dict: Mapping, params_template: Mapping,
   result = {}
   for collection, template in (('params', params_template), ('batch_stats', batch_stats_template)):
     flat = {}
-    for path, leaf in _flatten(template).items():
-      name = torch_name(collection, path)
-      want = tuple(np.shape(leaf))
-      if path[0] == 'fc':
-        used.add(name)
-        if name in sd and _to_flax(path, _to_numpy(sd[name])).shape == want:
-          flat[path] = jnp.asarray(_to_flax(path, _to_numpy(sd[name])))
-        else:
-          flat[path] = leaf  # classifier of another size: keep ours
-        continue
-      if name not in sd:
-        missing.append(name)
-        continue
+    for path, leaf in traverse_util.flatten_dict(template).items():
+      name, want = torch_name(collection, path), tuple(np.shape(leaf))
       used.add(name)
-      value = _to_flax(path, _to_numpy(sd[name]))
-      if value.shape != want:
+      value = _to_flax(path, sd[name]) if name in sd else None
+      if path[0] == 'fc':  # a classifier of another size: ours stays
+        flat[path] = jnp.asarray(value) if value is not None and value.shape == want else leaf
+      elif value is None:
+        missing.append(name)
+      elif value.shape != want:
         mismatched.append(f'{name}: {tuple(np.shape(sd[name]))} in the file, {want} expected here '
                           f'(as {"/".join(path)})')
-        continue
-      flat[path] = jnp.asarray(value)
-    result[collection] = _unflatten(flat)
+      else:
+        flat[path] = jnp.asarray(value)
+    result[collection] = traverse_util.unflatten_dict(flat)
+  lists = (('missing', missing, ', ', 8), ('unexpected', sorted(set(sd) - used), ', ', 8),
+           ('of another shape', mismatched, '; ', 4))
   problems = [f'{len(names)} {what}: {sep.join(names[:n])}{" ..." if len(names) > n else ""}'
-              for what, names, sep, n in (('missing', missing, ', ', 8), ('unexpected', sorted(set(sd) - used), ', ', 8),
-                                          ('of another shape', mismatched, '; ', 4)) if names]
+              for what, names, sep, n in lists if names]
   if problems:
     raise WeightsError('the state dict does not match this ResNet (is it a torchvision resnet18 of the '
                        'same width?): ' + ' | '.join(problems))
@@ -161,13 +118,6 @@ def load_torchvision_resnet18(pth_path, model, image_size: int,
 
 def to_state_dict(params: Mapping, batch_stats: Mapping) -> dict:
   """The inverse mapping: numpy arrays under torchvision names (for tests and export)."""
-  out: dict[str, Any] = {}
-  for collection, tree in (('params', params), ('batch_stats', batch_stats)):
-    for path, leaf in _flatten(tree).items():
-      value = np.asarray(leaf, np.float32)
-      if path[-1] == 'kernel' and value.ndim == 4:
-        value = np.transpose(value, (3, 2, 0, 1))
-      elif path[-1] == 'kernel' and value.ndim == 2:
-        value = value.T
-      out[torch_name(collection, path)] = value
-  return out
+  return {torch_name(collection, path): _transposed(path, np.asarray(leaf, np.float32), to_torch=True)
+          for collection, tree in (('params', params), ('batch_stats', batch_stats))
+          for path, leaf in traverse_util.flatten_dict(tree).items()}
