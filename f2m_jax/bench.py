@@ -7,7 +7,7 @@ import json
 import os
 import statistics
 import time
-from typing import Callable, Optional, Sequence
+from typing import Callable, NamedTuple, Optional, Sequence
 
 import jax
 import ml_collections
@@ -37,23 +37,21 @@ DATASET_SHAPES = {
 
 def dataset_shapes(config: ml_collections.ConfigDict) -> dict:
   """image_size, num_base, num_sessions, way, augment and num_classes of the config's dataset (no data read)."""
-  if config.data.source == 'synthetic':
-    s = config.data.synthetic
-    shapes = dict(image_size=s.image_size, num_base=s.num_base, num_sessions=s.num_sessions, way=s.way,
-                  augment='crop_flip')
-  elif config.data.dataset not in DATASET_SHAPES and 'folder' in config.data:  # your own images: its layout
-    f = config.data.folder
-    if f.num_base < 1:
-      raise ValueError(f'data.folder.num_base={f.num_base} is invalid for --mode bench, which reads no data: '
-                       'give the number of base classes')
-    shapes = dict(image_size=config.data.image_size, num_base=f.num_base, num_sessions=f.num_sessions, way=f.way,
-                  augment=f.augment)
-  elif config.data.dataset not in DATASET_SHAPES:
-    raise ValueError(f'data.dataset={config.data.dataset!r} has no entry in bench.DATASET_SHAPES '
-                     f'(known: {sorted(DATASET_SHAPES)})')
+  d = config.data
+  if d.source == 'synthetic':
+    s = dict(d.synthetic, augment='crop_flip')
+  elif d.dataset in DATASET_SHAPES:
+    s = dict(DATASET_SHAPES[d.dataset])
+    s['image_size'] = int(d.get('image_size', 0) or 0) or s['image_size']
+  elif 'folder' in d:  # your own images: its layout
+    if d.folder.num_base < 1:
+      raise ValueError(f'data.folder.num_base={d.folder.num_base} is invalid for --mode bench, which reads no '
+                       'data: give the number of base classes')
+    s = dict(d.folder, image_size=d.image_size)
   else:
-    shapes = dict(DATASET_SHAPES[config.data.dataset])
-    shapes['image_size'] = int(config.data.get('image_size', 0) or 0) or shapes['image_size']
+    raise ValueError(f'data.dataset={d.dataset!r} has no entry in bench.DATASET_SHAPES '
+                     f'(known: {sorted(DATASET_SHAPES)})')
+  shapes = {k: s[k] for k in ('image_size', 'num_base', 'num_sessions', 'way', 'augment')}
   return dict(shapes, num_classes=shapes['num_base'] + shapes['way'] * (shapes['num_sessions'] - 1))
 
 
@@ -82,7 +80,7 @@ def base_batch(config: ml_collections.ConfigDict) -> int:
 
 
 def peak_bytes(compiled) -> int | None:
-  """Device memory of a compiled executable where the backend reports it: arguments + outputs +
+  """Device memory of a compiled executable where the backend reports it (else None): arguments + outputs +
   temporaries - donated buffers (XLA:CPU's `peak_memory_in_bytes` leaves the temporaries out)."""
   try:
     m = compiled.memory_analysis()
@@ -91,8 +89,7 @@ def peak_bytes(compiled) -> int | None:
     return None
 
 
-@dataclasses.dataclass
-class Case:
+class Case(NamedTuple):
   """One timed program: `fn` on `args`, `steps` base steps a call; `carry(args, out) -> args` threads
   outputs into the next call (a donated train state)."""
   variant: str
@@ -107,16 +104,14 @@ class Case:
 def time_cases(cases: Sequence[Case], dtype: str, warmup: int, iters: int) -> list:
   """Compiles each case (timed apart), then `warmup` and `iters` timed rounds, each calling every case once,
   so that load falls on all alike. Returns one record per case, times per step."""
-  compiled, compile_s, peaks = [], [], []
+  compiled, compile_s = [], []
   for c in cases:
     t0 = time.perf_counter()
     if hasattr(c.fn, 'lower'):  # jitted: compiled ahead for its arguments
       compiled.append(c.fn.lower(*c.args).compile())
-      peaks.append(peak_bytes(compiled[-1]))
     else:  # anything else: called once
-      jax.block_until_ready(c.fn(*c.args))
       compiled.append(c.fn)
-      peaks.append(None)
+      jax.block_until_ready(c.fn(*c.args))
     compile_s.append(time.perf_counter() - t0)
   args = [c.args for c in cases]
   times = [[] for _ in cases]
@@ -129,10 +124,10 @@ def time_cases(cases: Sequence[Case], dtype: str, warmup: int, iters: int) -> li
       if c.carry is not None:
         args[i] = c.carry(args[i], out)
   records = []
-  for c, t, s, p in zip(cases, times, compile_s, peaks):
+  for c, t, s, f in zip(cases, times, compile_s, compiled):
     median = 1e3 * statistics.median(t)
     rec = dict(variant=c.variant, M=c.m, batch=c.batch, steps_per_call=c.steps, step_ms_median=median,
-               step_ms_min=1e3 * min(t), images_per_s=c.batch / (median / 1e3), compile_s=s, peak_bytes=p,
+               step_ms_min=1e3 * min(t), images_per_s=c.batch / (median / 1e3), compile_s=s, peak_bytes=peak_bytes(f),
                backend=jax.default_backend(), device_kind=jax.devices()[0].device_kind,
                num_devices=jax.device_count(), dtype=dtype)
     records.append({k: round(v, 4) if isinstance(v, float) else v for k, v in rec.items()})
@@ -160,13 +155,12 @@ def bench_experiment(config: ml_collections.ConfigDict, dtype: str) -> Experimen
   batch's worth of images (row i of a batch is image i), init from random weights."""
   config = ml_collections.ConfigDict(config.to_dict())
   config.model.dtype, config.model.pretrained = dtype, ''
-  s = dataset_shapes(config)
-  return Experiment.create(config, random_benchmark(config, max(base_batch(config), s['num_base']),
-                                                    config.eval.batch_size))
+  num_train = max(base_batch(config), dataset_shapes(config)['num_base'])
+  return Experiment.create(config, random_benchmark(config, num_train, config.eval.batch_size))
 
 
 def bench_dtype(config: ml_collections.ConfigDict, dtype: str, mesh) -> list:
-  """Every variant for one compute dtype; returns the records."""
+  """Every variant for one compute dtype; prints their table and returns the records."""
   exp = bench_experiment(config, dtype)
   sharding.per_device_batch(base_batch(config), mesh)
   other = [d for d in backend.CHOICES['noise.draw_map'] if d != exp.noise.draw_map][0]
@@ -178,8 +172,9 @@ def bench_dtype(config: ml_collections.ConfigDict, dtype: str, mesh) -> list:
     if config.bench.other_draw_map:
       cases.append(program_case(exp, variant(M=m, shared_trunk=True, draw_map=other), f'f2m_shared_{other}',
                                 m, 1, mesh))
-  cases += [incremental_case(exp)] + ncm_cases(exp)
-  return time_cases(cases, dtype, config.bench.warmup, config.bench.iters)
+  records = time_cases(cases + [incremental_case(exp)] + ncm_cases(exp), dtype, config.bench.warmup, config.bench.iters)
+  print(format_table(records), flush=True)
+  return records
 
 
 def incremental_case(exp: Experiment) -> Case:
@@ -227,24 +222,17 @@ def format_table(records: Sequence[dict]) -> str:
 def output_path(workdir: str) -> str:
   """W/bench.json, or W/bench_<timestamp>.json when bench.json exists already."""
   path = os.path.join(workdir, 'bench.json')
-  if os.path.exists(path):
-    path = os.path.join(workdir, f"bench_{time.strftime('%Y%m%d_%H%M%S')}.json")
-  return path
+  return os.path.join(workdir, f"bench_{time.strftime('%Y%m%d_%H%M%S')}.json") if os.path.exists(path) else path
 
 
 def run(config: ml_collections.ConfigDict, workdir: str, origin: Optional[dict] = None) -> list:
   """Runs every variant for every dtype of config.bench.dtypes; writes the JSON and returns the records.
-  `origin` as `pipeline.run`'s, recorded in bench.json. (S members against S single runs:
-  experiments/bench_members.py.)"""
+  `origin` as `pipeline.run`'s, recorded in bench.json."""
   config = pipeline.resolve(config, (origin or {}).get('changes'), reads_data=False)
   workdir_lib.check_folders(workdir)
   mesh = sharding.data_mesh()
   print(f'bench on {backend.devices()}, {os.cpu_count()} CPU cores; {backend.used(config)}', flush=True)
-  records = []
-  for dtype in config.bench.dtypes:
-    new = bench_dtype(config, dtype, mesh)
-    print(format_table(new), flush=True)
-    records.extend(new)
+  records = [r for dtype in config.bench.dtypes for r in bench_dtype(config, dtype, mesh)]
   os.makedirs(workdir, exist_ok=True)
   path = output_path(workdir)
   provenance = {**workdir_lib.provenance(config.to_dict()), **({'origin': origin} if origin else {})}

@@ -37,12 +37,11 @@ def _flip(key, image):
 
 def _crop_flip_one(key, image, pad: int):
   """RandomCrop(size, padding=pad) with zero padding, then a horizontal flip with p = 0.5."""
-  h, w, _ = image.shape
   k1, k2, k3 = jax.random.split(key, 3)
   padded = jnp.pad(image, ((pad, pad), (pad, pad), (0, 0)))
   dy = jax.random.randint(k1, (), 0, 2 * pad + 1)
   dx = jax.random.randint(k2, (), 0, 2 * pad + 1)
-  crop = jax.lax.dynamic_slice(padded, (dy, dx, 0), (h, w, image.shape[2]))
+  crop = jax.lax.dynamic_slice(padded, (dy, dx, 0), image.shape)
   return _flip(k3, crop)
 
 
@@ -52,8 +51,7 @@ def _rrc_flip_one(key, image, size: int, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3)
   h, w, _ = image.shape
   k1, k2, k3, k4, k5 = jax.random.split(key, 5)
   area = jax.random.uniform(k1, (), minval=scale[0], maxval=scale[1]) * h * w
-  log_r = jax.random.uniform(k2, (), minval=jnp.log(ratio[0]), maxval=jnp.log(ratio[1]))
-  aspect = jnp.exp(log_r)
+  aspect = jnp.exp(jax.random.uniform(k2, (), minval=jnp.log(ratio[0]), maxval=jnp.log(ratio[1])))
   cw = jnp.clip(jnp.sqrt(area * aspect), 1.0, w)
   ch = jnp.clip(jnp.sqrt(area / aspect), 1.0, h)
   y0 = jax.random.uniform(k3, ()) * (h - ch)

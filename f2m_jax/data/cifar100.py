@@ -4,6 +4,7 @@ downloads) or the official training set alone from the trainsplit npz (`load_cif
 ids the official fine labels; also the class splits."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import pathlib
@@ -26,18 +27,17 @@ NUM_BASE, WAY, SHOTS, NUM_SESSIONS = 60, 5, 5, 9
 SESSION_CLASSES = sessions_from_counts(NUM_BASE, WAY, NUM_SESSIONS)
 TEST_PER_CLASS = 100  # trainsplit: held-out images per class
 NPZ_NAME = 'cifar100_train.npz'
-# The official binary archive, pinned as TFDS pins it (tensorflow_datasets/url_checksums/cifar100.txt):
-# data.source 'tfds' is the same cifar100 as TFDS's, read from the archive TFDS downloads.
+# The official binary archive, pinned as TFDS pins it (tensorflow_datasets/url_checksums/cifar100.txt).
 ARCHIVE_URL = 'https://www.cs.toronto.edu/~kriz/cifar-100-binary.tar.gz'
 ARCHIVE_SIZE = 168513733
 ARCHIVE_SHA256 = '58a81ae192c23a4be8b1804d68e518ed807d710a4eb253b1f2a199162a40d8ec'
 ARCHIVE_NAME = 'cifar-100-binary.tar.gz'
 TRAINSPLIT_ALTERNATIVE = (f'configs/cifar100.py:trainsplit on {NPZ_NAME} (python -m f2m_jax.data.make_trainsplit '
                           'builds it from the archive)')
-TRAINSPLIT_HOW_TO_GET = (
-    f'How to obtain it: {NPZ_NAME} is the official training set as arrays (docs/data.md); build it with '
-    '`python -m f2m_jax.data.make_trainsplit --out <data folder>` (downloads the official archive, or '
-    f'--archive <a local cifar-100-binary.tar.gz>); the data folder is ${DATA_DIR_ENV} or --config.data.data_dir.')
+TRAINSPLIT_HOW_TO_GET = (f'How to obtain it: {NPZ_NAME} is the official training set as arrays (docs/data.md); '
+                         'build it with `python -m f2m_jax.data.make_trainsplit --out <data folder>` (downloads the '
+                         f'official archive, or --archive <a local {ARCHIVE_NAME}>); the data folder is '
+                         f'${DATA_DIR_ENV} or --config.data.data_dir.')
 
 
 # ---------------------------------------------------------------- TOPIC lists
@@ -74,17 +74,8 @@ def _benchmark(name: str, train: Split, test: Split, base_train: np.ndarray, sho
 
 # ---------------------------------------------------------------- the official archive
 
-def parse_binary(data: bytes) -> Split:
-  """Records of the official binary format (coarse label, fine label, 3 x 32 x 32 planes) -> Split."""
-  record = 2 + 3 * IMAGE_SIZE * IMAGE_SIZE
-  if len(data) % record:
-    raise DataError(f'a CIFAR-100 binary file of {len(data)} bytes is not a whole number of {record}-byte records')
-  rows = np.frombuffer(data, np.uint8).reshape(-1, record)
-  images = rows[:, 2:].reshape(-1, 3, IMAGE_SIZE, IMAGE_SIZE).transpose(0, 2, 3, 1)
-  return Split(np.ascontiguousarray(images), rows[:, 1].astype(np.int32))
-
-
 ARCHIVE_FILES = ('train.bin', 'test.bin', 'fine_label_names.txt')
+RECORD = 2 + 3 * IMAGE_SIZE ** 2  # a record of train.bin and test.bin: coarse label, fine label, 3 x 32 x 32 planes
 
 
 def read_archive(archive) -> dict:
@@ -102,8 +93,11 @@ def read_archive(archive) -> dict:
                     '(expected cifar-100-binary/train.bin, test.bin and fine_label_names.txt)')
   arrays = {'label_names': np.asarray(files['fine_label_names.txt'].decode().split())}
   for split in ('train', 'test'):
-    parsed = parse_binary(files[f'{split}.bin'])
-    arrays[f'x_{split}'], arrays[f'y_{split}'] = parsed.images, parsed.labels.astype(np.int16)
+    if len(files[f'{split}.bin']) % RECORD:
+      raise DataError(f'{archive}: {split}.bin is not a whole number of {RECORD}-byte records')
+    rows = np.frombuffer(files[f'{split}.bin'], np.uint8).reshape(-1, RECORD)
+    images = rows[:, 2:].reshape(-1, 3, IMAGE_SIZE, IMAGE_SIZE).transpose(0, 2, 3, 1)
+    arrays[f'x_{split}'], arrays[f'y_{split}'] = np.ascontiguousarray(images), rows[:, 1].astype(np.int16)
   if len(arrays['label_names']) != 100 or arrays['y_train'].max(initial=0) >= 100:
     raise DataError(f'{archive}: expected 100 fine label names and labels 0..99, found '
                     f'{len(arrays["label_names"])} names')
@@ -111,8 +105,7 @@ def read_archive(archive) -> dict:
 
 
 def images_at_hand(cache_dir, tfds_data_dir: str = '') -> bool:
-  """Whether the 'tfds' source finds the images without a download: a prepared TFDS cifar100, or the
-  official archive in the cache."""
+  """Whether the 'tfds' source needs no download: a prepared TFDS cifar100, or the official archive in the cache."""
   return tfds_prepared(tfds_data_dir) or (pathlib.Path(cache_dir) / 'downloads' / ARCHIVE_NAME).is_file()
 
 
@@ -126,14 +119,13 @@ def tfds_prepared(data_dir: str = '') -> bool:
   return any(tfds_folder(data_dir).glob('cifar100/*/dataset_info.json'))
 
 
-def tfds_split(split: str, data_dir: str = '', batch: int = 1000) -> Split:
+def tfds_split(split: str, data_dir: str = '') -> Split:
   """One split of the prepared TFDS cifar100, read with `tfds.data_source` (random access: no TensorFlow,
   never a download) and put back into the official file order by its record ids ('train_00012': 12)."""
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top (a slow import, only here)
   try:
     source = tfds.data_source('cifar100', split=split, data_dir=str(tfds_folder(data_dir)), download=False)
-    records = [r for i in range(0, len(source), batch)
-               for r in source.__getitems__(list(range(i, min(len(source), i + batch))))]
+    records = source.__getitems__(list(range(len(source))))
   except Exception as e:  # tfds raises many types for a copy it cannot read
     raise DataError(f'the TFDS cifar100 prepared in {tfds_folder(data_dir)} cannot be read ({type(e).__name__}: '
                     f'{e}); prepare it again (pip install tensorflow; tfds build cifar100 --file_format=array_record) '
@@ -155,16 +147,14 @@ def archive_help(cache_dir) -> str:
 
 
 def fetch_archive(cache_dir, help_text: str = '') -> pathlib.Path:
-  """The official archive, downloaded once into `<cache_dir>/downloads/` (resumable, checked against
-  ARCHIVE_SIZE and ARCHIVE_SHA256)."""
+  """The official archive in `<cache_dir>/downloads/`, downloaded there once (`download.fetch`)."""
   return download.fetch(ARCHIVE_URL, pathlib.Path(cache_dir) / 'downloads' / ARCHIVE_NAME, ARCHIVE_SHA256,
                         ARCHIVE_SIZE, f'CIFAR-100 ({ARCHIVE_SIZE / 1e6:.0f} MB)', help_text)
 
 
 def load_official(index_dir, cache_dir, tfds_data_dir: str = '') -> Benchmark:
-  """The official protocol (official train order and test set, session_*.txt's base images and shots),
-  from a prepared TFDS cifar100 (`tfds_split`), else from the official archive in `<cache>/downloads/`,
-  downloaded there once (`fetch_archive`)."""
+  """The official protocol (official train order and test set, session_*.txt's base images and shots), from
+  a prepared TFDS cifar100, else from the official archive in `<cache>/downloads/` (downloaded there once)."""
   if tfds_prepared(tfds_data_dir):
     train, test = tfds_split('train', tfds_data_dir), tfds_split('test', tfds_data_dir)
   else:
@@ -185,8 +175,7 @@ def load_train_npz(npz_path) -> Split:
   """The official training set from `cifar100_train.npz` (x_train uint8, y_train fine labels)."""
   path = pathlib.Path(npz_path)
   if not path.is_file():
-    raise DataError(f'{path} not found. Point ${DATA_DIR_ENV} (or --config.data.data_dir) at the folder '
-                    f'holding {NPZ_NAME}.\n{TRAINSPLIT_HOW_TO_GET}')
+    raise DataError(f'{path} not found.\n{TRAINSPLIT_HOW_TO_GET}')
   with np.load(path) as f:
     if 'x_train' not in f or 'y_train' not in f:
       raise DataError(f'{path} must hold arrays x_train and y_train, has {sorted(f.keys())}')
@@ -211,8 +200,7 @@ def load_cifar100_trainsplit(npz_path, index_dir) -> Benchmark:
   train = load_train_npz(npz_path)
   base_list, topic_shots = read_topic_lists(index_dir, len(train))
   test_idx = trainsplit_test_indices(train.labels, np.concatenate(topic_shots))
-  is_test = np.zeros(len(train), bool)
-  is_test[test_idx] = True
+  is_test = np.isin(np.arange(len(train)), test_idx)
   base_train = base_list[~is_test[base_list]]
   shot_pool = np.flatnonzero(~is_test & (train.labels >= NUM_BASE))
   test = Split(train.images[test_idx], train.labels[test_idx])
@@ -221,7 +209,6 @@ def load_cifar100_trainsplit(npz_path, index_dir) -> Benchmark:
 
 # ---------------------------------------------------------------- superclass splits
 
-SUPERCLASS_FILE = pathlib.Path(__file__).with_name('cifar100_superclasses.json')
 # The paper's appendix tables "first" and "second class split": base = 6 superclasses (30 classes),
 # then one superclass (5 classes, 5-way 5-shot) per session, in the paper's order.
 SUPERCLASS_SPLITS = {
@@ -234,8 +221,7 @@ SUPERCLASS_SPLITS = {
 
 def superclasses() -> tuple:
   """(coarse names [20], fine_to_coarse [100]) from the shipped CIFAR-100 superclass table."""
-  with open(SUPERCLASS_FILE) as f:
-    table = json.load(f)
+  table = json.loads(pathlib.Path(__file__).with_name('cifar100_superclasses.json').read_text())
   return tuple(table['coarse_names']), np.asarray(table['fine_to_coarse'], np.int64)
 
 
@@ -271,15 +257,11 @@ def class_split(bench: Benchmark, split: str) -> Benchmark:
   new_id = np.full(100, -1, np.int64)
   new_id[order] = np.arange(len(order))
   train_labels = new_id[bench.train.labels].astype(np.int32)
-  usable = np.zeros(len(bench.train), bool)
-  usable[np.concatenate([bench.base_train, bench.shot_pool])] = True
-  num_base = sizes[0]
+  usable = np.isin(np.arange(len(bench.train)), np.concatenate([bench.base_train, bench.shot_pool]))
   keep_test = new_id[bench.test.labels] >= 0
-  test = Split(bench.test.images[keep_test], new_id[bench.test.labels[keep_test]].astype(np.int32))
-  bounds = np.cumsum((0,) + sizes).tolist()
-  classes = [tuple(range(start, end)) for start, end in zip(bounds[:-1], bounds[1:])]
-  return Benchmark(
-      name=f'{bench.name}_{split}', train=Split(bench.train.images, train_labels), test=test,
-      base_train=np.flatnonzero(usable & (train_labels >= 0) & (train_labels < num_base)),
-      session_classes=tuple(classes), shot_pool=np.flatnonzero(usable & (train_labels >= num_base)),
-      topic_shots=None, image_size=bench.image_size, mean=bench.mean, std=bench.std, augment=bench.augment)
+  return dataclasses.replace(
+      bench, name=f'{bench.name}_{split}', train=Split(bench.train.images, train_labels),
+      test=Split(bench.test.images[keep_test], new_id[bench.test.labels[keep_test]].astype(np.int32)),
+      base_train=np.flatnonzero(usable & (train_labels >= 0) & (train_labels < sizes[0])),
+      session_classes=sessions_from_counts(sizes[0], sizes[1], len(sizes)),
+      shot_pool=np.flatnonzero(usable & (train_labels >= sizes[0])), topic_shots=None)

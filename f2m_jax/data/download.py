@@ -21,12 +21,9 @@ CHUNK = 1 << 20
 TIMEOUT_S = 60
 
 
-def sha256_file(path, chunk: int = CHUNK) -> str:
-  h = hashlib.sha256()
+def sha256_file(path) -> str:
   with open(path, 'rb') as f:
-    for block in iter(lambda: f.read(chunk), b''):
-      h.update(block)
-  return h.hexdigest()
+    return hashlib.file_digest(f, 'sha256').hexdigest()
 
 
 # A temporary file or folder that no process holds locked, older than the moment between its writer's
@@ -38,18 +35,14 @@ def remove_stale(folder, pattern: str) -> None:
   """Removes the temporaries matching `pattern` in `folder` that no live process is writing: those
   older than STALE_AFTER_S that nobody holds locked (`held`)."""
   for p in pathlib.Path(folder).glob(pattern):
-    try:
+    with contextlib.suppress(OSError):  # gone, held by its live writer, or not ours to remove
       fd = os.open(p, os.O_RDONLY)
-    except OSError:  # gone, or not ours to read
-      continue
-    try:
-      if time.time() - os.fstat(fd).st_mtime >= STALE_AFTER_S:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        shutil.rmtree(p) if p.is_dir() else p.unlink()
-    except OSError:  # held: its writer is alive (or it cannot be removed)
-      pass
-    finally:
-      os.close(fd)
+      try:
+        if time.time() - os.fstat(fd).st_mtime >= STALE_AFTER_S:
+          fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+          shutil.rmtree(p) if p.is_dir() else p.unlink()
+      finally:
+        os.close(fd)
 
 
 @contextlib.contextmanager
@@ -97,14 +90,13 @@ def written_atomically(path, suffix: str = ''):
 
 def _open(url: str, offset: int):
   """(stream, resumed) reading `url` from byte `offset` where the server allows it."""
-  parsed = urllib.parse.urlparse(url)
-  if parsed.scheme == 'file':
-    f = open(urllib.request.url2pathname(parsed.path), 'rb')
+  if url.startswith('file:'):
+    f = open(urllib.request.url2pathname(urllib.parse.urlparse(url).path), 'rb')
     f.seek(offset)
     return f, True
-  request = urllib.request.Request(url, headers={'Range': f'bytes={offset}-'} if offset else {})
-  response = urllib.request.urlopen(request, timeout=TIMEOUT_S)
-  return response, offset > 0 and getattr(response, 'status', 200) == 206
+  response = urllib.request.urlopen(urllib.request.Request(url, headers={'Range': f'bytes={offset}-'}),
+                                    timeout=TIMEOUT_S)
+  return response, response.status == 206
 
 
 def fetch(url: str, dest, sha256: str, size: int, what: str, help_text: str = '') -> pathlib.Path:
@@ -117,38 +109,22 @@ def fetch(url: str, dest, sha256: str, size: int, what: str, help_text: str = ''
   dest.parent.mkdir(parents=True, exist_ok=True)
   part = dest.with_name(dest.name + '.part')
   offset = part.stat().st_size if part.is_file() else 0
-  if offset > size:  # not a prefix of this file: start again
-    part.unlink()
-    offset = 0
-  manual = (f'Or download {url} yourself (sha256 {sha256}) and put it at {dest}.'
-            + (f' {help_text}' if help_text else ''))
+  manual = f'Or download {url} yourself (sha256 {sha256}) and put it at {dest}. {help_text}'.strip()
+  reason = 'truncated'
   if offset < size:
     try:
       stream, resumed = _open(url, offset)
+      with stream, open(part, 'ab' if resumed else 'wb') as out, tqdm.wrapattr(
+          out, 'write', total=size, initial=offset if resumed else 0, desc=f'downloading {what}', disable=None) as w:
+        shutil.copyfileobj(stream, w, CHUNK)
     except (OSError, ValueError, http.client.HTTPException) as e:
-      raise DataError(f'could not download {what} from {url}: {e}. Check the connection and rerun '
-                      f'(the download resumes from {offset:,} bytes). {manual}') from e
-    if not resumed:
-      offset = 0
-    try:
-      with stream, open(part, 'ab' if offset else 'wb') as out, tqdm(
-          total=size, initial=offset, unit='B', unit_scale=True, desc=f'downloading {what}',
-          disable=None) as bar:
-        while True:
-          block = stream.read(CHUNK)
-          if not block:
-            break
-          out.write(block)
-          bar.update(len(block))
-    except (OSError, http.client.HTTPException) as e:
-      raise DataError(f'the download of {what} from {url} stopped at {part.stat().st_size:,} of {size:,} '
-                      f'bytes: {e}. Rerun to resume it. {manual}') from e
-  got = part.stat().st_size
+      reason = str(e)
+  got = part.stat().st_size if part.is_file() else 0
   if got < size:
-    raise DataError(f'the download of {what} from {url} ended at {got:,} of {size:,} bytes (truncated). '
-                    f'Rerun to resume it from {part}. {manual}')
+    raise DataError(f'could not download {what} from {url}: it ended at {got:,} of {size:,} bytes ({reason}). '
+                    f'Rerun to resume it. {manual}')
   digest = sha256_file(part)
-  if got != size or digest != sha256:
+  if digest != sha256:
     part.unlink()
     raise DataError(f'{what} from {url} has the wrong checksum ({got:,} bytes, sha256 {digest}; expected '
                     f'{size:,} bytes, sha256 {sha256}), so it was deleted. Rerun to download it again; if '

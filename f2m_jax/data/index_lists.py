@@ -1,6 +1,5 @@
 """The TOPIC session lists (`index_list/<dataset>/session_*.txt`): found in the data folder or the cache,
-else downloaded into the cache from the CEC repository at a pinned commit, each file's sha256 pinned.
-"""
+else downloaded into the cache from the CEC repository at a pinned commit, each file's sha256 pinned."""
 from __future__ import annotations
 
 import hashlib
@@ -10,14 +9,13 @@ import pathlib
 import urllib.request
 from typing import Optional
 
-from f2m_jax.data.download import written_atomically
+from f2m_jax.data.download import TIMEOUT_S, written_atomically
 from f2m_jax.data.types import DataError
 
 DATA_DIR_ENV = 'F2M_DATA_DIR'
 CEC_REPO = 'icoz69/CEC-CVPR2021'
 CEC_COMMIT = 'dc262374125418c7aadf00cac30bbb686a5859b6'
 BASE_URL = f'https://raw.githubusercontent.com/{CEC_REPO}/{CEC_COMMIT}/data/index_list'
-TIMEOUT_S = 30
 
 # sha256 of every file, computed from the reference copy of the lists (TOPIC lists as copied in CEC).
 SHA256 = {
@@ -73,13 +71,8 @@ def index_list_dir(dataset: str, data_dir: Optional[str] = None,
                    cache_dir: Optional[str] = None) -> pathlib.Path:
   """The folder holding `session_*.txt` for `dataset`: `<data_dir or $F2M_DATA_DIR>/index_list/<dataset>`,
   else `<cache folder>/index_list/<dataset>`, downloaded where absent."""
-  if dataset not in SHA256:
-    raise ValueError(f'unknown dataset {dataset!r}; expected one of {sorted(SHA256)}')
-  cached = pathlib.Path(cache_folder(cache_dir)) / 'index_list' / dataset
-  found = local_index_list_dir(dataset, data_dir, cache_dir)
-  if found is None or found == cached:
-    download_index_lists(dataset, cached)  # the files missing there (none where all are)
-  return found or cached
+  return (local_index_list_dir(dataset, data_dir, cache_dir)
+          or download_index_lists(dataset, pathlib.Path(cache_folder(cache_dir)) / 'index_list' / dataset))
 
 
 def local_index_list_dir(dataset: str, data_dir: Optional[str] = None,
@@ -92,9 +85,9 @@ def local_index_list_dir(dataset: str, data_dir: Optional[str] = None,
   return cached if all((cached / name).is_file() for name in SHA256[dataset]) else None
 
 
-def download_index_lists(dataset: str, folder: pathlib.Path):
-  """Downloads the missing list files of `dataset` into `folder`, each checked against its sha256
-  and written atomically (temp file + rename), so the folder never holds a partial or wrong file."""
+def download_index_lists(dataset: str, folder: pathlib.Path) -> pathlib.Path:
+  """Downloads the missing list files of `dataset` into `folder` (returned), each checked against its
+  sha256 and written atomically (temp file + rename), so the folder never holds a partial or wrong file."""
   for name in [name for name in SHA256[dataset] if not (folder / name).is_file()]:
     folder.mkdir(parents=True, exist_ok=True)
     url = f'{BASE_URL}/{dataset}/{name}'
@@ -102,24 +95,18 @@ def download_index_lists(dataset: str, folder: pathlib.Path):
       with urllib.request.urlopen(url, timeout=TIMEOUT_S) as response:
         data = response.read()
     except (OSError, ValueError, http.client.HTTPException) as e:  # URLError, timeouts: OSError
-      raise DataError(_download_help(dataset, folder, f'could not download {url}: {e}')) from e
-    got = hashlib.sha256(data).hexdigest()
-    if got != SHA256[dataset][name]:
-      raise DataError(_download_help(
-          dataset, folder,
-          f'checksum mismatch for {url}: sha256 {got}, expected {SHA256[dataset][name]}'))
+      problem = f'could not download {url}: {e}'
+    else:
+      got, want = hashlib.sha256(data).hexdigest(), SHA256[dataset][name]
+      problem = got != want and f'checksum mismatch for {url}: sha256 {got}, expected {want}'
+    if problem:
+      raise DataError(f'The TOPIC index lists for {dataset} were not found and {problem}.\n'
+                      f'Files needed: {", ".join(SHA256[dataset])}\nfrom {BASE_URL}/{dataset}/ (repository '
+                      f'{CEC_REPO}, commit {CEC_COMMIT}).\nPut them in ${DATA_DIR_ENV}/index_list/{dataset}/ (set '
+                      f'{DATA_DIR_ENV} to your data folder) or in the cache folder {folder}/.')
     with written_atomically(folder / name) as tmp:
       tmp.write_bytes(data)
-
-
-def _download_help(dataset: str, cache_folder: pathlib.Path, reason: str) -> str:
-  names = ', '.join(SHA256[dataset])
-  return (
-      f'The TOPIC index lists for {dataset} were not found and {reason}.\n'
-      f'Files needed: {names}\n'
-      f'from {BASE_URL}/{dataset}/ (repository {CEC_REPO}, commit {CEC_COMMIT}).\n'
-      f'Put them in ${DATA_DIR_ENV}/index_list/{dataset}/ (set {DATA_DIR_ENV} to your data folder) '
-      f'or in the cache folder {cache_folder}/.')
+  return folder
 
 
 def read_index_file(path) -> list:

@@ -45,8 +45,7 @@ def build(archive, out_dir, verify: bool = True) -> dict:
       raise DataError(f'{archive} is not the official archive ({size:,} bytes, sha256 {digest}; expected '
                       f'{cifar100.ARCHIVE_SIZE:,} bytes, sha256 {cifar100.ARCHIVE_SHA256}); download it again '
                       f'from {cifar100.ARCHIVE_URL}, or pass --no-verify to build from it anyway')
-  arrays = cifar100.read_archive(archive)
-  arrays = {k: arrays[k] for k in ('x_train', 'y_train', 'label_names')}
+  arrays = {k: v for k, v in cifar100.read_archive(archive).items() if k in ('x_train', 'y_train', 'label_names')}
   out.parent.mkdir(parents=True, exist_ok=True)
   with download.written_atomically(out, '.npz') as tmp:
     np.savez(tmp, source=np.asarray(f'{cifar100.ARCHIVE_URL} (train.bin, file order)'), **arrays)
@@ -55,22 +54,14 @@ def build(archive, out_dir, verify: bool = True) -> dict:
           'as_measured': content == CONTENT_SHA256}
 
 
-def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
-  p = argparse.ArgumentParser(description=__doc__.split('\n\n')[0],
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
-  p.add_argument('--out', nargs='?', const='', required=True,
-                 help='the data folder to write cifar100_train.npz into')
-  p.add_argument('--archive',
-                 help=f'a local {cifar100.ARCHIVE_NAME}; without it, it is downloaded into the cache folder')
-  p.add_argument('--cache_dir', default='', help='cache folder for the download (default: $F2M_CACHE_DIR, '
-                 'else ~/.cache/f2m_jax)')
+def main(argv: Optional[Sequence[str]] = None) -> int:
+  p = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+  p.add_argument('--out', nargs='?', const='', required=True, help='the data folder to write cifar100_train.npz into')
+  p.add_argument('--archive', help=f'a local {cifar100.ARCHIVE_NAME} (default: downloaded into the cache folder)')
+  p.add_argument('--cache_dir', default='', help='the cache folder (default: $F2M_CACHE_DIR, else ~/.cache/f2m_jax)')
   p.add_argument('--no-verify', dest='verify', action='store_false',
                  help="build from an archive whose size or sha256 is not the official one's")
-  return p.parse_args(argv)
-
-
-def main(argv: Optional[Sequence[str]] = None) -> int:
-  args = parse_args(argv)
+  args = p.parse_args(argv)
   if not args.out:  # `--out $F2M_DATA_DIR` with the variable unset
     print(f'error: --out got no folder (is F2M_DATA_DIR unset?): name the data folder to write {cifar100.NPZ_NAME} '
           'into, e.g. `export F2M_DATA_DIR=~/f2m_data` and rerun, or --out ~/f2m_data', file=sys.stderr)

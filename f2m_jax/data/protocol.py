@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import hashlib
+import itertools
 
 import numpy as np
 
@@ -56,27 +57,23 @@ def class_aware_epoch(labels: np.ndarray, pool: np.ndarray, per_class: int, seed
   """One epoch (max-class-size x classes samples) of cRT's class-aware sampling: classes in a random
   order, `per_class` images a visit from each class's shuffled cycle; a function of (seed, stream, epoch)."""
   pool_labels = labels[pool]
-  classes = np.unique(pool_labels)
-  members = [pool[pool_labels == c] for c in classes]
-  length = max(len(m) for m in members) * len(classes)
+  members = [pool[pool_labels == c] for c in np.unique(pool_labels)]
+  length = max(len(m) for m in members) * len(members)
   rng = np.random.default_rng([seed, *stream, epoch, 13])
-  cycles = [rng.permutation(m) for m in members]
-  offsets = [0] * len(classes)
-  out, total = [], 0
-  while total < length:
-    for c in rng.permutation(len(classes)):
-      take = []
-      while len(take) < per_class:
-        if offsets[c] == len(cycles[c]):
-          cycles[c], offsets[c] = rng.permutation(members[c]), 0
-        k = min(per_class - len(take), len(cycles[c]) - offsets[c])
-        take.extend(cycles[c][offsets[c]:offsets[c] + k].tolist())
-        offsets[c] += k
-      out.append(take)
-      total += per_class
-      if total >= length:
+
+  def cycle(m, order):  # a class's images, reshuffled each time they run out (drawn when needed)
+    while True:
+      yield from order.tolist()
+      order = rng.permutation(m)
+
+  cycles = [cycle(m, rng.permutation(m)) for m in members]
+  out = []
+  while len(out) < length:
+    for c in rng.permutation(len(members)):
+      out.extend(itertools.islice(cycles[c], per_class))
+      if len(out) >= length:
         break
-  return np.asarray([i for block in out for i in block][:length], np.int64)
+  return np.asarray(out[:length], np.int64)
 
 
 def test_indices(benchmark: Benchmark, session: int) -> np.ndarray:
@@ -118,25 +115,19 @@ def task_epoch(labels: np.ndarray, pool: np.ndarray, shots: int, seed: int, epoc
   return np.concatenate(blocks)
 
 
-CLASS_AWARE = ('task_epochs', 'balanced')  # the samplers that fill a batch with base.ways classes
-
-
 def sampler_shots(sampler: str, batch: int, ways: int, shots: int) -> int:
   """base.shots as the run uses it, the images per class in a batch of the class-aware samplers: 0 means
   batch / ways; a set value must give that batch ('task_epochs'); under 'shuffle', 0 where batch is no
   multiple of ways. Raises ValueError naming base.shots."""
-  if (sampler == 'balanced' and shots) or ways < 1:
+  if ways < 1 or (shots and (sampler != 'task_epochs' or shots * ways == batch)):
     return shots  # balanced: ways x shots is the batch, base.batch_size is not read; ways < 1 is refused
-  if shots and (sampler != 'task_epochs' or shots * ways == batch):
-    return shots
   if shots:
-    raise ValueError(f'base.shots={shots} is invalid: the task_epochs sampler keeps base.ways={ways} classes per '
-                     f'batch, so base.ways x base.shots must be base.batch_size={batch} (is {ways * shots}); leave '
-                     'base.shots=0 (base.batch_size / base.ways images per class), or set base.ways to '
-                     'base.batch_size / base.shots for another number of classes per batch')
+    raise ValueError(f'base.shots={shots} is invalid: the task_epochs sampler keeps base.ways={ways} classes a batch, '
+                     f'so base.ways x base.shots must be base.batch_size={batch} (is {ways * shots}); leave '
+                     'base.shots=0 (batch_size / ways images a class), or set base.ways = base.batch_size / base.shots')
   if batch % ways == 0:
     return batch // ways
-  if sampler in CLASS_AWARE:
+  if sampler in ('task_epochs', 'balanced'):  # the samplers that fill a batch with base.ways classes
     near = ' or '.join(str(m) for m in (batch // ways * ways, (batch // ways + 1) * ways) if m)
     raise ValueError(f'base.batch_size={batch} is invalid: the {sampler} sampler takes base.ways={ways} classes per '
                      f'batch, base.batch_size / base.ways images each (base.shots=0), so it needs a multiple of '

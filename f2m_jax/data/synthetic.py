@@ -36,9 +36,8 @@ def make_synthetic(seed: int = 0, num_base: int = 60, way: int = 5, num_sessions
   test_labels = np.repeat(np.arange(num_classes, dtype=np.int32), test_per_class)
   train = Split(_render(rng, num_classes, train_labels, image_size, noise, seed), train_labels)
   test = Split(_render(rng, num_classes, test_labels, image_size, noise, seed), test_labels)
-  base_train = np.flatnonzero(train_labels < num_base)
   return Benchmark(
-      name='synthetic', train=train, test=test, base_train=base_train,
+      name='synthetic', train=train, test=test, base_train=np.flatnonzero(train_labels < num_base),
       session_classes=sessions_from_counts(num_base, way, num_sessions),
       shot_pool=np.arange(len(train_labels)), topic_shots=None, image_size=image_size,
       mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25), augment='crop_flip')

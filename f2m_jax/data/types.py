@@ -70,8 +70,7 @@ def check_session_indices(benchmark: Benchmark, indices: Sequence[int], session:
   labels = benchmark.train.labels[np.asarray(indices)]
   want = benchmark.session_classes[session - 1]
   for c in want:
-    n = int(np.sum(labels == c))
-    if n != shots:
+    if (n := int(np.sum(labels == c))) != shots:
       raise ValueError(f'session {session}: class {c} has {n} shots, expected {shots}')
   extra = set(np.unique(labels).tolist()) - set(want)
   if extra:
