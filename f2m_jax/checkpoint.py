@@ -69,6 +69,10 @@ def _cause(e: BaseException, limit: Optional[int] = None) -> str:
   failed = re.search(r'"([^"]+)": [^"]*\[os_error_code=\'(\d+)\'\]', text)  # tensorstore's: the file, the OS's errno
   if failed:
     return f'{os.strerror(int(failed[2]))} ({failed[1]})'
+  late = re.search(r'Barrier timed out\. Id: (\S+?)(?:::\d+)?\. .* task names:((?: [/\w:]*?\d+(?= |$))+)', text)
+  if late:  # JAX's coordination service names the processes (its tasks) that did not reach an orbax barrier
+    tasks = re.findall(r'(\d+)(?: |$)', late[2])
+    return f"process {', '.join(tasks)} did not reach orbax's barrier {late[1]} in time"
   text = re.sub(r" \[(tensorstore_spec|source locations)=.*$", '', text)
   return text if limit is None or len(text) <= limit else text[:limit] + ' ...'
 
@@ -117,8 +121,11 @@ def _manager(directory: str, keep: Optional[int], read_only: bool = False,
                                          # a folder that cannot be made fails in save() itself: made in the
                                          # background, orbax's writer threads wait 300 s for it at exit
                                          async_options=ocp.AsyncOptions(create_directories_asynchronously=False))
-  manager = ocp.CheckpointManager(os.path.abspath(directory), options=options,
-                                  item_handlers=ocp.StandardCheckpointHandler())  # so item_metadata reads the tree
+  try:
+    manager = ocp.CheckpointManager(os.path.abspath(directory), options=options,
+                                    item_handlers=ocp.StandardCheckpointHandler())  # so item_metadata reads the tree
+  except RuntimeError as e:  # its barrier of the processes timed out
+    raise CheckpointFault(f'cannot open the checkpoint folder {directory}: {_cause(e)}') from e
   if background:
     _BACKGROUND.add(manager)
   return manager
