@@ -32,7 +32,8 @@ def maybe_initialize_distributed(requested: bool = False) -> bool:
   late.start()  # before JAX's own timeout, which ends the process with a page of its log
   jax.distributed.initialize(**kwargs, initialization_timeout=wait + 60, shutdown_timeout_seconds=wait + 300)
   late.cancel()
-  flags.FLAGS.experimental_orbax_use_distributed_barrier = True  # orbax's barriers: bounded, the late named
+  if 'experimental_orbax_use_distributed_barrier' in flags.FLAGS:  # (orbax 0.11.0 has not this option)
+    flags.FLAGS.experimental_orbax_use_distributed_barrier = True  # orbax's barriers: bounded, the late named
   try:  # the collectives connect at their first use, waiting 30 s for the others: here, as the processes meet
     multihost_utils.sync_global_devices('f2m_jax: the collectives connect')
   except Exception as e:  # pylint: disable=broad-except  (jax raises several types)
