@@ -2,6 +2,7 @@
 over all devices, the batch sharded and the state replicated; each host builds its own rows."""
 from __future__ import annotations
 
+import inspect
 import os
 import sys
 import threading
@@ -18,8 +19,7 @@ AXIS = 'data'
 
 def maybe_initialize_distributed(requested: bool = False) -> bool:
   """Calls `jax.distributed.initialize()` when JAX_COORDINATOR_ADDRESS is set or `requested` (config
-  `distributed=True`), then connects the processes' collectives; returns whether it did. Must run before
-  any computation. A wait for the other processes ends in one line ('Devices and hosts')."""
+  `distributed=True`), then connects the collectives; returns whether it did. Before any computation."""
   address = os.environ.get('JAX_COORDINATOR_ADDRESS')
   if not (address or requested):
     return False
@@ -27,24 +27,24 @@ def maybe_initialize_distributed(requested: bool = False) -> bool:
   for env, arg in (('JAX_NUM_PROCESSES', 'num_processes'), ('JAX_PROCESS_ID', 'process_id')):
     if os.environ.get(env):
       kwargs[arg] = int(os.environ[env])
+
+  def end(line: str) -> None:  # without JAX's exit barrier: the others' waits on this process end at once
+    print(f'error: process {kwargs.get("process_id", "?")}: {line}', file=sys.stderr, flush=True)
+    os._exit(3)  # pylint: disable=protected-access
   wait = int(os.environ.get('F2M_DISTRIBUTED_TIMEOUT_S') or 300)
-  late = threading.Timer(wait, _end, [f'not every process joined {address} within {wait} s'])
+  if 'shutdown_timeout_seconds' in inspect.signature(jax.distributed.initialize).parameters:  # (jax 0.4.30: not)
+    kwargs['shutdown_timeout_seconds'] = wait + 300  # a failed process waits at exit till orbax's barriers time out
+  late = threading.Timer(wait, end, [f'not every process joined {address} within {wait} s'])
   late.start()  # before JAX's own timeout, which ends the process with a page of its log
-  jax.distributed.initialize(**kwargs, initialization_timeout=wait + 60, shutdown_timeout_seconds=wait + 300)
+  jax.distributed.initialize(**kwargs, initialization_timeout=wait + 60)
   late.cancel()
   if 'experimental_orbax_use_distributed_barrier' in flags.FLAGS:  # (orbax 0.11.0 has not this option)
     flags.FLAGS.experimental_orbax_use_distributed_barrier = True  # orbax's barriers: bounded, the late named
   try:  # the collectives connect at their first use, waiting 30 s for the others: here, as the processes meet
     multihost_utils.sync_global_devices('f2m_jax: the collectives connect')
   except Exception as e:  # pylint: disable=broad-except  (jax raises several types)
-    _end(f"the processes' collectives did not connect: {' '.join(str(e).split())}")
+    end(f"the processes' collectives did not connect: {' '.join(str(e).split())}")
   return True
-
-
-def _end(line: str) -> None:
-  """Ends this process with `line`, skipping JAX's exit barrier: the others' waits on it end at once."""
-  print(f'error: process {os.environ.get("JAX_PROCESS_ID", "?")}: {line}', file=sys.stderr, flush=True)
-  os._exit(3)  # pylint: disable=protected-access
 
 
 def data_mesh(devices: Optional[Sequence[jax.Device]] = None) -> Mesh:
