@@ -25,10 +25,15 @@ TINY = ['--config', 'configs/cifar100.py:smoke', '--config.method=baseline', '--
         '--config.base.log_every=2', '--config.tensorboard=False']
 
 
-def free_port() -> int:
-  with socket.socket() as s:
+def free_ports(n: int) -> list:
+  """n distinct ports free now (each socket held until all are chosen)."""
+  sockets = [socket.socket() for _ in range(n)]
+  for s in sockets:
     s.bind(('127.0.0.1', 0))
-    return s.getsockname()[1]
+  ports = [s.getsockname()[1] for s in sockets]
+  for s in sockets:
+    s.close()
+  return ports
 
 
 def run_py(workdir, *extra, env=None):
@@ -43,9 +48,9 @@ def process_env(port: int, i: int, **extra) -> dict:
           'JAX_CPU_COLLECTIVES_IMPLEMENTATION': 'gloo', 'PYTHONFAULTHANDLER': '1', **extra}
 
 
-def two_processes(workdir, *extra):
-  """The same command in two processes of one distributed run; returns their outputs."""
-  port = free_port()
+def two_processes(workdir, *extra, port: int):
+  """The same command in two processes of one distributed run, its coordinator on `port`; returns their
+  outputs."""
   procs = [run_py(workdir, *extra, env=process_env(port, i)) for i in range(2)]
   outs = []
   try:
@@ -87,9 +92,9 @@ def test_a_member_sweep_over_two_processes_equals_one_process_with_two_devices(t
   program), file for file. Beside it (it mostly waits), process 0 of a run whose process 1 never
   comes ends after F2M_DISTRIBUTED_TIMEOUT_S with one line and exit code 3, having written nothing."""
   sweep = '--config.members.seeds=(0,1)'
-  port = free_port()
+  port, sweep_port = free_ports(2)
   alone = run_py(tmp_path / 'alone', env=process_env(port, 0, F2M_DISTRIBUTED_TIMEOUT_S='2'))
-  two_processes(tmp_path / 'hosts', sweep)
+  two_processes(tmp_path / 'hosts', sweep, port=sweep_port)
   out = alone.communicate(timeout=TIMEOUT_S)[0]
   assert (alone.returncode, out) == (3, f'error: process 0: not every process joined 127.0.0.1:{port} within 2 s\n')
   assert not (tmp_path / 'alone').exists()
