@@ -155,7 +155,7 @@ class Checkpoints:
     if read_only and not os.path.isdir(os.path.join(self.root, 'model')):
       raise CheckpointError(f'{workdir} has no base model checkpoint ({self.root}/model)')
     for name in os.listdir(self.root) if os.path.isdir(self.root) else ():  # every kind is a folder
-      if name != 'config.json':
+      if name != 'config.json' and not name.startswith('.'):  # (another process's temporary or probe file)
         _check_folder(os.path.join(self.root, name))
     self._read_only = read_only
     self._in_flight = []  # (manager, step, what, then) of the saves not yet known to be complete

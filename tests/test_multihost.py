@@ -109,6 +109,17 @@ def test_a_member_sweep_over_two_processes_equals_one_process_with_two_devices(t
     written_once(member)
 
 
+def test_another_processs_temporary_files_do_not_stop_a_process(tmp_path):
+  """Process 0 writes checkpoints/config.json through a temporary file while process 1 checks the
+  folder (workdir.prepare, then Checkpoints), and each process probes the folders it writes with a file:
+  neither is a file in a checkpoint folder's place (process 1 refused it, and process 0 waited at orbax's
+  first barrier; the two-process sweep ran into it once in 9 runs)."""
+  (tmp_path / 'checkpoints').mkdir()
+  for name in ('.config.json.43ypdem3.tmp', '.write_probe5y4gquox'):
+    (tmp_path / 'checkpoints' / name).write_text('{')
+  checkpoint.Checkpoints(str(tmp_path)).close()
+
+
 def test_a_barrier_that_timed_out_names_the_process_that_did_not_come():
   """orbax's barriers go through JAX's coordination service (f2m_jax/sharding.py), whose timeout names
   the processes that did not arrive: the checkpoint's one line says which (the text is JAX's own)."""
