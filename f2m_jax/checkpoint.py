@@ -67,7 +67,12 @@ def _cause(e: BaseException, limit: Optional[int] = None) -> str:
     if isinstance(seen, OSError) and seen.strerror:
       return f'{seen.strerror} ({seen.filename})' if seen.filename else seen.strerror
     seen = seen.__cause__ or seen.__context__
-  text = re.sub(r" \[(tensorstore_spec|source locations)=.*$", '', ' '.join(f'{type(e).__name__}: {e}'.split()))
+  text = ' '.join(f'{type(e).__name__}: {e}'.split())
+  late = re.search(r'Barrier timed out\. Id: (\S+?)(?:::\d+)?\. .* task names:((?: [/\w:]*?\d+(?= |$))+)', text)
+  if late:  # JAX's coordination service names the processes (its tasks) that did not reach an orbax barrier
+    tasks = ', '.join(re.findall(r'(\d+)(?: |$)', late[2]))
+    return f"process {tasks} did not reach orbax's barrier {late[1]} in time"
+  text = re.sub(r" \[(tensorstore_spec|source locations)=.*$", '', text)
   return text if limit is None or len(text) <= limit else text[:limit] + ' ...'
 
 
@@ -125,8 +130,11 @@ class Folder:
                                              # a folder that cannot be made fails in save() itself: made in the
                                              # background, orbax's writer threads wait 300 s for it at exit
                                              async_options=ocp.AsyncOptions(create_directories_asynchronously=False))
-      self._manager = ocp.CheckpointManager(os.path.abspath(self.path), options=options,
-                                            item_handlers=ocp.StandardCheckpointHandler())  # item_metadata reads the tree
+      try:
+        self._manager = ocp.CheckpointManager(os.path.abspath(self.path), options=options,
+                                              item_handlers=ocp.StandardCheckpointHandler())  # item_metadata: the tree
+      except RuntimeError as e:  # its barrier of the processes timed out
+        raise CheckpointFault(f'cannot open the checkpoint folder {self.path}: {_cause(e)}') from e
       if self.background:
         _BACKGROUND.add(self._manager)
     return self._manager

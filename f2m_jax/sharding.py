@@ -2,11 +2,16 @@
 over all devices, the batch sharded and the state replicated; each host builds its own rows."""
 from __future__ import annotations
 
+import inspect
 import os
+import sys
+import threading
 from typing import Optional, Sequence
 
 import jax
 import numpy as np
+from absl import flags
+from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 AXIS = 'data'
@@ -14,17 +19,33 @@ AXIS = 'data'
 
 def maybe_initialize_distributed(requested: bool = False) -> bool:
   """Calls `jax.distributed.initialize()` when JAX_COORDINATOR_ADDRESS is set or `requested` (config
-  `distributed=True`); returns whether it did. Must run before any computation."""
+  `distributed=True`), then connects the collectives; returns whether it did. Before any computation."""
   address = os.environ.get('JAX_COORDINATOR_ADDRESS')
   if not (address or requested):
     return False
-  kwargs = {}
-  if address:
-    kwargs['coordinator_address'] = address
+  kwargs = {'coordinator_address': address} if address else {}
   for env, arg in (('JAX_NUM_PROCESSES', 'num_processes'), ('JAX_PROCESS_ID', 'process_id')):
     if os.environ.get(env):
       kwargs[arg] = int(os.environ[env])
-  jax.distributed.initialize(**kwargs)
+
+  def end(line: str) -> None:  # without JAX's exit barrier: the others' waits on this process end at once
+    print(f'error: process {kwargs.get("process_id", "?")}: {line}', file=sys.stderr, flush=True)
+    os._exit(3)  # pylint: disable=protected-access
+  wait = int(os.environ.get('F2M_DISTRIBUTED_TIMEOUT_S') or 300)
+  if 'shutdown_timeout_seconds' in inspect.signature(jax.distributed.initialize).parameters:  # (jax 0.4.30: not)
+    kwargs['shutdown_timeout_seconds'] = wait + 300  # a failed process waits at exit till orbax's barriers time out
+  if 'jax_enable_preemption_service' in jax.config.values:  # its notifier would take SIGTERM from stopping.py
+    jax.config.update('jax_enable_preemption_service', False)
+  late = threading.Timer(wait, end, [f'not every process joined {address} within {wait} s'])
+  late.start()  # before JAX's own timeout, which ends the process with a page of its log
+  jax.distributed.initialize(**kwargs, initialization_timeout=wait + 60)
+  late.cancel()
+  if 'experimental_orbax_use_distributed_barrier' in flags.FLAGS:  # (orbax 0.11.0 has not this option)
+    flags.FLAGS.experimental_orbax_use_distributed_barrier = True  # orbax's barriers: bounded, the late named
+  try:  # the collectives connect at their first use, waiting 30 s for the others: here, as the processes meet
+    multihost_utils.sync_global_devices('f2m_jax: the collectives connect')
+  except Exception as e:  # pylint: disable=broad-except  (jax raises several types)
+    end(f"the processes' collectives did not connect: {' '.join(str(e).split())}")
   return True
 
 
@@ -36,11 +57,10 @@ def data_mesh(devices: Optional[Sequence[jax.Device]] = None) -> Mesh:
 
 def per_device_batch(global_batch: int, mesh: Mesh) -> int:
   """The per-device batch; a ValueError when the global batch does not split evenly."""
-  n = mesh.size
-  if global_batch % n:
-    raise ValueError(f'the global batch {global_batch} is not divisible by the {n} devices of the mesh; '
+  if global_batch % mesh.size:
+    raise ValueError(f'the global batch {global_batch} is not divisible by the {mesh.size} devices of the mesh; '
                      'choose a batch size (base.batch_size, or base.ways x base.shots) that is')
-  return global_batch // n
+  return global_batch // mesh.size
 
 
 def replicated(mesh: Mesh) -> NamedSharding:

@@ -1,6 +1,7 @@
 """Several hosts, on this machine: two processes on localhost (JAX's CPU collectives over gloo), the
 same run.py command in each, as docs/performance.md tells users to run them. The run's files are
-written once (process 0), and the results equal those of one process with the same devices."""
+written once (process 0), and the results equal those of one process with the same devices; a wait
+for a process that does not come ends in one line."""
 from __future__ import annotations
 
 import json
@@ -13,6 +14,7 @@ from collections import Counter
 import pytest
 
 from conftest import REPO, without_provenance, xla_flags
+from f2m_jax import checkpoint
 
 TIMEOUT_S = 900
 # The Baseline: the machinery under test (one SPMD base program over the processes' devices, every
@@ -23,10 +25,15 @@ TINY = ['--config', 'configs/cifar100.py:smoke', '--config.method=baseline', '--
         '--config.base.log_every=2', '--config.tensorboard=False']
 
 
-def free_port() -> int:
-  with socket.socket() as s:
+def free_ports(n: int) -> list:
+  """n distinct ports free now (each socket held until all are chosen)."""
+  sockets = [socket.socket() for _ in range(n)]
+  for s in sockets:
     s.bind(('127.0.0.1', 0))
-    return s.getsockname()[1]
+  ports = [s.getsockname()[1] for s in sockets]
+  for s in sockets:
+    s.close()
+  return ports
 
 
 def run_py(workdir, *extra, env=None):
@@ -35,12 +42,16 @@ def run_py(workdir, *extra, env=None):
                           text=True)
 
 
-def two_processes(workdir, *extra):
-  """The same command in two processes of one distributed run; returns their outputs."""
-  port = free_port()
-  procs = [run_py(workdir, *extra, env={'JAX_COORDINATOR_ADDRESS': f'127.0.0.1:{port}', 'JAX_NUM_PROCESSES': '2',
-                                        'JAX_PROCESS_ID': str(i), 'JAX_CPU_COLLECTIVES_IMPLEMENTATION': 'gloo'})
-           for i in range(2)]
+def process_env(port: int, i: int, **extra) -> dict:
+  """Process i of a run of two processes, its coordinator on `port`; a hang prints each thread's stack."""
+  return {'JAX_COORDINATOR_ADDRESS': f'127.0.0.1:{port}', 'JAX_NUM_PROCESSES': '2', 'JAX_PROCESS_ID': str(i),
+          'JAX_CPU_COLLECTIVES_IMPLEMENTATION': 'gloo', 'PYTHONFAULTHANDLER': '1', **extra}
+
+
+def two_processes(workdir, *extra, port: int):
+  """The same command in two processes of one distributed run, its coordinator on `port`; returns their
+  outputs."""
+  procs = [run_py(workdir, *extra, env=process_env(port, i)) for i in range(2)]
   outs = []
   try:
     for p in procs:
@@ -48,8 +59,7 @@ def two_processes(workdir, *extra):
   finally:
     for p in procs:
       p.kill()
-  for p, out in zip(procs, outs):
-    assert p.returncode == 0, out[-3000:]
+  assert [p.returncode for p in procs] == [0, 0], '\n'.join(f'process {i}: {out[-3000:]}' for i, out in enumerate(outs))
   return outs
 
 
@@ -79,9 +89,15 @@ def test_a_member_sweep_over_two_processes_equals_one_process_with_two_devices(t
   members' base sessions split their batches over them (the one base program, which a single run
   calls as a sweep of one member), every process computes every member's sessions, the files are
   written once (process 0), and the sweep equals one process's with two devices (the same SPMD
-  program), file for file."""
+  program), file for file. Beside it (it mostly waits), process 0 of a run whose process 1 never
+  comes ends after F2M_DISTRIBUTED_TIMEOUT_S with one line and exit code 3, having written nothing."""
   sweep = '--config.members.seeds=(0,1)'
-  two_processes(tmp_path / 'hosts', sweep)
+  port, sweep_port = free_ports(2)
+  alone = run_py(tmp_path / 'alone', env=process_env(port, 0, F2M_DISTRIBUTED_TIMEOUT_S='2'))
+  two_processes(tmp_path / 'hosts', sweep, port=sweep_port)
+  out = alone.communicate(timeout=TIMEOUT_S)[0]
+  assert (alone.returncode, out) == (3, f'error: process 0: not every process joined 127.0.0.1:{port} within 2 s\n')
+  assert not (tmp_path / 'alone').exists()
   one_process(tmp_path / 'one', sweep, devices=2)
   ours, theirs = load(tmp_path / 'hosts' / 'summary.json'), load(tmp_path / 'one' / 'summary.json')
   assert without_provenance(ours) == without_provenance(theirs)
@@ -91,6 +107,28 @@ def test_a_member_sweep_over_two_processes_equals_one_process_with_two_devices(t
     assert without_provenance(results) == without_provenance(load(tmp_path / 'one' / f'member_{i}' / 'results.json'))
     assert results['provenance']['hardware']['process_count'] == 2
     written_once(member)
+
+
+def test_another_processs_temporary_files_do_not_stop_a_process(tmp_path):
+  """Process 0 writes checkpoints/digests.json through a temporary file while process 1 opens the folder:
+  such a file is no file in a checkpoint folder's place (an earlier version refused another process's
+  temporary file, and the other process waited at orbax's first barrier: once in 9 two-process sweeps)."""
+  (tmp_path / 'checkpoints').mkdir()
+  for name in ('.config.json.43ypdem3.tmp', '.write_probe5y4gquox'):
+    (tmp_path / 'checkpoints' / name).write_text('{')
+  checkpoint.Checkpoints(str(tmp_path)).close()
+
+
+def test_a_barrier_that_timed_out_names_the_process_that_did_not_come():
+  """orbax's barriers go through JAX's coordination service (f2m_jax/sharding.py), whose timeout names
+  the processes that did not arrive: the checkpoint's one line says which (the text is JAX's own)."""
+  text = ("DEADLINE_EXCEEDED: Barrier timed out. Id: CheckpointManager:create_directory::0. This usually happens "
+          "because a task triggered the barrier too early or too slowly. Please look at the task logs (both timed "
+          "out and first task) to debug further.\n# of tasks that reached the barrier: 1/3.\nThe first task at the "
+          "barrier: 0. Some timed out task names:\n1\n2\n\nRPC: /xla.coordination.CoordinationService/Barrier "
+          "[type.googleapis.com/tensorflow.CoordinationServiceError='']")
+  assert checkpoint._cause(RuntimeError(text)) == (  # pylint: disable=protected-access
+      "process 1, 2 did not reach orbax's barrier CheckpointManager:create_directory in time")
 
 
 if sys.platform != 'linux':  # gloo over localhost is what CI machines run; elsewhere untested

@@ -120,12 +120,23 @@ def test_bench_output_never_overwrites(tmp_path):
 
 
 def test_distributed_is_initialized_only_when_asked(monkeypatch):
+  """Initialized with bounded waits, then the collectives connect (f2m_jax/sharding.py)."""
   calls = []
-  monkeypatch.setattr(sharding.jax.distributed, 'initialize', lambda **kw: calls.append(kw))
+  monkeypatch.setattr(sharding.jax.distributed, 'initialize',
+                      lambda shutdown_timeout_seconds=300, **kw: calls.append({**kw, 'exit': shutdown_timeout_seconds}))
+  monkeypatch.setattr(sharding.multihost_utils, 'sync_global_devices', calls.append)
   monkeypatch.delenv('JAX_COORDINATOR_ADDRESS', raising=False)
   assert not sharding.maybe_initialize_distributed(False) and calls == []
   monkeypatch.setenv('JAX_COORDINATOR_ADDRESS', '10.0.0.1:1234')
   monkeypatch.setenv('JAX_NUM_PROCESSES', '2')
   monkeypatch.setenv('JAX_PROCESS_ID', '1')
-  assert sharding.maybe_initialize_distributed(False)
-  assert calls == [{'coordinator_address': '10.0.0.1:1234', 'num_processes': 2, 'process_id': 1}]
+  monkeypatch.setenv('F2M_DISTRIBUTED_TIMEOUT_S', '20')
+  before = sharding.jax.config.jax_enable_preemption_service
+  try:
+    assert sharding.maybe_initialize_distributed(False)
+    # JAX's preemption notifier would take SIGTERM, which stopping.py's watcher must see
+    assert sharding.jax.config.jax_enable_preemption_service is False
+  finally:
+    sharding.jax.config.update('jax_enable_preemption_service', before)
+  assert calls == [{'coordinator_address': '10.0.0.1:1234', 'num_processes': 2, 'process_id': 1,
+                    'initialization_timeout': 80, 'exit': 320}, 'f2m_jax: the collectives connect']
