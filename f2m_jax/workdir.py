@@ -2,15 +2,19 @@
 produced is overwritten: a workdir started with another result-relevant config is refused."""
 from __future__ import annotations
 
+import contextlib
 import csv
 import errno
 import fcntl
+import importlib.metadata
 import io
 import json
 import os
+import pathlib
 import platform
+import subprocess
 import time
-from typing import Iterable, Optional
+from typing import Optional
 
 import jax
 from flax import traverse_util
@@ -37,6 +41,7 @@ SOURCE_KEY = 'base_source'  # config.json's record of --checkpoint's base model
 FORMAT_KEY, GIT_KEY = 'config_format', 'git'  # and of how it was written
 RECORD_KEYS = (SOURCE_KEY, FORMAT_KEY, GIT_KEY)  # not config fields
 ABSENT = '<absent>'
+MOVE = 'move it away, then rerun the same command'
 
 
 class WorkdirError(RuntimeError):
@@ -65,32 +70,31 @@ def saved_items(saved: dict, defaults: dict) -> dict:
 
 
 def config_differences(saved: dict, current: dict, defaults: Optional[dict] = None,
-                       ignore: Iterable[str] = NON_RESULT_FIELDS, method_sections: Optional[dict] = None) -> list:
+                       method_sections: Optional[dict] = None) -> list:
   """Dotted names of the result-relevant fields where a saved config and `current` differ. A field the
-  saved one lacks takes its value in `defaults`; `ignore`'s fields and the sections of a method neither
+  saved one lacks takes its value in `defaults`; NON_RESULT_FIELDS and the sections of a method neither
   config runs (`method_sections`) are not compared."""
   b = flat_items(current)
   fill = default_items(any(k.startswith('data.folder.') for k in b)) if defaults is None else defaults
   a = saved_items(saved, {k: v for k, v in fill.items() if k in b})
   methods = {a.get('method'), b.get('method')}
-  ignore = tuple(ignore) + tuple(f'{s}.' for s, m in (method_sections or {}).items() if m not in methods)
+  ignore = NON_RESULT_FIELDS + tuple(f'{s}.' for s, m in (method_sections or {}).items() if m not in methods)
   ignored = lambda k: any(k == i or (i.endswith('.') and k.startswith(i)) for i in ignore)  # 'x.': all of x
   return sorted(k for k in set(a) | set(b) if not ignored(k) and a.get(k, ABSENT) != b.get(k, ABSENT))
 
 
 def difference_details(fields: list, saved: dict, current: dict, path: str) -> str:
-  """'field: saved A, now B; ...' for `fields`, and where one of them is absent on a side, which commit
-  reads `saved` (config.json in `path`)."""
+  """'field: saved A, now B; ...' for `fields`, and where one of them is absent on a side, the commit that
+  reads `saved` (config.json in `path`): its own record, else its results.json's."""
   a, b = flat_items({k: v for k, v in saved.items() if k not in RECORD_KEYS}), flat_items(current)
   text = '; '.join(f'{k}: saved {a.get(k, ABSENT)!r}, now {b.get(k, ABSENT)!r}' for k in fields)
   if all(k in a and k in b for k in fields):
     return text
   commit, results = (saved.get(GIT_KEY) or {}).get('commit'), os.path.join(os.path.dirname(path), 'results.json')
-  if not commit and os.path.exists(results):  # else the one its results.json names
+  if not commit and os.path.exists(results):
     commit = ((read_json(results).get('provenance') or {}).get(GIT_KEY) or {}).get('commit')
-  return (f'{text}; a field absent on one side is read only by the commit that wrote {path}: '
-          + (f'{commit}, check it out to resume or evaluate this workdir' if commit else
-             'it names none (config format 0); check that commit out to resume or evaluate this workdir'))
+  return (f'{text}; a field absent on one side is read only by the commit that wrote {path} '
+          f'({commit or "unrecorded: config format 0"}): check it out to resume or evaluate this workdir')
 
 
 def read_json(path: str):
@@ -119,24 +123,23 @@ def recorded_config(path: str, method_sections: Optional[dict] = None) -> dict:
 def in_the_way(path: str, what: str = 'folder') -> Optional[str]:
   """The line naming the file that stands where `path`, or a folder above it, should be a folder (`what`
   names it), with what to do; None where none does."""
-  parts = os.path.abspath(path).split(os.sep)
-  for prefix in (os.sep.join(parts[:i]) for i in range(2, len(parts) + 1)):
-    if not os.path.isdir(prefix):
-      return (f'{prefix} is a file where a {what} should be; move it away, then rerun the same command'
-              if os.path.lexists(prefix) else None)
-  return None
+  found = nearest(os.path.abspath(path))
+  return None if os.path.isdir(found) else f'{found} is a file where a {what} should be; {MOVE}'
+
+
+def nearest(path: str) -> str:
+  """`path` or, where it does not exist, the nearest folder above it that does (as a file, or a link)."""
+  return path if os.path.lexists(path) else nearest(os.path.dirname(path))
 
 
 def check_folders(*paths: str) -> None:
   """A WorkdirError naming the first of `paths` (folders this process will write into) that a file
   stands in the way of, or whose nearest existing folder this user cannot write; creates nothing."""
   for path in paths:
-    folder = os.path.abspath(path)
-    while not os.path.lexists(folder):
-      folder = os.path.dirname(folder)
+    folder = nearest(os.path.abspath(path))
     why = in_the_way(path) or (not os.access(folder, os.W_OK | os.X_OK) and
-                               f'this user cannot write {folder} (its permissions, or a read-only mount); make '
-                               'it writable, or use another --workdir')
+                               f'this user cannot write {folder} (its permissions, or a read-only mount); '
+                               'make it writable, or use another --workdir')
     if why:
       raise WorkdirError(f'cannot write into {path}: {why}')
 
@@ -145,7 +148,7 @@ def describe_os_error(e: OSError) -> str:
   """An OSError as the one line a user acts on: a file where a folder should be or a folder where a
   file should be is named, with what to do; otherwise the OS's reason and the file."""
   if e.filename and e.errno == errno.EISDIR:
-    return f'{e.filename} is a folder where a file should be; move it away, then rerun the same command'
+    return f'{e.filename} is a folder where a file should be; {MOVE}'
   line = in_the_way(e.filename) if e.filename and e.errno in (errno.ENOTDIR, errno.EEXIST) else None
   return line or f'{e.strerror or e}' + (f': {e.filename}' if e.filename else '')
 
@@ -200,10 +203,8 @@ def check_record(workdir: str, config: dict, method_sections: Optional[dict] = N
                        'another --workdir, or pass --checkpoint to start new sessions from its base model.')
   was, now = (saved.get(SOURCE_KEY) or {}).get('path'), (base_source or {}).get('path')
   if SOURCE_KEY in saved and was != now:
-    raise WorkdirError(f'{workdir} was started with ' + (f'--checkpoint {was}' if was else 'no --checkpoint')
-                       + ', now ' + (f'--checkpoint {now}' if now else 'without one')
-                       + (f': pass --checkpoint {was} to resume or evaluate it' if was else
-                          ': its base model is its own; drop --checkpoint, or use another --workdir'))
+    fix = f'pass --checkpoint {was} to resume or evaluate it' if was else 'drop --checkpoint, or use another --workdir'
+    raise WorkdirError(f'{workdir} was started with --checkpoint {was or "none"}, now {now or "without"}: {fix}')
   return True
 
 
@@ -211,14 +212,6 @@ def writes_into(workdir: str, mode: str) -> bool:
   """Whether `mode` writes into `workdir`: every mode does but eval, which writes nothing into an
   existing folder this process cannot write (a read-only mount)."""
   return mode != 'eval' or not os.path.isdir(workdir) or os.access(workdir, os.W_OK | os.X_OK)
-
-
-def holds_checkpoints(workdir: str) -> bool:
-  """Whether W/checkpoints holds a saved step (checkpoints/<kind>/<step>; empty folders, which another
-  process of a multi-host run may create first, do not count)."""
-  root = os.path.join(workdir, 'checkpoints')
-  kinds = [os.path.join(root, k) for k in (os.listdir(root) if os.path.isdir(root) else [])]
-  return any(n.isdigit() for k in kinds if os.path.isdir(k) for n in os.listdir(k))
 
 
 def prepare(workdir: str, config: dict, method_sections: Optional[dict] = None,
@@ -232,7 +225,8 @@ def prepare(workdir: str, config: dict, method_sections: Optional[dict] = None,
   lock = Lock(workdir, take=writes)
   try:
     if not check_record(workdir, config, method_sections, base_source):
-      if holds_checkpoints(workdir):
+      # a saved step, checkpoints/<kind>/<step> (empty folders another process may create first are none)
+      if any(p.name.isdigit() for p in pathlib.Path(workdir, 'checkpoints').glob('*/*')):
         raise WorkdirError(f'{workdir} holds checkpoints but no record of the config they were trained with '
                            f'({workdir}/config.json is missing): restore it, or use another --workdir')
       if writes:
@@ -247,7 +241,6 @@ def prepare(workdir: str, config: dict, method_sections: Optional[dict] = None,
 
 def git_state() -> dict:
   """The project's git commit and whether its tree had uncommitted changes ({} outside a checkout)."""
-  import subprocess
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   try:
     lines = subprocess.run(['git', '-C', root, 'status', '--porcelain=v2', '--branch', '--untracked-files=no'],
@@ -266,16 +259,12 @@ def writer() -> dict:
 def provenance(config: dict, origin: Optional[dict] = None, **more) -> dict:
   """Where a result came from: the effective config, the git commit (and whether the tree was dirty), the
   library versions and the hardware; `origin` (the command line, cli.py) where given, and `more`."""
-  import jaxlib
-  import flax
-  import optax
-  device = jax.devices()[0]
   return {
       'config': config,
       'git': git_state(),
-      'versions': {'python': platform.python_version(), 'jax': jax.__version__, 'jaxlib': jaxlib.__version__,
-                   'flax': flax.__version__, 'optax': optax.__version__},
-      'hardware': {'backend': jax.default_backend(), 'device_kind': device.device_kind,
+      'versions': {'python': platform.python_version(),
+                   **{name: importlib.metadata.version(name) for name in ('jax', 'jaxlib', 'flax', 'optax')}},
+      'hardware': {'backend': jax.default_backend(), 'device_kind': jax.devices()[0].device_kind,
                    'num_devices': jax.device_count(), 'process_count': jax.process_count(),
                    'host': platform.node(), 'cpu_count': os.cpu_count()},
       'time': time.strftime('%Y-%m-%dT%H:%M:%S%z'), **({'origin': origin} if origin else {}), **more,
@@ -291,10 +280,9 @@ def primary() -> bool:
 def atomic_write(path: str, text: str) -> None:
   """`text` into `path` through a temporary file (a reader never sees half a file); only on the
   primary process."""
-  if not primary():
-    return
-  with download.written_atomically(path) as tmp:
-    tmp.write_text(text)
+  if primary():
+    with download.written_atomically(path) as tmp:
+      tmp.write_text(text)
 
 
 class MetricsLog:
@@ -305,8 +293,8 @@ class MetricsLog:
   'end', the time of its last line."""
 
   def __init__(self, workdir: str, tensorboard: bool = False, writes: bool = True):
-    self.path, self._writes = os.path.join(workdir, 'metrics.jsonl'), writes  # False: a read-only workdir's
-    self._tb_dir = os.path.join(workdir, 'tensorboard') if tensorboard else None
+    self.path, self._writes = os.path.join(workdir, 'metrics.jsonl'), writes and primary()  # False: read-only
+    self._tb_dir = os.path.join(workdir, 'tensorboard') if tensorboard and self._writes else None
     self._tb, self._start, self._flushed = None, None, 0.0  # the writer is opened with the first scalar
     records, self._cut_line = read_lines(self.path)
     self._logged = {_step_key(r) for r in records if 'step' in r}
@@ -327,7 +315,7 @@ class MetricsLog:
     self._start = {'time': round(time.time(), 3), 'phase': 'start', 'mode': mode, **fields}
 
   def write(self, **record) -> None:
-    if not (primary() and self._writes) or ('step' in record and _step_key(record) in self._logged):
+    if not self._writes or ('step' in record and _step_key(record) in self._logged):
       return
     record = {'time': round(time.time(), 3), **record}
     lines = [self._start, record] if self._start else [record]
@@ -365,7 +353,7 @@ class MetricsLog:
 
   def open(self) -> None:
     """Opens the TensorBoard event file (if any) now: the base loop calls this before its first step."""
-    if self._tb_dir is not None and self._tb is None and primary() and self._writes:
+    if self._tb_dir is not None and self._tb is None:
       from tensorboardX.record_writer import RecordWriter  # pylint: disable=g-import-not-at-top
       path = os.path.join(self._tb_dir, f'events.out.tfevents.{time.time():.6f}.{platform.node()}')
       with download.naming(path):
@@ -384,16 +372,13 @@ def read_lines(path: str) -> tuple:
   """(the JSON objects of the file `path`'s lines, whether its last line was cut short); a line that is
   not one (cut short by a kill, or not UTF-8) is skipped. ([], False) where there is no file."""
   try:
-    with open(path, 'rb') as f:
-      data = f.read()
+    data = pathlib.Path(path).read_bytes()
   except FileNotFoundError:
     return [], False
   out = []
   for line in data.split(b'\n'):
-    try:
+    with contextlib.suppress(ValueError):  # json's errors and UnicodeDecodeError
       out.append(json.loads(line))
-    except ValueError:  # json's errors and UnicodeDecodeError
-      pass
   return [r for r in out if isinstance(r, dict)], data[-1:] not in (b'', b'\n')
 
 
@@ -402,18 +387,13 @@ def _step_key(record: dict) -> tuple:
   return record.get('phase'), record.get('run'), record.get('session'), record['step']
 
 
-def write_results(workdir: str, results: dict, rows: list, name: str = 'results') -> None:
-  """<name>.json and <name>.csv, each written atomically (on the primary process)."""
-  atomic_write(os.path.join(workdir, f'{name}.json'), json.dumps(results, indent=2))
-  write_csv(os.path.join(workdir, f'{name}.csv'), rows)
-
-
-def write_csv(path: str, rows: list) -> None:
-  """`rows` (dicts of one set of keys) into the CSV file `path`, atomically (on the primary process)."""
-  if not primary():
-    return
+def write_results(workdir: str, name: str, rows: list, results: Optional[dict] = None) -> None:
+  """<name>.csv of `rows` (dicts of one set of keys) and, with `results`, <name>.json, each written
+  atomically (on the primary process)."""
+  if results is not None:
+    atomic_write(os.path.join(workdir, f'{name}.json'), json.dumps(results, indent=2))
   text = io.StringIO(newline='')
   writer = csv.DictWriter(text, fieldnames=list(rows[0]))
   writer.writeheader()
   writer.writerows(rows)
-  atomic_write(path, text.getvalue())
+  atomic_write(os.path.join(workdir, f'{name}.csv'), text.getvalue())
