@@ -47,14 +47,12 @@ def resolve(config: ml_collections.ConfigDict, backend: str = '') -> ml_collecti
 
 
 def record(config) -> dict:
-  """What an invocation's first line in the metrics log records of a resolved config: the backend and
-  the choices made on it."""
+  """What an invocation's 'start' line in the metrics log records: the backend and the choices made on it."""
   return {'backend': jax.default_backend(), 'choices': used(config)}
 
 
 def moved(before: dict, config) -> Optional[str]:
-  """One line naming each choice of `config` that differs from `before` (`record`'s of the workdir's
-  last invocation; {} or one without choices: none), or None."""
+  """One line naming each choice of `config` that differs from `before` (the last invocation's `record`)."""
   was, now = before.get('choices') or {}, record(config)
   changed = [f'{k}: {was[k]!r} when this workdir was last run ({before.get("backend")}), {v!r} now ({now["backend"]})'
              for k, v in now['choices'].items() if k in was and was[k] != v]

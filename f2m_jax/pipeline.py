@@ -30,9 +30,8 @@ from f2m_jax.train_loop import selection_info
 
 def resolve(config: ml_collections.ConfigDict, changes: Optional[dict] = None,
             reads_data: bool = True) -> ml_collections.ConfigDict:
-  """The config a run runs: `effective`, every 'auto' resolved on this backend (backend.resolve), every
-  value checked (validation.py, the method's `validate`) and, with `reads_data`, the data folder and its
-  sizes against this machine's memory (memory.py)."""
+  """The config a run runs: `effective` with each 'auto' resolved here (backend.resolve), every value checked
+  (validation.py, the method's `validate`), with `reads_data` the data folder and memory (memory.py) too."""
   config = backend.resolve(effective(config, changes))
   validation.validate(config)
   method = registry.get(config.method)
@@ -45,9 +44,8 @@ def resolve(config: ml_collections.ConfigDict, changes: Optional[dict] = None,
 
 
 def effective(config: ml_collections.ConfigDict, changes: Optional[dict] = None) -> ml_collections.ConfigDict:
-  """The config as config.json records it: the method's presets over the config's values, except on the
-  fields the command line changed (`changes`), and base.shots=0 resolved (protocol.sampler_shots); an
-  'auto' stays 'auto', for the backend the workdir is run on to resolve."""
+  """The config as config.json records it: the method's presets over its values but `changes` (the command
+  line's), base.shots=0 resolved (protocol.sampler_shots), each 'auto' kept for the backend that runs it."""
   config = ml_collections.ConfigDict(config.to_dict())
   presets = registry.get(config.method).presets  # not over the user's values: those are validated as any other
   config.update_from_flattened_dict({k: v for k, v in presets.items() if k not in (changes or {})})
@@ -56,10 +54,9 @@ def effective(config: ml_collections.ConfigDict, changes: Optional[dict] = None)
   return config
 
 
-def checked(config: ml_collections.ConfigDict, workdir: str, checkpoint: Optional[str],
-            origin: Optional[dict]) -> tuple:
-  """(the effective config, the config to run: `resolve`'s) once the workdir's config.json (with
-  --checkpoint) and then every value are checked. `origin`: as `run`'s."""
+def checked(config: ml_collections.ConfigDict, workdir: str, checkpoint: Optional[str], origin: Optional[dict]):
+  """(the effective config, `resolve`'s) once the workdir's config.json (with --checkpoint), then every
+  value, are checked. `origin`: as `run`'s."""
   changes = (origin or {}).get('changes')
   record = effective(config, changes)
   workdir_lib.check_record(workdir, record.to_dict(), registry.method_sections(),
@@ -69,10 +66,9 @@ def checked(config: ml_collections.ConfigDict, workdir: str, checkpoint: Optiona
 
 def run(config: ml_collections.ConfigDict, workdir: str, mode: str = 'train',
         checkpoint: Optional[str] = None, hook: Hook = None, origin: Optional[dict] = None) -> dict:
-  """Trains (or, mode='eval', only restores) and writes results.json / results.csv; returns results.
-  Every check comes before anything is written; the workdir is then held (Lock) until the run ends. A
-  complete workdir is not trained again. `origin` ({'config', 'changes'}, cli.py) decides which presets
-  apply (`effective`) and goes into the provenance, as does --checkpoint's `base_source`."""
+  """Trains (or, mode='eval', only restores) and writes results.json / results.csv; returns results. Every
+  check comes before anything is written, then the workdir is held (Lock); a finished one is not trained
+  again. `origin` ({'config', 'changes'}, cli.py) decides which presets apply and goes into the provenance."""
   record, config = checked(config, workdir, checkpoint, origin)
   if mode == 'eval' and not os.path.exists(os.path.join(workdir, 'config.json')):
     raise CheckpointError(f'nothing to evaluate: {workdir} holds no run (no config.json); train it first '
@@ -83,21 +79,24 @@ def run(config: ml_collections.ConfigDict, workdir: str, mode: str = 'train',
   exp = check(config, sources.load_benchmark(config))
   base_source = source(checkpoint, exp) if checkpoint else None
   writes = workdir_lib.writes_into(workdir, mode)  # a read-only finished run is evaluated too
-  lock = workdir_lib.prepare(workdir, record.to_dict(), registry.method_sections(), base_source=base_source,
-                             writes=writes)
-  try:
-    if mode == 'train' and os.path.exists(results_json):
-      return finished(workdir)
+  with contextlib.closing(workdir_lib.prepare(workdir, record.to_dict(), registry.method_sections(),
+                                              base_source=base_source, writes=writes)):
+    if mode == 'train' and os.path.exists(results_json):  # finished: nothing rewritten but a lost results.csv
+      saved, lost = workdir_lib.read_json(results_json), not os.path.exists(os.path.join(workdir, 'results.csv'))
+      if lost:
+        workdir_lib.write_results(workdir, 'results', evaluation.results_rows(saved))
+      written = saved.get('provenance', {}).get('time', 'earlier')
+      print(f'{workdir} is already complete ({results_json}, written {written}): nothing was recomputed or '
+            'rewritten' + ('; results.csv was missing and was written again from it' if lost else '')
+            + '; --mode eval recomputes it from the checkpoints and compares', flush=True)
+      return saved
     results = compute(exp, record, workdir, mode, checkpoint, base_source, hook, origin, writes)
     print(write_outputs(workdir, results, mode, writes), flush=True)
     return results
-  finally:
-    lock.close()
 
 
 def check(config: ml_collections.ConfigDict, bench) -> Experiment:
-  """The run's Experiment, once the network, its noise set and the data's limits are checked (before
-  anything is written)."""
+  """The run's Experiment, once the network, its noise set and the data's limits are checked."""
   exp = Experiment.create(config, bench)
   validation.check_benchmark(exp)
   return exp
@@ -111,9 +110,8 @@ def source_config(checkpoint: str, config: ml_collections.ConfigDict) -> Optiona
                           'missing): pass a workdir that holds a trained one, or drop --checkpoint to train one here')
   path = os.path.join(checkpoint, 'config.json')
   saved = workdir_lib.recorded_config(path, registry.method_sections()) if os.path.exists(path) else None
-  there, here = workdir_lib.flat_items(saved or {}), workdir_lib.flat_items(config.to_dict())
-  diff = [f'{k}={there[k]!r} there, {here[k]!r} here' for k in ('model.arch', 'model.width', 'model.head')
-          if saved and there[k] != here[k]]
+  diff = [f'model.{k}={saved["model"][k]!r} there, {config.model[k]!r} here' for k in ('arch', 'width', 'head')
+          if saved and saved['model'][k] != config.model[k]]
   if diff:
     raise CheckpointError(f'--checkpoint {checkpoint} holds another network than method={config.method} builds '
                           f'({"; ".join(diff)}): set these fields to the values there, or drop --checkpoint')
@@ -121,9 +119,8 @@ def source_config(checkpoint: str, config: ml_collections.ConfigDict) -> Optiona
 
 
 def source(checkpoint: str, exp: Experiment) -> dict:
-  """--checkpoint W's base model (`source_config`; restoring it tells where W has no config.json),
-  described for the provenance: W's path, method, its config's differences from this run's, `selection`,
-  commit and a `note` where W's method is not this run's."""
+  """--checkpoint W's base model, checked (`source_config`, then restored) and described for the provenance:
+  W's path, method, config differences from this run's, selection, commit, a `note` where W's method differs."""
   saved, ours, method = source_config(checkpoint, exp.config), exp.config.to_dict(), exp.config.method
   out = {'path': os.path.abspath(checkpoint), 'method': None, 'differences': None, 'commit': None}
   with contextlib.closing(Checkpoints(checkpoint, read_only=True)) as ckpts:
@@ -142,23 +139,10 @@ def source(checkpoint: str, exp: Experiment) -> dict:
   return out
 
 
-def finished(workdir: str) -> dict:
-  """A finished run's results.json, rewriting nothing but its results.csv where that is missing."""
-  path = os.path.join(workdir, 'results.json')
-  saved, lost = workdir_lib.read_json(path), not os.path.exists(os.path.join(workdir, 'results.csv'))
-  if lost:
-    workdir_lib.write_results(workdir, 'results', evaluation.results_rows(saved))
-  print(f'{workdir} is already complete ({path}, written {saved.get("provenance", {}).get("time", "earlier")}): '
-        'nothing was recomputed or rewritten' + ('; results.csv was missing: written again from it' if lost else '')
-        + '; --mode eval recomputes it from the checkpoints and compares', flush=True)
-  return saved
-
-
 def compute(exp: Experiment, record, workdir: str, mode: str, checkpoint: Optional[str],
             base_source: Optional[dict], hook: Hook, origin: Optional[dict], writes: bool = True) -> dict:
   """`run`'s work once the checks passed: session 1 and every run's sessions through the method, then the
-  results document (not yet written). `record`: the effective config, for the provenance. `writes`
-  False: a read-only workdir's evaluation, which logs nothing."""
+  results (not yet written). `record`: the effective config. `writes` False: a read-only workdir's eval."""
   config, bench = exp.config, exp.bench
   log = workdir_lib.MetricsLog(workdir, tensorboard=config.tensorboard, writes=writes)
   ckpts = Checkpoints(workdir, read_only=not writes, resume=mode == 'train')
@@ -171,8 +155,7 @@ def compute(exp: Experiment, record, workdir: str, mode: str, checkpoint: Option
   print('\n'.join(filter(None, lines)), flush=True)
   earlier = [round(i['end'] - i['time'], 1) for i in log.invocations if mode == 'train' and i.get('mode') == mode]
   log.start(mode, **backend.record(config))
-  t0 = time.time()
-  method = registry.get(config.method)
+  t0, method = time.time(), registry.get(config.method)
   with contextlib.closing(log), contextlib.closing(ckpts):  # also when stopped: the background saves complete
     first = method.first_session(exp, ckpts, log, source, hook)
     runner = method.runner(exp, first, ckpts, source, log)
@@ -182,10 +165,8 @@ def compute(exp: Experiment, record, workdir: str, mode: str, checkpoint: Option
   results = results_document(exp, per_run, norms, base_info, ckpts.differences + (source.differences if source else []))
   results['provenance'] = workdir_lib.provenance(  # the config as config.json has it; `choices`: each 'auto' here
       record.to_dict(), origin, choices=backend.used(config), wall_time_s=round(sum(earlier) + wall, 1),
-      invocation_times_s=earlier + [wall], shots=results.pop('shots'),
-      **({'base_source': base_source} if base_source else {}))
-  log.write(phase='done', mode=mode, wall_time_s=wall,
-            base_checkpoint=os.path.abspath(checkpoint) if checkpoint else None)
+      invocation_times_s=earlier + [wall], shots=results.pop('shots'), base_source=base_source)
+  log.write(phase='done', mode=mode, wall_time_s=wall, base_checkpoint=(base_source or {}).get('path'))
   return results
 
 
@@ -206,17 +187,14 @@ def results_document(exp: Experiment, per_run: list, norms: list, base_info: dic
 
 def start_line(config, bench, workdir: str, mode: str, ckpts: Checkpoints, base_source: Optional[dict],
                origin: Optional[dict]) -> str:
-  """One line before any work: what runs (the --config argument and its changes, the method), on
-  which devices, into which workdir, with which budget, and what is resumed."""
+  """The line before any work: what runs, on which devices, into which workdir, from which base model."""
   if base_source:
     base = f'base model from --checkpoint {base_source["path"]}' + (f' ({base_source["note"]})'
                                                                     if base_source.get('note') else '')
   elif ckpts.has_model():
     base = 'base model restored from this workdir'
-  else:
-    step = ckpts.base.latest_step()
-    base = (f'base training {base_budget(config)}'
-            + ('' if step is None else ', trained already' if step >= config.base.steps else f', resuming at step {step}'))
+  else:  # a resumed one says so when it starts (train_loop)
+    base = f'base training {base_budget(config)}'
   done = sum(len(ckpts.sessions_done(r)) for r in range(config.runs)) if ckpts.any_sessions() else 0
   sessions = f'{config.runs} runs x {bench.num_sessions - 1} sessions' + (f' ({done} restored)' if done else '')
   return (f'f2m-jax {mode}: {_what(config, origin)} on {backend.devices()}; workdir {workdir}; {base}; '
@@ -258,26 +236,23 @@ def write_outputs(workdir: str, results: dict, mode: str, writes: bool = True) -
   if not writes:
     return f'{line}; {workdir} is read-only, so the results follow as JSON:\n{json.dumps(results, indent=1)}'
   workdir_lib.write_results(workdir, name, evaluation.results_rows(results), results)
-  if mode != 'eval':
-    return f'results written to {path} and results.csv'
-  return f'{line}; wrote {name}.json and {name}.csv ' + ('from the checkpoints' if name == 'results' else
-                                                         'beside it (results.json unchanged)')
+  return (f'results written to {path} and results.csv' if mode != 'eval' else f'{line}; wrote {name}.json and '
+          f'{name}.csv' + (' beside it (results.json unchanged)' if name != 'results' else ''))
 
 
 def run_flatness(config: ml_collections.ConfigDict, workdir: str, checkpoint: Optional[str] = None,
                  origin: Optional[dict] = None) -> dict:
-  """--mode flatness: I and sigma^2 of the base loss around the base model of `workdir` (or `checkpoint`);
-  writes flatness.json. `origin`: as `run`'s."""
+  """--mode flatness: I and sigma^2 of the base loss around the base model of `workdir` (or `checkpoint`),
+  into flatness.json."""
   record, config = checked(config, workdir, checkpoint, origin)
   workdir_lib.check_folders(workdir)
   bench, f, source = sources.load_benchmark(config), config.flatness, checkpoint or workdir
   exp = Experiment.create(config, bench)
-  ckpts = Checkpoints(source, read_only=True)
   bound = f.bound if f.bound >= 0 else config.noise.bound
   print(f'f2m-jax flatness: {_what(config, origin)} on {backend.devices()}; base model of {source}; '
         f'{f.num_draws} draws at bound {bound:g} on the base training and test images (at most '
         f'{f.max_images or "all"} each); writes {workdir}/flatness.json', flush=True)
-  model = common.base_model(exp, ckpts, log=None, source=ckpts)
+  model = common.restore_base_model(exp, Checkpoints(source, read_only=True))
   variables = {k: model[k] for k in ('params', 'batch_stats')}
   rng = np.random.default_rng([config.seed, 5])
   out = {'bound': bound, 'distribution': config.noise.distribution, 'num_layers': config.noise.num_layers,
