@@ -2,14 +2,16 @@
 choice of a config into a concrete value when a run starts (the figures: experiments/results/README.md)."""
 from __future__ import annotations
 
-import functools
+import contextlib
 import os
+import pathlib
 from typing import Optional
 
 import jax
 import ml_collections
+from flax import traverse_util
 
-# The fields `resolve` decides, and their concrete values (the figures: experiments/results/README.md).
+# The fields `resolve` decides: (their value on a GPU or TPU, on a CPU).
 CHOICES = {
     # How the M noisy passes share one program: 'vmap' (the paper's shape; faster on an H200) or
     # 'unroll' (written out; XLA:CPU runs vmapped convolutions as slow grouped ones). Section
@@ -24,43 +26,33 @@ CHOICES = {
 
 def choices(backend: str) -> dict:
   """{field: value} that 'auto' means on `backend` ('cpu', 'gpu', 'tpu')."""
-  cpu = backend == 'cpu'
-  return {'noise.draw_map': 'unroll' if cpu else 'vmap', 'model.conv_backward': 'cpu' if cpu else 'xla'}
+  return {field: values[backend == 'cpu'] for field, values in CHOICES.items()}
 
 
-def _get(config, field: str):
-  return functools.reduce(lambda node, key: node[key], field.split('.'), config)
+def used(config) -> dict:
+  """{field: value} of CHOICES' fields in `config`, for the records."""
+  items = traverse_util.flatten_dict(config.to_dict(), sep='.')
+  return {field: items[field] for field in CHOICES}
 
 
 def resolve(config: ml_collections.ConfigDict, backend: str = '') -> ml_collections.ConfigDict:
   """A copy of `config` with every 'auto' of CHOICES replaced by its value on `backend` (default:
   JAX's default backend). Other values are checked against CHOICES."""
-  config = ml_collections.ConfigDict(config.to_dict())
-  auto = choices(backend or jax.default_backend())
-  for field, allowed in CHOICES.items():
-    value = _get(config, field)
-    if value == 'auto':
-      section, _, name = field.rpartition('.')
-      config[section][name] = auto[field]
-    elif value not in allowed:
-      raise ValueError(f"{field}={value!r} is invalid: allowed: {allowed + ('auto',)}")
+  config, auto = ml_collections.ConfigDict(config.to_dict()), choices(backend or jax.default_backend())
+  for field, value in used(config).items():
+    if value not in CHOICES[field] + ('auto',):
+      raise ValueError(f"{field}={value!r} is invalid: allowed: {CHOICES[field] + ('auto',)}")
+  config.update_from_flattened_dict({field: auto[field] for field, value in used(config).items() if value == 'auto'})
   return config
 
 
-def used(config) -> dict:
-  """{field: value} of the choices in a resolved config, for the records."""
-  return {field: _get(config, field) for field in CHOICES}
-
-
 def record(config) -> dict:
-  """What an invocation's first line in the metrics log records of a resolved config: the backend and
-  the choices made on it."""
+  """What an invocation's 'start' line in the metrics log records: the backend and the choices made on it."""
   return {'backend': jax.default_backend(), 'choices': used(config)}
 
 
 def moved(before: dict, config) -> Optional[str]:
-  """One line naming each choice of `config` that differs from `before` (`record`'s of the workdir's
-  last invocation; {} or one without choices: none), or None."""
+  """One line naming each choice of `config` that differs from `before` (the last invocation's `record`)."""
   was, now = before.get('choices') or {}, record(config)
   changed = [f'{k}: {was[k]!r} when this workdir was last run ({before.get("backend")}), {v!r} now ({now["backend"]})'
              for k, v in now['choices'].items() if k in was and was[k] != v]
@@ -76,11 +68,8 @@ def available_memory() -> tuple:
       info = {k: int(v.split()[0]) * 1024 for k, v in (line.split(':', 1) for line in f)}
   total = info.get('MemTotal') or os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES')
   for path in ('/sys/fs/cgroup/memory.max', '/sys/fs/cgroup/memory/memory.limit_in_bytes'):
-    try:
-      with open(path) as f:
-        total = min(total, int(f.read()))
-    except (OSError, ValueError):  # no such cgroup, or 'max': no limit
-      pass
+    with contextlib.suppress(OSError, ValueError):  # no such cgroup, or 'max': no limit
+      total = min(total, int(pathlib.Path(path).read_text()))
   first = jax.local_devices()[0]
   device = None if first.platform == 'cpu' else (first.memory_stats() or {}).get('bytes_limit')
   return total, min(total, info.get('MemAvailable', total)), device

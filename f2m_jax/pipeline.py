@@ -2,6 +2,7 @@
 the flatness of a base model. Rerunning on the same workdir continues from the last checkpoint."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -29,17 +30,22 @@ from f2m_jax.train_loop import selection_info
 
 def resolve(config: ml_collections.ConfigDict, changes: Optional[dict] = None,
             reads_data: bool = True) -> ml_collections.ConfigDict:
-  """The config a run runs: `effective`, every 'auto' resolved on this backend (backend.resolve), every
-  value validated and (`reads_data`) the data folder it will read checked (`validate`)."""
+  """The config a run runs: `effective` with each 'auto' resolved here (backend.resolve), every value checked
+  (validation.py, the method's `validate`), with `reads_data` the data folder and memory (memory.py) too."""
   config = backend.resolve(effective(config, changes))
-  validate(config, reads_data)
+  validation.validate(config)
+  method = registry.get(config.method)
+  if method.validate is not None:
+    method.validate(config)
+  if reads_data:
+    validation.check_data_folder(config)
+    memory.check(config)
   return config
 
 
 def effective(config: ml_collections.ConfigDict, changes: Optional[dict] = None) -> ml_collections.ConfigDict:
-  """The config as config.json records it: the method's presets over the config's values, except on the
-  fields the command line changed (`changes`), and base.shots=0 resolved (protocol.sampler_shots); an
-  'auto' stays 'auto', for the backend the workdir is run on to resolve."""
+  """The config as config.json records it: the method's presets over its values but `changes` (the command
+  line's), base.shots=0 resolved (protocol.sampler_shots), each 'auto' kept for the backend that runs it."""
   config = ml_collections.ConfigDict(config.to_dict())
   presets = registry.get(config.method).presets  # not over the user's values: those are validated as any other
   config.update_from_flattened_dict({k: v for k, v in presets.items() if k not in (changes or {})})
@@ -48,104 +54,82 @@ def effective(config: ml_collections.ConfigDict, changes: Optional[dict] = None)
   return config
 
 
-def checked(config: ml_collections.ConfigDict, workdir: str, checkpoint: Optional[str],
-            origin: Optional[dict]) -> tuple:
-  """(the effective config, the config to run: `resolve`'s) once the workdir's config.json (with
-  --checkpoint) and then every value are checked. `origin`: as `run`'s."""
-  record = effective(config, (origin or {}).get('changes'))
+def checked(config: ml_collections.ConfigDict, workdir: str, checkpoint: Optional[str], origin: Optional[dict]):
+  """(the effective config, `resolve`'s) once the workdir's config.json (with --checkpoint), then every
+  value, are checked. `origin`: as `run`'s."""
+  changes = (origin or {}).get('changes')
+  record = effective(config, changes)
   workdir_lib.check_record(workdir, record.to_dict(), registry.method_sections(),
                            {'path': os.path.abspath(checkpoint)} if checkpoint else None)
-  config = backend.resolve(record)
-  validate(config)
-  return record, config
-
-
-def validate(config: ml_collections.ConfigDict, reads_data: bool = True) -> None:
-  """Every value of an effective config checked (validation.py, the method's `validate`), and with
-  `reads_data` the data folder and its sizes against this machine's memory (memory.py)."""
-  validation.validate(config)
-  method = registry.get(config.method)
-  if method.validate is not None:
-    method.validate(config)
-  if reads_data:
-    validation.check_data_folder(config)
-    memory.check(config)
+  return record, resolve(record, changes)
 
 
 def run(config: ml_collections.ConfigDict, workdir: str, mode: str = 'train',
         checkpoint: Optional[str] = None, hook: Hook = None, origin: Optional[dict] = None) -> dict:
-  """Trains (or, mode='eval', only restores) and writes results.json / results.csv; returns results.
-  Every check comes before anything is written; the workdir is then held (Lock) until the run ends. A
-  complete workdir is not trained again. `origin` ({'config', 'changes'}, cli.py) decides which presets
-  apply (`effective`) and goes into the provenance, as does --checkpoint's `base_source`."""
+  """Trains (or, mode='eval', only restores) and writes results.json / results.csv; returns results. Every
+  check comes before anything is written, then the workdir is held (Lock); a finished one is not trained
+  again. `origin` ({'config', 'changes'}, cli.py) decides which presets apply and goes into the provenance."""
   record, config = checked(config, workdir, checkpoint, origin)
   if mode == 'eval' and not os.path.exists(os.path.join(workdir, 'config.json')):
-    raise CheckpointError(f'nothing to evaluate: {workdir} holds no run (no config.json); --mode eval recomputes '
-                          'the results of a trained workdir from its checkpoints. Train it first (without '
-                          '--mode eval)')
+    raise CheckpointError(f'nothing to evaluate: {workdir} holds no run (no config.json); train it first '
+                          '(without --mode eval)')
   results_json = os.path.join(workdir, 'results.json')
   if os.path.exists(results_json):
     workdir_lib.read_json(results_json)  # one that is not JSON is named before any work
   exp = check(config, sources.load_benchmark(config))
   base_source = source(checkpoint, exp) if checkpoint else None
   writes = workdir_lib.writes_into(workdir, mode)  # a read-only finished run is evaluated too
-  lock = workdir_lib.prepare(workdir, record.to_dict(), registry.method_sections(), base_source=base_source,
-                             writes=writes)
-  try:
-    if mode == 'train' and os.path.exists(results_json):
-      return finished(workdir)
+  with contextlib.closing(workdir_lib.prepare(workdir, record.to_dict(), registry.method_sections(),
+                                              base_source=base_source, writes=writes)):
+    if mode == 'train' and os.path.exists(results_json):  # finished: nothing rewritten but a lost results.csv
+      saved, lost = workdir_lib.read_json(results_json), not os.path.exists(os.path.join(workdir, 'results.csv'))
+      if lost:
+        workdir_lib.write_results(workdir, 'results', evaluation.results_rows(saved))
+      written = saved.get('provenance', {}).get('time', 'earlier')
+      print(f'{workdir} is already complete ({results_json}, written {written}): nothing was recomputed or '
+            'rewritten' + ('; results.csv was missing and was written again from it' if lost else '')
+            + '; --mode eval recomputes it from the checkpoints and compares', flush=True)
+      return saved
     results = compute(exp, record, workdir, mode, checkpoint, base_source, hook, origin, writes)
     print(write_outputs(workdir, results, mode, writes), flush=True)
     return results
-  finally:
-    lock.close()
 
 
 def check(config: ml_collections.ConfigDict, bench) -> Experiment:
-  """The run's Experiment, once the network, its noise set and the data's limits are checked (before
-  anything is written)."""
+  """The run's Experiment, once the network, its noise set and the data's limits are checked."""
   exp = Experiment.create(config, bench)
   validation.check_benchmark(exp)
   return exp
 
 
-NETWORK_FIELDS = ('model.arch', 'model.width', 'model.head')
-
-
 def source_config(checkpoint: str, config: ml_collections.ConfigDict) -> Optional[dict]:
-  """--checkpoint W checked before anything is written, as a dry run checks it too: the config W records
-  (None without config.json); a CheckpointError where W holds no base model, or one of another network."""
+  """--checkpoint W checked before anything is written (by a dry run too): the config W records (None
+  without config.json); a CheckpointError where W holds no base model, or one of another network."""
   if not checkpoint_lib.has_base_model(checkpoint):
     raise CheckpointError(f'--checkpoint {checkpoint} holds no base model ({checkpoint}/checkpoints/model is '
                           'missing): pass a workdir that holds a trained one, or drop --checkpoint to train one here')
   path = os.path.join(checkpoint, 'config.json')
   saved = workdir_lib.recorded_config(path, registry.method_sections()) if os.path.exists(path) else None
-  there, here = workdir_lib.flat_items(saved or {}), workdir_lib.flat_items(config.to_dict())
-  diff = [f'{k}={there[k]!r} there, {here[k]!r} here' for k in NETWORK_FIELDS if saved and there[k] != here[k]]
+  diff = [f'model.{k}={saved["model"][k]!r} there, {config.model[k]!r} here' for k in ('arch', 'width', 'head')
+          if saved and saved['model'][k] != config.model[k]]
   if diff:
     raise CheckpointError(f'--checkpoint {checkpoint} holds another network than method={config.method} builds '
-                          f'({"; ".join(diff)}); pass a workdir trained with the same network, set these fields '
-                          'to the values there on the command line, or pass none (the base session is then '
-                          'trained here)')
+                          f'({"; ".join(diff)}): set these fields to the values there, or drop --checkpoint')
   return saved
 
 
 def source(checkpoint: str, exp: Experiment) -> dict:
-  """--checkpoint W's base model (`source_config`; restoring it tells where W has no config.json),
-  described for the provenance: W's path, method, its config's differences from this run's, `selection`,
-  commit and a `note` where W's method is not this run's."""
+  """--checkpoint W's base model, checked (`source_config`, then restored) and described for the provenance:
+  W's path, method, config differences from this run's, selection, commit, a `note` where W's method differs."""
   saved, ours, method = source_config(checkpoint, exp.config), exp.config.to_dict(), exp.config.method
-  there, here = workdir_lib.flat_items(saved or {}), workdir_lib.flat_items(ours)
   out = {'path': os.path.abspath(checkpoint), 'method': None, 'differences': None, 'commit': None}
-  ckpts = Checkpoints(checkpoint, read_only=True)
-  try:
+  with contextlib.closing(Checkpoints(checkpoint, read_only=True)) as ckpts:
     ckpts.restore_model(common.model_template(exp))
     if saved is not None:
+      there, here = workdir_lib.flat_items(saved), workdir_lib.flat_items(ours)
       fields = workdir_lib.config_differences(saved, ours, method_sections=registry.method_sections())
       out.update(method=saved.get('method'), differences={k: [there.get(k), here.get(k)] for k in fields},
                  selection=selection_info(ml_collections.ConfigDict(saved), ckpts))  # the source's own steps
-  finally:
-    ckpts.close()
   results = os.path.join(checkpoint, 'results.json')
   if os.path.exists(results):
     git = (workdir_lib.read_json(results).get('provenance') or {}).get('git') or {}
@@ -155,25 +139,10 @@ def source(checkpoint: str, exp: Experiment) -> dict:
   return out
 
 
-def finished(workdir: str) -> dict:
-  """A finished run's results.json, rewriting nothing but its results.csv where that is missing."""
-  path = os.path.join(workdir, 'results.json')
-  saved = workdir_lib.read_json(path)
-  rewrote = ''
-  if not os.path.exists(os.path.join(workdir, 'results.csv')):
-    workdir_lib.write_csv(os.path.join(workdir, 'results.csv'), evaluation.results_rows(saved))
-    rewrote = '; results.csv was missing and was written again from it'
-  print(f'{workdir} is already complete ({path}, written {saved.get("provenance", {}).get("time", "earlier")}): '
-        f'nothing was recomputed or rewritten{rewrote}; --mode eval recomputes it from the checkpoints and compares',
-        flush=True)
-  return saved
-
-
 def compute(exp: Experiment, record, workdir: str, mode: str, checkpoint: Optional[str],
             base_source: Optional[dict], hook: Hook, origin: Optional[dict], writes: bool = True) -> dict:
   """`run`'s work once the checks passed: session 1 and every run's sessions through the method, then the
-  results document (not yet written). `record`: the effective config, for the provenance. `writes`
-  False: a read-only workdir's evaluation, which logs nothing."""
+  results (not yet written). `record`: the effective config. `writes` False: a read-only workdir's eval."""
   config, bench = exp.config, exp.bench
   log = workdir_lib.MetricsLog(workdir, tensorboard=config.tensorboard, writes=writes)
   ckpts = Checkpoints(workdir, read_only=not writes, resume=mode == 'train')
@@ -181,31 +150,23 @@ def compute(exp: Experiment, record, workdir: str, mode: str, checkpoint: Option
   if source is None and not ckpts.has_model() and (mode == 'eval' or ckpts.any_sessions()):
     raise CheckpointError(f'{ckpts.root}/model has no base model checkpoint (deleted?) although this workdir '
                           'is meant to hold one; restore it, pass --checkpoint WORKDIR, or use a new --workdir')
-  last = log.invocations[-1] if log.invocations else {}  # and a line where its backend chose otherwise
-  print('\n'.join(filter(None, [start_line(config, bench, workdir, mode, ckpts, base_source, origin),
-                                 backend.moved(last, config)])), flush=True)
+  lines = [start_line(config, bench, workdir, mode, ckpts, base_source, origin),
+           backend.moved((log.invocations or [{}])[-1], config)]  # and the choices made otherwise than last time
+  print('\n'.join(filter(None, lines)), flush=True)
   earlier = [round(i['end'] - i['time'], 1) for i in log.invocations if mode == 'train' and i.get('mode') == mode]
   log.start(mode, **backend.record(config))
-  t0 = time.time()
-  method = registry.get(config.method)
-  try:
+  t0, method = time.time(), registry.get(config.method)
+  with contextlib.closing(log), contextlib.closing(ckpts):  # also when stopped: the background saves complete
     first = method.first_session(exp, ckpts, log, source, hook)
     runner = method.runner(exp, first, ckpts, source, log)
     per_run, norms = run_sessions(exp, runner, ckpts, log, train=(mode != 'eval'), hook=hook)
     base_info = dict((base_source or {}).get('selection') or selection_info(config, source or ckpts))
-  finally:
-    try:
-      ckpts.close()  # also when stopped: the checkpoints written in the background are completed
-    finally:
-      log.close()
   wall = round(time.time() - t0, 1)
   results = results_document(exp, per_run, norms, base_info, ckpts.differences + (source.differences if source else []))
   results['provenance'] = workdir_lib.provenance(  # the config as config.json has it; `choices`: each 'auto' here
       record.to_dict(), origin, choices=backend.used(config), wall_time_s=round(sum(earlier) + wall, 1),
-      invocation_times_s=earlier + [wall], shots=results.pop('shots'),
-      **({'base_source': base_source} if base_source else {}))
-  log.write(phase='done', mode=mode, wall_time_s=wall,
-            base_checkpoint=os.path.abspath(checkpoint) if checkpoint else None)
+      invocation_times_s=earlier + [wall], shots=results.pop('shots'), base_source=base_source)
+  log.write(phase='done', mode=mode, wall_time_s=wall, base_checkpoint=(base_source or {}).get('path'))
   return results
 
 
@@ -226,22 +187,18 @@ def results_document(exp: Experiment, per_run: list, norms: list, base_info: dic
 
 def start_line(config, bench, workdir: str, mode: str, ckpts: Checkpoints, base_source: Optional[dict],
                origin: Optional[dict]) -> str:
-  """One line before any work: what runs (the --config argument and its changes, the method), on
-  which devices, into which workdir, with which budget, and what is resumed."""
-  later = bench.num_sessions - 1
+  """The line before any work: what runs, on which devices, into which workdir, from which base model."""
   if base_source:
     base = f'base model from --checkpoint {base_source["path"]}' + (f' ({base_source["note"]})'
                                                                     if base_source.get('note') else '')
   elif ckpts.has_model():
     base = 'base model restored from this workdir'
-  else:
-    step = ckpts.base.latest_step()
-    base = (f'base training {base_budget(config)}'
-            + ('' if step is None else ', trained already' if step >= config.base.steps else f', resuming at step {step}'))
+  else:  # a resumed one says so when it starts (train_loop)
+    base = f'base training {base_budget(config)}'
   done = sum(len(ckpts.sessions_done(r)) for r in range(config.runs)) if ckpts.any_sessions() else 0
-  sessions = f'{config.runs} runs x {later} sessions' + (f' ({done} restored)' if done else '')
-  return (f'f2m-jax {mode}: {_what(config, origin)} on {backend.devices()}; workdir {workdir}; '
-          f'{base}; then {sessions}')
+  sessions = f'{config.runs} runs x {bench.num_sessions - 1} sessions' + (f' ({done} restored)' if done else '')
+  return (f'f2m-jax {mode}: {_what(config, origin)} on {backend.devices()}; workdir {workdir}; {base}; '
+          f'then {sessions}')
 
 
 def base_budget(config) -> str:
@@ -265,8 +222,7 @@ def _what(config, origin: Optional[dict]) -> str:
 def write_outputs(workdir: str, results: dict, mode: str, writes: bool = True) -> str:
   """results.json/csv; returns a line saying what was compared and written. In eval mode a difference
   goes to a new results_eval.json; a read-only workdir (`writes` False) gets the JSON on stdout instead."""
-  path = os.path.join(workdir, 'results.json')
-  unwritten = f'; {workdir} is read-only, so the results follow as JSON:\n{json.dumps(results, indent=1)}'
+  path, name, line = os.path.join(workdir, 'results.json'), 'results', 'no results.json to compare with'
   if mode == 'eval' and os.path.exists(path):
     saved, new = workdir_lib.read_json(path), json.loads(json.dumps(results))
     # when and where differ, nothing else may; keys a results.json of an earlier version lacks
@@ -275,43 +231,35 @@ def write_outputs(workdir: str, results: dict, mode: str, writes: bool = True) -
     if not differ:
       return (f'evaluation reproduced {path} exactly (every run and session computed again from its checkpoint); '
               'results.json unchanged, nothing written' + (' but its lines in metrics.jsonl' if writes else ''))
-    what = f'evaluation differs from {path} in {", ".join(differ)}'
-    if not writes:
-      return what + unwritten
-    name = 'results_eval'
-    if os.path.exists(os.path.join(workdir, f'{name}.json')):
-      name = f'results_eval_{time.strftime("%Y%m%d-%H%M%S")}'
-    workdir_lib.write_results(workdir, results, evaluation.results_rows(results), name=name)
-    return f'{what}; wrote {name}.json and {name}.csv beside it (results.json unchanged)'
+    line = f'evaluation differs from {path} in {", ".join(differ)}'
+    name = 'results_eval' + (time.strftime('_%Y%m%d-%H%M%S') if os.path.exists(f'{workdir}/results_eval.json') else '')
   if not writes:
-    return 'no results.json to compare with' + unwritten
-  workdir_lib.write_results(workdir, results, evaluation.results_rows(results))
-  return (f'results written to {path} and results.csv' if mode != 'eval' else
-          f'no results.json to compare with; wrote {path} and results.csv from the checkpoints')
+    return f'{line}; {workdir} is read-only, so the results follow as JSON:\n{json.dumps(results, indent=1)}'
+  workdir_lib.write_results(workdir, name, evaluation.results_rows(results), results)
+  return (f'results written to {path} and results.csv' if mode != 'eval' else f'{line}; wrote {name}.json and '
+          f'{name}.csv' + (' beside it (results.json unchanged)' if name != 'results' else ''))
 
 
 def run_flatness(config: ml_collections.ConfigDict, workdir: str, checkpoint: Optional[str] = None,
                  origin: Optional[dict] = None) -> dict:
-  """--mode flatness: I and sigma^2 of the base loss around the base model of `workdir` (or `checkpoint`);
-  writes flatness.json. `origin`: as `run`'s."""
+  """--mode flatness: I and sigma^2 of the base loss around the base model of `workdir` (or `checkpoint`),
+  into flatness.json."""
   record, config = checked(config, workdir, checkpoint, origin)
   workdir_lib.check_folders(workdir)
-  bench = sources.load_benchmark(config)
+  bench, f, source = sources.load_benchmark(config), config.flatness, checkpoint or workdir
   exp = Experiment.create(config, bench)
-  ckpts = Checkpoints(checkpoint or workdir, read_only=True)
-  f = config.flatness
   bound = f.bound if f.bound >= 0 else config.noise.bound
-  print(f'f2m-jax flatness: {_what(config, origin)} on {backend.devices()}; base model of {checkpoint or workdir}; '
+  print(f'f2m-jax flatness: {_what(config, origin)} on {backend.devices()}; base model of {source}; '
         f'{f.num_draws} draws at bound {bound:g} on the base training and test images (at most '
         f'{f.max_images or "all"} each); writes {workdir}/flatness.json', flush=True)
-  model = common.base_model(exp, ckpts, log=None, source=ckpts)
-  variables = {'params': model['params'], 'batch_stats': model['batch_stats']}
+  model = common.restore_base_model(exp, Checkpoints(source, read_only=True))
+  variables = {k: model[k] for k in ('params', 'batch_stats')}
   rng = np.random.default_rng([config.seed, 5])
   out = {'bound': bound, 'distribution': config.noise.distribution, 'num_layers': config.noise.num_layers,
-         'checkpoint': os.path.abspath(checkpoint or workdir),
+         'checkpoint': os.path.abspath(source),
          'provenance': workdir_lib.provenance(record.to_dict(), origin, choices=backend.used(config))}
-  test_idx = protocol_lib.test_indices(bench, 1)
-  for name, split, idx in (('train', bench.train, bench.base_train), ('test', bench.test, test_idx)):
+  for name, split, idx in (('train', bench.train, bench.base_train),
+                           ('test', bench.test, protocol_lib.test_indices(bench, 1))):
     if f.max_images and len(idx) > f.max_images:
       idx = np.sort(rng.choice(idx, f.max_images, replace=False))
     clean, losses = flatness.noisy_losses(
@@ -322,9 +270,8 @@ def run_flatness(config: ml_collections.ConfigDict, workdir: str, checkpoint: Op
     print(f'flatness on {name} ({len(idx)} images, {f.num_draws} draws): L*={clean:.4f} '
           f'I={out[name]["I"]:.3e} sigma^2={out[name]["sigma2"]:.3e}', flush=True)
   os.makedirs(workdir, exist_ok=True)
-  path = os.path.join(workdir, 'flatness.json')
-  if os.path.exists(path):
-    path = os.path.join(workdir, f'flatness_{time.strftime("%Y%m%d-%H%M%S")}.json')
+  stamp = time.strftime('_%Y%m%d-%H%M%S') if os.path.exists(os.path.join(workdir, 'flatness.json')) else ''
+  path = os.path.join(workdir, f'flatness{stamp}.json')
   workdir_lib.atomic_write(path, json.dumps(out, indent=2))
   print(f'wrote {path}', flush=True)
   return out

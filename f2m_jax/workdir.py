@@ -2,15 +2,19 @@
 produced is overwritten: a workdir started with another result-relevant config is refused."""
 from __future__ import annotations
 
+import contextlib
 import csv
 import errno
 import fcntl
+import importlib.metadata
 import io
 import json
 import os
+import pathlib
 import platform
+import subprocess
 import time
-from typing import Iterable, Optional
+from typing import Optional
 
 import jax
 from flax import traverse_util
@@ -18,17 +22,16 @@ from flax import traverse_util
 from configs import common as config_defaults
 from f2m_jax.data import download
 
-# Fields that never change what a run computes, or only how it is rounded (paths, logging, how the
-# programs are laid out, batching and caching of evaluation, other modes' settings): a workdir may be
-# resumed or evaluated with different values of these. A name ending in '.' covers every field below it.
+# Fields that change no result but its rounding (paths, logging, the programs' layout, evaluation's batches,
+# other modes): a workdir may be resumed or evaluated with others. 'x.' covers every field of section x.
 NON_RESULT_FIELDS = ('data.data_dir', 'data.tfds_data_dir', 'data.cache_dir', 'base.log_every',
                      'base.checkpoint_every', 'base.steps_per_call', 'noise.draw_map', 'model.conv_backward',
                      'members.map', 'eval.batch_size', 'eval.cache_trunk', 'distributed', 'tensorboard',
                      'compilation_cache', 'memory_check', 'bench.', 'flatness.')
 
-# How a saved config.json is read (docs/development.md, "Adding a config field"): one of CONFIG_FORMAT
-# takes the defaults of the fields it lacks; one of another format (0: it records none) is read as it
-# stands. Bump it where a field's default stops computing what the code computed before.
+# How a saved config.json is read (docs/development.md, "Adding a config field"): one of CONFIG_FORMAT takes
+# the defaults of the fields it lacks, one of another (0: none recorded) is read as it stands. Bump it where a
+# field's default stops computing what the code computed before.
 CONFIG_FORMAT = 1
 # Fields added to CONFIG_FORMAT whose default computes otherwise than the code that wrote a record lacking
 # them: such a record is read with the value that code computed (nested image folders were their top folder).
@@ -37,6 +40,7 @@ SOURCE_KEY = 'base_source'  # config.json's record of --checkpoint's base model
 FORMAT_KEY, GIT_KEY = 'config_format', 'git'  # and of how it was written
 RECORD_KEYS = (SOURCE_KEY, FORMAT_KEY, GIT_KEY)  # not config fields
 ABSENT = '<absent>'
+MOVE = 'move it away, then rerun the same command'
 
 
 class WorkdirError(RuntimeError):
@@ -57,40 +61,37 @@ def default_items(folder: bool) -> dict:
 
 
 def saved_items(saved: dict, defaults: dict) -> dict:
-  """The fields of a saved config (config.json's contents), as flat items; where it is of
-  CONFIG_FORMAT, `defaults` ({field: value}) fills the fields it lacks."""
+  """A saved config's fields as flat items, those it lacks from `defaults` where it is of CONFIG_FORMAT."""
   items = flat_items({k: v for k, v in saved.items() if k not in RECORD_KEYS})
   lacked = {k: v for k, v in LACKED.items() if k in defaults}
   return {**defaults, **lacked, **items} if saved.get(FORMAT_KEY, 0) == CONFIG_FORMAT else items
 
 
 def config_differences(saved: dict, current: dict, defaults: Optional[dict] = None,
-                       ignore: Iterable[str] = NON_RESULT_FIELDS, method_sections: Optional[dict] = None) -> list:
-  """Dotted names of the result-relevant fields where a saved config and `current` differ. A field the
-  saved one lacks takes its value in `defaults`; `ignore`'s fields and the sections of a method neither
-  config runs (`method_sections`) are not compared."""
+                       method_sections: Optional[dict] = None) -> list:
+  """Sorted names of the fields where `saved` (a field it lacks: its `defaults` value) and `current` differ,
+  but NON_RESULT_FIELDS and the sections of a method neither runs (`method_sections`)."""
   b = flat_items(current)
   fill = default_items(any(k.startswith('data.folder.') for k in b)) if defaults is None else defaults
   a = saved_items(saved, {k: v for k, v in fill.items() if k in b})
   methods = {a.get('method'), b.get('method')}
-  ignore = tuple(ignore) + tuple(f'{s}.' for s, m in (method_sections or {}).items() if m not in methods)
-  ignored = lambda k: any(k == i or (i.endswith('.') and k.startswith(i)) for i in ignore)  # 'x.': all of x
-  return sorted(k for k in set(a) | set(b) if not ignored(k) and a.get(k, ABSENT) != b.get(k, ABSENT))
+  ignore = NON_RESULT_FIELDS + tuple(f'{s}.' for s, m in (method_sections or {}).items() if m not in methods)
+  return sorted(k for k in set(a) | set(b) if a.get(k, ABSENT) != b.get(k, ABSENT)
+                and not any(k == i or (i.endswith('.') and k.startswith(i)) for i in ignore))
 
 
 def difference_details(fields: list, saved: dict, current: dict, path: str) -> str:
-  """'field: saved A, now B; ...' for `fields`, and where one of them is absent on a side, which commit
-  reads `saved` (config.json in `path`)."""
+  """'field: saved A, now B; ...' for `fields`, and where one of them is absent on a side, the commit that
+  reads `saved` (config.json in `path`): its own record, else its results.json's."""
   a, b = flat_items({k: v for k, v in saved.items() if k not in RECORD_KEYS}), flat_items(current)
   text = '; '.join(f'{k}: saved {a.get(k, ABSENT)!r}, now {b.get(k, ABSENT)!r}' for k in fields)
   if all(k in a and k in b for k in fields):
     return text
   commit, results = (saved.get(GIT_KEY) or {}).get('commit'), os.path.join(os.path.dirname(path), 'results.json')
-  if not commit and os.path.exists(results):  # else the one its results.json names
+  if not commit and os.path.exists(results):
     commit = ((read_json(results).get('provenance') or {}).get(GIT_KEY) or {}).get('commit')
-  return (f'{text}; a field absent on one side is read only by the commit that wrote {path}: '
-          + (f'{commit}, check it out to resume or evaluate this workdir' if commit else
-             'it names none (config format 0); check that commit out to resume or evaluate this workdir'))
+  return (f'{text}; a field absent on one side is read only by the commit that wrote {path} '
+          f'({commit or "unrecorded: config format 0"}): check it out to resume or evaluate this workdir')
 
 
 def read_json(path: str):
@@ -103,8 +104,7 @@ def read_json(path: str):
 
 
 def recorded_config(path: str, method_sections: Optional[dict] = None) -> dict:
-  """The config recorded in `path` (a workdir's config.json), read as a resume reads it; a WorkdirError
-  naming the field and the commit that reads it where it lacks or holds a field this code cannot read."""
+  """A workdir's config.json (`path`) read as a resume reads it; a WorkdirError where this code cannot."""
   saved = read_json(path)
   fill = default_items(any(k.startswith('data.folder.') for k in saved_items(saved, {})))
   items = saved_items(saved, fill)  # of CONFIG_FORMAT: with the defaults (and LACKED) it lacks
@@ -117,35 +117,33 @@ def recorded_config(path: str, method_sections: Optional[dict] = None) -> dict:
 
 
 def in_the_way(path: str, what: str = 'folder') -> Optional[str]:
-  """The line naming the file that stands where `path`, or a folder above it, should be a folder (`what`
-  names it), with what to do; None where none does."""
-  parts = os.path.abspath(path).split(os.sep)
-  for prefix in (os.sep.join(parts[:i]) for i in range(2, len(parts) + 1)):
-    if not os.path.isdir(prefix):
-      return (f'{prefix} is a file where a {what} should be; move it away, then rerun the same command'
-              if os.path.lexists(prefix) else None)
-  return None
+  """The line naming the file that stands where `path`, or a folder above it, should be a `what`; or None."""
+  found = nearest(os.path.abspath(path))
+  return None if os.path.isdir(found) else f'{found} is a file where a {what} should be; {MOVE}'
+
+
+def nearest(path: str) -> str:
+  """`path` or, where it does not exist, the nearest folder above it that does (as a file, or a link)."""
+  return path if os.path.lexists(path) else nearest(os.path.dirname(path))
 
 
 def check_folders(*paths: str) -> None:
-  """A WorkdirError naming the first of `paths` (folders this process will write into) that a file
-  stands in the way of, or whose nearest existing folder this user cannot write; creates nothing."""
+  """A WorkdirError naming the first of the folders `paths` that a file stands in the way of, or whose nearest
+  existing folder this user cannot write."""
   for path in paths:
-    folder = os.path.abspath(path)
-    while not os.path.lexists(folder):
-      folder = os.path.dirname(folder)
+    folder = nearest(os.path.abspath(path))
     why = in_the_way(path) or (not os.access(folder, os.W_OK | os.X_OK) and
-                               f'this user cannot write {folder} (its permissions, or a read-only mount); make '
-                               'it writable, or use another --workdir')
+                               f'this user cannot write {folder} (its permissions, or a read-only mount); '
+                               'make it writable, or use another --workdir')
     if why:
       raise WorkdirError(f'cannot write into {path}: {why}')
 
 
 def describe_os_error(e: OSError) -> str:
-  """An OSError as the one line a user acts on: a file where a folder should be or a folder where a
-  file should be is named, with what to do; otherwise the OS's reason and the file."""
+  """An OSError as one line: a file where a folder should be, or a folder where a file should be, with
+  what to do; otherwise the OS's reason and the file."""
   if e.filename and e.errno == errno.EISDIR:
-    return f'{e.filename} is a folder where a file should be; move it away, then rerun the same command'
+    return f'{e.filename} is a folder where a file should be; {MOVE}'
   line = in_the_way(e.filename) if e.filename and e.errno in (errno.ENOTDIR, errno.EEXIST) else None
   return line or f'{e.strerror or e}' + (f': {e.filename}' if e.filename else '')
 
@@ -159,15 +157,14 @@ class Lock:
     self._created = not os.path.exists(self.path)
     if not (take and primary()):  # `take` False: a read-only workdir, which no process can write
       return
-    fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+    self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+      fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError as e:
-      holder = os.read(fd, 64).decode(errors='replace').strip() or 'unknown'
-      os.close(fd)
+      holder = os.read(self._fd, 64).decode(errors='replace').strip() or 'unknown'
+      os.close(self._fd)
       raise WorkdirError(f'{workdir} is in use by process {holder} (it holds {self.path}): wait for it to end, '
                          'or stop it, then rerun') from e
-    self._fd = fd
 
   def claim(self) -> None:
     """Writes this process's pid into the lock file (once the workdir's checks passed)."""
@@ -176,8 +173,7 @@ class Lock:
       os.pwrite(self._fd, f'{os.getpid()}\n'.encode(), 0)
 
   def close(self, undo: bool = False) -> None:
-    """Releases the lock; `undo`: and removes the lock file if this process created it (a workdir
-    refused by its checks is left as it was)."""
+    """Releases the lock; `undo`: and removes the lock file if this process created it."""
     if self._fd is not None:
       if undo and self._created:
         os.remove(self.path)
@@ -187,8 +183,7 @@ class Lock:
 
 def check_record(workdir: str, config: dict, method_sections: Optional[dict] = None,
                  base_source: Optional[dict] = None) -> bool:
-  """Whether `workdir` records a config (config.json); a WorkdirError where that one differs from `config`
-  (`config_differences`) or from `base_source` (--checkpoint)."""
+  """Whether `workdir` has a config.json; a WorkdirError where it differs from `config` or `base_source`."""
   path = os.path.join(workdir, 'config.json')
   if not os.path.exists(path):
     return False
@@ -200,39 +195,28 @@ def check_record(workdir: str, config: dict, method_sections: Optional[dict] = N
                        'another --workdir, or pass --checkpoint to start new sessions from its base model.')
   was, now = (saved.get(SOURCE_KEY) or {}).get('path'), (base_source or {}).get('path')
   if SOURCE_KEY in saved and was != now:
-    raise WorkdirError(f'{workdir} was started with ' + (f'--checkpoint {was}' if was else 'no --checkpoint')
-                       + ', now ' + (f'--checkpoint {now}' if now else 'without one')
-                       + (f': pass --checkpoint {was} to resume or evaluate it' if was else
-                          ': its base model is its own; drop --checkpoint, or use another --workdir'))
+    fix = f'pass --checkpoint {was} to resume or evaluate it' if was else 'drop --checkpoint, or use another --workdir'
+    raise WorkdirError(f'{workdir} was started with --checkpoint {was or "none"}, now {now or "without"}: {fix}')
   return True
 
 
 def writes_into(workdir: str, mode: str) -> bool:
-  """Whether `mode` writes into `workdir`: every mode does but eval, which writes nothing into an
-  existing folder this process cannot write (a read-only mount)."""
+  """Whether `mode` writes into `workdir`: every mode does but eval of a folder this process cannot write."""
   return mode != 'eval' or not os.path.isdir(workdir) or os.access(workdir, os.W_OK | os.X_OK)
-
-
-def holds_checkpoints(workdir: str) -> bool:
-  """Whether W/checkpoints holds a saved step (checkpoints/<kind>/<step>; empty folders, which another
-  process of a multi-host run may create first, do not count)."""
-  root = os.path.join(workdir, 'checkpoints')
-  kinds = [os.path.join(root, k) for k in (os.listdir(root) if os.path.isdir(root) else [])]
-  return any(n.isdigit() for k in kinds if os.path.isdir(k) for n in os.listdir(k))
 
 
 def prepare(workdir: str, config: dict, method_sections: Optional[dict] = None,
             base_source: Optional[dict] = None, writes: bool = True) -> Lock:
-  """Takes the workdir (creating it, and its Lock), checks its config.json against `config` (`check_record`)
-  or writes it where it is missing; a workdir with checkpoints but no config.json is refused. With `writes`
-  False it checks, writes nothing and takes no lock. Returns the Lock."""
+  """The workdir's Lock, taken (the workdir made) once its config.json is checked (`check_record`) or written
+  (a workdir with checkpoints and no config.json is refused). With `writes` False: checked only, no lock."""
   if writes:
     check_folders(workdir, *(os.path.join(workdir, n) for n in ('checkpoints', 'tensorboard')))
     os.makedirs(workdir, exist_ok=True)
   lock = Lock(workdir, take=writes)
   try:
     if not check_record(workdir, config, method_sections, base_source):
-      if holds_checkpoints(workdir):
+      # a saved step, checkpoints/<kind>/<step> (empty folders another process may create first are none)
+      if any(p.name.isdigit() for p in pathlib.Path(workdir, 'checkpoints').glob('*/*')):
         raise WorkdirError(f'{workdir} holds checkpoints but no record of the config they were trained with '
                            f'({workdir}/config.json is missing): restore it, or use another --workdir')
       if writes:
@@ -247,7 +231,6 @@ def prepare(workdir: str, config: dict, method_sections: Optional[dict] = None,
 
 def git_state() -> dict:
   """The project's git commit and whether its tree had uncommitted changes ({} outside a checkout)."""
-  import subprocess
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   try:
     lines = subprocess.run(['git', '-C', root, 'status', '--porcelain=v2', '--branch', '--untracked-files=no'],
@@ -259,56 +242,49 @@ def git_state() -> dict:
 
 
 def writer() -> dict:
-  """Who writes or computes now: the commit (and whether the tree was dirty), the backend and device kind."""
+  """Who writes or computes now: `git_state`, the backend and the device kind."""
   return {**git_state(), 'backend': jax.default_backend(), 'device': jax.devices()[0].device_kind}
 
 
 def provenance(config: dict, origin: Optional[dict] = None, **more) -> dict:
-  """Where a result came from: the effective config, the git commit (and whether the tree was dirty), the
-  library versions and the hardware; `origin` (the command line, cli.py) where given, and `more`."""
-  import jaxlib
-  import flax
-  import optax
-  device = jax.devices()[0]
+  """Where a result came from: the effective config, `git_state`, the versions, the hardware; `origin` (the
+  command line, cli.py) and `more` where given."""
   return {
-      'config': config,
-      'git': git_state(),
-      'versions': {'python': platform.python_version(), 'jax': jax.__version__, 'jaxlib': jaxlib.__version__,
-                   'flax': flax.__version__, 'optax': optax.__version__},
-      'hardware': {'backend': jax.default_backend(), 'device_kind': device.device_kind,
+      'config': config, 'git': git_state(),
+      'versions': {'python': platform.python_version(),
+                   **{name: importlib.metadata.version(name) for name in ('jax', 'jaxlib', 'flax', 'optax')}},
+      'hardware': {'backend': jax.default_backend(), 'device_kind': jax.devices()[0].device_kind,
                    'num_devices': jax.device_count(), 'process_count': jax.process_count(),
                    'host': platform.node(), 'cpu_count': os.cpu_count()},
-      'time': time.strftime('%Y-%m-%dT%H:%M:%S%z'), **({'origin': origin} if origin else {}), **more,
+      'time': time.strftime('%Y-%m-%dT%H:%M:%S%z'), **({'origin': origin} if origin else {}),
+      **{k: v for k, v in more.items() if v is not None},
   }
 
 
 def primary() -> bool:
-  """Whether this process writes the run's files: process 0 of a multi-process run (every process
-  computes the same results; orbax coordinates the checkpoints' writes itself), and a lone process."""
+  """Whether this process writes the run's files (process 0; orbax coordinates the checkpoints itself)."""
   return jax.process_index() == 0
 
 
 def atomic_write(path: str, text: str) -> None:
-  """`text` into `path` through a temporary file (a reader never sees half a file); only on the
-  primary process."""
-  if not primary():
-    return
-  with download.written_atomically(path) as tmp:
-    tmp.write_text(text)
+  """`text` into `path` through a temporary file (no reader sees half a file), on the primary process."""
+  if primary():
+    with download.written_atomically(path) as tmp:
+      tmp.write_text(text)
 
 
 class MetricsLog:
-  """Appends one JSON object per line to <workdir>/metrics.jsonl and, with `tensorboard`, the same numbers
-  as TensorBoard scalars (written in this thread: a write that fails is an OSError naming its file). A
-  line of a (phase, run, session, step) the log holds already is not written again; a last line cut
-  short by a kill is ended before the next. `invocations`: each earlier invocation's 'start' line, with
-  'end', the time of its last line."""
+  """<workdir>/metrics.jsonl, a JSON object per line, and with `tensorboard` the same numbers as TensorBoard
+  scalars (written in this thread: a failed write is an OSError naming its file). A step's line the log holds
+  is not written again; a last line cut short by a kill is ended first. `invocations`: each earlier
+  invocation's 'start' line, with 'end', the time of its last line."""
 
   def __init__(self, workdir: str, tensorboard: bool = False, writes: bool = True):
-    self.path, self._writes = os.path.join(workdir, 'metrics.jsonl'), writes  # False: a read-only workdir's
-    self._tb_dir = os.path.join(workdir, 'tensorboard') if tensorboard else None
+    self.path, self._writes = os.path.join(workdir, 'metrics.jsonl'), writes and primary()  # False: read-only
+    self._tb_dir = os.path.join(workdir, 'tensorboard') if tensorboard and self._writes else None
     self._tb, self._start, self._flushed = None, None, 0.0  # the writer is opened with the first scalar
-    records, self._cut_line = read_lines(self.path)
+    records = self.records()
+    self._cut_line = os.path.exists(self.path) and pathlib.Path(self.path).read_bytes()[-1:] not in (b'', b'\n')
     self._logged = {_step_key(r) for r in records if 'step' in r}
     self.invocations = []
     for r in records:
@@ -318,20 +294,22 @@ class MetricsLog:
         self.invocations[-1]['end'] = r.get('time', self.invocations[-1]['end'])
 
   def records(self) -> list:
-    """The lines written so far, as dicts (`read_lines`)."""
-    return read_lines(self.path)[0]
+    """The log's lines as dicts, but for a line that is none (cut short by a kill, or not UTF-8)."""
+    out = []
+    for line in (pathlib.Path(self.path).read_bytes() if os.path.exists(self.path) else b'').split(b'\n'):
+      with contextlib.suppress(ValueError):  # json's errors and UnicodeDecodeError
+        out.append(json.loads(line))
+    return [r for r in out if isinstance(r, dict)]
 
   def start(self, mode: str, **fields) -> None:
-    """Marks an invocation's start: its 'start' line (with `fields`) goes in with the first line it
-    writes (one that stops before it writes any leaves the log as it was)."""
+    """An invocation's 'start' line (with `fields`), written with its first line (if any)."""
     self._start = {'time': round(time.time(), 3), 'phase': 'start', 'mode': mode, **fields}
 
   def write(self, **record) -> None:
-    if not (primary() and self._writes) or ('step' in record and _step_key(record) in self._logged):
+    if not self._writes or ('step' in record and _step_key(record) in self._logged):
       return
     record = {'time': round(time.time(), 3), **record}
-    lines = [self._start, record] if self._start else [record]
-    self._start = None
+    lines, self._start = [r for r in (self._start, record) if r], None
     with download.naming(self.path), open(self.path, 'a') as f:
       f.write(('\n' if self._cut_line else '') + ''.join(json.dumps(r) + '\n' for r in lines))
     self._cut_line = False
@@ -365,7 +343,7 @@ class MetricsLog:
 
   def open(self) -> None:
     """Opens the TensorBoard event file (if any) now: the base loop calls this before its first step."""
-    if self._tb_dir is not None and self._tb is None and primary() and self._writes:
+    if self._tb_dir is not None and self._tb is None:
       from tensorboardX.record_writer import RecordWriter  # pylint: disable=g-import-not-at-top
       path = os.path.join(self._tb_dir, f'events.out.tfevents.{time.time():.6f}.{platform.node()}')
       with download.naming(path):
@@ -380,40 +358,15 @@ class MetricsLog:
         tb.close()
 
 
-def read_lines(path: str) -> tuple:
-  """(the JSON objects of the file `path`'s lines, whether its last line was cut short); a line that is
-  not one (cut short by a kill, or not UTF-8) is skipped. ([], False) where there is no file."""
-  try:
-    with open(path, 'rb') as f:
-      data = f.read()
-  except FileNotFoundError:
-    return [], False
-  out = []
-  for line in data.split(b'\n'):
-    try:
-      out.append(json.loads(line))
-    except ValueError:  # json's errors and UnicodeDecodeError
-      pass
-  return [r for r in out if isinstance(r, dict)], data[-1:] not in (b'', b'\n')
-
-
 def _step_key(record: dict) -> tuple:
-  """What a line of a step is logged once by: its phase, run, session (a joint session's selection) and step."""
+  """A step's line is logged once per phase, run, session (a joint session's selection) and step."""
   return record.get('phase'), record.get('run'), record.get('session'), record['step']
 
 
-def write_results(workdir: str, results: dict, rows: list, name: str = 'results') -> None:
-  """<name>.json and <name>.csv, each written atomically (on the primary process)."""
-  atomic_write(os.path.join(workdir, f'{name}.json'), json.dumps(results, indent=2))
-  write_csv(os.path.join(workdir, f'{name}.csv'), rows)
-
-
-def write_csv(path: str, rows: list) -> None:
-  """`rows` (dicts of one set of keys) into the CSV file `path`, atomically (on the primary process)."""
-  if not primary():
-    return
+def write_results(workdir: str, name: str, rows: list, results: Optional[dict] = None) -> None:
+  """<name>.csv of `rows` (dicts of one set of keys) and, with `results`, <name>.json, each atomically."""
+  if results is not None:
+    atomic_write(os.path.join(workdir, f'{name}.json'), json.dumps(results, indent=2))
   text = io.StringIO(newline='')
-  writer = csv.DictWriter(text, fieldnames=list(rows[0]))
-  writer.writeheader()
-  writer.writerows(rows)
-  atomic_write(path, text.getvalue())
+  csv.writer(text).writerows([list(rows[0])] + [[row[k] for k in rows[0]] for row in rows])
+  atomic_write(os.path.join(workdir, f'{name}.csv'), text.getvalue())
