@@ -252,7 +252,7 @@ def run_flatness(config: ml_collections.ConfigDict, workdir: str, checkpoint: Op
   print(f'f2m-jax flatness: {_what(config, origin)} on {backend.devices()}; base model of {source}; '
         f'{f.num_draws} draws at bound {bound:g} on the base training and test images (at most '
         f'{f.max_images or "all"} each); writes {workdir}/flatness.json', flush=True)
-  model = common.restore_base_model(exp, Checkpoints(source, read_only=True))
+  model = Checkpoints(source, read_only=True).restore_model(common.model_template(exp))
   variables = {k: model[k] for k in ('params', 'batch_stats')}
   rng = np.random.default_rng([config.seed, 5])
   out = {'bound': bound, 'distribution': config.noise.distribution, 'num_layers': config.noise.num_layers,
