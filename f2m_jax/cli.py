@@ -8,7 +8,6 @@ import importlib.util
 import os
 import re
 import sys
-from typing import Optional
 
 import jax
 import ml_collections
@@ -20,7 +19,6 @@ from f2m_jax import dry_run as dry_run_lib
 from f2m_jax import members
 from f2m_jax import memory
 from f2m_jax import pipeline
-from f2m_jax import progress
 from f2m_jax import registry
 from f2m_jax import report
 from f2m_jax import sharding
@@ -29,9 +27,8 @@ from f2m_jax import workdir as workdir_lib
 from f2m_jax.checkpoint import CheckpointError, CheckpointFault, quiet_orbax
 from f2m_jax.data import sources
 from f2m_jax.experiment import Interrupted, TrainingError
+from f2m_jax.stopping import message
 from f2m_jax.workdir import WorkdirError, describe_os_error, flat_items
-
-USER_ERRORS = (ValueError, FileNotFoundError, CheckpointError, WorkdirError)
 
 
 def main(config, workdir: str, mode: str, checkpoint=None, origin=None, dry_run: bool = False,
@@ -39,7 +36,8 @@ def main(config, workdir: str, mode: str, checkpoint=None, origin=None, dry_run:
   """Runs `mode`. `origin` ({'config', 'changes'}: the --config argument and the command line's overrides)
   is what the user changed: no method's presets replace those fields, and it goes into the records."""
   at_once = '--dry-run' if dry_run else '' if mode in ('train', 'eval') else f'--mode {mode}'  # saves nothing
-  with quiet_orbax(), stopping.stopping(at_once, error=Interrupted) as stop:
+  with quiet_orbax(), stopping.Stop(at_once and f'{at_once} saves nothing: rerun the same command',
+                                    Interrupted) as stop:
     return stop.exit(run_mode(config, workdir, ('time_step' if time_step else 'dry_run') if dry_run else mode,
                               checkpoint, origin, stop.hook))
 
@@ -53,10 +51,8 @@ def run_mode(config, workdir: str, mode: str, checkpoint, origin, hook) -> int:
       enable_compilation_cache(config)
     dispatch(config, workdir, mode, checkpoint, origin, hook)
     return 0
-  except CheckpointFault as e:
-    return message(f'error: {e}', 3)
-  except USER_ERRORS as e:
-    return message(f'error: {e}', 2)
+  except (ValueError, FileNotFoundError, CheckpointError, WorkdirError) as e:  # CheckpointFault: the records'
+    return message(f'error: {e}', 3 if isinstance(e, CheckpointFault) else 2)
   except TrainingError as e:
     return message(f'training stopped: {e}', 3)
   except (Interrupted, KeyboardInterrupt) as e:
@@ -72,27 +68,16 @@ def run_mode(config, workdir: str, mode: str, checkpoint, origin, hook) -> int:
 
 def dispatch(config, workdir: str, mode: str, checkpoint, origin, hook) -> None:
   """Runs `mode` and prints its table or text."""
-  if mode in ('train', 'eval') and members.enabled(config):
-    summary = members.run(config, workdir, mode=mode, checkpoint=checkpoint, origin=origin, hook=hook)
-    print(members.format_summary(summary), flush=True)
-  elif mode in ('train', 'eval'):
-    results = pipeline.run(config, workdir, mode=mode, checkpoint=checkpoint, origin=origin, hook=hook)
-    print(report.format_session_table(results), flush=True)
-  elif mode == 'flatness':
-    pipeline.run_flatness(config, workdir, checkpoint, origin=origin)
+  if mode in ('dry_run', 'time_step'):
+    print(dry_run_lib.describe(config, origin, time_step=mode == 'time_step', checkpoint=checkpoint), flush=True)
   elif mode == 'bench':
     bench.run(config, workdir, origin)
-  elif mode in ('dry_run', 'time_step'):
-    print(dry_run_lib.describe(config, origin, time_step=mode == 'time_step', checkpoint=checkpoint), flush=True)
-  else:
-    raise ValueError(f'--mode {mode} is not implemented yet')
-
-
-def message(line: str, code: int) -> int:
-  """Prints `line` to stderr on a line of its own (a progress bar's line ended first); returns `code`."""
-  progress.end_lines()
-  print(line, file=sys.stderr, flush=True)
-  return code
+  elif mode == 'flatness':
+    pipeline.run_flatness(config, workdir, checkpoint, origin=origin)
+  else:  # train, eval: a run, or a sweep of members
+    run, table = ((members.run, members.format_summary) if members.enabled(config) else
+                  (pipeline.run, report.format_session_table))
+    print(table(run(config, workdir, mode=mode, checkpoint=checkpoint, origin=origin, hook=hook)), flush=True)
 
 
 def enable_compilation_cache(config):
@@ -105,59 +90,49 @@ def enable_compilation_cache(config):
   return jax.config.jax_compilation_cache_dir or None
 
 
-# ----------------------------------------------------------------------------- run.py's command line
-
 def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
   """run.py's flags, in `flag_values`."""
+  fv = {'flag_values': flag_values}
   config_flags.DEFINE_config_file('config', None, "A config file (configs/cifar100.py:smoke) or a workdir's "
-                                  "config.json; default: --workdir's config.json.", flag_values=flag_values)
+                                  "config.json; default: --workdir's config.json.", **fv)
   flag_values['config'].parser = ConfigFile()
-  flags.DEFINE_string('workdir', None, 'Folder for config.json, metrics, checkpoints, results.', flag_values=flag_values)
+  flags.DEFINE_string('workdir', None, 'Folder for config.json, metrics, checkpoints, results.', **fv)
   flags.DEFINE_enum('mode', 'train', ['train', 'eval', 'bench', 'flatness'],
                     'train: train and evaluate (resumes); eval: restore checkpoints and recompute results; '
-                    'bench: time steps; flatness: flatness of a base checkpoint.', flag_values=flag_values)
-  flags.DEFINE_string('checkpoint', None, 'A workdir whose base model to use instead of training one.',
-                      flag_values=flag_values)
+                    'bench: time steps; flatness: flatness of a base checkpoint.', **fv)
+  flags.DEFINE_string('checkpoint', None, 'A workdir whose base model to use instead of training one.', **fv)
   flags.DEFINE_bool('dry-run', False, "Print the effective config (presets, overrides, what each 'auto' becomes "
-                    "here), the data, the cache and a base step's estimated cost, and stop without writing anything.",
-                    flag_values=flag_values)
-  flags.DEFINE_bool('time-step', False, "With --dry-run: measure one base step (compiled and run on random images "
-                    "of the config's shapes) instead of estimating it.", flag_values=flag_values)
+                    "here), the data, the cache and a base step's estimated cost; write nothing.", **fv)
+  flags.DEFINE_bool('time-step', False, 'With --dry-run: measure one base step instead of estimating it.', **fv)
 
 
 def parse_flags(argv: list, flag_values: flags.FlagValues = flags.FLAGS) -> list:
-  """run.py's absl flags parser; without --config, --workdir's config.json is the config. A bad flag or
-  value (absl's own words), or a --config.FIELD the config lacks, stops with one line (exit code 2)
-  before anything is written."""
-  argv = with_recorded_config(argv)
+  """run.py's flags parser (without --config, --workdir's config.json is the config): a bad flag, value or
+  --config.FIELD stops with one line (exit code 2) before anything is written."""
   try:
-    return flag_values(argv)
-  except Exception as e:  # whatever absl or ml_collections raise
-    config = flag_values['config'].parser.loaded
-    names = [m[2] for m in (re.match(r'-{1,2}(no)?config\.([\w.]+)', a) for a in argv) if m]
-    unknown = isinstance(e, (KeyError, AttributeError)) and config is not None and unknown_field(config, names)
-    print(f'error: {unknown or " ".join(str(e).split())}', file=sys.stderr, flush=True)
-    sys.exit(2)
+    return flag_values(with_recorded_config(argv))
+  except Exception as e:  # whatever absl, ml_collections or ConfigFile raise, in their words
+    sys.exit(message(f'error: {" ".join(str(e).split())}', 2))
 
 
 def main_flags(argv: list, flag_values: flags.FlagValues = flags.FLAGS) -> int:
-  """run.py's main, from its parsed flags (a missing flag: one line, exit code 2). A saved config's values
-  and --checkpoint hold unless the command line changes them (`departures`)."""
-  f = {name: flag_values[name].value for name in ('config', 'workdir', 'mode', 'checkpoint', 'dry-run', 'time-step')}
+  """run.py's main, from its parsed flags: a saved config's values and --checkpoint hold unless changed."""
+  f = flag_values.flag_values_dict()
   problem = usage_problem(argv, f['config'], f['workdir'], f['dry-run'])
   if problem:
-    print(f'error: {problem}', file=sys.stderr, flush=True)
-    return 2
-  spec, checkpoint = config_flags.get_config_filename(flag_values['config']), f['checkpoint']
+    return message(f'error: {problem}', 2)
+  spec, checkpoint, config = config_flags.get_config_filename(flag_values['config']), f['checkpoint'], f['config']
   origin = {'config': spec, 'changes': config_flags.get_override_values(flag_values['config'])}
-  if spec.endswith('.json'):
-    origin['changes'] = {**departures(f['config']), **origin['changes']}
+  if spec.endswith('.json'):  # the fields where it departs from its method's presets: its command line set them
+    method, items = registry.METHODS.get(config.method), flat_items(config.to_dict())
+    presets = flat_items(dict(method.presets) if method else {})
+    origin['changes'] = {**{k: items[k] for k, v in presets.items() if items.get(k) != v}, **origin['changes']}
     checkpoint = checkpoint or (workdir_lib.read_json(spec).get(workdir_lib.SOURCE_KEY) or {}).get('path')
-  return main(f['config'], f['workdir'], f['mode'], checkpoint, origin=origin, dry_run=f['dry-run'],
+  return main(config, f['workdir'], f['mode'], checkpoint, origin=origin, dry_run=f['dry-run'],
               time_step=f['time-step'])
 
 
-def usage_problem(argv: list, config, workdir: Optional[str], dry_run: bool) -> Optional[str]:
+def usage_problem(argv: list, config, workdir: str | None, dry_run: bool) -> str | None:
   """What run.py's command line lacks or has too much of, in one line, or None."""
   if len(argv) > 1:
     return f'unexpected arguments: {argv[1:]}'
@@ -170,33 +145,28 @@ def usage_problem(argv: list, config, workdir: Optional[str], dry_run: bool) -> 
   return None
 
 
-def departures(config) -> dict:
-  """The fields where an effective config departs from its method's presets: the values its command
-  line set over them, which no preset may replace when it is read again."""
-  method = registry.METHODS.get(config.method)
-  items = flat_items(config.to_dict())
-  return {k: items[k] for k, v in flat_items(dict(method.presets) if method else {}).items() if items.get(k) != v}
-
-
 class ConfigFile(flags.ArgumentParser):
-  """--config's parser: `load_config`, locked; the last config loaded stays in `loaded` (`unknown_field`)."""
-  loaded = None
+  """--config's parser: `load_config`, locked, refusing a --config.FIELD it lacks (in sys.argv, where
+  ml_collections reads them too) in a LookupError, which absl passes on unprefixed."""
 
   def parse(self, argument):
-    self.loaded = load_config(argument)
-    self.loaded.lock()
-    return self.loaded
-
-  def flag_type(self):
-    return 'config object'
+    config = load_config(argument)
+    refuse_unknown_fields(config, sys.argv)
+    config.lock()
+    return config
 
 
 def load_config(spec: str) -> ml_collections.ConfigDict:
   """The config that `spec` (--config's value) names: a workdir's config.json (workdir.recorded_config)
   or get_config(arg) of `path[:arg]`; a one-line ValueError where it cannot be read."""
   path, _, arg = spec.partition(':')
-  if not os.path.isfile(path):
-    raise ValueError(missing_file(path))
+  if not os.path.isfile(path):  # the close name, and the configs in its folder
+    folder = os.path.dirname(path) or '.'
+    options = sorted(f for f in os.listdir(folder) if f.endswith('.py') and not f.startswith('_')) \
+        if os.path.isdir(folder) else []
+    close = difflib.get_close_matches(os.path.basename(path), options, n=1, cutoff=0.6)
+    raise ValueError(f'there is no file {path}' + (f'; did you mean {os.path.join(folder, close[0])}?' if close else '')
+                     + (f' (configs in {folder}/: {", ".join(options)})' if options else ''))
   try:
     if path.endswith('.json'):
       return ml_collections.ConfigDict(workdir_lib.recorded_config(path, registry.method_sections()))
@@ -206,16 +176,6 @@ def load_config(spec: str) -> ml_collections.ConfigDict:
     return module.get_config(arg) if arg else module.get_config()
   except Exception as e:  # whatever the file raises for a bad argument
     raise ValueError(' '.join(str(e).split())) from e
-
-
-def missing_file(path: str) -> str:
-  """'there is no file PATH', with the close name and the configs in its folder."""
-  folder = os.path.dirname(path) or '.'
-  options = sorted(f for f in os.listdir(folder) if f.endswith('.py') and not f.startswith('_')) \
-      if os.path.isdir(folder) else []
-  close = difflib.get_close_matches(os.path.basename(path), options, n=1, cutoff=0.6)
-  return (f'there is no file {path}' + (f'; did you mean {os.path.join(folder, close[0])}?' if close else '')
-          + (f' (configs in {folder}/: {", ".join(options)})' if options else ''))
 
 
 def with_recorded_config(argv: list) -> list:
@@ -228,18 +188,17 @@ def with_recorded_config(argv: list) -> list:
   return argv[:1] + [f'--config={path}'] + argv[1:] if os.path.isfile(path) else argv
 
 
-def unknown_field(config, names: list) -> Optional[str]:
-  """'unknown config field ...' for the first of `names` (dotted: the command line's --config.FIELD) that
-  `config` lacks, with the names close to it there, or those there; None where it has them all."""
-  for name in names:
+def refuse_unknown_fields(config, argv: list) -> None:
+  """A LookupError 'unknown config field ...' for the first --config.FIELD of `argv` that `config` lacks,
+  with the names close to it there, or those there."""
+  for name in [m[2] for m in (re.match(r'-{1,2}(no)?config\.([\w.]+)', a) for a in argv) if m]:
     node, path = config, 'config'
     for part in name.split('.'):
       if not hasattr(node, 'keys'):
-        return f'unknown config field config.{name}: {path} is a value, not a section'
+        raise LookupError(f'unknown config field config.{name}: {path} is a value, not a section')
       if part not in node:
         close = difflib.get_close_matches(part, list(node.keys()), n=3, cutoff=0.5)
-        return (f'unknown config field config.{name}: {path} has no field {part!r}; ' +
-                (f'did you mean {", ".join(f"{path}.{c}" for c in close)}?' if close else
-                 f'its fields are {", ".join(sorted(node.keys()))}'))
+        raise LookupError(f'unknown config field config.{name}: {path} has no field {part!r}; ' + (
+            f'did you mean {", ".join(f"{path}.{c}" for c in close)}?' if close else
+            f'its fields are {", ".join(sorted(node.keys()))}'))
       node, path = node[part], f'{path}.{part}'
-  return None

@@ -1,8 +1,7 @@
 """What a run shows while it works: tqdm bars, a status line kept alive while the main thread waits in one
-long call (an XLA compile, saying how long it took here last time; a program's first call), and the end of
-every line drawn before a message, so that a message never starts on a bar's line. On a terminal a line is
-redrawn in place; elsewhere (a log file, a pipe) each update is a line of its own, at most every
-LOG_EVERY_S seconds."""
+long call (an XLA compile, saying how long it took here last time; a first call), and the end of every line
+drawn before a message. On a terminal a line is redrawn in place; elsewhere (a log file, a pipe) each update
+is a line of its own, at most every LOG_EVERY_S seconds."""
 from __future__ import annotations
 
 import contextlib
@@ -39,8 +38,7 @@ class _Lines:
 
 
 def bar(total, desc: str, file=None, mininterval: float = 2.0, cls=tqdm, **kw) -> tqdm:
-  """A tqdm bar (`cls`) on `file` (default stdout): redrawn in place on a terminal, else a line at most
-  every LOG_EVERY_S seconds."""
+  """A tqdm bar (`cls`) on `file` (default stdout), drawn in place or as lines (module docstring)."""
   file = file or sys.stdout
   if file.isatty():
     return cls(total=total, desc=desc, file=file, mininterval=mininterval, **kw)
@@ -51,9 +49,8 @@ def bar(total, desc: str, file=None, mininterval: float = 2.0, cls=tqdm, **kw) -
 def elapsed(seconds: float) -> str:
   """'45 s', '12 min 03 s', '2 h 05 min'."""
   s = int(seconds)
-  if s < 60:
-    return f'{s} s'
-  return f'{s // 60} min {s % 60:02d} s' if s < 3600 else f'{s // 3600} h {s % 3600 // 60:02d} min'
+  return (f'{s} s' if s < 60 else f'{s // 60} min {s % 60:02d} s' if s < 3600 else
+          f'{s // 3600} h {s % 3600 // 60:02d} min')
 
 
 class Status(tqdm):
@@ -72,8 +69,9 @@ class Status(tqdm):
   def compile(self, lowered, folder: str):
     """`lowered`, compiled, the line saying how long the same program (its text, the devices, XLA's flags)
     took here last time: <folder>/compile_times.json, which keeps this time (where it can be written)."""
-    text = '\n'.join([jax.__version__, jax.devices()[0].device_kind, os.environ.get('XLA_FLAGS', ''), lowered.as_text()])
-    key, path, times = hashlib.sha256(text.encode()).hexdigest()[:20], os.path.join(folder, COMPILE_TIMES), {}
+    text = [jax.__version__, jax.devices()[0].device_kind, os.environ.get('XLA_FLAGS', ''), lowered.as_text()]
+    key = hashlib.sha256('\n'.join(text).encode()).hexdigest()[:20]
+    path, times = os.path.join(folder, COMPILE_TIMES), {}
     with contextlib.suppress(OSError, ValueError, TypeError), open(path) as f:
       times = dict(json.load(f))
     self.set_description_str(f'{self.desc}: ' + (f'{elapsed(times[key])} here last time' if key in times else
@@ -90,11 +88,9 @@ class Status(tqdm):
 
 
 def status(text: str, file=None) -> Status:
-  """One line saying what the main thread waits for and for how long, kept up to date by a thread: on a
-  terminal redrawn every second, else a line every LOG_EVERY_S seconds; `set` changes the text, `close`
-  draws it a last time and ends the line. While it is open XLA's C++ log shows fatal errors only: its
-  slow-compile alarm ('Very slow compile?' after 2 min, which reads as a crash) says nothing the line does
-  not."""
+  """One line saying what the main thread waits for and for how long, redrawn by a thread (every second on a
+  terminal); `set` changes the text, `close` ends the line. While it is open XLA's C++ log shows fatal
+  errors only: its slow-compile alarm ('Very slow compile?' after 2 min) reads as a crash."""
   line = bar(None, text, file, cls=Status, bar_format='{desc} ({elapsed})', position=0)
   threading.Thread(target=line.tick, args=(1.0 if (file or sys.stdout).isatty() else LOG_EVERY_S,), daemon=True,
                    name='f2m-status').start()
@@ -104,8 +100,7 @@ def status(text: str, file=None) -> Status:
 
 def end_lines() -> None:
   """Closes every open bar and status line (each draws its last state and ends its line), so that what is
-  printed next (an error, the line of an interrupted run) starts on a line of its own and no bar is drawn
-  again after it."""
+  printed next starts on a line of its own and no bar is drawn again after it."""
   for b in list(tqdm._instances):  # pylint: disable=protected-access
     with contextlib.suppress(OSError, ValueError):  # a closed stream
       b.close()

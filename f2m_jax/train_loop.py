@@ -2,10 +2,9 @@
 of the one program runs `base.steps_per_call` steps; the NaN stop, logging, checkpoints and the hook on the host."""
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
-from typing import Callable, Optional, Sequence
+from typing import Callable, NamedTuple, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -24,10 +23,8 @@ from f2m_jax.experiment import Experiment, Hook, Interrupted, TrainingError
 from f2m_jax.padding import pad_rows
 
 
-@dataclasses.dataclass(frozen=True)
-class Member:
-  """One training of the loop: its batch indices at each step (`batch_indices(step)`), key, noise bound,
-  `save(step, state)` and metrics log."""
+class Member(NamedTuple):
+  """One training of the loop: `batch_indices(step)`, its key, noise bound, `save(step, state)`, metrics log."""
   batch_indices: Callable[[int], np.ndarray]
   key: jax.Array
   bound: float
@@ -37,8 +34,7 @@ class Member:
 
 def train_base(exp: Experiment, ckpts: Checkpoints, log: workdir_lib.MetricsLog, hook: Hook = None) -> dict:
   """Trains session 1 from the latest base checkpoint (or from scratch); returns the base network
-  (`chosen_variables`). `hook('base_step', step=n)` is called after every call, at its last step n (tests use
-  it to interrupt a run)."""
+  (`chosen_variables`). `hook('base_step', step=n)` is called after every call, at its last step n."""
   select = TestSetSelector(exp, exp.model, 1, ckpts.best_base, log) if exp.config.base.select_on_test else None
   state = trees.index(train_base_sessions([exp], [ckpts], [log], 'base session', select=select, hook=hook), 0)
   return chosen_variables(state, select, 'base model', exp.config.base.steps)
@@ -47,15 +43,18 @@ def train_base(exp: Experiment, ckpts: Checkpoints, log: workdir_lib.MetricsLog,
 def chosen_variables(state, select: Optional['TestSetSelector'], title: str, steps: int) -> dict:
   """{'params', 'batch_stats'} of a finished training as host arrays (as every later stage passes them: one
   compiled embedding program for all): the last step's, or the model `select` kept, and a line saying so."""
-  variables = {'params': jax.device_get(state.params), 'batch_stats': jax.device_get(state.batch_stats)}
-  return variables if select is None else select.chosen(variables, title, steps)
+  if select is None or select.store.latest_step() is None:  # no selection, or no selection step reached
+    return jax.device_get({'params': state.params, 'batch_stats': state.batch_stats})
+  best = select.store.restore(select.template)
+  print(f'{title}: step {select.store.latest_step()} of {steps}, chosen on {select.read} '
+        f'({float(best["test_acc"]):.2f}%; base.select_on_test reads the test set)', flush=True)
+  return {'params': best['params'], 'batch_stats': best['batch_stats']}
 
 
 def train_base_sessions(exps: Sequence[Experiment], ckpts: Sequence[Checkpoints], logs: Sequence, title: str,
                         select: Optional[Callable] = None, hook: Hook = None):
   """The base sessions of S >= 1 runs in lockstep through `train_steps`, from the latest base step all of
-  them hold (`resume_step`) or from scratch; each state saved into its own workdir, never at a step it
-  holds already. Returns the final states, with a leading member axis."""
+  them hold (`resume_step`) or from scratch, each saved into its own workdir; the final states, stacked."""
   held = [c.base.steps() for c in ckpts]
   start, steps = resume_step(held), exps[0].config.base.steps
   if 0 < start < steps:
@@ -80,8 +79,7 @@ def saving_after(save: Callable, latest: int) -> Callable:
 
 
 def steps_per_call(cfg, selecting: bool) -> int:
-  """base.steps_per_call reduced to divide the logging, checkpoint (and selection) intervals, so that
-  those always fall on a call's end."""
+  """base.steps_per_call reduced to divide the log, checkpoint (and selection) intervals: they end calls."""
   return math.gcd(cfg.steps_per_call, cfg.log_every, cfg.checkpoint_every, *([cfg.select_every] if selecting else []))
 
 
@@ -94,11 +92,9 @@ def call_spans(start: int, steps: int, per_call: int) -> list:
 
 def train_steps(exp: Experiment, model, noise, members: Sequence[Member], states, start: int, phase: str,
                 title: str, select: Optional[Callable] = None, hook: Hook = None):
-  """Steps `start`..base.steps of S >= 1 members in lockstep from `states` (leading member axis); returns
-  the final states. `select(step, state)` runs every base.select_every steps; the step's metrics go to each
-  member's log under `phase`; a non-finite step raises TrainingError. Where `hook` raises Interrupted (a
-  signal), the call in flight ends the training: its steps are recorded and its states saved, so that a
-  resume recomputes no step."""
+  """Steps `start`..base.steps of S >= 1 members in lockstep from `states` (leading member axis); returns the
+  final states. `select(step, state)` runs every base.select_every steps; metrics go to each member's log
+  under `phase`. After `hook` raised Interrupted, the call in flight ends the training, its states saved."""
   cfg, bench = exp.config.base, exp.bench
   if start >= cfg.steps:
     return states
@@ -106,10 +102,9 @@ def train_steps(exp: Experiment, model, noise, members: Sequence[Member], states
   per_call = steps_per_call(cfg, select is not None)
   program = base_lib.train_program(model, noise, exp.optimizer_settings(), base_lib.Inputs.of(bench),
                                    exp.config.members.map, mesh)
-  data = sharding.replicate((bench.train.images, bench.train.labels), mesh)
-  keys, bounds = sharding.replicate((jnp.stack([m.key for m in members]),
-                                     np.asarray([m.bound for m in members], np.float32)), mesh)
-  states = sharding.replicate(states, mesh)
+  data, keys, bounds, states = sharding.replicate(((bench.train.images, bench.train.labels),
+                                                   jnp.stack([m.key for m in members]),
+                                                   np.asarray([m.bound for m in members], np.float32), states), mesh)
   status = progress.status(f'{title}: compiling the step{f" of {len(members)} members" if len(members) > 1 else ""} '
                            f'(steps {start}-{cfg.steps}, {per_call} a call)')
   records = Records(exp.config, members, phase, title, start, select, hook, status)
@@ -118,101 +113,86 @@ def train_steps(exp: Experiment, model, noise, members: Sequence[Member], states
     for first, n in call_spans(start, cfg.steps, per_call):
       rows = np.stack([np.stack([m.batch_indices(s) for m in members]) for s in range(first, first + n)])
       rows = sharding.shard_member_rows(mesh, pad_rows(rows.astype(np.int32), per_call))  # extra rows: masked
+      args = (states, *data, rows, np.int32(n), keys, bounds)
       if pending is None:  # compiled first, so that the status line can tell compiling from running
-        program = status.compile(program.lower(states, *data, rows, np.int32(n), keys, bounds),
-                                 sources.cache_dir(exp.config))
+        program = status.compile(program.lower(*args), sources.cache_dir(exp.config))
         status.set(f'{title}: compiled in {progress.elapsed(status.format_dict["elapsed"])}; first call: {n} steps')
-      states, metrics = program(states, *data, rows, np.int32(n), keys, bounds)
+      states, metrics = program(*args)
       if pending:
         records(*pending)
-      pending = (first, n, metrics, jax.tree_util.tree_map(jnp.copy, states) if records.needs_state(first + n) else None)
+      pending = (first, n, metrics, jax.tree_util.tree_map(jnp.copy, states) if any(records.due(first + n)[1:])
+                 else None)
       if records.interrupted:
         break
     records(*pending)
   finally:
     status.close()
   if records.interrupted:
-    if records.saved != pending[0] + pending[1]:
-      records.save(pending[0] + pending[1], jax.device_get(states))
     raise Interrupted(f'{records.interrupted}, where its state is saved')
   records.bar.close()
   return states
 
 
 class Records:
-  """What the host does with each call's results: the non-finite stop, the progress bar, the metrics log's
-  averages, the test-set selection, the checkpoints and the hook (an Interrupted it raises is kept in
-  `interrupted`: the training ends after the call in flight)."""
+  """What the host does with each call's results: the non-finite stop, the bar, the log's averages, the
+  selection, the checkpoints, the hook (an Interrupted it raises ends the training after the call in flight)."""
 
-  def __init__(self, config, members: Sequence[Member], phase: str, title: str, start: int,
-               select: Optional[Callable], hook: Hook, status):
+  def __init__(self, config, members: Sequence[Member], phase, title, start, select, hook, status):
     self.cfg, self.method, self.members, self.phase, self.title = config.base, config.method, members, phase, title
     self.select, self.hook, self.status, self.interrupted = select, hook, status, None
     self.window, self.t0, self.saved, self.bar = [], time.time(), (start or None), None
     for m in members:
       m.log.open()
 
-  def needs_state(self, done: int) -> bool:
-    """Whether a call ending at step `done` is followed by a save or a selection."""
-    cfg = self.cfg
-    return (done % cfg.checkpoint_every == 0 or done == cfg.steps
-            or (self.select is not None and done % cfg.select_every == 0))
+  def due(self, done: int) -> tuple:
+    """Whether a call ending at step `done` is followed by (a log line, a selection, a save)."""
+    cfg, last = self.cfg, done == self.cfg.steps
+    return (done % cfg.log_every == 0 or last, self.select is not None and done % cfg.select_every == 0,
+            done % cfg.checkpoint_every == 0 or last or self.interrupted is not None)
 
   def __call__(self, first: int, n: int, metrics, snapshot) -> None:
-    """Reads the metrics of a call of `n` steps (leaves [N, S]; waiting for it), then stops, logs,
-    selects and saves step by step, then calls the hook; `snapshot`: a copy of the states after the
-    call, where needed."""
-    metrics = jax.device_get(metrics)
-    per_step = [{k: v[i] for k, v in metrics.items()} for i in range(n)]
-    self._check_finite(first, per_step)
+    """Reads the metrics of a call of `n` steps (waiting for it), then stops, logs, selects and saves at its
+    end (`steps_per_call` divides every interval), then calls the hook; `snapshot`: the states after it."""
+    metrics, done = {k: v[:n] for k, v in jax.device_get(metrics).items()}, first + n
+    for i, j in np.argwhere(~metrics['finite'])[:1]:  # the first non-finite step (and member)
+      who = f' (member {j})' if len(self.members) > 1 else ''
+      raise TrainingError(diverged(float(metrics['loss'][i, j]), first + i + 1, f'method {self.method}{who}',
+                                   self.phase, self.saved, self.cfg.lr, self.cfg.classifier_lr))
     if self.bar is None:
       self.status.close()
       self.bar = progress.bar(self.cfg.steps, self.title, initial=first)
     self.bar.update(n)
-    host = None if snapshot is None else jax.device_get(snapshot)
-    for done, m in enumerate(per_step, first + 1):
-      self.window.append(m)
-      if done % self.cfg.log_every == 0 or done == self.cfg.steps:
-        self._log(done)
-      if self.select is not None and done % self.cfg.select_every == 0:
-        self.select(done, trees.index(host, 0))
-      if done % self.cfg.checkpoint_every == 0 or done == self.cfg.steps:
-        self.save(done, host)
+    self.window.append(metrics)
+    (log, select, save), host = self.due(done), jax.device_get(snapshot)
+    if log:
+      self._log(done)
+    if select:
+      self.select(done, trees.index(host, 0))
+    if save:
+      for j, member in enumerate(self.members):
+        member.save(done, trees.index(host, j))
+      self.saved = done
     try:
       if self.hook:
-        self.hook('base_step', step=first + n)
+        self.hook('base_step', step=done)
     except Interrupted as e:
       self.interrupted = e
 
-  def save(self, step: int, host) -> None:
-    """Saves each member's state of `host` (leading member axis) as `step`."""
-    for j, member in enumerate(self.members):
-      member.save(step, trees.index(host, j))
-    self.saved = step
-
-  def _check_finite(self, first: int, per_step: list) -> None:
-    for i, m in enumerate(per_step):
-      bad = np.flatnonzero(~np.asarray(m['finite']))
-      if bad.size:
-        who = f' (member {int(bad[0])})' if len(self.members) > 1 else ''
-        raise TrainingError(diverged(float(m['loss'][bad[0]]), first + i + 1, f'method {self.method}{who}',
-                                     self.phase, self.saved, self.cfg.lr, self.cfg.classifier_lr))
-
   def _log(self, done: int) -> None:
-    rate = round(len(self.window) / (time.time() - self.t0), 3)
+    steps = {k: np.concatenate([w[k] for w in self.window]) for k in self.window[0] if k != 'finite'}  # [n, S]
+    rate = round(len(steps['loss']) / (time.time() - self.t0), 3)
     extra = {'members': len(self.members)} if len(self.members) > 1 else {}
     for j, member in enumerate(self.members):
-      avg = {k: float(np.mean([w[k][j] for w in self.window])) for k in self.window[0] if k != 'finite'}
+      avg = {k: float(np.mean(v[:, j])) for k, v in steps.items()}
       member.log.write(phase=self.phase, step=done, steps_per_s=rate, **extra, **avg)
     if len(self.members) == 1:
       self.bar.set_postfix(loss=f'{avg["loss"]:.3f}', acc=f'{avg["acc"]:.3f}', refresh=False)
     self.window, self.t0 = [], time.time()
 
 
-def diverged(loss: float, step: int, who: str, phase: str, saved: Optional[int], lr: float,
-             classifier_lr: float = -1.0) -> str:
-  """Why a training stopped at `step`, whose loss was `loss` (a step is good only if its loss and the
-  parameters it leaves are finite), what was kept, and the learning rate to try: a tenth."""
+def diverged(loss: float, step: int, who: str, phase: str, saved, lr: float, classifier_lr: float = -1.0) -> str:
+  """Why a training stopped at `step` (a step is good only if its loss and the parameters it leaves are
+  finite), what was kept, and the learning rate to try: a tenth."""
   what = (f'the parameters became non-finite after a finite loss of {loss:.3g}' if math.isfinite(loss)
           else f'the loss was {loss}')
   kept = f'the last good checkpoint (step {saved}) is kept' if saved else 'no checkpoint was saved yet'
@@ -223,14 +203,12 @@ def diverged(loss: float, step: int, who: str, phase: str, saved: Optional[int],
 
 
 class TestSetSelector:
-  """base.select_on_test, the original's model selection: at each call, the accuracy of `network`'s linear
-  classifier (the argmax of its logits) on the test images of every class seen up to `session` (session 1:
-  the base classes); the model of the best accuracy so far (a strictly better one replaces it) is kept in
-  `best` (a checkpoint.Folder), where a resumed training finds it (results then say they read the test
-  set). `where` (run, session) goes into each log line; `logits`: the network's logits program, if made."""
+  """base.select_on_test, the original's model selection: the accuracy of `network`'s logits' argmax on the
+  test images of every class seen up to `session`; the model of the best so far (a strictly better one
+  replaces it) is kept in `best` (a checkpoint.Folder), where a resumed training finds it. `where` (run,
+  session) goes into each log line; `logits`: the network's logits program, if made."""
 
-  def __init__(self, exp: Experiment, network, session: int, best, log, logits: Optional[Callable] = None,
-               where: Optional[dict] = None):
+  def __init__(self, exp: Experiment, network, session: int, best, log, logits=None, where=None):
     bench = exp.bench
     self.store, self.log, self.where = best, log, where or {}
     self.name = 'base_test' if session == 1 else 'seen_test'  # the log's fields: <name>_acc, best_<name>_acc
@@ -239,32 +217,21 @@ class TestSetSelector:
     self.logits = logits or evaluation.make_embed(network, bench.mean, bench.std, exp.config.eval.batch_size,
                                                   logits=True)
     self.template = {**exp.variables_template(network), 'test_acc': np.zeros((), np.float64)}
-    self.seen, self.best = bench.num_seen_classes(session), -1.0
-    if best.latest_step() is not None:
-      self.best = float(best.restore(self.template)['test_acc'])
+    self.best = -1.0 if best.latest_step() is None else float(best.restore(self.template)['test_acc'])
+    self.read = ('the base TEST images' if session == 1 else
+                 f'the TEST images of the {bench.num_seen_classes(session)} seen classes')
 
   def accuracy(self, variables) -> float:
     return 100.0 * float(np.mean(np.argmax(self.logits(variables, self.images), -1) == self.labels))
 
   def __call__(self, step: int, state) -> None:
-    variables = {'params': jax.device_get(state.params), 'batch_stats': jax.device_get(state.batch_stats)}
+    variables = jax.device_get({'params': state.params, 'batch_stats': state.batch_stats})
     acc = self.accuracy(variables)
     if acc > self.best:
       self.best = acc
       self.store.save(step, {**variables, 'test_acc': np.asarray(acc, np.float64)})
     self.log.write(phase='select_on_test', **self.where, step=step,
                    **{f'{self.name}_acc': acc, f'best_{self.name}_acc': self.best}, best_step=self.store.latest_step())
-
-  def chosen(self, variables: dict, title: str, steps: int) -> dict:
-    """The best model kept ({'params', 'batch_stats'}, and a line saying so), or `variables` where none
-    was (no selection step reached)."""
-    if self.store.latest_step() is None:
-      return variables
-    best = self.store.restore(self.template)
-    images = 'the base TEST images' if self.name == 'base_test' else f'the TEST images of the {self.seen} seen classes'
-    print(f'{title}: step {self.store.latest_step()} of {steps}, chosen on {images} ({float(best["test_acc"]):.2f}%; '
-          'base.select_on_test reads the test set)', flush=True)
-    return {'params': best['params'], 'batch_stats': best['batch_stats']}
 
 
 def selection_info(config, ckpts: Checkpoints) -> dict:
