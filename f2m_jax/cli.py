@@ -47,7 +47,7 @@ def run_mode(config, workdir: str, mode: str, checkpoint, origin, hook) -> int:
   stopped, a checkpoint that cannot be read back or written, a file system error, memory; 130 interrupted)."""
   try:
     sharding.maybe_initialize_distributed(config.get('distributed', False))
-    if mode != 'bench':
+    if mode in ('train', 'eval', 'flatness'):  # bench and a dry run write nothing, compiled programs included
       enable_compilation_cache(config)
     dispatch(config, workdir, mode, checkpoint, origin, hook)
     return 0

@@ -86,6 +86,7 @@ def watch() -> None:
     signal.signal(s, lambda *_: None)  # Python's part does nothing: the watcher acts
   signal.set_wakeup_fd(writer, warn_on_full_buffer=False)
   threading.Thread(target=_watcher, args=(reader,), daemon=True, name='f2m-signals').start()
+  signal.pthread_sigmask(signal.SIG_UNBLOCK, (signal.SIGINT, signal.SIGTERM))  # one held back since the start: now
 
 
 def _watcher(reader: int) -> None:

@@ -137,6 +137,16 @@ def test_a_dry_run_prints_the_effective_config_and_writes_nothing(tmp_path, monk
   assert not (tmp_path / 'w').exists()
 
 
+@pytest.mark.parametrize('mode,cached', [('dry_run', False), ('time_step', False), ('bench', False),
+                                         ('train', True), ('eval', True), ('flatness', True)])
+def test_only_the_modes_that_write_keep_compiled_programs(monkeypatch, mode, cached):
+  """A dry run says it wrote nothing, and --mode bench times compiles: neither fills the cache folder."""
+  calls = []
+  monkeypatch.setattr(cli, 'enable_compilation_cache', calls.append)
+  monkeypatch.setattr(cli, 'dispatch', lambda *args: None)
+  assert cli.run_mode({}, None, mode, None, None, None) == 0 and calls == ([{}] if cached else [])
+
+
 # ----------------------------------------------------------------------------- a workdir is enough
 
 def test_no_config_and_a_workdir_without_a_run_is_one_line(tmp_path, monkeypatch, capsys):

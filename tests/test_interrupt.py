@@ -84,13 +84,16 @@ def test_a_signal_at_any_moment_ends_run_py_with_one_line(tmp_path, sig, after_s
   """From run.py's first line on: while it imports JAX (seconds; d41b789 lost a SIGINT there and trained
   to the end, and a SIGTERM killed it without a word), reads its flags, or runs. Exit code 130 within
   seconds, one line, nothing written but complete files; the run would train 100,000 steps. Before
-  run.py's first line the interpreter starts: its `site` runs the environment's .pth files (0.1-0.5 s
-  on a loaded 2-core machine, where a signal gets Python's own default), so the child starts with -S
-  and this process's sys.path instead, its first line 30 ms after the start."""
+  run.py's first line the interpreter starts (tens of ms; on a loaded 2-core machine it may not have run
+  at all 0.2 s after the start): the child starts with the two signals blocked, so that one sent then is
+  held until `stopping.watch` unblocks them, as if it came at run.py's first line."""
   workdir = tmp_path / 'w'
-  child = subprocess.Popen([sys.executable, '-S', 'run.py', *ARGS, '--config.base.steps=100000', '--workdir',
-                            str(workdir)], cwd=REPO, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                           env={**os.environ, 'PYTHONPATH': os.pathsep.join(p for p in sys.path if p)})
+  held = signal.pthread_sigmask(signal.SIG_BLOCK, (signal.SIGINT, signal.SIGTERM))  # the child inherits the mask
+  try:
+    child = subprocess.Popen([sys.executable, 'run.py', *ARGS, '--config.base.steps=100000', '--workdir',
+                              str(workdir)], cwd=REPO, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+  finally:
+    signal.pthread_sigmask(signal.SIG_SETMASK, held)
   try:
     time.sleep(after_s)
     t0 = time.time()
