@@ -76,8 +76,7 @@ def session_ends(bench: Benchmark, session: int) -> tuple:
   return tuple(bench.num_seen_classes(t) for t in range(1, session + 1))
 
 
-def accuracies_from_predictions(pred: np.ndarray, labels: np.ndarray, num_base: int,
-                                session_ends: Sequence[int] = ()) -> dict:
+def accuracies_from_predictions(pred, labels: np.ndarray, num_base: int, session_ends: Sequence[int] = ()) -> dict:
   """acc, acc_base, acc_novel (None without novel images) and hm, in percent; with `session_ends`,
   acc_sessions: the accuracy on each session's classes (None for a session without test images)."""
   correct = np.asarray(pred) == labels
@@ -113,10 +112,8 @@ def prototype_norms(prototypes: np.ndarray, num_base: int) -> dict:
   """The paper's norm table for one run: mean and (population) std of the L2 norms of the base
   prototypes (the first `num_base` rows) and of the novel ones (the rest; None without any)."""
   norms = np.linalg.norm(np.asarray(prototypes, np.float64), axis=-1)
-  base, novel = norms[:num_base], norms[num_base:]
-  return {'base_mean': float(base.mean()), 'base_std': float(base.std()),
-          'novel_mean': float(novel.mean()) if novel.size else None,
-          'novel_std': float(novel.std()) if novel.size else None}
+  parts, stats = {'base': norms[:num_base], 'novel': norms[num_base:]}, (('mean', np.mean), ('std', np.std))
+  return {f'{part}_{name}': float(f(v)) if v.size else None for part, v in parts.items() for name, f in stats}
 
 
 def build_results(dataset: str, method: str, protocol: str, num_classes: Sequence[int],
@@ -139,9 +136,8 @@ def build_results(dataset: str, method: str, protocol: str, num_classes: Sequenc
     n = len(per_run[0])
     runs = [[[run[j]['acc_sessions'][i] if i <= j else None for j in range(n)] for i in range(n)] for run in per_run]
     cells = [[summarize([r[i][j] for r in runs], over) for j in range(n)] for i in range(n)]
-    stats = {k: [[c and c[k] for c in row] for row in cells] for k in ('mean', 'ci95')}
-    out['accuracy_matrix'] = {'rows': 'session whose classes are tested', 'columns': 'after session', **stats,
-                              'runs': runs}
+    out['accuracy_matrix'] = {'rows': 'session whose classes are tested', 'columns': 'after session',
+                              **{k: [[c and c[k] for c in r] for r in cells] for k in ('mean', 'ci95')}, 'runs': runs}
   return out
 
 

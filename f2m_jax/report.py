@@ -1,11 +1,11 @@
-"""Tables, plots and paired comparisons from the `results.json` of runs and the `summary.json` of sweeps
-(README, 'What a workdir holds'; `python -m f2m_jax.report --help`). Only the standard library is imported at
-module level (matplotlib, numpy and scipy lazily): no jax, no display."""
+"""Tables, plots and paired comparisons from the results.json of runs and the summary.json of sweeps (README,
+'What a workdir holds'). Only the standard library at module level (matplotlib, numpy, scipy lazily): no jax."""
 from __future__ import annotations
 
 import argparse
 import csv
 import json
+import math
 import os
 import pathlib
 import statistics
@@ -39,7 +39,7 @@ def t_interval(values: Sequence[float]) -> Optional[float]:
   if len(values) < 2:
     return None
   from scipy.stats import t  # pylint: disable=g-import-not-at-top
-  return float(t.ppf(0.975, len(values) - 1) * statistics.stdev(values) / len(values) ** 0.5)
+  return float(t.ppf(0.975, len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values)))
 
 
 def results_path(path: str) -> str:
@@ -319,8 +319,7 @@ def format_report(rows: Sequence[Row], reference: Any = 0, all_sessions: bool = 
   return '# F2M report\n\n' + ''.join(f'## {title}\n\n{text.rstrip()}\n\n' for title, text in sections if text)
 
 
-def write_report(rows: Sequence[Row], out: str, reference: Any = 0, all_sessions: bool = False,
-                 paired: str = '') -> dict:
+def write_report(rows: Sequence[Row], out: str, reference=0, all_sessions: bool = False, paired: str = '') -> dict:
   """The report's files into `out` (created if missing, these files overwritten); returns {name: path}."""
   if not out or (os.path.exists(out) and not os.path.isdir(out)):
     raise ValueError(f"--out {out!r} is not a folder: give a folder (created if missing) for the report's files")
@@ -334,7 +333,7 @@ def write_report(rows: Sequence[Row], out: str, reference: Any = 0, all_sessions
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
   """Print the tables (notes on stderr) and write the report where --out asks; exit status 2: bad input."""
-  parser = argparse.ArgumentParser(prog='python -m f2m_jax.report', description=__doc__.split('\n')[0])
+  parser = argparse.ArgumentParser(prog='python -m f2m_jax.report', description='Tables, plots, paired comparisons.')
   parser.add_argument('paths', nargs='+', help="workdirs (results.json), sweeps' folders (summary.json) or those files")
   parser.add_argument('--out', help='folder for report.md, report.csv and the plots (created if missing)')
   parser.add_argument('--reference', help='the row the gap subtracts: a label or a 0-based index (default: the first)')
