@@ -30,33 +30,26 @@ def make_embed(model: ResNet, mean, std, batch_size: int = 500, first: int = 0,
     return out if last is not None else out[1 if logits else 0]
 
   def embed(variables, inputs, keep_on_device: bool = False):
-    """The outputs for `inputs` (host or device arrays) as one numpy array, or (`keep_on_device`) as
-    one device array, e.g. the trunk's features that every later evaluation reads again."""
+    """The outputs for host or device `inputs` as one numpy array, or one device array (`keep_on_device`)."""
     xp = jnp if keep_on_device else np
-    out = []
-    for start in range(0, len(inputs), batch_size):
-      chunk = inputs[start:start + batch_size]
-      out.append(xp.asarray(_embed(variables, pad_rows(chunk, batch_size)))[:len(chunk)])
-    return xp.concatenate(out)
+    chunks = (inputs[start:start + batch_size] for start in range(0, len(inputs), batch_size))
+    return xp.concatenate([xp.asarray(_embed(variables, pad_rows(c, batch_size)))[:len(c)] for c in chunks])
 
   return embed
 
 
 def prototypes(embeddings: np.ndarray, labels: np.ndarray, classes: Sequence[int]) -> np.ndarray:
   """Eq. 1 for the given classes: [len(classes), D] means of their embeddings."""
-  out = []
-  for c in classes:
-    members = embeddings[labels == c]
-    if len(members) == 0:
-      raise ValueError(f'no images of class {c} to build its prototype from')
-    out.append(members.mean(axis=0))
-  return np.stack(out).astype(np.result_type(embeddings.dtype, np.float32))
+  missing = next((c for c in classes if not (labels == c).any()), None)
+  if missing is not None:
+    raise ValueError(f'no images of class {missing} to build its prototype from')
+  means = np.stack([embeddings[labels == c].mean(axis=0) for c in classes])
+  return means.astype(np.result_type(embeddings.dtype, np.float32))
 
 
 @functools.partial(jax.jit, static_argnames='normalize')
 def ncm_predict_padded(embeddings, protos, num_classes, normalize: bool):
-  """NCM predictions (PN first when `normalize`) where only the first `num_classes` rows of `protos`
-  are classes: one compiled program for every session padded to the same shapes."""
+  """NCM predictions (PN first when `normalize`) over the first `num_classes` rows of `protos` (the rest padding)."""
   p = objectives.normalize_prototypes(protos) if normalize else protos
   return objectives.ncm_predict(embeddings, p, num_classes)
 
@@ -68,9 +61,8 @@ def eval_shapes(bench: Benchmark) -> tuple:
 
 def ncm_accuracies(embeddings: np.ndarray, labels: np.ndarray, protos: np.ndarray, num_base: int,
                    normalize: bool, pad_to: Optional[tuple] = None, session_ends: Sequence[int] = ()) -> dict:
-  """NCM over all seen classes: acc, acc_base, acc_novel (None without novel images), hm, in percent, and
-  acc_sessions where `session_ends` is given. `pad_to` = (rows, classes) pads so that every session runs
-  one compiled program."""
+  """`accuracies_from_predictions` of NCM over all seen classes; `pad_to` = (rows, classes) pads so that every
+  session runs one compiled program."""
   dtype = jnp.promote_types(jnp.promote_types(np.asarray(embeddings).dtype, np.asarray(protos).dtype), jnp.float32)
   embeddings, protos = np.asarray(embeddings, dtype), np.asarray(protos, dtype)
   rows, classes = pad_to or (len(embeddings), len(protos))
@@ -84,24 +76,19 @@ def session_ends(bench: Benchmark, session: int) -> tuple:
   return tuple(bench.num_seen_classes(t) for t in range(1, session + 1))
 
 
-def accuracies_from_predictions(pred: np.ndarray, labels: np.ndarray, num_base: int,
-                                session_ends: Sequence[int] = ()) -> dict:
+def accuracies_from_predictions(pred, labels: np.ndarray, num_base: int, session_ends: Sequence[int] = ()) -> dict:
   """acc, acc_base, acc_novel (None without novel images) and hm, in percent; with `session_ends`,
   acc_sessions: the accuracy on each session's classes (None for a session without test images)."""
   correct = np.asarray(pred) == labels
   base = labels < num_base
   acc_base = 100.0 * correct[base].mean()
   acc_novel = 100.0 * correct[~base].mean() if (~base).any() else None
-  out = {'acc': 100.0 * correct.mean(), 'acc_base': acc_base, 'acc_novel': acc_novel,
-         'hm': harmonic_mean(acc_base, acc_novel) if acc_novel is not None else None}
+  hm = None if acc_novel is None else 2.0 * acc_base * acc_novel / (acc_base + acc_novel or 1.0)  # 0 for 0 and 0
+  out = {'acc': 100.0 * correct.mean(), 'acc_base': acc_base, 'acc_novel': acc_novel, 'hm': hm}
   if session_ends:
     groups = [(labels >= lo) & (labels < hi) for lo, hi in zip((0,) + tuple(session_ends[:-1]), session_ends)]
     out['acc_sessions'] = [100.0 * float(correct[g].mean()) if g.any() else None for g in groups]
   return out
-
-
-def harmonic_mean(a: float, b: float) -> float:
-  return 0.0 if a + b == 0 else 2.0 * a * b / (a + b)
 
 
 INTERVALS = {'draws': "the authors': 1.96 * std(ddof=0) / sqrt(R) over the R draws",
@@ -110,63 +97,48 @@ SAME_SHOTS = ('n/a: every run trained on the same shots (fixed lists, or shot po
               'class), so the runs are no draws of them')
 
 
-def summarize(values: Sequence[float], over: Optional[str] = 'draws') -> dict:
-  """Mean, 95% interval (`INTERVALS[over]`; None where `over` is None or there is one value) and the values."""
+def summarize(values: Sequence[Optional[float]], over: Optional[str] = 'draws') -> Optional[dict]:
+  """Mean, 95% interval (`INTERVALS[over]`; None where `over` is None or there is one value) and the values;
+  None where a run has no value (e.g. no novel classes in session 1)."""
+  if any(v is None for v in values):
+    return None
   v = np.asarray(values, np.float64)
   ci = None if over is None or len(v) < 2 else (report.t_interval(v.tolist()) if over == 'seeds'
                                                 else float(1.96 * v.std() / np.sqrt(len(v))))
   return {'mean': float(v.mean()), 'ci95': ci, 'runs': v.tolist()}
 
 
-def summarize_all(values: Sequence[Optional[float]], over: Optional[str]) -> Optional[dict]:
-  """`summarize`, or None where a run has no value (e.g. no novel classes in session 1)."""
-  return None if any(v is None for v in values) else summarize(values, over)
-
-
 def prototype_norms(prototypes: np.ndarray, num_base: int) -> dict:
   """The paper's norm table for one run: mean and (population) std of the L2 norms of the base
   prototypes (the first `num_base` rows) and of the novel ones (the rest; None without any)."""
   norms = np.linalg.norm(np.asarray(prototypes, np.float64), axis=-1)
-  base, novel = norms[:num_base], norms[num_base:]
-  return {'base_mean': float(base.mean()), 'base_std': float(base.std()),
-          'novel_mean': float(novel.mean()) if novel.size else None,
-          'novel_std': float(novel.std()) if novel.size else None}
+  parts, stats = {'base': norms[:num_base], 'novel': norms[num_base:]}, (('mean', np.mean), ('std', np.std))
+  return {f'{part}_{name}': float(f(v)) if v.size else None for part, v in parts.items() for name, f in stats}
 
 
 def build_results(dataset: str, method: str, protocol: str, num_classes: Sequence[int],
                   per_run: Sequence[Sequence[dict]], norms: Optional[Sequence[dict]] = None,
                   over: str = 'draws', same_shots: bool = False) -> dict:
-  """The results.json document from per-run, per-session accuracy dicts ([runs][sessions]) and, optionally,
-  per-run prototype norm statistics after the last session (`prototype_norms`); intervals over `over`
-  (`INTERVALS`), none where every run trained on the same shots (`same_shots`: no draw to vary over)."""
+  """The results.json document from per-run, per-session accuracy dicts ([runs][sessions]) and optional per-run
+  `prototype_norms`; intervals over `over` (`INTERVALS`), none where every run trained on the same shots
+  (`same_shots`); with the runs' acc_sessions, the accuracy matrix (session i's classes after session j)."""
   over = None if same_shots else over
-  stat = lambda values: summarize_all(values, over)
-  sessions = [{'session': t + 1, 'num_classes': int(n),
-               **{k: stat([run[t][k] for run in per_run]) for k in ('acc', 'acc_base', 'acc_novel', 'hm')}}
-              for t, n in enumerate(num_classes)]
+  sessions = [{'session': t + 1, 'num_classes': int(n), **{k: summarize([run[t][k] for run in per_run], over)
+                                                             for k in report.KEYS}} for t, n in enumerate(num_classes)]
   acc = np.asarray([[s['acc'] for s in run] for run in per_run])
   brief = lambda values: {k: v for k, v in summarize(values, over).items() if k != 'runs'}
   out = {'dataset': dataset, 'method': method, 'protocol': protocol, 'runs': len(per_run), 'sessions': sessions,
          'pd': brief(acc[:, 0] - acc[:, -1]), 'avg': brief(acc.mean(axis=1)),
          'interval': INTERVALS[over] if over else SAME_SHOTS}
   if norms:
-    out['prototype_norms'] = {key: stat([n[key] for n in norms]) for key in norms[0]}
-  matrix = accuracy_matrix(per_run, over)
-  if matrix:
-    out['accuracy_matrix'] = matrix
+    out['prototype_norms'] = {key: summarize([n[key] for n in norms], over) for key in norms[0]}
+  if all('acc_sessions' in s for run in per_run for s in run):  # each run's accuracy on session i's classes after j
+    n = len(per_run[0])
+    runs = [[[run[j]['acc_sessions'][i] if i <= j else None for j in range(n)] for i in range(n)] for run in per_run]
+    cells = [[summarize([r[i][j] for r in runs], over) for j in range(n)] for i in range(n)]
+    out['accuracy_matrix'] = {'rows': 'session whose classes are tested', 'columns': 'after session',
+                              **{k: [[c and c[k] for c in r] for r in cells] for k in ('mean', 'ci95')}, 'runs': runs}
   return out
-
-
-def accuracy_matrix(per_run: Sequence[Sequence[dict]], over: Optional[str] = 'draws') -> Optional[dict]:
-  """The accuracy on the classes of session i after session j (None for j < i), as mean and 95% interval
-  over runs and per run, from the runs' acc_sessions; None where one lacks them."""
-  if not all('acc_sessions' in s for run in per_run for s in run):
-    return None
-  n = len(per_run[0])
-  runs = [[[run[j]['acc_sessions'][i] if i <= j else None for j in range(n)] for i in range(n)] for run in per_run]
-  cells = [[summarize_all([r[i][j] for r in runs], over) for j in range(n)] for i in range(n)]
-  return {'rows': 'session whose classes are tested', 'columns': 'after session',
-          **{k: [[c and c[k] for c in row] for row in cells] for k in ('mean', 'ci95')}, 'runs': runs}
 
 
 def results_rows(results: dict) -> list:

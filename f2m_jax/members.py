@@ -9,7 +9,6 @@ import time
 from typing import Optional
 
 import ml_collections
-import numpy as np
 
 from f2m_jax import evaluation
 from f2m_jax import pipeline
@@ -31,7 +30,7 @@ def enabled(config) -> bool:
 
 def validate(config) -> None:
   m = config.members
-  need(m.seeds or m.field_values, 'members.seeds', tuple(m.seeds), 'a sweep needs members.seeds or members.field_values')
+  need(m.seeds or m.field_values, 'members.seeds', (), 'a sweep needs members.seeds or members.field_values')
   need(not (m.seeds and m.field_values), 'members.seeds', tuple(m.seeds),
        'a sweep varies the seed or members.field, not both')
   if m.field_values:
@@ -44,34 +43,26 @@ def validate(config) -> None:
 
 def member_configs(config) -> list:
   """The config of each member: the sweep's, with its seed or field value and no members."""
-  out = []
-  m = config.members
+  m, out = config.members, []
   for value in (m.seeds or m.field_values):
     c = ml_collections.ConfigDict(config.to_dict())
     c.members.seeds, c.members.field_values, c.members.field = (), (), ''
-    if m.seeds:
-      c.seed = int(value)
-    else:
-      section, _, leaf = m.field.rpartition('.')
-      c[section][leaf] = type(c[section][leaf])(value)
+    c.update_from_flattened_dict({'seed' if m.seeds else m.field: value})
     out.append(c)
   return out
 
 
 def summarize(member_results: list) -> dict:
-  """results.json's format over the members (seeds) of one setting: per session the seeds' means over their
-  draws, with the t-interval over the seeds (draws averaged within a seed: the right interval for the mean
-  over both levels, where members x draws taken as independent would be too narrow)."""
+  """results.json's format over the seeds of one setting: per session the seeds' means over their draws with
+  the t-interval over the seeds (members x draws taken as independent would give too narrow an interval)."""
   head = member_results[0]
-  means = [[{k: None if s[k] is None else float(np.mean(s[k]['runs'])) for k in report.KEYS} for s in r['sessions']]
-           for r in member_results]
+  means = [[{k: s[k] and s[k]['mean'] for k in report.KEYS} for s in r['sessions']] for r in member_results]
   return evaluation.build_results(head['dataset'], head['method'], head['protocol'],
                                   [s['num_classes'] for s in head['sessions']], means, over='seeds')
 
 
 def summarize_values(field: str, values, member_results: list) -> dict:
-  """A sweep over `field`: each value's results (one member each, its mean and 95% interval over its
-  draws), never pooled across values."""
+  """A sweep over `field`: each value's results (its one member's, over its draws), never pooled."""
   keep = ('dataset', 'method', 'protocol', 'runs', 'sessions', 'pd', 'avg', 'interval')
   return {'field': field, 'values': [{'value': v, **{k: r[k] for k in keep if k in r}}
                                      for v, r in zip(values, member_results)]}
@@ -103,21 +94,14 @@ def run(config: ml_collections.ConfigDict, root: str, mode: str = 'train', check
                for i, (c, d) in enumerate(zip(records, dirs))]
   finally:
     lock.close()
-  summary = sweep_summary(sweep, dirs, configs, results, origin)
-  print(write_summary(root, summary, mode, writes), flush=True)
-  return summary
-
-
-def sweep_summary(sweep, dirs: list, configs: list, results: list, origin: Optional[dict]) -> dict:
-  """summary.json's contents: `summarize` (a seed sweep) or `summarize_values` (a field's), each
-  member's workdir, seed (and value), last accuracy and PD, and the provenance."""
-  m = sweep.members
+  m = sweep.members  # summary.json: each member's workdir, seed (and value), last accuracy and PD; the provenance
   summary = summarize_values(m.field, m.field_values, results) if m.field_values else summarize(results)
   summary['members'] = [{'workdir': os.path.basename(d), 'seed': int(c.seed),
                          **({m.field: v} if m.field_values else {}),
                          'acc_last': r['sessions'][-1]['acc']['mean'], 'pd': r['pd']['mean']}
                         for d, c, r, v in zip(dirs, configs, results, m.field_values or [None] * len(dirs))]
   summary['provenance'] = {**workdir_lib.provenance(sweep.to_dict()), **({'origin': origin} if origin else {})}
+  print(write_summary(root, summary, mode, writes), flush=True)
   return summary
 
 
@@ -126,9 +110,8 @@ def write_summary(root: str, summary: dict, mode: str, writes: bool = True) -> s
   alone, another is written beside it otherwise (with `writes` False: the JSON follows the line)."""
   path = os.path.join(root, 'summary.json')
   if mode == 'eval' and os.path.exists(path):
-    saved = workdir_lib.read_json(path)
     strip = lambda d: {k: v for k, v in json.loads(json.dumps(d)).items() if k != 'provenance'}
-    if strip(saved) == strip(summary):
+    if strip(workdir_lib.read_json(path)) == strip(summary):
       return f'the members reproduce {path}; it is unchanged'
     path = os.path.join(root, f'summary_eval_{time.strftime("%Y%m%d-%H%M%S")}.json')
   if not writes:

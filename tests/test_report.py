@@ -352,7 +352,7 @@ def test_the_accuracy_matrix_is_printed_reported_and_plotted(tmp_path, capsys):
   assert '| 9 |  |  |  |  |  |  |  |  | 82.00 |' in md and md.count('| from / after |') == 1
   assert (tmp_path / 'out' / 'accuracy_matrix.png').read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
   assert '## Accuracy matrix' not in report.format_report(report.build_rows([plain]))
-  assert report.plot_matrix(report.build_rows([plain]), str(tmp_path / 'none.png')) is None
+  assert 'accuracy_matrix.png' not in report.write_report(report.build_rows([plain]), str(tmp_path / 'none'))
 
 
 def test_the_printed_table_explains_the_gap(workdirs, capsys):
@@ -413,15 +413,15 @@ def test_a_paired_comparison_refuses_runs_that_do_not_pair(tmp_path, capsys, cha
   assert report.main([a, b, '--paired']) == 2
   err = capsys.readouterr().err
   assert len(err.splitlines()) == 1 and re.search(message, err), err
-  assert report.main([a, b]) == 0 and 'paired' not in capsys.readouterr().out  # two sweeps that do not pair: the table
+  assert report.main([a, b]) == 0 and 'paired' not in capsys.readouterr().out  # without --paired: the table alone
 
 
-def test_two_sweeps_that_pair_are_compared_without_the_flag(tmp_path, capsys):
-  """Two seed sweeps of the same seeds and draws get the paired lines by themselves; one workdir (one seed)
-  paired with another gets no interval."""
+def test_two_sweeps_and_two_single_runs_are_paired(tmp_path, capsys):
+  """Two seed sweeps of the same seeds and draws, by their folders' labels; one workdir (one seed) paired with
+  another gets no interval; --paired takes two paths."""
   a = sweep_folder(tmp_path, 'a', [member(0, [60.0, 50.0]), member(1, [62.0, 54.0])])
   b = sweep_folder(tmp_path, 'b', [member(0, [61.0, 50.0]), member(1, [62.0, 56.0])])
-  assert report.main([a, b]) == 0
+  assert report.main([a, b, '--paired']) == 0
   assert 'f2m b above f2m a at session 2: +1.00, 95% CI [-11.71, +13.71]: not resolved' in capsys.readouterr().out
   one_a, one_b = (os.path.join(x, 'member_0') for x in (a, b))
   assert report.main([one_a, one_b, '--paired', '--labels', 'A,B']) == 0
