@@ -132,13 +132,18 @@ def build_results(dataset: str, method: str, protocol: str, num_classes: Sequenc
          'interval': INTERVALS[over] if over else SAME_SHOTS}
   if norms:
     out['prototype_norms'] = {key: summarize([n[key] for n in norms], over) for key in norms[0]}
-  if all('acc_sessions' in s for run in per_run for s in run):  # each run's accuracy on session i's classes after j
-    n = len(per_run[0])
-    runs = [[[run[j]['acc_sessions'][i] if i <= j else None for j in range(n)] for i in range(n)] for run in per_run]
-    cells = [[summarize([r[i][j] for r in runs], over) for j in range(n)] for i in range(n)]
-    out['accuracy_matrix'] = {'rows': 'session whose classes are tested', 'columns': 'after session',
-                              **{k: [[c and c[k] for c in r] for r in cells] for k in ('mean', 'ci95')}, 'runs': runs}
+  if all('acc_sessions' in s for run in per_run for s in run):
+    out['accuracy_matrix'] = accuracy_matrix(per_run, over)
   return out
+
+
+def accuracy_matrix(per_run: Sequence[Sequence[dict]], over: Optional[str]) -> dict:
+  """Each run's accuracy on session i's classes after session j (None for j < i), and its statistics."""
+  n = len(per_run[0])
+  runs = [[[run[j]['acc_sessions'][i] if i <= j else None for j in range(n)] for i in range(n)] for run in per_run]
+  cells = [[summarize([r[i][j] for r in runs], over) for j in range(n)] for i in range(n)]
+  return {'rows': 'session whose classes are tested', 'columns': 'after session',
+          **{k: [[c and c[k] for c in r] for r in cells] for k in ('mean', 'ci95')}, 'runs': runs}
 
 
 def results_rows(results: dict) -> list:

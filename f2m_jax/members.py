@@ -94,14 +94,20 @@ def run(config: ml_collections.ConfigDict, root: str, mode: str = 'train', check
                for i, (c, d) in enumerate(zip(records, dirs))]
   finally:
     lock.close()
-  m = sweep.members  # summary.json: each member's workdir, seed (and value), last accuracy and PD; the provenance
+  summary = sweep_summary(sweep, dirs, configs, results, origin)
+  print(write_summary(root, summary, mode, writes), flush=True)
+  return summary
+
+
+def sweep_summary(sweep, dirs: list, configs: list, results: list, origin: Optional[dict]) -> dict:
+  """summary.json: the statistics, each member's workdir, seed (and value), last accuracy and PD; the provenance."""
+  m = sweep.members
   summary = summarize_values(m.field, m.field_values, results) if m.field_values else summarize(results)
   summary['members'] = [{'workdir': os.path.basename(d), 'seed': int(c.seed),
                          **({m.field: v} if m.field_values else {}),
                          'acc_last': r['sessions'][-1]['acc']['mean'], 'pd': r['pd']['mean']}
                         for d, c, r, v in zip(dirs, configs, results, m.field_values or [None] * len(dirs))]
   summary['provenance'] = {**workdir_lib.provenance(sweep.to_dict()), **({'origin': origin} if origin else {})}
-  print(write_summary(root, summary, mode, writes), flush=True)
   return summary
 
 

@@ -197,24 +197,31 @@ def format_session_table(results: dict) -> str:
   return '\n'.join([title] + lines + footer + (['', f'{MATRIX}:', matrix] if matrix else []))
 
 
+def seed_runs(path: str) -> dict:
+  """{seed: results} of a seed sweep's members, or of one run."""
+  file, results = results_path(path), load_results(path)
+  if 'values' in results:
+    raise ResultsError(f'{path}: a sweep over {results["field"]} holds no seeds to pair')
+  members = sorted(str(f) for f in pathlib.Path(file).parent.glob('member_*/results.json'))
+  runs = {((r.get('provenance') or {}).get('config') or {}).get('seed'): r
+          for r in map(load_results, members if file.endswith('summary.json') else [file])}
+  if None in runs:
+    raise ResultsError(f'{path}: a run there records no seed (no provenance.config): nothing to pair it by')
+  return runs
+
+
+def shared(r: dict) -> dict:
+  """What two paired runs share; without a digest of the draws (older runs) the seed, runs and data config."""
+  prov, data = r['provenance'], {k: v for k, v in r['provenance']['config']['data'].items() if k not in PATHS}
+  return {'setting': setting(r), 'classes': [s['num_classes'] for s in r['sessions']], 'number of runs': r['runs'],
+          'shot draws': prov.get('shots') or json.dumps([prov['config']['seed'], r['runs'], data], sort_keys=True)}
+
+
 def pair(a: str, b: str) -> list:
   """[(seed, A's results, B's)] of two seed sweeps or runs of the same seeds, setting, classes, runs and draws."""
-  runs = []
-  for path in (a, b):
-    file, results = results_path(path), load_results(path)
-    if 'values' in results:
-      raise ResultsError(f'{path}: a sweep over {results["field"]} holds no seeds to pair')
-    members = sorted(str(f) for f in pathlib.Path(file).parent.glob('member_*/results.json'))
-    files = members if file.endswith('summary.json') else [file]
-    runs.append({((r.get('provenance') or {}).get('config') or {}).get('seed'): r for r in map(load_results, files)})
-    if None in runs[-1]:
-      raise ResultsError(f'{path}: a run there records no seed (no provenance.config): nothing to pair it by')
+  runs = [seed_runs(a), seed_runs(b)]
   if sorted(runs[0]) != sorted(runs[1]):
     raise ValueError(f'--paired: {a} holds seeds {sorted(runs[0])}, {b} {sorted(runs[1])}; pairs need the same seeds')
-  def shared(r: dict) -> dict:  # without a digest of the draws (older runs): the seed, runs and data config fix them
-    prov, data = r['provenance'], {k: v for k, v in r['provenance']['config']['data'].items() if k not in PATHS}
-    return {'setting': setting(r), 'classes': [s['num_classes'] for s in r['sessions']], 'number of runs': r['runs'],
-            'shot draws': prov.get('shots') or json.dumps([prov['config']['seed'], r['runs'], data], sort_keys=True)}
   for seed in sorted(runs[0]):
     x, y = shared(runs[0][seed]), shared(runs[1][seed])
     what = next((k for k in x if x[k] != y[k]), None)
@@ -262,6 +269,13 @@ def plot(rows: Sequence[Row], out: str) -> list:
     ax.grid(alpha=0.3)
     ax.legend(fontsize='small')
     ax.figure.savefig(os.path.join(out, name), dpi=120, bbox_inches='tight')
+  return ['accuracy.png', 'base_novel.png'] + plot_matrices(rows, out)
+
+
+def plot_matrices(rows: Sequence[Row], out: str) -> list:
+  """accuracy_matrix.png where a row has a matrix: a heatmap each on one colour scale, cells labelled."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top
   shown = [(r.label, np.array(r.results['accuracy_matrix']['mean'], float)) for r in rows if matrix_table(r.results)]
   if shown:
     fig = Figure(figsize=(4.6 * len(shown), 4.2))
@@ -276,7 +290,7 @@ def plot(rows: Sequence[Row], out: str) -> list:
       ax.set_title(label, fontsize='small')
     fig.colorbar(image, ax=fig.axes, label='accuracy (%)', shrink=0.8)
     fig.savefig(os.path.join(out, 'accuracy_matrix.png'), dpi=120)
-  return ['accuracy.png', 'base_novel.png'] + ['accuracy_matrix.png'] * bool(shown)
+  return ['accuracy_matrix.png'] * bool(shown)
 
 
 def source_line(row: Row) -> str:
@@ -294,17 +308,23 @@ def source_line(row: Row) -> str:
   return f'- {row.label}: `{row.source}` (' + '; '.join(p for p in parts if p) + ')'
 
 
-def format_report(rows: Sequence[Row], reference: Any = 0, all_sessions: bool = False, paired: str = '') -> str:
-  """report.md: a section per table (where a row has its data), the paired comparison and the sources."""
-  ref = resolve_reference(rows, reference)
-  gap_notes = notes(rows, ref)
-  matrices = [f'{r.label}:\n\n{m}\n' for r in rows for m in [matrix_table(r.results, plain=False)] if m]
+def extra_rows(rows: Sequence[Row]) -> tuple:
+  """The flatness table's rows (one per flatness file of each row) and the prototype norms' (where recorded)."""
   flatness = [[r.label, f'{f["bound"]:g}'] + [f'{f[s][k]:.4g}' for k in ('I', 'sigma2') for s in ('train', 'test')]
               + [f['train']['num_draws'], f'{f["train"]["num_images"]} / {f["test"]["num_images"]}']
               for r in rows for f in r.flatness]
   norms = [[r.label] + [format_stat(r.results['prototype_norms'][k], has_interval(r.results))
                         for k in ('base_mean', 'base_std', 'novel_mean', 'novel_std')]
            for r in rows if r.results.get('prototype_norms')]
+  return flatness, norms
+
+
+def format_report(rows: Sequence[Row], reference: Any = 0, all_sessions: bool = False, paired: str = '') -> str:
+  """report.md: a section per table (where a row has its data), the paired comparison and the sources."""
+  ref = resolve_reference(rows, reference)
+  gap_notes = notes(rows, ref)
+  matrices = [f'{r.label}:\n\n{m}\n' for r in rows for m in [matrix_table(r.results, plain=False)] if m]
+  flatness, norms = extra_rows(rows)
   sections = [
       ("Accuracy per session (%, mean ± 95% CI over runs; each row's interval in Sources)",
        f'{format_table(rows, ref)}\n\n{PD_AVG}; {GAP} "{rows[ref].label}".' + ''.join(f'\n- {n}' for n in gap_notes)),
