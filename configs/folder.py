@@ -20,7 +20,8 @@ Training: the miniImageNet settings (configs/mini.py: ResNet-18 with the ImageNe
 init, 28,503 base iterations of TaskSampler epochs of 16 images per class, M = 2, b = 0.008, no
 fine-tuning in the sessions, PN, 10 runs of shot draws). `cpu` sets the fields of a budget together
 (common.make_cpu): 1,000 iterations of batch 64 (16 classes x 4 images), lr 0.05, a width-16
-ResNet-18 at 32 px, 5 runs; a 100-class folder trains in about 10 minutes on 2 cores. F2M-V:
+ResNet-18 at 32 px, 5 runs (measured times, CIFAR-100's at this budget among them: experiments/results/
+README.md, section 25). F2M-V:
 `configs/f2m_v.py:folder` (or `:folder:cpu`).
 
 `smoke`: the same code path on `data.source='fake_folder'`: 20 generated classes (JPEG and PNG files of
