@@ -143,6 +143,8 @@ def test_f2m_v_takes_a_folder_with_its_fields():
     ('flatness.num_draws', 0, 'flatness.num_draws=0 is invalid: must be >= 1'),
     ('bench.iters', 0, 'bench.iters=0 is invalid: must be >= 1'),
     ('bench.dtypes', ('float16',), "bench={'M_list': (1, 2), "),
+    *[(f'fsll.{k}', v, "fsll={'color_jitter': 0.0, 'epochs': 15") for k, v in (('margin', -0.1), ('pn_weight', -1.0), ('omega', 0.0),
+                                                           ('reg_weight', -5.0))],  # a weight < 0 is maximised
 ])
 def test_every_field_is_checked_before_anything_is_written(field, value, message):
   """Values that d41b789 let through its checks, to fail after config.json was written (or in numpy, naming
@@ -153,6 +155,7 @@ def test_every_field_is_checked_before_anything_is_written(field, value, message
   for part in sections:
     node = node[part]
   node[leaf] = value
+  config.method = sections[0] if sections and sections[0] in common.METHOD_SECTIONS else config.method
   with pytest.raises(ValueError) as e:
     pipeline.resolve(config, reads_data=False)
   assert str(e.value).startswith(message), str(e.value)
