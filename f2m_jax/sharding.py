@@ -36,7 +36,10 @@ def maybe_initialize_distributed(requested: bool = False) -> bool:
     kwargs['shutdown_timeout_seconds'] = wait + 300  # a failed process waits at exit till orbax's barriers time out
   if 'jax_enable_preemption_service' in jax.config.values:  # its notifier would take SIGTERM from stopping.py
     jax.config.update('jax_enable_preemption_service', False)
-  late = threading.Timer(wait, end, [f'not every process joined {address} within {wait} s'])
+  me, count = kwargs.get('process_id'), kwargs.get('num_processes') or 0
+  others = [str(i) for i in range(count) if i != me] if me is not None else []  # with 2: the one that is missing
+  missing = f": missing {'process ' if len(others) == 1 else 'one or more of processes '}{', '.join(others)}"
+  late = threading.Timer(wait, end, [f'not every process joined {address} within {wait} s' + (missing * bool(others))])
   late.start()  # before JAX's own timeout, which ends the process with a page of its log
   jax.distributed.initialize(**kwargs, initialization_timeout=wait + 60)
   late.cancel()

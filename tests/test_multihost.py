@@ -96,7 +96,8 @@ def test_a_member_sweep_over_two_processes_equals_one_process_with_two_devices(t
   alone = run_py(tmp_path / 'alone', env=process_env(port, 0, F2M_DISTRIBUTED_TIMEOUT_S='2'))
   two_processes(tmp_path / 'hosts', sweep, port=sweep_port)
   out = alone.communicate(timeout=TIMEOUT_S)[0]
-  assert (alone.returncode, out) == (3, f'error: process 0: not every process joined 127.0.0.1:{port} within 2 s\n')
+  assert (alone.returncode, out) == (
+      3, f'error: process 0: not every process joined 127.0.0.1:{port} within 2 s: missing process 1\n')
   assert not (tmp_path / 'alone').exists()
   one_process(tmp_path / 'one', sweep, devices=2)
   ours, theirs = load(tmp_path / 'hosts' / 'summary.json'), load(tmp_path / 'one' / 'summary.json')
