@@ -143,8 +143,10 @@ def test_f2m_v_takes_a_folder_with_its_fields():
     ('flatness.num_draws', 0, 'flatness.num_draws=0 is invalid: must be >= 1'),
     ('bench.iters', 0, 'bench.iters=0 is invalid: must be >= 1'),
     ('bench.dtypes', ('float16',), "bench={'M_list': (1, 2), "),
-    *[(f'fsll.{k}', v, "fsll={'color_jitter': 0.0, 'epochs': 15") for k, v in (('margin', -0.1), ('pn_weight', -1.0), ('omega', 0.0),
-                                                           ('reg_weight', -5.0))],  # a weight < 0 is maximised
+    ('fsll.margin', -0.1, 'fsll.margin=-0.1 is invalid: must be >= 0'),  # a weight < 0 would be maximised
+    ('fsll.pn_weight', -1.0, 'fsll.pn_weight=-1.0 is invalid: must be >= 0'),
+    ('fsll.reg_weight', -5.0, 'fsll.reg_weight=-5.0 is invalid: must be >= 0'),
+    ('fsll.omega', 0.0, "fsll.omega=0.0 is invalid: must be > 0 (the prototype logits' scale)"),
 ])
 def test_every_field_is_checked_before_anything_is_written(field, value, message):
   """Values that d41b789 let through its checks, to fail after config.json was written (or in numpy, naming

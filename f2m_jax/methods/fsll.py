@@ -18,9 +18,11 @@ from f2m_jax.validation import need
 
 def validate_fsll(config) -> None:
   c = config.fsll
-  need(c.epochs >= 1 and c.lr > 0 and c.omega > 0 and min(c.threshold, c.color_jitter, c.margin, c.pn_weight,
-                                                           c.reg_weight) >= 0, 'fsll', dict(c),
-       'needs epochs >= 1, lr > 0, omega > 0, and threshold, color_jitter, margin, pn_weight, reg_weight >= 0')
+  need(c.epochs >= 1 and c.lr > 0 and c.threshold >= 0 and c.color_jitter >= 0, 'fsll', dict(c),
+       'needs epochs >= 1, lr > 0, threshold >= 0 and color_jitter >= 0')
+  for weight in ('margin', 'pn_weight', 'reg_weight'):  # one < 0 would be maximised
+    need(c[weight] >= 0, f'fsll.{weight}', c[weight], 'must be >= 0')
+  need(c.omega > 0, 'fsll.omega', c.omega, 'must be > 0 (the prototype logits\' scale)')
 
 
 def selected_paths(params, threshold: float) -> tuple:
