@@ -5,7 +5,7 @@
 # beside this script. memory_check=False: the check (the code measured may refuse or warn) stays out.
 set -u
 OUT=$(dirname "$0")
-export F2M_DATA_DIR=${F2M_DATA_DIR:-/work/shared/data}
+: "${F2M_DATA_DIR:?set F2M_DATA_DIR to the folder with the CIFAR-100 archive (docs/data.md)}"; export F2M_DATA_DIR
 SMOKE="--config configs/cifar100.py:smoke --config.runs=1"
 for n in "$@"; do
   case $n in

@@ -1,7 +1,7 @@
 """python timed_run.py ARGS...: run.py ARGS, then on stderr the seconds XLA spent compiling (jax.monitoring)."""
 import atexit, os, runpy, sys, time
 import jax.monitoring
-total = {'s': 0.0, 'n': 0, 'cache_hits': 0}
+total = {'s': 0.0, 'n': 0}
 def listen(event, duration, **kw):
   if event == '/jax/core/compile/backend_compile_duration':
     total['s'] += duration; total['n'] += 1
