@@ -21,12 +21,8 @@ from f2m_jax import members
 from f2m_jax import pipeline
 from f2m_jax import progress
 from f2m_jax import sharding
-from f2m_jax.data import folder, holdout, sources
+from f2m_jax.data import augment, folder, holdout, sources
 from f2m_jax.workdir import flat_items
-
-AUGMENTS = {'rrc_flip': 'random-resized crops and horizontal flips', 'none': 'none',
-            'crop_flip': 'random crops of the image padded by 4 pixels and horizontal flips'}
-
 
 def describe(config, origin, time_step: bool = False, checkpoint=None) -> str:
   """The dry run's text: the effective config as JSON (checked), what the presets and each 'auto' set, the data,
@@ -86,7 +82,7 @@ def data_lines(config, b, p) -> list:
           f'{spread(pool) if pool.size else "-"} (their shots are drawn from these)',
           f'  test images per class (min / median / max): {spread(test)}, {int(test.sum()):,} in all{origin}',
           *([f'  image files: {files_line(p.train.paths() + p.test.paths())}'] if p else []),
-          f'  training augmentation: {AUGMENTS[b.augment]} ({b.augment})']
+          f'  training augmentation: {augment.AUGMENTS[b.augment]} ({b.augment})']
 
 
 def files_line(paths: list, sample: int = 24) -> str:

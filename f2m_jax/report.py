@@ -83,12 +83,12 @@ def build_rows(paths: Sequence[str], labels: Optional[Sequence[str]] = None) -> 
     raise ValueError(f'got {len(labels)} labels for {len(paths)} results: {list(labels)}')
   rows = []
   for i, path in enumerate(paths):
-    results, file = load_results(path), results_path(path)
+    results, file, flatness = load_results(path), results_path(path), load_flatness(path)
     folder = os.path.basename(os.path.dirname(os.path.abspath(file)))
     for suffix, r in ([(f' {results["field"]}={v["value"]:g}', v) for v in results['values']]
                       if 'values' in results else [('', results)]):
       label = labels[i] if labels is not None else str(r.get('label') or f'{r["method"]} {folder}')
-      rows.append(Row(label + suffix, r, file, load_flatness(path)))
+      rows.append(Row(label + suffix, r, file, flatness))
   return rows
 
 
@@ -276,7 +276,8 @@ def plot_matrices(rows: Sequence[Row], out: str) -> list:
   """accuracy_matrix.png where a row has a matrix: a heatmap each on one colour scale, cells labelled."""
   import numpy as np  # pylint: disable=g-import-not-at-top
   from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top
-  shown = [(r.label, np.array(r.results['accuracy_matrix']['mean'], float)) for r in rows if matrix_table(r.results)]
+  shown = [(r.label, np.array(r.results['accuracy_matrix']['mean'], float)) for r in rows
+           if (r.results.get('accuracy_matrix') or {}).get('mean')]
   if shown:
     fig = Figure(figsize=(4.6 * len(shown), 4.2))
     low = 10 * (min(np.nanmin(m) for _, m in shown) // 10)  # None cells are NaN: left blank

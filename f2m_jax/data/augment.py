@@ -4,7 +4,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-AUGMENTS = ('crop_flip', 'rrc_flip', 'none')
+# Each kind `augment` takes, in the dry run's words.
+AUGMENTS = {'crop_flip': 'random crops of the image padded by 4 pixels and horizontal flips',
+            'rrc_flip': 'random-resized crops and horizontal flips', 'none': 'none'}
 
 
 def float_dtype():
