@@ -105,6 +105,7 @@ class FSLLRunner(common.Runner):
     paths = selected_paths(state['params'], cfg.threshold)
     trainable, frozen = trees.split(state['params'], paths)
     former = {p: jnp.asarray(v) for p, v in trainable.items()}
+    on_device = jax.device_put(frozen)  # once, not per step
     batch_stats, opt_state = state['batch_stats'], self.tx.init(former)
     base = jnp.asarray(self.first['prototypes'])
     per_epoch = protocol_lib.task_epoch_batches(len(np.unique(labels[exemplars])), shots, self.ways * shots)
@@ -115,8 +116,8 @@ class FSLLRunner(common.Runner):
       for pos in range(per_epoch):
         idx = order[pos * self.ways * shots:(pos + 1) * self.ways * shots]
         trainable, opt_state, loss, batch_stats = self.step(trainable, opt_state, bench.train.images[idx], labels[idx],
-                                                            jax.random.fold_in(key, len(losses)), frozen, batch_stats,
-                                                            former, base)
+                                                            jax.random.fold_in(key, len(losses)), on_device,
+                                                            batch_stats, former, base)
         losses.append(float(loss))
     variables = {'params': trees.unflatten({**frozen, **jax.device_get(trainable)}),
                  'batch_stats': jax.device_get(batch_stats)}

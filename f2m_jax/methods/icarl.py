@@ -161,7 +161,7 @@ class ICaRLRunner(common.Runner):
                        f'session {session} (memory and shots); the last batch of an epoch is dropped')
     per_epoch = len(pool) // cfg.batch_size
     key = exp.key(6, run, session)
-    former = {'params': state['params'], 'batch_stats': state['batch_stats']}
+    former = jax.device_put({'params': state['params'], 'batch_stats': state['batch_stats']})  # once, not per step
     params = self.new_columns(jax.random.fold_in(key, 0), state['params'], num_old, num_seen)
     batch_stats, opt_state = state['batch_stats'], self.tx.init(params)
     losses = []
