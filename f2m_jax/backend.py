@@ -39,10 +39,11 @@ def resolve(config: ml_collections.ConfigDict, backend: str = '') -> ml_collecti
   """A copy of `config` with every 'auto' of CHOICES replaced by its value on `backend` (default:
   JAX's default backend). Other values are checked against CHOICES."""
   config, auto = ml_collections.ConfigDict(config.to_dict()), choices(backend or jax.default_backend())
-  for field, value in used(config).items():
+  fields = used(config)
+  for field, value in fields.items():
     if value not in CHOICES[field] + ('auto',):
       raise ValueError(f"{field}={value!r} is invalid: allowed: {CHOICES[field] + ('auto',)}")
-  config.update_from_flattened_dict({field: auto[field] for field, value in used(config).items() if value == 'auto'})
+  config.update_from_flattened_dict({field: auto[field] for field, value in fields.items() if value == 'auto'})
   return config
 
 

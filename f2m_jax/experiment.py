@@ -102,12 +102,12 @@ class Experiment:
   def state_template(self, network: Optional[ResNet] = None):
     """Host zeros of the train state's shapes for `network` (default: the config's), to restore
     checkpoints into without running (or compiling) the init."""
-    return jax.tree_util.tree_map(lambda s: np.zeros(s.shape, s.dtype), self.state_shapes(network))
+    return _zeros(self.state_shapes(network))
 
   def variables_template(self, network: Optional[ResNet] = None) -> dict:
-    """`state_template`'s {'params', 'batch_stats'}, to restore a saved network into."""
-    state = self.state_template(network)
-    return {'params': state.params, 'batch_stats': state.batch_stats}
+    """`state_template`'s {'params', 'batch_stats'} (no optimizer state), to restore a saved network into."""
+    shapes = self.state_shapes(network)
+    return _zeros({'params': shapes.params, 'batch_stats': shapes.batch_stats})
 
   def embedding_dim(self) -> int:
     """D, the size of the network's embedding (prototypes are [classes, D]): the last stage's width."""
@@ -137,3 +137,8 @@ def _init_program(network: ResNet, image_size: int, sgd_settings: tuple) -> Call
   tx = optim.sgd(*sgd_settings)
   return jax.jit(lambda key, params, batch_stats: base_lib.init_state(network, key, image_size, tx, params,
                                                                       batch_stats))
+
+
+def _zeros(shapes):
+  """Host zeros of a tree of jax.ShapeDtypeStruct."""
+  return jax.tree_util.tree_map(lambda s: np.zeros(s.shape, s.dtype), shapes)

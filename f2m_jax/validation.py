@@ -25,7 +25,7 @@ CHOICES = {'noise.distribution': noise_lib.DISTRIBUTIONS, 'noise.backward_weight
            'incremental.trainable': ('noise_set', 'all'), 'incremental.prototype_norm': incremental_lib.PROTOTYPE_NORMS,
            'incremental.distance': objectives.DISTANCES, 'data.protocol': protocol_lib.PROTOCOLS,
            'data.source': sources.SOURCES, 'model.arch': tuple(ARCHS), 'model.dtype': ('float32', 'bfloat16'),
-           'model.head': HEADS, 'model.conv_backward': ('xla', 'cpu', 'auto'), 'members.map': base_lib.MEMBER_MAPS}
+           'model.head': HEADS, 'members.map': base_lib.MEMBER_MAPS}  # model.conv_backward, noise.draw_map: backend.py
 LEAST = {'runs': 1, 'seed': 0, 'eval.batch_size': 1, 'noise.M': 1, 'noise.bound': 0, 'noise.pf_weight': 0,
          'noise.std_weight': 0, 'base.steps': 1, 'base.batch_size': 1, 'base.ways': 1,
          'base.shots': 0, 'base.log_every': 1, 'base.select_every': 1, 'base.steps_per_call': 1,

@@ -10,7 +10,8 @@ from typing import Mapping, Optional
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import traverse_util
+
+from f2m_jax import trees
 
 TORCHVISION_URL = 'https://download.pytorch.org/models/resnet18-f37072fd.pth'  # IMAGENET1K_V1
 
@@ -58,7 +59,7 @@ def convert_state_dict(state_dict: Mapping, params_template: Mapping,
   result = {}
   for collection, template in (('params', params_template), ('batch_stats', batch_stats_template)):
     flat = {}
-    for path, leaf in traverse_util.flatten_dict(template).items():
+    for path, leaf in trees.flatten(template).items():
       name, want = torch_name(collection, path), tuple(np.shape(leaf))
       used.add(name)
       value = _to_flax(path, sd[name]) if name in sd else None
@@ -71,7 +72,7 @@ def convert_state_dict(state_dict: Mapping, params_template: Mapping,
                           f'(as {"/".join(path)})')
       else:
         flat[path] = jnp.asarray(value)
-    result[collection] = traverse_util.unflatten_dict(flat)
+    result[collection] = trees.unflatten(flat)
   lists = (('missing', missing, ', ', 8), ('unexpected', sorted(set(sd) - used), ', ', 8),
            ('of another shape', mismatched, '; ', 4))
   problems = [f'{len(names)} {what}: {sep.join(names[:n])}{" ..." if len(names) > n else ""}'
@@ -120,4 +121,4 @@ def to_state_dict(params: Mapping, batch_stats: Mapping) -> dict:
   """The inverse mapping: numpy arrays under torchvision names (for tests and export)."""
   return {torch_name(collection, path): _transposed(path, np.asarray(leaf, np.float32), to_torch=True)
           for collection, tree in (('params', params), ('batch_stats', batch_stats))
-          for path, leaf in traverse_util.flatten_dict(tree).items()}
+          for path, leaf in trees.flatten(tree).items()}
