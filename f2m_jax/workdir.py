@@ -283,8 +283,8 @@ class MetricsLog:
     self.path, self._writes = os.path.join(workdir, 'metrics.jsonl'), writes and primary()  # False: read-only
     self._tb_dir = os.path.join(workdir, 'tensorboard') if tensorboard and self._writes else None
     self._tb, self._start, self._flushed = None, None, 0.0  # the writer is opened with the first scalar
-    records = self.records()
-    self._cut_line = os.path.exists(self.path) and pathlib.Path(self.path).read_bytes()[-1:] not in (b'', b'\n')
+    data = pathlib.Path(self.path).read_bytes() if os.path.exists(self.path) else b''
+    records, self._cut_line = self.records(data), data[-1:] not in (b'', b'\n')
     self._logged = {_step_key(r) for r in records if 'step' in r}
     self.invocations = []
     for r in records:
@@ -293,10 +293,13 @@ class MetricsLog:
       elif self.invocations:
         self.invocations[-1]['end'] = r.get('time', self.invocations[-1]['end'])
 
-  def records(self) -> list:
-    """The log's lines as dicts, but for a line that is none (cut short by a kill, or not UTF-8)."""
+  def records(self, data: Optional[bytes] = None) -> list:
+    """The log's lines (`data`: its bytes already read) as dicts, but for a line that is none (cut short by a
+    kill, or not UTF-8)."""
+    if data is None:
+      data = pathlib.Path(self.path).read_bytes() if os.path.exists(self.path) else b''
     out = []
-    for line in (pathlib.Path(self.path).read_bytes() if os.path.exists(self.path) else b'').split(b'\n'):
+    for line in data.split(b'\n'):
       with contextlib.suppress(ValueError):  # json's errors and UnicodeDecodeError
         out.append(json.loads(line))
     return [r for r in out if isinstance(r, dict)]

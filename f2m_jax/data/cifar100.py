@@ -104,9 +104,14 @@ def read_archive(archive) -> dict:
   return arrays
 
 
+def archive_path(cache_dir) -> pathlib.Path:
+  """Where the official archive is downloaded to and read from: `<cache_dir>/downloads/`."""
+  return pathlib.Path(cache_dir) / 'downloads' / ARCHIVE_NAME
+
+
 def images_at_hand(cache_dir, tfds_data_dir: str = '') -> bool:
   """Whether the 'tfds' source needs no download: a prepared TFDS cifar100, or the official archive in the cache."""
-  return tfds_prepared(tfds_data_dir) or (pathlib.Path(cache_dir) / 'downloads' / ARCHIVE_NAME).is_file()
+  return tfds_prepared(tfds_data_dir) or archive_path(cache_dir).is_file()
 
 
 def tfds_folder(data_dir: str = '') -> pathlib.Path:
@@ -142,14 +147,14 @@ def tfds_split(split: str, data_dir: str = '') -> Split:
 def archive_help(cache_dir) -> str:
   """Where the 'tfds' source's images come from, and what to do offline."""
   return (f'The official archive {ARCHIVE_NAME} ({ARCHIVE_SIZE / 1e6:.0f} MB, {ARCHIVE_URL}, sha256 {ARCHIVE_SHA256}), '
-          f'downloaded into {pathlib.Path(cache_dir) / "downloads"}/ when online; offline, put it there yourself, '
+          f'downloaded into {archive_path(cache_dir).parent}/ when online; offline, put it there yourself, '
           f'or use {TRAINSPLIT_ALTERNATIVE}.')
 
 
 def fetch_archive(cache_dir, help_text: str = '') -> pathlib.Path:
   """The official archive in `<cache_dir>/downloads/`, downloaded there once (`download.fetch`)."""
-  return download.fetch(ARCHIVE_URL, pathlib.Path(cache_dir) / 'downloads' / ARCHIVE_NAME, ARCHIVE_SHA256,
-                        ARCHIVE_SIZE, f'CIFAR-100 ({ARCHIVE_SIZE / 1e6:.0f} MB)', help_text)
+  return download.fetch(ARCHIVE_URL, archive_path(cache_dir), ARCHIVE_SHA256, ARCHIVE_SIZE,
+                        f'CIFAR-100 ({ARCHIVE_SIZE / 1e6:.0f} MB)', help_text)
 
 
 def load_official(index_dir, cache_dir, tfds_data_dir: str = '') -> Benchmark:
@@ -158,7 +163,7 @@ def load_official(index_dir, cache_dir, tfds_data_dir: str = '') -> Benchmark:
   if tfds_prepared(tfds_data_dir):
     train, test = tfds_split('train', tfds_data_dir), tfds_split('test', tfds_data_dir)
   else:
-    archive = pathlib.Path(cache_dir) / 'downloads' / ARCHIVE_NAME
+    archive = archive_path(cache_dir)
     if not archive.is_file():
       print(f'CIFAR-100: no TFDS cifar100 prepared in {tfds_folder(tfds_data_dir)}, nor the official archive in the '
             f'cache ({archive}); downloading the archive once ({ARCHIVE_SIZE / 1e6:.0f} MB, {ARCHIVE_URL})',

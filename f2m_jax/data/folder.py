@@ -306,15 +306,19 @@ def cached_file(paths: Sequence, cache_folder, name: str, resize: int, crop: int
                 how_to_get: str = '') -> pathlib.Path:
   """`<cache_folder>/<name>-<key>.npy`, its key a sha256 over the cache version, the transform and every
   (absolute path, size, modification time); a DataError naming the missing files (the first 10)."""
-  missing = [str(p) for p in paths if not os.path.exists(p)]
+  transform = {'resize': int(resize), 'crop': int(crop)}
+  h = hashlib.sha256(json.dumps({'version': CACHE_VERSION, 'transform': transform}, sort_keys=True).encode())
+  missing = []
+  for p in paths:  # one stat a file
+    try:
+      s = os.stat(p)
+    except OSError:
+      missing.append(str(p))
+      continue
+    h.update(f'\n{os.path.abspath(p)}\t{int(s.st_size)}\t{int(s.st_mtime_ns)}'.encode())
   if missing:
     raise DataError('\n  '.join([f'{desc or name}: {len(missing)} of {len(paths)} image files are missing:',
                                  *missing[:10]]) + (f'\n{how_to_get}' if how_to_get else ''))
-  transform = {'resize': int(resize), 'crop': int(crop)}
-  h = hashlib.sha256(json.dumps({'version': CACHE_VERSION, 'transform': transform}, sort_keys=True).encode())
-  for p in paths:
-    s = os.stat(p)
-    h.update(f'\n{os.path.abspath(p)}\t{int(s.st_size)}\t{int(s.st_mtime_ns)}'.encode())
   return pathlib.Path(cache_folder) / f'{name}-{h.hexdigest()[:20]}.npy'
 
 

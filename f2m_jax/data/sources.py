@@ -79,14 +79,18 @@ def folder_spec(config, writes: bool = True) -> Optional[folder.Spec]:
   generated 'fake_folder'. With `writes=False` (a dry run) None where it would be created."""
   cache, dataset = cache_dir(config), config.data.dataset
   fields = dict(shots=config.data.shots, protocol=config.data.protocol)
-  root = fake_folders.fake_folder(cache, create=writes) if config.data.source == 'fake_folder' else None
-  if config.data.source == 'fake_folder' and root is None:
+  fake = config.data.source == 'fake_folder'
+  root = fake_folders.fake_folder(cache, create=writes) if fake else None
+  if fake and root is None:
     return None
   if uses_layout(config):
-    index_dir = (root / 'index_list' / dataset if root else
-                 None if writes else index_lists.local_index_list_dir(dataset, data_dir(config), cache))
-    if index_dir is None and not writes:
-      return None
+    index_dir = None  # writes: layouts.spec finds the lists, downloading them where absent
+    if root:
+      index_dir = root / 'index_list' / dataset
+    elif not writes:
+      index_dir = index_lists.local_index_list_dir(dataset, data_dir(config), cache)
+      if index_dir is None:
+        return None
     return layouts.spec(dataset, root or data_dir(config), index_dir, cache, config.data.get('image_size', 0), **fields)
   f = config.data.folder.to_dict()
   f.update({k: os.path.expanduser(os.path.expandvars(f[k])) for k in ('train', 'test', 'root', 'lists', 'classes')})
