@@ -2,9 +2,9 @@
                                    [--dry-run [--time-step]]
 
 CONFIG is a config file (configs/cifar100.py:smoke) or a workdir's config.json; without --config,
---workdir's own config.json. f2m_jax.cli defines, parses and acts on the flags.
+--workdir's own config.json. f2m_jax.run.cli defines, parses and acts on the flags.
 """
-from f2m_jax import stopping
+from f2m_jax.run import stopping
 
 stopping.watch()  # first: a signal during the imports below (seconds) ends the process with one line
 
@@ -13,7 +13,7 @@ import sys
 
 from absl import app, flags
 
-from f2m_jax import cli
+from f2m_jax.run import cli
 
 cli.define_flags()
 flags.adopt_module_key_flags(cli)

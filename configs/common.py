@@ -54,7 +54,7 @@ def base_config() -> ml_collections.ConfigDict:
   # and margin-ranking losses) or 'fsll' (small-magnitude tensors fine-tuned with triplet + prototype losses);
   # f2m_jax/methods, listed in f2m_jax/registry.py. A method other than F2M replaces some of the
   # values below with its own (its `presets`, e.g. the Baseline: no noise, no fine-tuning, no PN,
-  # shuffled batches) when the run starts (f2m_jax/pipeline.py: resolve), except those set on the
+  # shuffled batches) when the run starts (f2m_jax/run/pipeline.py: resolve), except those set on the
   # command line (`--config.method=baseline --config.eval.normalize_prototypes=True` is the Baseline
   # with PN).
   c.method = 'f2m'
@@ -90,7 +90,7 @@ def base_config() -> ml_collections.ConfigDict:
   # method=rebalance sets it)
   c.model.head = 'linear'
   # How the convolutions' gradients are written: 'cpu' (the forms XLA:CPU runs fast), 'xla' (XLA's
-  # own), or 'auto': 'cpu' on a CPU, 'xla' elsewhere (f2m_jax/backend.py, the one place that decides).
+  # own), or 'auto': 'cpu' on a CPU, 'xla' elsewhere (f2m_jax/run/backend.py, the one place that decides).
   c.model.conv_backward = 'auto'
 
   c.base = ml_collections.ConfigDict()
@@ -156,7 +156,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.noise.backward_weights = 'noisy'
   c.noise.shared_trunk = True  # run the unperturbed trunk once per batch
   # How the M noisy passes share one program: 'vmap', 'unroll' (written out) or 'auto': unroll on a
-  # CPU, vmap elsewhere (f2m_jax/backend.py)
+  # CPU, vmap elsewhere (f2m_jax/run/backend.py)
   c.noise.draw_map = 'auto'
   # Weight of the clean pass's cross-entropy in the base loss: 0 leaves it out, as the authors' loss does
   c.noise.clean_ce_weight = 0.0
@@ -180,7 +180,7 @@ def base_config() -> ml_collections.ConfigDict:
   for section, values in METHOD_SECTIONS.items():
     c[section] = ml_collections.ConfigDict(values)
 
-  # Several runs of this config in one program (f2m_jax/members.py): `seeds` (members differing in
+  # Several runs of this config in one program (f2m_jax/run/members.py): `seeds` (members differing in
   # their seed), or `field` ('noise.bound') with `field_values` (members differing in that field). Each
   # member trains its base session in one jitted step with all the others, then its sessions; the
   # workdir holds member_<i>/ workdirs and summary.json. `map`: 'unroll' (the members side by side in
@@ -214,12 +214,12 @@ def base_config() -> ml_collections.ConfigDict:
   # JAX_COMPILATION_CACHE_DIR, where set, is used instead. --mode bench never turns it on (it times
   # compiling).
   c.compilation_cache = True
-  # Sizes checked against this machine's memory when a run starts (f2m_jax/memory.py): a run whose
+  # Sizes checked against this machine's memory when a run starts (f2m_jax/run/memory.py): a run whose
   # estimate exceeds the machine's total memory is refused, one that exceeds what is free now is warned
   # about. False skips the check (e.g. where the estimate is known to be too high for a config).
   c.memory_check = True
 
-  # --mode bench (f2m_jax/bench.py); the values fit a CPU. On a GPU the scripts in experiments/ time more:
+  # --mode bench (f2m_jax/run/bench.py); the values fit a CPU. On a GPU the scripts in experiments/ time more:
   # M_list (1, 2, 4, 8), dtypes ('float32', 'bfloat16'), other_draw_map=True; S members against S single
   # runs: experiments/bench_members.py.
   c.bench = ml_collections.ConfigDict()

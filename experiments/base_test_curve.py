@@ -26,8 +26,8 @@ import orbax.checkpoint as ocp  # noqa: E402
 
 from f2m_jax import evaluation, pipeline  # noqa: E402
 from f2m_jax import experiment as experiment_lib  # noqa: E402
-from f2m_jax import workdir as workdir_lib  # noqa: E402
 from f2m_jax.data import protocol, sources  # noqa: E402
+from f2m_jax.run import workdir as workdir_lib  # noqa: E402
 
 
 def main() -> None:

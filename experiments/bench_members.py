@@ -1,6 +1,6 @@
 """The member table: S runs' base steps in one program against S times one run's (docs/performance.md,
 "Seeds and sweeps in one program"). For every S of --sizes (and S = 1), the F2M base program of S members
-as a seed sweep runs it (f2m_jax/bench.py's `program_case`, on random data of the config's shapes, no data
+as a seed sweep runs it (f2m_jax/run/bench.py's `program_case`, on random data of the config's shapes, no data
 read), all timed in the same rounds (`bench.time_cases`). Printed as a table: ms per step of the S members,
 run-steps per second, and the speed-up over S single steps; written to OUT/members.json.
 
@@ -16,9 +16,9 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), '..'))
 
-from f2m_jax import bench  # noqa: E402
-from f2m_jax import cli  # noqa: E402
-from f2m_jax import pipeline  # noqa: E402
+from f2m_jax.run import bench  # noqa: E402
+from f2m_jax.run import cli  # noqa: E402
+from f2m_jax.run import pipeline  # noqa: E402
 from f2m_jax import sharding  # noqa: E402
 
 

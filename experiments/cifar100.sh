@@ -120,26 +120,26 @@ want flatness && for name in f2m baseline; do
       --config.flatness.max_images="${FLAT_IMAGES:-0}"
 done
 
-want main && python -m f2m_jax.report "$out/f2m" "$out/baseline" --labels="F2M,Baseline" --reference 1 \
+want main && python -m f2m_jax.run.report "$out/f2m" "$out/baseline" --labels="F2M,Baseline" --reference 1 \
     --out "$out/report_main"
-want fidelity && python -m f2m_jax.report "$out/f2m" "$out"/fid_unrounded "$out"/fid_bn_clean "$out"/fid_gamma0 \
+want fidelity && python -m f2m_jax.run.report "$out/f2m" "$out"/fid_unrounded "$out"/fid_bn_clean "$out"/fid_gamma0 \
     "$out"/fid_pf_grad "$out"/fid_uniform "$out"/fid_exact_grad "$out"/fid_balanced "$out"/fid_paper \
     --labels="F2M (authors' code),unrounded steps,BN stats from the clean pass,gamma 0,PF with gradient,uniform noise,exact gradient,per-step random batches,all paper-literal" \
     --reference 0 --out "$out/report_fidelity"
-want compared && python -m f2m_jax.report "$out/f2m" "$out/baseline" "$out/icarl" "$out/fsll" "$out/rebalance" \
+want compared && python -m f2m_jax.run.report "$out/f2m" "$out/baseline" "$out/icarl" "$out/fsll" "$out/rebalance" \
     --labels="F2M,Baseline,iCaRL,FSLL,Rebalance" --reference 0 --out "$out/report_compared"
-want compared && [ "$variant" != smoke ] && python -m f2m_jax.report "$out/ci_icarl" "$out/ci_rebalance" \
+want compared && [ "$variant" != smoke ] && python -m f2m_jax.run.report "$out/ci_icarl" "$out/ci_rebalance" \
     --labels="iCaRL,Rebalance" --reference 0 --out "$out/report_class_incremental"
-want upper && python -m f2m_jax.report "$out/f2m" "$out/baseline" "$out/joint" "$out/crt" \
+want upper && python -m f2m_jax.run.report "$out/f2m" "$out/baseline" "$out/joint" "$out/crt" \
     --labels="F2M,Baseline,joint,cRT" --reference cRT --out "$out/report_upper"
 if want superclass; then
   for split in ${SPLITS:-superclass1 superclass2}; do
-    python -m f2m_jax.report "$out/${split}_f2m" "$out/${split}_baseline" "$out/${split}_joint" "$out/${split}_crt" \
+    python -m f2m_jax.run.report "$out/${split}_f2m" "$out/${split}_baseline" "$out/${split}_joint" "$out/${split}_crt" \
         --labels="F2M,Baseline,joint,cRT" --reference cRT --out "$out/report_$split"
   done
 fi
-want ablation && python -m f2m_jax.report "$out/abl_none" "$out/abl_pc" "$out/abl_no_pc" "$out/abl_no_pf" "$out/abl_no_pn" "$out/f2m" \
+want ablation && python -m f2m_jax.run.report "$out/abl_none" "$out/abl_pc" "$out/abl_no_pc" "$out/abl_no_pf" "$out/abl_no_pn" "$out/f2m" \
     --labels="-,PC,FM+PF+PN,FM+PC+PN,FM+PF+PC,FM+PF+PC+PN" --reference 5 --out "$out/report_ablation"
-want bound && python -m f2m_jax.report "$out"/bound_0.00125 "$out"/bound_0.0025 "$out/f2m" "$out"/bound_0.01 "$out"/bound_0.02 \
+want bound && python -m f2m_jax.run.report "$out"/bound_0.00125 "$out"/bound_0.0025 "$out/f2m" "$out"/bound_0.01 "$out"/bound_0.02 \
     "$out"/bound_0.04 --labels="b=0.0025,b=0.005,b=0.01,b=0.02,b=0.04,b=0.08" --reference 2 --out "$out/report_bound"
 true

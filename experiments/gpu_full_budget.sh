@@ -75,7 +75,7 @@ if [[ $parts == *" fixed_seeds "* ]]; then
     wait
     $py - "$f/baseline_pn" <<'EOF'
 import glob, json, os, sys
-from f2m_jax import members
+from f2m_jax.run import members
 root = sys.argv[1]
 results = [json.load(open(p)) for p in sorted(glob.glob(os.path.join(root, 'member_*', 'results.json')))]
 json.dump(members.summarize(results), open(os.path.join(root, 'summary.json'), 'w'), indent=1)

@@ -27,10 +27,10 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), '..'))
 
 import jax  # noqa: E402
 
-from f2m_jax import bench as bench_lib  # noqa: E402
-from f2m_jax import cli  # noqa: E402
-from f2m_jax import pipeline  # noqa: E402
+from f2m_jax.run import cli  # noqa: E402
+from f2m_jax.run import pipeline  # noqa: E402
 from f2m_jax import sharding  # noqa: E402
+from f2m_jax.run import bench as bench_lib  # noqa: E402
 
 
 def busy_seconds(intervals) -> float:

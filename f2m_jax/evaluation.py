@@ -9,12 +9,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from f2m_jax import objectives
-from f2m_jax import report
-from f2m_jax.padding import pad_rows
 from f2m_jax.data import augment as augment_lib
 from f2m_jax.data.types import Benchmark
 from f2m_jax.models import ResNet
-
+from f2m_jax.padding import pad_rows
+from f2m_jax.stats import KEYS, t_interval
 
 @functools.lru_cache(maxsize=None)
 def make_embed(model: ResNet, mean, std, batch_size: int = 500, first: int = 0,
@@ -103,7 +102,7 @@ def summarize(values: Sequence[Optional[float]], over: Optional[str] = 'draws') 
   if any(v is None for v in values):
     return None
   v = np.asarray(values, np.float64)
-  ci = None if over is None or len(v) < 2 else (report.t_interval(v.tolist()) if over == 'seeds'
+  ci = None if over is None or len(v) < 2 else (t_interval(v.tolist()) if over == 'seeds'
                                                 else float(1.96 * v.std() / np.sqrt(len(v))))
   return {'mean': float(v.mean()), 'ci95': ci, 'runs': v.tolist()}
 
@@ -124,7 +123,7 @@ def build_results(dataset: str, method: str, protocol: str, num_classes: Sequenc
   (`same_shots`); with the runs' acc_sessions, the accuracy matrix (session i's classes after session j)."""
   over = None if same_shots else over
   sessions = [{'session': t + 1, 'num_classes': int(n), **{k: summarize([run[t][k] for run in per_run], over)
-                                                             for k in report.KEYS}} for t, n in enumerate(num_classes)]
+                                                             for k in KEYS}} for t, n in enumerate(num_classes)]
   acc = np.asarray([[s['acc'] for s in run] for run in per_run])
   brief = lambda values: {k: v for k, v in summarize(values, over).items() if k != 'runs'}
   out = {'dataset': dataset, 'method': method, 'protocol': protocol, 'runs': len(per_run), 'sessions': sessions,
@@ -150,4 +149,4 @@ def results_rows(results: dict) -> list:
   """Flat rows (one per session) for results.csv: classes, then each statistic's mean and ci95."""
   value = lambda stat, field: None if stat is None or stat[field] is None else round(stat[field], 4)
   return [{'session': s['session'], 'num_classes': s['num_classes'],
-           **{f'{k}_{f}': value(s[k], f) for k in report.KEYS for f in ('mean', 'ci95')}} for s in results['sessions']]
+           **{f'{k}_{f}': value(s[k], f) for k in KEYS for f in ('mean', 'ci95')}} for s in results['sessions']]

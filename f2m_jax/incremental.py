@@ -13,9 +13,9 @@ import optax
 from f2m_jax import objectives
 from f2m_jax import optim
 from f2m_jax import trees
-from f2m_jax.padding import pad_rows
 from f2m_jax.data import augment as augment_lib
 from f2m_jax.models import ResNet
+from f2m_jax.padding import pad_rows
 
 
 # The norms the prototypes enter Eq. 5 with (config.incremental.prototype_norm; docs/method.md's table).

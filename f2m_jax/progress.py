@@ -15,7 +15,7 @@ import time
 import jax
 from tqdm import tqdm
 
-from f2m_jax import workdir as workdir_lib
+from f2m_jax import files
 
 LOG_EVERY_S = 30.0
 COMPILE_TIMES = 'compile_times.json'  # in the cache folder: {program key: seconds its last compile took}
@@ -79,7 +79,7 @@ class Status(tqdm):
     program = lowered.compile()
     with contextlib.suppress(OSError):
       os.makedirs(folder, exist_ok=True)
-      workdir_lib.atomic_write(path, json.dumps({**times, key: round(self.format_dict['elapsed'], 1)}, indent=0))
+      files.atomic_write(path, json.dumps({**times, key: round(self.format_dict['elapsed'], 1)}, indent=0))
     return program
 
   def close(self) -> None:

@@ -5,15 +5,15 @@ from __future__ import annotations
 import numpy as np
 
 from f2m_jax import progress
+from f2m_jax import stats
 from f2m_jax import trees
-from f2m_jax.checkpoint import CheckpointError, CheckpointFault, Checkpoints
 from f2m_jax.data import protocol as protocol_lib
 from f2m_jax.experiment import Experiment, Hook, TrainingError
+from f2m_jax.files import CheckpointError, CheckpointFault
 
-ACCURACY_KEYS = ('acc', 'acc_base', 'acc_novel', 'hm')
 
 
-def run_sessions(exp: Experiment, runner, ckpts: Checkpoints, log, train: bool = True,
+def run_sessions(exp: Experiment, runner, ckpts, log, train: bool = True,
                  hook: Hook = None) -> tuple:
   """All runs x sessions of a method's `runner`: per-run lists of accuracy dicts and per-run prototype norms
   (or None). Checkpointed sessions are restored; with `train=False` a missing one is an error."""
@@ -47,7 +47,7 @@ def run_sessions(exp: Experiment, runner, ckpts: Checkpoints, log, train: bool =
   return accs, norms
 
 
-def train_session(method: str, runner, ckpts: Checkpoints, log, state, run: int, session: int,
+def train_session(method: str, runner, ckpts, log, state, run: int, session: int,
                   exemplars: np.ndarray) -> tuple:
   """(state, accuracies) of `run` after training `session`; saved, then logged. A TrainingError, before
   anything is saved, where the state, its accuracies or its metrics hold NaN or inf."""
@@ -59,13 +59,13 @@ def train_session(method: str, runner, ckpts: Checkpoints, log, state, run: int,
     raise TrainingError(f'non-finite values ({", ".join(bad[:3])}) of method {method} in run {run} session '
                         f'{session}; it was not saved, the last good checkpoint ({kept}) is kept')
   ckpts.run(run).save(session, {**runner.item(state), 'exemplars': exemplars,
-                                'accuracy': np.asarray([np.nan if acc[k] is None else acc[k] for k in ACCURACY_KEYS],
+                                'accuracy': np.asarray([np.nan if acc[k] is None else acc[k] for k in stats.KEYS],
                                                        np.float64)},
                        then=lambda: log.write(phase='session', run=run, session=session, **info, **acc))
   return state, acc
 
 
-def restore_session(exp: Experiment, runner, ckpts: Checkpoints, run: int, session: int,
+def restore_session(exp: Experiment, runner, ckpts, run: int, session: int,
                     exemplars: np.ndarray) -> tuple:
   """(state, accuracies) of `run` after `session`, restored (a CheckpointFault where its exemplars differ from
   the protocol's), the accuracies computed again and compared with those saved, as test images that flipped
@@ -74,13 +74,13 @@ def restore_session(exp: Experiment, runner, ckpts: Checkpoints, run: int, sessi
   Each difference goes into ckpts.differences."""
   path = f'{ckpts.root}/run_{run}/{session}'
   saved = ckpts.run(run).restore({**runner.template(session), 'exemplars': exemplars,
-                                  'accuracy': np.zeros((len(ACCURACY_KEYS),), np.float64)}, session)
+                                  'accuracy': np.zeros((len(stats.KEYS),), np.float64)}, session)
   if not np.array_equal(saved['exemplars'], exemplars):
     raise CheckpointFault(f'run {run} session {session}: the exemplars saved in {path} differ from the protocol\'s: '
                           'the data or the code changed since it was saved')
   state = runner.restore(saved)
   again, acc = runner.accuracies(state, session), [None if np.isnan(v) else float(v) for v in saved['accuracy']]
-  acc = dict(zip(ACCURACY_KEYS, acc))
+  acc = dict(zip(stats.KEYS, acc))
   labels = exp.bench.test.labels[protocol_lib.test_indices(exp.bench, session)]
   n, base = len(labels), int(np.sum(labels < exp.bench.num_base_classes))
   flips = sum(round(abs(again[key] - acc[key]) * c / 100) for key, c in (('acc_base', base), ('acc_novel', n - base))

@@ -15,8 +15,6 @@ from f2m_jax import evaluation
 from f2m_jax import progress
 from f2m_jax import sharding
 from f2m_jax import trees
-from f2m_jax import workdir as workdir_lib
-from f2m_jax.checkpoint import Checkpoints
 from f2m_jax.data import protocol as protocol_lib
 from f2m_jax.data import sources
 from f2m_jax.experiment import Experiment, Hook, Interrupted, TrainingError
@@ -29,10 +27,10 @@ class Member(NamedTuple):
   key: jax.Array
   bound: float
   save: Callable
-  log: workdir_lib.MetricsLog
+  log: object  # the run's metrics log (run.workdir.MetricsLog)
 
 
-def train_base(exp: Experiment, ckpts: Checkpoints, log: workdir_lib.MetricsLog, hook: Hook = None) -> dict:
+def train_base(exp: Experiment, ckpts, log, hook: Hook = None) -> dict:
   """Trains session 1 from the latest base checkpoint (or from scratch); returns the base network
   (`chosen_variables`). `hook('base_step', step=n)` is called after every call, at its last step n."""
   select = TestSetSelector(exp, exp.model, 1, ckpts.best_base, log) if exp.config.base.select_on_test else None
@@ -51,7 +49,7 @@ def chosen_variables(state, select: Optional['TestSetSelector'], title: str, ste
   return {'params': best['params'], 'batch_stats': best['batch_stats']}
 
 
-def train_base_sessions(exps: Sequence[Experiment], ckpts: Sequence[Checkpoints], logs: Sequence, title: str,
+def train_base_sessions(exps: Sequence[Experiment], ckpts: Sequence, logs: Sequence, title: str,
                         select: Optional[Callable] = None, hook: Hook = None):
   """The base sessions of S >= 1 runs in lockstep through `train_steps`, from the latest base step all of
   them hold (`resume_step`) or from scratch, each saved into its own workdir; the final states, stacked."""
@@ -234,7 +232,7 @@ class TestSetSelector:
                    **{f'{self.name}_acc': acc, f'best_{self.name}_acc': self.best}, best_step=self.store.latest_step())
 
 
-def selection_info(config, ckpts: Checkpoints) -> dict:
+def selection_info(config, ckpts) -> dict:
   """How the base model was chosen, for results.json: the last step, or (base.select_on_test) the
   step with the best base-test accuracy, flagged as reading the test set."""
   if not config.base.select_on_test:

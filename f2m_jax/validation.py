@@ -9,8 +9,8 @@ import ml_collections
 from flax import traverse_util
 
 from f2m_jax import base as base_lib
-from f2m_jax import noise as noise_lib
 from f2m_jax import incremental as incremental_lib
+from f2m_jax import noise as noise_lib
 from f2m_jax import objectives
 from f2m_jax.data import cifar100
 from f2m_jax.data import folder as folder_lib

@@ -186,8 +186,8 @@ def tiny_method_run(tmp_path_factory, make_config) -> TinyRun:
   run passes (its method, sessions of 6, 8 and 10 classes, session 1 far above chance), and what
   the tests read back from it."""
   from f2m_jax import experiment as experiment_lib  # pylint: disable=g-import-not-at-top
-  from f2m_jax import pipeline  # pylint: disable=g-import-not-at-top
-  from f2m_jax.checkpoint import Checkpoints  # pylint: disable=g-import-not-at-top
+  from f2m_jax.run import pipeline  # pylint: disable=g-import-not-at-top
+  from f2m_jax.run.checkpoint import Checkpoints  # pylint: disable=g-import-not-at-top
   from f2m_jax.data import sources  # pylint: disable=g-import-not-at-top
   config = make_config()
   workdir = str(tmp_path_factory.mktemp(config.method) / 'full')
@@ -236,7 +236,7 @@ class Interrupt(Exception):
 def resumed_after_interruption(make_config, workdir: str, run: int, session: int) -> dict:
   """pipeline.run(make_config(), workdir) stopped right after run `run` saved session `session`,
   then run again (it resumes); returns the second call's results."""
-  from f2m_jax import pipeline  # pylint: disable=g-import-not-at-top
+  from f2m_jax.run import pipeline  # pylint: disable=g-import-not-at-top
 
   def stop(phase, **info):
     if phase == 'session' and (info.get('run'), info.get('session')) == (run, session):
@@ -289,7 +289,7 @@ def reference(tmp_path_factory):
   """(workdir, results) of pipeline.run(tiny_smoke()): the one uninterrupted run of the session that
   resumes, faults and records are compared with. Tests read it in place or change a copy (`copy_of`);
   it must end the session byte for byte as it was made."""
-  from f2m_jax import pipeline  # pylint: disable=g-import-not-at-top
+  from f2m_jax.run import pipeline  # pylint: disable=g-import-not-at-top
   workdir = str(tmp_path_factory.mktemp('reference') / 'f2m')
   results = pipeline.run(tiny_smoke(), workdir)
   made = snapshot(workdir)
@@ -312,7 +312,7 @@ def run_py(argv: list, monkeypatch) -> int:
   """What `python run.py <argv[1:]>` does, in this process: run.py's flags, in a FlagValues of their own,
   parsed from `argv` (as run.py parses sys.argv), then its main; the exit code (a SystemExit's too)."""
   from absl import flags  # pylint: disable=g-import-not-at-top
-  from f2m_jax import cli  # pylint: disable=g-import-not-at-top
+  from f2m_jax.run import cli  # pylint: disable=g-import-not-at-top
   flag_values = flags.FlagValues()
   cli.define_flags(flag_values)
   monkeypatch.setattr(sys, 'argv', list(argv))

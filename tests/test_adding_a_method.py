@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from conftest import REPO, resumed_after_interruption, tiny_method_run, tiny_protocol, without_provenance
-from f2m_jax import pipeline
 from f2m_jax import registry
 from f2m_jax.data import protocol as protocol_lib
 from f2m_jax.methods.ncm import NCMRunner
+from f2m_jax.run import pipeline
 
 DOC = REPO / 'docs' / 'development.md'
 

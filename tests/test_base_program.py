@@ -23,12 +23,12 @@ import pytest
 from conftest import moved, rel_norm_diff
 from f2m_jax import base as base_lib
 from f2m_jax import experiment as experiment_lib
-from f2m_jax import pipeline
 from f2m_jax import sharding
 from f2m_jax import train_loop
 from f2m_jax import trees
-from f2m_jax.checkpoint import Checkpoints
 from f2m_jax.data import sources
+from f2m_jax.run import pipeline
+from f2m_jax.run.checkpoint import Checkpoints
 
 
 def _smooth(config):

@@ -16,9 +16,9 @@ from configs import common, cifar100, cub200, mini
 from conftest import init_variables, naive_cross_entropies, noise_view
 from f2m_jax import base as base_lib
 from f2m_jax import noise as noise_lib
-from f2m_jax import pipeline
 from f2m_jax import trees
 from f2m_jax.models import build_model, noise_set_paths
+from f2m_jax.run import pipeline
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 LIBRARY_FILES = {'configs/common.py', 'f2m_jax/validation.py', 'f2m_jax/base.py'}

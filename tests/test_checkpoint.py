@@ -13,10 +13,11 @@ import pytest
 from conftest import copy_of, snapshot, tiny_smoke as tiny_config, without_provenance
 from f2m_jax import base as base_lib
 from f2m_jax import experiment as experiment_lib
-from f2m_jax import pipeline
 from f2m_jax import train_loop
 from f2m_jax.data import sources
-from f2m_jax.checkpoint import CheckpointError, Checkpoints
+from f2m_jax.files import CheckpointError
+from f2m_jax.run import pipeline
+from f2m_jax.run.checkpoint import Checkpoints
 
 
 def same_results(a: dict, b: dict) -> bool:
@@ -90,7 +91,7 @@ def _check_the_selection_is_said_and_used(results: dict, workdir: str, config) -
     last = ckpts.base.restore(exp.state_template(), config.base.steps)
     assert not np.array_equal(last.params['fc']['kernel'], best['params']['fc']['kernel'])
   ckpts.close()
-  from f2m_jax import report  # pylint: disable=g-import-not-at-top
+  from f2m_jax.run import report  # pylint: disable=g-import-not-at-top
   assert 'TEST images' in report.format_session_table(results)
   rows = report.build_rows([workdir], ['selected'])
   assert 'chosen on test images' in report.format_table(rows)

@@ -53,7 +53,7 @@ def test_split_of_the_trainsplit_benchmark():
 
 def test_config_resolves_with_twenty_exemplars_per_class():
   from configs import cifar100_incremental
-  from f2m_jax import pipeline
+  from f2m_jax.run import pipeline
   config = pipeline.resolve(cifar100_incremental.get_config())  # the TFDS source: resolve reads no data
   assert (config.data.split, config.data.shots, config.method, config.runs) == ('incremental50', 500, 'icarl', 1)
   assert config.icarl.memory == config.rebalance.memory == 20

@@ -11,9 +11,9 @@ import sys
 import pytest
 
 from conftest import REPO, run_py
-from f2m_jax import cli
-from f2m_jax import pipeline
-from f2m_jax import workdir as workdir_lib
+from f2m_jax.run import cli
+from f2m_jax.run import pipeline
+from f2m_jax.run import workdir as workdir_lib
 
 CASES = [
     ('--config.nosuchkey=1', 'unknown config field config.nosuchkey', 'config.noise'),
@@ -69,7 +69,7 @@ def test_a_bad_override_ends_the_process_with_exit_code_2(tmp_path, override):
 
 def test_run_py_takes_the_flags_its_libraries_define(monkeypatch, capsys):
   """A flag nobody defines is one line, exit code 2 (run.py's flags parsed in this process); a flag that
-  f2m_jax.cli's imports define (orbax's, on absl's global FLAGS, which only the real run.py reads) is taken."""
+  f2m_jax.run.cli's imports define (orbax's, on absl's global FLAGS, which only the real run.py reads) is taken."""
   assert run_py(['run.py', '--config', 'configs/cifar100.py:smoke', '--dry-run', '--nosuchflag=1'], monkeypatch) == 2
   err = capsys.readouterr().err
   assert err.strip() == "error: Unknown command line flag 'nosuchflag'", err[-2000:]
@@ -231,7 +231,7 @@ def test_a_dry_run_shows_the_data_the_cache_and_a_steps_cost(tmp_path, capsys):
   to clear them, a base step's estimated cost; every path read, nothing written. 0739cee printed the
   config alone, and passed a misspelt train folder (exit 0)."""
   from conftest import snapshot  # pylint: disable=g-import-not-at-top
-  from f2m_jax import cli  # pylint: disable=g-import-not-at-top
+  from f2m_jax.run import cli  # pylint: disable=g-import-not-at-top
   config = folder_config(tmp_path)
   before = snapshot(tmp_path)
   assert cli.main(config, None, 'train', dry_run=True) == 0
@@ -258,7 +258,7 @@ def test_a_dry_run_shows_the_data_the_cache_and_a_steps_cost(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_a_dry_run_measures_a_step_where_asked(tmp_path, capsys):
-  from f2m_jax import cli  # pylint: disable=g-import-not-at-top
+  from f2m_jax.run import cli  # pylint: disable=g-import-not-at-top
   config = folder_config(tmp_path)
   config.method = 'baseline'  # the measurement is every method's; the Baseline's step compiles fastest
   assert cli.main(config, None, 'train', dry_run=True, time_step=True) == 0

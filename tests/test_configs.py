@@ -9,8 +9,8 @@ import pytest
 
 from configs import cifar100, common, mini
 from conftest import Interrupt, run_py
-from f2m_jax import pipeline
 from f2m_jax import registry
+from f2m_jax.run import pipeline
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 CONFIG_MODULES = sorted(p.stem for p in (REPO / 'configs').glob('*.py') if p.stem != '__init__')
@@ -110,7 +110,7 @@ def test_every_dataset_config_has_a_cpu_budget_and_f2m_v(spec, arch, width, size
   """`:cpu` sets a budget's fields together (steps, milestones, batch, the sampler's shots, lr, width,
   image size), and F2M-V takes every dataset config with its argument (0739cee refused
   configs/f2m_v.py:folder and had no :cpu)."""
-  from f2m_jax import cli  # pylint: disable=g-import-not-at-top
+  from f2m_jax.run import cli  # pylint: disable=g-import-not-at-top
   config = cli.load_config(f'configs/{spec}')
   if 'folder' in config.data:
     config.data.folder.update(train='mine/train', num_base=60, way=5)

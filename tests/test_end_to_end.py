@@ -5,7 +5,7 @@ import os
 import pytest
 
 from conftest import far_above_chance, run_py, tiny_smoke, without_provenance
-from f2m_jax import pipeline
+from f2m_jax.run import pipeline
 
 
 @pytest.mark.slow
@@ -60,7 +60,7 @@ def test_smoke_results_file_is_valid_and_learns(reference):
   assert [step for step, _ in scalars['run_1/acc']] == [2, 3]
   session_acc = {s['session']: s['acc']['runs'][1] for s in saved['sessions'][1:]}
   assert all(abs(v - session_acc[step]) < 1e-3 for step, v in scalars['run_1/acc'])
-  from f2m_jax import report
+  from f2m_jax.run import report
   text = report.format_report(report.build_rows([workdir]))
   assert f'{workdir}/results.json` (synthetic, f2m, draws, 2 runs; the authors\': 1.96 * std(ddof=0)' in text
   assert pipeline.base_budget(pipeline.resolve(tiny_smoke())) == '20 steps of 80 (task_epochs), lr 0.1, M=2, b=0.005'
@@ -91,7 +91,7 @@ def test_runs_use_a_persistent_compilation_cache_in_the_cache_folder(tmp_path, m
   leaves it off. In this process, with JAX's two settings put back afterwards."""
   import jax  # pylint: disable=g-import-not-at-top
   from configs import cifar100  # pylint: disable=g-import-not-at-top
-  from f2m_jax import cli  # pylint: disable=g-import-not-at-top
+  from f2m_jax.run import cli  # pylint: disable=g-import-not-at-top
   names = ('jax_compilation_cache_dir', 'jax_persistent_cache_min_compile_time_secs')
   saved = [getattr(jax.config, n) for n in names]
 
@@ -134,7 +134,7 @@ def test_run_py_rejects_bad_values_with_clear_messages(tmp_path, monkeypatch, ca
 @pytest.mark.slow
 def test_workdir_of_another_config_is_refused(reference):
   from conftest import tiny_smoke
-  from f2m_jax.workdir import WorkdirError
+  from f2m_jax.files import WorkdirError
   workdir, _ = reference
   config = tiny_smoke(**{'noise.bound': 0.01})
   before = open(os.path.join(workdir, 'results.json')).read()
@@ -189,7 +189,7 @@ def test_validation_protocol_run_never_reads_a_test_image(tmp_path, monkeypatch)
 def test_bench_keeps_the_command_lines_values_and_records_them(tmp_path, smoke_config):
   """--config.method=baseline --config.noise.enabled=True benches the Baseline with noise, as every
   other mode runs it (the Baseline's presets turned the noise off), and bench.json records the origin."""
-  from f2m_jax import cli
+  from f2m_jax.run import cli
   smoke_config.method, smoke_config.noise.enabled = 'baseline', True
   smoke_config.bench.update(dtypes=())  # nothing timed: the config and the record only
   origin = {'config': 'configs/cifar100.py:smoke', 'changes': {'method': 'baseline', 'noise.enabled': True}}
@@ -202,7 +202,7 @@ def test_bench_keeps_the_command_lines_values_and_records_them(tmp_path, smoke_c
 
 def test_bench_takes_the_shapes_of_your_own_folder_from_its_layout():
   from configs import folder
-  from f2m_jax import bench
+  from f2m_jax.run import bench
   config = folder.get_config('smoke')
   shapes = bench.dataset_shapes(config)
   assert (shapes['num_base'], shapes['way'], shapes['num_sessions'], shapes['image_size']) == (10, 2, 6, 32)

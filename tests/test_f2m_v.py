@@ -13,8 +13,8 @@ from configs import f2m_v
 from conftest import far_above_chance, init_variables
 from f2m_jax import base as base_lib
 from f2m_jax import noise as noise_lib
-from f2m_jax import pipeline, workdir
 from f2m_jax.models import noise_set_paths, resnet20
+from f2m_jax.run import pipeline, workdir
 
 
 @pytest.mark.parametrize('arg', ['cifar100', 'cifar100:trainsplit', 'cifar100:smoke', 'mini', 'mini:smoke',

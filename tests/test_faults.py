@@ -20,12 +20,14 @@ import orbax.checkpoint as ocp
 import pytest
 
 from conftest import REPO, TINY_SMOKE_ARGS, copy_of, snapshot, tiny_smoke as tiny_config, without_provenance
-from f2m_jax import cli
-from f2m_jax import pipeline
-from f2m_jax import workdir as workdir_lib
-from f2m_jax.checkpoint import CheckpointError, CheckpointFault, Checkpoints
+from f2m_jax import files
 from f2m_jax.data import sources
-from f2m_jax.workdir import WorkdirError
+from f2m_jax.files import CheckpointError, CheckpointFault
+from f2m_jax.files import WorkdirError
+from f2m_jax.run import cli
+from f2m_jax.run import pipeline
+from f2m_jax.run import workdir as workdir_lib
+from f2m_jax.run.checkpoint import Checkpoints
 
 
 def one_line_error(capsys) -> str:
@@ -92,7 +94,7 @@ def test_checkpoints_without_a_record_of_their_config_are_refused(tmp_path):
 
 def hold_lock(workdir: str) -> subprocess.Popen:
   """A child process that takes `workdir`'s lock and keeps it until killed."""
-  child = subprocess.Popen([sys.executable, '-c', 'import sys, time; from f2m_jax import workdir as w; '
+  child = subprocess.Popen([sys.executable, '-c', 'import sys, time; from f2m_jax.run import workdir as w; '
                             'w.Lock(sys.argv[1]).claim(); print("held", flush=True); time.sleep(600)', workdir],
                            cwd=REPO, stdout=subprocess.PIPE, text=True)
   assert child.stdout.readline().strip() == 'held'
@@ -335,7 +337,7 @@ def test_a_failed_background_write_is_one_line_naming_it_and_logs_nothing(refere
 
 
 def test_a_full_disk_under_tensorstore_is_the_oss_reason_and_the_file():
-  from f2m_jax import checkpoint  # pylint: disable=g-import-not-at-top
+  from f2m_jax.run import checkpoint  # pylint: disable=g-import-not-at-top
   folder = '/w/checkpoints/run_0/3.orbax-checkpoint-tmp/default.orbax-checkpoint-tmp/ocdbt.process_0/'
   e = ValueError(f'RESOURCE_EXHAUSTED: Error writing "trainable.layer3_1.conv2.kernel/0.0.0.0" in OCDBT database at '
                  f'local file "{folder}": Failed writing: "{folder}d/8f5e": Failed to write 41591 bytes to file 15: No '
@@ -351,7 +353,7 @@ def test_orbax_speaks_only_through_exceptions(tmp_path, caplog):
   and tensorstore's 'Event loop is closed' after a failed write are off while a command runs."""
   import sys  # pylint: disable=g-import-not-at-top
   from absl import logging as absl_logging  # pylint: disable=g-import-not-at-top
-  from f2m_jax.checkpoint import quiet_orbax  # pylint: disable=g-import-not-at-top
+  from f2m_jax.run.checkpoint import quiet_orbax  # pylint: disable=g-import-not-at-top
   ckpts = Checkpoints(str(tmp_path))
   ckpts.model.save(0, {'w': np.zeros(2, np.float32)})
   ckpts.close()
@@ -392,10 +394,10 @@ def test_a_file_in_place_of_any_folder_is_named(tmp_path):
                lambda: open(blocker / 'x.npy', 'w')):
     with pytest.raises(OSError) as e:
       make()
-    assert workdir_lib.describe_os_error(e.value) == (f'{blocker} is a file where a folder should be; move it '
+    assert files.describe_os_error(e.value) == (f'{blocker} is a file where a folder should be; move it '
                                                       'away, then rerun the same command')
   e = OSError(28, 'No space left on device', str(tmp_path / 'metrics.jsonl'))
-  assert workdir_lib.describe_os_error(e) == f'No space left on device: {tmp_path}/metrics.jsonl'
+  assert files.describe_os_error(e) == f'No space left on device: {tmp_path}/metrics.jsonl'
 
 
 # ----------------------------------------------------------------------------- 2. a diverged session stops
@@ -523,7 +525,7 @@ def test_a_full_disk_under_tensorboard_names_the_event_file(tmp_path, monkeypatc
     log.write(phase='session', run=0, session=2, acc=40.0)
     log.close()
   [events] = (tmp_path / 'tensorboard').iterdir()
-  assert workdir_lib.describe_os_error(e.value) == f'No space left on device: {events}'
+  assert files.describe_os_error(e.value) == f'No space left on device: {events}'
 
 
 def test_an_invalid_results_json_is_named_before_any_work(tmp_path, monkeypatch):

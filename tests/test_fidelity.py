@@ -13,9 +13,9 @@ import pytest
 
 from configs import cifar100, cub200, mini
 from f2m_jax import experiment as experiment_lib
-from f2m_jax import pipeline
 from f2m_jax.models import resnet
 from f2m_jax.models.resnet import BN_MOMENTUM, fold_batch_stats
+from f2m_jax.run import pipeline
 
 
 def test_defaults_are_the_authors_code_and_baseline_turns_them_off():

@@ -204,7 +204,8 @@ def test_a_dry_run_shows_classes_images_and_their_files(tmp_path, capsys, monkey
   paths, the images per class, where the test images come from, the files' native sizes and colour mode,
   the augmentation and its flips. (A base step's cost: tests/test_cli.py, whose lowering of the step is
   left out here.)"""
-  from f2m_jax import cli, dry_run  # pylint: disable=g-import-not-at-top
+  from f2m_jax.run import dry_run  # pylint: disable=g-import-not-at-top
+  from f2m_jax.run import cli
   monkeypatch.setattr(dry_run, 'step_line', lambda *args: 'base step: not estimated here')
   config = nested_config(tmp_path)
   assert cli.main(config, None, 'train', dry_run=True) == 0
@@ -326,7 +327,7 @@ def test_problems_stop_run_py_before_the_workdir(fake_root, tmp_path):
   """Through run.py's entry (cli.main): one 'error:' line, exit code 2, no workdir; the data folder
   and its files are only read."""
   from configs import folder as folder_cfg
-  from f2m_jax import cli
+  from f2m_jax.run import cli
   root = copy_of(fake_root, tmp_path)
   before = sorted((p.relative_to(root), p.stat().st_mtime_ns) for p in root.rglob('*'))
   config = folder_cfg.get_config('')
@@ -413,7 +414,7 @@ def test_folder_smoke_end_to_end(tmp_path, capsys):
   """configs/folder.py:smoke through run.py's entry: a generated folder of 20 classes (written once into
   the cache folder) to results.json."""
   from configs import folder as folder_cfg
-  from f2m_jax import cli
+  from f2m_jax.run import cli
   config = folder_cfg.get_config('smoke')
   config.data.cache_dir = str(tmp_path / 'cache')
   config.runs = 1  # the code path of two runs: tests/test_end_to_end.py
@@ -437,7 +438,7 @@ def test_the_mini_fake_folder_gives_the_results_of_its_layout(tmp_path):
   Baseline: the data are every method's, and its programs compile fastest (F2M on the ResNet-18 end
   to end: tests/test_mini_cub.py's CUB-200 run)."""
   from configs import mini
-  from f2m_jax import pipeline
+  from f2m_jax.run import pipeline
 
   def config():
     c = mini.get_config('smoke')
@@ -462,8 +463,8 @@ def test_a_nested_folder_split_by_the_config_end_to_end(tmp_path, capsys):
   """Omniglot's layout in small, one folder split by the config, to results.json (in process, after
   configs/folder.py:smoke above, whose programs it reuses: 20 base steps of them); the split is in
   config.json. A dry run with --checkpoint of that workdir then estimates no base training."""
-  from f2m_jax import cli  # pylint: disable=g-import-not-at-top
-  from f2m_jax import pipeline  # pylint: disable=g-import-not-at-top
+  from f2m_jax.run import cli  # pylint: disable=g-import-not-at-top
+  from f2m_jax.run import pipeline  # pylint: disable=g-import-not-at-top
   config = nested_config(tmp_path)
   config.base.steps = 20  # the schedule (its milestone at 80) as the smoke's: the same program
   results = pipeline.run(config, str(tmp_path / 'work'))

@@ -141,7 +141,7 @@ def test_icarl_defaults_are_the_authors():
   epochs of batch 120, lr 0.1 (1e-2 on miniImageNet and CUB) x 0.1 after epochs 50 and 70; colour jitter
   (0.4) in the sessions on miniImageNet only."""
   from configs import cifar100, cub200, mini
-  from f2m_jax import pipeline
+  from f2m_jax.run import pipeline
   config = cifar100.get_config()
   config.method = 'icarl'
   config = pipeline.resolve(config, reads_data=False)

@@ -12,9 +12,9 @@ import pytest
 from conftest import tiny_smoke, without_provenance
 from f2m_jax import evaluator
 from f2m_jax import experiment as experiment_lib
-from f2m_jax import pipeline
 from f2m_jax import trees
 from f2m_jax.data import sources
+from f2m_jax.run import pipeline
 
 
 def small_config(smoke_config, cache: bool):

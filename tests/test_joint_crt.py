@@ -9,9 +9,9 @@ import pytest
 
 from conftest import without_provenance
 from f2m_jax import experiment as experiment_lib
-from f2m_jax import pipeline
-from f2m_jax.checkpoint import Checkpoints
 from f2m_jax.data import protocol
+from f2m_jax.run import pipeline
+from f2m_jax.run.checkpoint import Checkpoints
 
 
 def tiny(config, method, num_sessions=2):
@@ -91,8 +91,8 @@ def test_joint_sessions_chosen_on_test_keep_the_best_network_through_a_resume(mo
   fixture's with selections every 4 steps: its programs are the fixture's."""
   from configs import cifar100
   from f2m_jax import train_loop
-  from f2m_jax import workdir as workdir_lib
-  from f2m_jax.checkpoint import Folder
+  from f2m_jax.run import workdir as workdir_lib
+  from f2m_jax.run.checkpoint import Folder
   from f2m_jax.data import sources
   from f2m_jax.methods import joint
   config = tiny(cifar100.get_config('smoke'), 'joint')  # a checkpoint every 4 steps

@@ -1,4 +1,4 @@
-"""A member axis (f2m_jax/members.py): S base trainings in one program equal S single runs, a resumed
+"""A member axis (f2m_jax/run/members.py): S base trainings in one program equal S single runs, a resumed
 sweep equals an uninterrupted one, the summary's intervals are Student's t over the seeds, and two sweeps of
 the same seeds and draws compare pairwise (report --paired)."""
 from __future__ import annotations
@@ -14,17 +14,18 @@ import pytest
 
 from conftest import REPO, Interrupt, moved, rel_norm_diff, run_py, tiny_smoke, without_provenance
 from f2m_jax import base as base_lib
-from f2m_jax import cli
 from f2m_jax import evaluation
-from f2m_jax import members
-from f2m_jax import pipeline
-from f2m_jax import report
 from f2m_jax import sharding
 from f2m_jax import train_loop
 from f2m_jax import trees
-from f2m_jax.checkpoint import CheckpointError, Checkpoints
 from f2m_jax.data import sources
 from f2m_jax.experiment import Experiment
+from f2m_jax.files import CheckpointError
+from f2m_jax.run import cli
+from f2m_jax.run import members
+from f2m_jax.run import pipeline
+from f2m_jax.run import report
+from f2m_jax.run.checkpoint import Checkpoints
 
 SEEDS = (0, 1)
 

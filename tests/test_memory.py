@@ -1,4 +1,4 @@
-"""The memory check (f2m_jax/memory.py) against machines of chosen sizes: a run whose estimate exceeds the
+"""The memory check (f2m_jax/run/memory.py) against machines of chosen sizes: a run whose estimate exceeds the
 total memory is refused naming the field, one that exceeds what is free now is warned about, and
 memory_check=False skips both; an allocation failure during a run is one line naming the field to lower."""
 import jax.numpy as jnp
@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 
 from configs import cifar100, cub200, mini
-from f2m_jax import backend
-from f2m_jax import cli
-from f2m_jax import memory
-from f2m_jax import pipeline
 from f2m_jax.models import build_model
+from f2m_jax.run import backend
+from f2m_jax.run import cli
+from f2m_jax.run import memory
+from f2m_jax.run import pipeline
 
 GIB = 2 ** 30
 

@@ -233,7 +233,7 @@ def test_cub200_smoke_config_end_to_end(tmp_path):
   """configs/cub200.py:smoke shortened, from its generated folder to results.json. miniImageNet's:
   tests/test_folder.py::test_the_mini_fake_folder_gives_the_results_of_its_layout."""
   from configs import cub200
-  from f2m_jax import pipeline
+  from f2m_jax.run import pipeline
   config = cub200.get_config('smoke')
   assert config.data.source == 'fake_folder'
   config.data.cache_dir = str(tmp_path / 'cache')

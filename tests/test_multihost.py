@@ -14,7 +14,7 @@ from collections import Counter
 import pytest
 
 from conftest import REPO, without_provenance, xla_flags
-from f2m_jax import checkpoint
+from f2m_jax.run import checkpoint
 
 TIMEOUT_S = 900
 # The Baseline: the machinery under test (one SPMD base program over the processes' devices, every

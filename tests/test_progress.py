@@ -6,8 +6,8 @@ import re
 import sys
 import time
 
-from f2m_jax import cli
 from f2m_jax import progress
+from f2m_jax.run import cli
 
 
 class Terminal(io.StringIO):

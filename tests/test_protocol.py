@@ -115,7 +115,7 @@ def test_the_class_aware_samplers_keep_their_classes_per_batch_at_any_batch_size
   smaller batch keeps the classes per batch (at 0739cee, 64 took 4 classes of 16 and F2M stayed at
   chance); a combination that cannot keep them is refused, naming base.shots."""
   import importlib
-  from f2m_jax import pipeline
+  from f2m_jax.run import pipeline
   config = importlib.import_module(f'configs.{config_name}').get_config()
   config.base.update(changes)
   if 'folder' in config.data:

@@ -3,7 +3,8 @@ novel prototypes after the last session, summarised over runs, in results.json a
 import numpy as np
 import pytest
 
-from f2m_jax import evaluation, report
+from f2m_jax import evaluation
+from f2m_jax.run import report
 
 
 def test_prototype_norms_on_a_hand_made_case():

@@ -10,10 +10,10 @@ import pytest
 
 from conftest import init_variables, tiny_method_run, tiny_protocol
 from f2m_jax import experiment as experiment_lib
-from f2m_jax import pipeline
 from f2m_jax.methods import rebalance
 from f2m_jax.models import build_model, uniform_columns
-from f2m_jax.sessions import ACCURACY_KEYS
+from f2m_jax.run import pipeline
+from f2m_jax.stats import KEYS as ACCURACY_KEYS
 
 
 def test_cosine_classifier_logits_and_init():

@@ -8,13 +8,14 @@ import numpy as np
 import pytest
 
 from conftest import copy_of, run_py, snapshot, tiny_smoke as tiny_config
-from f2m_jax import cli
-from f2m_jax import pipeline
-from f2m_jax import report
-from f2m_jax.checkpoint import CheckpointError, Checkpoints
 from f2m_jax.data import cifar100, index_lists
 from f2m_jax.data.types import DataError
-from f2m_jax.workdir import WorkdirError
+from f2m_jax.files import CheckpointError
+from f2m_jax.files import WorkdirError
+from f2m_jax.run import cli
+from f2m_jax.run import pipeline
+from f2m_jax.run import report
+from f2m_jax.run.checkpoint import Checkpoints
 
 
 # ----------------------------------------------------------------------------- a failed start writes nothing

@@ -1,4 +1,4 @@
-"""Tests for f2m_jax.report on hand-made results.json files with known numbers."""
+"""Tests for f2m_jax.run.report on hand-made results.json files with known numbers."""
 from __future__ import annotations
 
 import csv
@@ -11,9 +11,10 @@ import re
 import pytest
 
 from conftest import tiny_smoke
-from f2m_jax import cli
 from f2m_jax import evaluation
-from f2m_jax import report
+from f2m_jax import stats
+from f2m_jax.run import cli
+from f2m_jax.run import report
 
 
 def stat(mean, ci95, runs=None):
@@ -434,7 +435,7 @@ def test_runs_on_the_same_shots_show_no_interval(tmp_path, capsys):
   the CSV, with the reason once on stderr and in report.md."""
   same = {**make_results('baseline', BASE_ACCS, [0.0] * 9), 'interval': evaluation.SAME_SHOTS}
   for s in same['sessions']:
-    for k in report.KEYS:
+    for k in stats.KEYS:
       if s[k]:
         s[k]['ci95'] = None
   same['pd']['ci95'] = same['avg']['ci95'] = None

@@ -8,8 +8,9 @@ import json
 import pytest
 from flax import traverse_util
 
+from f2m_jax import files
 from f2m_jax import registry
-from f2m_jax import workdir
+from f2m_jax.run import workdir
 
 F = {workdir.FORMAT_KEY: workdir.CONFIG_FORMAT}  # written under the rule
 DEFAULTS = {'method': 'f2m', 'noise.bound': 0.005, 'noise.pf_gradient': False, 'base.milestones': []}
@@ -108,7 +109,7 @@ def test_a_recorded_config_this_code_cannot_read_is_refused_with_the_commit_to_g
     defaults['noise']['pf_classes'] = 'all_base'
     doc, field = {**defaults, **F, 'git': {'commit': 'abc123'}}, "noise.pf_classes: saved 'all_base', now '<absent>'"
   path = write(tmp_path, 'config.json', doc)
-  with pytest.raises(workdir.WorkdirError) as error:
+  with pytest.raises(files.WorkdirError) as error:
     workdir.recorded_config(path)
   assert field in str(error.value) and 'commit that wrote' in str(error.value) and 'abc123' in str(error.value)
 
@@ -120,7 +121,7 @@ def test_a_new_record_holds_the_config_format_and_the_commit(tmp_path):
   assert saved[workdir.FORMAT_KEY] == workdir.CONFIG_FORMAT and saved['base_source'] is None
   assert saved['git'] == workdir.git_state() and saved['noise'] == config['noise']
   workdir.prepare(str(tmp_path / 'w'), config).close()  # and resumes under the same config
-  with pytest.raises(workdir.WorkdirError, match=r"noise.bound: saved 0.005, now 0.01.*Drop --config"):
+  with pytest.raises(files.WorkdirError, match=r"noise.bound: saved 0.005, now 0.01.*Drop --config"):
     workdir.prepare(str(tmp_path / 'w'), {'method': 'f2m', 'noise': {'bound': 0.01}})
 
 
@@ -130,7 +131,8 @@ def test_auto_stays_auto_and_the_backend_a_workdir_is_run_on_resolves_it(tmp_pat
   one line naming each that changed (tests/test_records.py: printed by an evaluation)."""
   import jax  # pylint: disable=g-import-not-at-top
   from configs import cifar100  # pylint: disable=g-import-not-at-top
-  from f2m_jax import backend, pipeline  # pylint: disable=g-import-not-at-top
+  from f2m_jax.run import pipeline  # pylint: disable=g-import-not-at-top
+  from f2m_jax.run import backend
   config = cifar100.get_config('smoke')
   workdir.prepare(str(tmp_path), pipeline.effective(config).to_dict()).close()
   saved = json.loads((tmp_path / 'config.json').read_text())

@@ -112,7 +112,7 @@ def test_indivisible_global_batch_is_refused(out):
 
 
 def test_bench_output_never_overwrites(tmp_path):
-  from f2m_jax import bench
+  from f2m_jax.run import bench
   assert bench.output_path(str(tmp_path)) == str(tmp_path / 'bench.json')
   (tmp_path / 'bench.json').write_text('[]')
   other = bench.output_path(str(tmp_path))

@@ -93,7 +93,7 @@ def test_split_of_the_trainsplit_benchmark(split):
 
 def test_config_field_is_validated():
   from configs import cifar100 as config_file
-  from f2m_jax import pipeline
+  from f2m_jax.run import pipeline
   config = config_file.get_config()  # the TFDS source: resolve reads no data
   config.data.split = 'superclass3'
   with pytest.raises(ValueError, match="data.split='superclass3' is invalid"):

@@ -8,15 +8,15 @@ import pytest
 
 from conftest import init_variables, noise_view
 from f2m_jax import base as base_lib
+from f2m_jax import experiment as experiment_lib
 from f2m_jax import flatness
 from f2m_jax import noise as noise_lib
 from f2m_jax import objectives
 from f2m_jax import optim
 from f2m_jax import sharding
-from f2m_jax import experiment as experiment_lib
-from f2m_jax import pipeline
 from f2m_jax.data import sources
 from f2m_jax.models import noise_set_paths, resnet20, split_block
+from f2m_jax.run import pipeline
 
 
 def test_flatness_stats_known_answer():

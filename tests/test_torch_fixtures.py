@@ -44,13 +44,13 @@ from f2m_jax import evaluation
 from f2m_jax import incremental
 from f2m_jax import noise as noise_lib
 from f2m_jax import objectives
-from f2m_jax import pipeline
 from f2m_jax import trees
 from f2m_jax.data import augment, protocol
 from f2m_jax.data import cifar100 as cifar100_data
 from f2m_jax.data.types import Benchmark, Split
 from f2m_jax.experiment import Experiment
 from f2m_jax.methods import common, ncm
+from f2m_jax.run import pipeline
 
 FIXTURES = pathlib.Path(__file__).resolve().parent / 'fixtures'
 BACKWARDS = ('noisy', 'clean')

@@ -17,9 +17,9 @@ from typing import Callable, Optional, Sequence, Union
 import numpy as np
 
 from f2m_jax import progress
-from f2m_jax.data.download import remove_stale, written_atomically
 from f2m_jax.data.index_lists import read_index_file, session_lists
 from f2m_jax.data.types import Benchmark, DataError, Split, sessions_from_counts
+from f2m_jax.files import remove_stale, written_atomically
 
 IMAGE_SUFFIXES = ('.bmp', '.gif', '.jpeg', '.jpg', '.png', '.tif', '.tiff', '.webp')
 AUGMENTS = ('rrc_flip', 'crop_flip')

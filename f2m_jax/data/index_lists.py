@@ -9,8 +9,9 @@ import pathlib
 import urllib.request
 from typing import Optional
 
-from f2m_jax.data.download import TIMEOUT_S, written_atomically
+from f2m_jax.data.download import TIMEOUT_S
 from f2m_jax.data.types import DataError
+from f2m_jax.files import written_atomically
 
 DATA_DIR_ENV = 'F2M_DATA_DIR'
 CEC_REPO = 'icoz69/CEC-CVPR2021'

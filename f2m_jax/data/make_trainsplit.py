@@ -15,7 +15,8 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from f2m_jax.data import cifar100, download, index_lists
+from f2m_jax import files
+from f2m_jax.data import cifar100, index_lists
 from f2m_jax.data.types import DataError
 
 # sha256 of x_train's and of y_train's (int16, little-endian) bytes in the copy of the official
@@ -40,17 +41,17 @@ def build(archive, out_dir, verify: bool = True) -> dict:
     raise DataError(f'archive {archive} not found; download {cifar100.ARCHIVE_URL} (sha256 '
                     f'{cifar100.ARCHIVE_SHA256}) or drop --archive to download it into the cache folder')
   if verify:
-    size, digest = archive.stat().st_size, download.sha256_file(archive)
+    size, digest = archive.stat().st_size, files.sha256_file(archive)
     if (size, digest) != (cifar100.ARCHIVE_SIZE, cifar100.ARCHIVE_SHA256):
       raise DataError(f'{archive} is not the official archive ({size:,} bytes, sha256 {digest}; expected '
                       f'{cifar100.ARCHIVE_SIZE:,} bytes, sha256 {cifar100.ARCHIVE_SHA256}); download it again '
                       f'from {cifar100.ARCHIVE_URL}, or pass --no-verify to build from it anyway')
   arrays = {k: v for k, v in cifar100.read_archive(archive).items() if k in ('x_train', 'y_train', 'label_names')}
   out.parent.mkdir(parents=True, exist_ok=True)
-  with download.written_atomically(out, '.npz') as tmp:
+  with files.written_atomically(out, '.npz') as tmp:
     np.savez(tmp, source=np.asarray(f'{cifar100.ARCHIVE_URL} (train.bin, file order)'), **arrays)
   content = content_sha256(arrays)
-  return {'path': str(out), 'sha256': download.sha256_file(out), 'content': content,
+  return {'path': str(out), 'sha256': files.sha256_file(out), 'content': content,
           'as_measured': content == CONTENT_SHA256}
 
 

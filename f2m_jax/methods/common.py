@@ -9,7 +9,6 @@ import numpy as np
 import optax
 
 from f2m_jax import evaluation
-from f2m_jax.checkpoint import Checkpoints
 from f2m_jax.data import augment as augment_lib
 from f2m_jax.data import protocol as protocol_lib
 from f2m_jax.evaluator import embedder
@@ -23,7 +22,7 @@ BASELINE_PRESETS = {'noise.enabled': False, 'incremental.finetune': False, 'eval
                     'base.sampler': 'shuffle', 'incremental.round_steps': False}
 
 
-def base_model(exp: Experiment, ckpts: Checkpoints, log, source: Optional[Checkpoints] = None,
+def base_model(exp: Experiment, ckpts, log, source=None,
                hook: Hook = None) -> dict:
   """Session 1 of every method that starts from one base network: phi*, its BN statistics and the base
   prototypes (Eq. 1), restored from `source` (--checkpoint) or the workdir if saved, else trained and saved."""

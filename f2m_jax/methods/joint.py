@@ -12,8 +12,8 @@ from f2m_jax import objectives
 from f2m_jax import optim
 from f2m_jax import train_loop
 from f2m_jax import trees
-from f2m_jax.checkpoint import CheckpointError
 from f2m_jax.data import protocol as protocol_lib
+from f2m_jax.files import CheckpointError
 from f2m_jax.methods import Method, common
 from f2m_jax.validation import need
 

@@ -11,8 +11,8 @@ import optax
 from f2m_jax import evaluation
 from f2m_jax.data import protocol as protocol_lib
 from f2m_jax.methods import Method, common, icarl
-from f2m_jax.validation import need
 from f2m_jax.models import cosine_scores, uniform_columns
+from f2m_jax.validation import need
 
 
 # The Baseline's base session (plain CE, shuffled batches) with LUCIR's cosine classifier.

@@ -62,7 +62,7 @@ def moved(before: dict, config) -> Optional[str]:
 
 def available_memory() -> tuple:
   """(bytes of memory the host has in all: the least of its RAM and its cgroup's limit; bytes free now;
-  bytes each device has, or None on a CPU, whose devices are the host's memory): for f2m_jax/memory.py."""
+  bytes each device has, or None on a CPU, whose devices are the host's memory): for f2m_jax/run/memory.py."""
   info = {}
   if os.path.exists('/proc/meminfo'):
     with open('/proc/meminfo') as f:

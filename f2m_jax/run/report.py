@@ -5,14 +5,14 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import math
 import os
 import pathlib
 import statistics
 import sys
 from typing import Any, NamedTuple, Optional, Sequence
 
-KEYS = ('acc', 'acc_base', 'acc_novel', 'hm')  # a session's statistics, in the tables' order
+from f2m_jax import stats
+
 SESSION_HEADER = ['Method', 'Session', 'Classes', 'Acc', 'Base', 'Novel', 'HM']
 PATHS = ('cache_dir', 'data_dir', 'tfds_data_dir')  # data fields that change nothing that is drawn
 PD_AVG = ('PD: accuracy of session 1 minus that of the last session (what was forgotten; lower is better); '
@@ -32,14 +32,6 @@ class Row(NamedTuple):
   results: dict
   source: str = ''
   flatness: tuple = ()
-
-
-def t_interval(values: Sequence[float]) -> Optional[float]:
-  """Half-width of the 95% interval of a mean over few values: t(0.975, n-1) * std(ddof=1) / sqrt(n)."""
-  if len(values) < 2:
-    return None
-  from scipy.stats import t  # pylint: disable=g-import-not-at-top
-  return float(t.ppf(0.975, len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values)))
 
 
 def results_path(path: str) -> str:
@@ -178,7 +170,7 @@ def matrix_table(results: dict, plain: bool = True) -> str:
 
 def session_rows(rows: Sequence[Row], all_sessions: bool = True) -> list:
   """Label, session, classes, accuracy, base, novel and HM of each row's sessions (or last session)."""
-  return [[r.label, s['session'], s['num_classes']] + [format_stat(s.get(k), has_interval(r.results)) for k in KEYS]
+  return [[r.label, s['session'], s['num_classes']] + [format_stat(s.get(k), has_interval(r.results)) for k in stats.KEYS]
           for r in rows for s in r.results['sessions'][0 if all_sessions else -1:]]
 
 
@@ -237,7 +229,7 @@ def format_paired(pairs: list, a: str, b: str) -> str:
   names = [f'session {s["session"]}' for s in pairs[0][1]['sessions']] + ['PD', 'AVG']
   means = lambda r: [s['acc']['mean'] for s in r['sessions']] + [r['pd']['mean'], r['avg']['mean']]
   diffs = zip(*[[y - x for x, y in zip(means(ra), means(rb))] for _, ra, rb in pairs])
-  rows = [(name, statistics.fmean(d), t_interval(d)) for name, d in zip(names, diffs)]
+  rows = [(name, statistics.fmean(d), stats.t_interval(d)) for name, d in zip(names, diffs)]
   verdict = lambda m, h: 'n/a (one seed)' if h is None else 'resolved' if abs(m) > h else 'not resolved'
   ci = lambda m, h: 'n/a' if h is None else f'[{m - h:+.2f}, {m + h:+.2f}]'
   name, m, h = rows[-3]
@@ -354,7 +346,7 @@ def write_report(rows: Sequence[Row], out: str, reference=0, all_sessions: bool 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
   """Print the tables (notes on stderr) and write the report where --out asks; exit status 2: bad input."""
-  parser = argparse.ArgumentParser(prog='python -m f2m_jax.report', description='Tables, plots, paired comparisons.')
+  parser = argparse.ArgumentParser(prog='python -m f2m_jax.run.report', description='Tables, plots, paired comparisons.')
   parser.add_argument('paths', nargs='+', help="workdirs (results.json), sweeps' folders (summary.json) or those files")
   parser.add_argument('--out', help='folder for report.md, report.csv and the plots (created if missing)')
   parser.add_argument('--reference', help='the row the gap subtracts: a label or a 0-based index (default: the first)')

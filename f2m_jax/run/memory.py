@@ -22,9 +22,9 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from f2m_jax import backend
 from f2m_jax.models import ResNet, build_model
 from f2m_jax.models.resnet import Conv
+from f2m_jax.run import backend
 
 RUNTIME, PARAMS, GENERATION, STEP, EVAL = 2 ** 30, 60, 30, 8, 2.3
 PHASES = ('generation', 'base step', 'evaluation')
@@ -110,9 +110,9 @@ def advice(config: ml_collections.ConfigDict) -> str:
 
 
 def _named(config: ml_collections.ConfigDict, part) -> tuple:
-  """('<field>=<value>', '<what>: <size>; f2m_jax/memory.py') of an `estimate` part."""
+  """('<field>=<value>', '<what>: <size>; f2m_jax/run/memory.py') of an `estimate` part."""
   value = functools.reduce(lambda node, key: node[key], part[1].split('.'), config)
-  return f'{part[1]}={value!r}', f'{part[0]}: {_gib(part[2])}; f2m_jax/memory.py'
+  return f'{part[1]}={value!r}', f'{part[0]}: {_gib(part[2])}; f2m_jax/run/memory.py'
 
 
 def _gib(size: float) -> str:

@@ -11,19 +11,21 @@ from typing import Optional
 import ml_collections
 import numpy as np
 
-from f2m_jax import backend
 from f2m_jax import evaluation
-from f2m_jax import checkpoint as checkpoint_lib
+from f2m_jax import files
 from f2m_jax import flatness
-from f2m_jax import memory
 from f2m_jax import registry
 from f2m_jax import validation
-from f2m_jax import workdir as workdir_lib
-from f2m_jax.checkpoint import CheckpointError, Checkpoints
 from f2m_jax.data import protocol as protocol_lib
 from f2m_jax.data import sources
 from f2m_jax.experiment import Experiment, Hook
+from f2m_jax.files import CheckpointError
 from f2m_jax.methods import common
+from f2m_jax.run import backend
+from f2m_jax.run import checkpoint as checkpoint_lib
+from f2m_jax.run import memory
+from f2m_jax.run import workdir as workdir_lib
+from f2m_jax.run.checkpoint import Checkpoints
 from f2m_jax.sessions import run_sessions
 from f2m_jax.train_loop import selection_info
 
@@ -75,14 +77,14 @@ def run(config: ml_collections.ConfigDict, workdir: str, mode: str = 'train',
                           '(without --mode eval)')
   results_json = os.path.join(workdir, 'results.json')
   if os.path.exists(results_json):
-    workdir_lib.read_json(results_json)  # one that is not JSON is named before any work
+    files.read_json(results_json)  # one that is not JSON is named before any work
   exp = check(config, sources.load_benchmark(config))
   base_source = source(checkpoint, exp) if checkpoint else None
   writes = workdir_lib.writes_into(workdir, mode)  # a read-only finished run is evaluated too
   with contextlib.closing(workdir_lib.prepare(workdir, record.to_dict(), registry.method_sections(),
                                               base_source=base_source, writes=writes)):
     if mode == 'train' and os.path.exists(results_json):  # finished: nothing rewritten but a lost results.csv
-      saved, lost = workdir_lib.read_json(results_json), not os.path.exists(os.path.join(workdir, 'results.csv'))
+      saved, lost = files.read_json(results_json), not os.path.exists(os.path.join(workdir, 'results.csv'))
       if lost:
         workdir_lib.write_results(workdir, 'results', evaluation.results_rows(saved))
       written = saved.get('provenance', {}).get('time', 'earlier')
@@ -132,7 +134,7 @@ def source(checkpoint: str, exp: Experiment) -> dict:
                  selection=selection_info(ml_collections.ConfigDict(saved), ckpts))  # the source's own steps
   results = os.path.join(checkpoint, 'results.json')
   if os.path.exists(results):
-    git = (workdir_lib.read_json(results).get('provenance') or {}).get('git') or {}
+    git = (files.read_json(results).get('provenance') or {}).get('git') or {}
     out.update(commit=git.get('commit'), dirty=git.get('dirty'))
   if out['method'] and out['method'] != method:
     out['note'] = f'{method} sessions on a base model trained by {out["method"]}'
@@ -224,7 +226,7 @@ def write_outputs(workdir: str, results: dict, mode: str, writes: bool = True) -
   goes to a new results_eval.json; a read-only workdir (`writes` False) gets the JSON on stdout instead."""
   path, name, line = os.path.join(workdir, 'results.json'), 'results', 'no results.json to compare with'
   if mode == 'eval' and os.path.exists(path):
-    saved, new = workdir_lib.read_json(path), json.loads(json.dumps(results))
+    saved, new = files.read_json(path), json.loads(json.dumps(results))
     # when and where differ, nothing else may; keys a results.json of an earlier version lacks
     # (accuracy_matrix) are not compared
     differ = sorted(k for k in saved if k != 'provenance' and saved[k] != new.get(k, workdir_lib.ABSENT))
@@ -272,6 +274,6 @@ def run_flatness(config: ml_collections.ConfigDict, workdir: str, checkpoint: Op
   os.makedirs(workdir, exist_ok=True)
   stamp = time.strftime('_%Y%m%d-%H%M%S') if os.path.exists(os.path.join(workdir, 'flatness.json')) else ''
   path = os.path.join(workdir, f'flatness{stamp}.json')
-  workdir_lib.atomic_write(path, json.dumps(out, indent=2))
+  files.atomic_write(path, json.dumps(out, indent=2))
   print(f'wrote {path}', flush=True)
   return out

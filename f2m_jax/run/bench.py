@@ -13,18 +13,19 @@ import jax
 import ml_collections
 import numpy as np
 
-from f2m_jax import backend
 from f2m_jax import base as base_lib
 from f2m_jax import evaluator
+from f2m_jax import files
 from f2m_jax import incremental
-from f2m_jax import pipeline
 from f2m_jax import sharding
-from f2m_jax import trees
 from f2m_jax import train_loop
-from f2m_jax import workdir as workdir_lib
+from f2m_jax import trees
+from f2m_jax.data.types import Benchmark, Split, sessions_from_counts
 from f2m_jax.experiment import Experiment
 from f2m_jax.methods import ncm
-from f2m_jax.data.types import Benchmark, Split, sessions_from_counts
+from f2m_jax.run import backend
+from f2m_jax.run import pipeline
+from f2m_jax.run import workdir as workdir_lib
 
 # What a bench needs of each dataset (docs/method.md, 'The problem'): image size, base classes, sessions, way,
 # training augmentation. data.image_size (if a config sets it) overrides the size.
@@ -236,6 +237,6 @@ def run(config: ml_collections.ConfigDict, workdir: str, origin: Optional[dict] 
   os.makedirs(workdir, exist_ok=True)
   path = output_path(workdir)
   provenance = {**workdir_lib.provenance(config.to_dict()), **({'origin': origin} if origin else {})}
-  workdir_lib.atomic_write(path, json.dumps({'provenance': provenance, 'records': records}, indent=1))
+  files.atomic_write(path, json.dumps({'provenance': provenance, 'records': records}, indent=1))
   print(f'bench records written to {path}', flush=True)
   return records

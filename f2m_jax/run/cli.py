@@ -14,21 +14,24 @@ import ml_collections
 from absl import flags
 from ml_collections import config_flags
 
-from f2m_jax import bench
-from f2m_jax import dry_run as dry_run_lib
-from f2m_jax import members
-from f2m_jax import memory
-from f2m_jax import pipeline
+from f2m_jax import files
 from f2m_jax import registry
-from f2m_jax import report
 from f2m_jax import sharding
-from f2m_jax import stopping
-from f2m_jax import workdir as workdir_lib
-from f2m_jax.checkpoint import CheckpointError, CheckpointFault, quiet_orbax
 from f2m_jax.data import sources
 from f2m_jax.experiment import Interrupted, TrainingError
-from f2m_jax.stopping import message
-from f2m_jax.workdir import WorkdirError, describe_os_error, flat_items
+from f2m_jax.files import CheckpointError, CheckpointFault
+from f2m_jax.files import WorkdirError, describe_os_error
+from f2m_jax.run import bench
+from f2m_jax.run import dry_run as dry_run_lib
+from f2m_jax.run import members
+from f2m_jax.run import memory
+from f2m_jax.run import pipeline
+from f2m_jax.run import report
+from f2m_jax.run import stopping
+from f2m_jax.run import workdir as workdir_lib
+from f2m_jax.run.checkpoint import quiet_orbax
+from f2m_jax.run.stopping import message
+from f2m_jax.run.workdir import flat_items
 
 
 def main(config, workdir: str, mode: str, checkpoint=None, origin=None, dry_run: bool = False,
@@ -127,7 +130,7 @@ def main_flags(argv: list, flag_values: flags.FlagValues = flags.FLAGS) -> int:
     method, items = registry.METHODS.get(config.method), flat_items(config.to_dict())
     presets = flat_items(dict(method.presets) if method else {})
     origin['changes'] = {**{k: items[k] for k, v in presets.items() if items.get(k) != v}, **origin['changes']}
-    checkpoint = checkpoint or (workdir_lib.read_json(spec).get(workdir_lib.SOURCE_KEY) or {}).get('path')
+    checkpoint = checkpoint or (files.read_json(spec).get(workdir_lib.SOURCE_KEY) or {}).get('path')
   return main(config, f['workdir'], f['mode'], checkpoint, origin=origin, dry_run=f['dry-run'],
               time_step=f['time-step'])
 

@@ -14,15 +14,15 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from f2m_jax import backend
 from f2m_jax import base as base_lib
-from f2m_jax import bench
-from f2m_jax import members
-from f2m_jax import pipeline
 from f2m_jax import progress
 from f2m_jax import sharding
 from f2m_jax.data import augment, folder, holdout, sources
-from f2m_jax.workdir import flat_items
+from f2m_jax.run import backend
+from f2m_jax.run import bench
+from f2m_jax.run import members
+from f2m_jax.run import pipeline
+from f2m_jax.run.workdir import flat_items
 
 def describe(config, origin, time_step: bool = False, checkpoint=None) -> str:
   """The dry run's text: the effective config as JSON (checked), what the presets and each 'auto' set, the data,

@@ -11,14 +11,17 @@ from typing import Optional
 import ml_collections
 
 from f2m_jax import evaluation
-from f2m_jax import pipeline
+from f2m_jax import files
 from f2m_jax import registry
-from f2m_jax import report
+from f2m_jax import stats
 from f2m_jax import train_loop
-from f2m_jax import workdir as workdir_lib
-from f2m_jax.checkpoint import CheckpointError, Checkpoints
 from f2m_jax.data import sources
 from f2m_jax.experiment import Hook
+from f2m_jax.files import CheckpointError
+from f2m_jax.run import pipeline
+from f2m_jax.run import report
+from f2m_jax.run import workdir as workdir_lib
+from f2m_jax.run.checkpoint import Checkpoints
 from f2m_jax.validation import need
 
 FIELDS = ('noise.bound',)  # scalars a sweep may vary besides the seed (members written out side by side)
@@ -56,7 +59,7 @@ def summarize(member_results: list) -> dict:
   """results.json's format over the seeds of one setting: per session the seeds' means over their draws with
   the t-interval over the seeds (members x draws taken as independent would give too narrow an interval)."""
   head = member_results[0]
-  means = [[{k: s[k] and s[k]['mean'] for k in report.KEYS} for s in r['sessions']] for r in member_results]
+  means = [[{k: s[k] and s[k]['mean'] for k in stats.KEYS} for s in r['sessions']] for r in member_results]
   return evaluation.build_results(head['dataset'], head['method'], head['protocol'],
                                   [s['num_classes'] for s in head['sessions']], means, over='seeds')
 
@@ -117,12 +120,12 @@ def write_summary(root: str, summary: dict, mode: str, writes: bool = True) -> s
   path = os.path.join(root, 'summary.json')
   if mode == 'eval' and os.path.exists(path):
     strip = lambda d: {k: v for k, v in json.loads(json.dumps(d)).items() if k != 'provenance'}
-    if strip(workdir_lib.read_json(path)) == strip(summary):
+    if strip(files.read_json(path)) == strip(summary):
       return f'the members reproduce {path}; it is unchanged'
     path = os.path.join(root, f'summary_eval_{time.strftime("%Y%m%d-%H%M%S")}.json')
   if not writes:
     return f'{root} is read-only, so the summary follows as JSON:\n{json.dumps(summary, indent=1)}'
-  workdir_lib.atomic_write(path, json.dumps(summary, indent=1))
+  files.atomic_write(path, json.dumps(summary, indent=1))
   return f'summary written to {path}; each member in {root}/member_<i>/'
 
 

@@ -20,16 +20,9 @@ import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
 
-from f2m_jax import workdir as workdir_lib
-
-
-class CheckpointError(RuntimeError):
-  """A checkpoint is missing, was written for another config, or (a resume) computes other accuracies
-  than it saved (exit code 2)."""
-
-
-class CheckpointFault(CheckpointError):
-  """A checkpoint that cannot be read back (unreadable, or not what was saved) or written (exit code 3)."""
+from f2m_jax import files
+from f2m_jax.files import CheckpointError, CheckpointFault
+from f2m_jax.run import workdir as workdir_lib
 
 
 RECORD = 'ncm_accuracy'  # what base models of earlier versions also hold (an accuracy), read and dropped
@@ -77,7 +70,7 @@ def _cause(e: BaseException, limit: Optional[int] = None) -> str:
 
 
 def _write_fault(what: str, path: str, e: BaseException) -> CheckpointFault:
-  blocked = workdir_lib.in_the_way(path)
+  blocked = files.in_the_way(path)
   return CheckpointFault(f'cannot write the {what} checkpoint {path}: ' + (
       blocked or f'{_cause(e)}; fix that, then rerun the same command: it resumes from the last complete checkpoint'))
 
@@ -123,7 +116,7 @@ class Folder:
   def manager(self) -> ocp.CheckpointManager:
     if self._manager is None:
       if os.path.lexists(self.path) and not os.path.isdir(self.path):
-        raise CheckpointFault(workdir_lib.in_the_way(self.path, 'checkpoint folder'))
+        raise CheckpointFault(files.in_the_way(self.path, 'checkpoint folder'))
       ro = self.owner.read_only
       options = ocp.CheckpointManagerOptions(max_to_keep=None if ro else self.keep, create=not ro, read_only=ro,
                                              enable_async_checkpointing=self.background,
@@ -218,14 +211,14 @@ class Checkpoints:
     self.best_base = Folder(self, 'base_best', 'best base model', 1)  # the best on the base test images
 
   def digests(self) -> dict:
-    return workdir_lib.read_json(self.ledger) if os.path.exists(self.ledger) else {}
+    return files.read_json(self.ledger) if os.path.exists(self.ledger) else {}
 
   def record(self, path: str, entry: dict) -> None:
     """The ledger rewritten (atomically) with `entry` for checkpoint `path`, and without those of checkpoints
     deleted (every save in flight is complete: `settle`)."""
     os.makedirs(self.root, exist_ok=True)
     kept = {k: v for k, v in self.digests().items() if os.path.isdir(os.path.join(self.root, k))}
-    workdir_lib.atomic_write(self.ledger, json.dumps({**kept, os.path.relpath(path, self.root): entry}, indent=1))
+    files.atomic_write(self.ledger, json.dumps({**kept, os.path.relpath(path, self.root): entry}, indent=1))
 
   def run(self, run: int) -> Folder:
     if run not in self._runs:

@@ -68,7 +68,7 @@ def message(line, code: int) -> int:
 def end(line, code: int = EXIT_CODE, handlers_s: float = 0.0) -> None:
   """Ends the process with `code` once the checkpoint writes in flight are complete, `line` (if any) on
   stderr; the exit handlers, which close what a running main thread uses, run for at most `handlers_s`."""
-  getattr(sys.modules.get('f2m_jax.checkpoint'), 'finish_writes', lambda: None)()
+  getattr(sys.modules.get('f2m_jax.run.checkpoint'), 'finish_writes', lambda: None)()
   message(line, code)
   if handlers_s:
     handlers = threading.Thread(target=atexit._run_exitfuncs, daemon=True)  # pylint: disable=protected-access

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import csv
-import errno
 import fcntl
 import importlib.metadata
 import io
@@ -20,7 +19,7 @@ import jax
 from flax import traverse_util
 
 from configs import common as config_defaults
-from f2m_jax.data import download
+from f2m_jax import files
 
 # Fields that change no result but its rounding (paths, logging, the programs' layout, evaluation's batches,
 # other modes): a workdir may be resumed or evaluated with others. 'x.' covers every field of section x.
@@ -40,12 +39,6 @@ SOURCE_KEY = 'base_source'  # config.json's record of --checkpoint's base model
 FORMAT_KEY, GIT_KEY = 'config_format', 'git'  # and of how it was written
 RECORD_KEYS = (SOURCE_KEY, FORMAT_KEY, GIT_KEY)  # not config fields
 ABSENT = '<absent>'
-MOVE = 'move it away, then rerun the same command'
-
-
-class WorkdirError(RuntimeError):
-  """The workdir belongs to another config or holds something we must not overwrite."""
-
 
 def flat_items(d: dict) -> dict:
   """{'section.field': value} of a nested dict, tuples as lists (as JSON has them)."""
@@ -89,63 +82,34 @@ def difference_details(fields: list, saved: dict, current: dict, path: str) -> s
     return text
   commit, results = (saved.get(GIT_KEY) or {}).get('commit'), os.path.join(os.path.dirname(path), 'results.json')
   if not commit and os.path.exists(results):
-    commit = ((read_json(results).get('provenance') or {}).get(GIT_KEY) or {}).get('commit')
+    commit = ((files.read_json(results).get('provenance') or {}).get(GIT_KEY) or {}).get('commit')
   return (f'{text}; a field absent on one side is read only by the commit that wrote {path} '
           f'({commit or "unrecorded: config format 0"}): check it out to resume or evaluate this workdir')
 
 
-def read_json(path: str):
-  """The JSON document in `path`; a WorkdirError naming the file where it is not valid JSON."""
-  with open(path) as f:
-    try:
-      return json.load(f)
-    except json.JSONDecodeError as e:
-      raise WorkdirError(f'{path} is not valid JSON ({e}); repair it or move it away') from e
-
-
 def recorded_config(path: str, method_sections: Optional[dict] = None) -> dict:
   """A workdir's config.json (`path`) read as a resume reads it; a WorkdirError where this code cannot."""
-  saved = read_json(path)
+  saved = files.read_json(path)
   fill = default_items(any(k.startswith('data.folder.') for k in saved_items(saved, {})))
   items = saved_items(saved, fill)  # of CONFIG_FORMAT: with the defaults (and LACKED) it lacks
   config = {**fill, **{k: v for k, v in items.items() if k in fill or k.startswith('data.')}}  # data.x: a dataset's own
   diff = config_differences(saved, config, fill, method_sections=method_sections)
   if diff:
-    raise WorkdirError(f'{path} cannot be read as this code reads configs '
+    raise files.WorkdirError(f'{path} cannot be read as this code reads configs '
                        f'({difference_details(diff, saved, config, path)})')
   return traverse_util.unflatten_dict({k: tuple(v) if isinstance(v, list) else v for k, v in config.items()}, sep='.')
-
-
-def in_the_way(path: str, what: str = 'folder') -> Optional[str]:
-  """The line naming the file that stands where `path`, or a folder above it, should be a `what`; or None."""
-  found = nearest(os.path.abspath(path))
-  return None if os.path.isdir(found) else f'{found} is a file where a {what} should be; {MOVE}'
-
-
-def nearest(path: str) -> str:
-  """`path` or, where it does not exist, the nearest folder above it that does (as a file, or a link)."""
-  return path if os.path.lexists(path) else nearest(os.path.dirname(path))
 
 
 def check_folders(*paths: str) -> None:
   """A WorkdirError naming the first of the folders `paths` that a file stands in the way of, or whose nearest
   existing folder this user cannot write."""
   for path in paths:
-    folder = nearest(os.path.abspath(path))
-    why = in_the_way(path) or (not os.access(folder, os.W_OK | os.X_OK) and
+    folder = files.nearest(os.path.abspath(path))
+    why = files.in_the_way(path) or (not os.access(folder, os.W_OK | os.X_OK) and
                                f'this user cannot write {folder} (its permissions, or a read-only mount); '
                                'make it writable, or use another --workdir')
     if why:
-      raise WorkdirError(f'cannot write into {path}: {why}')
-
-
-def describe_os_error(e: OSError) -> str:
-  """An OSError as one line: a file where a folder should be, or a folder where a file should be, with
-  what to do; otherwise the OS's reason and the file."""
-  if e.filename and e.errno == errno.EISDIR:
-    return f'{e.filename} is a folder where a file should be; {MOVE}'
-  line = in_the_way(e.filename) if e.filename and e.errno in (errno.ENOTDIR, errno.EEXIST) else None
-  return line or f'{e.strerror or e}' + (f': {e.filename}' if e.filename else '')
+      raise files.WorkdirError(f'cannot write into {path}: {why}')
 
 
 class Lock:
@@ -155,7 +119,7 @@ class Lock:
   def __init__(self, workdir: str, take: bool = True):
     self.path, self._fd = os.path.join(workdir, 'lock'), None
     self._created = not os.path.exists(self.path)
-    if not (take and primary()):  # `take` False: a read-only workdir, which no process can write
+    if not (take and files.primary()):  # `take` False: a read-only workdir, which no process can write
       return
     self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
@@ -163,7 +127,7 @@ class Lock:
     except BlockingIOError as e:
       holder = os.read(self._fd, 64).decode(errors='replace').strip() or 'unknown'
       os.close(self._fd)
-      raise WorkdirError(f'{workdir} is in use by process {holder} (it holds {self.path}): wait for it to end, '
+      raise files.WorkdirError(f'{workdir} is in use by process {holder} (it holds {self.path}): wait for it to end, '
                          'or stop it, then rerun') from e
 
   def claim(self) -> None:
@@ -187,16 +151,16 @@ def check_record(workdir: str, config: dict, method_sections: Optional[dict] = N
   path = os.path.join(workdir, 'config.json')
   if not os.path.exists(path):
     return False
-  saved = read_json(path)
+  saved = files.read_json(path)
   diff = config_differences(saved, config, method_sections=method_sections)
   if diff:
-    raise WorkdirError(f'{workdir} holds a run of a different config ({difference_details(diff, saved, config, path)}'
+    raise files.WorkdirError(f'{workdir} holds a run of a different config ({difference_details(diff, saved, config, path)}'
                        f'; recorded in {path}). Drop --config and its changes to use the recorded config, use '
                        'another --workdir, or pass --checkpoint to start new sessions from its base model.')
   was, now = (saved.get(SOURCE_KEY) or {}).get('path'), (base_source or {}).get('path')
   if SOURCE_KEY in saved and was != now:
     fix = f'pass --checkpoint {was} to resume or evaluate it' if was else 'drop --checkpoint, or use another --workdir'
-    raise WorkdirError(f'{workdir} was started with --checkpoint {was or "none"}, now {now or "without"}: {fix}')
+    raise files.WorkdirError(f'{workdir} was started with --checkpoint {was or "none"}, now {now or "without"}: {fix}')
   return True
 
 
@@ -217,11 +181,11 @@ def prepare(workdir: str, config: dict, method_sections: Optional[dict] = None,
     if not check_record(workdir, config, method_sections, base_source):
       # a saved step, checkpoints/<kind>/<step> (empty folders another process may create first are none)
       if any(p.name.isdigit() for p in pathlib.Path(workdir, 'checkpoints').glob('*/*')):
-        raise WorkdirError(f'{workdir} holds checkpoints but no record of the config they were trained with '
+        raise files.WorkdirError(f'{workdir} holds checkpoints but no record of the config they were trained with '
                            f'({workdir}/config.json is missing): restore it, or use another --workdir')
       if writes:
         record = {**config, SOURCE_KEY: base_source, FORMAT_KEY: CONFIG_FORMAT, GIT_KEY: git_state()}
-        atomic_write(os.path.join(workdir, 'config.json'), json.dumps(record, indent=2, sort_keys=True))
+        files.atomic_write(os.path.join(workdir, 'config.json'), json.dumps(record, indent=2, sort_keys=True))
     lock.claim()
   except BaseException:
     lock.close(undo=True)
@@ -261,18 +225,6 @@ def provenance(config: dict, origin: Optional[dict] = None, **more) -> dict:
   }
 
 
-def primary() -> bool:
-  """Whether this process writes the run's files (process 0; orbax coordinates the checkpoints itself)."""
-  return jax.process_index() == 0
-
-
-def atomic_write(path: str, text: str) -> None:
-  """`text` into `path` through a temporary file (no reader sees half a file), on the primary process."""
-  if primary():
-    with download.written_atomically(path) as tmp:
-      tmp.write_text(text)
-
-
 class MetricsLog:
   """<workdir>/metrics.jsonl, a JSON object per line, and with `tensorboard` the same numbers as TensorBoard
   scalars (written in this thread: a failed write is an OSError naming its file). A step's line the log holds
@@ -280,7 +232,7 @@ class MetricsLog:
   invocation's 'start' line, with 'end', the time of its last line."""
 
   def __init__(self, workdir: str, tensorboard: bool = False, writes: bool = True):
-    self.path, self._writes = os.path.join(workdir, 'metrics.jsonl'), writes and primary()  # False: read-only
+    self.path, self._writes = os.path.join(workdir, 'metrics.jsonl'), writes and files.primary()  # False: read-only
     self._tb_dir = os.path.join(workdir, 'tensorboard') if tensorboard and self._writes else None
     self._tb, self._start, self._flushed = None, None, 0.0  # the writer is opened with the first scalar
     data = pathlib.Path(self.path).read_bytes() if os.path.exists(self.path) else b''
@@ -313,7 +265,7 @@ class MetricsLog:
       return
     record = {'time': round(time.time(), 3), **record}
     lines, self._start = [r for r in (self._start, record) if r], None
-    with download.naming(self.path), open(self.path, 'a') as f:
+    with files.naming(self.path), open(self.path, 'a') as f:
       f.write(('\n' if self._cut_line else '') + ''.join(json.dumps(r) + '\n' for r in lines))
     self._cut_line = False
     if self._tb_dir is not None:
@@ -331,7 +283,7 @@ class MetricsLog:
       return
     from tensorboardX.summary import scalar  # pylint: disable=g-import-not-at-top
     self.open()
-    with download.naming(self._tb.path):
+    with files.naming(self._tb.path):
       for name, value in record.items():
         if name not in ('time', 'phase', 'step', 'run', 'session') and isinstance(value, (int, float)) \
             and not isinstance(value, bool):
@@ -349,7 +301,7 @@ class MetricsLog:
     if self._tb_dir is not None and self._tb is None:
       from tensorboardX.record_writer import RecordWriter  # pylint: disable=g-import-not-at-top
       path = os.path.join(self._tb_dir, f'events.out.tfevents.{time.time():.6f}.{platform.node()}')
-      with download.naming(path):
+      with files.naming(path):
         os.makedirs(self._tb_dir, exist_ok=True)
         self._tb = RecordWriter(path)
         self._event(wall_time=time.time(), file_version='brain.Event:2')
@@ -357,7 +309,7 @@ class MetricsLog:
   def close(self) -> None:
     if self._tb is not None:
       tb, self._tb = self._tb, None
-      with download.naming(tb.path):
+      with files.naming(tb.path):
         tb.close()
 
 
@@ -369,7 +321,7 @@ def _step_key(record: dict) -> tuple:
 def write_results(workdir: str, name: str, rows: list, results: Optional[dict] = None) -> None:
   """<name>.csv of `rows` (dicts of one set of keys) and, with `results`, <name>.json, each atomically."""
   if results is not None:
-    atomic_write(os.path.join(workdir, f'{name}.json'), json.dumps(results, indent=2))
+    files.atomic_write(os.path.join(workdir, f'{name}.json'), json.dumps(results, indent=2))
   text = io.StringIO(newline='')
   csv.writer(text).writerows([list(rows[0])] + [[row[k] for k in rows[0]] for row in rows])
-  atomic_write(os.path.join(workdir, f'{name}.csv'), text.getvalue())
+  files.atomic_write(os.path.join(workdir, f'{name}.csv'), text.getvalue())
