@@ -45,9 +45,8 @@ TRAINSPLIT_HOW_TO_GET = (f'How to obtain it: {NPZ_NAME} is the official training
 def read_topic_lists(index_dir, num_images: int) -> tuple:
   """(base_train, topic_shots): session_1.txt and the session_2..9.txt lists as int64 arrays, every index
   one of the `num_images` training images."""
-  lists = session_lists(index_dir, NUM_SESSIONS)
   try:
-    arrays = [np.asarray([int(x) for x in lines], np.int64) for lines in lists]
+    arrays = [np.asarray(lines, np.int64) for lines in session_lists(index_dir, NUM_SESSIONS)]
   except ValueError as e:
     raise DataError(f'{index_dir}: CIFAR-100 index lists must hold one integer per line ({e})') from e
   if any(a.size and (a.min() < 0 or a.max() >= num_images) for a in arrays):
@@ -93,9 +92,10 @@ def read_archive(archive) -> dict:
                     '(expected cifar-100-binary/train.bin, test.bin and fine_label_names.txt)')
   arrays = {'label_names': np.asarray(files['fine_label_names.txt'].decode().split())}
   for split in ('train', 'test'):
-    if len(files[f'{split}.bin']) % RECORD:
+    data = files[f'{split}.bin']
+    if len(data) % RECORD:
       raise DataError(f'{archive}: {split}.bin is not a whole number of {RECORD}-byte records')
-    rows = np.frombuffer(files[f'{split}.bin'], np.uint8).reshape(-1, RECORD)
+    rows = np.frombuffer(data, np.uint8).reshape(-1, RECORD)
     images = rows[:, 2:].reshape(-1, 3, IMAGE_SIZE, IMAGE_SIZE).transpose(0, 2, 3, 1)
     arrays[f'x_{split}'], arrays[f'y_{split}'] = np.ascontiguousarray(images), rows[:, 1].astype(np.int16)
   if len(arrays['label_names']) != 100 or arrays['y_train'].max(initial=0) >= 100:
@@ -128,20 +128,20 @@ def tfds_split(split: str, data_dir: str = '') -> Split:
   """One split of the prepared TFDS cifar100, read with `tfds.data_source` (random access: no TensorFlow,
   never a download) and put back into the official file order by its record ids ('train_00012': 12)."""
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top (a slow import, only here)
+  folder = tfds_folder(data_dir)
   try:
-    source = tfds.data_source('cifar100', split=split, data_dir=str(tfds_folder(data_dir)), download=False)
+    source = tfds.data_source('cifar100', split=split, data_dir=str(folder), download=False)
     records = source.__getitems__(list(range(len(source))))
+    numbers = np.asarray([int(re.sub(r'\D', '', str(r['id']))) for r in records])  # b'train_00012': 12
   except Exception as e:  # tfds raises many types for a copy it cannot read
-    raise DataError(f'the TFDS cifar100 prepared in {tfds_folder(data_dir)} cannot be read ({type(e).__name__}: '
-                    f'{e}); prepare it again (pip install tensorflow; tfds build cifar100 --file_format=array_record) '
+    raise DataError(f'the TFDS cifar100 prepared in {folder} cannot be read ({type(e).__name__}: {e}); '
+                    'prepare it again (pip install tensorflow; tfds build cifar100 --file_format=array_record) '
                     'or move it away to use the official archive') from e
-  ids = [r['id'].decode() if isinstance(r['id'], bytes) else str(r['id']) for r in records]
-  numbers = np.asarray([int(m[1]) if (m := re.search(r'(\d+)$', i)) else -1 for i in ids])
   order = np.argsort(numbers, kind='stable')
   if not np.array_equal(numbers[order], np.arange(len(numbers))):
     raise DataError(f'the record ids of TFDS cifar100 {split} do not number its images 0..N-1 exactly once')
   images = np.stack([r['image'] for r in records]).astype(np.uint8)
-  return Split(images[order], np.asarray([int(r['label']) for r in records], np.int32)[order])
+  return Split(images[order], np.asarray([r['label'] for r in records], np.int32)[order])
 
 
 def archive_help(cache_dir) -> str:
@@ -259,14 +259,14 @@ def class_split(bench: Benchmark, split: str) -> Benchmark:
   """The CIFAR-100 benchmark `bench` relabelled into `split` (class ids in the split's order); no TOPIC
   shots (the shots are F2M-style draws)."""
   order, sizes = split_order(split)
-  new_id = np.full(100, -1, np.int64)
+  new_id = np.full(100, -1, np.int32)
   new_id[order] = np.arange(len(order))
-  train_labels = new_id[bench.train.labels].astype(np.int32)
+  train_labels, test_labels = new_id[bench.train.labels], new_id[bench.test.labels]
   usable = np.isin(np.arange(len(bench.train)), np.concatenate([bench.base_train, bench.shot_pool]))
-  keep_test = new_id[bench.test.labels] >= 0
+  keep_test = test_labels >= 0
   return dataclasses.replace(
       bench, name=f'{bench.name}_{split}', train=Split(bench.train.images, train_labels),
-      test=Split(bench.test.images[keep_test], new_id[bench.test.labels[keep_test]].astype(np.int32)),
+      test=Split(bench.test.images[keep_test], test_labels[keep_test]),
       base_train=np.flatnonzero(usable & (train_labels >= 0) & (train_labels < sizes[0])),
       session_classes=sessions_from_counts(sizes[0], sizes[1], len(sizes)),
       shot_pool=np.flatnonzero(usable & (train_labels >= sizes[0])), topic_shots=None)

@@ -13,6 +13,7 @@ from typing import Optional
 import numpy as np
 
 from f2m_jax import files
+from f2m_jax.data import synthetic
 
 VERSION = 2  # 2: the folder of 20 classes added
 COMPLETE = 'COMPLETE'
@@ -53,8 +54,7 @@ def write_images(root: pathlib.Path, name: str) -> list:
   s, (path, line, lists) = SPECS[name], LAYOUTS[name]
   n_cls, n = num_classes(s), s.train_per_class + s.test_per_class
   split_rng, rng, class_rng = (np.random.default_rng([s.seed, i]) for i in (1, 2, 99))
-  angle, freq = class_rng.uniform(0, np.pi, n_cls), class_rng.uniform(1.0, 4.0, n_cls)
-  colour = class_rng.uniform(-1.0, 1.0, (n_cls, 3))
+  looks = synthetic.class_looks(class_rng, n_cls)
   rows, sessions = [], [[] for _ in range(s.num_sessions)]
   for c in range(n_cls):
     is_test = np.isin(np.arange(n), split_rng.choice(n, s.test_per_class, replace=False))
@@ -63,11 +63,7 @@ def write_images(root: pathlib.Path, name: str) -> list:
       train = train[np.sort(split_rng.choice(len(train), SHOTS, replace=False))]
     sessions[0 if c < s.num_base else 1 + (c - s.num_base) // s.way] += [line(c, k) for k in train]
     for k in range(n):
-      h, w = s.sizes[(c * n + k) % len(s.sizes)]
-      yy, xx = np.meshgrid(np.arange(h), np.arange(w), indexing='ij')
-      proj = (np.cos(angle[c]) * xx + np.sin(angle[c]) * yy) / max(h, w)
-      img = 0.5 + 0.3 * np.sin(2 * np.pi * freq[c] * proj + rng.uniform(0, 2 * np.pi))[..., None] * colour[c]
-      img = np.clip((img + rng.normal(0.0, 0.12, img.shape)) * 255.0, 0, 255).astype(np.uint8)
+      img = synthetic.render(rng, looks, c, s.sizes[(c * n + k) % len(s.sizes)], 0.3, 0.12)
       rows.append((c, path(c, k, is_test[k]), is_test[k]))
       file = root / rows[-1][1]
       file.parent.mkdir(parents=True, exist_ok=True)

@@ -52,15 +52,16 @@ def cub_tables(root: pathlib.Path) -> tuple:
   """(train Table, test Table, class order) of CUB's official files (module docstring)."""
   images, split, labels, classes = (_read_pairs(root / n) for n in CUB_FILES)
   ids = sorted(images)
-  if set(split) != set(ids) or set(labels) != set(ids):
+  if split.keys() != images.keys() or labels.keys() != images.keys():
     raise DataError(f'{root}: images.txt, train_test_split.txt and image_class_labels.txt list different '
                     'image ids (incomplete download?)')
-  for i in ids:
-    if images[i].split('/')[0] != classes.get(int(labels[i])):
+  names = tuple(images[i].split('/')[0] for i in ids)
+  for i, name in zip(ids, names):
+    if name != classes.get(int(labels[i])):
       raise DataError(f'{root}: image {i} ({images[i]}) is not in the folder of its class {labels[i]} '
                       f'({classes.get(int(labels[i]), "absent from classes.txt")})')
-  is_train = np.asarray([split[i].strip() == '1' for i in ids])
-  table = folder.Table(root / 'images', tuple(images[i] for i in ids), tuple(images[i].split('/')[0] for i in ids),
+  is_train = np.asarray([split[i] == '1' for i in ids])
+  table = folder.Table(root / 'images', tuple(images[i] for i in ids), names,
                        tuple('train' if t else 'test' for t in is_train), str(root / 'images.txt'))
   return table.select(is_train), table.select(~is_train), tuple(classes[c] for c in sorted(classes))
 

@@ -60,7 +60,7 @@ def _load(config) -> Benchmark:
     bench = cifar100.load_cifar100_trainsplit(npz, index_lists.index_list_dir('cifar100', data_dir(config), cache))
   elif (dataset, source) == ('cifar100', 'tfds'):  # from TFDS or the official archive
     try:
-      index_dir = index_lists.index_list_dir('cifar100', data_dir(config) or None, cache)
+      index_dir = index_lists.index_list_dir('cifar100', data_dir(config), cache)
     except DataError as e:  # the images' files are named with the lists where both are missing
       if cifar100.images_at_hand(cache, config.data.tfds_data_dir):
         raise
@@ -84,14 +84,13 @@ def folder_spec(config, writes: bool = True) -> Optional[folder.Spec]:
   if fake and root is None:
     return None
   if uses_layout(config):
-    index_dir = None  # writes: layouts.spec finds the lists, downloading them where absent
-    if root:
-      index_dir = root / 'index_list' / dataset
-    elif not writes:
-      index_dir = index_lists.local_index_list_dir(dataset, data_dir(config), cache)
+    files = root or data_dir(config)
+    index_dir = None  # layouts.spec finds the lists, downloading them where absent
+    if not writes:
+      index_dir = index_lists.local_index_list_dir(dataset, files, cache)
       if index_dir is None:
         return None
-    return layouts.spec(dataset, root or data_dir(config), index_dir, cache, config.data.get('image_size', 0), **fields)
+    return layouts.spec(dataset, files, index_dir, cache, config.data.get('image_size', 0), **fields)
   f = config.data.folder.to_dict()
   f.update({k: os.path.expanduser(os.path.expandvars(f[k])) for k in ('train', 'test', 'root', 'lists', 'classes')})
   if root is not None:  # the generated folder of 20 classes and its lists instead of the user's files

@@ -1,5 +1,6 @@
 """A generated benchmark for tests and smoke runs: each class a coloured sinusoidal grating, learnable in
-seconds on a CPU, a deterministic function of the seed; never a fallback."""
+seconds on a CPU, a deterministic function of the seed; never a fallback. Also the images of the
+generated folders (fake_folders.py)."""
 from __future__ import annotations
 
 import numpy as np
@@ -7,21 +8,22 @@ import numpy as np
 from f2m_jax.data.types import Benchmark, Split, sessions_from_counts
 
 
-def _render(rng: np.random.Generator, num_classes: int, labels: np.ndarray, size: int, noise: float,
-            class_rng_seed: int) -> np.ndarray:
-  """Class c is a sinusoidal grating with its own orientation, frequency and colour, at a random
-  phase per image (so position carries no label), plus Gaussian pixel noise."""
-  crng = np.random.default_rng(class_rng_seed)
-  angle = crng.uniform(0, np.pi, num_classes)
-  freq = crng.uniform(1.0, 4.0, num_classes)
-  colour = crng.uniform(-1.0, 1.0, (num_classes, 3))
-  yy, xx = np.meshgrid(np.arange(size), np.arange(size), indexing='ij')
-  phase = rng.uniform(0, 2 * np.pi, len(labels))
-  proj = (np.cos(angle)[labels, None, None] * xx + np.sin(angle)[labels, None, None] * yy) / size
-  wave = np.sin(2 * np.pi * freq[labels, None, None] * proj + phase[:, None, None])
-  images = 0.5 + 0.25 * wave[..., None] * colour[labels, None, None, :]
-  images += rng.normal(0.0, noise, images.shape)
-  return np.clip(images * 255.0, 0, 255).astype(np.uint8)
+def class_looks(rng: np.random.Generator, num_classes: int) -> tuple:
+  """Each class's grating: (orientation [C], frequency in periods per image side [C], colour [C, 3])."""
+  return (rng.uniform(0, np.pi, num_classes), rng.uniform(1.0, 4.0, num_classes),
+          rng.uniform(-1.0, 1.0, (num_classes, 3)))
+
+
+def render(rng: np.random.Generator, looks: tuple, labels, shape: tuple, amplitude: float,
+           noise: float) -> np.ndarray:
+  """uint8 images [*labels.shape, H, W, 3]: each its class's grating (`class_looks`) at a random phase (so
+  position carries no label), plus Gaussian pixel noise of std `noise` (on the 0..1 scale)."""
+  angle, freq, colour = (x[labels, None, None] for x in looks)
+  phase = rng.uniform(0, 2 * np.pi, np.shape(labels))
+  yy, xx = np.meshgrid(np.arange(shape[0]), np.arange(shape[1]), indexing='ij')
+  proj = (np.cos(angle) * xx + np.sin(angle) * yy) / max(shape)
+  images = 0.5 + amplitude * np.sin(2 * np.pi * freq * proj + phase[..., None, None])[..., None] * colour
+  return np.clip((images + rng.normal(0.0, noise, images.shape)) * 255.0, 0, 255).astype(np.uint8)
 
 
 def make_synthetic(seed: int = 0, num_base: int = 60, way: int = 5, num_sessions: int = 9,
@@ -31,13 +33,14 @@ def make_synthetic(seed: int = 0, num_base: int = 60, way: int = 5, num_sessions
   if num_base < 1 or way < 1 or num_sessions < 1:
     raise ValueError(f'synthetic sizes must be positive, got base={num_base} way={way} sessions={num_sessions}')
   num_classes = num_base + way * (num_sessions - 1)
-  rng = np.random.default_rng([seed, 1])
-  train_labels = np.repeat(np.arange(num_classes, dtype=np.int32), train_per_class)
-  test_labels = np.repeat(np.arange(num_classes, dtype=np.int32), test_per_class)
-  train = Split(_render(rng, num_classes, train_labels, image_size, noise, seed), train_labels)
-  test = Split(_render(rng, num_classes, test_labels, image_size, noise, seed), test_labels)
+  rng, looks = np.random.default_rng([seed, 1]), class_looks(np.random.default_rng(seed), num_classes)
+  splits = []
+  for per_class in (train_per_class, test_per_class):
+    labels = np.repeat(np.arange(num_classes, dtype=np.int32), per_class)
+    splits.append(Split(render(rng, looks, labels, (image_size,) * 2, 0.25, noise), labels))
+  train, test = splits
   return Benchmark(
-      name='synthetic', train=train, test=test, base_train=np.flatnonzero(train_labels < num_base),
+      name='synthetic', train=train, test=test, base_train=np.flatnonzero(train.labels < num_base),
       session_classes=sessions_from_counts(num_base, way, num_sessions),
-      shot_pool=np.arange(len(train_labels)), topic_shots=None, image_size=image_size,
+      shot_pool=np.arange(len(train)), topic_shots=None, image_size=image_size,
       mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25), augment='crop_flip')

@@ -70,7 +70,7 @@ def _kernel_grad_by_shifts(x, g, kernel_shape, strides, padding):
   acc_dtype = accumulation_dtype(x.dtype)
   per_image = ho * wo * kh * kw * cin * 4
   chunk = max([d for d in range(1, n + 1) if n % d == 0 and d * per_image <= KERNEL_GRAD_BLOCK_BYTES] or [1])
-  xp = jnp.pad(x.astype(acc_dtype), ((0, 0), tuple(padding[0]), tuple(padding[1]), (0, 0)))
+  xp = jnp.pad(x.astype(acc_dtype), ((0, 0), *padding, (0, 0)))
   xp = xp.reshape((n // chunk, chunk) + xp.shape[1:])
   gb = g.astype(acc_dtype).reshape(n // chunk, chunk * ho * wo, cout)
 
@@ -174,8 +174,8 @@ class BatchNorm(nn.Module):
     features = x.shape[-1]
     scale = self.param('scale', nn.initializers.ones, (features,), jnp.float32)
     bias = self.param('bias', nn.initializers.zeros, (features,), jnp.float32)
-    ra_mean = self.variable('batch_stats', 'mean', lambda: jnp.zeros((features,), jnp.float32))
-    ra_var = self.variable('batch_stats', 'var', lambda: jnp.ones((features,), jnp.float32))
+    ra_mean = self.variable('batch_stats', 'mean', jnp.zeros, (features,), jnp.float32)
+    ra_var = self.variable('batch_stats', 'var', jnp.ones, (features,), jnp.float32)
     xf = x.astype(accumulation_dtype(self.dtype))
     if self.use_running_average:
       mean, var = ra_mean.value, ra_var.value
@@ -233,7 +233,6 @@ class ResNet(nn.Module):
   widths: Sequence[int]
   stem: str
   num_classes: int
-  stem_width: Optional[int] = None
   dtype: Any = jnp.float32
   head: str = 'linear'
   conv_backward: str = 'xla'
@@ -242,8 +241,13 @@ class ResNet(nn.Module):
   def num_blocks(self) -> int:
     return sum(self.stage_sizes)
 
+  def blocks(self) -> list:
+    """(name, width, stride) of every block: each stage after the first halves the size."""
+    return [(f'layer{i + 1}_{j}', w, 2 if j == 0 and i > 0 else 1)
+            for i, (n, w) in enumerate(zip(self.stage_sizes, self.widths)) for j in range(n)]
+
   def block_names(self) -> list:
-    return [f'layer{i + 1}_{j}' for i, n in enumerate(self.stage_sizes) for j in range(n)]
+    return [b[0] for b in self.blocks()]
 
   @nn.compact
   def __call__(self, x, train: bool, first: int = 0, last: Optional[int] = None):
@@ -251,16 +255,14 @@ class ResNet(nn.Module):
     remaining blocks and the head and returns (embedding, logits); otherwise the activation."""
     if first == 0:
       x = x.astype(self.dtype)
-      conv = functools.partial(Conv, self.stem_width or self.widths[0], dtype=self.dtype,
+      conv = functools.partial(Conv, self.widths[0], dtype=self.dtype,
                                backward=self.conv_backward, name='conv1')
       imagenet = self.stem == 'imagenet'  # else 'cifar'
       x = conv((7, 7), (2, 2), ((3, 3), (3, 3)))(x) if imagenet else conv((3, 3))(x)
       x = nn.relu(_batch_norm(train, self.dtype, 'bn1')(x))
       if imagenet:
         x = nn.max_pool(x, (3, 3), (2, 2), padding=((1, 1), (1, 1)))
-    blocks = [(w, 2 if (j == 0 and i > 0) else 1) for i, (n, w) in enumerate(zip(self.stage_sizes, self.widths))
-              for j in range(n)]
-    for name, (width, strides) in list(zip(self.block_names(), blocks))[first:last]:
+    for name, width, strides in self.blocks()[first:last]:
       x = BasicBlock(width, strides, self.dtype, self.conv_backward, name=name)(x, train)
     if last is not None:
       return x
@@ -303,14 +305,16 @@ class CosineClassifier(nn.Module):
     return sigma * cosine_scores(embedding, kernel)
 
 
-def resnet20(num_classes: int, width: int = 16, **kwargs) -> ResNet:
+def resnet20(num_classes: int, width: Optional[int] = None, **kwargs) -> ResNet:
   """ResNet-20 for 32x32 images (3 stages x 3 blocks, 16/32/64 channels, 64-d embedding)."""
-  return ResNet((3, 3, 3), (width, 2 * width, 4 * width), 'cifar', num_classes, **kwargs)
+  w = width or 16
+  return ResNet((3, 3, 3), (w, 2 * w, 4 * w), 'cifar', num_classes, **kwargs)
 
 
-def resnet18(num_classes: int, width: int = 64, **kwargs) -> ResNet:
+def resnet18(num_classes: int, width: Optional[int] = None, **kwargs) -> ResNet:
   """torchvision ResNet-18 layout (ImageNet stem, 2-2-2-2 blocks, 512-d embedding)."""
-  return ResNet((2, 2, 2, 2), (width, 2 * width, 4 * width, 8 * width), 'imagenet', num_classes, **kwargs)
+  w = width or 64
+  return ResNet((2, 2, 2, 2), (w, 2 * w, 4 * w, 8 * w), 'imagenet', num_classes, **kwargs)
 
 
 ARCHS = {'resnet20': resnet20, 'resnet18': resnet18}
@@ -320,21 +324,14 @@ def build_model(arch: str, num_classes: int, width: Optional[int] = None, dtype:
                 **kwargs) -> ResNet:
   """The network `arch` (one of ARCHS) at its standard width or `width`; kwargs: ResNet's head and
   conv_backward."""
-  return ARCHS[arch](num_classes, dtype=dtype, **kwargs, **({} if width is None else {'width': width}))
-
-
-def conv3x3_paths(model: ResNet) -> list:
-  """Paths of every 3x3 conv kernel in forward order, stem included if 3x3 (docs/method.md, 'The model
-  and the noise set')."""
-  paths = [('conv1', 'kernel')] if model.stem == 'cifar' else []
-  for name in model.block_names():
-    paths += [(name, 'conv1', 'kernel'), (name, 'conv2', 'kernel')]
-  return paths
+  return ARCHS[arch](num_classes, width, dtype=dtype, **kwargs)
 
 
 def noise_set_paths(model: ResNet, num_layers: int) -> list:
-  """The noise set: the last `num_layers` 3x3 conv kernels in forward order."""
-  paths = conv3x3_paths(model)
+  """The noise set: the last `num_layers` 3x3 conv kernels in forward order, stem included if 3x3
+  (docs/method.md, 'The model and the noise set')."""
+  paths = [('conv1', 'kernel')] if model.stem == 'cifar' else []
+  paths += [(name, conv, 'kernel') for name in model.block_names() for conv in ('conv1', 'conv2')]
   if not 1 <= num_layers <= len(paths):
     raise ValueError(f'noise.num_layers={num_layers} must be in [1, {len(paths)}] for this network')
   return paths[-num_layers:]

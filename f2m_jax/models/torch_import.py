@@ -31,9 +31,9 @@ def torch_name(collection: str, path: tuple) -> str:
 
 def _transposed(path: tuple, value: np.ndarray, to_torch: bool = False) -> np.ndarray:
   """A conv kernel OIHW <-> HWIO, a classifier [out, in] <-> [in, out]; any other leaf as it is."""
-  if path[-1] == 'kernel' and value.ndim == 4:
-    return np.transpose(value, (3, 2, 0, 1) if to_torch else (2, 3, 1, 0))
-  return value.T if path[-1] == 'kernel' and value.ndim == 2 else value
+  if path[-1] != 'kernel':
+    return value
+  return np.transpose(value, (3, 2, 0, 1) if to_torch else (2, 3, 1, 0)) if value.ndim == 4 else value.T
 
 
 def _to_flax(path: tuple, value) -> np.ndarray:
@@ -55,28 +55,25 @@ def convert_state_dict(state_dict: Mapping, params_template: Mapping,
   """(params, batch_stats) with every leaf of the templates taken from `state_dict` (torchvision names),
   except `fc` when its shape differs; a WeightsError for a missing, unknown or mis-shaped key."""
   sd = {k: v for k, v in clean_state_dict(state_dict).items() if not k.endswith('num_batches_tracked')}
-  used, missing, mismatched = set(), [], []
+  wrong = {'missing': [], 'of another shape': []}
   result = {}
   for collection, template in (('params', params_template), ('batch_stats', batch_stats_template)):
-    flat = {}
-    for path, leaf in trees.flatten(template).items():
-      name, want = torch_name(collection, path), tuple(np.shape(leaf))
-      used.add(name)
-      value = _to_flax(path, sd[name]) if name in sd else None
-      if path[0] == 'fc':  # a classifier of another size: ours stays
-        flat[path] = jnp.asarray(value) if value is not None and value.shape == want else leaf
-      elif value is None:
-        missing.append(name)
-      elif value.shape != want:
-        mismatched.append(f'{name}: {tuple(np.shape(sd[name]))} in the file, {want} expected here '
-                          f'(as {"/".join(path)})')
-      else:
+    flat = trees.flatten(template)
+    for path, leaf in flat.items():
+      name = torch_name(collection, path)
+      raw = sd.pop(name, None)
+      value = None if raw is None else _to_flax(path, raw)
+      if value is not None and value.shape == np.shape(leaf):
         flat[path] = jnp.asarray(value)
+      elif value is None and path[0] != 'fc':
+        wrong['missing'].append(name)
+      elif path[0] != 'fc':  # a classifier of another size: ours stays
+        wrong['of another shape'].append(f'{name}: {tuple(np.shape(raw))} in the file, {np.shape(leaf)} '
+                                         f'expected here (as {"/".join(path)})')
     result[collection] = trees.unflatten(flat)
-  lists = (('missing', missing, ', ', 8), ('unexpected', sorted(set(sd) - used), ', ', 8),
-           ('of another shape', mismatched, '; ', 4))
-  problems = [f'{len(names)} {what}: {sep.join(names[:n])}{" ..." if len(names) > n else ""}'
-              for what, names, sep, n in lists if names]
+  wrong['unexpected'] = sorted(sd)
+  problems = [f'{len(names)} {what}: {"; ".join(names[:8])}{" ..." if len(names) > 8 else ""}'
+              for what, names in wrong.items() if names]
   if problems:
     raise WeightsError('the state dict does not match this ResNet (is it a torchvision resnet18 of the '
                        'same width?): ' + ' | '.join(problems))
