@@ -12,19 +12,18 @@ import urllib.request
 from f2m_jax.data.types import DataError
 from f2m_jax.files import sha256_file
 
-CHUNK = 1 << 20
 TIMEOUT_S = 60
 
 
 def _open(url: str, offset: int):
-  """(stream, resumed) reading `url` from byte `offset` where the server allows it."""
+  """(stream, start): `url` read from byte `start`, `offset` where the server allows it, else 0."""
   if url.startswith('file:'):
     f = open(urllib.request.url2pathname(urllib.parse.urlparse(url).path), 'rb')
     f.seek(offset)
-    return f, True
+    return f, offset
   response = urllib.request.urlopen(urllib.request.Request(url, headers={'Range': f'bytes={offset}-'}),
                                     timeout=TIMEOUT_S)
-  return response, response.status == 206
+  return response, offset if response.status == 206 else 0
 
 
 def fetch(url: str, dest, sha256: str, size: int, what: str, help_text: str = '') -> pathlib.Path:
@@ -41,10 +40,10 @@ def fetch(url: str, dest, sha256: str, size: int, what: str, help_text: str = ''
   reason = 'truncated'
   if offset < size:
     try:
-      stream, resumed = _open(url, offset)
-      with stream, open(part, 'ab' if resumed else 'wb') as out, tqdm.wrapattr(
-          out, 'write', total=size, initial=offset if resumed else 0, desc=f'downloading {what}', disable=None) as w:
-        shutil.copyfileobj(stream, w, CHUNK)
+      stream, start = _open(url, offset)
+      with stream, open(part, 'ab' if start else 'wb') as out, tqdm.wrapattr(
+          out, 'write', total=size, initial=start, desc=f'downloading {what}', disable=None) as w:
+        shutil.copyfileobj(stream, w)
     except (OSError, ValueError, http.client.HTTPException) as e:
       reason = str(e)
   got = part.stat().st_size if part.is_file() else 0

@@ -13,26 +13,22 @@ from f2m_jax.data.types import Benchmark, Split, sessions_from_counts
 HOLDOUT = 0.2  # the share of each base class's training images held out as its test images
 
 
-def novel_sessions(benchmark: Benchmark) -> int:
-  """S: pseudo-novel sessions of the real protocol's way that keep its share of novel classes."""
-  way = len(benchmark.session_classes[1])
-  total = benchmark.num_seen_classes(benchmark.num_sessions)
-  share = (total - benchmark.num_base_classes) / total
-  return max(1, round(benchmark.num_base_classes * share / way))
-
-
 def roles(benchmark: Benchmark) -> dict:
   """Indices into benchmark.train of 'base_train', 'shot_pool' and 'test' (held-out images of every base
-  class), and the class layout 'session_classes' (the last base classes as the pseudo-novel ones)."""
+  class), and the class layout 'session_classes' (the last base classes as the pseudo-novel ones): S
+  pseudo-novel sessions of the real protocol's way that keep its share of novel classes."""
   labels = benchmark.train.labels
   train, test = [], []
   for c in benchmark.session_classes[0]:
     members = np.sort(benchmark.base_train[labels[benchmark.base_train] == c])
-    held = math.ceil(HOLDOUT * len(members))
-    train.append(members[:len(members) - held])
-    test.append(members[len(members) - held:])
-  way, sessions = len(benchmark.session_classes[1]), novel_sessions(benchmark)
-  num_base = benchmark.num_base_classes - way * sessions
+    cut = len(members) - math.ceil(HOLDOUT * len(members))
+    train.append(members[:cut])
+    test.append(members[cut:])
+  way, base = len(benchmark.session_classes[1]), benchmark.num_base_classes
+  total = benchmark.num_seen_classes(benchmark.num_sessions)
+  share = (total - base) / total  # of novel classes
+  sessions = max(1, round(base * share / way))
+  num_base = base - way * sessions
   if num_base < 1:
     raise ValueError(f'{benchmark.num_base_classes} base classes are too few for a validation protocol of '
                      f'{way * sessions} pseudo-novel classes')

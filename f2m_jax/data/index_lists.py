@@ -68,28 +68,25 @@ def cache_folder(given=None) -> str:
   return given or os.environ.get('F2M_CACHE_DIR', '') or os.path.join(os.path.expanduser('~'), '.cache', 'f2m_jax')
 
 
-def index_list_dir(dataset: str, data_dir: Optional[str] = None,
-                   cache_dir: Optional[str] = None) -> pathlib.Path:
+def index_list_dir(dataset: str, data_dir: Optional[str] = None, cache_dir: Optional[str] = None,
+                   download: bool = True) -> Optional[pathlib.Path]:
   """The folder holding `session_*.txt` for `dataset`: `<data_dir or $F2M_DATA_DIR>/index_list/<dataset>`,
-  else `<cache folder>/index_list/<dataset>`, downloaded where absent."""
-  return (local_index_list_dir(dataset, data_dir, cache_dir)
-          or download_index_lists(dataset, pathlib.Path(cache_folder(cache_dir)) / 'index_list' / dataset))
-
-
-def local_index_list_dir(dataset: str, data_dir: Optional[str] = None,
-                         cache_dir: Optional[str] = None) -> Optional[pathlib.Path]:
-  """`index_list_dir`'s folder where the lists are at hand already (nothing downloaded), else None."""
+  else `<cache folder>/index_list/<dataset>`, its missing files downloaded (`download`; else None)."""
   data_dir = data_dir or os.environ.get(DATA_DIR_ENV)
   if data_dir and (pathlib.Path(data_dir) / 'index_list' / dataset / 'session_1.txt').is_file():
     return pathlib.Path(data_dir) / 'index_list' / dataset
   cached = pathlib.Path(cache_folder(cache_dir)) / 'index_list' / dataset
+  if download:
+    return download_index_lists(dataset, cached)
   return cached if all((cached / name).is_file() for name in SHA256[dataset]) else None
 
 
 def download_index_lists(dataset: str, folder: pathlib.Path) -> pathlib.Path:
   """Downloads the missing list files of `dataset` into `folder` (returned), each checked against its
   sha256 and written atomically (temp file + rename), so the folder never holds a partial or wrong file."""
-  for name in [name for name in SHA256[dataset] if not (folder / name).is_file()]:
+  for name, want in SHA256[dataset].items():
+    if (folder / name).is_file():
+      continue
     folder.mkdir(parents=True, exist_ok=True)
     url = f'{BASE_URL}/{dataset}/{name}'
     try:
@@ -98,7 +95,7 @@ def download_index_lists(dataset: str, folder: pathlib.Path) -> pathlib.Path:
     except (OSError, ValueError, http.client.HTTPException) as e:  # URLError, timeouts: OSError
       problem = f'could not download {url}: {e}'
     else:
-      got, want = hashlib.sha256(data).hexdigest(), SHA256[dataset][name]
+      got = hashlib.sha256(data).hexdigest()
       problem = got != want and f'checksum mismatch for {url}: sha256 {got}, expected {want}'
     if problem:
       raise DataError(f'The TOPIC index lists for {dataset} were not found and {problem}.\n'
@@ -118,9 +115,8 @@ def read_index_file(path) -> list:
 
 def session_lists(folder, num_sessions: int) -> list:
   """[lines of session_1.txt, ..., lines of session_<num_sessions>.txt]."""
-  folder = pathlib.Path(folder)
-  missing = [f'session_{t}.txt' for t in range(1, num_sessions + 1)
-             if not (folder / f'session_{t}.txt').is_file()]
+  paths = [pathlib.Path(folder, f'session_{t}.txt') for t in range(1, num_sessions + 1)]
+  missing = [p.name for p in paths if not p.is_file()]
   if missing:
     raise DataError(f'{folder} lacks {", ".join(missing)}')
-  return [read_index_file(folder / f'session_{t}.txt') for t in range(1, num_sessions + 1)]
+  return [read_index_file(p) for p in paths]

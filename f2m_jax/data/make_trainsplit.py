@@ -27,8 +27,8 @@ CONTENT_SHA256 = {'x_train': '4e457917601a66aed021f5fa37957b56c6319557c0a8ed5484
 
 def content_sha256(arrays: dict) -> dict:
   """{'x_train': sha256, 'y_train': sha256} of the arrays' bytes (labels as little-endian int16)."""
-  return {'x_train': hashlib.sha256(np.ascontiguousarray(arrays['x_train'], np.uint8).tobytes()).hexdigest(),
-          'y_train': hashlib.sha256(np.asarray(arrays['y_train'], '<i2').tobytes()).hexdigest()}
+  return {k: hashlib.sha256(np.ascontiguousarray(arrays[k], dtype).tobytes()).hexdigest()
+          for k, dtype in (('x_train', np.uint8), ('y_train', '<i2'))}
 
 
 def build(archive, out_dir, verify: bool = True) -> dict:

@@ -87,7 +87,7 @@ def folder_spec(config, writes: bool = True) -> Optional[folder.Spec]:
     files = root or data_dir(config)
     index_dir = None  # layouts.spec finds the lists, downloading them where absent
     if not writes:
-      index_dir = index_lists.local_index_list_dir(dataset, files, cache)
+      index_dir = index_lists.index_list_dir(dataset, files, cache, download=False)
       if index_dir is None:
         return None
     return layouts.spec(dataset, files, index_dir, cache, config.data.get('image_size', 0), **fields)

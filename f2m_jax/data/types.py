@@ -26,7 +26,7 @@ class Split:
       raise ValueError(f'labels shape {self.labels.shape} does not match {self.images.shape[0]} images')
 
   def __len__(self) -> int:
-    return int(self.labels.shape[0])
+    return len(self.labels)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,17 +61,17 @@ class Benchmark:
 
 def sessions_from_counts(num_base: int, way: int, num_sessions: int) -> tuple:
   """Class ids per session for a contiguous class order: (0..B-1), (B..B+way-1), ..."""
-  later = tuple(tuple(range(num_base + t * way, num_base + (t + 1) * way)) for t in range(num_sessions - 1))
-  return (tuple(range(num_base)),) + later
+  ends = [num_base + way * t for t in range(num_sessions)]
+  return tuple(tuple(range(start, end)) for start, end in zip([0] + ends, ends))
 
 
 def check_session_indices(benchmark: Benchmark, indices: Sequence[int], session: int, shots: int):
   """Raises if `indices` are not exactly `shots` training images of each class of `session`."""
-  labels = benchmark.train.labels[np.asarray(indices)]
+  labels = benchmark.train.labels[np.asarray(indices)].tolist()
   want = benchmark.session_classes[session - 1]
   for c in want:
-    if (n := int(np.sum(labels == c))) != shots:
-      raise ValueError(f'session {session}: class {c} has {n} shots, expected {shots}')
-  extra = set(np.unique(labels).tolist()) - set(want)
+    if labels.count(c) != shots:
+      raise ValueError(f'session {session}: class {c} has {labels.count(c)} shots, expected {shots}')
+  extra = set(labels) - set(want)
   if extra:
     raise ValueError(f'session {session}: shots of unexpected classes {sorted(extra)}')

@@ -200,10 +200,6 @@ def fold_batch_stats(running, updates: Sequence):
   return running
 
 
-def _batch_norm(train: bool, dtype: Any, name: str) -> BatchNorm:
-  return BatchNorm(use_running_average=not train, dtype=dtype, name=name)
-
-
 class BasicBlock(nn.Module):
   """Two 3x3 convs with BN and an identity or 1x1-conv shortcut."""
   features: int
@@ -213,15 +209,13 @@ class BasicBlock(nn.Module):
 
   @nn.compact
   def __call__(self, x, train: bool):
-    conv = functools.partial(Conv, dtype=self.dtype, backward=self.conv_backward)
-    y = conv(self.features, (3, 3), (self.strides, self.strides), name='conv1')(x)
-    y = nn.relu(_batch_norm(train, self.dtype, 'bn1')(y))
-    y = conv(self.features, (3, 3), name='conv2')(y)
-    y = _batch_norm(train, self.dtype, 'bn2')(y)
+    conv = functools.partial(Conv, self.features, dtype=self.dtype, backward=self.conv_backward)
+    bn = functools.partial(BatchNorm, not train, self.dtype)
+    y = nn.relu(bn(name='bn1')(conv((3, 3), (self.strides, self.strides), name='conv1')(x)))
+    y = bn(name='bn2')(conv((3, 3), name='conv2')(y))
     if self.strides != 1 or x.shape[-1] != self.features:
-      x = conv(self.features, (1, 1), (self.strides, self.strides), padding=((0, 0), (0, 0)),
-               name='downsample_conv')(x)
-      x = _batch_norm(train, self.dtype, 'downsample_bn')(x)
+      x = conv((1, 1), (self.strides, self.strides), ((0, 0), (0, 0)), name='downsample_conv')(x)
+      x = bn(name='downsample_bn')(x)
     return nn.relu(x + y)
 
 
@@ -259,7 +253,7 @@ class ResNet(nn.Module):
                                backward=self.conv_backward, name='conv1')
       imagenet = self.stem == 'imagenet'  # else 'cifar'
       x = conv((7, 7), (2, 2), ((3, 3), (3, 3)))(x) if imagenet else conv((3, 3))(x)
-      x = nn.relu(_batch_norm(train, self.dtype, 'bn1')(x))
+      x = nn.relu(BatchNorm(not train, self.dtype, name='bn1')(x))
       if imagenet:
         x = nn.max_pool(x, (3, 3), (2, 2), padding=((1, 1), (1, 1)))
     for name, width, strides in self.blocks()[first:last]:
@@ -269,10 +263,9 @@ class ResNet(nn.Module):
     embedding = jnp.mean(x, axis=(1, 2)).astype(accumulation_dtype(self.dtype))
     if self.head == 'cosine':
       return embedding, CosineClassifier(self.num_classes, name='fc')(embedding)
-    if self.head == 'linear_no_bias':
-      return embedding, nn.Dense(self.num_classes, use_bias=False, kernel_init=fan_out_init, name='fc')(embedding)
-    return embedding, nn.Dense(self.num_classes, kernel_init=fc_init, bias_init=nn.initializers.zeros,
-                               name='fc')(embedding)
+    bias = self.head == 'linear'  # else 'linear_no_bias'
+    fc = nn.Dense(self.num_classes, use_bias=bias, kernel_init=fc_init if bias else fan_out_init, name='fc')
+    return embedding, fc(embedding)
 
 
 HEADS = ('linear', 'linear_no_bias', 'cosine')
