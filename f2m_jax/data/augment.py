@@ -1,6 +1,4 @@
 """Training augmentation and normalisation in JAX, driven by explicit PRNG keys (jit-friendly)."""
-from __future__ import annotations
-
 import jax
 import jax.numpy as jnp
 
@@ -14,14 +12,14 @@ def float_dtype():
   return jax.dtypes.canonicalize_dtype(jnp.float64)
 
 
-def normalize(images: jax.Array, mean, std) -> jax.Array:
+def normalize(images, mean, std):
   """uint8 [N, H, W, C] -> float32, (x / 255 - mean) / std (the original's torchvision Normalize)."""
   dtype = float_dtype()
   x = images.astype(dtype) / 255.0
   return (x - jnp.asarray(mean, dtype)) / jnp.asarray(std, dtype)
 
 
-def eval_view(images, size: int):
+def eval_view(images, size):
   """The centre `size` x `size` crop of stored training images (uint8 [N, R, R, 3], R >= size): the
   original's test transform of miniImageNet and CUB images; images already `size` pass unchanged."""
   h, w = images.shape[1:3]
@@ -37,7 +35,7 @@ def _flip(key, image):
   return jnp.where(jax.random.bernoulli(key), image[:, ::-1], image)
 
 
-def _crop_flip_one(key, image, pad: int):
+def _crop_flip_one(key, image, pad):
   """RandomCrop(size, padding=pad) with zero padding, then a horizontal flip with p = 0.5."""
   k1, k2, k3 = jax.random.split(key, 3)
   padded = jnp.pad(image, ((pad, pad), (pad, pad), (0, 0)))
@@ -47,7 +45,7 @@ def _crop_flip_one(key, image, pad: int):
   return _flip(k3, crop)
 
 
-def _rrc_flip_one(key, image, size: int, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3)):
+def _rrc_flip_one(key, image, size, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3)):
   """RandomResizedCrop(size) then a flip. The crop's area fraction and log aspect ratio are drawn
   uniformly (as torchvision) and clipped to fit the image instead of torchvision's 10 retries."""
   h, w, _ = image.shape
@@ -65,7 +63,7 @@ def _rrc_flip_one(key, image, size: int, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3)
   return _flip(k5, out)
 
 
-def augment(key: jax.Array, images: jax.Array, kind: str, size: int) -> jax.Array:
+def augment(key, images, kind, size):
   """Augments a float batch [N, H, W, C] with per-image keys derived from `key`; `kind` one of AUGMENTS."""
   keys = jax.random.split(key, images.shape[0])
   one = {'crop_flip': lambda k, x: _crop_flip_one(k, x, 4), 'rrc_flip': lambda k, x: _rrc_flip_one(k, x, size),
@@ -76,7 +74,7 @@ def augment(key: jax.Array, images: jax.Array, kind: str, size: int) -> jax.Arra
 GREY = (0.299, 0.587, 0.114)  # ITU-R 601-2 luma: torchvision's and PIL's grayscale
 
 
-def jitter_image(image: jax.Array, factors: jax.Array, order: jax.Array) -> jax.Array:
+def jitter_image(image, factors, order):
   """torchvision's ColorJitter on one float image [H, W, 3] in [0, 255] with its draws given: factors
   (brightness, contrast, saturation) applied in `order` (a permutation of 0, 1, 2), each result clipped
   to [0, 255]. Brightness blends with black, contrast with the image's mean grey, saturation with each
@@ -89,7 +87,7 @@ def jitter_image(image: jax.Array, factors: jax.Array, order: jax.Array) -> jax.
   return image
 
 
-def color_jitter(key, images: jax.Array, strength: float) -> jax.Array:
+def color_jitter(key, images, strength):
   """ColorJitter(strength, strength, strength) on a float batch [N, H, W, 3]: per image three factors
   uniform in [max(0, 1 - strength), 1 + strength] and a random order of the three operations, as
   torchvision draws them per image (`jitter_image`)."""
@@ -100,7 +98,7 @@ def color_jitter(key, images: jax.Array, strength: float) -> jax.Array:
   return jax.vmap(jitter_image)(images, factors, order)
 
 
-def train_inputs(key, images_u8, kind: str, size: int, mean, std, jitter: float = 0.0) -> jax.Array:
+def train_inputs(key, images_u8, kind, size, mean, std, jitter=0.0):
   """uint8 training images -> augmented, normalised float32 network inputs. Crops pad with black
   before normalisation, as torchvision's RandomCrop does on the original's PIL images; `jitter` > 0
   adds `color_jitter` after the crop and flip (the original's order: crop, jitter, flip; the flip

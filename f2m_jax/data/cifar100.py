@@ -2,8 +2,6 @@
 data.source 'tfds': a TFDS cifar100 prepared in TFDS's data folder, else the official archive TFDS itself
 downloads) or the official training set alone from the trainsplit npz (`load_cifar100_trainsplit`), class
 ids the official fine labels; also the class splits."""
-from __future__ import annotations
-
 import dataclasses
 import json
 import os
@@ -42,7 +40,7 @@ TRAINSPLIT_HOW_TO_GET = (f'How to obtain it: {NPZ_NAME} is the official training
 
 # ---------------------------------------------------------------- TOPIC lists
 
-def read_topic_lists(index_dir, num_images: int) -> tuple:
+def read_topic_lists(index_dir, num_images):
   """(base_train, topic_shots): session_1.txt and the session_2..9.txt lists as int64 arrays, every index
   one of the `num_images` training images."""
   try:
@@ -54,8 +52,7 @@ def read_topic_lists(index_dir, num_images: int) -> tuple:
   return arrays[0], tuple(arrays[1:])
 
 
-def _benchmark(name: str, train: Split, test: Split, base_train: np.ndarray, shot_pool: np.ndarray,
-               topic_shots: tuple) -> Benchmark:
+def _benchmark(name, train, test, base_train, shot_pool, topic_shots):
   """Builds the Benchmark and checks the TOPIC indices against the labels (catches a wrong order)."""
   bench = Benchmark(
       name=name, train=train, test=test, base_train=base_train, session_classes=SESSION_CLASSES,
@@ -77,7 +74,7 @@ ARCHIVE_FILES = ('train.bin', 'test.bin', 'fine_label_names.txt')
 RECORD = 2 + 3 * IMAGE_SIZE ** 2  # a record of train.bin and test.bin: coarse label, fine label, 3 x 32 x 32 planes
 
 
-def read_archive(archive) -> dict:
+def read_archive(archive):
   """{'x_train', 'y_train', 'x_test', 'y_test', 'label_names'} of the official binary archive (images in
   file order, fine labels as int16), read in one pass: the one reader of both sources' arrays."""
   try:
@@ -104,27 +101,27 @@ def read_archive(archive) -> dict:
   return arrays
 
 
-def archive_path(cache_dir) -> pathlib.Path:
+def archive_path(cache_dir):
   """Where the official archive is downloaded to and read from: `<cache_dir>/downloads/`."""
   return pathlib.Path(cache_dir) / 'downloads' / ARCHIVE_NAME
 
 
-def images_at_hand(cache_dir, tfds_data_dir: str = '') -> bool:
+def images_at_hand(cache_dir, tfds_data_dir=''):
   """Whether the 'tfds' source needs no download: a prepared TFDS cifar100, or the official archive in the cache."""
   return tfds_prepared(tfds_data_dir) or archive_path(cache_dir).is_file()
 
 
-def tfds_folder(data_dir: str = '') -> pathlib.Path:
+def tfds_folder(data_dir=''):
   """TFDS's data folder: `data_dir` (data.tfds_data_dir), else $TFDS_DATA_DIR, else ~/tensorflow_datasets."""
   return pathlib.Path(data_dir or os.environ.get('TFDS_DATA_DIR') or '~/tensorflow_datasets').expanduser()
 
 
-def tfds_prepared(data_dir: str = '') -> bool:
+def tfds_prepared(data_dir=''):
   """Whether a TFDS cifar100 is prepared there (cifar100/<version>/dataset_info.json)."""
   return any(tfds_folder(data_dir).glob('cifar100/*/dataset_info.json'))
 
 
-def tfds_split(split: str, data_dir: str = '') -> Split:
+def tfds_split(split, data_dir=''):
   """One split of the prepared TFDS cifar100, read with `tfds.data_source` (random access: no TensorFlow,
   never a download) and put back into the official file order by its record ids ('train_00012': 12)."""
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top (a slow import, only here)
@@ -144,20 +141,20 @@ def tfds_split(split: str, data_dir: str = '') -> Split:
   return Split(images[order], np.asarray([r['label'] for r in records], np.int32)[order])
 
 
-def archive_help(cache_dir) -> str:
+def archive_help(cache_dir):
   """Where the 'tfds' source's images come from, and what to do offline."""
   return (f'The official archive {ARCHIVE_NAME} ({ARCHIVE_SIZE / 1e6:.0f} MB, {ARCHIVE_URL}, sha256 {ARCHIVE_SHA256}), '
           f'downloaded into {archive_path(cache_dir).parent}/ when online; offline, put it there yourself, '
           f'or use {TRAINSPLIT_ALTERNATIVE}.')
 
 
-def fetch_archive(cache_dir, help_text: str = '') -> pathlib.Path:
+def fetch_archive(cache_dir, help_text=''):
   """The official archive in `<cache_dir>/downloads/`, downloaded there once (`download.fetch`)."""
   return download.fetch(ARCHIVE_URL, archive_path(cache_dir), ARCHIVE_SHA256, ARCHIVE_SIZE,
                         f'CIFAR-100 ({ARCHIVE_SIZE / 1e6:.0f} MB)', help_text)
 
 
-def load_official(index_dir, cache_dir, tfds_data_dir: str = '') -> Benchmark:
+def load_official(index_dir, cache_dir, tfds_data_dir=''):
   """The official protocol (official train order and test set, session_*.txt's base images and shots), from
   a prepared TFDS cifar100, else from the official archive in `<cache>/downloads/` (downloaded there once)."""
   if tfds_prepared(tfds_data_dir):
@@ -176,7 +173,7 @@ def load_official(index_dir, cache_dir, tfds_data_dir: str = '') -> Benchmark:
 
 # ---------------------------------------------------------------- trainsplit source
 
-def load_train_npz(npz_path) -> Split:
+def load_train_npz(npz_path):
   """The official training set from `cifar100_train.npz` (x_train uint8, y_train fine labels)."""
   path = pathlib.Path(npz_path)
   if not path.is_file():
@@ -187,8 +184,7 @@ def load_train_npz(npz_path) -> Split:
     return Split(np.asarray(f['x_train'], np.uint8), np.asarray(f['y_train'], np.int32))
 
 
-def trainsplit_test_indices(labels: np.ndarray, shots: np.ndarray,
-                            per_class: int = TEST_PER_CLASS) -> np.ndarray:
+def trainsplit_test_indices(labels, shots, per_class=TEST_PER_CLASS):
   """For every class c (ascending): the last `per_class` of the sorted indices of c that are not in
   `shots`. Concatenated class by class."""
   free = np.setdiff1d(np.arange(len(labels)), shots)
@@ -199,7 +195,7 @@ def trainsplit_test_indices(labels: np.ndarray, shots: np.ndarray,
   return np.concatenate(list(picked.values()))
 
 
-def load_cifar100_trainsplit(npz_path, index_dir) -> Benchmark:
+def load_cifar100_trainsplit(npz_path, index_dir):
   """The `trainsplit` protocol: test = the last 100 non-shot training images of each class, base_train =
   session_1.txt minus those, shot_pool = the other novel-class training images (docs/data.md)."""
   train = load_train_npz(npz_path)
@@ -224,7 +220,7 @@ SUPERCLASS_SPLITS = {
 }
 
 
-def superclasses() -> tuple:
+def superclasses():
   """(coarse names [20], fine_to_coarse [100]) from the shipped CIFAR-100 superclass table."""
   table = json.loads(pathlib.Path(__file__).with_name('cifar100_superclasses.json').read_text())
   return tuple(table['coarse_names']), np.asarray(table['fine_to_coarse'], np.int64)
@@ -241,7 +237,7 @@ CLASS_INCREMENTAL_SPLITS = {'incremental50': (50, 10, 1993)}
 SPLITS = tuple(SUPERCLASS_SPLITS) + tuple(CLASS_INCREMENTAL_SPLITS)
 
 
-def split_order(split: str) -> tuple:
+def split_order(split):
   """(fine labels in the split's class order, classes per session) of any split in SPLITS: a superclass
   split's superclasses base first, each one's 5 fine classes ascending; LUCIR's seeded permutation."""
   if split in CLASS_INCREMENTAL_SPLITS:
@@ -255,7 +251,7 @@ def split_order(split: str) -> tuple:
   return order, (5 * len(base),) + (5,) * len(sessions)  # every superclass holds 5 classes
 
 
-def class_split(bench: Benchmark, split: str) -> Benchmark:
+def class_split(bench, split):
   """The CIFAR-100 benchmark `bench` relabelled into `split` (class ids in the split's order); no TOPIC
   shots (the shots are F2M-style draws)."""
   order, sizes = split_order(split)

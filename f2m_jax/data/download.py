@@ -1,7 +1,5 @@
 """Resumable downloads with a pinned size and sha256: written to `<dest>.part` (resumed by the next
 call) and renamed to `dest` only once size and checksum match."""
-from __future__ import annotations
-
 import http.client
 import os
 import pathlib
@@ -15,7 +13,7 @@ from f2m_jax.files import sha256_file
 TIMEOUT_S = 60
 
 
-def _open(url: str, offset: int):
+def _open(url, offset):
   """(stream, start): `url` read from byte `start`, `offset` where the server allows it, else 0."""
   if url.startswith('file:'):
     f = open(urllib.request.url2pathname(urllib.parse.urlparse(url).path), 'rb')
@@ -26,7 +24,7 @@ def _open(url: str, offset: int):
   return response, offset if response.status == 206 else 0
 
 
-def fetch(url: str, dest, sha256: str, size: int, what: str, help_text: str = '') -> pathlib.Path:
+def fetch(url, dest, sha256, size, what, help_text=''):
   """Downloads `url` to `dest` (skipped when `dest` exists) and checks `size` and `sha256`; a DataError
   naming the URL and what to do (a partial file is kept to resume; a checksum mismatch deletes it)."""
   from tqdm.auto import tqdm  # pylint: disable=g-import-not-at-top

@@ -1,14 +1,11 @@
 """Tiny generated datasets in the on-disk layouts of miniImageNet, CUB-200-2011 and the folder source
 (each class a coloured grating at random phases, plus noise), written once into the cache for the
 `:smoke` configs and the tests; never a fallback for real data."""
-from __future__ import annotations
-
 import collections
 import os
 import pathlib
 import shutil
 import tempfile
-from typing import Optional
 
 import numpy as np
 
@@ -37,16 +34,16 @@ LAYOUTS = {
 }
 
 
-def num_classes(s: Spec) -> int:
+def num_classes(s):
   return s.num_base + s.way * (s.num_sessions - 1)
 
 
-def write_lines(path: pathlib.Path, lines) -> None:
+def write_lines(path, lines):
   path.parent.mkdir(parents=True, exist_ok=True)
   path.write_text(''.join(f'{line}\n' for line in lines))
 
 
-def write_images(root: pathlib.Path, name: str) -> list:
+def write_images(root, name):
   """Dataset `name`'s images under `root` (JPEG quality 95, or PNG) and its TOPIC lists (session_1.txt: every
   training image of the base classes; session_<t>.txt: 5 shots of each of session t's classes); its
   (class, path, is_test) rows, in order."""
@@ -73,7 +70,7 @@ def write_images(root: pathlib.Path, name: str) -> list:
   return rows
 
 
-def write_all(root: pathlib.Path) -> None:
+def write_all(root):
   """The three datasets under `root`, with miniImageNet's split CSVs and CUB's four metadata files."""
   mini = write_images(root, 'mini_imagenet')
   for folder in ('miniimagenet/split', 'index_list/mini_imagenet'):
@@ -89,7 +86,7 @@ def write_all(root: pathlib.Path) -> None:
   write_images(root, 'folder')
 
 
-def fake_folder(cache_dir, create: bool = True) -> Optional[pathlib.Path]:
+def fake_folder(cache_dir, create=True):
   """`<cache_dir>/fake_folder/v<VERSION>` with the three datasets, generated on first use (`create`; else None)
   into a temporary folder renamed into place, so a folder that exists is complete."""
   target = pathlib.Path(cache_dir) / 'fake_folder' / f'v{VERSION}'

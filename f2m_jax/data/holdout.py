@@ -1,19 +1,17 @@
 """The validation protocol (`data.protocol='validation'`; docs/data.md): a benchmark made of the base
 classes' training images only."""
-from __future__ import annotations
-
 import dataclasses
 import math
 
 import numpy as np
 
 from f2m_jax.data.augment import eval_view
-from f2m_jax.data.types import Benchmark, Split, sessions_from_counts
+from f2m_jax.data.types import Split, sessions_from_counts
 
 HOLDOUT = 0.2  # the share of each base class's training images held out as its test images
 
 
-def roles(benchmark: Benchmark) -> dict:
+def roles(benchmark):
   """Indices into benchmark.train of 'base_train', 'shot_pool' and 'test' (held-out images of every base
   class), and the class layout 'session_classes' (the last base classes as the pseudo-novel ones): S
   pseudo-novel sessions of the real protocol's way that keep its share of novel classes."""
@@ -38,7 +36,7 @@ def roles(benchmark: Benchmark) -> dict:
           'session_classes': sessions_from_counts(num_base, way, sessions + 1)}
 
 
-def validation_benchmark(benchmark: Benchmark) -> Benchmark:
+def validation_benchmark(benchmark):
   """The validation protocol's benchmark; its test images are held-out training images, stored as the
   test transform sees them."""
   r = roles(benchmark)

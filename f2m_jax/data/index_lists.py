@@ -1,13 +1,10 @@
 """The TOPIC session lists (`index_list/<dataset>/session_*.txt`): found in the data folder or the cache,
 else downloaded into the cache from the CEC repository at a pinned commit, each file's sha256 pinned."""
-from __future__ import annotations
-
 import hashlib
 import http.client
 import os
 import pathlib
 import urllib.request
-from typing import Optional
 
 from f2m_jax.data.download import TIMEOUT_S
 from f2m_jax.data.types import DataError
@@ -62,14 +59,13 @@ SHA256 = {
 }
 
 
-def cache_folder(given=None) -> str:
+def cache_folder(given=None):
   """Where downloads and converted files go (never into the data folder): `given`, else $F2M_CACHE_DIR,
   else ~/.cache/f2m_jax."""
   return given or os.environ.get('F2M_CACHE_DIR', '') or os.path.join(os.path.expanduser('~'), '.cache', 'f2m_jax')
 
 
-def index_list_dir(dataset: str, data_dir: Optional[str] = None, cache_dir: Optional[str] = None,
-                   download: bool = True) -> Optional[pathlib.Path]:
+def index_list_dir(dataset, data_dir=None, cache_dir=None, download=True):
   """The folder holding `session_*.txt` for `dataset`: `<data_dir or $F2M_DATA_DIR>/index_list/<dataset>`,
   else `<cache folder>/index_list/<dataset>`, its missing files downloaded (`download`; else None)."""
   data_dir = data_dir or os.environ.get(DATA_DIR_ENV)
@@ -81,7 +77,7 @@ def index_list_dir(dataset: str, data_dir: Optional[str] = None, cache_dir: Opti
   return cached if all((cached / name).is_file() for name in SHA256[dataset]) else None
 
 
-def download_index_lists(dataset: str, folder: pathlib.Path) -> pathlib.Path:
+def download_index_lists(dataset, folder):
   """Downloads the missing list files of `dataset` into `folder` (returned), each checked against its
   sha256 and written atomically (temp file + rename), so the folder never holds a partial or wrong file."""
   for name, want in SHA256[dataset].items():
@@ -107,13 +103,13 @@ def download_index_lists(dataset: str, folder: pathlib.Path) -> pathlib.Path:
   return folder
 
 
-def read_index_file(path) -> list:
+def read_index_file(path):
   """The non-empty lines of one list file, stripped."""
   lines = pathlib.Path(path).read_text().splitlines()
   return [line.strip() for line in lines if line.strip()]
 
 
-def session_lists(folder, num_sessions: int) -> list:
+def session_lists(folder, num_sessions):
   """[lines of session_1.txt, ..., lines of session_<num_sessions>.txt]."""
   paths = [pathlib.Path(folder, f'session_{t}.txt') for t in range(1, num_sessions + 1)]
   missing = [p.name for p in paths if not p.is_file()]

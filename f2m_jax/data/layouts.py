@@ -1,7 +1,5 @@
 """miniImageNet and CUB-200-2011 as layouts the folder source reads, in the TOPIC protocol (docs/data.md,
 'Datasets and sources')."""
-from __future__ import annotations
-
 import pathlib
 
 import numpy as np
@@ -30,7 +28,7 @@ HOW_TO_GET = {
 }
 
 
-def mini_csv(root: pathlib.Path, index_dir, name: str) -> str:
+def mini_csv(root, index_dir, name):
   """`<index_dir>/<name>.csv` if present, else `<root>/split/<name>.csv`."""
   found = [p for p in (pathlib.Path(index_dir) / f'{name}.csv', root / 'split' / f'{name}.csv') if p.is_file()]
   if not found:
@@ -39,7 +37,7 @@ def mini_csv(root: pathlib.Path, index_dir, name: str) -> str:
   return str(found[0])
 
 
-def _read_pairs(path: pathlib.Path) -> dict:
+def _read_pairs(path):
   """{int id: value} from '<id> <value>' lines."""
   lines = [(n, line, line.split(maxsplit=1)) for n, line in enumerate(path.read_text().splitlines(), start=1)]
   for n, line, parts in lines:
@@ -48,7 +46,7 @@ def _read_pairs(path: pathlib.Path) -> dict:
   return {int(parts[0]): parts[1].strip() for _, _, parts in lines if parts}
 
 
-def cub_tables(root: pathlib.Path) -> tuple:
+def cub_tables(root):
   """(train Table, test Table, class order) of CUB's official files (module docstring)."""
   images, split, labels, classes = (_read_pairs(root / n) for n in CUB_FILES)
   ids = sorted(images)
@@ -66,7 +64,7 @@ def cub_tables(root: pathlib.Path) -> tuple:
   return table.select(is_train), table.select(~is_train), tuple(classes[c] for c in sorted(classes))
 
 
-def spec(dataset: str, data_dir, index_dir=None, cache_dir=None, image_size: int = 0, **fields) -> folder.Spec:
+def spec(dataset, data_dir, index_dir=None, cache_dir=None, image_size=0, **fields):
   """The folder source's Spec of `dataset` in `data_dir`, its TOPIC lists in `index_dir` (else found or downloaded
   into `cache_dir`); `fields`: shots, protocol. A DataError names what is missing and how to get it."""
   if not data_dir:

@@ -5,13 +5,10 @@ binary archive:
 
 What it writes and prints: docs/data.md.
 """
-from __future__ import annotations
-
 import argparse
 import hashlib
 import pathlib
 import sys
-from typing import Optional, Sequence
 
 import numpy as np
 
@@ -25,13 +22,13 @@ CONTENT_SHA256 = {'x_train': '4e457917601a66aed021f5fa37957b56c6319557c0a8ed5484
                   'y_train': '1b4e4a7e6f08db2814efc0132c4c0df0b1b2b648aa74cb470f3e8e6976f2936b'}
 
 
-def content_sha256(arrays: dict) -> dict:
+def content_sha256(arrays):
   """{'x_train': sha256, 'y_train': sha256} of the arrays' bytes (labels as little-endian int16)."""
   return {k: hashlib.sha256(np.ascontiguousarray(arrays[k], dtype).tobytes()).hexdigest()
           for k, dtype in (('x_train', np.uint8), ('y_train', '<i2'))}
 
 
-def build(archive, out_dir, verify: bool = True) -> dict:
+def build(archive, out_dir, verify=True):
   """Writes <out_dir>/cifar100_train.npz from `archive` (checked against the pinned size and sha256
   where `verify`); returns {'path', 'sha256', 'content', 'as_measured'}. Refuses an existing file."""
   archive, out = pathlib.Path(archive), pathlib.Path(out_dir) / cifar100.NPZ_NAME
@@ -55,7 +52,7 @@ def build(archive, out_dir, verify: bool = True) -> dict:
           'as_measured': content == CONTENT_SHA256}
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv=None):
   p = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
   p.add_argument('--out', nargs='?', const='', required=True, help='the data folder to write cifar100_train.npz into')
   p.add_argument('--archive', help=f'a local {cifar100.ARCHIVE_NAME} (default: downloaded into the cache folder)')

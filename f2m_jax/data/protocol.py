@@ -1,17 +1,15 @@
 """Which images each session trains on: TOPIC fixed lists or F2M's seeded draws (docs/data.md, 'Protocols')."""
-from __future__ import annotations
-
 import hashlib
 import itertools
 
 import numpy as np
 
-from f2m_jax.data.types import Benchmark, check_session_indices
+from f2m_jax.data.types import check_session_indices
 
 PROTOCOLS = ('topic', 'draws', 'validation')
 
 
-def session_shots(benchmark: Benchmark, protocol: str, run: int, session: int, shots: int, seed: int) -> np.ndarray:
+def session_shots(benchmark, protocol, run, session, shots, seed):
   """Indices into `benchmark.train` of the few-shot images of `session` (2..T) in run `run`: 'topic' the
   fixed list; else `shots` images of each new class's pool, drawn with an RNG seeded by (seed, run, session)."""
   if not 2 <= session <= benchmark.num_sessions:
@@ -38,7 +36,7 @@ def session_shots(benchmark: Benchmark, protocol: str, run: int, session: int, s
   return indices
 
 
-def shot_draws(benchmark: Benchmark, protocol: str, shots: int, seed: int, runs: int) -> dict:
+def shot_draws(benchmark, protocol, shots, seed, runs):
   """Every run's shots (`session_shots`) in brief: `digest`, a hash of their indices and labels run by run
   (equal digests, equal draws: what a paired comparison needs), and `same`: whether every run trains on the
   same images (TOPIC's lists, or shot pools of `shots` images a class), so the runs are no draws of them."""
@@ -52,8 +50,7 @@ def shot_draws(benchmark: Benchmark, protocol: str, shots: int, seed: int, runs:
   return {'digest': digest.hexdigest()[:16], 'same': bool(same)}
 
 
-def class_aware_epoch(labels: np.ndarray, pool: np.ndarray, per_class: int, seed: int, epoch: int,
-                      stream: tuple = ()) -> np.ndarray:
+def class_aware_epoch(labels, pool, per_class, seed, epoch, stream=()):
   """One epoch (max-class-size x classes samples) of cRT's class-aware sampling: classes in a random
   order, `per_class` images a visit from each class's shuffled cycle; a function of (seed, stream, epoch)."""
   pool_labels = labels[pool]
@@ -76,12 +73,12 @@ def class_aware_epoch(labels: np.ndarray, pool: np.ndarray, per_class: int, seed
   return np.asarray(out[:length], np.int64)
 
 
-def test_indices(benchmark: Benchmark, session: int) -> np.ndarray:
+def test_indices(benchmark, session):
   """Indices into `benchmark.test` of every test image of the classes seen up to `session`."""
   return np.flatnonzero(benchmark.test.labels < benchmark.num_seen_classes(session))
 
 
-def balanced_batch(labels: np.ndarray, pool: np.ndarray, ways: int, shots: int, seed: int, step: int) -> np.ndarray:
+def balanced_batch(labels, pool, ways, shots, seed, step):
   """`ways` distinct classes x `shots` images each, in class-contiguous blocks (the original's TaskSampler,
   which prototype fixing relies on); a function of (seed, step), so a resumed run sees the same batches."""
   rng = np.random.default_rng([seed, step])
@@ -97,8 +94,7 @@ def balanced_batch(labels: np.ndarray, pool: np.ndarray, ways: int, shots: int, 
   return np.concatenate(out)
 
 
-def task_epoch(labels: np.ndarray, pool: np.ndarray, shots: int, seed: int, epoch: int,
-               stream: tuple = ()) -> np.ndarray:
+def task_epoch(labels, pool, shots, seed, epoch, stream=()):
   """One epoch of the authors' TaskSampler: every class of the pool in a random order, `shots` images of
   each without replacement, class by class; a function of (seed, stream, epoch)."""
   rng = np.random.default_rng([seed, *stream, epoch, 16])
@@ -115,7 +111,7 @@ def task_epoch(labels: np.ndarray, pool: np.ndarray, shots: int, seed: int, epoc
   return np.concatenate(blocks)
 
 
-def sampler_shots(sampler: str, batch: int, ways: int, shots: int) -> int:
+def sampler_shots(sampler, batch, ways, shots):
   """base.shots as the run uses it, the images per class in a batch of the class-aware samplers: 0 means
   batch / ways; a set value must give that batch ('task_epochs'); under 'shuffle', 0 where batch is no
   multiple of ways. Raises ValueError naming base.shots."""
@@ -136,7 +132,7 @@ def sampler_shots(sampler: str, batch: int, ways: int, shots: int) -> int:
   return 0
 
 
-def task_epoch_batches(num_classes: int, shots: int, batch: int) -> int:
+def task_epoch_batches(num_classes, shots, batch):
   """Batches per TaskSampler epoch: the epoch's num_classes x shots indices cut into `batch`-sized
   batches, the remainder dropped (the original's DataLoader with drop_last=True)."""
   if batch % shots:
@@ -149,7 +145,7 @@ def task_epoch_batches(num_classes: int, shots: int, batch: int) -> int:
   return per_epoch
 
 
-def shuffled_batch(pool: np.ndarray, batch: int, seed: int, step: int, stream: tuple = ()) -> np.ndarray:
+def shuffled_batch(pool, batch, seed, step, stream=()):
   """Plain shuffled batches: epoch e is a permutation seeded by (seed, *stream, e); a function of
   (seed, stream, step). `stream` tells apart trainings that share a seed (a run's session)."""
   if batch > len(pool):

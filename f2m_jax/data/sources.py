@@ -1,38 +1,35 @@
 """Choose and load the `Benchmark` a config asks for."""
-from __future__ import annotations
-
 import os
-from typing import Optional
 
 from f2m_jax.data import cifar100, fake_folders, folder, holdout, index_lists, layouts
 from f2m_jax.data.synthetic import make_synthetic
-from f2m_jax.data.types import Benchmark, DataError
+from f2m_jax.data.types import DataError
 
 SOURCES = ('tfds', 'trainsplit', 'folder', 'fake_folder', 'synthetic')
 FOLDER_DATASETS = tuple(layouts.FOLDER)  # the datasets whose own files the folder source reads
 
 
-def data_dir(config) -> str:
+def data_dir(config):
   """The folder with local data: config.data.data_dir, else $F2M_DATA_DIR, else ''."""
   return config.data.data_dir or os.environ.get('F2M_DATA_DIR', '')
 
 
-def cache_dir(config) -> str:
+def cache_dir(config):
   """Where downloads and converted files go: config.data.cache_dir, else index_lists.cache_folder's default."""
   return index_lists.cache_folder(config.data.cache_dir)
 
 
-def uses_layout(config) -> bool:
+def uses_layout(config):
   """Whether a folder source reads miniImageNet's or CUB's own files (else the data.folder fields)."""
   return config.data.dataset in FOLDER_DATASETS and not config.data.get('folder', {}).get('train')
 
 
-def needs_data_dir(config) -> bool:
+def needs_data_dir(config):
   """Whether the config's source reads the data folder."""
   return config.data.source == 'trainsplit' or (config.data.source == 'folder' and uses_layout(config))
 
 
-def how_to_get(config) -> str:
+def how_to_get(config):
   """What the data folder must hold for the config's source and how to get it ('' where it reads none)."""
   if config.data.source == 'folder' and uses_layout(config):
     return layouts.HOW_TO_GET[config.data.dataset]
@@ -40,14 +37,14 @@ def how_to_get(config) -> str:
   return cifar100.TRAINSPLIT_HOW_TO_GET if trainsplit else ''
 
 
-def load_benchmark(config) -> Benchmark:
+def load_benchmark(config):
   """The config's benchmark; with data.protocol='validation' its validation protocol (holdout.py).
   Every problem with the data stops here, before the pipeline writes anything."""
   bench = _load(config)
   return holdout.validation_benchmark(bench) if config.data.protocol == 'validation' else bench
 
 
-def _load(config) -> Benchmark:
+def _load(config):
   source, dataset, cache = config.data.source, config.data.dataset, cache_dir(config)
   if source == 'synthetic':
     return make_synthetic(**config.data.synthetic.to_dict())
@@ -74,7 +71,7 @@ def _load(config) -> Benchmark:
   return cifar100.class_split(bench, split) if split else bench
 
 
-def folder_spec(config, writes: bool = True) -> Optional[folder.Spec]:
+def folder_spec(config, writes=True):
   """The folder.Spec of a folder source: a layout's own files (layouts.py), the data.folder fields, or the
   generated 'fake_folder'. With `writes=False` (a dry run) None where it would be created."""
   cache, dataset = cache_dir(config), config.data.dataset

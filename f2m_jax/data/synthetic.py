@@ -1,21 +1,18 @@
 """A generated benchmark for tests and smoke runs: each class a coloured sinusoidal grating, learnable in
 seconds on a CPU, a deterministic function of the seed; never a fallback. Also the images of the
 generated folders (fake_folders.py)."""
-from __future__ import annotations
-
 import numpy as np
 
 from f2m_jax.data.types import Benchmark, Split, sessions_from_counts
 
 
-def class_looks(rng: np.random.Generator, num_classes: int) -> tuple:
+def class_looks(rng, num_classes):
   """Each class's grating: (orientation [C], frequency in periods per image side [C], colour [C, 3])."""
   return (rng.uniform(0, np.pi, num_classes), rng.uniform(1.0, 4.0, num_classes),
           rng.uniform(-1.0, 1.0, (num_classes, 3)))
 
 
-def render(rng: np.random.Generator, looks: tuple, labels, shape: tuple, amplitude: float,
-           noise: float) -> np.ndarray:
+def render(rng, looks, labels, shape, amplitude, noise):
   """uint8 images [*labels.shape, H, W, 3]: each its class's grating (`class_looks`) at a random phase (so
   position carries no label), plus Gaussian pixel noise of std `noise` (on the 0..1 scale)."""
   angle, freq, colour = (x[labels, None, None] for x in looks)
@@ -26,9 +23,8 @@ def render(rng: np.random.Generator, looks: tuple, labels, shape: tuple, amplitu
   return np.clip((images + rng.normal(0.0, noise, images.shape)) * 255.0, 0, 255).astype(np.uint8)
 
 
-def make_synthetic(seed: int = 0, num_base: int = 60, way: int = 5, num_sessions: int = 9,
-                   train_per_class: int = 40, test_per_class: int = 20, image_size: int = 32,
-                   noise: float = 0.15) -> Benchmark:
+def make_synthetic(seed=0, num_base=60, way=5, num_sessions=9, train_per_class=40, test_per_class=20,
+                   image_size=32, noise=0.15):
   """A `Benchmark` with `num_base + way * (num_sessions - 1)` classes of generated images."""
   if num_base < 1 or way < 1 or num_sessions < 1:
     raise ValueError(f'synthetic sizes must be positive, got base={num_base} way={way} sessions={num_sessions}')

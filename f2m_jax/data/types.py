@@ -1,9 +1,7 @@
 """The in-memory `Benchmark` every data source produces. Class ids are in session order, so a label is
 also the row of its prototype."""
-from __future__ import annotations
-
 import dataclasses
-from typing import Optional, Sequence
+from typing import Optional
 
 import numpy as np
 
@@ -25,7 +23,7 @@ class Split:
     if self.labels.shape != (self.images.shape[0],):
       raise ValueError(f'labels shape {self.labels.shape} does not match {self.images.shape[0]} images')
 
-  def __len__(self) -> int:
+  def __len__(self):
     return len(self.labels)
 
 
@@ -47,25 +45,25 @@ class Benchmark:
   augment: str
 
   @property
-  def num_sessions(self) -> int:
+  def num_sessions(self):
     return len(self.session_classes)
 
   @property
-  def num_base_classes(self) -> int:
+  def num_base_classes(self):
     return len(self.session_classes[0])
 
-  def num_seen_classes(self, session: int) -> int:
+  def num_seen_classes(self, session):
     """Number of classes seen after `session` (1-based)."""
     return sum(len(c) for c in self.session_classes[:session])
 
 
-def sessions_from_counts(num_base: int, way: int, num_sessions: int) -> tuple:
+def sessions_from_counts(num_base, way, num_sessions):
   """Class ids per session for a contiguous class order: (0..B-1), (B..B+way-1), ..."""
   ends = [num_base + way * t for t in range(num_sessions)]
   return tuple(tuple(range(start, end)) for start, end in zip([0] + ends, ends))
 
 
-def check_session_indices(benchmark: Benchmark, indices: Sequence[int], session: int, shots: int):
+def check_session_indices(benchmark, indices, session, shots):
   """Raises if `indices` are not exactly `shots` training images of each class of `session`."""
   labels = benchmark.train.labels[np.asarray(indices)].tolist()
   want = benchmark.session_classes[session - 1]

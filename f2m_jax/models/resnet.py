@@ -2,10 +2,8 @@
 blocks (the trunk/suffix split). Parameter names follow torchvision (`conv1`, `layer3_1/conv2`,
 `layer2_0/downsample_conv`, `fc`), so pretrained weights convert by name.
 """
-from __future__ import annotations
-
 import functools
-from typing import Any, Optional, Sequence
+from typing import Any, Sequence
 
 import flax.linen as nn
 import jax
@@ -14,25 +12,25 @@ import numpy as np
 from jax import lax
 
 
-def _scaled_normal(key, shape, dtype, scale) -> jax.Array:
+def _scaled_normal(key, shape, dtype, scale):
   """N(0, 1) draws times `scale`, behind an optimization barrier so that eager and jitted inits give
   the same bits."""
   return lax.optimization_barrier(jax.random.normal(key, shape, dtype)) * np.asarray(scale, dtype)
 
 
-def conv_init(key, shape, dtype=jnp.float32) -> jax.Array:
+def conv_init(key, shape, dtype=jnp.float32):
   """PyTorch's kaiming_normal_(mode='fan_out', nonlinearity='relu'), the original code's conv init:
   N(0, 2 / (H * W * O)) for an HWIO kernel, bit for bit (tests/test_init.py)."""
   fan_out = int(np.prod(shape[:-2])) * shape[-1]
   return _scaled_normal(key, shape, dtype, np.sqrt(np.asarray(2.0 / fan_out, dtype)))
 
 
-def fc_init(key, shape, dtype=jnp.float32) -> jax.Array:
+def fc_init(key, shape, dtype=jnp.float32):
   """The linear classifier's init, N(0, 1e-3^2): flax's initializers.normal(1e-3), bit for bit."""
   return _scaled_normal(key, shape, dtype, 1e-3)
 
 
-def fan_out_init(key, shape, dtype=jnp.float32) -> jax.Array:
+def fan_out_init(key, shape, dtype=jnp.float32):
   """The authors' iCaRL classifier init: kaiming_normal_(mode='fan_out') of their [embedding, classes]
   matrix (a 2-d tensor's fan_out is its first dimension), N(0, 2 / embedding)."""
   return _scaled_normal(key, shape, dtype, np.sqrt(np.asarray(2.0 / shape[0], dtype)))
@@ -42,7 +40,7 @@ BN_MOMENTUM = 0.1  # PyTorch's convention: running = (1 - m) * running + m * bat
 BN_EPSILON = 1e-5
 
 
-def accumulation_dtype(dtype) -> Any:
+def accumulation_dtype(dtype):
   """The dtype statistics, embeddings and gradient sums use: float32 for float32 and bfloat16 compute,
   float64 for float64 (the equivalence tests run the whole network in float64)."""
   return jnp.promote_types(dtype, jnp.float32)
@@ -192,7 +190,7 @@ class BatchNorm(nn.Module):
     return y.astype(self.dtype)
 
 
-def fold_batch_stats(running, updates: Sequence):
+def fold_batch_stats(running, updates):
   """PyTorch's running statistics after several train-mode passes in turn: each of `updates` is
   BN_MOMENTUM times a pass's batch statistics, applied as running <- (1 - m) * running + update."""
   for u in updates:
@@ -208,7 +206,7 @@ class BasicBlock(nn.Module):
   conv_backward: str = 'xla'
 
   @nn.compact
-  def __call__(self, x, train: bool):
+  def __call__(self, x, train):
     conv = functools.partial(Conv, self.features, dtype=self.dtype, backward=self.conv_backward)
     bn = functools.partial(BatchNorm, not train, self.dtype)
     y = nn.relu(bn(name='bn1')(conv((3, 3), (self.strides, self.strides), name='conv1')(x)))
@@ -232,19 +230,19 @@ class ResNet(nn.Module):
   conv_backward: str = 'xla'
 
   @property
-  def num_blocks(self) -> int:
+  def num_blocks(self):
     return sum(self.stage_sizes)
 
-  def blocks(self) -> list:
+  def blocks(self):
     """(name, width, stride) of every block: each stage after the first halves the size."""
     return [(f'layer{i + 1}_{j}', w, 2 if j == 0 and i > 0 else 1)
             for i, (n, w) in enumerate(zip(self.stage_sizes, self.widths)) for j in range(n)]
 
-  def block_names(self) -> list:
+  def block_names(self):
     return [b[0] for b in self.blocks()]
 
   @nn.compact
-  def __call__(self, x, train: bool, first: int = 0, last: Optional[int] = None):
+  def __call__(self, x, train, first=0, last=None):
     """Runs blocks [first, last). first=0 starts from images (stem included); last=None runs the
     remaining blocks and the head and returns (embedding, logits); otherwise the activation."""
     if first == 0:
@@ -271,7 +269,7 @@ class ResNet(nn.Module):
 HEADS = ('linear', 'linear_no_bias', 'cosine')
 
 
-def cosine_scores(embedding: jax.Array, kernel: jax.Array) -> jax.Array:
+def cosine_scores(embedding, kernel):
   """cos(embedding, each column of kernel [dim, classes]), norms clipped as F.normalize on the squared
   norm, so that an all-zero column has a zero gradient, not NaN."""
   def unit(x, axis):
@@ -298,13 +296,13 @@ class CosineClassifier(nn.Module):
     return sigma * cosine_scores(embedding, kernel)
 
 
-def resnet20(num_classes: int, width: Optional[int] = None, **kwargs) -> ResNet:
+def resnet20(num_classes, width=None, **kwargs):
   """ResNet-20 for 32x32 images (3 stages x 3 blocks, 16/32/64 channels, 64-d embedding)."""
   w = width or 16
   return ResNet((3, 3, 3), (w, 2 * w, 4 * w), 'cifar', num_classes, **kwargs)
 
 
-def resnet18(num_classes: int, width: Optional[int] = None, **kwargs) -> ResNet:
+def resnet18(num_classes, width=None, **kwargs):
   """torchvision ResNet-18 layout (ImageNet stem, 2-2-2-2 blocks, 512-d embedding)."""
   w = width or 64
   return ResNet((2, 2, 2, 2), (w, 2 * w, 4 * w, 8 * w), 'imagenet', num_classes, **kwargs)
@@ -313,14 +311,13 @@ def resnet18(num_classes: int, width: Optional[int] = None, **kwargs) -> ResNet:
 ARCHS = {'resnet20': resnet20, 'resnet18': resnet18}
 
 
-def build_model(arch: str, num_classes: int, width: Optional[int] = None, dtype: Any = jnp.float32,
-                **kwargs) -> ResNet:
+def build_model(arch, num_classes, width=None, dtype=jnp.float32, **kwargs):
   """The network `arch` (one of ARCHS) at its standard width or `width`; kwargs: ResNet's head and
   conv_backward."""
   return ARCHS[arch](num_classes, width, dtype=dtype, **kwargs)
 
 
-def noise_set_paths(model: ResNet, num_layers: int) -> list:
+def noise_set_paths(model, num_layers):
   """The noise set: the last `num_layers` 3x3 conv kernels in forward order, stem included if 3x3
   (docs/method.md, 'The model and the noise set')."""
   paths = [('conv1', 'kernel')] if model.stem == 'cifar' else []
@@ -330,7 +327,7 @@ def noise_set_paths(model: ResNet, num_layers: int) -> list:
   return paths[-num_layers:]
 
 
-def split_block(model: ResNet, paths: Sequence[tuple]) -> int:
+def split_block(model, paths):
   """Index of the first block that holds a path of `paths`: blocks before it form the trunk."""
   names = model.block_names()
   return min(names.index(p[0]) if p[0] in names else 0 for p in paths)

@@ -1,11 +1,9 @@
 """torchvision ResNet-18 weights (a `.pth` state dict) -> our Flax ResNet-18 params and batch stats, by
 name (ours follow torchvision). The classifier converts only when its shape matches; any other missing,
 unexpected or mis-shaped entry is an error. Reading a `.pth` needs PyTorch."""
-from __future__ import annotations
-
 import os
 import re
-from typing import Mapping, Optional
+from typing import Mapping
 
 import jax
 import jax.numpy as jnp
@@ -20,7 +18,7 @@ class WeightsError(ValueError):
   """Pretrained weights missing, unreadable or not matching the model; the message says what to do."""
 
 
-def torch_name(collection: str, path: tuple) -> str:
+def torch_name(collection, path):
   """The torchvision state-dict key of our leaf `path` in `collection` ('params' or 'batch_stats')."""
   *module, leaf = path
   name = re.sub(r'layer(\d+)_(\d+)', r'layer\1.\2', '.'.join(module))
@@ -29,20 +27,20 @@ def torch_name(collection: str, path: tuple) -> str:
   return f'{name}.{leaf}'
 
 
-def _transposed(path: tuple, value: np.ndarray, to_torch: bool = False) -> np.ndarray:
+def _transposed(path, value, to_torch=False):
   """A conv kernel OIHW <-> HWIO, a classifier [out, in] <-> [in, out]; any other leaf as it is."""
   if path[-1] != 'kernel':
     return value
   return np.transpose(value, (3, 2, 0, 1) if to_torch else (2, 3, 1, 0)) if value.ndim == 4 else value.T
 
 
-def _to_flax(path: tuple, value) -> np.ndarray:
+def _to_flax(path, value):
   if hasattr(value, 'detach'):  # a torch tensor
     value = value.detach().cpu().float().numpy()
   return _transposed(path, np.asarray(value, np.float32))
 
 
-def clean_state_dict(state_dict: Mapping) -> dict:
+def clean_state_dict(state_dict):
   """Unwraps {'state_dict': ...} / {'model': ...} checkpoints and strips a DataParallel 'module.'."""
   for key in ('state_dict', 'model'):
     if key in state_dict and isinstance(state_dict[key], Mapping):
@@ -50,8 +48,7 @@ def clean_state_dict(state_dict: Mapping) -> dict:
   return {(k[len('module.'):] if k.startswith('module.') else k): v for k, v in state_dict.items()}
 
 
-def convert_state_dict(state_dict: Mapping, params_template: Mapping,
-                       batch_stats_template: Mapping) -> tuple:
+def convert_state_dict(state_dict, params_template, batch_stats_template):
   """(params, batch_stats) with every leaf of the templates taken from `state_dict` (torchvision names),
   except `fc` when its shape differs; a WeightsError for a missing, unknown or mis-shaped key."""
   sd = {k: v for k, v in clean_state_dict(state_dict).items() if not k.endswith('num_batches_tracked')}
@@ -80,7 +77,7 @@ def convert_state_dict(state_dict: Mapping, params_template: Mapping,
   return result['params'], result['batch_stats']
 
 
-def read_state_dict(pth_path) -> dict:
+def read_state_dict(pth_path):
   """The state dict in a `.pth` file, read on the CPU with PyTorch (imported here, optional)."""
   path = os.path.expanduser(os.path.expandvars(str(pth_path)))
   if not os.path.isfile(path):
@@ -103,8 +100,7 @@ def read_state_dict(pth_path) -> dict:
   return dict(state)
 
 
-def load_torchvision_resnet18(pth_path, model, image_size: int,
-                              key: Optional[jax.Array] = None) -> tuple:
+def load_torchvision_resnet18(pth_path, model, image_size, key=None):
   """(params, batch_stats) for `model` (our `resnet18`) from a torchvision ResNet-18 `.pth` file;
   `key` inits the templates (and the classifier where the file's has another size)."""
   state_dict = read_state_dict(pth_path)
@@ -114,7 +110,7 @@ def load_torchvision_resnet18(pth_path, model, image_size: int,
   return convert_state_dict(state_dict, variables['params'], variables['batch_stats'])
 
 
-def to_state_dict(params: Mapping, batch_stats: Mapping) -> dict:
+def to_state_dict(params, batch_stats):
   """The inverse mapping: numpy arrays under torchvision names (for tests and export)."""
   return {torch_name(collection, path): _transposed(path, np.asarray(leaf, np.float32), to_torch=True)
           for collection, tree in (('params', params), ('batch_stats', batch_stats))
