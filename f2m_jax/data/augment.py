@@ -23,11 +23,9 @@ def eval_view(images, size):
   """The centre `size` x `size` crop of stored training images (uint8 [N, R, R, 3], R >= size): the
   original's test transform of miniImageNet and CUB images; images already `size` pass unchanged."""
   h, w = images.shape[1:3]
-  if (h, w) == (size, size):
-    return images
   if h < size or w < size:
     raise ValueError(f'images {h}x{w} are smaller than the view {size}')
-  top, left = int(round((h - size) / 2.0)), int(round((w - size) / 2.0))
+  top, left = round((h - size) / 2), round((w - size) / 2)
   return images[:, top:top + size, left:left + size]
 
 
