@@ -113,7 +113,7 @@ def validate_folder(d: ml_collections.ConfigDict) -> None:
 def check_data_folder(c: ml_collections.ConfigDict) -> None:
   """Raises ValueError where the config's source reads a data folder that is unset or missing."""
   help_text = sources.how_to_get(c)
-  if sources.needs_data_dir(c) and not sources.data_dir(c):
+  if help_text and not sources.data_dir(c):
     raise ValueError(f'data.source={c.data.source!r} needs a data folder: set F2M_DATA_DIR or '
                      '--config.data.data_dir' + (f'.\n{help_text}' if help_text else ''))
   if sources.data_dir(c) and not os.path.isdir(sources.data_dir(c)):

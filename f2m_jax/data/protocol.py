@@ -9,6 +9,12 @@ from f2m_jax.data.types import check_session_indices
 PROTOCOLS = ('topic', 'draws', 'validation')
 
 
+def _by_class(labels, pool):
+  """[indices of `pool` of each class], classes ascending."""
+  pool_labels = labels[pool]
+  return [pool[pool_labels == c] for c in np.unique(pool_labels)]
+
+
 def session_shots(benchmark, protocol, run, session, shots, seed):
   """Indices into `benchmark.train` of the few-shot images of `session` (2..T) in run `run`: 'topic' the
   fixed list; else `shots` images of each new class's pool, drawn with an RNG seeded by (seed, run, session)."""
@@ -53,8 +59,7 @@ def shot_draws(benchmark, protocol, shots, seed, runs):
 def class_aware_epoch(labels, pool, per_class, seed, epoch, stream=()):
   """One epoch (max-class-size x classes samples) of cRT's class-aware sampling: classes in a random
   order, `per_class` images a visit from each class's shuffled cycle; a function of (seed, stream, epoch)."""
-  pool_labels = labels[pool]
-  members = [pool[pool_labels == c] for c in np.unique(pool_labels)]
+  members = _by_class(labels, pool)
   length = max(len(m) for m in members) * len(members)
   rng = np.random.default_rng([seed, *stream, epoch, 13])
 
@@ -82,29 +87,23 @@ def balanced_batch(labels, pool, ways, shots, seed, step):
   """`ways` distinct classes x `shots` images each, in class-contiguous blocks (the original's TaskSampler,
   which prototype fixing relies on); a function of (seed, step), so a resumed run sees the same batches."""
   rng = np.random.default_rng([seed, step])
-  pool_labels = labels[pool]
-  classes = np.unique(pool_labels)
-  if ways > len(classes):
-    raise ValueError(f'data.ways={ways} exceeds the {len(classes)} base classes')
-  chosen = rng.choice(classes, ways, replace=False)
-  out = []
-  for c in chosen:
-    members = pool[pool_labels == c]
-    out.append(rng.choice(members, shots, replace=len(members) < shots))
-  return np.concatenate(out)
+  members = _by_class(labels, pool)
+  if ways > len(members):
+    raise ValueError(f'data.ways={ways} exceeds the {len(members)} base classes')
+  chosen = [members[i] for i in rng.choice(len(members), ways, replace=False)]
+  return np.concatenate([rng.choice(m, shots, replace=len(m) < shots) for m in chosen])
 
 
 def task_epoch(labels, pool, shots, seed, epoch, stream=()):
   """One epoch of the authors' TaskSampler: every class of the pool in a random order, `shots` images of
   each without replacement, class by class; a function of (seed, stream, epoch)."""
   rng = np.random.default_rng([seed, *stream, epoch, 16])
-  pool_labels = labels[pool]
-  classes = np.unique(pool_labels)
+  by_class = _by_class(labels, pool)
   blocks = []
-  for c in classes[rng.permutation(len(classes))]:
-    members = pool[pool_labels == c]
+  for i in rng.permutation(len(by_class)):
+    members = by_class[i]
     if len(members) < shots:
-      raise ValueError(f'class {c} has {len(members)} base training images, fewer than the base.shots={shots} a '
+      raise ValueError(f'class {labels[members[0]]} has {len(members)} base training images, fewer than the base.shots={shots} a '
                        'batch takes of each class (base.batch_size / base.ways where base.shots=0): lower '
                        'base.batch_size or raise base.ways')
     blocks.append(members[rng.permutation(len(members))[:shots]])

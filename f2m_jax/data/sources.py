@@ -24,13 +24,9 @@ def uses_layout(config):
   return config.data.dataset in FOLDER_DATASETS and not config.data.get('folder', {}).get('train')
 
 
-def needs_data_dir(config):
-  """Whether the config's source reads the data folder."""
-  return config.data.source == 'trainsplit' or (config.data.source == 'folder' and uses_layout(config))
-
-
 def how_to_get(config):
-  """What the data folder must hold for the config's source and how to get it ('' where it reads none)."""
+  """What the data folder must hold for the config's source and how to get it; '' where the source reads
+  no data folder."""
   if config.data.source == 'folder' and uses_layout(config):
     return layouts.HOW_TO_GET[config.data.dataset]
   trainsplit = (config.data.dataset, config.data.source) == ('cifar100', 'trainsplit')
@@ -50,12 +46,15 @@ def _load(config):
     return make_synthetic(**config.data.synthetic.to_dict())
   if source in ('folder', 'fake_folder') and (uses_layout(config) or 'folder' in config.data):
     return folder.load(folder_spec(config), cache)
-  if (dataset, source) == ('cifar100', 'trainsplit'):  # cifar100_train.npz in the data folder validation demands
+  if dataset != 'cifar100' or source not in ('trainsplit', 'tfds'):
+    raise ValueError(f'data.source={source!r} is not available for data.dataset={dataset!r} '
+                     f'(sources: {SOURCES}; the folder source reads any dataset through configs/folder.py)')
+  if source == 'trainsplit':  # cifar100_train.npz in the data folder validation demands
     npz = os.path.join(data_dir(config), cifar100.NPZ_NAME)
     if not os.path.isfile(npz):
       cifar100.load_train_npz(npz)  # raises the DataError saying what to put there, before the lists are looked for
     bench = cifar100.load_cifar100_trainsplit(npz, index_lists.index_list_dir('cifar100', data_dir(config), cache))
-  elif (dataset, source) == ('cifar100', 'tfds'):  # from TFDS or the official archive
+  else:  # from TFDS or the official archive
     try:
       index_dir = index_lists.index_list_dir('cifar100', data_dir(config), cache)
     except DataError as e:  # the images' files are named with the lists where both are missing
@@ -64,9 +63,6 @@ def _load(config):
       raise DataError(f'CIFAR-100 needs two things this machine has not got:\n1. {cifar100.archive_help(cache)}\n'
                       f'2. {e}') from e
     bench = cifar100.load_official(index_dir, cache, config.data.tfds_data_dir)
-  else:
-    raise ValueError(f'data.source={source!r} is not available for data.dataset={dataset!r} '
-                     f'(sources: {SOURCES}; the folder source reads any dataset through configs/folder.py)')
   split = config.data.get('split', '')
   return cifar100.class_split(bench, split) if split else bench
 
