@@ -169,11 +169,11 @@ class BatchNorm(nn.Module):
 
   @nn.compact
   def __call__(self, x):
-    features = x.shape[-1]
-    scale = self.param('scale', nn.initializers.ones, (features,), jnp.float32)
-    bias = self.param('bias', nn.initializers.zeros, (features,), jnp.float32)
-    ra_mean = self.variable('batch_stats', 'mean', jnp.zeros, (features,), jnp.float32)
-    ra_var = self.variable('batch_stats', 'var', jnp.ones, (features,), jnp.float32)
+    shape = x.shape[-1:]
+    scale = self.param('scale', nn.initializers.ones, shape, jnp.float32)
+    bias = self.param('bias', nn.initializers.zeros, shape, jnp.float32)
+    ra_mean = self.variable('batch_stats', 'mean', jnp.zeros, shape, jnp.float32)
+    ra_var = self.variable('batch_stats', 'var', jnp.ones, shape, jnp.float32)
     xf = x.astype(accumulation_dtype(self.dtype))
     if self.use_running_average:
       mean, var = ra_mean.value, ra_var.value
@@ -182,7 +182,7 @@ class BatchNorm(nn.Module):
       mean = jnp.mean(xf, axes)
       var = jnp.mean(jnp.square(xf - mean), axes)
       if not self.is_initializing():
-        n = x.size // features
+        n = x.size // x.shape[-1]
         m = BN_MOMENTUM
         ra_mean.value = (1 - m) * ra_mean.value + m * mean
         ra_var.value = (1 - m) * ra_var.value + m * var * (n / max(n - 1, 1))
