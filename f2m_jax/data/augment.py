@@ -13,7 +13,8 @@ def float_dtype():
 
 
 def normalize(images, mean, std):
-  """uint8 [N, H, W, C] -> float32, (x / 255 - mean) / std (the original's torchvision Normalize)."""
+  """uint8 [N, H, W, C] -> float32, (x / 255 - mean) / std (the original's torchvision
+  Normalize)."""
   dtype = float_dtype()
   x = images.astype(dtype) / 255.0
   return (x - jnp.asarray(mean, dtype)) / jnp.asarray(std, dtype)
@@ -62,7 +63,8 @@ def _rrc_flip_one(key, image, size, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3)):
 
 
 def augment(key, images, kind, size):
-  """Augments a float batch [N, H, W, C] with per-image keys derived from `key`; `kind` one of AUGMENTS."""
+  """Augments a float batch [N, H, W, C] with per-image keys derived from `key`; `kind` one of
+  AUGMENTS."""
   keys = jax.random.split(key, images.shape[0])
   one = {'crop_flip': lambda k, x: _crop_flip_one(k, x, 4), 'rrc_flip': lambda k, x: _rrc_flip_one(k, x, size),
          'none': None}[kind]
@@ -73,10 +75,11 @@ GREY = (0.299, 0.587, 0.114)  # ITU-R 601-2 luma: torchvision's and PIL's graysc
 
 
 def jitter_image(image, factors, order):
-  """torchvision's ColorJitter on one float image [H, W, 3] in [0, 255] with its draws given: factors
-  (brightness, contrast, saturation) applied in `order` (a permutation of 0, 1, 2), each result clipped
-  to [0, 255]. Brightness blends with black, contrast with the image's mean grey, saturation with each
-  pixel's grey. In float: the original's PIL images also round to 8 bits after each operation."""
+  """torchvision's ColorJitter on one float image [H, W, 3] in [0, 255] with its draws given:
+  factors (brightness, contrast, saturation) applied in `order` (a permutation of 0, 1, 2),
+  each result clipped to [0, 255]. Brightness blends with black, contrast with the image's
+  mean grey, saturation with each pixel's grey. In float: the original's PIL images also round
+  to 8 bits after each operation."""
   grey = lambda x: x @ jnp.asarray(GREY, x.dtype)
   ops = (lambda x, f: f * x, lambda x, f: f * x + (1 - f) * jnp.mean(grey(x)),
          lambda x, f: f * x + (1 - f) * grey(x)[..., None])
@@ -86,9 +89,9 @@ def jitter_image(image, factors, order):
 
 
 def color_jitter(key, images, strength):
-  """ColorJitter(strength, strength, strength) on a float batch [N, H, W, 3]: per image three factors
-  uniform in [max(0, 1 - strength), 1 + strength] and a random order of the three operations, as
-  torchvision draws them per image (`jitter_image`)."""
+  """ColorJitter(strength, strength, strength) on a float batch [N, H, W, 3]: per image three
+  factors uniform in [max(0, 1 - strength), 1 + strength] and a random order of the three
+  operations, as torchvision draws them per image (`jitter_image`)."""
   kf, ko = jax.random.split(key)
   n = images.shape[0]
   factors = jax.random.uniform(kf, (n, 3), images.dtype, max(0.0, 1.0 - strength), 1.0 + strength)

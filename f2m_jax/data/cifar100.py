@@ -1,7 +1,7 @@
-"""CIFAR-100 in the TOPIC protocol (docs/data.md): the official train and test sets (`load_official`,
-data.source 'tfds': a TFDS cifar100 prepared in TFDS's data folder, else the official archive TFDS itself
-downloads) or the official training set alone from the trainsplit npz (`load_cifar100_trainsplit`), class
-ids the official fine labels; also the class splits."""
+"""CIFAR-100 in the TOPIC protocol (docs/data.md): the official train and test sets
+(`load_official`, data.source 'tfds': a TFDS cifar100 prepared in TFDS's data folder, else the
+official archive TFDS itself downloads) or the official training set alone from the trainsplit
+npz (`load_cifar100_trainsplit`), class ids the official fine labels; also the class splits."""
 import dataclasses
 import json
 import os
@@ -25,7 +25,8 @@ NUM_BASE, WAY, SHOTS, NUM_SESSIONS = 60, 5, 5, 9
 SESSION_CLASSES = sessions_from_counts(NUM_BASE, WAY, NUM_SESSIONS)
 TEST_PER_CLASS = 100  # trainsplit: held-out images per class
 NPZ_NAME = 'cifar100_train.npz'
-# The official binary archive, pinned as TFDS pins it (tensorflow_datasets/url_checksums/cifar100.txt).
+# The official binary archive, pinned as TFDS pins it
+# (tensorflow_datasets/url_checksums/cifar100.txt).
 ARCHIVE_URL = 'https://www.cs.toronto.edu/~kriz/cifar-100-binary.tar.gz'
 ARCHIVE_SIZE = 168513733
 ARCHIVE_SHA256 = '58a81ae192c23a4be8b1804d68e518ed807d710a4eb253b1f2a199162a40d8ec'
@@ -41,8 +42,8 @@ TRAINSPLIT_HOW_TO_GET = (f'How to obtain it: {NPZ_NAME} is the official training
 # ---------------------------------------------------------------- TOPIC lists
 
 def read_topic_lists(index_dir, num_images):
-  """(base_train, topic_shots): session_1.txt and the session_2..9.txt lists as int64 arrays, every index
-  one of the `num_images` training images."""
+  """(base_train, topic_shots): session_1.txt and the session_2..9.txt lists as int64 arrays,
+  every index one of the `num_images` training images."""
   try:
     arrays = [np.asarray(lines, np.int64) for lines in session_lists(index_dir, NUM_SESSIONS)]
   except ValueError as e:
@@ -53,7 +54,8 @@ def read_topic_lists(index_dir, num_images):
 
 
 def _benchmark(name, train, test, base_train, shot_pool, topic_shots):
-  """Builds the Benchmark and checks the TOPIC indices against the labels (catches a wrong order)."""
+  """Builds the Benchmark and checks the TOPIC indices against the labels (catches a wrong
+  order)."""
   bench = Benchmark(
       name=name, train=train, test=test, base_train=base_train, session_classes=SESSION_CLASSES,
       shot_pool=shot_pool, topic_shots=topic_shots, image_size=IMAGE_SIZE, mean=MEAN, std=STD,
@@ -71,12 +73,14 @@ def _benchmark(name, train, test, base_train, shot_pool, topic_shots):
 # ---------------------------------------------------------------- the official archive
 
 ARCHIVE_FILES = ('train.bin', 'test.bin', 'fine_label_names.txt')
-RECORD = 2 + 3 * IMAGE_SIZE ** 2  # a record of train.bin and test.bin: coarse label, fine label, 3 x 32 x 32 planes
+# a record of train.bin and test.bin: coarse label, fine label, 3 x 32 x 32 planes
+RECORD = 2 + 3 * IMAGE_SIZE ** 2
 
 
 def read_archive(archive):
-  """{'x_train', 'y_train', 'x_test', 'y_test', 'label_names'} of the official binary archive (images in
-  file order, fine labels as int16), read in one pass: the one reader of both sources' arrays."""
+  """{'x_train', 'y_train', 'x_test', 'y_test', 'label_names'} of the official binary archive
+  (images in file order, fine labels as int16), read in one pass: the one reader of both
+  sources' arrays."""
   try:
     with tarfile.open(archive) as tar:
       files = {m.name.split('/')[-1]: tar.extractfile(m).read() for m in tar
@@ -107,12 +111,14 @@ def archive_path(cache_dir):
 
 
 def images_at_hand(cache_dir, tfds_data_dir=''):
-  """Whether the 'tfds' source needs no download: a prepared TFDS cifar100, or the official archive in the cache."""
+  """Whether the 'tfds' source needs no download: a prepared TFDS cifar100, or the official
+  archive in the cache."""
   return tfds_prepared(tfds_data_dir) or archive_path(cache_dir).is_file()
 
 
 def tfds_folder(data_dir=''):
-  """TFDS's data folder: `data_dir` (data.tfds_data_dir), else $TFDS_DATA_DIR, else ~/tensorflow_datasets."""
+  """TFDS's data folder: `data_dir` (data.tfds_data_dir), else $TFDS_DATA_DIR, else
+  ~/tensorflow_datasets."""
   return pathlib.Path(data_dir or os.environ.get('TFDS_DATA_DIR') or '~/tensorflow_datasets').expanduser()
 
 
@@ -122,14 +128,17 @@ def tfds_prepared(data_dir=''):
 
 
 def tfds_split(split, data_dir=''):
-  """One split of the prepared TFDS cifar100, read with `tfds.data_source` (random access: no TensorFlow,
-  never a download) and put back into the official file order by its record ids ('train_00012': 12)."""
-  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top (a slow import, only here)
+  """One split of the prepared TFDS cifar100, read with `tfds.data_source` (random access: no
+  TensorFlow, never a download) and put back into the official file order by its record ids
+  ('train_00012': 12)."""
+  # A slow import, so only here.
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
   folder = tfds_folder(data_dir)
   try:
     source = tfds.data_source('cifar100', split=split, data_dir=str(folder), download=False)
     records = source.__getitems__(list(range(len(source))))
-    numbers = np.asarray([int(re.sub(r'\D', '', str(r['id']))) for r in records])  # b'train_00012': 12
+    # b'train_00012': 12
+    numbers = np.asarray([int(re.sub(r'\D', '', str(r['id']))) for r in records])
   except Exception as e:  # tfds raises many types for a copy it cannot read
     raise DataError(f'the TFDS cifar100 prepared in {folder} cannot be read ({type(e).__name__}: {e}); '
                     'prepare it again (pip install tensorflow; tfds build cifar100 --file_format=array_record) '
@@ -155,8 +164,9 @@ def fetch_archive(cache_dir, help_text=''):
 
 
 def load_official(index_dir, cache_dir, tfds_data_dir=''):
-  """The official protocol (official train order and test set, session_*.txt's base images and shots), from
-  a prepared TFDS cifar100, else from the official archive in `<cache>/downloads/` (downloaded there once)."""
+  """The official protocol (official train order and test set, session_*.txt's base images and
+  shots), from a prepared TFDS cifar100, else from the official archive in
+  `<cache>/downloads/` (downloaded there once)."""
   if tfds_prepared(tfds_data_dir):
     train, test = (tfds_split(s, tfds_data_dir) for s in ('train', 'test'))
   else:
@@ -196,8 +206,9 @@ def trainsplit_test_indices(labels, shots, per_class=TEST_PER_CLASS):
 
 
 def load_cifar100_trainsplit(npz_path, index_dir):
-  """The `trainsplit` protocol: test = the last 100 non-shot training images of each class, base_train =
-  session_1.txt minus those, shot_pool = the other novel-class training images (docs/data.md)."""
+  """The `trainsplit` protocol: test = the last 100 non-shot training images of each class,
+  base_train = session_1.txt minus those, shot_pool = the other novel-class training images
+  (docs/data.md)."""
   train = load_train_npz(npz_path)
   base_list, topic_shots = read_topic_lists(index_dir, len(train))
   test_idx = trainsplit_test_indices(train.labels, np.concatenate(topic_shots))
@@ -238,8 +249,9 @@ SPLITS = tuple(SUPERCLASS_SPLITS) + tuple(CLASS_INCREMENTAL_SPLITS)
 
 
 def split_order(split):
-  """(fine labels in the split's class order, classes per session) of any split in SPLITS: a superclass
-  split's superclasses base first, each one's 5 fine classes ascending; LUCIR's seeded permutation."""
+  """(fine labels in the split's class order, classes per session) of any split in SPLITS: a
+  superclass split's superclasses base first, each one's 5 fine classes ascending; LUCIR's
+  seeded permutation."""
   if split in CLASS_INCREMENTAL_SPLITS:
     base, way, seed = CLASS_INCREMENTAL_SPLITS[split]
     return np.random.RandomState(seed).permutation(100), (base,) + (way,) * ((100 - base) // way)
@@ -252,8 +264,8 @@ def split_order(split):
 
 
 def class_split(bench, split):
-  """The CIFAR-100 benchmark `bench` relabelled into `split` (class ids in the split's order); no TOPIC
-  shots (the shots are F2M-style draws)."""
+  """The CIFAR-100 benchmark `bench` relabelled into `split` (class ids in the split's order); no
+  TOPIC shots (the shots are F2M-style draws)."""
   order, sizes = split_order(split)
   new_id = np.full(100, -1, np.int32)
   new_id[order] = np.arange(len(order))

@@ -1,6 +1,6 @@
-"""Tiny generated datasets in the on-disk layouts of miniImageNet, CUB-200-2011 and the folder source
-(each class a coloured grating at random phases, plus noise), written once into the cache for the
-`:smoke` configs and the tests; never a fallback for real data."""
+"""Tiny generated datasets in the on-disk layouts of miniImageNet, CUB-200-2011 and the folder
+source (each class a coloured grating at random phases, plus noise), written once into the
+cache for the `:smoke` configs and the tests; never a fallback for real data."""
 import collections
 import os
 import pathlib
@@ -16,14 +16,18 @@ VERSION = 2  # 2: the folder of 20 classes added
 COMPLETE = 'COMPLETE'
 SHOTS = 5
 Spec = collections.namedtuple('Spec', 'num_base way num_sessions train_per_class test_per_class sizes seed')
-SHAPES = ((40, 48), (52, 40), (44, 44))  # (height, width), cycled over the images: varied aspect ratios
-SPECS = {'mini_imagenet': Spec(8, 2, 9, 12, 6, ((40, 40),), 1),  # 8 base classes + 8 sessions x 2-way
+# (height, width), cycled over the images: varied aspect ratios
+SHAPES = ((40, 48), (52, 40), (44, 44))
+# mini_imagenet: 8 base classes + 8 sessions x 2-way
+SPECS = {'mini_imagenet': Spec(8, 2, 9, 12, 6, ((40, 40),), 1),
          'cub200': Spec(8, 2, 11, 10, 6, SHAPES, 2),  # 8 + 10 x 2
          'folder': Spec(10, 2, 6, 12, 6, SHAPES, 3)}  # 10 + 5 x 2, every fourth image a PNG
-MINI = lambda c, k: f'n{c + 1:08d}{k + 1:08d}.jpg'  # the file of class c's image k: its wnid, a number
+# the file of class c's image k: its wnid, a number
+MINI = lambda c, k: f'n{c + 1:08d}{k + 1:08d}.jpg'
 CUB = lambda c, k: f'{c + 1:03d}.Fake_Bird_{c + 1:03d}/Fake_Bird_{c + 1:03d}_{k + 1:04d}_{1000 * (c + 1) + k}.jpg'
 FOLDER = lambda c, k: f'class_{c:02d}/{k:03d}.{"png" if k % 4 == 3 else "jpg"}'
-# Per dataset: the path of class c's image k (t: a test image) and the TOPIC lists' line for it, the lists' folder.
+# Per dataset: the path of class c's image k (t: a test image), the TOPIC lists' line for it, and
+# the lists' folder.
 LAYOUTS = {
     'mini_imagenet': (lambda c, k, t: f'miniimagenet/images/{MINI(c, k)}',
                       lambda c, k: f'MINI-ImageNet/train/n{c + 1:08d}/{MINI(c, k)}', 'index_list/mini_imagenet'),
@@ -44,9 +48,9 @@ def write_lines(path, lines):
 
 
 def write_images(root, name):
-  """Dataset `name`'s images under `root` (JPEG quality 95, or PNG) and its TOPIC lists (session_1.txt: every
-  training image of the base classes; session_<t>.txt: 5 shots of each of session t's classes); its
-  (class, path, is_test) rows, in order."""
+  """Dataset `name`'s images under `root` (JPEG quality 95, or PNG) and its TOPIC lists
+  (session_1.txt: every training image of the base classes; session_<t>.txt: 5 shots of each
+  of session t's classes); its (class, path, is_test) rows, in order."""
   from PIL import Image  # pylint: disable=g-import-not-at-top
   s, (path, line, lists) = SPECS[name], LAYOUTS[name]
   n_cls, n = num_classes(s), s.train_per_class + s.test_per_class
@@ -71,7 +75,8 @@ def write_images(root, name):
 
 
 def write_all(root):
-  """The three datasets under `root`, with miniImageNet's split CSVs and CUB's four metadata files."""
+  """The three datasets under `root`, with miniImageNet's split CSVs and CUB's four metadata
+  files."""
   mini = write_images(root, 'mini_imagenet')
   for folder in ('miniimagenet/split', 'index_list/mini_imagenet'):
     for split, test in (('train', False), ('test', True)):
@@ -87,8 +92,9 @@ def write_all(root):
 
 
 def fake_folder(cache_dir, create=True):
-  """`<cache_dir>/fake_folder/v<VERSION>` with the three datasets, generated on first use (`create`; else None)
-  into a temporary folder renamed into place, so a folder that exists is complete."""
+  """`<cache_dir>/fake_folder/v<VERSION>` with the three datasets, generated on first use
+  (`create`; else None) into a temporary folder renamed into place, so a folder that exists is
+  complete."""
   target = pathlib.Path(cache_dir) / 'fake_folder' / f'v{VERSION}'
   if create and not (target / COMPLETE).is_file():
     target.parent.mkdir(parents=True, exist_ok=True)

@@ -1,5 +1,5 @@
-"""The validation protocol (`data.protocol='validation'`; docs/data.md): a benchmark made of the base
-classes' training images only."""
+"""The validation protocol (`data.protocol='validation'`; docs/data.md): a benchmark made of the
+base classes' training images only."""
 import dataclasses
 import math
 
@@ -12,9 +12,10 @@ HOLDOUT = 0.2  # the share of each base class's training images held out as its 
 
 
 def roles(benchmark):
-  """Indices into benchmark.train of 'base_train', 'shot_pool' and 'test' (held-out images of every base
-  class), and the class layout 'session_classes' (the last base classes as the pseudo-novel ones): S
-  pseudo-novel sessions of the real protocol's way that keep its share of novel classes."""
+  """Indices into benchmark.train of 'base_train', 'shot_pool' and 'test' (held-out images of
+  every base class), and the class layout 'session_classes' (the last base classes as the
+  pseudo-novel ones): S pseudo-novel sessions of the real protocol's way that keep its share
+  of novel classes."""
   labels = benchmark.train.labels
   train, test = [], []
   for c in benchmark.session_classes[0]:
@@ -37,8 +38,8 @@ def roles(benchmark):
 
 
 def validation_benchmark(benchmark):
-  """The validation protocol's benchmark; its test images are held-out training images, stored as the
-  test transform sees them."""
+  """The validation protocol's benchmark; its test images are held-out training images, stored as
+  the test transform sees them."""
   r = roles(benchmark)
   test = r.pop('test')
   images = np.ascontiguousarray(eval_view(benchmark.train.images[test], benchmark.image_size))

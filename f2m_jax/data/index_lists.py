@@ -1,5 +1,6 @@
-"""The TOPIC session lists (`index_list/<dataset>/session_*.txt`): found in the data folder or the cache,
-else downloaded into the cache from the CEC repository at a pinned commit, each file's sha256 pinned."""
+"""The TOPIC session lists (`index_list/<dataset>/session_*.txt`): found in the data folder or
+the cache, else downloaded into the cache from the CEC repository at a pinned commit, each
+file's sha256 pinned."""
 import hashlib
 import http.client
 import json
@@ -16,20 +17,21 @@ CEC_REPO = 'icoz69/CEC-CVPR2021'
 CEC_COMMIT = 'dc262374125418c7aadf00cac30bbb686a5859b6'
 BASE_URL = f'https://raw.githubusercontent.com/{CEC_REPO}/{CEC_COMMIT}/data/index_list'
 
-# sha256 of every file, computed from the reference copy of the lists (TOPIC lists as copied in CEC):
-# {dataset: {file name: sha256}}.
+# {dataset: {file: sha256}} of every list file, computed from the reference copy of the lists (TOPIC
+# lists as copied in CEC).
 SHA256 = json.loads(pathlib.Path(__file__).with_name('index_lists_sha256.json').read_text())
 
 
 def cache_folder(given=None):
-  """Where downloads and converted files go (never into the data folder): `given`, else $F2M_CACHE_DIR,
-  else ~/.cache/f2m_jax."""
+  """Where downloads and converted files go (never into the data folder): `given`, else
+  $F2M_CACHE_DIR, else ~/.cache/f2m_jax."""
   return given or os.environ.get('F2M_CACHE_DIR', '') or os.path.join(os.path.expanduser('~'), '.cache', 'f2m_jax')
 
 
 def index_list_dir(dataset, data_dir=None, cache_dir=None, download=True):
-  """The folder holding `session_*.txt` for `dataset`: `<data_dir or $F2M_DATA_DIR>/index_list/<dataset>`,
-  else `<cache folder>/index_list/<dataset>`, its missing files downloaded (`download`; else None)."""
+  """The folder holding `session_*.txt` for `dataset`: `<data_dir or
+  $F2M_DATA_DIR>/index_list/<dataset>`, else `<cache folder>/index_list/<dataset>`, its
+  missing files downloaded (`download`; else None)."""
   data_dir = data_dir or os.environ.get(DATA_DIR_ENV)
   if data_dir and (pathlib.Path(data_dir) / 'index_list' / dataset / 'session_1.txt').is_file():
     return pathlib.Path(data_dir) / 'index_list' / dataset
@@ -40,8 +42,9 @@ def index_list_dir(dataset, data_dir=None, cache_dir=None, download=True):
 
 
 def download_index_lists(dataset, folder):
-  """Downloads the missing list files of `dataset` into `folder` (returned), each checked against its
-  sha256 and written atomically (temp file + rename), so the folder never holds a partial or wrong file."""
+  """Downloads the missing list files of `dataset` into `folder` (returned), each checked against
+  its sha256 and written atomically (temp file + rename), so the folder never holds a partial
+  or wrong file."""
   for name, want in SHA256[dataset].items():
     if (folder / name).is_file():
       continue

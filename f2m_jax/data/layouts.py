@@ -1,5 +1,5 @@
-"""miniImageNet and CUB-200-2011 as layouts the folder source reads, in the TOPIC protocol (docs/data.md,
-'Datasets and sources')."""
+"""miniImageNet and CUB-200-2011 as layouts the folder source reads, in the TOPIC protocol
+(docs/data.md, 'Datasets and sources')."""
 import pathlib
 
 import numpy as np
@@ -65,8 +65,9 @@ def cub_tables(root):
 
 
 def spec(dataset, data_dir, index_dir=None, cache_dir=None, image_size=0, **fields):
-  """The folder source's Spec of `dataset` in `data_dir`, its TOPIC lists in `index_dir` (else found or downloaded
-  into `cache_dir`); `fields`: shots, protocol. A DataError names what is missing and how to get it."""
+  """The folder source's Spec of `dataset` in `data_dir`, its TOPIC lists in `index_dir` (else
+  found or downloaded into `cache_dir`); `fields`: shots, protocol. A DataError names what is
+  missing and how to get it."""
   if not data_dir:
     raise DataError(f'{dataset} needs a data folder: set ${DATA_DIR_ENV} or --config.data.data_dir.\n'
                     f'{HOW_TO_GET[dataset]}')

@@ -1,9 +1,10 @@
-"""Builds `cifar100_train.npz`, the file the `trainsplit` protocol reads, from the official CIFAR-100
-binary archive:
+"""Builds `cifar100_train.npz`, the file the `trainsplit` protocol reads, from the official
+CIFAR-100 binary archive:
 
     python -m f2m_jax.data.make_trainsplit --out DATA_FOLDER [--archive cifar-100-binary.tar.gz]
 
 What it writes and prints: docs/data.md.
+
 """
 import argparse
 import hashlib
@@ -29,8 +30,9 @@ def content_sha256(arrays):
 
 
 def build(archive, out_dir, verify=True):
-  """Writes <out_dir>/cifar100_train.npz from `archive` (checked against the pinned size and sha256
-  where `verify`); returns {'path', 'sha256', 'content', 'as_measured'}. Refuses an existing file."""
+  """Writes <out_dir>/cifar100_train.npz from `archive` (checked against the pinned size and
+  sha256 where `verify`); returns {'path', 'sha256', 'content', 'as_measured'}. Refuses an
+  existing file."""
   archive, out = pathlib.Path(archive), pathlib.Path(out_dir) / cifar100.NPZ_NAME
   if out.exists():
     raise DataError(f'{out} exists already; it is never overwritten (move it away to rebuild it)')

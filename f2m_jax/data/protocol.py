@@ -1,4 +1,5 @@
-"""Which images each session trains on: TOPIC fixed lists or F2M's seeded draws (docs/data.md, 'Protocols')."""
+"""Which images each session trains on: TOPIC fixed lists or F2M's seeded draws (docs/data.md,
+'Protocols')."""
 import hashlib
 import itertools
 
@@ -16,8 +17,9 @@ def _by_class(labels, pool):
 
 
 def session_shots(benchmark, protocol, run, session, shots, seed):
-  """Indices into `benchmark.train` of the few-shot images of `session` (2..T) in run `run`: 'topic' the
-  fixed list; else `shots` images of each new class's pool, drawn with an RNG seeded by (seed, run, session)."""
+  """Indices into `benchmark.train` of the few-shot images of `session` (2..T) in run `run`:
+  'topic' the fixed list; else `shots` images of each new class's pool, drawn with an RNG
+  seeded by (seed, run, session)."""
   if not 2 <= session <= benchmark.num_sessions:
     raise ValueError(f'session must be in [2, {benchmark.num_sessions}], got {session}')
   if protocol == 'topic':
@@ -43,9 +45,10 @@ def session_shots(benchmark, protocol, run, session, shots, seed):
 
 
 def shot_draws(benchmark, protocol, shots, seed, runs):
-  """Every run's shots (`session_shots`) in brief: `digest`, a hash of their indices and labels run by run
-  (equal digests, equal draws: what a paired comparison needs), and `same`: whether every run trains on the
-  same images (TOPIC's lists, or shot pools of `shots` images a class), so the runs are no draws of them."""
+  """Every run's shots (`session_shots`) in brief: `digest`, a hash of their indices and labels
+  run by run (equal digests, equal draws: what a paired comparison needs), and `same`: whether
+  every run trains on the same images (TOPIC's lists, or shot pools of `shots` images a
+  class), so the runs are no draws of them."""
   digest, first, same = hashlib.sha256(), None, runs > 1
   for run in range(runs):
     indices = np.concatenate([np.zeros(0, np.int64)] + [session_shots(benchmark, protocol, run, s, shots, seed)
@@ -57,8 +60,9 @@ def shot_draws(benchmark, protocol, shots, seed, runs):
 
 
 def class_aware_epoch(labels, pool, per_class, seed, epoch, stream=()):
-  """One epoch (max-class-size x classes samples) of cRT's class-aware sampling: classes in a random
-  order, `per_class` images a visit from each class's shuffled cycle; a function of (seed, stream, epoch)."""
+  """One epoch (max-class-size x classes samples) of cRT's class-aware sampling: classes in a
+  random order, `per_class` images a visit from each class's shuffled cycle; a function of
+  (seed, stream, epoch)."""
   members = _by_class(labels, pool)
   length = max(len(m) for m in members) * len(members)
   rng = np.random.default_rng([seed, *stream, epoch, 13])
@@ -84,8 +88,9 @@ def test_indices(benchmark, session):
 
 
 def balanced_batch(labels, pool, ways, shots, seed, step):
-  """`ways` distinct classes x `shots` images each, in class-contiguous blocks (the original's TaskSampler,
-  which prototype fixing relies on); a function of (seed, step), so a resumed run sees the same batches."""
+  """`ways` distinct classes x `shots` images each, in class-contiguous blocks (the original's
+  TaskSampler, which prototype fixing relies on); a function of (seed, step), so a resumed run
+  sees the same batches."""
   rng = np.random.default_rng([seed, step])
   members = _by_class(labels, pool)
   if ways > len(members):
@@ -95,8 +100,8 @@ def balanced_batch(labels, pool, ways, shots, seed, step):
 
 
 def task_epoch(labels, pool, shots, seed, epoch, stream=()):
-  """One epoch of the authors' TaskSampler: every class of the pool in a random order, `shots` images of
-  each without replacement, class by class; a function of (seed, stream, epoch)."""
+  """One epoch of the authors' TaskSampler: every class of the pool in a random order, `shots`
+  images of each without replacement, class by class; a function of (seed, stream, epoch)."""
   rng = np.random.default_rng([seed, *stream, epoch, 16])
   by_class = _by_class(labels, pool)
   blocks = []
@@ -111,18 +116,20 @@ def task_epoch(labels, pool, shots, seed, epoch, stream=()):
 
 
 def sampler_shots(sampler, batch, ways, shots):
-  """base.shots as the run uses it, the images per class in a batch of the class-aware samplers: 0 means
-  batch / ways; a set value must give that batch ('task_epochs'); under 'shuffle', 0 where batch is no
-  multiple of ways. Raises ValueError naming base.shots."""
+  """base.shots as the run uses it, the images per class in a batch of the class-aware samplers:
+  0 means batch / ways; a set value must give that batch ('task_epochs'); under 'shuffle', 0
+  where batch is no multiple of ways. Raises ValueError naming base.shots."""
   if ways < 1 or (shots and (sampler != 'task_epochs' or shots * ways == batch)):
-    return shots  # balanced: ways x shots is the batch, base.batch_size is not read; ways < 1 is refused
+    # balanced: ways x shots is the batch, base.batch_size is not read; ways < 1 is refused
+    return shots
   if shots:
     raise ValueError(f'base.shots={shots} is invalid: the task_epochs sampler keeps base.ways={ways} classes a batch, '
                      f'so base.ways x base.shots must be base.batch_size={batch} (is {ways * shots}); leave '
                      'base.shots=0 (batch_size / ways images a class), or set base.ways = base.batch_size / base.shots')
   if batch % ways == 0:
     return batch // ways
-  if sampler in ('task_epochs', 'balanced'):  # the samplers that fill a batch with base.ways classes
+  # the samplers that fill a batch with base.ways classes
+  if sampler in ('task_epochs', 'balanced'):
     near = ' or '.join(str(m) for m in (batch // ways * ways, (batch // ways + 1) * ways) if m)
     raise ValueError(f'base.batch_size={batch} is invalid: the {sampler} sampler takes base.ways={ways} classes per '
                      f'batch, base.batch_size / base.ways images each (base.shots=0), so it needs a multiple of '

@@ -15,18 +15,20 @@ def data_dir(config):
 
 
 def cache_dir(config):
-  """Where downloads and converted files go: config.data.cache_dir, else index_lists.cache_folder's default."""
+  """Where downloads and converted files go: config.data.cache_dir, else
+  index_lists.cache_folder's default."""
   return index_lists.cache_folder(config.data.cache_dir)
 
 
 def uses_layout(config):
-  """Whether a folder source reads miniImageNet's or CUB's own files (else the data.folder fields)."""
+  """Whether a folder source reads miniImageNet's or CUB's own files (else the data.folder
+  fields)."""
   return config.data.dataset in FOLDER_DATASETS and not config.data.get('folder', {}).get('train')
 
 
 def how_to_get(config):
-  """What the data folder must hold for the config's source and how to get it; '' where the source reads
-  no data folder."""
+  """What the data folder must hold for the config's source and how to get it; '' where the
+  source reads no data folder."""
   if config.data.source == 'folder' and uses_layout(config):
     return layouts.HOW_TO_GET[config.data.dataset]
   trainsplit = (config.data.dataset, config.data.source) == ('cifar100', 'trainsplit')
@@ -52,7 +54,8 @@ def _load(config):
   if source == 'trainsplit':  # cifar100_train.npz in the data folder validation demands
     npz = os.path.join(data_dir(config), cifar100.NPZ_NAME)
     if not os.path.isfile(npz):
-      cifar100.load_train_npz(npz)  # raises the DataError saying what to put there, before the lists are looked for
+      # raises the DataError saying what to put there, before the lists are looked for
+      cifar100.load_train_npz(npz)
     bench = cifar100.load_cifar100_trainsplit(npz, index_lists.index_list_dir('cifar100', data_dir(config), cache))
   else:  # from TFDS or the official archive
     try:
@@ -68,8 +71,9 @@ def _load(config):
 
 
 def folder_spec(config, writes=True):
-  """The folder.Spec of a folder source: a layout's own files (layouts.py), the data.folder fields, or the
-  generated 'fake_folder'. With `writes=False` (a dry run) None where it would be created."""
+  """The folder.Spec of a folder source: a layout's own files (layouts.py), the data.folder
+  fields, or the generated 'fake_folder'. With `writes=False` (a dry run) None where it would
+  be created."""
   cache, dataset = cache_dir(config), config.data.dataset
   fields = dict(shots=config.data.shots, protocol=config.data.protocol)
   fake = config.data.source == 'fake_folder'
@@ -86,6 +90,7 @@ def folder_spec(config, writes=True):
     return layouts.spec(dataset, files, index_dir, cache, config.data.get('image_size', 0), **fields)
   f = config.data.folder.to_dict()
   f.update({k: os.path.expanduser(os.path.expandvars(f[k])) for k in ('train', 'test', 'root', 'lists', 'classes')})
-  if root is not None:  # the generated folder of 20 classes and its lists instead of the user's files
+  # the generated folder of 20 classes and its lists instead of the user's files
+  if root is not None:
     f.update({name: str(root / 'folder' / name) for name in ('train', 'test', 'lists')})
   return folder.Spec(name=dataset or 'folder', image_size=config.data.image_size, **f, **fields)

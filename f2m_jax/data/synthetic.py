@@ -1,20 +1,22 @@
-"""A generated benchmark for tests and smoke runs: each class a coloured sinusoidal grating, learnable in
-seconds on a CPU, a deterministic function of the seed; never a fallback. Also the images of the
-generated folders (fake_folders.py)."""
+"""A generated benchmark for tests and smoke runs: each class a coloured sinusoidal grating,
+learnable in seconds on a CPU, a deterministic function of the seed; never a fallback. Also
+the images of the generated folders (fake_folders.py)."""
 import numpy as np
 
 from f2m_jax.data.types import Benchmark, Split, sessions_from_counts
 
 
 def class_looks(rng, num_classes):
-  """Each class's grating: (orientation [C], frequency in periods per image side [C], colour [C, 3])."""
+  """Each class's grating: (orientation [C], frequency in periods per image side [C], colour [C,
+  3])."""
   return (rng.uniform(0, np.pi, num_classes), rng.uniform(1.0, 4.0, num_classes),
           rng.uniform(-1.0, 1.0, (num_classes, 3)))
 
 
 def render(rng, looks, labels, shape, amplitude, noise):
-  """uint8 images [*labels.shape, H, W, 3]: each its class's grating (`class_looks`) at a random phase (so
-  position carries no label), plus Gaussian pixel noise of std `noise` (on the 0..1 scale)."""
+  """uint8 images [*labels.shape, H, W, 3]: each its class's grating (`class_looks`) at a random
+  phase (so position carries no label), plus Gaussian pixel noise of std `noise` (on the 0..1
+  scale)."""
   angle, freq, colour = (x[labels, None, None] for x in looks)
   phase = rng.uniform(0, 2 * np.pi, np.shape(labels))
   yy, xx = np.meshgrid(np.arange(shape[0]), np.arange(shape[1]), indexing='ij')

@@ -1,5 +1,5 @@
-"""The in-memory `Benchmark` every data source produces. Class ids are in session order, so a label is
-also the row of its prototype."""
+"""The in-memory `Benchmark` every data source produces. Class ids are in session order, so a
+label is also the row of its prototype."""
 import dataclasses
 from typing import Optional
 
@@ -29,9 +29,10 @@ class Split:
 
 @dataclasses.dataclass(frozen=True)
 class Benchmark:
-  """A dataset laid out for incremental few-shot learning: `train` and `test` images; `base_train`,
-  `shot_pool` and `topic_shots` (per session 2..T, or None) index `train`; session_classes[0] are the base
-  classes; image_size, mean, std and augment ('crop_flip' or 'rrc_flip') are the network input's."""
+  """A dataset laid out for incremental few-shot learning: `train` and `test` images;
+  `base_train`, `shot_pool` and `topic_shots` (per session 2..T, or None) index `train`;
+  session_classes[0] are the base classes; image_size, mean, std and augment ('crop_flip' or
+  'rrc_flip') are the network input's."""
   name: str
   train: Split
   test: Split

@@ -1,6 +1,7 @@
-"""ResNet-20 (CIFAR stem) and ResNet-18 (ImageNet stem) whose `__call__` runs any contiguous range of
-blocks (the trunk/suffix split). Parameter names follow torchvision (`conv1`, `layer3_1/conv2`,
-`layer2_0/downsample_conv`, `fc`), so pretrained weights convert by name.
+"""ResNet-20 (CIFAR stem) and ResNet-18 (ImageNet stem) whose `__call__` runs any contiguous
+range of blocks (the trunk/suffix split). Parameter names follow torchvision (`conv1`,
+`layer3_1/conv2`, `layer2_0/downsample_conv`, `fc`), so pretrained weights convert by name.
+
 """
 import functools
 from typing import Any, Sequence
@@ -31,8 +32,8 @@ def fc_init(key, shape, dtype=jnp.float32):
 
 
 def fan_out_init(key, shape, dtype=jnp.float32):
-  """The authors' iCaRL classifier init: kaiming_normal_(mode='fan_out') of their [embedding, classes]
-  matrix (a 2-d tensor's fan_out is its first dimension), N(0, 2 / embedding)."""
+  """The authors' iCaRL classifier init: kaiming_normal_(mode='fan_out') of their [embedding,
+  classes] matrix (a 2-d tensor's fan_out is its first dimension), N(0, 2 / embedding)."""
   return _scaled_normal(key, shape, dtype, np.sqrt(np.asarray(2.0 / shape[0], dtype)))
 
 
@@ -41,12 +42,13 @@ BN_EPSILON = 1e-5
 
 
 def accumulation_dtype(dtype):
-  """The dtype statistics, embeddings and gradient sums use: float32 for float32 and bfloat16 compute,
-  float64 for float64 (the equivalence tests run the whole network in float64)."""
+  """The dtype statistics, embeddings and gradient sums use: float32 for float32 and bfloat16
+  compute, float64 for float64 (the equivalence tests run the whole network in float64)."""
   return jnp.promote_types(dtype, jnp.float32)
 
 
-LAYOUT = ('NHWC', 'HWIO', 'NHWC')  # images, kernels, outputs: the forward and the CPU backward's convs
+# images, kernels, outputs: the forward and the CPU backward's convs
+LAYOUT = ('NHWC', 'HWIO', 'NHWC')
 
 
 def _conv(x, kernel, strides, padding, dtype):
@@ -54,14 +56,16 @@ def _conv(x, kernel, strides, padding, dtype):
 
 
 KERNEL_GRAD_BLOCK_BYTES = 2 << 20  # im2col block per scan step: small enough to stay in a CPU cache
-# Output gradients smaller than this take the convolution form (`_kernel_grad_eigen`): as fast there,
-# and it compiles faster. Every conv of the CIFAR-100, miniImageNet and CUB configs is above it.
+# Output gradients smaller than this take the convolution form (`_kernel_grad_eigen`): as fast
+# there, and it compiles faster. Every conv of the CIFAR-100, miniImageNet and CUB configs is above
+# it.
 # The measurements: experiments/results/README.md, "CPU speed: the convolution backward's forms".
 KERNEL_GRAD_MIN_BYTES = 1 << 20
 
 
 def _kernel_grad_by_shifts(x, g, kernel_shape, strides, padding):
-  """d conv(x, k) / dk contracted with g, as im2col matmuls over blocks of a few images (lax.scan)."""
+  """d conv(x, k) / dk contracted with g, as im2col matmuls over blocks of a few images
+  (lax.scan)."""
   kh, kw, cin, cout = kernel_shape
   n, ho, wo, _ = g.shape
   sh, sw = strides
@@ -84,8 +88,8 @@ def _kernel_grad_by_shifts(x, g, kernel_shape, strides, padding):
 
 
 def _input_grad_eigen(g, kernel, x_shape, strides, padding):
-  """d conv(x, kernel) / dx contracted with g (float32) as the convolution XLA:CPU's Eigen kernels run;
-  bit-identical to XLA's transpose outside loops."""
+  """d conv(x, kernel) / dx contracted with g (float32) as the convolution XLA:CPU's Eigen
+  kernels run; bit-identical to XLA's transpose outside loops."""
   kh, kw = kernel.shape[:2]
   flipped = jnp.transpose(jnp.flip(kernel, (0, 1)), (0, 1, 3, 2))
   pads = []
@@ -105,8 +109,9 @@ def _kernel_grad_eigen(x, g, kernel_shape, strides, padding):
 
 
 def _conv_grads(x, kernel, g, strides, padding, dtype, backward):
-  """(d x, d kernel) of conv(x, kernel) contracted with g: XLA's own transposes ('xla'), or ('cpu') the
-  forms XLA:CPU runs fast (experiments/results/README.md, 'CPU speed: the convolution backward's forms')."""
+  """(d x, d kernel) of conv(x, kernel) contracted with g: XLA's own transposes ('xla'), or
+  ('cpu') the forms XLA:CPU runs fast (experiments/results/README.md, 'CPU speed: the
+  convolution backward's forms')."""
   eigen = backward == 'cpu' and jnp.dtype(dtype) == jnp.float32
   if eigen:
     gx = _input_grad_eigen(g, kernel, x.shape, strides, padding)
@@ -123,8 +128,9 @@ def _conv_grads(x, kernel, g, strides, padding, dtype, backward):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6))
 def conv2d(x, kernel, eps, strides, padding, dtype, backward):
-  """conv(x, kernel + eps) whose backward sees `kernel` alone (eps gets no gradient): the clean-weights
-  backward. backward: 'cpu' or 'xla', the form the gradients are written in (`_conv_grads`)."""
+  """conv(x, kernel + eps) whose backward sees `kernel` alone (eps gets no gradient): the
+  clean-weights backward. backward: 'cpu' or 'xla', the form the gradients are written in
+  (`_conv_grads`)."""
   return _conv(x, kernel + eps, strides, padding, dtype)
 
 
@@ -141,8 +147,8 @@ conv2d.defvjp(_conv2d_fwd, _conv2d_bwd)
 
 
 class Conv(nn.Module):
-  """A bias-free convolution (NHWC, HWIO 'kernel', as flax's nn.Conv); with a 'noise' collection, conv(x,
-  kernel + eps) differentiated at the clean kernel (`conv2d`)."""
+  """A bias-free convolution (NHWC, HWIO 'kernel', as flax's nn.Conv); with a 'noise' collection,
+  conv(x, kernel + eps) differentiated at the clean kernel (`conv2d`)."""
   features: int
   kernel_size: Sequence[int]
   strides: Sequence[int] = (1, 1)
@@ -162,8 +168,8 @@ class Conv(nn.Module):
 
 
 class BatchNorm(nn.Module):
-  """PyTorch's BatchNorm2d: the biased batch variance to normalise, the unbiased one into the running
-  variance (momentum BN_MOMENTUM). Variables named as flax's nn.BatchNorm."""
+  """PyTorch's BatchNorm2d: the biased batch variance to normalise, the unbiased one into the
+  running variance (momentum BN_MOMENTUM). Variables named as flax's nn.BatchNorm."""
   use_running_average: bool
   dtype: Any = jnp.float32
 
@@ -270,16 +276,16 @@ HEADS = ('linear', 'linear_no_bias', 'cosine')
 
 
 def cosine_scores(embedding, kernel):
-  """cos(embedding, each column of kernel [dim, classes]), norms clipped as F.normalize on the squared
-  norm, so that an all-zero column has a zero gradient, not NaN."""
+  """cos(embedding, each column of kernel [dim, classes]), norms clipped as F.normalize on the
+  squared norm, so that an all-zero column has a zero gradient, not NaN."""
   def unit(x, axis):
     return x / jnp.sqrt(jnp.maximum(jnp.sum(x * x, axis=axis, keepdims=True), 1e-24))
   return unit(embedding, -1) @ unit(kernel, 0)
 
 
 def uniform_columns(key, shape, dtype=jnp.float32):
-  """The cosine classifier's init (LUCIR's, and the F2M authors' Rebalance): U(-1/sqrt(dim), 1/sqrt(dim))
-  for a [dim, classes] kernel."""
+  """The cosine classifier's init (LUCIR's, and the F2M authors' Rebalance): U(-1/sqrt(dim),
+  1/sqrt(dim)) for a [dim, classes] kernel."""
   bound = 1.0 / np.sqrt(shape[0])
   return jax.random.uniform(key, shape, dtype, -bound, bound)
 

@@ -1,6 +1,6 @@
-"""torchvision ResNet-18 weights (a `.pth` state dict) -> our Flax ResNet-18 params and batch stats, by
-name (ours follow torchvision). The classifier converts only when its shape matches; any other missing,
-unexpected or mis-shaped entry is an error. Reading a `.pth` needs PyTorch."""
+"""torchvision ResNet-18 weights (a `.pth` state dict) -> our Flax ResNet-18 params and batch
+stats, by name (ours follow torchvision). The classifier converts only when its shape matches;
+any other missing, unexpected or mis-shaped entry is an error. Reading a `.pth` needs PyTorch."""
 import os
 import re
 from typing import Mapping
@@ -15,11 +15,13 @@ TORCHVISION_URL = 'https://download.pytorch.org/models/resnet18-f37072fd.pth'  #
 
 
 class WeightsError(ValueError):
-  """Pretrained weights missing, unreadable or not matching the model; the message says what to do."""
+  """Pretrained weights missing, unreadable or not matching the model; the message says what to
+  do."""
 
 
 def torch_name(collection, path):
-  """The torchvision state-dict key of our leaf `path` in `collection` ('params' or 'batch_stats')."""
+  """The torchvision state-dict key of our leaf `path` in `collection` ('params' or
+  'batch_stats')."""
   *module, leaf = path
   name = re.sub(r'layer(\d+)_(\d+)', r'layer\1.\2', '.'.join(module))
   name = name.replace('downsample_conv', 'downsample.0').replace('downsample_bn', 'downsample.1')
@@ -41,7 +43,8 @@ def _to_flax(path, value):
 
 
 def clean_state_dict(state_dict):
-  """Unwraps {'state_dict': ...} / {'model': ...} checkpoints and strips a DataParallel 'module.'."""
+  """Unwraps {'state_dict': ...} / {'model': ...} checkpoints and strips a DataParallel
+  'module.'."""
   for key in ('state_dict', 'model'):
     if key in state_dict and isinstance(state_dict[key], Mapping):
       state_dict = state_dict[key]
@@ -49,8 +52,9 @@ def clean_state_dict(state_dict):
 
 
 def convert_state_dict(state_dict, params_template, batch_stats_template):
-  """(params, batch_stats) with every leaf of the templates taken from `state_dict` (torchvision names),
-  except `fc` when its shape differs; a WeightsError for a missing, unknown or mis-shaped key."""
+  """(params, batch_stats) with every leaf of the templates taken from `state_dict` (torchvision
+  names), except `fc` when its shape differs; a WeightsError for a missing, unknown or
+  mis-shaped key."""
   sd = {k: v for k, v in clean_state_dict(state_dict).items() if not k.endswith('num_batches_tracked')}
   wrong = {'missing': [], 'of another shape': []}
   result = {}
