@@ -57,8 +57,8 @@ def _rrc_flip_one(key, image, size, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3)):
   x0 = jax.random.uniform(k4, ()) * (w - cw)
   scale_yx = jnp.stack([size / ch, size / cw])
   translate = -jnp.stack([y0, x0]) * scale_yx
-  out = jax.image.scale_and_translate(image, (size, size, image.shape[2]), (0, 1), scale_yx, translate,
-                                      method='linear', antialias=True)
+  out = jax.image.scale_and_translate(image, (size, size, image.shape[2]), (0, 1), scale_yx,
+                                      translate, method='linear', antialias=True)
   return _flip(k5, out)
 
 
@@ -66,8 +66,8 @@ def augment(key, images, kind, size):
   """Augments a float batch [N, H, W, C] with per-image keys derived from `key`; `kind` one of
   AUGMENTS."""
   keys = jax.random.split(key, images.shape[0])
-  one = {'crop_flip': lambda k, x: _crop_flip_one(k, x, 4), 'rrc_flip': lambda k, x: _rrc_flip_one(k, x, size),
-         'none': None}[kind]
+  one = {'crop_flip': lambda k, x: _crop_flip_one(k, x, 4),
+         'rrc_flip': lambda k, x: _rrc_flip_one(k, x, size), 'none': None}[kind]
   return images if one is None else jax.vmap(one)(keys, images)
 
 

@@ -14,7 +14,8 @@ import numpy as np
 
 from f2m_jax.data import download
 from f2m_jax.data.index_lists import DATA_DIR_ENV, session_lists
-from f2m_jax.data.types import Benchmark, DataError, Split, check_session_indices, sessions_from_counts
+from f2m_jax.data.types import (Benchmark, DataError, Split, check_session_indices,
+                                sessions_from_counts)
 
 # Normalisation of the original code (0..1 scale).
 MEAN = (0.5071, 0.4866, 0.4409)
@@ -31,12 +32,13 @@ ARCHIVE_URL = 'https://www.cs.toronto.edu/~kriz/cifar-100-binary.tar.gz'
 ARCHIVE_SIZE = 168513733
 ARCHIVE_SHA256 = '58a81ae192c23a4be8b1804d68e518ed807d710a4eb253b1f2a199162a40d8ec'
 ARCHIVE_NAME = 'cifar-100-binary.tar.gz'
-TRAINSPLIT_ALTERNATIVE = (f'configs/cifar100.py:trainsplit on {NPZ_NAME} (python -m f2m_jax.data.make_trainsplit '
-                          'builds it from the archive)')
-TRAINSPLIT_HOW_TO_GET = (f'How to obtain it: {NPZ_NAME} is the official training set as arrays (docs/data.md); '
-                         'build it with `python -m f2m_jax.data.make_trainsplit --out <data folder>` (downloads the '
-                         f'official archive, or --archive <a local {ARCHIVE_NAME}>); the data folder is '
-                         f'${DATA_DIR_ENV} or --config.data.data_dir.')
+TRAINSPLIT_ALTERNATIVE = (f'configs/cifar100.py:trainsplit on {NPZ_NAME} (python -m '
+                          'f2m_jax.data.make_trainsplit builds it from the archive)')
+TRAINSPLIT_HOW_TO_GET = (f'How to obtain it: {NPZ_NAME} is the official training set as arrays '
+                         '(docs/data.md); build it with `python -m f2m_jax.data.make_trainsplit '
+                         '--out <data folder>` (downloads the official archive, or --archive <a '
+                         f'local {ARCHIVE_NAME}>); the data folder is ${DATA_DIR_ENV} or '
+                         '--config.data.data_dir.')
 
 
 # ---------------------------------------------------------------- TOPIC lists
@@ -47,7 +49,8 @@ def read_topic_lists(index_dir, num_images):
   try:
     arrays = [np.asarray(lines, np.int64) for lines in session_lists(index_dir, NUM_SESSIONS)]
   except ValueError as e:
-    raise DataError(f'{index_dir}: CIFAR-100 index lists must hold one integer per line ({e})') from e
+    raise DataError(f'{index_dir}: CIFAR-100 index lists must hold one integer per line '
+                    f'({e})') from e
   if any(a.size and (a.min() < 0 or a.max() >= num_images) for a in arrays):
     raise DataError(f'{index_dir}: the index lists point outside the {num_images} training images')
   return arrays[0], tuple(arrays[1:])
@@ -66,7 +69,8 @@ def _benchmark(name, train, test, base_train, shot_pool, topic_shots):
     for t, shots in enumerate(topic_shots, start=2):
       check_session_indices(bench, shots, t, SHOTS)
   except ValueError as e:
-    raise DataError(f'the TOPIC lists do not match the CIFAR-100 labels (wrong image order?): {e}') from e
+    raise DataError('the TOPIC lists do not match the CIFAR-100 labels (wrong image '
+                    f'order?): {e}') from e
   return bench
 
 
@@ -98,7 +102,8 @@ def read_archive(archive):
       raise DataError(f'{archive}: {split}.bin is not a whole number of {RECORD}-byte records')
     rows = np.frombuffer(data, np.uint8).reshape(-1, RECORD)
     images = rows[:, 2:].reshape(-1, 3, IMAGE_SIZE, IMAGE_SIZE).transpose(0, 2, 3, 1)
-    arrays[f'x_{split}'], arrays[f'y_{split}'] = np.ascontiguousarray(images), rows[:, 1].astype(np.int16)
+    arrays[f'x_{split}'] = np.ascontiguousarray(images)
+    arrays[f'y_{split}'] = rows[:, 1].astype(np.int16)
   if len(arrays['label_names']) != 100 or arrays['y_train'].max(initial=0) >= 100:
     raise DataError(f'{archive}: expected 100 fine label names and labels 0..99, found '
                     f'{len(arrays["label_names"])} names')
@@ -119,7 +124,8 @@ def images_at_hand(cache_dir, tfds_data_dir=''):
 def tfds_folder(data_dir=''):
   """TFDS's data folder: `data_dir` (data.tfds_data_dir), else $TFDS_DATA_DIR, else
   ~/tensorflow_datasets."""
-  return pathlib.Path(data_dir or os.environ.get('TFDS_DATA_DIR') or '~/tensorflow_datasets').expanduser()
+  folder = data_dir or os.environ.get('TFDS_DATA_DIR') or '~/tensorflow_datasets'
+  return pathlib.Path(folder).expanduser()
 
 
 def tfds_prepared(data_dir=''):
@@ -140,21 +146,23 @@ def tfds_split(split, data_dir=''):
     # b'train_00012': 12
     numbers = np.asarray([int(re.sub(r'\D', '', str(r['id']))) for r in records])
   except Exception as e:  # tfds raises many types for a copy it cannot read
-    raise DataError(f'the TFDS cifar100 prepared in {folder} cannot be read ({type(e).__name__}: {e}); '
-                    'prepare it again (pip install tensorflow; tfds build cifar100 --file_format=array_record) '
-                    'or move it away to use the official archive') from e
+    raise DataError(f'the TFDS cifar100 prepared in {folder} cannot be read ({type(e).__name__}: '
+                    f'{e}); prepare it again (pip install tensorflow; tfds build cifar100 '
+                    '--file_format=array_record) or move it away to use the official '
+                    'archive') from e
   order = np.argsort(numbers, kind='stable')
   if not np.array_equal(numbers[order], np.arange(len(numbers))):
-    raise DataError(f'the record ids of TFDS cifar100 {split} do not number its images 0..N-1 exactly once')
+    raise DataError(f'the record ids of TFDS cifar100 {split} do not number its images 0..N-1 '
+                    'exactly once')
   images = np.stack([r['image'] for r in records]).astype(np.uint8)
   return Split(images[order], np.asarray([r['label'] for r in records], np.int32)[order])
 
 
 def archive_help(cache_dir):
   """Where the 'tfds' source's images come from, and what to do offline."""
-  return (f'The official archive {ARCHIVE_NAME} ({ARCHIVE_SIZE / 1e6:.0f} MB, {ARCHIVE_URL}, sha256 {ARCHIVE_SHA256}), '
-          f'downloaded into {archive_path(cache_dir).parent}/ when online; offline, put it there yourself, '
-          f'or use {TRAINSPLIT_ALTERNATIVE}.')
+  return (f'The official archive {ARCHIVE_NAME} ({ARCHIVE_SIZE / 1e6:.0f} MB, {ARCHIVE_URL}, '
+          f'sha256 {ARCHIVE_SHA256}), downloaded into {archive_path(cache_dir).parent}/ when '
+          f'online; offline, put it there yourself, or use {TRAINSPLIT_ALTERNATIVE}.')
 
 
 def fetch_archive(cache_dir, help_text=''):
@@ -172,13 +180,16 @@ def load_official(index_dir, cache_dir, tfds_data_dir=''):
   else:
     archive = archive_path(cache_dir)
     if not archive.is_file():
-      print(f'CIFAR-100: no TFDS cifar100 prepared in {tfds_folder(tfds_data_dir)}, nor the official archive in the '
-            f'cache ({archive}); downloading the archive once ({ARCHIVE_SIZE / 1e6:.0f} MB, {ARCHIVE_URL})',
+      print(f'CIFAR-100: no TFDS cifar100 prepared in {tfds_folder(tfds_data_dir)}, nor the '
+            f'official archive in the cache ({archive}); downloading the archive once '
+            f'({ARCHIVE_SIZE / 1e6:.0f} MB, {ARCHIVE_URL})',
             file=sys.stderr, flush=True)
     arrays = read_archive(fetch_archive(cache_dir, f'Alternative: {TRAINSPLIT_ALTERNATIVE}.'))
-    train, test = (Split(arrays[f'x_{s}'], arrays[f'y_{s}'].astype(np.int32)) for s in ('train', 'test'))
+    train, test = (Split(arrays[f'x_{s}'], arrays[f'y_{s}'].astype(np.int32))
+                   for s in ('train', 'test'))
   base_train, topic_shots = read_topic_lists(index_dir, len(train))
-  return _benchmark('cifar100', train, test, base_train, np.flatnonzero(train.labels >= NUM_BASE), topic_shots)
+  shot_pool = np.flatnonzero(train.labels >= NUM_BASE)
+  return _benchmark('cifar100', train, test, base_train, shot_pool, topic_shots)
 
 
 # ---------------------------------------------------------------- trainsplit source
@@ -224,9 +235,11 @@ def load_cifar100_trainsplit(npz_path, index_dir):
 # The paper's appendix tables "first" and "second class split": base = 6 superclasses (30 classes),
 # then one superclass (5 classes, 5-way 5-shot) per session, in the paper's order.
 SUPERCLASS_SPLITS = {
-    'superclass1': (('aquatic_mammals', 'fish', 'insects', 'reptiles', 'small_mammals', 'large_carnivores'),
+    'superclass1': (('aquatic_mammals', 'fish', 'insects', 'reptiles', 'small_mammals',
+                     'large_carnivores'),
                     ('vehicles_2', 'flowers', 'food_containers', 'household_furniture')),
-    'superclass2': (('aquatic_mammals', 'fish', 'insects', 'reptiles', 'household_furniture', 'small_mammals'),
+    'superclass2': (('aquatic_mammals', 'fish', 'insects', 'reptiles', 'household_furniture',
+                     'small_mammals'),
                     ('people', 'vehicles_2', 'flowers', 'food_containers')),
 }
 
@@ -259,7 +272,8 @@ def split_order(split):
     raise ValueError(f'data.split={split!r} is not one of {sorted(SPLITS)} (or empty)')
   names, fine_to_coarse = superclasses()
   base, sessions = SUPERCLASS_SPLITS[split]
-  order = np.concatenate([np.flatnonzero(fine_to_coarse == names.index(n)) for n in base + sessions])
+  order = np.concatenate([np.flatnonzero(fine_to_coarse == names.index(n))
+                          for n in base + sessions])
   return order, (5 * len(base),) + (5,) * len(sessions)  # every superclass holds 5 classes
 
 

@@ -19,8 +19,8 @@ def _open(url, offset):
     f = open(urllib.request.url2pathname(urllib.parse.urlparse(url).path), 'rb')
     f.seek(offset)
     return f, offset
-  response = urllib.request.urlopen(urllib.request.Request(url, headers={'Range': f'bytes={offset}-'}),
-                                    timeout=TIMEOUT_S)
+  request = urllib.request.Request(url, headers={'Range': f'bytes={offset}-'})
+  response = urllib.request.urlopen(request, timeout=TIMEOUT_S)
   return response, offset if response.status == 206 else 0
 
 
@@ -47,13 +47,14 @@ def fetch(url, dest, sha256, size, what, help_text=''):
       reason = str(e)
   got = part.stat().st_size if part.is_file() else 0
   if got < size:
-    raise DataError(f'could not download {what} from {url}: it ended at {got:,} of {size:,} bytes ({reason}). '
-                    f'Rerun to resume it. {manual}')
+    raise DataError(f'could not download {what} from {url}: it ended at {got:,} of {size:,} bytes '
+                    f'({reason}). Rerun to resume it. {manual}')
   digest = sha256_file(part)
   if digest != sha256:
     part.unlink()
-    raise DataError(f'{what} from {url} has the wrong checksum ({got:,} bytes, sha256 {digest}; expected '
-                    f'{size:,} bytes, sha256 {sha256}), so it was deleted. Rerun to download it again; if '
-                    f'this repeats, the file at that address has changed or the network alters it. {manual}')
+    raise DataError(f'{what} from {url} has the wrong checksum ({got:,} bytes, sha256 {digest}; '
+                    f'expected {size:,} bytes, sha256 {sha256}), so it was deleted. Rerun to '
+                    'download it again; if this repeats, the file at that address has changed or '
+                    f'the network alters it. {manual}')
   os.replace(part, dest)
   return dest

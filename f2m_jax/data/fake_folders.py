@@ -15,7 +15,8 @@ from f2m_jax.data import synthetic
 VERSION = 2  # 2: the folder of 20 classes added
 COMPLETE = 'COMPLETE'
 SHOTS = 5
-Spec = collections.namedtuple('Spec', 'num_base way num_sessions train_per_class test_per_class sizes seed')
+Spec = collections.namedtuple('Spec', 'num_base way num_sessions train_per_class test_per_class '
+                                      'sizes seed')
 # (height, width), cycled over the images: varied aspect ratios
 SHAPES = ((40, 48), (52, 40), (44, 44))
 # mini_imagenet: 8 base classes + 8 sessions x 2-way
@@ -24,15 +25,17 @@ SPECS = {'mini_imagenet': Spec(8, 2, 9, 12, 6, ((40, 40),), 1),
          'folder': Spec(10, 2, 6, 12, 6, SHAPES, 3)}  # 10 + 5 x 2, every fourth image a PNG
 # the file of class c's image k: its wnid, a number
 MINI = lambda c, k: f'n{c + 1:08d}{k + 1:08d}.jpg'
-CUB = lambda c, k: f'{c + 1:03d}.Fake_Bird_{c + 1:03d}/Fake_Bird_{c + 1:03d}_{k + 1:04d}_{1000 * (c + 1) + k}.jpg'
+CUB = lambda c, k: (f'{c + 1:03d}.Fake_Bird_{c + 1:03d}/'
+                    f'Fake_Bird_{c + 1:03d}_{k + 1:04d}_{1000 * (c + 1) + k}.jpg')
 FOLDER = lambda c, k: f'class_{c:02d}/{k:03d}.{"png" if k % 4 == 3 else "jpg"}'
 # Per dataset: the path of class c's image k (t: a test image), the TOPIC lists' line for it, and
 # the lists' folder.
 LAYOUTS = {
     'mini_imagenet': (lambda c, k, t: f'miniimagenet/images/{MINI(c, k)}',
-                      lambda c, k: f'MINI-ImageNet/train/n{c + 1:08d}/{MINI(c, k)}', 'index_list/mini_imagenet'),
-    'cub200': (lambda c, k, t: f'CUB_200_2011/images/{CUB(c, k)}', lambda c, k: f'CUB_200_2011/images/{CUB(c, k)}',
-               'index_list/cub200'),
+                      lambda c, k: f'MINI-ImageNet/train/n{c + 1:08d}/{MINI(c, k)}',
+                      'index_list/mini_imagenet'),
+    'cub200': (lambda c, k, t: f'CUB_200_2011/images/{CUB(c, k)}',
+               lambda c, k: f'CUB_200_2011/images/{CUB(c, k)}', 'index_list/cub200'),
     'folder': (lambda c, k, t: f'folder/{"test" if t else "train"}/{FOLDER(c, k)}',
                lambda c, k: f'train/{FOLDER(c, k)}', 'folder/lists'),
 }
@@ -82,11 +85,13 @@ def write_all(root):
     for split, test in (('train', False), ('test', True)):
       write_lines(root / folder / f'{split}.csv', ['filename,label'] + [
           f'{os.path.basename(p)},{os.path.basename(p)[:9]}' for c, p, t in mini if t == test])
-  cub = [(i, c, p[len('CUB_200_2011/images/'):], t) for i, (c, p, t) in enumerate(write_images(root, 'cub200'), 1)]
-  write_lines(root / 'CUB_200_2011' / 'images.txt', [f'{i} {p}' for i, c, p, t in cub])
-  write_lines(root / 'CUB_200_2011' / 'train_test_split.txt', [f'{i} {int(not t)}' for i, c, p, t in cub])
-  write_lines(root / 'CUB_200_2011' / 'image_class_labels.txt', [f'{i} {c + 1}' for i, c, p, t in cub])
-  write_lines(root / 'CUB_200_2011' / 'classes.txt',
+  rows = [(i, c, p[len('CUB_200_2011/images/'):], t)
+          for i, (c, p, t) in enumerate(write_images(root, 'cub200'), 1)]
+  cub = root / 'CUB_200_2011'
+  write_lines(cub / 'images.txt', [f'{i} {p}' for i, c, p, t in rows])
+  write_lines(cub / 'train_test_split.txt', [f'{i} {int(not t)}' for i, c, p, t in rows])
+  write_lines(cub / 'image_class_labels.txt', [f'{i} {c + 1}' for i, c, p, t in rows])
+  write_lines(cub / 'classes.txt',
               [f'{c + 1} {CUB(c, 0).split("/")[0]}' for c in range(num_classes(SPECS['cub200']))])
   write_images(root, 'folder')
 

@@ -29,11 +29,12 @@ def roles(benchmark):
   sessions = max(1, round(base * share / way))
   num_base = base - way * sessions
   if num_base < 1:
-    raise ValueError(f'{benchmark.num_base_classes} base classes are too few for a validation protocol of '
+    raise ValueError(f'{base} base classes are too few for a validation protocol of '
                      f'{way * sessions} pseudo-novel classes')
   train_all = np.concatenate(train)
   is_base = labels[train_all] < num_base
-  return {'base_train': train_all[is_base], 'shot_pool': train_all[~is_base], 'test': np.concatenate(test),
+  return {'base_train': train_all[is_base], 'shot_pool': train_all[~is_base],
+          'test': np.concatenate(test),
           'session_classes': sessions_from_counts(num_base, way, sessions + 1)}
 
 

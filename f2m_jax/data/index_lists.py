@@ -25,7 +25,7 @@ SHA256 = json.loads(pathlib.Path(__file__).with_name('index_lists_sha256.json').
 def cache_folder(given=None):
   """Where downloads and converted files go (never into the data folder): `given`, else
   $F2M_CACHE_DIR, else ~/.cache/f2m_jax."""
-  return given or os.environ.get('F2M_CACHE_DIR', '') or os.path.join(os.path.expanduser('~'), '.cache', 'f2m_jax')
+  return given or os.environ.get('F2M_CACHE_DIR') or os.path.expanduser('~/.cache/f2m_jax')
 
 
 def index_list_dir(dataset, data_dir=None, cache_dir=None, download=True):
@@ -59,10 +59,11 @@ def download_index_lists(dataset, folder):
       got = hashlib.sha256(data).hexdigest()
       problem = got != want and f'checksum mismatch for {url}: sha256 {got}, expected {want}'
     if problem:
-      raise DataError(f'The TOPIC index lists for {dataset} were not found and {problem}.\n'
-                      f'Files needed: {", ".join(SHA256[dataset])}\nfrom {BASE_URL}/{dataset}/ (repository '
-                      f'{CEC_REPO}, commit {CEC_COMMIT}).\nPut them in ${DATA_DIR_ENV}/index_list/{dataset}/ (set '
-                      f'{DATA_DIR_ENV} to your data folder) or in the cache folder {folder}/.')
+      raise DataError(f'The TOPIC index lists for {dataset} were not found and {problem}.\nFiles '
+                      f'needed: {", ".join(SHA256[dataset])}\nfrom {BASE_URL}/{dataset}/ '
+                      f'(repository {CEC_REPO}, commit {CEC_COMMIT}).\nPut them in '
+                      f'${DATA_DIR_ENV}/index_list/{dataset}/ (set {DATA_DIR_ENV} to your data '
+                      f'folder) or in the cache folder {folder}/.')
     with written_atomically(folder / name) as tmp:
       tmp.write_bytes(data)
   return folder

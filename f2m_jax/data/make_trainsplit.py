@@ -38,14 +38,17 @@ def build(archive, out_dir, verify=True):
     raise DataError(f'{out} exists already; it is never overwritten (move it away to rebuild it)')
   if not archive.is_file():
     raise DataError(f'archive {archive} not found; download {cifar100.ARCHIVE_URL} (sha256 '
-                    f'{cifar100.ARCHIVE_SHA256}) or drop --archive to download it into the cache folder')
+                    f'{cifar100.ARCHIVE_SHA256}) or drop --archive to download it into the cache '
+                    'folder')
   if verify:
     size, digest = archive.stat().st_size, files.sha256_file(archive)
     if (size, digest) != (cifar100.ARCHIVE_SIZE, cifar100.ARCHIVE_SHA256):
-      raise DataError(f'{archive} is not the official archive ({size:,} bytes, sha256 {digest}; expected '
-                      f'{cifar100.ARCHIVE_SIZE:,} bytes, sha256 {cifar100.ARCHIVE_SHA256}); download it again '
-                      f'from {cifar100.ARCHIVE_URL}, or pass --no-verify to build from it anyway')
-  arrays = {k: v for k, v in cifar100.read_archive(archive).items() if k in ('x_train', 'y_train', 'label_names')}
+      raise DataError(f'{archive} is not the official archive ({size:,} bytes, sha256 {digest}; '
+                      f'expected {cifar100.ARCHIVE_SIZE:,} bytes, sha256 '
+                      f'{cifar100.ARCHIVE_SHA256}); download it again from {cifar100.ARCHIVE_URL}, '
+                      'or pass --no-verify to build from it anyway')
+  every = cifar100.read_archive(archive)
+  arrays = {k: every[k] for k in ('x_train', 'y_train', 'label_names')}
   out.parent.mkdir(parents=True, exist_ok=True)
   with files.written_atomically(out, '.npz') as tmp:
     np.savez(tmp, source=np.asarray(f'{cifar100.ARCHIVE_URL} (train.bin, file order)'), **arrays)
@@ -56,24 +59,29 @@ def build(archive, out_dir, verify=True):
 
 def main(argv=None):
   p = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
-  p.add_argument('--out', nargs='?', const='', required=True, help='the data folder to write cifar100_train.npz into')
-  p.add_argument('--archive', help=f'a local {cifar100.ARCHIVE_NAME} (default: downloaded into the cache folder)')
-  p.add_argument('--cache_dir', default='', help='the cache folder (default: $F2M_CACHE_DIR, else ~/.cache/f2m_jax)')
+  p.add_argument('--out', nargs='?', const='', required=True,
+                 help='the data folder to write cifar100_train.npz into')
+  p.add_argument('--archive', help=f'a local {cifar100.ARCHIVE_NAME} (default: downloaded into '
+                                   'the cache folder)')
+  p.add_argument('--cache_dir', default='',
+                 help='the cache folder (default: $F2M_CACHE_DIR, else ~/.cache/f2m_jax)')
   p.add_argument('--no-verify', dest='verify', action='store_false',
                  help="build from an archive whose size or sha256 is not the official one's")
   args = p.parse_args(argv)
   if not args.out:  # `--out $F2M_DATA_DIR` with the variable unset
-    print(f'error: --out got no folder (is F2M_DATA_DIR unset?): name the data folder to write {cifar100.NPZ_NAME} '
-          'into, e.g. `export F2M_DATA_DIR=~/f2m_data` and rerun, or --out ~/f2m_data', file=sys.stderr)
+    print('error: --out got no folder (is F2M_DATA_DIR unset?): name the data folder to write '
+          f'{cifar100.NPZ_NAME} into, e.g. `export F2M_DATA_DIR=~/f2m_data` and rerun, or --out '
+          '~/f2m_data', file=sys.stderr)
     return 2
   try:
-    done = build(args.archive or cifar100.fetch_archive(index_lists.cache_folder(args.cache_dir)), args.out,
-                 verify=args.verify)
+    archive = args.archive or cifar100.fetch_archive(index_lists.cache_folder(args.cache_dir))
+    done = build(archive, args.out, verify=args.verify)
   except DataError as e:
     print(f'error: {e}', file=sys.stderr)
     return 2
   print(f'wrote {done["path"]} (sha256 {done["sha256"]})')
-  print(f'x_train sha256 {done["content"]["x_train"]}, y_train sha256 {done["content"]["y_train"]}: '
+  print(f'x_train sha256 {done["content"]["x_train"]}, y_train sha256 '
+        f'{done["content"]["y_train"]}: '
         + ('the arrays this project measured on' if done['as_measured'] else
            'NOT the arrays this project measured on (a different archive, or --no-verify)'))
   return 0

@@ -34,8 +34,8 @@ def session_shots(benchmark, protocol, run, session, shots, seed):
     for c in benchmark.session_classes[session - 1]:
       candidates = benchmark.shot_pool[pool_labels == c]
       if len(candidates) < shots:
-        raise ValueError(f'data.shots={shots} is invalid: class {c} has {len(candidates)} images in the shot pool, '
-                         f'fewer than that')
+        raise ValueError(f'data.shots={shots} is invalid: class {c} has {len(candidates)} images '
+                         'in the shot pool, fewer than that')
       picks.append(np.sort(rng.choice(candidates, shots, replace=False)))
     indices = np.concatenate(picks)
   else:
@@ -51,8 +51,9 @@ def shot_draws(benchmark, protocol, shots, seed, runs):
   class), so the runs are no draws of them."""
   digest, first, same = hashlib.sha256(), None, runs > 1
   for run in range(runs):
-    indices = np.concatenate([np.zeros(0, np.int64)] + [session_shots(benchmark, protocol, run, s, shots, seed)
-                                                        for s in range(2, benchmark.num_sessions + 1)])
+    indices = np.concatenate([np.zeros(0, np.int64)] +
+                             [session_shots(benchmark, protocol, run, s, shots, seed)
+                              for s in range(2, benchmark.num_sessions + 1)])
     digest.update(np.stack([indices, benchmark.train.labels[indices]]).astype(np.int64).tobytes())
     first = indices if first is None else first
     same = same and np.array_equal(indices, first)
@@ -108,9 +109,9 @@ def task_epoch(labels, pool, shots, seed, epoch, stream=()):
   for i in rng.permutation(len(by_class)):
     members = by_class[i]
     if len(members) < shots:
-      raise ValueError(f'class {labels[members[0]]} has {len(members)} base training images, fewer than the base.shots={shots} a '
-                       'batch takes of each class (base.batch_size / base.ways where base.shots=0): lower '
-                       'base.batch_size or raise base.ways')
+      raise ValueError(f'class {labels[members[0]]} has {len(members)} base training images, fewer '
+                       f'than the base.shots={shots} a batch takes of each class (base.batch_size '
+                       '/ base.ways where base.shots=0): lower base.batch_size or raise base.ways')
     blocks.append(members[rng.permutation(len(members))[:shots]])
   return np.concatenate(blocks)
 
@@ -123,18 +124,19 @@ def sampler_shots(sampler, batch, ways, shots):
     # balanced: ways x shots is the batch, base.batch_size is not read; ways < 1 is refused
     return shots
   if shots:
-    raise ValueError(f'base.shots={shots} is invalid: the task_epochs sampler keeps base.ways={ways} classes a batch, '
-                     f'so base.ways x base.shots must be base.batch_size={batch} (is {ways * shots}); leave '
-                     'base.shots=0 (batch_size / ways images a class), or set base.ways = base.batch_size / base.shots')
+    raise ValueError(f'base.shots={shots} is invalid: the task_epochs sampler keeps '
+                     f'base.ways={ways} classes a batch, so base.ways x base.shots must be '
+                     f'base.batch_size={batch} (is {ways * shots}); leave base.shots=0 (batch_size '
+                     '/ ways images a class), or set base.ways = base.batch_size / base.shots')
   if batch % ways == 0:
     return batch // ways
   # the samplers that fill a batch with base.ways classes
   if sampler in ('task_epochs', 'balanced'):
     near = ' or '.join(str(m) for m in (batch // ways * ways, (batch // ways + 1) * ways) if m)
-    raise ValueError(f'base.batch_size={batch} is invalid: the {sampler} sampler takes base.ways={ways} classes per '
-                     f'batch, base.batch_size / base.ways images each (base.shots=0), so it needs a multiple of '
-                     f'{ways} (e.g. {near}); or set base.ways, or base.shots with '
-                     'base.ways = base.batch_size / base.shots')
+    raise ValueError(f'base.batch_size={batch} is invalid: the {sampler} sampler takes '
+                     f'base.ways={ways} classes per batch, base.batch_size / base.ways images each '
+                     f'(base.shots=0), so it needs a multiple of {ways} (e.g. {near}); or set '
+                     'base.ways, or base.shots with base.ways = base.batch_size / base.shots')
   return 0
 
 
@@ -142,12 +144,12 @@ def task_epoch_batches(num_classes, shots, batch):
   """Batches per TaskSampler epoch: the epoch's num_classes x shots indices cut into `batch`-sized
   batches, the remainder dropped (the original's DataLoader with drop_last=True)."""
   if batch % shots:
-    raise ValueError(f'base.batch_size={batch} must be a multiple of base.shots={shots}: each batch is '
-                     'whole blocks of one class (prototype fixing relies on it)')
+    raise ValueError(f'base.batch_size={batch} must be a multiple of base.shots={shots}: each '
+                     'batch is whole blocks of one class (prototype fixing relies on it)')
   per_epoch = num_classes * shots // batch
   if per_epoch < 1:
-    raise ValueError(f'base.batch_size={batch} exceeds one epoch of {num_classes} classes x {shots} shots: '
-                     f'allowed up to {num_classes * shots}')
+    raise ValueError(f'base.batch_size={batch} exceeds one epoch of {num_classes} classes x '
+                     f'{shots} shots: allowed up to {num_classes * shots}')
   return per_epoch
 
 

@@ -50,21 +50,23 @@ def _load(config):
     return folder.load(folder_spec(config), cache)
   if dataset != 'cifar100' or source not in ('trainsplit', 'tfds'):
     raise ValueError(f'data.source={source!r} is not available for data.dataset={dataset!r} '
-                     f'(sources: {SOURCES}; the folder source reads any dataset through configs/folder.py)')
+                     f'(sources: {SOURCES}; the folder source reads any dataset through '
+                     'configs/folder.py)')
   if source == 'trainsplit':  # cifar100_train.npz in the data folder validation demands
     npz = os.path.join(data_dir(config), cifar100.NPZ_NAME)
     if not os.path.isfile(npz):
       # raises the DataError saying what to put there, before the lists are looked for
       cifar100.load_train_npz(npz)
-    bench = cifar100.load_cifar100_trainsplit(npz, index_lists.index_list_dir('cifar100', data_dir(config), cache))
+    index_dir = index_lists.index_list_dir('cifar100', data_dir(config), cache)
+    bench = cifar100.load_cifar100_trainsplit(npz, index_dir)
   else:  # from TFDS or the official archive
     try:
       index_dir = index_lists.index_list_dir('cifar100', data_dir(config), cache)
     except DataError as e:  # the images' files are named with the lists where both are missing
       if cifar100.images_at_hand(cache, config.data.tfds_data_dir):
         raise
-      raise DataError(f'CIFAR-100 needs two things this machine has not got:\n1. {cifar100.archive_help(cache)}\n'
-                      f'2. {e}') from e
+      raise DataError('CIFAR-100 needs two things this machine has not got:\n1. '
+                      f'{cifar100.archive_help(cache)}\n2. {e}') from e
     bench = cifar100.load_official(index_dir, cache, config.data.tfds_data_dir)
   split = config.data.get('split', '')
   return cifar100.class_split(bench, split) if split else bench
@@ -87,9 +89,11 @@ def folder_spec(config, writes=True):
       index_dir = index_lists.index_list_dir(dataset, files, cache, download=False)
       if index_dir is None:
         return None
-    return layouts.spec(dataset, files, index_dir, cache, config.data.get('image_size', 0), **fields)
+    return layouts.spec(dataset, files, index_dir, cache, config.data.get('image_size', 0),
+                        **fields)
   f = config.data.folder.to_dict()
-  f.update({k: os.path.expanduser(os.path.expandvars(f[k])) for k in ('train', 'test', 'root', 'lists', 'classes')})
+  for k in ('train', 'test', 'root', 'lists', 'classes'):
+    f[k] = os.path.expanduser(os.path.expandvars(f[k]))
   # the generated folder of 20 classes and its lists instead of the user's files
   if root is not None:
     f.update({name: str(root / 'folder' / name) for name in ('train', 'test', 'lists')})

@@ -21,22 +21,24 @@ def render(rng, looks, labels, shape, amplitude, noise):
   phase = rng.uniform(0, 2 * np.pi, np.shape(labels))
   yy, xx = np.meshgrid(np.arange(shape[0]), np.arange(shape[1]), indexing='ij')
   proj = (np.cos(angle) * xx + np.sin(angle) * yy) / max(shape)
-  images = 0.5 + amplitude * np.sin(2 * np.pi * freq * proj + phase[..., None, None])[..., None] * colour
+  wave = np.sin(2 * np.pi * freq * proj + phase[..., None, None])
+  images = 0.5 + amplitude * wave[..., None] * colour
   return np.clip((images + rng.normal(0.0, noise, images.shape)) * 255.0, 0, 255).astype(np.uint8)
 
 
-def make_synthetic(seed=0, num_base=60, way=5, num_sessions=9, train_per_class=40, test_per_class=20,
-                   image_size=32, noise=0.15):
+def make_synthetic(seed=0, num_base=60, way=5, num_sessions=9, train_per_class=40,
+                   test_per_class=20, image_size=32, noise=0.15):
   """A `Benchmark` with `num_base + way * (num_sessions - 1)` classes of generated images."""
   if num_base < 1 or way < 1 or num_sessions < 1:
-    raise ValueError(f'synthetic sizes must be positive, got base={num_base} way={way} sessions={num_sessions}')
+    raise ValueError(f'synthetic sizes must be positive, got base={num_base} way={way} '
+                     f'sessions={num_sessions}')
   num_classes = num_base + way * (num_sessions - 1)
-  rng, looks = np.random.default_rng([seed, 1]), class_looks(np.random.default_rng(seed), num_classes)
-  splits = []
-  for per_class in (train_per_class, test_per_class):
-    labels = np.repeat(np.arange(num_classes, dtype=np.int32), per_class)
-    splits.append(Split(render(rng, looks, labels, (image_size,) * 2, 0.25, noise), labels))
-  train, test = splits
+  rng = np.random.default_rng([seed, 1])
+  looks = class_looks(np.random.default_rng(seed), num_classes)
+  labels = [np.repeat(np.arange(num_classes, dtype=np.int32), n)
+            for n in (train_per_class, test_per_class)]
+  # train, then test: one stream of draws
+  train, test = (Split(render(rng, looks, y, (image_size,) * 2, 0.25, noise), y) for y in labels)
   return Benchmark(
       name='synthetic', train=train, test=test, base_train=np.flatnonzero(train.labels < num_base),
       session_classes=sessions_from_counts(num_base, way, num_sessions),

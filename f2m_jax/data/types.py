@@ -19,9 +19,11 @@ class Split:
 
   def __post_init__(self):
     if self.images.ndim != 4 or self.images.dtype != np.uint8:
-      raise ValueError(f'images must be uint8 [N, H, W, C], got {self.images.dtype} {self.images.shape}')
+      raise ValueError(f'images must be uint8 [N, H, W, C], got {self.images.dtype} '
+                       f'{self.images.shape}')
     if self.labels.shape != (self.images.shape[0],):
-      raise ValueError(f'labels shape {self.labels.shape} does not match {self.images.shape[0]} images')
+      raise ValueError(f'labels shape {self.labels.shape} does not match {self.images.shape[0]} '
+                       'images')
 
   def __len__(self):
     return len(self.labels)
@@ -70,7 +72,8 @@ def check_session_indices(benchmark, indices, session, shots):
   want = benchmark.session_classes[session - 1]
   for c in want:
     if labels.count(c) != shots:
-      raise ValueError(f'session {session}: class {c} has {labels.count(c)} shots, expected {shots}')
+      raise ValueError(f'session {session}: class {c} has {labels.count(c)} shots, expected '
+                       f'{shots}')
   extra = set(labels) - set(want)
   if extra:
     raise ValueError(f'session {session}: shots of unexpected classes {sorted(extra)}')

@@ -52,7 +52,8 @@ LAYOUT = ('NHWC', 'HWIO', 'NHWC')
 
 
 def _conv(x, kernel, strides, padding, dtype):
-  return lax.conv_general_dilated(x.astype(dtype), kernel.astype(dtype), strides, padding, dimension_numbers=LAYOUT)
+  return lax.conv_general_dilated(x.astype(dtype), kernel.astype(dtype), strides, padding,
+                                  dimension_numbers=LAYOUT)
 
 
 KERNEL_GRAD_BLOCK_BYTES = 2 << 20  # im2col block per scan step: small enough to stay in a CPU cache
@@ -71,7 +72,8 @@ def _kernel_grad_by_shifts(x, g, kernel_shape, strides, padding):
   sh, sw = strides
   acc_dtype = accumulation_dtype(x.dtype)
   per_image = ho * wo * kh * kw * cin * 4
-  chunk = max([d for d in range(1, n + 1) if n % d == 0 and d * per_image <= KERNEL_GRAD_BLOCK_BYTES] or [1])
+  fits = [d for d in range(1, n + 1) if n % d == 0 and d * per_image <= KERNEL_GRAD_BLOCK_BYTES]
+  chunk = max(fits or [1])
   xp = jnp.pad(x.astype(acc_dtype), ((0, 0), *padding, (0, 0)))
   xp = xp.reshape((n // chunk, chunk) + xp.shape[1:])
   gb = g.astype(acc_dtype).reshape(n // chunk, chunk * ho * wo, cout)
@@ -96,15 +98,16 @@ def _input_grad_eigen(g, kernel, x_shape, strides, padding):
   for size, k, s, (lo, _), out in zip(x_shape[1:3], (kh, kw), strides, padding, g.shape[1:3]):
     before = k - 1 - lo
     pads.append((before, size + k - 1 - ((out - 1) * s + 1) - before))
-  return lax.conv_general_dilated(g, flipped, (1, 1), pads, lhs_dilation=strides, dimension_numbers=LAYOUT)
+  return lax.conv_general_dilated(g, flipped, (1, 1), pads, lhs_dilation=strides,
+                                  dimension_numbers=LAYOUT)
 
 
 def _kernel_grad_eigen(x, g, kernel_shape, strides, padding):
   """d conv(x, k) / dk contracted with g (float32) as the convolution XLA:CPU's Eigen kernels run;
   bit-identical to XLA's transpose outside loops."""
   kh, kw = kernel_shape[:2]
-  out = lax.conv_general_dilated(jnp.transpose(x, (3, 1, 2, 0)), jnp.transpose(g, (1, 2, 0, 3)), (1, 1),
-                                 padding, rhs_dilation=strides, dimension_numbers=LAYOUT)
+  out = lax.conv_general_dilated(jnp.transpose(x, (3, 1, 2, 0)), jnp.transpose(g, (1, 2, 0, 3)),
+                                 (1, 1), padding, rhs_dilation=strides, dimension_numbers=LAYOUT)
   return jnp.transpose(out[:, :kh, :kw, :], (1, 2, 0, 3))
 
 
@@ -118,7 +121,8 @@ def _conv_grads(x, kernel, g, strides, padding, dtype, backward):
   else:
     gx, = jax.linear_transpose(lambda x_: _conv(x_, kernel, strides, padding, dtype), x)(g)
   if backward == 'cpu' and g.size * 4 >= KERNEL_GRAD_MIN_BYTES:
-    gk = _kernel_grad_by_shifts(x.astype(dtype), g, kernel.shape, strides, padding).astype(kernel.dtype)
+    gk = _kernel_grad_by_shifts(x.astype(dtype), g, kernel.shape, strides, padding)
+    gk = gk.astype(kernel.dtype)
   elif eigen:
     gk = _kernel_grad_eigen(x, g, kernel.shape, strides, padding)
   else:
@@ -268,7 +272,8 @@ class ResNet(nn.Module):
     if self.head == 'cosine':
       return embedding, CosineClassifier(self.num_classes, name='fc')(embedding)
     bias = self.head == 'linear'  # else 'linear_no_bias'
-    fc = nn.Dense(self.num_classes, use_bias=bias, kernel_init=fc_init if bias else fan_out_init, name='fc')
+    fc = nn.Dense(self.num_classes, use_bias=bias, kernel_init=fc_init if bias else fan_out_init,
+                  name='fc')
     return embedding, fc(embedding)
 
 
