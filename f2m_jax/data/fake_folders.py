@@ -65,7 +65,7 @@ def write_images(root, name):
     train = np.flatnonzero(~is_test)
     if c >= s.num_base:
       train = train[np.sort(split_rng.choice(len(train), SHOTS, replace=False))]
-    sessions[0 if c < s.num_base else 1 + (c - s.num_base) // s.way] += [line(c, k) for k in train]
+    sessions[max(0, (c - s.num_base) // s.way + 1)] += [line(c, k) for k in train]
     for k in range(n):
       img = synthetic.render(rng, looks, c, s.sizes[(c * n + k) % len(s.sizes)], 0.3, 0.12)
       rows.append((c, path(c, k, is_test[k]), is_test[k]))

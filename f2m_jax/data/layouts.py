@@ -43,12 +43,14 @@ def mini_csv(root, index_dir, name):
 
 def _read_pairs(path):
   """{int id: value} from '<id> <value>' lines."""
-  lines = [(n, line, line.split(maxsplit=1))
-           for n, line in enumerate(path.read_text().splitlines(), start=1)]
-  for n, line, parts in lines:
+  pairs = {}
+  for n, line in enumerate(path.read_text().splitlines(), start=1):
+    parts = line.split(maxsplit=1)
     if parts and (len(parts) != 2 or not parts[0].isdigit()):
       raise DataError(f'{path}:{n}: expected "<id> <value>", got {line!r}')
-  return {int(parts[0]): parts[1].strip() for _, _, parts in lines if parts}
+    if parts:
+      pairs[int(parts[0])] = parts[1].strip()
+  return pairs
 
 
 def cub_tables(root):

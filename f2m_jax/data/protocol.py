@@ -49,15 +49,15 @@ def shot_draws(benchmark, protocol, shots, seed, runs):
   run by run (equal digests, equal draws: what a paired comparison needs), and `same`: whether
   every run trains on the same images (TOPIC's lists, or shot pools of `shots` images a
   class), so the runs are no draws of them."""
-  digest, first, same = hashlib.sha256(), None, runs > 1
+  digest, draws = hashlib.sha256(), []
   for run in range(runs):
     indices = np.concatenate([np.zeros(0, np.int64)] +
                              [session_shots(benchmark, protocol, run, s, shots, seed)
                               for s in range(2, benchmark.num_sessions + 1)])
     digest.update(np.stack([indices, benchmark.train.labels[indices]]).astype(np.int64).tobytes())
-    first = indices if first is None else first
-    same = same and np.array_equal(indices, first)
-  return {'digest': digest.hexdigest()[:16], 'same': bool(same)}
+    draws.append(indices)
+  same = runs > 1 and all(np.array_equal(d, draws[0]) for d in draws)
+  return {'digest': digest.hexdigest()[:16], 'same': same}
 
 
 def class_aware_epoch(labels, pool, per_class, seed, epoch, stream=()):

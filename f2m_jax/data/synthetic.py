@@ -43,4 +43,4 @@ def make_synthetic(seed=0, num_base=60, way=5, num_sessions=9, train_per_class=4
       name='synthetic', train=train, test=test, base_train=np.flatnonzero(train.labels < num_base),
       session_classes=sessions_from_counts(num_base, way, num_sessions),
       shot_pool=np.arange(len(train)), topic_shots=None, image_size=image_size,
-      mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25), augment='crop_flip')
+      mean=(0.5,) * 3, std=(0.25,) * 3, augment='crop_flip')

@@ -92,10 +92,9 @@ def _kernel_grad_by_shifts(x, g, kernel_shape, strides, padding):
 def _input_grad_eigen(g, kernel, x_shape, strides, padding):
   """d conv(x, kernel) / dx contracted with g (float32) as the convolution XLA:CPU's Eigen
   kernels run; bit-identical to XLA's transpose outside loops."""
-  kh, kw = kernel.shape[:2]
   flipped = jnp.transpose(jnp.flip(kernel, (0, 1)), (0, 1, 3, 2))
   pads = []
-  for size, k, s, (lo, _), out in zip(x_shape[1:3], (kh, kw), strides, padding, g.shape[1:3]):
+  for size, k, s, (lo, _), out in zip(x_shape[1:3], kernel.shape, strides, padding, g.shape[1:3]):
     before = k - 1 - lo
     pads.append((before, size + k - 1 - ((out - 1) * s + 1) - before))
   return lax.conv_general_dilated(g, flipped, (1, 1), pads, lhs_dilation=strides,

@@ -118,8 +118,7 @@ def load_torchvision_resnet18(pth_path, model, image_size, key=None):
   state_dict = read_state_dict(pth_path)
   key = jax.random.key(0) if key is None else key
   images = jnp.zeros((1, image_size, image_size, 3), jnp.float32)
-  init = jax.jit(lambda k: model.init(k, images, train=False))
-  variables = init(key)
+  variables = jax.jit(lambda k: model.init(k, images, train=False))(key)
   return convert_state_dict(state_dict, variables['params'], variables['batch_stats'])
 
 
