@@ -138,7 +138,7 @@ def test_joint_sessions_chosen_on_test_keep_the_best_network_through_a_resume(mo
   assert not list((tmp_path / 'whole' / 'checkpoints' / 'training').iterdir())  # the train states, the best: removed
   network, unused = runner.network(2), Checkpoints(str(tmp_path / 'probe'))
   probe = train_loop.TestSetSelector(exp, network, 2, unused.best_base, None)
-  assert measure(probe, whole) == joint.linear_accuracies(exp, whole, network, 2)['acc']  # the seen classes'
+  assert measure(probe, whole) == runner.accuracies(whole, 2)['acc']  # the seen classes'
   unused.close()
   with pytest.raises(Interrupt):
     session('resumed', save_fails_at=8)
