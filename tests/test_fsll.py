@@ -1,7 +1,5 @@
 """FSLL (f2m_jax/methods/fsll.py): its parts against transcriptions of the authors' losses and
 hand-made cases, then the method end to end on a tiny synthetic protocol, resumed to the same results."""
-from __future__ import annotations
-
 import jax
 import jax.numpy as jnp
 import ml_collections
