@@ -1,7 +1,5 @@
 """The plain class-incremental split of CIFAR-100 (configs/cifar100_incremental.py): LUCIR's class
 order, 50 base classes + 5 sessions of 10 that bring every training image of their classes."""
-from __future__ import annotations
-
 import numpy as np
 import pytest
 

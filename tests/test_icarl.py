@@ -1,8 +1,6 @@
 """iCaRL (f2m_jax/methods/icarl.py): its parts against hand-made cases and a transcription of the
 authors' loops, then the method end to end through the pipeline on a tiny synthetic protocol,
 resumed after an interruption to the same results."""
-from __future__ import annotations
-
 import jax
 import jax.numpy as jnp
 import numpy as np

@@ -1,8 +1,6 @@
 """The incremental phase's trunk cache (eval.cache_trunk) changes nothing but the time it takes:
 test embeddings from cached trunk features equal the full network's, and a whole run gives the
 same results.json with and without the cache."""
-from __future__ import annotations
-
 import json
 import os
 
@@ -17,17 +15,9 @@ from f2m_jax.data import sources
 from f2m_jax.run import pipeline
 
 
-def small_config(smoke_config, cache: bool):
-  """The smoke config cut to 4 sessions, 2 runs and 5 base steps."""
-  config = smoke_config
-  config.data.synthetic.num_sessions = 4
-  config.base.steps = 5
-  config.eval.cache_trunk = cache
-  return config
-
-
 def test_cached_suffix_embeddings_equal_full_network(smoke_config):
-  config = pipeline.resolve(small_config(smoke_config, True))
+  smoke_config.data.synthetic.num_sessions, smoke_config.base.steps = 4, 5  # sessions, base steps
+  config = pipeline.resolve(smoke_config)  # eval.cache_trunk: True, the default
   exp = experiment_lib.Experiment.create(config, sources.load_benchmark(config))
   state = exp.init_state()
   base = {'params': state.params, 'batch_stats': state.batch_stats}

@@ -1,17 +1,23 @@
 """Joint training and cRT through the pipeline (the paper's upper bound rows), on a tiny synthetic
 protocol of one incremental session: end to end, resumable, cRT changes only the classifier, and its
 class-aware sampler."""
-from __future__ import annotations
+import types
 
 import chex
+import jax
 import numpy as np
 import pytest
 
+from configs import cifar100
 from conftest import without_provenance
 from f2m_jax import experiment as experiment_lib
-from f2m_jax.data import protocol
+from f2m_jax import train_loop, trees
+from f2m_jax.data import protocol, sources
+from f2m_jax.methods import joint
+from f2m_jax.models import torch_import
 from f2m_jax.run import pipeline
-from f2m_jax.run.checkpoint import Checkpoints
+from f2m_jax.run import workdir as workdir_lib
+from f2m_jax.run.checkpoint import Checkpoints, Folder
 
 
 def tiny(config, method, num_sessions=2):
@@ -25,7 +31,6 @@ def tiny(config, method, num_sessions=2):
 
 @pytest.fixture(scope='module')
 def workdirs(tmp_path_factory):
-  from configs import cifar100
   root = tmp_path_factory.mktemp('upper')
   joint = pipeline.run(tiny(cifar100.get_config('smoke'), 'joint'), str(root / 'joint'))
   crt = pipeline.run(tiny(cifar100.get_config('smoke'), 'crt'), str(root / 'crt'), checkpoint=str(root / 'joint'))
@@ -37,13 +42,6 @@ def test_joint_sessions_start_from_the_pretrained_trunk(monkeypatch, tmp_path):
   """model.pretrained reaches the network of every joint session (and so cRT's), not only session
   1's: the trunk and BN statistics are the file's, the classifier of the session's size a fresh init
   from the session's key."""
-  import jax
-  from configs import cifar100
-  from f2m_jax import train_loop
-  from f2m_jax import trees
-  from f2m_jax.data import sources
-  from f2m_jax.methods import joint
-  from f2m_jax.models import torch_import
   config = tiny(cifar100.get_config('smoke'), 'joint', num_sessions=3)
   weights = tmp_path / 'resnet18.pth'
   weights.touch()  # read_state_dict is replaced below; the file need only exist (validation checks it)
@@ -58,16 +56,10 @@ def test_joint_sessions_start_from_the_pretrained_trunk(monkeypatch, tmp_path):
   started = []
   record = lambda exp_, model, noise, members, states, *rest: started.append(states) or states
   monkeypatch.setattr(train_loop, 'train_steps', record)
-
-  class Fresh:  # a session's training checkpoints, none saved yet
-    save = None
-
-    @staticmethod
-    def latest_step():
-      return None
-
+  fresh = types.SimpleNamespace(save=None, latest_step=lambda: None)  # a training, none saved yet
   network, key = exp.network(exp.bench.num_seen_classes(3)), exp.key(4, 0, 3)
-  joint.train_network(exp, network, exp.bench.base_train, key, Fresh(), None, 'joint run 0 session 3', (0, 3))
+  joint.train_network(exp, network, exp.bench.base_train, key, fresh, None, 'joint run 0 session 3',
+                      (0, 3))
   state = trees.index(started[0], 0)
   trunk = lambda p: {k: v for k, v in p.items() if k != 'fc'}
   chex.assert_trees_all_equal(trunk(state.params), trunk(params))
@@ -89,12 +81,6 @@ def test_joint_sessions_chosen_on_test_keep_the_best_network_through_a_resume(mo
   selection of step 8 and resumed from the checkpoint of step 4 ends with the same network, and the log holds
   each of its select lines once, beside the base session's of the same steps. The config is the `workdirs`
   fixture's with selections every 4 steps: its programs are the fixture's."""
-  from configs import cifar100
-  from f2m_jax import train_loop
-  from f2m_jax.run import workdir as workdir_lib
-  from f2m_jax.run.checkpoint import Folder
-  from f2m_jax.data import sources
-  from f2m_jax.methods import joint
   config = tiny(cifar100.get_config('smoke'), 'joint')  # a checkpoint every 4 steps
   config.base.update(select_on_test=True, select_every=4)
   config = pipeline.resolve(config)
@@ -138,7 +124,7 @@ def test_joint_sessions_chosen_on_test_keep_the_best_network_through_a_resume(mo
   assert not list((tmp_path / 'whole' / 'checkpoints' / 'training').iterdir())  # the train states, the best: removed
   network, unused = runner.network(2), Checkpoints(str(tmp_path / 'probe'))
   probe = train_loop.TestSetSelector(exp, network, 2, unused.best_base, None)
-  assert measure(probe, whole) == joint.linear_accuracies(exp, whole, network, 2)['acc']  # the seen classes'
+  assert measure(probe, whole) == runner.accuracies(whole, 2)['acc']  # the seen classes'
   unused.close()
   with pytest.raises(Interrupt):
     session('resumed', save_fails_at=8)
@@ -156,8 +142,6 @@ def test_joint_sessions_chosen_on_test_keep_the_best_network_through_a_resume(mo
 def test_crt_reinitialises_any_head_of_the_linear_family():
   """cRT's fresh classifier, N(0, 0.001) and a zero bias, also for the bias-free head
   (model.head='linear_no_bias'); the trunk untouched."""
-  import jax
-  from f2m_jax.methods import joint
   trunk = {'conv1': {'kernel': np.ones((3, 3, 3, 4), np.float32)}}
   linear = {**trunk, 'fc': {'kernel': np.ones((64, 10), np.float32), 'bias': np.ones(10, np.float32)}}
   fresh = joint._reinit_classifier(linear, jax.random.key(0))  # pylint: disable=protected-access
@@ -192,9 +176,6 @@ def _session(root, name, run, session, runner_exp):
 
 @pytest.mark.slow
 def test_crt_changes_only_the_classifier(workdirs):
-  from configs import cifar100
-  from f2m_jax import trees
-  from f2m_jax.data import sources
   root, _, _ = workdirs
   config = pipeline.resolve(tiny(cifar100.get_config('smoke'), 'joint'))
   exp = experiment_lib.Experiment.create(config, sources.load_benchmark(config))
@@ -208,7 +189,6 @@ def test_crt_changes_only_the_classifier(workdirs):
 
 @pytest.mark.slow
 def test_crt_resumes_and_needs_a_joint_workdir(workdirs, tmp_path):
-  from configs import cifar100
   root, _, crt = workdirs
   again = pipeline.run(tiny(cifar100.get_config('smoke'), 'crt'), str(root / 'crt'), mode='eval',
                        checkpoint=str(root / 'joint'))

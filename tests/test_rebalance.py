@@ -1,8 +1,6 @@
 """Rebalance / LUCIR (f2m_jax/methods/rebalance.py): the cosine classifier, the less-forget and
 inter-class separation terms against transcriptions of the authors' PyTorch losses (numpy for torch),
 then the method end to end on a tiny synthetic protocol: the old classes' columns stay frozen."""
-from __future__ import annotations
-
 import jax
 import jax.numpy as jnp
 import numpy as np

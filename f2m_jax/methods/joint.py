@@ -1,55 +1,36 @@
-"""Joint training and cRT, the paper's approximate upper bound (docs/method.md, 'The compared methods').
-Unlike the authors' (one fixed draw), every run trains on its own draw of the shots."""
-from __future__ import annotations
-
+"""Joint training and cRT, the paper's approximate upper bound (docs/method.md, 'The compared
+methods'). Unlike the authors' (one fixed draw), every run trains on its own draw of the shots."""
 import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from f2m_jax import evaluation
-from f2m_jax import objectives
-from f2m_jax import optim
-from f2m_jax import train_loop
-from f2m_jax import trees
+from f2m_jax import objectives, optim, train_loop, trees
 from f2m_jax.data import protocol as protocol_lib
+from f2m_jax.evaluator import embedder, seen_accuracies
 from f2m_jax.files import CheckpointError
 from f2m_jax.methods import Method, common
-from f2m_jax.validation import need
 
 
-def validate_crt(config) -> None:
-  c = config.crt
-  need(c.epochs >= 1 and c.per_class >= 1 and c.batch_size >= 1 and c.lr > 0, 'crt', dict(c),
-       'needs epochs, per_class, batch_size >= 1 and lr > 0')
+def validate_crt(config):
+  common.need_least(config, 'crt', epochs=1, per_class=1, batch_size=1)
 
 
-def linear_accuracies(exp, variables, network, session: int, logits_fn=None) -> dict:
-  """The linear classifier's accuracies on the test images of every class seen up to `session`."""
-  bench = exp.bench
-  idx = protocol_lib.test_indices(bench, session)
-  fn = logits_fn or evaluation.make_embed(network, bench.mean, bench.std, exp.config.eval.batch_size, logits=True)
-  pred = np.argmax(fn(variables, bench.test.images[idx]), -1)
-  return evaluation.accuracies_from_predictions(pred, bench.test.labels[idx], bench.num_base_classes,
-                                                evaluation.session_ends(bench, session))
-
-
-def train_network(exp, network, pool: np.ndarray, key, training, log, desc: str, stream: tuple,
-                  select=None) -> dict:
-  """A new network (model.pretrained's trunk where set, else a random init) trained on `pool` with shuffled
-  batches and the base.* budget, resuming from `training`. Returns {'params', 'batch_stats'}: the last
-  step's, or with `select` (a train_loop.TestSetSelector, every base.select_every steps) the best one kept."""
+def train_network(exp, network, pool, key, training, log, desc, stream, select=None):
+  """A new network (model.pretrained's trunk where set, else a random init) trained on `pool` with
+  shuffled batches and the base.* budget, resuming from `training`. Returns {'params',
+  'batch_stats'}: the last step's, or with `select` (a train_loop.TestSetSelector, every
+  base.select_every steps) the best one kept."""
   cfg = exp.config.base
   state = exp.init_state(network, key)
   start = training.latest_step()
   if start is not None:
     state = training.restore(state)
-  plain = ml_collections.FrozenConfigDict({**exp.noise, 'enabled': False})  # plain CE, whatever config.noise says
-  member = train_loop.Member(lambda step: protocol_lib.shuffled_batch(pool, cfg.batch_size, exp.config.seed, step,
-                                                                      stream),
-                             jax.random.fold_in(key, 1), 0.0, training.save, log)
-  states = train_loop.train_steps(exp, network, plain, [member], trees.stack([state]), start or 0, desc, desc,
-                                  select)
+  plain = ml_collections.FrozenConfigDict({**exp.noise, 'enabled': False})  # whatever config.noise
+  batch = lambda step: protocol_lib.shuffled_batch(pool, cfg.batch_size, exp.config.seed, step,
+                                                   stream)
+  member = train_loop.Member(batch, jax.random.fold_in(key, 1), 0.0, training.save, log)
+  states = train_loop.train_steps(exp, network, plain, [member], trees.stack([state]), start or 0,
+                                  desc, desc, select)
   return train_loop.chosen_variables(trees.index(states, 0), select, desc, cfg.steps)
 
 
@@ -57,41 +38,41 @@ class JointRunner(common.Runner):
   """State of a run: the variables of the session's network (a classifier over all seen classes)."""
   keys = ('params', 'batch_stats')
 
-  def __init__(self, exp, first: dict, ckpts, source=None, log=None):
-    self.exp, self.ckpts, self.log = exp, ckpts, log
-    self.first = {'params': first['params'], 'batch_stats': first['batch_stats']}
-    self._logits = {}
+  def __init__(self, exp, first, ckpts, source=None, log=None):
+    self.exp, self.ckpts, self.log, self._logits = exp, ckpts, log, {}
+    self.first = common.network_of(first)
 
-  def network(self, session: int):
+  def network(self, session):
     return self.exp.network(self.exp.bench.num_seen_classes(session))
 
-  def logits_fn(self, session: int):
+  def logits_fn(self, session):
     seen = self.exp.bench.num_seen_classes(session)
     if seen not in self._logits:
-      bench = self.exp.bench
-      self._logits[seen] = evaluation.make_embed(self.network(session), bench.mean, bench.std,
-                                                 self.exp.config.eval.batch_size, logits=True)
+      self._logits[seen] = embedder(self.exp, network=self.network(session), logits=True)
     return self._logits[seen]
 
-  def update(self, state, run: int, session: int, exemplars: np.ndarray):
-    exp = self.exp
+  def update(self, state, run, session, exemplars):
+    exp, network, select = self.exp, self.network(session), None
     pool = np.concatenate([exp.bench.base_train, exemplars])
     training = self.ckpts.training(run, session)
     try:
-      select = (train_loop.TestSetSelector(exp, self.network(session), session, training.best, self.log,
-                                           self.logits_fn(session), {'run': run, 'session': session})
-                if exp.config.base.select_on_test else None)  # the authors' best on test (docs/method.md)
-      variables = train_network(exp, self.network(session), pool, exp.key(4, run, session), training, self.log,
+      if exp.config.base.select_on_test:  # the authors' best on test (docs/method.md)
+        select = train_loop.TestSetSelector(exp, network, session, training.best, self.log,
+                                            self.logits_fn(session),
+                                            {'run': run, 'session': session})
+      variables = train_network(exp, network, pool, exp.key(4, run, session), training, self.log,
                                 f'joint run {run} session {session}', (run, session), select)
     finally:
       training.close()
-    training.remove()  # the session checkpoint keeps the network; its train states (and best) are not needed
+    training.remove()  # the session checkpoint keeps the network; its train states are not needed
     return variables, {'images': int(len(pool))}
 
-  def accuracies(self, state, session: int) -> dict:
-    return linear_accuracies(self.exp, state, self.network(session), session, self.logits_fn(session))
+  def accuracies(self, state, session):
+    """The linear classifier's accuracies on the test images of every class seen up to `session`."""
+    images, logits = self.exp.bench.test.images, self.logits_fn(session)
+    return seen_accuracies(self.exp, session, lambda idx: np.argmax(logits(state, images[idx]), -1))
 
-  def template(self, session: int) -> dict:
+  def template(self, session):
     return self.exp.variables_template(self.network(session))
 
   def norms(self, state):
@@ -103,70 +84,67 @@ class JointRunner(common.Runner):
 def _reinit_classifier(params, key):
   """The classifier re-initialised as the original: N(0, 0.001) weights, zero bias (where the head
   has one; another head's other parameters kept)."""
-  fc = dict(params['fc'])
+  fc = {k: np.zeros_like(v) if k == 'bias' else v for k, v in params['fc'].items()}
   fc['kernel'] = 1e-3 * jax.random.normal(key, fc['kernel'].shape, fc['kernel'].dtype)
-  if 'bias' in fc:
-    fc['bias'] = jnp.zeros_like(fc['bias'])
   return {**params, 'fc': fc}
 
 
-def retrain_classifier(exp, network, variables, pool: np.ndarray, key, stream: tuple) -> dict:
+def retrain_classifier(exp, network, variables, pool, key, stream):
   """cRT: every layer but the classifier frozen (BN in eval mode), the classifier re-initialised and
   trained with class-aware batches on `pool` under the crt.* schedule."""
-  c, bench = exp.config.crt, exp.bench
+  c, bench, labels = exp.config.crt, exp.bench, exp.bench.train.labels
   params = _reinit_classifier(variables['params'], key)
-  per_epoch = max(int(np.max(np.bincount(bench.train.labels[pool]))) * len(np.unique(bench.train.labels[pool]))
+  per_epoch = max(int(np.max(np.bincount(labels[pool]))) * len(np.unique(labels[pool]))
                   // c.batch_size, 1)
-  tx = optim.sgd(c.lr, c.momentum, c.weight_decay, [int(m) * per_epoch for m in c.milestones], c.lr_gamma)
+  tx = optim.sgd(c.lr, c.momentum, c.weight_decay, [int(m) * per_epoch for m in c.milestones],
+                 c.lr_gamma)
   fc, frozen = params['fc'], {k: v for k, v in params.items() if k != 'fc'}
   batch_stats = variables['batch_stats']
 
   def loss_fn(fc_params, x, labels):
-    _, logits = network.apply({'params': {**frozen, 'fc': fc_params}, 'batch_stats': batch_stats}, x, train=False)
+    _, logits = network.apply({'params': {**frozen, 'fc': fc_params}, 'batch_stats': batch_stats},
+                              x, train=False)
     return objectives.cross_entropy(logits, labels), None
 
   step = common.sgd_step(loss_fn, tx, bench)
   opt_state = tx.init(fc)
   for epoch in range(c.epochs):
-    order = protocol_lib.class_aware_epoch(bench.train.labels, pool, c.per_class, exp.config.seed, epoch, stream)
+    order = protocol_lib.class_aware_epoch(labels, pool, c.per_class, exp.config.seed, epoch,
+                                           stream)
     for pos in range(per_epoch):
       idx = order[pos * c.batch_size:(pos + 1) * c.batch_size]
-      fc, opt_state, _, _ = step(fc, opt_state, bench.train.images[idx], bench.train.labels[idx],
+      fc, opt_state, _, _ = step(fc, opt_state, bench.train.images[idx], labels[idx],
                                  jax.random.fold_in(key, epoch * per_epoch + pos))
   return {'params': {**frozen, 'fc': jax.device_get(fc)}, 'batch_stats': batch_stats}
 
 
-def _need_source(source):
-  if source is None:
-    raise ValueError('method=crt retrains the classifier of a joint model: pass --checkpoint JOINT_WORKDIR '
-                     '(a workdir of method=joint)')
-
-
-def crt_first_session(exp, ckpts, log, source=None, hook=None) -> dict:
-  """Session 1: the joint workdir's base network and its own classifier, not retrained (theirs has no
-  session-1 cRT; the paper prints cRT's session 1 equal to joint's)."""
-  _need_source(source)
+def crt_first_session(exp, ckpts, log, source=None, hook=None):
+  """Session 1: the joint workdir's base network and its own classifier, not retrained (theirs has
+  no session-1 cRT; the paper prints cRT's session 1 equal to joint's)."""
+  if source is None:  # the pipeline calls the runner after this
+    raise ValueError('method=crt retrains the classifier of a joint model: pass --checkpoint '
+                     'JOINT_WORKDIR (a workdir of method=joint)')
   return common.base_model(exp, ckpts, log, source=source)
 
 
 class CRTRunner(JointRunner):
-  """Per session: the joint run's network for that session, classifier retrained."""
+  """Per session: the joint run's network for that session (`source`: its workdir), classifier
+  retrained."""
 
-  def __init__(self, exp, first: dict, ckpts, source=None, log=None):
-    _need_source(source)
+  def __init__(self, exp, first, ckpts, source, log=None):
     super().__init__(exp, first, ckpts, source, log)
     self.source = source
 
-  def update(self, state, run: int, session: int, exemplars: np.ndarray):
+  def update(self, state, run, session, exemplars):
     exp = self.exp
     if session not in self.source.sessions_done(run):
-      raise CheckpointError(f'the joint workdir ({self.source.root}) has no run {run} session {session}: '
-                            'train it first (or give this run fewer runs or sessions)')
+      raise CheckpointError(f'the joint workdir ({self.source.root}) has no run {run} session '
+                            f'{session}: train it first (or give this run fewer runs or sessions)')
     saved = self.source.run(run).restore({**self.template(session), 'exemplars': exemplars,
                                           'accuracy': np.zeros((4,), np.float64)}, session)
     if not np.array_equal(saved['exemplars'], exemplars):
-      raise CheckpointError(f'run {run} session {session}: the joint workdir trained on other shots '
-                            '(another seed, protocol or data)')
+      raise CheckpointError(f'run {run} session {session}: the joint workdir trained on other '
+                            'shots (another seed, protocol or data)')
     pool = np.concatenate([exp.bench.base_train, exemplars])
     variables = retrain_classifier(exp, self.network(session), self.restore(saved), pool,
                                    exp.key(5, run, session), (run, session))
@@ -175,7 +153,9 @@ class CRTRunner(JointRunner):
 
 JOINT = Method('joint', common.BASELINE_PRESETS,  # plain CE with shuffled batches in every session
                common.base_model, JointRunner,
-               'a new network (model.pretrained where set) on all data seen so far, every session; linear classifier')
+               'a new network (model.pretrained where set) on all data seen so far, every session; '
+               'linear classifier')
 CRT = Method('crt', common.BASELINE_PRESETS, crt_first_session, CRTRunner,
-             "joint's networks, from session 2 on the classifier retrained class-balanced with the rest frozen",
+             "joint's networks, from session 2 on the classifier retrained class-balanced with the "
+             'rest frozen',
              section='crt', validate=validate_crt)
