@@ -1,5 +1,5 @@
-"""What is static about a run (config, data, network, noise set, frozen config.noise, PRNG keys, base
-batches), built once. Keys: fold_in(seed, 0) base training, 1 the init, fold_in(fold_in(fold_in(seed, 2),
+"""What is static about a run (config, data, network, noise set, the loss's frozen view, PRNG keys,
+base batches), built once. Keys: fold_in(seed, 0) base training, 1 the init, fold_in(fold_in(fold_in(seed, 2),
 run), session) a session's fine-tuning; other methods use the streams 3 and up."""
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ class Experiment:
   model: ResNet
   noise_paths: tuple
   split: int
-  noise: ml_collections.FrozenConfigDict  # config.noise, as `base.base_loss` reads it
+  loss: ml_collections.FrozenConfigDict  # every field the loss reads, whatever its section: base.loss_view
   _epoch: Optional[tuple] = dataclasses.field(default=None, repr=False)  # (epoch, indices) of task_epochs
 
   @classmethod
@@ -51,7 +51,7 @@ class Experiment:
     model = build_model(config.model.arch, bench.num_base_classes, config.model.width or None, dtype,
                         head=config.model.head, conv_backward=config.model.conv_backward)
     paths = tuple(noise_set_paths(model, config.noise.num_layers))
-    return cls(config, bench, model, paths, split_block(model, paths), ml_collections.FrozenConfigDict(config.noise))
+    return cls(config, bench, model, paths, split_block(model, paths), base_lib.loss_view(config))
 
   def network(self, num_classes: int) -> ResNet:
     """The config's network with another classifier size (joint training, cRT)."""

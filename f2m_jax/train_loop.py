@@ -61,13 +61,13 @@ def train_base_sessions(exps: Sequence[Experiment], ckpts: Sequence, logs: Seque
                         for e, c in zip(exps, ckpts)])  # trained already where start is the last step
   members = [Member(e.batch_indices, e.key(0), e.config.noise.bound, saving_after(c.base.save, max(h, default=0)),
                     log) for e, c, log, h in zip(exps, ckpts, logs, held)]
-  return train_steps(exps[0], exps[0].model, exps[0].noise, members, states, start, 'base', title, select, hook)
+  return train_steps(exps[0], exps[0].model, exps[0].loss, members, states, start, 'base', title, select, hook)
 
 
 def resume_step(held: Sequence[Sequence[int]]) -> int:
   """The base step that members in lockstep resume from: the latest that all of them hold, 0 where they
   share none (their background saves end at different moments)."""
-  return max(set.intersection(*map(set, held)) if held else (), default=0)
+  return max(set.intersection(*map(set, held)), default=0)
 
 
 def saving_after(save: Callable, latest: int) -> Callable:
@@ -88,38 +88,44 @@ def call_spans(start: int, steps: int, per_call: int) -> list:
   return [(first, end - first) for first, end in zip([start] + ends[:-1], ends)]
 
 
-def train_steps(exp: Experiment, model, noise, members: Sequence[Member], states, start: int, phase: str,
+def train_steps(exp: Experiment, model, loss, members: Sequence[Member], states, start: int, phase: str,
                 title: str, select: Optional[Callable] = None, hook: Hook = None):
-  """Steps `start`..base.steps of S >= 1 members in lockstep from `states` (leading member axis); returns the
-  final states. `select(step, state)` runs every base.select_every steps; metrics go to each member's log
-  under `phase`. After `hook` raised Interrupted, the call in flight ends the training, its states saved."""
+  """Steps `start`..base.steps of S >= 1 members in lockstep from `states` (leading member axis); returns
+  the final states. `select(step, state)` runs every base.select_every steps; metrics go to each
+  member's log under `phase`. After `hook` raised Interrupted, the call in flight ends the training, its
+  states saved."""
   cfg, bench = exp.config.base, exp.bench
   if start >= cfg.steps:
     return states
   mesh = sharding.data_mesh()  # data parallel over all devices; the batch is the global batch
   per_call = steps_per_call(cfg, select is not None)
-  program = base_lib.train_program(model, noise, exp.optimizer_settings(), base_lib.Inputs.of(bench),
+  program = base_lib.train_program(model, loss, exp.optimizer_settings(), base_lib.Inputs.of(bench),
                                    exp.config.members.map, mesh)
-  data, keys, bounds, states = sharding.replicate(((bench.train.images, bench.train.labels),
-                                                   jnp.stack([m.key for m in members]),
-                                                   np.asarray([m.bound for m in members], np.float32), states), mesh)
-  status = progress.status(f'{title}: compiling the step{f" of {len(members)} members" if len(members) > 1 else ""} '
-                           f'(steps {start}-{cfg.steps}, {per_call} a call)')
+  data, keys, bounds, states = sharding.replicate(
+      ((bench.train.images, bench.train.labels), jnp.stack([m.key for m in members]),
+       np.asarray([m.bound for m in members], np.float32), states), mesh)
+  calls = f'{per_call} a call'
+  if per_call != cfg.steps_per_call:
+    calls += f' (base.steps_per_call={cfg.steps_per_call} cut to divide log_every, checkpoint_every'
+    calls += ', select_every)' if select else ')'
+  who = f' of {len(members)} members' if len(members) > 1 else ''
+  status = progress.status(f'{title}: compiling the step{who} (steps {start}-{cfg.steps}, {calls})')
   records = Records(exp.config, members, phase, title, start, select, hook, status)
   pending = None  # (first step, steps, metrics, snapshot) of the call dispatched last
   try:
     for first, n in call_spans(start, cfg.steps, per_call):
-      rows = np.stack([np.stack([m.batch_indices(s) for m in members]) for s in range(first, first + n)])
-      rows = sharding.shard_member_rows(mesh, pad_rows(rows.astype(np.int32), per_call))  # extra rows: masked
-      args = (states, *data, rows, np.int32(n), keys, bounds)
+      rows = np.stack([[m.batch_indices(s) for m in members] for s in range(first, first + n)])
+      rows = pad_rows(rows.astype(np.int32), per_call)  # extra rows: masked
+      args = (states, *data, sharding.shard_member_rows(mesh, rows), np.int32(n), keys, bounds)
       if pending is None:  # compiled first, so that the status line can tell compiling from running
         program = status.compile(program.lower(*args), sources.cache_dir(exp.config))
-        status.set(f'{title}: compiled in {progress.elapsed(status.format_dict["elapsed"])}; first call: {n} steps')
+        compiled = progress.elapsed(status.format_dict['elapsed'])
+        status.set(f'{title}: compiled in {compiled}; first call: {n} steps')
       states, metrics = program(*args)
       if pending:
         records(*pending)
-      pending = (first, n, metrics, jax.tree_util.tree_map(jnp.copy, states) if any(records.due(first + n)[1:])
-                 else None)
+      snapshot = jax.tree_util.tree_map(jnp.copy, states) if any(records.due(first + n)[1:]) else None
+      pending = (first, n, metrics, snapshot)
       if records.interrupted:
         break
     records(*pending)
@@ -133,12 +139,14 @@ def train_steps(exp: Experiment, model, noise, members: Sequence[Member], states
 
 class Records:
   """What the host does with each call's results: the non-finite stop, the bar, the log's averages, the
-  selection, the checkpoints, the hook (an Interrupted it raises ends the training after the call in flight)."""
+  selection, the checkpoints, the hook (an Interrupted it raises ends the training after the call in
+  flight). steps_per_s counts from the end of the first call, whose time holds the warm-up (as
+  big_vision's Chrono); steps_averaged is a line's window (fewer than log_every after a resume)."""
 
   def __init__(self, config, members: Sequence[Member], phase, title, start, select, hook, status):
     self.cfg, self.method, self.members, self.phase, self.title = config.base, config.method, members, phase, title
     self.select, self.hook, self.status, self.interrupted = select, hook, status, None
-    self.window, self.t0, self.saved, self.bar = [], time.time(), (start or None), None
+    self.window, self.saved, self.bar, self.t0, self.timed = [], (start or None), None, None, 0
     for m in members:
       m.log.open()
 
@@ -149,9 +157,14 @@ class Records:
             done % cfg.checkpoint_every == 0 or last or self.interrupted is not None)
 
   def __call__(self, first: int, n: int, metrics, snapshot) -> None:
-    """Reads the metrics of a call of `n` steps (waiting for it), then stops, logs, selects and saves at its
-    end (`steps_per_call` divides every interval), then calls the hook; `snapshot`: the states after it."""
+    """Reads the metrics of a call of `n` steps (waiting for it), then stops, logs, selects and saves at
+    its end (`steps_per_call` divides every interval), then calls the hook; `snapshot`: the states after
+    it."""
     metrics, done = {k: v[:n] for k, v in jax.device_get(metrics).items()}, first + n
+    if self.t0 is None:
+      self.t0 = time.time()
+    else:
+      self.timed += n
     for i, j in np.argwhere(~metrics['finite'])[:1]:  # the first non-finite step (and member)
       who = f' (member {j})' if len(self.members) > 1 else ''
       raise TrainingError(diverged(float(metrics['loss'][i, j]), first + i + 1, f'method {self.method}{who}',
@@ -178,14 +191,14 @@ class Records:
 
   def _log(self, done: int) -> None:
     steps = {k: np.concatenate([w[k] for w in self.window]) for k in self.window[0] if k != 'finite'}  # [n, S]
-    rate = round(len(steps['loss']) / (time.time() - self.t0), 3)
+    rate = round(self.timed / (time.time() - self.t0), 3) if self.timed else None
     extra = {'members': len(self.members)} if len(self.members) > 1 else {}
-    for j, member in enumerate(self.members):
-      avg = {k: float(np.mean(v[:, j])) for k, v in steps.items()}
-      member.log.write(phase=self.phase, step=done, steps_per_s=rate, **extra, **avg)
-    if len(self.members) == 1:
-      self.bar.set_postfix(loss=f'{avg["loss"]:.3f}', acc=f'{avg["acc"]:.3f}', refresh=False)
-    self.window, self.t0 = [], time.time()
+    avgs = [{k: float(np.mean(v[:, j])) for k, v in steps.items()} for j in range(len(self.members))]
+    for member, avg in zip(self.members, avgs):
+      member.log.write(phase=self.phase, step=done, steps_per_s=rate, steps_averaged=len(steps['loss']),
+                       **extra, **avg)
+    self.bar.set_postfix({k: '/'.join(f'{a[k]:.3f}' for a in avgs) for k in ('loss', 'acc')}, refresh=False)
+    self.window, self.t0, self.timed = [], time.time(), 0
 
 
 def diverged(loss: float, step: int, who: str, phase: str, saved, lr: float, classifier_lr: float = -1.0) -> str:

@@ -45,7 +45,7 @@ def test_scanned_steps_equal_single_steps():
   exp = experiment_lib.Experiment.create(config, sources.load_benchmark(config))
   bench = exp.bench
   mesh = sharding.data_mesh()
-  program = base_lib.train_program(exp.model, exp.noise, exp.optimizer_settings(), base_lib.Inputs.of(bench),
+  program = base_lib.train_program(exp.model, exp.loss, exp.optimizer_settings(), base_lib.Inputs.of(bench),
                                    config.members.map, mesh)
   n, per_call = 7, 5  # a full call from step 0, then one of 2 steps, padded to 5 rows
   indices = np.stack([exp.batch_indices(s) for s in range(n)] + [exp.batch_indices(0)] * 3).astype(np.int32)
@@ -187,7 +187,7 @@ def test_the_programs_are_built_once_per_process_for_the_same_arguments():
   def parts(config):  # train_loop.train_steps's arguments of base.train_program for `config`
     config = pipeline.resolve(config)
     exp = experiment_lib.Experiment.create(config, sources.load_benchmark(config))
-    return exp, [exp.model, exp.noise, exp.optimizer_settings(), base_lib.Inputs.of(exp.bench), config.members.map,
+    return exp, [exp.model, exp.loss, exp.optimizer_settings(), base_lib.Inputs.of(exp.bench), config.members.map,
                  sharding.data_mesh()]
 
   exp, args = parts(_tiny(5))

@@ -81,7 +81,7 @@ def test_fm_off_draws_no_noise(tiny, monkeypatch):
 def test_baseline_and_ablation_switches(smoke_config):
   c = pipeline.resolve(smoke_config)
   exp = experiment_lib.Experiment.create(c, sources.load_benchmark(c))
-  assert exp.noise.enabled and exp.noise.prototype_fixing and exp.noise.pf_weight == 1.0
+  assert exp.loss.enabled and exp.loss.prototype_fixing and exp.loss.pf_weight == 1.0
   smoke_config.noise.prototype_fixing = False
   smoke_config.noise.enabled = False
   c2 = pipeline.resolve(smoke_config)

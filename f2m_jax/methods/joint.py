@@ -44,7 +44,7 @@ def train_network(exp, network, pool: np.ndarray, key, training, log, desc: str,
   start = training.latest_step()
   if start is not None:
     state = training.restore(state)
-  plain = ml_collections.FrozenConfigDict({**exp.noise, 'enabled': False})  # plain CE, whatever config.noise says
+  plain = ml_collections.FrozenConfigDict({**exp.loss, 'enabled': False})  # plain CE, whatever config.noise says
   member = train_loop.Member(lambda step: protocol_lib.shuffled_batch(pool, cfg.batch_size, exp.config.seed, step,
                                                                       stream),
                              jax.random.fold_in(key, 1), 0.0, training.save, log)
