@@ -2,10 +2,8 @@
 program every base training runs (and `--mode bench` times). `loss` is always the frozen view `loss_view`
 makes. The noise bound b is passed to the program, not read from the view, so that the members of a sweep
 over b share one program."""
-from __future__ import annotations
-
 import functools
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
 
 import flax
 import jax
@@ -19,7 +17,7 @@ from f2m_jax import optim
 from f2m_jax import sharding
 from f2m_jax import trees
 from f2m_jax.data import augment as augment_lib
-from f2m_jax.models import ResNet, noise_set_paths, split_block
+from f2m_jax.models import noise_set_paths, split_block
 from f2m_jax.models.resnet import fold_batch_stats
 
 MEMBER_MAPS = ('unroll', 'vmap')
@@ -34,7 +32,7 @@ class TrainState:
   opt_state: Any
 
 
-def perturb(params, eps: dict):
+def perturb(params, eps):
   """params + eps: one draw ({path: array}) added to the noise set's leaves of `params`."""
   flat = trees.flatten(params)
   return trees.unflatten({**flat, **{p: flat[p] + e for p, e in eps.items()}})
@@ -51,13 +49,16 @@ LOSS_FIELDS = ()
 def loss_view(config):
   """The one frozen view of the config the loss reads (`Experiment.loss`): config.noise's fields and each
   field LOSS_FIELDS names, by its own name (a name config.noise has is refused)."""
-  extra = {path.split('.')[-1]: config[path] for path in LOSS_FIELDS}
-  if extra.keys() & config.noise.keys():
-    raise ValueError(f'LOSS_FIELDS {LOSS_FIELDS}: a name config.noise has: {sorted(extra.keys() & config.noise)}')
-  return ml_collections.FrozenConfigDict({**config.noise, **extra})
+  view = dict(config.noise)
+  for path in LOSS_FIELDS:
+    name = path.split('.')[-1]
+    if name in view:
+      raise ValueError(f'base.LOSS_FIELDS names {path}, whose name config.noise has: rename the field')
+    view[name] = config[path]
+  return ml_collections.FrozenConfigDict(view)
 
 
-def base_loss(params, batch_stats, images, labels, eps, model: ResNet, loss):
+def base_loss(params, batch_stats, images, labels, eps, model, loss):
   """L, the sum of `loss_terms` of the clean pass and, for the M draws `eps` ({path: [M, ...]}; empty
   without noise), one pass at `params + eps_j` per draw. Returns (L, (new batch_stats, metrics)), metrics'
   'loss' being `minimised`. Each pass runs on zero running statistics, so it returns BN_MOMENTUM times its
@@ -98,7 +99,7 @@ def base_loss(params, batch_stats, images, labels, eps, model: ResNet, loss):
   return sum(terms.values()), (fold_batch_stats(batch_stats, updates), metrics)
 
 
-def loss_terms(out: dict, loss) -> dict:
+def loss_terms(out, loss):
   """{name: scalar} the base loss sums, from the passes' outputs: the clean pass's ('logits', 'labels',
   'ce_clean') and the noisy passes' ('ce', 'pf': per draw [M]; absent without noise). Without noise the
   clean CE; with it Eq. 3-4 as the authors' code runs them (docs/method.md, 'Base session'), mean_j L_j +
@@ -117,27 +118,27 @@ def loss_terms(out: dict, loss) -> dict:
   return terms
 
 
-def minimised(terms: dict, loss):
+def minimised(terms, loss):
   """What the step minimises: the sum of `terms` less PF's where PF has no gradient (noise.pf_gradient
   False): a constant to the step, which PF acts on only through the std term (F2M-V has none)."""
   return sum(value for name, value in terms.items() if name != 'pf' or loss.pf_gradient)
 
 
-def map_draws(noisy_pass: Callable, eps: dict, draw_map: str) -> tuple:
+def map_draws(noisy_pass, eps, draw_map):
   """({name: [M]}, [M BN updates]) of `noisy_pass(eps_j) -> ({name: scalar}, BN update)` over the draws
   of `eps`: `jax.vmap` over the draw axis ('vmap'), or the M passes written out ('unroll')."""
   num_draws = next(iter(eps.values())).shape[0]
   if draw_map == 'unroll':
-    outputs, updates = zip(*[noisy_pass({p: e[j] for p, e in eps.items()}) for j in range(num_draws)])
+    outputs, updates = zip(*[noisy_pass(trees.index(eps, j)) for j in range(num_draws)])
     return trees.stack(outputs), list(updates)
   outputs, stacked = jax.vmap(noisy_pass)(eps)
   return outputs, [trees.index(stacked, j) for j in range(num_draws)]
 
 
-def train_step(state: TrainState, x, labels, eps, model: ResNet, loss, tx: optax.GradientTransformation):
+def train_step(state, x, labels, eps, model, loss, tx):
   """One update of the clean parameters from inputs `x` and draws `eps`: value_and_grad of `base_loss`,
   then `tx`. Returns (state, metrics), with 'finite': whether the loss and the step are finite."""
-  (_, (batch_stats, metrics)), grads = jax.value_and_grad(base_loss, has_aux=True)(
+  grads, (batch_stats, metrics) = jax.grad(base_loss, has_aux=True)(
       state.params, state.batch_stats, x, labels, eps, model, loss)
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
@@ -146,18 +147,15 @@ def train_step(state: TrainState, x, labels, eps, model: ResNet, loss, tx: optax
   return TrainState(state.step + 1, params, batch_stats, opt_state), metrics
 
 
-def init_state(model: ResNet, key: jax.Array, image_size: int, tx: optax.GradientTransformation,
-               params=None, batch_stats=None) -> TrainState:
+def init_state(model, key, image_size, tx, params=None, batch_stats=None):
   """A fresh state; `params`/`batch_stats` replace the random init (e.g. pretrained weights)."""
   variables = model.init(key, jnp.zeros((1, image_size, image_size, 3), jnp.float32), train=False)
   params = variables['params'] if params is None else params
   batch_stats = variables['batch_stats'] if batch_stats is None else batch_stats
-  return TrainState(step=jnp.zeros((), jnp.int32), params=params, batch_stats=batch_stats,
-                    opt_state=tx.init(params))
+  return TrainState(jnp.zeros((), jnp.int32), params, batch_stats, tx.init(params))
 
 
-def make_train_program(model: ResNet, loss, tx: optax.GradientTransformation, data, members_map: str,
-                       mesh) -> Callable:
+def make_train_program(model, loss, tx, data, members_map, mesh):
   """program(states, images, labels, indices, num_steps, keys, bounds) -> (states, metrics): the first
   `num_steps` of N steps of S members in one call, jitted over `mesh` (batch axis split, states donated).
   `indices` [N, S, B] gather each member's batches from the shared images; states, keys and bounds carry a
@@ -168,16 +166,14 @@ def make_train_program(model: ResNet, loss, tx: optax.GradientTransformation, da
   def member_step(state, images, labels, key, bound):
     k_aug, k_noise = jax.random.split(jax.random.fold_in(key, state.step))
     x = augment_lib.train_inputs(k_aug, images, data.augment, data.image_size, data.mean, data.std)
-    eps = {}
-    if paths:
-      eps = noise_lib.sample_noise(k_noise, state.params, paths, loss.M, bound, loss.distribution)
+    eps = (noise_lib.sample_noise(k_noise, state.params, paths, loss.M, bound, loss.distribution)
+           if paths else {})
     return train_step(state, x, labels, eps, model, loss, tx)
 
-  def members(states, images, labels, keys, bounds):
+  def members(*args):  # (states, images, labels, keys, bounds), each with a leading member axis
     if members_map == 'vmap':
-      return jax.vmap(member_step)(states, images, labels, keys, bounds)
-    return trees.stack([member_step(trees.index(states, i), images[i], labels[i], keys[i], bounds[i])
-                        for i in range(len(keys))])
+      return jax.vmap(member_step)(*args)
+    return trees.stack([member_step(*trees.index(args, i)) for i in range(len(args[3]))])
 
   def program(states, images, labels, indices, num_steps, keys, bounds):
     def body(states, xs):
@@ -188,7 +184,7 @@ def make_train_program(model: ResNet, loss, tx: optax.GradientTransformation, da
 
   rep = sharding.replicated(mesh)
   return jax.jit(program, in_shardings=(rep, rep, rep, sharding.member_rows_sharded(mesh), rep, rep, rep),
-                 out_shardings=(rep, rep), donate_argnums=(0,))
+                 out_shardings=rep, donate_argnums=(0,))
 
 
 class Inputs(NamedTuple):
@@ -200,13 +196,12 @@ class Inputs(NamedTuple):
   std: tuple
 
   @classmethod
-  def of(cls, bench) -> Inputs:
+  def of(cls, bench):
     return cls(bench.augment, bench.image_size, tuple(bench.mean), tuple(bench.std))
 
 
 @functools.lru_cache(maxsize=8)
-def train_program(model: ResNet, loss, optimizer_settings: tuple, inputs: Inputs, members_map: str,
-                  mesh) -> Callable:
+def train_program(model, loss, optimizer_settings, inputs, members_map, mesh):
   """`make_train_program` with the base optimizer `optim.sgd(*optimizer_settings)`, built once per process
   for each set of arguments: every argument that shapes the program is in the key, so a later training
   of the same program (a resume, each seed of a sweep, a second run in one process) finds it traced and

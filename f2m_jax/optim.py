@@ -1,15 +1,10 @@
 """The optimizer every session and method uses: PyTorch's SGD (weight decay added to the gradient,
 heavy-ball momentum) with a step schedule, as the authors' code trains everything."""
-from __future__ import annotations
-
-from typing import Optional, Sequence
-
 import jax
 import optax
 
 
-def sgd(lr: float, momentum: float, weight_decay: float, milestones: Sequence[int] = (), gamma: float = 1.0,
-        classifier_lr: Optional[float] = None) -> optax.GradientTransformation:
+def sgd(lr, momentum, weight_decay, milestones=(), gamma=1.0, classifier_lr=None):
   """SGD whose rate is multiplied by `gamma` after each milestone step. `classifier_lr` gives the
   classifier ('fc') its own rate, as the original's CUB setting (backbone 1e-3, classifier 1e-2)."""
   def one(rate):
@@ -23,7 +18,7 @@ def sgd(lr: float, momentum: float, weight_decay: float, milestones: Sequence[in
   return optax.multi_transform({'backbone': one(lr), 'fc': one(classifier_lr)}, label_fn)
 
 
-def sgd_at_rate(momentum: float, weight_decay: float) -> optax.GradientTransformation:
+def sgd_at_rate(momentum, weight_decay):
   """`sgd` whose rate the caller sets before each update (`set_rate`): a schedule in epochs of a size
   known only per session, fed to one jitted step (iCaRL, Rebalance)."""
   return optax.inject_hyperparams(
@@ -36,7 +31,7 @@ def set_rate(opt_state, rate):
   return opt_state._replace(hyperparams={**opt_state.hyperparams, 'learning_rate': rate})
 
 
-def rate_at(step: int, lr: float, milestones: Sequence[int], gamma: float) -> float:
+def rate_at(step, lr, milestones, gamma):
   """The rate of (0-based) step `step` of a step schedule: lr times gamma for every milestone step
   reached, computed on the host in float64."""
   return lr * gamma ** sum(step >= int(m) for m in milestones)

@@ -86,7 +86,7 @@ def test_baseline_and_ablation_switches(smoke_config):
   smoke_config.noise.enabled = False
   c2 = pipeline.resolve(smoke_config)
   exp2 = experiment_lib.Experiment.create(c2, exp.bench)
-  assert not exp2.noise.enabled and not exp2.noise.prototype_fixing
+  assert not exp2.loss.enabled and not exp2.loss.prototype_fixing
   smoke_config.method = 'baseline'
   b = pipeline.resolve(smoke_config)
   assert (not b.noise.enabled and not b.incremental.finetune and not b.eval.normalize_prototypes
