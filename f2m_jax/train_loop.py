@@ -82,6 +82,15 @@ def steps_per_call(cfg, selecting):
   return math.gcd(cfg.steps_per_call, *intervals)
 
 
+def calls_text(cfg, selecting):
+  """'N a call', saying why N is less than base.steps_per_call where it is."""
+  per_call = steps_per_call(cfg, selecting)
+  if per_call == cfg.steps_per_call:
+    return f'{per_call} a call'
+  intervals = 'log_every, checkpoint_every' + (', select_every' if selecting else '')
+  return f'{per_call} a call (base.steps_per_call={cfg.steps_per_call} cut to divide {intervals})'
+
+
 def call_spans(start, steps, per_call):
   """(first step, number of steps) of each call from `start` to `steps`: calls end at multiples of
   per_call, also after a resume with another per_call."""
@@ -104,11 +113,8 @@ def train_steps(exp, model, loss, members, states, start, phase, title, select=N
   data, keys, bounds, states = sharding.replicate(
       ((bench.train.images, bench.train.labels), jnp.stack([m.key for m in members]),
        np.asarray([m.bound for m in members], np.float32), states), mesh)
-  calls = f'{per_call} a call'
-  if per_call != cfg.steps_per_call:
-    calls += f' (base.steps_per_call={cfg.steps_per_call} cut to divide log_every, checkpoint_every'
-    calls += ', select_every)' if select else ')'
   who = f' of {len(members)} members' if len(members) > 1 else ''
+  calls = calls_text(cfg, select is not None)
   status = progress.status(f'{title}: compiling the step{who} (steps {start}-{cfg.steps}, {calls})')
   records = Records(exp.config, members, phase, title, start, select, hook, status)
   pending = None  # (first step, steps, metrics, snapshot) of the call dispatched last

@@ -1,8 +1,7 @@
-"""docs/development.md's recipe 'Change the loss', applied. Its term of the noisy passes
-(noise.clean_ce_weight) is the code of the three files it names and is refused where the loss would
-leave it out; its term of the clean pass (base.logit_penalty, a field of another section) is added
-here by running the recipe's blocks. Each changes the loss and its gradient as its formula says,
-against conftest.naive_logits in float64."""
+"""docs/development.md's recipe 'Change the loss', applied: its term of the noisy passes
+(noise.clean_ce_weight) is the code it names and is refused where the loss would leave it out; its
+term of the clean pass (base.logit_penalty, of config.base) is added by running the recipe's blocks.
+Each changes the loss and gradient as its formula says, against conftest.naive_logits in float64."""
 from __future__ import annotations
 
 import pathlib
@@ -32,20 +31,16 @@ def recipe_blocks(kind: str) -> list:
   `*.py` path named before the block."""
   text = (REPO / 'docs' / 'development.md').read_text()
   section = text.split(f'### A term of {kind}\n', 1)[1].split('\n## ', 1)[0].split('\n### ', 1)[0]
-  blocks, prose = [], ''
-  for i, part in enumerate(re.split(r'```python\n(.*?)```', section, flags=re.S)):
-    if i % 2:
-      blocks.append((re.findall(r'`([\w/]+\.py)`', prose)[-1], textwrap.dedent(part)))
-    else:
-      prose = part
-  return blocks
+  parts = re.split(r'```python\n(.*?)```', section, flags=re.S)
+  return [(re.findall(r'`([\w/]+\.py)`', prose)[-1], textwrap.dedent(code))
+          for prose, code in zip(parts[::2], parts[1::2])]
 
 
 def test_the_recipe_is_the_code_of_at_most_three_library_files():
   blocks = recipe_blocks('the noisy passes')
   assert len(blocks) == 3 and {f for f, _ in blocks} <= LIBRARY_FILES
-  clean_pass = ['configs/common.py', 'f2m_jax/validation.py', 'f2m_jax/base.py', 'f2m_jax/base.py']
-  assert [f for f, _ in recipe_blocks('the clean pass')] == clean_pass  # test_a_clean_pass_term_... runs them
+  clean_pass = ['configs/common.py', 'f2m_jax/validation.py'] + ['f2m_jax/base.py'] * 2  # run by a test below
+  assert [f for f, _ in recipe_blocks('the clean pass')] == clean_pass
   for path, code in blocks:
     lines = [l.strip() for l in (REPO / path).read_text().splitlines()]
     want = [l.strip() for l in code.strip().splitlines()]
