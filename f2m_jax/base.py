@@ -1,7 +1,7 @@
 """Base session (session 1): the flat-minima loss (Eq. 3-4), its train step (Alg. 1) and the one
-program every base training runs (and `--mode bench` times). `loss` is always the frozen view `loss_view`
-makes. The noise bound b is passed to the program, not read from the view, so that the members of a sweep
-over b share one program."""
+program every base training runs (and `--mode bench` times). `loss` is always the frozen view
+`loss_view` makes. The noise bound b is passed to the program, not read from the view, so that the
+members of a sweep over b share one program."""
 import functools
 from typing import Any, NamedTuple
 
@@ -42,32 +42,33 @@ def _add(a, b):
   return jax.tree_util.tree_map(jnp.add, a, b)
 
 
-# The fields of other sections than config.noise that the loss reads, as 'section.field' (`loss_view`).
+# The fields of other sections than config.noise that the loss reads, as 'section.field'.
 LOSS_FIELDS = ()
 
 
 def loss_view(config):
-  """The one frozen view of the config the loss reads (`Experiment.loss`): config.noise's fields and each
-  field LOSS_FIELDS names, by its own name (a name config.noise has is refused)."""
+  """The one frozen view of the config the loss reads (`Experiment.loss`): config.noise's fields and
+  each field LOSS_FIELDS names, by its own name (a name config.noise has is refused)."""
   view = dict(config.noise)
   for path in LOSS_FIELDS:
     name = path.split('.')[-1]
     if name in view:
-      raise ValueError(f'base.LOSS_FIELDS names {path}, whose name config.noise has: rename the field')
+      raise ValueError(f'base.LOSS_FIELDS names {path}, whose name config.noise has: rename it')
     view[name] = config[path]
   return ml_collections.FrozenConfigDict(view)
 
 
 def base_loss(params, batch_stats, images, labels, eps, model, loss):
-  """L, the sum of `loss_terms` of the clean pass and, for the M draws `eps` ({path: [M, ...]}; empty
-  without noise), one pass at `params + eps_j` per draw. Returns (L, (new batch_stats, metrics)), metrics'
-  'loss' being `minimised`. Each pass runs on zero running statistics, so it returns BN_MOMENTUM times its
-  batch statistics; `fold_batch_stats` applies them in PyTorch's order."""
+  """L, the sum of `loss_terms` of the clean pass and, for the M draws `eps` ({path: [M, ...]};
+  empty without noise), one pass at `params + eps_j` per draw. Returns (L, (new batch_stats,
+  metrics)), metrics' 'loss' being `minimised`. Each pass runs on zero running statistics, so it
+  returns BN_MOMENTUM times its batch statistics; `fold_batch_stats` applies them in PyTorch's
+  order."""
   zeros = jax.tree_util.tree_map(jnp.zeros_like, batch_stats)
 
   def run(variables, x, first, last=None):
-    out, update = model.apply({**variables, 'batch_stats': zeros}, x, train=True, first=first, last=last,
-                              mutable=['batch_stats'])
+    out, update = model.apply({**variables, 'batch_stats': zeros}, x, train=True, first=first,
+                              last=last, mutable=['batch_stats'])
     return out, update['batch_stats']
 
   split = split_block(model, list(eps)) if eps and loss.shared_trunk else 0  # the trunk runs once
@@ -79,7 +80,7 @@ def base_loss(params, batch_stats, images, labels, eps, model, loss):
 
   def noisy_pass(eps_j):
     """({'ce': CE(z; phi + eps_j, psi), 'pf': PF_j}, the pass's BN update) of one draw."""
-    if loss.backward_weights == 'clean':  # the convs add eps_j and are differentiated at the clean weights
+    if loss.backward_weights == 'clean':  # the convs add eps_j, differentiated at the clean weights
       variables = {'params': params, 'noise': trees.unflatten(eps_j)}
     else:
       variables = {'params': perturb(params, eps_j)}
@@ -100,16 +101,17 @@ def base_loss(params, batch_stats, images, labels, eps, model, loss):
 
 
 def loss_terms(out, loss):
-  """{name: scalar} the base loss sums, from the passes' outputs: the clean pass's ('logits', 'labels',
-  'ce_clean') and the noisy passes' ('ce', 'pf': per draw [M]; absent without noise). Without noise the
-  clean CE; with it Eq. 3-4 as the authors' code runs them (docs/method.md, 'Base session'), mean_j L_j +
-  gamma std_j(L_j), L_j = CE_j + lambda PF_j (lambda 0 without noise.prototype_fixing), plus
-  noise.clean_ce_weight CE_clean. A weight of 0 leaves its term out of the program (a Python branch on the
-  frozen view); a term of the clean pass goes after the branches."""
+  """{name: scalar} the base loss sums, from the passes' outputs: the clean pass's ('logits',
+  'labels', 'ce_clean') and the noisy passes' ('ce', 'pf': per draw [M]; absent without noise).
+  Without noise the clean CE; with it Eq. 3-4 as the authors' code runs them (docs/method.md, 'Base
+  session'), mean_j L_j + gamma std_j(L_j), L_j = CE_j + lambda PF_j (lambda 0 without
+  noise.prototype_fixing), plus noise.clean_ce_weight CE_clean. A weight of 0 leaves its term out of
+  the program (a Python branch on the frozen view); a term of the clean pass goes after the
+  branches."""
   if 'ce' in out:
     pf = (loss.pf_weight if loss.prototype_fixing else 0.0) * out['pf']
     terms = {'ce': jnp.mean(out['ce']), 'pf': jnp.mean(pf)}
-    if loss.std_weight and out['ce'].shape[0] > 1:  # the authors' code; the paper has no such term
+    if loss.std_weight and len(out['ce']) > 1:  # the authors' code; the paper has no such term
       terms['std'] = loss.std_weight * objectives.unbiased_std(out['ce'] + pf)
     if loss.clean_ce_weight:  # at 0 the clean pass needs no backward
       terms['clean_ce'] = loss.clean_ce_weight * out['ce_clean']
@@ -119,15 +121,16 @@ def loss_terms(out, loss):
 
 
 def minimised(terms, loss):
-  """What the step minimises: the sum of `terms` less PF's where PF has no gradient (noise.pf_gradient
-  False): a constant to the step, which PF acts on only through the std term (F2M-V has none)."""
+  """What the step minimises: the sum of `terms` less PF's where PF has no gradient
+  (noise.pf_gradient False): a constant to the step, which PF acts on only through the std term
+  (F2M-V has none)."""
   return sum(value for name, value in terms.items() if name != 'pf' or loss.pf_gradient)
 
 
 def map_draws(noisy_pass, eps, draw_map):
-  """({name: [M]}, [M BN updates]) of `noisy_pass(eps_j) -> ({name: scalar}, BN update)` over the draws
-  of `eps`: `jax.vmap` over the draw axis ('vmap'), or the M passes written out ('unroll')."""
-  num_draws = next(iter(eps.values())).shape[0]
+  """({name: [M]}, [M BN updates]) of `noisy_pass(eps_j) -> ({name: scalar}, BN update)` over the
+  draws of `eps`: `jax.vmap` over the draw axis ('vmap'), or the M passes written out ('unroll')."""
+  num_draws = len(next(iter(eps.values())))
   if draw_map == 'unroll':
     outputs, updates = zip(*[noisy_pass(trees.index(eps, j)) for j in range(num_draws)])
     return trees.stack(outputs), list(updates)
@@ -136,8 +139,9 @@ def map_draws(noisy_pass, eps, draw_map):
 
 
 def train_step(state, x, labels, eps, model, loss, tx):
-  """One update of the clean parameters from inputs `x` and draws `eps`: value_and_grad of `base_loss`,
-  then `tx`. Returns (state, metrics), with 'finite': whether the loss and the step are finite."""
+  """One update of the clean parameters from inputs `x` and draws `eps`: value_and_grad of
+  `base_loss`, then `tx`. Returns (state, metrics), with 'finite': whether the loss and the step are
+  finite."""
   grads, (batch_stats, metrics) = jax.grad(base_loss, has_aux=True)(
       state.params, state.batch_stats, x, labels, eps, model, loss)
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
@@ -156,11 +160,12 @@ def init_state(model, key, image_size, tx, params=None, batch_stats=None):
 
 
 def make_train_program(model, loss, tx, data, members_map, mesh):
-  """program(states, images, labels, indices, num_steps, keys, bounds) -> (states, metrics): the first
-  `num_steps` of N steps of S members in one call, jitted over `mesh` (batch axis split, states donated).
-  `indices` [N, S, B] gather each member's batches from the shared images; states, keys and bounds carry a
-  leading member axis; metrics leaves are [N, S]. A step's augmentation and noise come from fold_in(key,
-  step). members_map: 'vmap' or 'unroll' (for one run exactly its step)."""
+  """program(states, images, labels, indices, num_steps, keys, bounds) -> (states, metrics): the
+  first `num_steps` of N steps of S members in one call, jitted over `mesh` (batch axis split,
+  states donated). `indices` [N, S, B] gather each member's batches from the shared images; states,
+  keys and bounds carry a leading member axis; metrics leaves are [N, S]. A step's augmentation and
+  noise come from fold_in(key, step). members_map: 'vmap' or 'unroll' (for one run exactly its
+  step)."""
   paths = tuple(noise_set_paths(model, loss.num_layers)) if loss.enabled else ()
 
   def member_step(state, images, labels, key, bound):
@@ -178,13 +183,16 @@ def make_train_program(model, loss, tx, data, members_map, mesh):
   def program(states, images, labels, indices, num_steps, keys, bounds):
     def body(states, xs):
       i, idx = xs
-      new, metrics = members(states, jnp.take(images, idx, axis=0), jnp.take(labels, idx, axis=0), keys, bounds)
-      return jax.tree_util.tree_map(lambda a, b: jnp.where(i < num_steps, a, b), new, states), metrics
-    return jax.lax.scan(body, states, (jnp.arange(indices.shape[0]), indices))
+      batch = jnp.take(images, idx, axis=0), jnp.take(labels, idx, axis=0)
+      new, metrics = members(states, *batch, keys, bounds)
+      kept = jax.tree_util.tree_map(lambda a, b: jnp.where(i < num_steps, a, b), new, states)
+      return kept, metrics
+    return jax.lax.scan(body, states, (jnp.arange(len(indices)), indices))
 
   rep = sharding.replicated(mesh)
-  return jax.jit(program, in_shardings=(rep, rep, rep, sharding.member_rows_sharded(mesh), rep, rep, rep),
-                 out_shardings=rep, donate_argnums=(0,))
+  rows = sharding.member_rows_sharded(mesh)
+  return jax.jit(program, in_shardings=(rep, rep, rep, rows, rep, rep, rep), out_shardings=rep,
+                 donate_argnums=(0,))
 
 
 class Inputs(NamedTuple):
@@ -202,9 +210,9 @@ class Inputs(NamedTuple):
 
 @functools.lru_cache(maxsize=8)
 def train_program(model, loss, optimizer_settings, inputs, members_map, mesh):
-  """`make_train_program` with the base optimizer `optim.sgd(*optimizer_settings)`, built once per process
-  for each set of arguments: every argument that shapes the program is in the key, so a later training
-  of the same program (a resume, each seed of a sweep, a second run in one process) finds it traced and
-  compiled in jax.jit's caches, instead of tracing it and loading it from the persistent cache again
-  (experiments/results/README.md, 'Figures behind the code's choices')."""
+  """`make_train_program` with the base optimizer `optim.sgd(*optimizer_settings)`, built once per
+  process for each set of arguments: every argument that shapes the program is in the key, so a
+  later training of the same program (a resume, each seed of a sweep, a second run in one process)
+  finds it traced and compiled in jax.jit's caches, instead of tracing it and loading it from the
+  persistent cache again (experiments/results/README.md, 'Figures behind the code's choices')."""
   return make_train_program(model, loss, optim.sgd(*optimizer_settings), inputs, members_map, mesh)

@@ -18,14 +18,17 @@ def flatness_stats(clean_loss, losses):
   """I = mean (L_i - L*)^2 and sigma^2 = var(L_i) (population variance) from the N draws."""
   losses = np.asarray(losses, np.float64)
   return {'L_star': float(clean_loss), 'I': float(np.mean((losses - clean_loss) ** 2)),
-          'sigma2': float(np.var(losses)), 'mean_loss': float(losses.mean()), 'num_draws': len(losses)}
+          'sigma2': float(np.var(losses)), 'mean_loss': float(losses.mean()),
+          'num_draws': len(losses)}
 
 
-def noisy_losses(model, variables, images, labels, paths, split, bound, distribution, num_draws, chunk,
-                 key, mean, std, batch_size=500, progress=''):
+def noisy_losses(model, variables, images, labels, paths, split, bound, distribution, num_draws,
+                 chunk, key, mean, std, batch_size=500, progress=''):
   """(L*, [L_1..L_N]) on (images, labels). Draw i uses key fold_in(key, i), whatever the chunking.
   `progress`: the title of a bar over the draws (none where empty)."""
-  inputs = make_embed(model, mean, std, batch_size, last=split)(variables, images) if split else images
+  inputs = images
+  if split:  # the unperturbed trunk once
+    inputs = make_embed(model, mean, std, batch_size, last=split)(variables, images)
   rows = padding.round_up(len(inputs), batch_size)
   batches = [padding.pad_rows(a, rows).reshape((-1, batch_size) + a.shape[1:])  # padding weighs 0
              for a in (inputs, labels, np.ones(len(inputs)))]
@@ -46,8 +49,8 @@ def noisy_losses(model, variables, images, labels, paths, split, bound, distribu
 
     return jax.lax.scan(body, jnp.zeros(()), batches)[0] / len(inputs)
 
-  draw = lambda k: trees.index(noise_lib.sample_noise(k, variables['params'], paths, 1, bound, distribution), 0)
-  chunk_losses = jax.jit(jax.vmap(lambda k: dataset_loss(draw(k))))
+  draw = lambda k: noise_lib.sample_noise(k, variables['params'], paths, 1, bound, distribution)
+  chunk_losses = jax.jit(jax.vmap(lambda k: dataset_loss(trees.index(draw(k), 0))))
 
   clean = float(jax.jit(dataset_loss)({}))
   keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.arange(num_draws))
@@ -55,6 +58,7 @@ def noisy_losses(model, variables, images, labels, paths, split, bound, distribu
   with bar(num_draws, progress, unit='draw', disable=not progress) as drawn:
     for start in range(0, num_draws, chunk):
       k = keys[start:start + chunk]
-      out.append(np.asarray(chunk_losses(padding.repeat_last(k, chunk)))[:len(k)])  # one compiled shape
+      losses = chunk_losses(padding.repeat_last(k, chunk))  # one compiled shape
+      out.append(np.asarray(losses)[:len(k)])
       drawn.update(len(k))
   return clean, np.concatenate(out)

@@ -1,10 +1,11 @@
 """The noise set's bounded samplers (docs/method.md, 'Bounded noise'): a draw is a flat dict
 {path: array} over the noise set's paths (f2m_jax/trees.py). 'discrete_beta' is the authors'
-DiscreteBeta sampler as it runs: u ~ Beta(alpha, beta) per element (alpha, beta from BETA_SHAPES once
-per layer and draw), its fifth of [0, 1] mapped to one of GRID_LEVELS * b. Their bins are the equal
-fifths of [0, 1], labelled in place one after another, so the values of the second bin, first labelled
-1, are relabelled 4 when the last bin's turn comes: levels {-b, 0, b/2, b}, -b/2 never drawn. 'grid':
-the same five levels all reachable (the authors' evident intent); 'uniform' on [-b, b]."""
+DiscreteBeta sampler as it runs: u ~ Beta(alpha, beta) per element (alpha, beta from BETA_SHAPES
+once per layer and draw), its fifth of [0, 1] mapped to one of GRID_LEVELS * b. Their bins are the
+equal fifths of [0, 1], labelled in place one after another, so the values of the second bin, first
+labelled 1, are relabelled 4 when the last bin's turn comes: levels {-b, 0, b/2, b}, -b/2 never
+drawn. 'grid': the same five levels all reachable (the authors' evident intent); 'uniform' on
+[-b, b]."""
 import functools
 
 import jax
@@ -57,5 +58,6 @@ def sample_noise(key, params, paths, num_draws, bound, distribution='discrete_be
       draw = lambda k: jax.random.uniform(k, shape, minval=-bound, maxval=bound)
     else:
       draw = lambda k: beta_grid(k, shape, bound, distribution)
-    eps[path] = jax.vmap(draw)(jax.random.split(jax.random.fold_in(key, i), num_draws)).astype(jnp.float32)
+    keys = jax.random.split(jax.random.fold_in(key, i), num_draws)
+    eps[path] = jax.vmap(draw)(keys).astype(jnp.float32)
   return eps

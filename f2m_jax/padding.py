@@ -1,7 +1,7 @@
-"""Padding to a fixed shape, so that one compiled program serves inputs of every size (every session,
-the last batch of a dataset, the last chunk of noise draws). The added entries are cut from the
-results, or the computation is told to ignore them (a label of -1, a count of real rows, a weight 0).
-A host array stays on the host, a jax.Array on its device."""
+"""Padding to a fixed shape, so that one compiled program serves inputs of every size (every
+session, the last batch of a dataset, the last chunk of noise draws). The added entries are cut from
+the results, or the computation is told to ignore them (a label of -1, a count of real rows, a
+weight 0). A host array stays on the host, a jax.Array on its device."""
 import jax
 import jax.numpy as jnp
 import numpy as np

@@ -26,7 +26,8 @@ Member = collections.namedtuple('Member', 'batch_indices key bound save log')
 
 def train_base(exp, ckpts, log, hook=None):
   """Trains session 1 from the latest base checkpoint (or from scratch); returns the base network
-  (`chosen_variables`). `hook('base_step', step=n)` is called after every call, at its last step n."""
+  (`chosen_variables`). `hook('base_step', step=n)` is called after every call, at its last step
+  n."""
   select = None
   if exp.config.base.select_on_test:
     select = TestSetSelector(exp, exp.model, 1, ckpts.best_base, log)
@@ -49,14 +50,14 @@ def chosen_variables(state, select, title, steps):
 
 def train_base_sessions(exps, ckpts, logs, title, select=None, hook=None):
   """The base sessions of S >= 1 runs in lockstep through `train_steps`, from the latest base step
-  all of them hold (`resume_step`) or from scratch, each saved into its own workdir; the final states,
-  stacked."""
+  all of them hold (`resume_step`) or from scratch, each saved into its own workdir; the final
+  states, stacked."""
   held = [c.base.steps() for c in ckpts]
   start, exp = resume_step(held), exps[0]
   if 0 < start < exp.config.base.steps:
     print(f'{title}: resuming at step {start}/{exp.config.base.steps}', flush=True)
   states = trees.stack([c.base.restore(e.state_template(), start) if start else e.init_state()
-                        for e, c in zip(exps, ckpts)])  # trained already where start is the last step
+                        for e, c in zip(exps, ckpts)])  # trained already where start is the end
   members = [Member(e.batch_indices, e.key(0), e.config.noise.bound,
                     saving_after(c.base.save, max(h, default=0)), log)
              for e, c, log, h in zip(exps, ckpts, logs, held)]
@@ -99,10 +100,10 @@ def call_spans(start, steps, per_call):
 
 
 def train_steps(exp, model, loss, members, states, start, phase, title, select=None, hook=None):
-  """Steps `start`..base.steps of S >= 1 members in lockstep from `states` (leading member axis); returns
-  the final states. `select(step, state)` runs every base.select_every steps; metrics go to each
-  member's log under `phase`. After `hook` raised Interrupted, the call in flight ends the training, its
-  states saved."""
+  """Steps `start`..base.steps of S >= 1 members in lockstep from `states` (leading member axis);
+  returns the final states. `select(step, state)` runs every base.select_every steps; metrics go to
+  each member's log under `phase`. After `hook` raised Interrupted, the call in flight ends the
+  training, its states saved."""
   cfg, bench = exp.config.base, exp.bench
   if start >= cfg.steps:
     return states
@@ -130,7 +131,9 @@ def train_steps(exp, model, loss, members, states, start, phase, title, select=N
       states, metrics = program(*args)
       if pending:
         records(*pending)
-      snapshot = jax.tree_util.tree_map(jnp.copy, states) if any(records.due(first + n)[1:]) else None
+      snapshot = None  # the states the host reads after the next call, which they are donated to
+      if any(records.due(first + n)[1:]):
+        snapshot = jax.tree_util.tree_map(jnp.copy, states)
       pending = (first, n, metrics, snapshot)
       if records.interrupted:
         break
@@ -144,33 +147,37 @@ def train_steps(exp, model, loss, members, states, start, phase, title, select=N
 
 
 class Records:
-  """What the host does with each call's results: the non-finite stop, the bar, the log's averages, the
-  selection, the checkpoints, the hook (an Interrupted it raises ends the training after the call in
-  flight). steps_per_s counts from the end of the first call, whose time holds the warm-up (as
-  big_vision's Chrono); steps_averaged is a line's window (fewer than log_every after a resume)."""
+  """What the host does with each call's results: the non-finite stop, the bar, the log's averages,
+  the selection, the checkpoints, the hook (an Interrupted it raises ends the training after the
+  call in flight). steps_per_s counts from the end of the first call, whose time holds the warm-up
+  (as big_vision's Chrono); steps_averaged is a line's window (fewer than log_every after a
+  resume)."""
 
   def __init__(self, config, members, phase, title, start, select, hook, status):
     self.cfg, self.method, self.members, self.phase = config.base, config.method, members, phase
     self.title, self.select, self.hook, self.status = title, select, hook, status
-    self.window, self.saved, self.bar, self.timed, self.interrupted = [], (start or None), None, 0, None
+    self.window, self.saved, self.bar, self.timed = [], (start or None), None, 0
+    self.interrupted = None
     for m in members:
       m.log.open()
 
   def due(self, done):
     """Whether a call ending at step `done` is followed by (a log line, a selection, a save)."""
     cfg, last = self.cfg, done == self.cfg.steps
-    return (done % cfg.log_every == 0 or last, self.select is not None and done % cfg.select_every == 0,
+    select = self.select is not None and done % cfg.select_every == 0
+    return (done % cfg.log_every == 0 or last, select,
             done % cfg.checkpoint_every == 0 or last or self.interrupted is not None)
 
   def __call__(self, first, n, metrics, snapshot):
-    """Reads the metrics of a call of `n` steps (waiting for it), then stops, logs, selects and saves at
-    its end (`steps_per_call` divides every interval), then calls the hook; `snapshot`: the states after
-    it."""
+    """Reads the metrics of a call of `n` steps (waiting for it), then stops, logs, selects and
+    saves at its end (`steps_per_call` divides every interval), then calls the hook; `snapshot`: the
+    states after it."""
     metrics, done = {k: v[:n] for k, v in jax.device_get(metrics).items()}, first + n
     for i, j in np.argwhere(~metrics.pop('finite'))[:1]:  # the first non-finite step (and member)
       who = f' (member {j})' if len(self.members) > 1 else ''
-      raise TrainingError(diverged(float(metrics['loss'][i, j]), first + i + 1, f'method {self.method}{who}',
-                                   self.phase, self.saved, self.cfg.lr, self.cfg.classifier_lr))
+      raise TrainingError(diverged(float(metrics['loss'][i, j]), first + i + 1,
+                                   f'method {self.method}{who}', self.phase, self.saved,
+                                   self.cfg.lr, self.cfg.classifier_lr))
     if self.bar is None:  # the clock starts now: the first call's time holds the warm-up
       self.status.close()
       self.bar, self.t0 = progress.bar(self.cfg.steps, self.title, initial=first), time.time()
@@ -197,42 +204,51 @@ class Records:
     steps = jax.tree_util.tree_map(lambda *v: np.concatenate(v), *self.window)  # {name: [n, S]}
     rate = round(self.timed / (time.time() - self.t0), 3) if self.timed else None
     extra = {'members': len(self.members)} if len(self.members) > 1 else {}
-    avgs = [{k: float(np.mean(v[:, j])) for k, v in steps.items()} for j in range(len(self.members))]
+    avgs = [{k: float(np.mean(v[:, j])) for k, v in steps.items()}
+            for j in range(len(self.members))]
     for member, avg in zip(self.members, avgs):
-      member.log.write(phase=self.phase, step=done, steps_per_s=rate, steps_averaged=len(steps['loss']),
-                       **extra, **avg)
-    self.bar.set_postfix({k: '/'.join(f'{a[k]:.3f}' for a in avgs) for k in ('loss', 'acc')}, refresh=False)
+      member.log.write(phase=self.phase, step=done, steps_per_s=rate,
+                       steps_averaged=len(steps['loss']), **extra, **avg)
+    shown = {k: '/'.join(f'{a[k]:.3f}' for a in avgs) for k in ('loss', 'acc')}  # each member's
+    self.bar.set_postfix(shown, refresh=False)
     self.window, self.t0, self.timed = [], time.time(), 0
 
 
 def diverged(loss, step, who, phase, saved, lr, classifier_lr=-1.0):
-  """Why a training stopped at `step` (a step is good only if its loss and the parameters it leaves are
-  finite), what was kept, and the learning rate to try: a tenth."""
-  what = (f'the parameters became non-finite after a finite loss of {loss:.3g}' if math.isfinite(loss)
-          else f'the loss was {loss}')
-  kept = f'the last good checkpoint (step {saved}) is kept' if saved else 'no checkpoint was saved yet'
+  """Why a training stopped at `step` (a step is good only if its loss and the parameters it leaves
+  are finite), what was kept, and the learning rate to try: a tenth."""
+  what = f'the loss was {loss}'
+  if math.isfinite(loss):
+    what = f'the parameters became non-finite after a finite loss of {loss:.3g}'
+  kept = 'no checkpoint was saved yet'
+  if saved:
+    kept = f'the last good checkpoint (step {saved}) is kept'
   lower = f'--config.base.lr={lr / 10:g}' + (f' --config.base.classifier_lr={classifier_lr / 10:g}'
                                              if classifier_lr > 0 else '')
-  return (f'{who} diverged at {phase} step {step}: {what}; {kept}. The learning rate is too large for this '
-          f'batch and network: try a tenth of it, {lower}, in a new --workdir (the lr is part of its config)')
+  return (f'{who} diverged at {phase} step {step}: {what}; {kept}. The learning rate is too '
+          f'large for this batch and network: try a tenth of it, {lower}, in a new --workdir (the '
+          'lr is part of its config)')
 
 
 class TestSetSelector:
-  """base.select_on_test, the original's model selection: the accuracy of `network`'s logits' argmax on the
-  test images of every class seen up to `session`; the model of the best so far (a strictly better one
-  replaces it) is kept in `best` (a checkpoint.Folder), where a resumed training finds it. `where` (run,
-  session) goes into each log line; `logits`: the network's logits program, if made."""
+  """base.select_on_test, the original's model selection: the accuracy of `network`'s logits' argmax
+  on the test images of every class seen up to `session`; the model of the best so far (a strictly
+  better one replaces it) is kept in `best` (a checkpoint.Folder), where a resumed training finds
+  it. `where` (run, session) goes into each log line; `logits`: the network's logits program, if
+  made."""
 
   def __init__(self, exp, network, session, best, log, logits=None, where=None):
     bench = exp.bench
     self.store, self.log, self.where = best, log, where or {}
-    self.name = 'base_test' if session == 1 else 'seen_test'  # the log's fields: <name>_acc, best_<name>_acc
+    self.name = 'base_test' if session == 1 else 'seen_test'  # fields <name>_acc, best_<name>_acc
     idx = protocol_lib.test_indices(bench, session)
     self.images, self.labels = bench.test.images[idx], bench.test.labels[idx]
-    self.logits = logits or evaluation.make_embed(network, bench.mean, bench.std, exp.config.eval.batch_size,
-                                                  logits=True)
+    self.logits = logits or evaluation.make_embed(network, bench.mean, bench.std,
+                                                  exp.config.eval.batch_size, logits=True)
     self.template = {**exp.variables_template(network), 'test_acc': np.zeros((), np.float64)}
-    self.best = -1.0 if best.latest_step() is None else float(best.restore(self.template)['test_acc'])
+    self.best = -1.0
+    if best.latest_step() is not None:
+      self.best = float(best.restore(self.template)['test_acc'])
     self.read = ('the base TEST images' if session == 1 else
                  f'the TEST images of the {bench.num_seen_classes(session)} seen classes')
 
@@ -245,8 +261,9 @@ class TestSetSelector:
     if acc > self.best:
       self.best = acc
       self.store.save(step, {**variables, 'test_acc': np.asarray(acc, np.float64)})
-    self.log.write(phase='select_on_test', **self.where, step=step,
-                   **{f'{self.name}_acc': acc, f'best_{self.name}_acc': self.best}, best_step=self.store.latest_step())
+    accuracies = {f'{self.name}_acc': acc, f'best_{self.name}_acc': self.best}
+    self.log.write(phase='select_on_test', **self.where, step=step, **accuracies,
+                   best_step=self.store.latest_step())
 
 
 def selection_info(config, ckpts):
@@ -256,4 +273,5 @@ def selection_info(config, ckpts):
     return {'selection': 'last', 'step': int(config.base.steps)}
   step = ckpts.best_base.latest_step()
   return {'selection': 'best_base_test_accuracy', 'reads_test_set': True,
-          'every': int(config.base.select_every), 'step': int(config.base.steps if step is None else step)}
+          'every': int(config.base.select_every),
+          'step': int(config.base.steps if step is None else step)}

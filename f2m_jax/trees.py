@@ -25,7 +25,7 @@ def split(tree, paths):
 
 
 def overlay(tree, part):
-  """`tree` with the leaves of `part` (a nested subtree of it, or a flat dict) in place of its own."""
+  """`tree` with the leaves of `part` (a nested subtree or a flat dict) in place of its own."""
   flat = flatten(tree)
   flat.update(part if all(isinstance(k, tuple) for k in part) else flatten(part))
   return unflatten(flat)
@@ -42,8 +42,8 @@ def index(tree, i):
 
 
 def non_finite(tree):
-  """The paths (jax.tree_util.keystr) of the floating leaves of `tree` that hold a NaN or an infinity:
-  the one test of what a training step, a session or a restored checkpoint produced."""
+  """The paths (jax.tree_util.keystr) of the floating leaves of `tree` that hold a NaN or an
+  infinity: the one test of what a training step, a session or a restored checkpoint produced."""
   leaves = [(path, np.asarray(x)) for path, x in jax.tree_util.tree_leaves_with_path(tree)]
   return [jax.tree_util.keystr(path) for path, x in leaves
           if jnp.issubdtype(x.dtype, jnp.inexact) and not np.isfinite(x).all()]
