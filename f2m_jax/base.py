@@ -139,7 +139,7 @@ def map_draws(noisy_pass, eps, draw_map):
 
 
 def train_step(state, x, labels, eps, model, loss, tx):
-  """One update of the clean parameters from inputs `x` and draws `eps`: value_and_grad of
+  """One update of the clean parameters from inputs `x` and draws `eps`: the gradient of
   `base_loss`, then `tx`. Returns (state, metrics), with 'finite': whether the loss and the step are
   finite."""
   grads, (batch_stats, metrics) = jax.grad(base_loss, has_aux=True)(

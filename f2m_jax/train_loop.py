@@ -89,7 +89,7 @@ def calls_text(cfg, selecting):
   if per_call == cfg.steps_per_call:
     return f'{per_call} a call'
   intervals = 'log_every, checkpoint_every' + (', select_every' if selecting else '')
-  return f'{per_call} a call (base.steps_per_call={cfg.steps_per_call} cut to divide {intervals})'
+  return f'{per_call} a call: base.steps_per_call={cfg.steps_per_call} cut to divide {intervals}'
 
 
 def call_spans(start, steps, per_call):

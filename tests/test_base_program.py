@@ -75,7 +75,7 @@ def test_steps_per_call_divides_the_intervals_and_calls_end_on_its_multiples():
   assert train_loop.steps_per_call(config.base, selecting=False) == 2  # 12 reduced to divide 50 and 500
   config.base.update(steps_per_call=20, select_every=1500)
   assert train_loop.steps_per_call(config.base, selecting=False) == 10
-  assert train_loop.calls_text(config.base, False).startswith('10 a call (base.steps_per_call=20 cut to')
+  assert train_loop.calls_text(config.base, False).startswith('10 a call: base.steps_per_call=20 cut to')
   config.base.select_every = 25
   assert train_loop.steps_per_call(config.base, selecting=True) == 5
   assert 'select_every' in train_loop.calls_text(config.base, True)
