@@ -25,7 +25,7 @@ from f2m_jax import sharding  # noqa: E402
 def member_cases(config, sizes, mesh) -> list:
   """bench.Case of the config's base program for S members, for every S of `sizes` and S = 1, ascending."""
   exp = bench.bench_experiment(config, config.model.dtype)
-  return [bench.program_case(exp, exp.noise, f'members_{s}_{config.members.map}', s, s, mesh)
+  return [bench.program_case(exp, exp.loss, f'members_{s}_{config.members.map}', s, s, mesh)
           for s in sorted(set((1,) + tuple(sizes)))]
 
 

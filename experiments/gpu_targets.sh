@@ -44,7 +44,7 @@ rows = [r for r in map(parsed, open(sys.argv[1] + '/metrics.jsonl')) if r is not
 base = [r for r in rows if r.get('phase') == 'base']
 sessions = [r for r in rows if r.get('phase') == 'session']
 done = [r for r in rows if r.get('phase') == 'done'][-1]
-rates = [r['steps_per_s'] for r in base[1:]] or [base[-1]['steps_per_s']]  # the first window compiles
+rates = [r['steps_per_s'] for r in base if r.get('steps_per_s') is not None]  # timed after the 1st call
 first_session = min(r['time'] for r in sessions)
 print(json.dumps({'base_steps_per_s_median': sorted(rates)[len(rates) // 2],
                   'start_to_first_logged_step_s': round(base[0]['time'] - (done['time'] - done['wall_time_s']), 1),

@@ -104,33 +104,28 @@ def init_variables(model, image_size: int, key=None) -> dict:
 
 
 def noise_view(**fields):
-  """What `base.base_loss` reads: the shared config's config.noise with `fields` changed (draw_map
-  'unroll' unless given: 'auto' is resolved when a run starts), frozen."""
-  import ml_collections  # pylint: disable=g-import-not-at-top
+  """The loss view `base.base_loss` reads (`base.loss_view`) of the shared config, config.noise's `fields`
+  changed (draw_map 'unroll' unless given: 'auto' is resolved when a run starts)."""
   from configs import common  # pylint: disable=g-import-not-at-top
-  noise = common.base_config().noise
-  noise.update({'draw_map': 'unroll', **fields})
-  return ml_collections.FrozenConfigDict(noise)
-
-
-def naive_cross_entropies(model, params, batch_stats, images, labels, eps) -> tuple:
-  """(CE of each draw [M], CE of the clean network) on one batch, computed naively: the whole network in
-  train mode (batch statistics) at params + eps_j for each draw of `eps` ({path: [M, ...]}), one draw at
-  a time, and at params; the CE as the mean of -log softmax at the label. Differentiable in `params`
-  (the gradient of 'noisy' backward weights). Under jax.enable_x64 with float64 arrays it is the
-  reference a loss term's test holds `base.base_loss` to (tests/test_change_the_loss.py)."""
-  import jax  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   from f2m_jax import base  # pylint: disable=g-import-not-at-top
+  config = common.base_config()
+  config.noise.update({'draw_map': 'unroll', **fields})
+  return base.loss_view(config)
 
-  def ce(p):
-    (_, logits), _ = model.apply({'params': p, 'batch_stats': batch_stats}, images, train=True,
-                                 mutable=['batch_stats'])
-    return -jnp.mean(jax.nn.log_softmax(logits)[jnp.arange(len(labels)), labels])
 
-  num_draws = next(iter(eps.values())).shape[0]
-  per_draw = [ce(base.perturb(params, {p: e[j] for p, e in eps.items()})) for j in range(num_draws)]
-  return jnp.stack(per_draw), ce(params)
+def naive_logits(model, params, batch_stats, images, eps) -> tuple:
+  """([the logits of each draw], the logits of the clean network) on one batch, computed naively: the
+  whole network in train mode (batch statistics) at params + eps_j for each draw of `eps` ({path: [M,
+  ...]}), one draw at a time, and at params. Differentiable in `params` (the gradient of 'noisy' backward
+  weights). Under jax.enable_x64 with float64 arrays it is the reference a loss term's test holds
+  `base.base_loss` to (tests/test_change_the_loss.py)."""
+  from f2m_jax import base, trees  # pylint: disable=g-import-not-at-top
+
+  def logits(p):
+    return model.apply({'params': p, 'batch_stats': batch_stats}, images, train=True, mutable=['batch_stats'])[0][1]
+
+  draws = len(next(iter(eps.values()), ()))
+  return [logits(base.perturb(params, trees.index(eps, j))) for j in range(draws)], logits(params)
 
 
 def xla_flags(*flags: str) -> str:

@@ -31,12 +31,6 @@ from f2m_jax.run import pipeline
 from f2m_jax.run.checkpoint import Checkpoints
 
 
-def _smooth(config):
-  config.base.lr = 1e-3
-  config.noise.std_weight = 0.0
-  return config
-
-
 @pytest.mark.slow
 def test_scanned_steps_equal_single_steps():
   """The program of the `runs` fixture's runs (one step a call, and five), as the train loop builds and
@@ -45,7 +39,7 @@ def test_scanned_steps_equal_single_steps():
   exp = experiment_lib.Experiment.create(config, sources.load_benchmark(config))
   bench = exp.bench
   mesh = sharding.data_mesh()
-  program = base_lib.train_program(exp.model, exp.noise, exp.optimizer_settings(), base_lib.Inputs.of(bench),
+  program = base_lib.train_program(exp.model, exp.loss, exp.optimizer_settings(), base_lib.Inputs.of(bench),
                                    config.members.map, mesh)
   n, per_call = 7, 5  # a full call from step 0, then one of 2 steps, padded to 5 rows
   indices = np.stack([exp.batch_indices(s) for s in range(n)] + [exp.batch_indices(0)] * 3).astype(np.int32)
@@ -74,31 +68,62 @@ def test_scanned_steps_equal_single_steps():
   assert program._cache_size() == 2  # one program per scan length: the short call ran the full calls'
 
 
-def test_steps_per_call_divides_the_intervals():
+def test_steps_per_call_divides_the_intervals_and_calls_end_on_its_multiples():
   from configs import cifar100
   config = cifar100.get_config()
   config.base.update(steps_per_call=12, log_every=50, checkpoint_every=500)
   assert train_loop.steps_per_call(config.base, selecting=False) == 2  # 12 reduced to divide 50 and 500
   config.base.update(steps_per_call=20, select_every=1500)
   assert train_loop.steps_per_call(config.base, selecting=False) == 10
+  assert train_loop.calls_text(config.base, False).startswith('10 a call: base.steps_per_call=20 cut to')
   config.base.select_every = 25
   assert train_loop.steps_per_call(config.base, selecting=True) == 5
-
-
-def test_calls_end_on_multiples_of_steps_per_call():
+  assert 'select_every' in train_loop.calls_text(config.base, True)
+  config.base.steps_per_call = 5
+  assert train_loop.calls_text(config.base, True) == '5 a call'  # the header's words (train_steps)
+  # calls end on multiples of steps_per_call
   assert train_loop.call_spans(0, 20, 5) == [(0, 5), (5, 5), (10, 5), (15, 5)]
   assert train_loop.call_spans(12, 22, 5) == [(12, 3), (15, 5), (20, 2)]  # resumed at 12; 22 is no multiple
   assert train_loop.call_spans(19, 20, 5) == [(19, 1)]
   assert train_loop.call_spans(0, 3, 1) == [(0, 1), (1, 1), (2, 1)]
 
 
+def test_the_log_times_after_the_first_call_and_marks_short_windows(monkeypatch):
+  """The Records of 2 members resumed at step 330 (log_every 50): the line at 350 averages the 20
+  steps since the resume and says so; its steps_per_s counts the steps after the first call, whose
+  time holds the warm-up (big_vision's Chrono): 10 steps in 2 s; a line of the first call alone has
+  none. The bar shows each member's loss and acc."""
+  import types  # pylint: disable=g-import-not-at-top
+  from configs import cifar100  # pylint: disable=g-import-not-at-top
+  config = cifar100.get_config()
+  config.base.update(steps=400, log_every=50, checkpoint_every=500)
+  class Log(list):  # a metrics log: its lines
+    open, write = lambda self: None, lambda self, **line: self.append(line)
+  logs = [Log(), Log()]
+  members = [train_loop.Member(None, None, 0.0, lambda *a: None, log) for log in logs]
+  monkeypatch.setattr(train_loop, 'time', types.SimpleNamespace(time=iter([10.0, 12.0, 13.0, 18.0, 19.0]).__next__))
+  records = train_loop.Records(config, members, 'base', 'test', 330, None, None, types.SimpleNamespace(close=lambda: None))
+  calls = lambda n: {'loss': np.tile([1.0, 2.0], (n, 1)), 'acc': np.tile([0.5, 0.25], (n, 1)),
+                     'finite': np.ones((n, 2), bool)}
+  for first, n in ((330, 10), (340, 10), (350, 50)):
+    records(first, n, calls(n), None)
+  assert [(l['step'], l['steps_averaged'], l['steps_per_s'], l['loss']) for l in logs[1]] == [
+      (350, 20, 5.0, 2.0), (400, 50, 10.0, 2.0)]
+  assert records.bar.postfix == 'loss=1.000/2.000, acc=0.500/0.250' and logs[0][0]['members'] == 2
+  records = train_loop.Records(config, members[:1], 'base', 'test', 350, None, None, records.status)
+  monkeypatch.setattr(train_loop, 'time', types.SimpleNamespace(time=iter([20.0, 21.0]).__next__))
+  records(350, 50, {k: v[:, :1] for k, v in calls(50).items()}, None)
+  assert logs[0][-1]['steps_per_s'] is None and 'members' not in logs[0][-1]
+
+
 def _tiny(per_call: int):
   from configs import cifar100
-  config = _smooth(cifar100.get_config('smoke'))
+  config = cifar100.get_config('smoke')
   config.method = 'baseline'  # the data path is the same for every method; the Baseline compiles fastest
   config.runs = 1
   config.data.synthetic.num_sessions = 3
-  config.base.update(steps=20, milestones=(15,), log_every=5, checkpoint_every=10, steps_per_call=per_call)
+  config.noise.std_weight = 0.0  # and lr 1e-3: smooth dynamics (the module docstring)
+  config.base.update(steps=20, milestones=(15,), log_every=5, checkpoint_every=10, steps_per_call=per_call, lr=1e-3)
   return config
 
 
@@ -158,22 +183,17 @@ def test_nan_stop_names_the_same_step_and_keeps_the_last_good_checkpoint(tmp_pat
   assert all(np.isfinite(x).all() for x in jax.tree_util.tree_leaves(jax.device_get(state.params)))
 
 
-@pytest.mark.parametrize('loss, saved, classifier_lr, expected', [
-    (4.10, None, -1.0, 'method f2m diverged at base step 188: the parameters became non-finite after a finite loss '
-                       'of 4.1; no checkpoint was saved yet. The learning rate is too large for this batch and '
-                       'network: try a tenth of it, --config.base.lr=0.01, in a new --workdir'),
-    (1.0e29, 150, -1.0, 'method f2m diverged at base step 188: the parameters became non-finite after a finite loss '
-                        'of 1e+29; the last good checkpoint (step 150) is kept. '),
-    (float('nan'), 150, -1.0, 'method f2m diverged at base step 188: the loss was nan; the last good checkpoint'),
-    (float('inf'), None, 0.01, 'method f2m diverged at base step 188: the loss was inf; no checkpoint was saved yet. '
-                               'The learning rate is too large for this batch and network: try a tenth of it, '
-                               '--config.base.lr=0.01 --config.base.classifier_lr=0.001, in a new --workdir'),
-])
-def test_a_diverged_training_says_why_and_which_lr_to_try(loss, saved, classifier_lr, expected):
+def test_a_diverged_training_says_why_and_which_lr_to_try():
   """The stop names the loss that was not finite, or the finite loss (4.10, 1e29) after which the
-  parameters were not (0739cee called both 'non-finite loss'), and a tenth of the lr."""
-  from f2m_jax import train_loop
-  assert train_loop.diverged(loss, 188, 'method f2m', 'base', saved, 0.1, classifier_lr).startswith(expected)
+  parameters were not (0739cee called both 'non-finite loss'), what was kept, and a tenth of the lr."""
+  said = lambda loss, saved, fc_lr=-1.0: train_loop.diverged(loss, 188, 'method f2m', 'base', saved, 0.1, fc_lr)
+  assert said(4.10, None).startswith('method f2m diverged at base step 188: the parameters became non-finite '
+                                     'after a finite loss of 4.1; no checkpoint was saved yet. The learning rate')
+  assert 'loss of 1e+29; the last good checkpoint (step 150) is kept. ' in said(1.0e29, 150)
+  assert ': the loss was nan; the last good checkpoint' in said(float('nan'), 150)
+  assert 'try a tenth of it, --config.base.lr=0.01, in a new --workdir' in said(4.10, None)
+  assert ('the loss was inf; no checkpoint was saved yet. ' in said(float('inf'), None, 0.01) and
+          '--config.base.lr=0.01 --config.base.classifier_lr=0.001, in a new' in said(float('inf'), None, 0.01))
 
 
 def test_the_programs_are_built_once_per_process_for_the_same_arguments():
@@ -187,7 +207,7 @@ def test_the_programs_are_built_once_per_process_for_the_same_arguments():
   def parts(config):  # train_loop.train_steps's arguments of base.train_program for `config`
     config = pipeline.resolve(config)
     exp = experiment_lib.Experiment.create(config, sources.load_benchmark(config))
-    return exp, [exp.model, exp.noise, exp.optimizer_settings(), base_lib.Inputs.of(exp.bench), config.members.map,
+    return exp, [exp.model, exp.loss, exp.optimizer_settings(), base_lib.Inputs.of(exp.bench), config.members.map,
                  sharding.data_mesh()]
 
   exp, args = parts(_tiny(5))

@@ -23,7 +23,9 @@ def setup():
   images = rng.integers(0, 255, (10, 16, 16, 3), dtype=np.uint8)
   labels = np.repeat(np.array([6, 7], np.int32), 5)
   stored = np.concatenate([rng.normal(size=(6, 16)), np.zeros((2, 16))]).astype(np.float32)
-  return model, variables, images, labels, stored
+  paths = noise_set_paths(model, 4)
+  flat0 = trees.flatten(variables['params'])
+  return model, variables, images, labels, stored, paths, {p: flat0[p] for p in paths}
 
 
 def _settings(model, paths, steps, clamp=True, lr=1.0):
@@ -35,20 +37,21 @@ def _settings(model, paths, steps, clamp=True, lr=1.0):
 
 def test_every_step_inside_box_and_frozen_leaves_unchanged(setup):
   """make_finetune's 4 steps, and the same 4 steps one at a time (`session_step` on the same inputs)
-  to see the state after each: inside the box every time, and the frozen leaves unchanged."""
-  model, variables, images, labels, stored = setup
-  paths = noise_set_paths(model, 4)
-  flat0 = trees.flatten(variables['params'])
-  anchor = {p: flat0[p] for p in paths}
+  to see the state after each: inside the box every time, and the frozen leaves unchanged; without
+  the clamp the box is left."""
+  model, variables, images, labels, stored, paths, anchor = setup
   settings = _settings(model, paths, 4)
   key = jax.random.key(1)
   params, losses = incremental.make_finetune(settings)(
       variables['params'], variables['batch_stats'], anchor, images, labels, stored, np.int32(len(stored)), key)
   assert np.all(np.isfinite(losses))
   chex.assert_trees_all_equal(trees.split(params, paths)[1], trees.split(variables['params'], paths)[1])
+  unclamped, _ = incremental.make_finetune(_settings(model, paths, 3, clamp=False, lr=0.05))(
+      variables['params'], variables['batch_stats'], anchor, images, labels, stored, np.int32(len(stored)), key)
+  assert max(float(np.abs(trees.flatten(unclamped)[p] - anchor[p]).max()) for p in paths) > 0.003  # no clamp
 
   tx = incremental.session_optimizer(settings)
-  frozen = {p: v for p, v in flat0.items() if p not in anchor}
+  frozen = trees.split(variables['params'], paths)[1]
 
   @jax.jit
   def step(trainable, opt_state, i):
@@ -69,24 +72,10 @@ def test_every_step_inside_box_and_frozen_leaves_unchanged(setup):
       assert diff.max() > 0.0029  # lr=1 pushes to the walls: the clip really acted
 
 
-def test_without_clamp_leaves_the_box(setup):
-  model, variables, images, labels, stored = setup
-  paths = noise_set_paths(model, 4)
-  flat0 = trees.flatten(variables['params'])
-  anchor = {p: flat0[p] for p in paths}
-  params, _ = incremental.make_finetune(_settings(model, paths, 3, clamp=False, lr=0.05))(
-      variables['params'], variables['batch_stats'], anchor, images, labels, stored, np.int32(len(stored)),
-      jax.random.key(1))
-  flat = trees.flatten(params)
-  assert max(float(np.abs(flat[p] - anchor[p]).max()) for p in paths) > 0.003
-
-
-def test_clip_to_box_arithmetic():
+def test_clip_to_box_and_round_gradient_arithmetic():
   out = incremental.clip_to_box({'w': jnp.array([0.0, 1.2, 0.95])}, {'w': jnp.array([1.0, 1.0, 1.0])}, 0.1)
   np.testing.assert_allclose(out['w'], [0.9, 1.1, 0.95])
-
-
-def test_round_gradient_puts_sgd_steps_on_the_grid():
+  # round_gradient puts SGD's steps on the grid
   lr, quantum = 0.01, 0.0025
   g = jnp.array([0.05, 0.2, -0.4, 0.124, -0.126])  # lr*g / quantum = 0.2, 0.8, -1.6, 0.496, -0.504
   step = lr * incremental.round_gradient(g, lr, quantum)
@@ -97,10 +86,7 @@ def test_round_gradient_puts_sgd_steps_on_the_grid():
 
 
 def test_round_steps_moves_only_by_multiples_of_half_the_bound(setup):
-  model, variables, images, labels, stored = setup
-  paths = noise_set_paths(model, 4)
-  flat0 = trees.flatten(variables['params'])
-  anchor = {p: flat0[p] for p in paths}
+  model, variables, images, labels, stored, paths, anchor = setup
   settings = _settings(model, paths, 1, clamp=False, lr=0.05)
   settings = incremental.SessionSettings(**{**settings.__dict__, 'momentum': 0.0, 'weight_decay': 0.0,
                                             'round_steps': True})
@@ -114,10 +100,7 @@ def test_round_steps_moves_only_by_multiples_of_half_the_bound(setup):
 
 
 def test_padding_to_the_last_sessions_shape_changes_nothing(setup):
-  model, variables, images, labels, stored = setup
-  paths = noise_set_paths(model, 4)
-  flat0 = trees.flatten(variables['params'])
-  anchor = {p: flat0[p] for p in paths}
+  model, variables, images, labels, stored, paths, anchor = setup
   # one step: later steps amplify float32 rounding (distances ~1e3 enter a softmax), not padding
   settings = incremental.SessionSettings(**{**_settings(model, paths, 1, lr=0.05).__dict__, 'augment': 'none'})
   finetune = incremental.make_finetune(settings)
@@ -131,9 +114,8 @@ def test_padding_to_the_last_sessions_shape_changes_nothing(setup):
   assert moved > 1e-3  # the step itself is two orders larger than the tolerance
   # a smaller session padded to the same sizes reuses the compiled program
   size = finetune._cache_size()
-  finetune(variables['params'], variables['batch_stats'], anchor, *incremental.pad_session(images[:5], labels[:5],
-                                                                                          stored[:7], 25, 12),
-           jax.random.key(2))
+  smaller = incremental.pad_session(images[:5], labels[:5], stored[:7], 25, 12)
+  finetune(variables['params'], variables['batch_stats'], anchor, *smaller, jax.random.key(2))
   assert finetune._cache_size() == size
 
 
@@ -166,11 +148,8 @@ def test_prototype_norm_sets_the_norm_of_eq5s_prototypes(setup):
   them, 'unit_all' every prototype at unit norm, batch means included. Each against Eq. 5 in float64
   on the same embeddings, with base prototypes near the batch's embeddings (norm ~4), so that the
   norm changes the loss; zero rows stay zero."""
-  model, variables, images, labels, _ = setup
-  paths = noise_set_paths(model, 4)
-  flat0 = trees.flatten(variables['params'])
-  anchor = {p: flat0[p] for p in paths}
-  frozen = {p: v for p, v in flat0.items() if p not in anchor}
+  model, variables, images, labels, _, paths, anchor = setup
+  frozen = trees.split(variables['params'], paths)[1]
   x = (jnp.asarray(images, jnp.float32) / 255.0 - 0.5) * 0.25  # embeddings of norm ~4: distances ~10
   emb = np.asarray(jax.jit(lambda v: model.apply(v, x, train=False)[0])(variables), np.float64)
   rng = np.random.default_rng(1)

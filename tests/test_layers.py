@@ -2,22 +2,24 @@
 
 f2m_jax is layered: a module imports modules of its own layer or below, never above; no import
 cycle; every import of the package at module level (a function-level import hides a cycle or a layer
-breach); no module reads another module's private (`_name`) names. LAYERS is the map: a new module
-must be placed in it (docs/development.md).
+breach); no module reads another module's private (`_name`) names. LAYERS is the map, in two groups:
+CORE, the method and its data (every module outside f2m_jax/run/), which a researcher changes; then
+RUN, f2m_jax/run/, the records and the command line, above every core layer, so that nothing in the
+core imports run/. A new module must be placed in it (docs/development.md).
 """
 from __future__ import annotations
 
 import ast
 import fnmatch
+import graphlib
 import pathlib
 
 import pytest
 
 PACKAGE = pathlib.Path(__file__).resolve().parents[1] / 'f2m_jax'
 
-# Bottom to top, in two parts: the method and its data (CORE), which a researcher changes, then run/ (RUN): the
-# records and the command line, above every core layer. Patterns are module names relative to f2m_jax ('data.*':
-# every module of data/).
+# Bottom to top, CORE then RUN (the module docstring). Patterns are module names relative to f2m_jax
+# ('data.*': every module of data/).
 CORE = (
     ('foundations', ('files', 'stats', 'data', 'data.*', 'models', 'models.*', 'trees', 'padding', 'optim', 'noise',
                      'objectives', 'sharding', 'progress')),
@@ -105,38 +107,18 @@ class Imports(ast.NodeVisitor):
 def package_imports(root: pathlib.Path = PACKAGE) -> dict:
   """{module: Imports} for every module of the package under `root`."""
   files = {module_name(p, root): p for p in sorted(root.rglob('*.py'))}
-  modules = set(files)
-  out = {}
+  out = {name: Imports(set(files)) for name in files}
   for name, path in files.items():
-    visitor = Imports(modules)
-    visitor.visit(ast.parse(path.read_text(), str(path)))
-    out[name] = visitor
+    out[name].visit(ast.parse(path.read_text(), str(path)))
   return out
 
 
 def find_cycle(edges: dict):
-  """A list of modules forming an import cycle (first == last), or None."""
-  state = {}
-
-  def visit(node, stack):
-    state[node] = 'open'
-    stack.append(node)
-    for nxt in sorted(edges.get(node, ())):
-      if state.get(nxt) == 'open':
-        return stack[stack.index(nxt):] + [nxt]
-      if nxt not in state:
-        cycle = visit(nxt, stack)
-        if cycle:
-          return cycle
-    stack.pop()
-    state[node] = 'done'
-    return None
-
-  for node in sorted(edges):
-    if node not in state:
-      cycle = visit(node, [])
-      if cycle:
-        return cycle
+  """A list of modules forming an import cycle (first == last, each importing the next), or None."""
+  try:
+    graphlib.TopologicalSorter(edges).prepare()
+  except graphlib.CycleError as e:
+    return e.args[1][::-1]  # graphlib lists each module's importer next
   return None
 
 

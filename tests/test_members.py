@@ -176,7 +176,7 @@ def test_the_gpu_layout_equals_single_steps_of_each_member(reference):
       config = pipeline.resolve(tiny_smoke(seed=seed, **changes))
       exps.append(Experiment.create(config, sources.load_benchmark(config)))
     e = exps[0]
-    return exps, base_lib.train_program(e.model, e.noise, e.optimizer_settings(), base_lib.Inputs.of(e.bench),
+    return exps, base_lib.train_program(e.model, e.loss, e.optimizer_settings(), base_lib.Inputs.of(e.bench),
                                         e.config.members.map, mesh)
 
   exps, single = parts()

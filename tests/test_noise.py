@@ -18,8 +18,8 @@ _loss = jax.jit(base_lib.base_loss, static_argnums=(5, 6))  # one program per ne
 @pytest.fixture(scope='module')
 def net():
   model = resnet20(10, width=4)
-  variables = init_variables(model, 16)
-  return model, variables
+  x = jax.random.normal(jax.random.key(2), (12, 16, 16, 3))
+  return model, init_variables(model, 16), x, jnp.arange(12) % 4
 
 
 def test_noise_set_is_last_k_3x3_convs():
@@ -35,12 +35,6 @@ def test_noise_set_is_last_k_3x3_convs():
     noise_set_paths(model, 0)
 
 
-def _fifth_probs(cdfs):
-  """[..., 4] cumulative probabilities -> [..., 5] probabilities of the fifths."""
-  shape = cdfs.shape[:-1] + (1,)
-  return np.diff(np.concatenate([np.zeros(shape), np.asarray(cdfs, np.float64), np.ones(shape)], axis=-1), axis=-1)
-
-
 def test_beta_grid_is_a_binned_beta_draw_with_one_pair_per_layer_and_draw():
   """The Beta grids draw each element's fifth of [0, 1] by inverting the fifths' Beta CDF: per
   (alpha, beta) pair that is the law of a binned Beta draw (against jax.random.beta's own samples,
@@ -52,14 +46,14 @@ def test_beta_grid_is_a_binned_beta_draw_with_one_pair_per_layer_and_draw():
   for i, j in [(0, 6), (3, 3), (6, 0), (1, 4)]:
     u = np.asarray(jax.random.beta(jax.random.key(7 * i + j), noise_lib.BETA_SHAPES[i], noise_lib.BETA_SHAPES[j], (n,)))
     binned = np.bincount(np.sum(u[:, None] > np.asarray(noise_lib.FIFTHS), axis=1), minlength=5)
-    probs = _fifth_probs(cdfs[i, j])
+    probs = np.diff(cdfs[i, j].astype(np.float64), prepend=0, append=1)
     keep = probs * n > 5  # chi-square needs expected counts; the rest must be (nearly) empty
     assert stats.chisquare(binned[keep], probs[keep] * n * binned[keep].sum() / (probs[keep] * n).sum()).pvalue > 1e-4
     assert binned[~keep].sum() <= 10
   # 'grid' maps fifth k to level k: each draw's level frequencies are one pair's, within 5 standard
   # errors, and not the average over the pairs
   eps = noise_lib.sample_noise(jax.random.key(3), {'w': jnp.zeros((n,))}, [('w',)], 6, 1.0, 'grid')
-  pairs = _fifth_probs(cdfs.reshape(49, 4))
+  pairs = np.diff(cdfs.reshape(49, 4).astype(np.float64), prepend=0, append=1, axis=-1)
   best = []
   for e in np.asarray(eps[('w',)]):
     freq = np.bincount(np.rint(2 * e).astype(int) + 2, minlength=5) / n
@@ -71,7 +65,7 @@ def test_beta_grid_is_a_binned_beta_draw_with_one_pair_per_layer_and_draw():
 
 @pytest.mark.parametrize('distribution', ['discrete_beta', 'grid', 'uniform'])
 def test_noise_bounded_and_only_on_masked_leaves(net, distribution):
-  model, variables = net
+  model, variables, x, _ = net
   paths = noise_set_paths(model, 4)
   b = 0.01
   eps = noise_lib.sample_noise(jax.random.key(1), variables['params'], paths, 3, b, distribution)
@@ -89,7 +83,6 @@ def test_noise_bounded_and_only_on_masked_leaves(net, distribution):
       assert levels == {-1.0, 0.0, 0.5, 1.0}  # the original's relabelling never produces -b/2
   # params + eps adds each draw to its leaf of the noise set and nothing else; the 'noise' collection
   # (the clean-weights backward's way in) computes the same forward pass.
-  x = jax.random.normal(jax.random.key(4), (4, 16, 16, 3))
   draw = {p: e[0] for p, e in eps.items()}
   perturbed = base_lib.perturb(variables['params'], draw)
   for p, v in trees.flatten(perturbed).items():
@@ -104,11 +97,8 @@ def test_noise_bounded_and_only_on_masked_leaves(net, distribution):
 
 @pytest.mark.slow
 def test_zero_bound_equals_plain_cross_entropy_and_trains(net):
-  model, variables = net
-  paths = tuple(noise_set_paths(model, 4))
-  x = jax.random.normal(jax.random.key(2), (12, 16, 16, 3))
-  y = jnp.arange(12) % 4
-  eps = noise_lib.sample_noise(jax.random.key(3), variables['params'], paths, 2, 0.0)
+  model, variables, x, y = net
+  eps = noise_lib.sample_noise(jax.random.key(3), variables['params'], noise_set_paths(model, 4), 2, 0.0)
   (_, logits), _ = jax.jit(lambda v: model.apply(v, x, train=True, mutable=['batch_stats']))(variables)
   # (the naive form, shared_trunk=False, equals this one at any draw: test_objective_equivalence.py)
   noise = noise_view(M=2, distribution='uniform', pf_weight=1.0, std_weight=0.0)
@@ -124,11 +114,8 @@ def test_zero_bound_equals_plain_cross_entropy_and_trains(net):
 
 def test_pf_reaches_the_objective(net):
   """PF's value is part of the loss: with gamma 0, L = mean_j (CE_j + PF_j) and PF > 0 under noise."""
-  model, variables = net
-  paths = tuple(noise_set_paths(model, 4))
-  x = jax.random.normal(jax.random.key(2), (12, 16, 16, 3))
-  y = jnp.arange(12) % 4
-  eps = noise_lib.sample_noise(jax.random.key(3), variables['params'], paths, 2, 0.05, 'uniform')
+  model, variables, x, y = net
+  eps = noise_lib.sample_noise(jax.random.key(3), variables['params'], noise_set_paths(model, 4), 2, 0.05, 'uniform')
   noise = noise_view(M=2, distribution='uniform', pf_weight=1.0, std_weight=0.0)
   loss, (_, metrics) = _loss(variables['params'], variables['batch_stats'], x, y, eps, model, noise)
   loss, ce, pf = float(loss), float(metrics['ce']), float(metrics['pf'])

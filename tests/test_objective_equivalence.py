@@ -63,10 +63,8 @@ def assert_trees_close(a, b, rtol=2e-5, scale_tol=1e-5):
 
 
 # Each network once, with a deep (K = 8) and a shallow (K = 4) noise set, and each way of mapping the
-# draws once (the two are compared with each other directly below). Every case costs two slow
-# compiles, so the grid is not crossed.
-# The ResNet-18 case is in the full suite only (slow), as are the unrolled loop over draws and bfloat16:
-# each compiles a whole network anew; `-m "not slow"` keeps the ResNet-20 and vmapped cases.
+# draws once (compared directly below); each case costs two slow compiles, so the grid is not crossed.
+# ResNet-18, the unrolled draws and bfloat16 are slow (each compiles a whole network anew).
 CASES = [('resnet20', 8, 16, 8, 'vmap'), pytest.param('resnet18', 8, 32, 4, 'unroll', marks=pytest.mark.slow)]
 
 

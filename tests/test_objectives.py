@@ -7,19 +7,6 @@ import pytest
 from f2m_jax import base, evaluation, objectives
 
 
-def test_class_means_and_prototype_fixing():
-  clean = jnp.array([[0., 0.], [2., 0.], [1., 1.], [5., 5.]])
-  noisy = clean + jnp.array([[1., 0.], [1., 0.], [0., 3.], [0., 0.]])
-  labels = jnp.array([0, 0, 2, 3])
-  means, counts = objectives.class_means(clean, labels, 4)
-  np.testing.assert_allclose(means, [[1, 0], [0, 0], [1, 1], [5, 5]])
-  np.testing.assert_allclose(counts, [2, 0, 1, 1])
-  # class 0 shifts by (1,0): 1; class 2 by (0,3): 9; class 3: 0 -> mean over the 3 present classes.
-  assert float(objectives.prototype_fixing(clean, noisy, labels, 4)) == pytest.approx(10 / 3)
-  grad = jax.grad(lambda n: objectives.prototype_fixing(clean, n, labels, 4))(noisy)
-  assert float(jnp.abs(grad).sum()) > 0  # PF carries gradient (the original's did not)
-
-
 def naive_prototype_fixing(clean, noisy, labels, num_classes):
   """Eq. 4's PF term in float64 numpy as the authors' code estimates it, one class at a time: the
   squared distance between a class's mean clean and mean noisy embedding, averaged over the classes
@@ -31,7 +18,8 @@ def naive_prototype_fixing(clean, noisy, labels, num_classes):
 
 def test_prototype_fixing_is_the_mean_over_the_batch_classes_float64():
   """PF is the mean over the classes present in the batch: classes absent from it add nothing and do
-  not count, with every class present or only some."""
+  not count, with every class present or only some; it carries a gradient (the original's did not).
+  class_means gives an absent class a zero mean and count 0."""
   rng = np.random.default_rng(0)
   num_classes = 6
   clean = rng.normal(size=(9, 5))
@@ -42,6 +30,10 @@ def test_prototype_fixing_is_the_mean_over_the_batch_classes_float64():
     pf = lambda labels: objectives.prototype_fixing(jnp.asarray(clean), jnp.asarray(noisy), jnp.asarray(labels),
                                                     num_classes)
     assert pf(absent).dtype == jnp.float64
+    means, counts = map(np.asarray, objectives.class_means(jnp.asarray(clean), jnp.asarray(absent), num_classes))
+    np.testing.assert_array_equal(counts, [3, 0, 2, 4, 0, 0])
+    np.testing.assert_allclose(means[[0, 2, 3]], [clean[absent == c].mean(0) for c in (0, 2, 3)], rtol=1e-12)
+    assert not means[[1, 4, 5]].any()
     for labels in (absent, every):
       np.testing.assert_allclose(float(pf(labels)), naive_prototype_fixing(clean, noisy, labels, num_classes),
                                  rtol=1e-12)
@@ -52,7 +44,7 @@ def test_prototype_fixing_is_the_mean_over_the_batch_classes_float64():
 
 def test_loss_terms_and_what_the_step_minimises_float64():
   """Eq. 3 as run (base.loss_terms): mean_j L_j + gamma std_j(L_j), L_j = CE_j + lambda PF_j (std of
-  {1 + 1, 3 + 2} = 3 / sqrt(2)); with M = 1 no std term. What the step minimises (base.minimised) leaves out
+  {1 + 1, 3 + 2} = 3 / sqrt(2)); with M = 1 no std term; without noise the clean CE. What the step minimises (base.minimised) leaves out
   PF's mean where PF has no gradient, and has the step's gradient: F2M-V's (no std term) is its mean
   CE; with the authors' std term PF still acts, through the std."""
   from conftest import noise_view
@@ -65,6 +57,7 @@ def test_loss_terms_and_what_the_step_minimises_float64():
   assert total(base.loss_terms(out, authors)) == pytest.approx(3.5 + 3 * np.sqrt(2))
   assert total(base.loss_terms(out, noise_view(clean_ce_weight=0.5))) == pytest.approx(3.5 + 3 * np.sqrt(2) + 2.5)
   assert total(base.loss_terms({k: v[:1] for k, v in out.items() if k != 'ce_clean'}, authors)) == pytest.approx(2.0)
+  assert base.loss_terms({'ce_clean': out['ce_clean']}, authors) == {'ce': out['ce_clean']}
   assert float(base.minimised(base.loss_terms(out, variant), variant)) == 2.0
   assert float(base.minimised(base.loss_terms(out, authors), authors)) == pytest.approx(2.0 + 3 * np.sqrt(2))
   with_gradient = noise_view(pf_gradient=True)
@@ -98,13 +91,10 @@ def test_metric_loss_uses_batch_means_for_present_classes():
   emb = jnp.array([[1., 0.], [3., 0.]])
   labels = jnp.array([1, 1])
   stored = jnp.array([[0., 0.], [100., 100.]])  # row 1 must be replaced by the batch mean (2, 0)
-  logits = -jnp.array([[1., 1.], [9., 1.]])  # squared distances to (0,0) and (2,0)
-  want = objectives.cross_entropy(logits, labels)
-  np.testing.assert_allclose(objectives.metric_loss(emb, labels, stored, 'squared_euclidean'), want, rtol=1e-6)
-  logits_e = -jnp.sqrt(jnp.array([[1., 1.], [9., 1.]]))
-  np.testing.assert_allclose(objectives.metric_loss(emb, labels, stored, 'euclidean'),
-                             objectives.cross_entropy(logits_e, labels), rtol=1e-5)
-
+  squared = jnp.array([[1., 1.], [9., 1.]])  # squared distances to (0,0) and (2,0)
+  for distance, logits, rtol in (('squared_euclidean', -squared, 1e-6), ('euclidean', -jnp.sqrt(squared), 1e-5)):
+    want = objectives.cross_entropy(logits, labels)
+    np.testing.assert_allclose(objectives.metric_loss(emb, labels, stored, distance), want, rtol=rtol)
 
 
 def test_metric_loss_ignores_padding_rows_and_classes():

@@ -19,13 +19,6 @@ from f2m_jax.models import noise_set_paths, resnet20, split_block
 from f2m_jax.run import pipeline
 
 
-def test_flatness_stats_known_answer():
-  s = flatness.flatness_stats(1.0, [1.0, 2.0, 3.0, 2.0])
-  assert s['I'] == pytest.approx((0 + 1 + 4 + 1) / 4)
-  assert s['sigma2'] == pytest.approx(0.5)  # values 1,2,3,2: mean 2, squared deviations 1,0,1,0
-  assert s['num_draws'] == 4
-
-
 @pytest.fixture(scope='module')
 def tiny():
   model = resnet20(4, width=4)
@@ -37,7 +30,11 @@ def tiny():
   return model, variables, images, labels, paths, split_block(model, paths)
 
 
-def test_flatness_zero_bound_and_chunking(tiny):
+def test_flatness_stats_zero_bound_and_chunking(tiny):
+  s = flatness.flatness_stats(1.0, [1.0, 2.0, 3.0, 2.0])
+  assert s['I'] == pytest.approx((0 + 1 + 4 + 1) / 4)
+  assert s['sigma2'] == pytest.approx(0.5)  # values 1,2,3,2: mean 2, squared deviations 1,0,1,0
+  assert s['num_draws'] == 4
   model, variables, images, labels, paths, split = tiny
   args = (model, variables, images, labels, paths, split)
   clean, losses = flatness.noisy_losses(*args, 0.0, 'uniform', 5, 2, jax.random.key(1), (0.5,) * 3, (0.25,) * 3,
@@ -81,16 +78,12 @@ def test_fm_off_draws_no_noise(tiny, monkeypatch):
 def test_baseline_and_ablation_switches(smoke_config):
   c = pipeline.resolve(smoke_config)
   exp = experiment_lib.Experiment.create(c, sources.load_benchmark(c))
-  assert exp.noise.enabled and exp.noise.prototype_fixing and exp.noise.pf_weight == 1.0
+  assert exp.loss.enabled and exp.loss.prototype_fixing and exp.loss.pf_weight == 1.0
   smoke_config.noise.prototype_fixing = False
   smoke_config.noise.enabled = False
   c2 = pipeline.resolve(smoke_config)
   exp2 = experiment_lib.Experiment.create(c2, exp.bench)
-  assert not exp2.noise.enabled and not exp2.noise.prototype_fixing
-  smoke_config.method = 'baseline'
-  b = pipeline.resolve(smoke_config)
-  assert (not b.noise.enabled and not b.incremental.finetune and not b.eval.normalize_prototypes
-          and b.base.sampler == 'shuffle')
+  assert not exp2.loss.enabled and not exp2.loss.prototype_fixing
   smoke_config.method = 'f2m+'
   with pytest.raises(ValueError, match="method='f2m\\+'"):
     pipeline.resolve(smoke_config)

@@ -210,7 +210,7 @@ def test_the_noise_set_is_derived_alike(fx64):
 def base_step_outputs(fx, backward, draw_map='unroll'):
   """(jitted fn(params) -> (loss, grads, new BN statistics) of step 1, the initial params)."""
   exp = experiment(fx, backward)
-  noise = ml_collections.FrozenConfigDict({**exp.noise, 'draw_map': draw_map})
+  noise = ml_collections.FrozenConfigDict({**exp.loss, 'draw_map': draw_map})
   params, stats_ = tree(fx, 'base/init/params'), tree(fx, 'base/init/batch_stats')
   x, y = inputs(fx['base/step0/images'], fx), jnp.asarray(fx['base/step0/labels'])
   grad_fn = jax.value_and_grad(base_lib.base_loss, has_aux=True)
@@ -244,7 +244,7 @@ def test_three_base_steps_across_the_milestone_float64(fx64, x64, backward):
   tx = exp.optimizer()
   params = tree(fx64, 'base/init/params')
   state = base_lib.TrainState(jnp.zeros((), jnp.int32), params, tree(fx64, 'base/init/batch_stats'), tx.init(params))
-  step = jax.jit(lambda s, x, y, e: base_lib.train_step(s, x, y, e, exp.model, exp.noise, tx))
+  step = jax.jit(lambda s, x, y, e: base_lib.train_step(s, x, y, e, exp.model, exp.loss, tx))
   for t in range(3):
     state, metrics = step(state, inputs(fx64[f'base/step{t}/images'], fx64), jnp.asarray(fx64[f'base/step{t}/labels']),
                           eps_of(fx64, t))

@@ -25,7 +25,7 @@ def train_network(exp, network, pool, key, training, log, desc, stream, select=N
   start = training.latest_step()
   if start is not None:
     state = training.restore(state)
-  plain = ml_collections.FrozenConfigDict({**exp.noise, 'enabled': False})  # whatever config.noise
+  plain = ml_collections.FrozenConfigDict({**exp.loss, 'enabled': False})  # whatever config.noise
   batch = lambda step: protocol_lib.shuffled_batch(pool, cfg.batch_size, exp.config.seed, step,
                                                    stream)
   member = train_loop.Member(batch, jax.random.fold_in(key, 1), 0.0, training.save, log)

@@ -164,8 +164,8 @@ def bench_dtype(config: ml_collections.ConfigDict, dtype: str, mesh) -> list:
   """Every variant for one compute dtype; prints their table and returns the records."""
   exp = bench_experiment(config, dtype)
   sharding.per_device_batch(base_batch(config), mesh)
-  other = [d for d in backend.CHOICES['noise.draw_map'] if d != exp.noise.draw_map][0]
-  variant = lambda **changes: ml_collections.FrozenConfigDict({**exp.noise, **changes})
+  other = [d for d in backend.CHOICES['noise.draw_map'] if d != exp.loss.draw_map][0]
+  variant = lambda **changes: ml_collections.FrozenConfigDict({**exp.loss, **changes})
   cases = [program_case(exp, variant(enabled=False), 'plain', 0, 1, mesh)]
   for m in map(int, config.bench.M_list):
     cases += [program_case(exp, variant(M=m, shared_trunk=False), 'f2m_naive', m, 1, mesh),

@@ -135,12 +135,12 @@ def step_line(config, b, time_step: bool, checkpoint) -> str:
     c.data.folder.num_base = b.num_base_classes  # bench's shapes
   exp, mesh, steps = bench.bench_experiment(c, c.model.dtype), sharding.data_mesh(), config.base.steps
   if time_step:
-    record = bench.time_cases([bench.program_case(exp, exp.noise, 'f2m', c.noise.M, 1, mesh)],
+    record = bench.time_cases([bench.program_case(exp, exp.loss, 'f2m', c.noise.M, 1, mesh)],
                               c.model.dtype, 1, 2)[0]
     seconds = record['step_ms_median'] / 1e3
     return (f'base step: {seconds:.3g} s, measured (compiled in {record["compile_s"]:.0f} s, then 3 steps on random '
             f'images of the config\'s shapes); base.steps={steps:,}: about {progress.elapsed(seconds * steps)}')
-  program = base_lib.make_train_program(exp.model, exp.noise, exp.optimizer(), exp.bench, c.members.map, mesh)
+  program = base_lib.make_train_program(exp.model, exp.loss, exp.optimizer(), exp.bench, c.members.map, mesh)
   state = jax.tree_util.tree_map(lambda s: jax.ShapeDtypeStruct((1, *s.shape), s.dtype), exp.state_shapes())
   lowered = program.lower(state, exp.bench.train.images, exp.bench.train.labels,  # traced: only shapes matter
                           np.zeros((1, 1, bench.base_batch(c)), np.int32), np.int32(1), jnp.stack([exp.key(0)]),

@@ -10,7 +10,7 @@ config = pipeline.resolve(cifar100.get_config('smoke'), reads_data=False)
 exp = bench_lib.bench_experiment(config, 'float32')
 m = {'plain': 0, 'f2m2': 2, 'f2m4': 4}[variant]
 if hasattr(exp, 'noise'):  # this branch
-  noise = ml_collections.FrozenConfigDict({**exp.noise, 'M': m or 2, 'enabled': bool(m)})
+  noise = ml_collections.FrozenConfigDict({**exp.loss, 'M': m or 2, 'enabled': bool(m)})
 else:  # 0739cee
   noise = dataclasses.replace(exp.base_objective(), num_draws=m or 2, **({} if m else {'noise_paths': ()}))
 case = bench_lib.program_case(exp, noise, variant, m, 1, sharding.data_mesh())
