@@ -121,6 +121,7 @@ def test_a_new_record_holds_the_config_format_and_the_commit(tmp_path):
   assert saved[workdir.FORMAT_KEY] == workdir.CONFIG_FORMAT and saved['base_source'] is None
   assert saved['git'] == workdir.git_state() and saved['noise'] == config['noise']
   workdir.prepare(str(tmp_path / 'w'), config).close()  # and resumes under the same config
+  (tmp_path / 'w' / 'metrics.jsonl').write_text('{}\n')  # a record: its config is kept (issue 82)
   with pytest.raises(files.WorkdirError, match=r"noise.bound: saved 0.005, now 0.01.*Drop --config"):
     workdir.prepare(str(tmp_path / 'w'), {'method': 'f2m', 'noise': {'bound': 0.01}})
 
