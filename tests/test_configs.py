@@ -66,21 +66,19 @@ def test_command_line_overrides_survive_the_baseline(tmp_path, monkeypatch, caps
   written (staged as 6f2b875's at seed 2^63, whose key it could not make) leaves the workdir to the
   corrected command, which says so (6f2b875 refused it as 'a different config')."""
   seen, workdir = {}, tmp_path / 'w'
-  args = ['run.py', '--config', 'configs/cifar100.py:smoke', '--workdir', str(workdir),
-          '--config.runs=1']
+  args = ['run.py', '--config', 'configs/cifar100.py:smoke', '--workdir', str(workdir)]
   with monkeypatch.context() as patch, pytest.raises(OverflowError):
     patch.setattr(Experiment, 'key', lambda *_: jax.random.key(2 ** 63))  # 6f2b875's crash
     run_py(args, monkeypatch)
 
-  def stop(exp, record, workdir, mode, checkpoint, base_source, hook, origin, writes):  # compute's
-    del exp, record, workdir, mode, checkpoint, base_source, hook, writes
-    seen['origin'] = origin
+  def stop(*args):  # pipeline.compute(exp, record, workdir, mode, checkpoint, base_source, hook,
+    seen['origin'] = args[7]  # origin, writes)
     raise Interrupt
 
   monkeypatch.setattr(pipeline, 'compute', stop)
   with pytest.raises(Interrupt):
     run_py([*args, '--config.method=baseline', '--config.eval.normalize_prototypes=True',
-            '--config.base.sampler', 'task_epochs', '--config.base.steps=2',
+            '--config.base.sampler', 'task_epochs', '--config.base.steps=2', '--config.runs=1',
             '--config.base.milestones=()', '--config.data.synthetic.num_sessions=2'], monkeypatch)
   assert f'{workdir}/config.json replaced: its run stopped before it' in capsys.readouterr().out
   saved = json.loads((workdir / 'config.json').read_text())

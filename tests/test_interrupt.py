@@ -1,9 +1,8 @@
-"""Ctrl-C (SIGINT) and SIGTERM stop run.py at any moment: before a run starts (the imports) at once;
-in a run at its next step or session boundary, base training saving its state there, or within
-seconds where none comes (a long compile or first call, a restore): one line saying where and how to
-resume, exit code 130, no traceback; the rerun of the same command resumes at the step it stopped at
-and ends with the results of an uninterrupted run. A long call is staged in the child by a sleep
-where it happens (PATCHES)."""
+"""Ctrl-C (SIGINT) and SIGTERM stop run.py at any moment: before a run starts at once; in a run at
+its next step or session boundary, base training saving its state there, or within seconds where
+none comes (a long compile or first call, a restore): one line saying where and how to resume, exit
+code 130, no traceback; the rerun resumes at the step it stopped at and ends with the results of an
+uninterrupted run. A long call is staged in the child by a sleep where it happens (PATCHES)."""
 from __future__ import annotations
 
 import contextlib
@@ -59,8 +58,7 @@ def _run(workdir, *extra, patch=''):
 
 
 def _stop_when(child, sig, text: str) -> tuple:
-  """Sends `sig` once the child prints a line holding `text`; (seconds until it ended, its stderr's
-  lines)."""
+  """Sends `sig` once the child prints `text`; (seconds until it ended, its stderr's lines)."""
   while text not in child.stdout.readline():
     assert child.poll() is None, child.stderr.read()[-3000:]
   t0 = time.time()
@@ -81,11 +79,10 @@ def _incomplete(workdir) -> list:
 @pytest.mark.skipif(not os.path.exists('/proc/self/status'), reason="/proc tells the start's end")
 @pytest.mark.parametrize('sig', [signal.SIGINT, signal.SIGTERM], ids=['SIGINT', 'SIGTERM'])
 def test_a_signal_at_any_moment_ends_run_py_with_one_line(tmp_path, sig):
-  """From run.py's first statement (which blocks both): in its imports before `stopping.watch`
-  (staged 2 s longer; 6f2b875: SIGTERM killed it silently, SIGINT a traceback), JAX's (d41b789
-  lost a SIGINT), its flags, its run (of 100,000 steps): exit code 130 within 30 s, one line, only
-  complete files. Before it the interpreter starts (docs/development.md, "When a run stops"):
-  Python's own end (exit code 1, or the signal's; rarely it swallows a SIGINT, saying so)."""
+  """From run.py's first statement (blocking both) on, in its imports (staged 2 s longer; 6f2b875:
+  SIGTERM killed it silently), JAX's (d41b789 lost a SIGINT), its run: exit code 130 within 30 s,
+  one line, only complete files. Before it, the interpreter's start (docs/development.md, "When a
+  run stops"): Python's own end (exit code 1, or the signal's; or it swallows SIGINT, saying so)."""
   for i, after_s in enumerate([0.02, 0.05, 0.1] * 5 + [1.0, 3.0, None]):  # None: the staged import
     workdir = tmp_path / f'w{i}'
     child = _run(workdir, '--config.base.steps=100000', patch='' if after_s else 'import')
