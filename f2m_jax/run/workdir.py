@@ -167,11 +167,10 @@ def check_record(workdir: str, config: dict, method_sections: Optional[dict] = N
 
 
 def holds_records(workdir: str) -> bool:
-  """Whether `workdir` holds a file but its config.json, lock and TensorBoard folder (which a run
-  opens before its first step): what a run (or a sweep's member) recorded."""
-  root = pathlib.Path(workdir)
-  kept = ('config.json', 'lock', 'tensorboard')
-  return any(p.is_file() and p.relative_to(root).parts[0] not in kept for p in root.rglob('*'))
+  """Whether `workdir` (or a sweep's member in it) holds a file but a config.json, a lock and a
+  TensorBoard folder (which a run opens before its first step): what a run recorded."""
+  files = (p.relative_to(workdir) for p in pathlib.Path(workdir).rglob('*') if p.is_file())
+  return any(p.name not in ('config.json', 'lock') and 'tensorboard' not in p.parts for p in files)
 
 
 def writes_into(workdir: str, mode: str) -> bool:
