@@ -4,11 +4,19 @@
 CONFIG is a config file (configs/cifar100.py:smoke) or a workdir's config.json; without --config,
 --workdir's own config.json. f2m_jax.run.cli defines, parses and acts on the flags.
 """
-from f2m_jax.run import stopping
+import signal
 
-stopping.watch()  # first: a signal during the imports below (seconds) ends the process with one line
+# First, before any import: SIGINT and SIGTERM wait (blocked) until the watcher serves them, so
+# that one sent during the imports below (seconds) ends the process with one line
+# (f2m_jax/run/stopping.py; before this line the interpreter starts: docs/development.md, "When a
+# run stops").
+signal.pthread_sigmask(signal.SIG_BLOCK, (signal.SIGINT, signal.SIGTERM))
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
+from f2m_jax.run import stopping
+
+stopping.watch()
+
 import sys
 
 from absl import app, flags

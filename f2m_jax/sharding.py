@@ -1,11 +1,9 @@
-"""Data parallelism with `jax.sharding` (docs/performance.md, 'Devices and hosts'): a 1-D 'data' mesh
-over all devices, the batch sharded and the state replicated; each host builds its own rows."""
-from __future__ import annotations
-
+"""Data parallelism with `jax.sharding` (docs/performance.md, 'Devices and hosts'): a 1-D 'data'
+mesh over all devices, the batch sharded and the state replicated; each host builds its own rows."""
 import inspect
 import os
 import sys
-import threading
+from concurrent import futures
 from typing import Optional, Sequence
 
 import jax
@@ -18,34 +16,48 @@ AXIS = 'data'
 
 
 def maybe_initialize_distributed(requested: bool = False) -> bool:
-  """Calls `jax.distributed.initialize()` when JAX_COORDINATOR_ADDRESS is set or `requested` (config
-  `distributed=True`), then connects the collectives; returns whether it did. Before any computation."""
+  """Calls `jax.distributed.initialize()` when JAX_COORDINATOR_ADDRESS is set or `requested`
+  (config `distributed=True`), then connects the collectives; returns whether it did. Before any
+  computation. The join runs in a helper thread while this one waits F2M_DISTRIBUTED_TIMEOUT_S
+  seconds (300), as big_vision's checkpointing_timeout: a process that does not come ends this one
+  in one line (exit code 3), before JAX's own timeout, which ends it with a page of its log; a
+  misconfiguration (no coordinator) is a ValueError (exit code 2) at once."""
   address = os.environ.get('JAX_COORDINATOR_ADDRESS')
   if not (address or requested):
     return False
-  kwargs = {'coordinator_address': address} if address else {}
+  kwargs = {'coordinator_address': address}  # None: JAX looks for a cluster manager
   for env, arg in (('JAX_NUM_PROCESSES', 'num_processes'), ('JAX_PROCESS_ID', 'process_id')):
     if os.environ.get(env):
       kwargs[arg] = int(os.environ[env])
 
-  def end(line: str) -> None:  # without JAX's exit barrier: the others' waits on this process end at once
+  def end(line):  # without JAX's exit barrier: the others' waits on this process end at once
     print(f'error: process {kwargs.get("process_id", "?")}: {line}', file=sys.stderr, flush=True)
     os._exit(3)  # pylint: disable=protected-access
   wait = int(os.environ.get('F2M_DISTRIBUTED_TIMEOUT_S') or 300)
-  if 'shutdown_timeout_seconds' in inspect.signature(jax.distributed.initialize).parameters:  # (jax 0.4.30: not)
-    kwargs['shutdown_timeout_seconds'] = wait + 300  # a failed process waits at exit till orbax's barriers time out
-  if 'jax_enable_preemption_service' in jax.config.values:  # its notifier would take SIGTERM from stopping.py
+  # (jax 0.4.30 has no shutdown_timeout_seconds.) A failed process waits at exit till orbax's
+  # barriers time out.
+  if 'shutdown_timeout_seconds' in inspect.signature(jax.distributed.initialize).parameters:
+    kwargs['shutdown_timeout_seconds'] = wait + 300
+  if 'jax_enable_preemption_service' in jax.config.values:  # its notifier would take our SIGTERM
     jax.config.update('jax_enable_preemption_service', False)
-  me, count = kwargs.get('process_id'), kwargs.get('num_processes') or 0
-  others = [str(i) for i in range(count) if i != me] if me is not None else []  # with 2: the one that is missing
-  missing = f": missing {'process ' if len(others) == 1 else 'one or more of processes '}{', '.join(others)}"
-  late = threading.Timer(wait, end, [f'not every process joined {address} within {wait} s' + (missing * bool(others))])
-  late.start()  # before JAX's own timeout, which ends the process with a page of its log
-  jax.distributed.initialize(**kwargs, initialization_timeout=wait + 60)
-  late.cancel()
-  if 'experimental_orbax_use_distributed_barrier' in flags.FLAGS:  # (orbax 0.11.0 has not this option)
-    flags.FLAGS.experimental_orbax_use_distributed_barrier = True  # orbax's barriers: bounded, the late named
-  try:  # the collectives connect at their first use, waiting 30 s for the others: here, as the processes meet
+  me, count = kwargs.get('process_id'), kwargs.get('num_processes', 0)
+  others = [str(i) for i in range(count) if i != me] if me is not None else []  # 2: the one missing
+  missing = (f": missing {'process ' if len(others) == 1 else 'one or more of processes '}"
+             f"{', '.join(others)}")
+  with futures.ThreadPoolExecutor(1) as pool:
+    try:
+      pool.submit(jax.distributed.initialize, **kwargs,
+                  initialization_timeout=wait + 60).result(timeout=wait)
+    except futures.TimeoutError:
+      end(f'not every process joined {address} within {wait} s' + missing * bool(others))
+    except ValueError as e:
+      raise ValueError(f'joining the processes: {e} Set JAX_COORDINATOR_ADDRESS (with '
+                       'JAX_NUM_PROCESSES, JAX_PROCESS_ID), or run where JAX finds its peers '
+                       '(SLURM, a TPU pod)') from e
+  if 'experimental_orbax_use_distributed_barrier' in flags.FLAGS:  # (orbax 0.11.0 has not it)
+    flags.FLAGS.experimental_orbax_use_distributed_barrier = True  # bounded, the late named
+  # The collectives connect at their first use, waiting 30 s for the others: here, as they meet.
+  try:
     multihost_utils.sync_global_devices('f2m_jax: the collectives connect')
   except Exception as e:  # pylint: disable=broad-except  (jax raises several types)
     end(f"the processes' collectives did not connect: {' '.join(str(e).split())}")
@@ -61,8 +73,9 @@ def data_mesh(devices: Optional[Sequence[jax.Device]] = None) -> Mesh:
 def per_device_batch(global_batch: int, mesh: Mesh) -> int:
   """The per-device batch; a ValueError when the global batch does not split evenly."""
   if global_batch % mesh.size:
-    raise ValueError(f'the global batch {global_batch} is not divisible by the {mesh.size} devices of the mesh; '
-                     'choose a batch size (base.batch_size, or base.ways x base.shots) that is')
+    raise ValueError(f'the global batch {global_batch} is not divisible by the {mesh.size} devices '
+                     'of the mesh; choose a batch size (base.batch_size, or base.ways x '
+                     'base.shots) that is')
   return global_batch // mesh.size
 
 

@@ -24,6 +24,9 @@ CASES = [
     ('--config.base.steps=abc', 'flag --config.base.steps=abc: ', 'invalid literal for int()'),  # absl's own words
     ('--config.noise.enabled=maybe', 'flag --config.noise.enabled=maybe: ', 'Non-boolean argument'),
     ('--config.noise.M=-1', 'noise.M=-1 is invalid', 'must be >= 1'),
+    ('--config.seed=9223372036854775808', 'seed=9223372036854775808 is', '< 2^32'),  # issue 82
+    ('--config.incremental.steps=2147483648', 'incremental.steps=2147483648 is', '< 2^31'),
+    ('--config.runs=1000000000', 'runs=1000000000 is invalid', 'of magnitude < 2^20'),
     ('--config.noise.distribution=gauss', "noise.distribution='gauss' is invalid", 'discrete_beta'),
     ('--config.noise.clean_backward=True', 'unknown config field config.noise.clean_backward',
      'config.noise.backward_weights?'),  # among the suggestions: the field it was renamed to

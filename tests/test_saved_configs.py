@@ -121,8 +121,12 @@ def test_a_new_record_holds_the_config_format_and_the_commit(tmp_path):
   assert saved[workdir.FORMAT_KEY] == workdir.CONFIG_FORMAT and saved['base_source'] is None
   assert saved['git'] == workdir.git_state() and saved['noise'] == config['noise']
   workdir.prepare(str(tmp_path / 'w'), config).close()  # and resumes under the same config
-  with pytest.raises(files.WorkdirError, match=r"noise.bound: saved 0.005, now 0.01.*Drop --config"):
-    workdir.prepare(str(tmp_path / 'w'), {'method': 'f2m', 'noise': {'bound': 0.01}})
+  other = {'method': 'f2m', 'noise': {'bound': 0.01}}
+  workdir.prepare(str(tmp_path / 'w' / 'member_0'), config).close()  # issue 82: a run (a sweep's
+  workdir.prepare(str(tmp_path / 'w'), other).close()  # member too) that recorded nothing gives way
+  (tmp_path / 'w' / 'member_0' / 'metrics.jsonl').write_text('{}\n')  # a record: its config is kept
+  with pytest.raises(files.WorkdirError, match=r"noise.bound: saved 0.01, now 0.005.*Drop --config"):
+    workdir.prepare(str(tmp_path / 'w'), config)
 
 
 def test_auto_stays_auto_and_the_backend_a_workdir_is_run_on_resolves_it(tmp_path, monkeypatch):

@@ -35,8 +35,8 @@ CHILD = textwrap.dedent('''
     from f2m_jax.models import build_model
 
     out = {'device_count': jax.device_count()}
-    data = synthetic.make_synthetic(num_base=4, way=1, num_sessions=1, train_per_class=2, test_per_class=1,
-                                    image_size=16)  # 8 images, 4 classes
+    data = synthetic.make_synthetic(num_base=4, way=1, num_sessions=1, train_per_class=2,
+                                    test_per_class=1, image_size=16)  # 8 images, 4 classes
     model = build_model('resnet20', 4, 4, conv_backward='cpu')
     noise = common.base_config().noise
     noise.update(distribution='uniform', pf_weight=1.0, std_weight=0.0, draw_map='unroll')
@@ -49,7 +49,7 @@ CHILD = textwrap.dedent('''
       program = base_lib.make_train_program(model, noise, tx, data, 'unroll', mesh)
       state = sharding.replicate(trees.stack([init(jax.random.key(0))]), mesh)
       data_ = sharding.replicate((data.train.images, data.train.labels), mesh)
-      keys, bounds = sharding.replicate((jnp.stack([jax.random.key(1)]), np.asarray([0.05], np.float32)), mesh)
+      keys, bounds = sharding.replicate((jnp.stack([jax.random.key(1)]), np.float32([0.05])), mesh)
       for rows in calls:
         rows = sharding.shard_member_rows(mesh, rows)
         state, metrics = program(state, *data_, rows, np.int32(len(rows)), keys, bounds)
@@ -60,11 +60,11 @@ CHILD = textwrap.dedent('''
       mesh = sharding.data_mesh(jax.devices()[:n])
       rows, state, metrics = train(mesh, [indices])
       out[f'rows_devices_{n}'] = len(rows.sharding.device_set)
-      out[f'params_devices_{n}'] = len(jax.tree_util.tree_leaves(state.params)[0].sharding.device_set)
+      out[f'params_devices_{n}'] = len(jax.tree.leaves(state.params)[0].sharding.device_set)
       results[n] = jax.device_get((metrics['loss'][0, 0], state.params, state.batch_stats))
     out['loss'] = [float(results[1][0]), float(results[4][0])]
-    rel = lambda a, b: max(jax.tree_util.tree_leaves(jax.tree_util.tree_map(
-        lambda x, y: float(np.max(np.abs(x - y)) / (np.max(np.abs(y)) + 1e-12)), jax.device_get(a), jax.device_get(b))))
+    rel = lambda a, b: max(jax.tree.leaves(jax.tree.map(  # host values
+        lambda x, y: float(np.max(np.abs(x - y)) / (np.max(np.abs(y)) + 1e-12)), a, b)))
     out['max_rel_diff'] = rel(results[1][1:], results[4][1:])
     try:
       sharding.per_device_batch(6, sharding.data_mesh())
@@ -76,8 +76,8 @@ CHILD = textwrap.dedent('''
 ''')
 
 
-# XLA:CPU ends the process when a device reaches a collective 40 s (its default) after another: 4 fake
-# devices on a loaded 2-core machine can lag that much, so the waits are raised to what the
+# XLA:CPU ends the process when a device reaches a collective 40 s (its default) after another: 4
+# fake devices on a loaded 2-core machine can lag that much, so the waits are raised to what the
 # subprocess timeout allows.
 SLOW_COLLECTIVES = [f'--xla_cpu_{flag}=900' for flag in (
     'collective_call_terminate_timeout_seconds', 'collective_timeout_seconds',
@@ -87,8 +87,8 @@ SLOW_COLLECTIVES = [f'--xla_cpu_{flag}=900' for flag in (
 @pytest.fixture(scope='module')
 def out():
   """Runs CHILD with 4 fake CPU devices; returns its result dict."""
-  env = dict(os.environ, XLA_FLAGS=xla_flags('--xla_force_host_platform_device_count=4', *SLOW_COLLECTIVES),
-             JAX_PLATFORMS='cpu', PYTHONPATH=str(REPO))
+  flags = xla_flags('--xla_force_host_platform_device_count=4', *SLOW_COLLECTIVES)
+  env = dict(os.environ, XLA_FLAGS=flags, JAX_PLATFORMS='cpu', PYTHONPATH=str(REPO))
   proc = subprocess.run([sys.executable, '-c', CHILD], cwd=REPO, env=env, capture_output=True,
                         text=True, timeout=900)
   assert proc.returncode == 0, proc.stderr[-4000:]
@@ -98,7 +98,7 @@ def out():
 
 @pytest.mark.slow
 def test_one_step_on_four_devices_equals_one_device(out):
-  assert out['rows_devices_4'] == 4 and out['params_devices_4'] == 4  # the batch split, the params replicated
+  assert out['rows_devices_4'] == 4 and out['params_devices_4'] == 4  # rows split, params copied
   loss_1, loss_4 = out['loss']
   assert abs(loss_1 - loss_4) <= 1e-5 * abs(loss_1)
   # Updated params and BN statistics, relative to each leaf's scale: float32 sums in another order
@@ -122,15 +122,14 @@ def test_bench_output_never_overwrites(tmp_path):
 def test_distributed_is_initialized_only_when_asked(monkeypatch):
   """Initialized with bounded waits, then the collectives connect (f2m_jax/sharding.py)."""
   calls = []
-  monkeypatch.setattr(sharding.jax.distributed, 'initialize',
-                      lambda shutdown_timeout_seconds=300, **kw: calls.append({**kw, 'exit': shutdown_timeout_seconds}))
+  monkeypatch.setattr(sharding.jax.distributed, 'initialize', lambda shutdown_timeout_seconds=300,
+                      **kw: calls.append({**kw, 'exit': shutdown_timeout_seconds}))
   monkeypatch.setattr(sharding.multihost_utils, 'sync_global_devices', calls.append)
   monkeypatch.delenv('JAX_COORDINATOR_ADDRESS', raising=False)
   assert not sharding.maybe_initialize_distributed(False) and calls == []
-  monkeypatch.setenv('JAX_COORDINATOR_ADDRESS', '10.0.0.1:1234')
-  monkeypatch.setenv('JAX_NUM_PROCESSES', '2')
-  monkeypatch.setenv('JAX_PROCESS_ID', '1')
-  monkeypatch.setenv('F2M_DISTRIBUTED_TIMEOUT_S', '20')
+  for name, value in (('JAX_COORDINATOR_ADDRESS', '10.0.0.1:1234'), ('JAX_NUM_PROCESSES', '2'),
+                      ('JAX_PROCESS_ID', '1'), ('F2M_DISTRIBUTED_TIMEOUT_S', '20')):
+    monkeypatch.setenv(name, value)
   before = sharding.jax.config.jax_enable_preemption_service
   try:
     assert sharding.maybe_initialize_distributed(False)

@@ -1,15 +1,13 @@
 """The one place that asks which backend a run is on: `resolve` turns each `'auto'` performance
-choice of a config into a concrete value when a run starts (the figures: experiments/results/README.md)."""
-from __future__ import annotations
-
+choice of a config into a concrete value when a run starts (the figures:
+experiments/results/README.md)."""
 import contextlib
 import os
 import pathlib
-from typing import Optional
+import re
 
 import jax
 import ml_collections
-from flax import traverse_util
 
 # The fields `resolve` decides: (their value on a GPU or TPU, on a CPU).
 CHOICES = {
@@ -17,65 +15,65 @@ CHOICES = {
     # 'unroll' (written out; XLA:CPU runs vmapped convolutions as slow grouped ones). Section
     # 'Per-step and whole-run benchmarks'.
     'noise.draw_map': ('vmap', 'unroll'),
-    # The convolutions' backward: 'xla' (XLA's own transposes) or 'cpu' (the forms XLA:CPU's Eigen
-    # kernels run fast, also inside a lax.scan). Sections 'CPU speed: the convolution backward's forms'
-    # (and '... measured again').
+    # The convolutions' backward: 'xla' (XLA's own transposes) or 'cpu' (the forms XLA:CPU's
+    # Eigen kernels run fast, also inside a lax.scan). Sections 'CPU speed: the convolution
+    # backward's forms' (and '... measured again').
     'model.conv_backward': ('xla', 'cpu'),
 }
 
 
-def choices(backend: str) -> dict:
+def choices(backend):
   """{field: value} that 'auto' means on `backend` ('cpu', 'gpu', 'tpu')."""
   return {field: values[backend == 'cpu'] for field, values in CHOICES.items()}
 
 
-def used(config) -> dict:
+def used(config):
   """{field: value} of CHOICES' fields in `config`, for the records."""
-  items = traverse_util.flatten_dict(config.to_dict(), sep='.')
-  return {field: items[field] for field in CHOICES}
+  return {field: config[field] for field in CHOICES}
 
 
-def resolve(config: ml_collections.ConfigDict, backend: str = '') -> ml_collections.ConfigDict:
+def resolve(config, backend=''):
   """A copy of `config` with every 'auto' of CHOICES replaced by its value on `backend` (default:
   JAX's default backend). Other values are checked against CHOICES."""
-  config, auto = ml_collections.ConfigDict(config.to_dict()), choices(backend or jax.default_backend())
-  fields = used(config)
-  for field, value in fields.items():
+  config = ml_collections.ConfigDict(config.to_dict())
+  auto = choices(backend or jax.default_backend())
+  for field, value in used(config).items():
     if value not in CHOICES[field] + ('auto',):
       raise ValueError(f"{field}={value!r} is invalid: allowed: {CHOICES[field] + ('auto',)}")
-  config.update_from_flattened_dict({field: auto[field] for field, value in fields.items() if value == 'auto'})
+    config.update_from_flattened_dict({field: auto[field] if value == 'auto' else value})
   return config
 
 
-def record(config) -> dict:
-  """What an invocation's 'start' line in the metrics log records: the backend and the choices made on it."""
+def record(config):
+  """What an invocation's 'start' line in the metrics log records: the backend and the choices made
+  on it."""
   return {'backend': jax.default_backend(), 'choices': used(config)}
 
 
-def moved(before: dict, config) -> Optional[str]:
-  """One line naming each choice of `config` that differs from `before` (the last invocation's `record`)."""
-  was, now = before.get('choices') or {}, record(config)
-  changed = [f'{k}: {was[k]!r} when this workdir was last run ({before.get("backend")}), {v!r} now ({now["backend"]})'
-             for k, v in now['choices'].items() if k in was and was[k] != v]
+def moved(before, config):
+  """One line naming each choice of `config` that differs from `before` (the last invocation's
+  `record`)."""
+  was, now = before.get('choices', {}), jax.default_backend()
+  changed = [f'{k}: {was[k]!r} when this workdir was last run ({before.get("backend")}), '
+             f'{v!r} now ({now})' for k, v in used(config).items() if was.get(k, v) != v]
   return '; '.join(changed) or None
 
 
-def available_memory() -> tuple:
-  """(bytes of memory the host has in all: the least of its RAM and its cgroup's limit; bytes free now;
-  bytes each device has, or None on a CPU, whose devices are the host's memory): for f2m_jax/run/memory.py."""
-  info = {}
-  if os.path.exists('/proc/meminfo'):
-    with open('/proc/meminfo') as f:
-      info = {k: int(v.split()[0]) * 1024 for k, v in (line.split(':', 1) for line in f)}
-  total = info.get('MemTotal') or os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES')
+def available_memory():
+  """(bytes of memory the host has in all: the least of its RAM and its cgroup's limit; bytes free
+  now (MemAvailable, where /proc/meminfo says); bytes each device has, or None on a CPU, whose
+  devices are the host's memory): for f2m_jax/run/memory.py."""
+  total = free = os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES')
+  with contextlib.suppress(OSError, TypeError):  # no /proc/meminfo, or no such line: all of it
+    free = int(re.search(r'MemAvailable: *(\d+)',
+                         pathlib.Path('/proc/meminfo').read_text())[1]) * 1024
   for path in ('/sys/fs/cgroup/memory.max', '/sys/fs/cgroup/memory/memory.limit_in_bytes'):
     with contextlib.suppress(OSError, ValueError):  # no such cgroup, or 'max': no limit
       total = min(total, int(pathlib.Path(path).read_text()))
-  first = jax.local_devices()[0]
-  device = None if first.platform == 'cpu' else (first.memory_stats() or {}).get('bytes_limit')
-  return total, min(total, info.get('MemAvailable', total)), device
+  device = (jax.local_devices()[0].memory_stats() or {}).get('bytes_limit')  # a CPU's: None
+  return total, min(total, free), device
 
 
-def devices() -> str:
+def devices():
   """'N x <device kind> (<backend>)': where a run's programs run, for its start-up line."""
   return f'{jax.device_count()} x {jax.devices()[0].device_kind} ({jax.default_backend()})'

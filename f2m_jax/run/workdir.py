@@ -153,15 +153,24 @@ def check_record(workdir: str, config: dict, method_sections: Optional[dict] = N
     return False
   saved = files.read_json(path)
   diff = config_differences(saved, config, method_sections=method_sections)
+  was, now = (saved.get(SOURCE_KEY) or {}).get('path'), (base_source or {}).get('path')
+  if (diff or SOURCE_KEY in saved and was != now) and not holds_records(workdir):
+    return False  # its run stopped before it recorded anything: `prepare` writes over it
   if diff:
     raise files.WorkdirError(f'{workdir} holds a run of a different config ({difference_details(diff, saved, config, path)}'
                        f'; recorded in {path}). Drop --config and its changes to use the recorded config, use '
                        'another --workdir, or pass --checkpoint to start new sessions from its base model.')
-  was, now = (saved.get(SOURCE_KEY) or {}).get('path'), (base_source or {}).get('path')
   if SOURCE_KEY in saved and was != now:
     fix = f'pass --checkpoint {was} to resume or evaluate it' if was else 'drop --checkpoint, or use another --workdir'
     raise files.WorkdirError(f'{workdir} was started with --checkpoint {was or "none"}, now {now or "without"}: {fix}')
   return True
+
+
+def holds_records(workdir: str) -> bool:
+  """Whether `workdir` (or a sweep's member in it) holds a file but a config.json, a lock and a
+  TensorBoard folder (which a run opens before its first step): what a run recorded."""
+  files = (p.relative_to(workdir) for p in pathlib.Path(workdir).rglob('*') if p.is_file())
+  return any(p.name not in ('config.json', 'lock') and 'tensorboard' not in p.parts for p in files)
 
 
 def writes_into(workdir: str, mode: str) -> bool:
@@ -184,6 +193,9 @@ def prepare(workdir: str, config: dict, method_sections: Optional[dict] = None,
         raise files.WorkdirError(f'{workdir} holds checkpoints but no record of the config they were trained with '
                            f'({workdir}/config.json is missing): restore it, or use another --workdir')
       if writes:
+        if os.path.exists(os.path.join(workdir, 'config.json')):
+          print(f'{workdir}/config.json replaced: its run stopped before it recorded anything',
+                flush=True)
         record = {**config, SOURCE_KEY: base_source, FORMAT_KEY: CONFIG_FORMAT, GIT_KEY: git_state()}
         files.atomic_write(os.path.join(workdir, 'config.json'), json.dumps(record, indent=2, sort_keys=True))
     lock.claim()
