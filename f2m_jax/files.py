@@ -70,12 +70,13 @@ def held(path):
 
 
 @contextlib.contextmanager
-def naming(path):
-  """An OSError raised in the block without a file (a failed write() or flush()) names `path`."""
+def naming(path, temporary=None):
+  """An OSError raised in the block without a file (a failed write() or flush()), or naming `path`'s
+  `temporary`, names `path`."""
   try:
     yield
   except OSError as e:
-    if e.filename is not None:
+    if e.filename not in (None, temporary):
       raise
     raise OSError(e.errno, e.strerror, str(path)) from e
 
@@ -90,10 +91,10 @@ def written_atomically(path, suffix: str = ''):
   fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f'.{path.name}.', suffix=f'.tmp{suffix}')
   try:
     fcntl.flock(fd, fcntl.LOCK_EX)
-    with naming(path):
+    with naming(path, tmp):
       yield pathlib.Path(tmp)
-    os.chmod(tmp, 0o644)  # mkstemp makes it private
-    os.replace(tmp, path)
+      os.chmod(tmp, 0o644)  # mkstemp makes it private
+      os.replace(tmp, path)
   finally:
     os.close(fd)  # and its lock
     if os.path.exists(tmp):
@@ -112,19 +113,20 @@ def atomic_write(path: str, text: str) -> None:
       tmp.write_text(text)
 
 
-def read_json(path: str):
-  """The JSON document in `path`; a WorkdirError naming the file where it is not valid JSON."""
-  with open(path) as f:
+def read_json(path: str, error: type = WorkdirError):
+  """The JSON document in `path`; an `error` naming the file where it is not JSON (or not text)."""
+  with open(path, 'rb') as f:
     try:
       return json.load(f)
-    except json.JSONDecodeError as e:
-      raise WorkdirError(f'{path} is not valid JSON ({e}); repair it or move it away') from e
+    except ValueError as e:  # json's errors and UnicodeDecodeError
+      raise error(f'{path} is not valid JSON ({e}); repair it or move it away') from e
 
 
 def in_the_way(path: str, what: str = 'folder') -> Optional[str]:
   """The line naming the file that stands where `path`, or a folder above it, should be a `what`; or None."""
   found = nearest(os.path.abspath(path))
-  return None if os.path.isdir(found) else f'{found} is a file where a {what} should be; {MOVE}'
+  kind = 'a file' if os.path.exists(found) else 'a link to nothing or to itself'  # it lexists: `nearest`
+  return None if os.path.isdir(found) else f'{found} is {kind} where a {what} should be; {MOVE}'
 
 
 def nearest(path: str) -> str:

@@ -1,10 +1,13 @@
 """Orbax checkpoints under <workdir>/checkpoints/: base/<step>/ (TrainState), base_best/<step>/ (base.select_on_test),
 model/0/ (phi*, BN statistics, base prototypes), run_<r>/<session>/, a joint session's training/run_<r>_session_<s>/
-(and _best/) until the session is saved; digests.json: each one's digest and who saved it, written before it and
-checked by every restore. Base states and sessions are written in the background; every read waits for them."""
+(and _best/) until the session is saved. digests.json, the ledger: the config the run started with and each
+checkpoint's digest, writer and identity (the run's config, its own place, the digest of the checkpoint it was
+computed from), written before it and checked by every restore. Base states and sessions are written in the
+background; every read waits for them."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -21,12 +24,14 @@ import orbax.checkpoint as ocp
 from absl import logging
 
 from f2m_jax import files
+from f2m_jax import registry
 from f2m_jax.files import CheckpointError, CheckpointFault
 from f2m_jax.run import workdir as workdir_lib
 
 
 RECORD = 'ncm_accuracy'  # what base models of earlier versions also hold (an accuracy), read and dropped
-LEDGER = 'digests.json'  # {step folder relative to checkpoints/: {'sha256', 'by'}}
+LEDGER = 'digests.json'  # {'config': config.json's items, 'checkpoints': {step folder under checkpoints/: entry}}
+PARENT = {'model': 'base', 'run': 'model'}  # a folder's kind: the kind of the checkpoint it is computed from
 
 
 def digest(tree) -> str:
@@ -70,9 +75,8 @@ def _cause(e: BaseException, limit: Optional[int] = None) -> str:
 
 
 def _write_fault(what: str, path: str, e: BaseException) -> CheckpointFault:
-  blocked = files.in_the_way(path)
-  return CheckpointFault(f'cannot write the {what} checkpoint {path}: ' + (
-      blocked or f'{_cause(e)}; fix that, then rerun the same command: it resumes from the last complete checkpoint'))
+  fix = f'{_cause(e)}; fix that, then rerun the same command: it resumes from the last complete checkpoint'
+  return CheckpointFault(f'cannot write the {what} checkpoint {path}: {files.in_the_way(path) or fix}')
 
 
 # Every manager of this process that writes in the background, and a lock held through each save's synchronous
@@ -101,6 +105,16 @@ def has_base_model(workdir: str) -> bool:
   return os.path.isdir(folder) and any(n.isdigit() for n in os.listdir(folder))
 
 
+def _well_formed(ledger) -> bool:
+  """Whether `ledger` is one a run writes: each entry a digest and an identity (none: an earlier version's)."""
+  entries = ledger.get('checkpoints') if isinstance(ledger, dict) else None
+  return isinstance(entries, dict) and all(
+      isinstance(e, dict) and isinstance(e.get('sha256'), str) and ('as' not in e or (
+          isinstance(e['as'], str) and isinstance(e.get('config'), dict)
+          and (e.get('from') is None or (isinstance(e['from'], list) and len(e['from']) == 2))))
+      for e in entries.values())
+
+
 class Folder:
   """The steps of one kind of checkpoint, a folder under checkpoints/ opened at its first use (`keep`: the
   steps kept, None all; `what` names step {} in messages); a joint training's `best` is beside it."""
@@ -108,6 +122,7 @@ class Folder:
   def __init__(self, owner: 'Checkpoints', name: str, what: str, keep: Optional[int] = None,
                background: bool = False, best: Optional['Folder'] = None):
     self.owner, self.name, self.what, self.path = owner, name, what, os.path.join(owner.root, name)
+    self.kind = name.split('_')[0]  # base (base_best too), model, run, training/run
     # In the background on one process only: with several, orbax's per-save barriers of concurrent
     # managers (a member sweep saves S workdirs at once) could meet in another order on each process.
     self.background = background and not owner.read_only and jax.process_count() == 1
@@ -140,14 +155,13 @@ class Folder:
     return max(self.steps(), default=None)
 
   def save(self, step: int, item: Any, then: Optional[Callable[[], None]] = None) -> None:
-    """Saves `item` as `step` once every earlier save is complete, its digest recorded first; `then()` once
-    it is complete (in the background where this folder writes so). A CheckpointFault where it fails."""
+    """Saves `item` as `step` once every earlier save is complete, its ledger entry written first; `then()`
+    once it is complete (in the background where this folder writes so). A CheckpointFault where it fails."""
     self.owner.settle()
     path, item = os.path.join(self.path, str(step)), _host_copy(item)
-    entry = {'sha256': digest(item), 'by': self.owner.writer}
     try:
       with _SAVING:
-        self.owner.record(path, entry)
+        self.owner.record(self.kind, path, digest(item))
         self.manager().save(step, args=ocp.args.StandardSave(item), force=True)
     except Exception as e:  # pylint: disable=broad-except  (orbax raises many types)
       raise _write_fault(self.what.format(step), path, e) from e
@@ -157,11 +171,12 @@ class Folder:
 
   def restore(self, template: Any, step: Optional[int] = None):
     """Step `step` (None: the latest) in the shapes of `template`: a CheckpointFault naming it and what to
-    do where it cannot be read or is not what its digest says; a CheckpointError where its arrays have
-    other shapes (another network or data)."""
+    do where it is another run's (`Checkpoints.entry`), cannot be read or is not what its digest says; a
+    CheckpointError where its arrays have other shapes (another network or data)."""
     step = self.latest_step() if step is None else step
     path, what, owner = os.path.join(self.path, str(step)), self.what.format(step), self.owner
     owner.settle()
+    entry = owner.entry(self, path)
     try:
       out = self.manager().restore(step, args=ocp.args.StandardRestore(_host_copy(template)))
     except Exception as e:  # orbax raises many types for truncated or corrupt files
@@ -174,15 +189,12 @@ class Folder:
       raise CheckpointError(f'the {what} checkpoint {path} holds arrays of other shapes than this config needs '
                             f'({"; ".join(other[:3])}): it was written for another network or data (another '
                             'number of classes?)')
-    entry = owner.digests().get(os.path.relpath(path, owner.root))
-    if entry is not None and digest(out) != entry['sha256']:
+    sha = digest(out)
+    if entry is not None and sha != entry['sha256']:
       raise CheckpointFault(f'the {what} checkpoint {path} is not the one saved there: the digest of its arrays '
                             f'differs from the one {owner.ledger} recorded (its files changed, or it was copied '
                             f'from another run); {owner.advice(self, path)}')
-    if entry is None and not owner.unchecked:
-      owner.unchecked = True
-      print(f'note: {path} (and any other checkpoint in {owner.root} without a digest in {LEDGER}) was saved by '
-            'an earlier version, so it cannot be checked', flush=True)
+    owner.made[self.kind] = [os.path.relpath(path, owner.root), sha]
     return out
 
   def close(self) -> None:
@@ -197,28 +209,92 @@ class Folder:
 
 
 class Checkpoints:
-  """Everything a run saves: `base` (`keep` of them kept), `model`, `best_base`, `run(r)`, `training(r, s)`.
-  `resume`: a train-mode run, which refuses sessions it computes otherwise (sessions.restore_session, which
-  keeps what it finds in `differences`)."""
+  """Everything a run saves: `base` (`keep` of them kept), `model`, `best_base`, `run(r)`, `training(r, s)`;
+  `source`: --checkpoint's, whose base model the sessions are computed from. A config.json that differs
+  from the config the ledger recorded is refused (a WorkdirError): it was edited after checkpoints were saved."""
 
-  def __init__(self, workdir: str, keep: int = 3, read_only: bool = False, resume: bool = False):
-    self.root, self.read_only, self.resume = os.path.join(workdir, 'checkpoints'), read_only, resume
+  def __init__(self, workdir: str, keep: int = 3, read_only: bool = False, source: Optional['Checkpoints'] = None):
+    self.root, self.read_only, self.source = os.path.join(workdir, 'checkpoints'), read_only, source
     self.ledger, self.unchecked = os.path.join(self.root, LEDGER), False  # unchecked: a line said so
-    self.in_flight, self.differences, self._runs = [], [], {}  # in_flight: (folder, step, then)
-    self.writer = workdir_lib.writer()  # who saves and computes now
+    # made: the [place, digest] of the last base state and base model saved or restored; differences: sessions.py's
+    self.in_flight, self.differences, self._runs, self.made = [], [], {}, {}  # in_flight: (folder, step, then)
+    path = os.path.join(workdir, 'config.json')
+    saved = files.read_json(path) if os.path.exists(path) else {}
+    self.config, self.keeps_ledger = workdir_lib.saved_items(saved, {}), bool(saved.get(workdir_lib.LEDGER_KEY))
+    was = self.read()['config']
+    diff = was is not None and workdir_lib.differing(was, self.config, registry.method_sections())
+    if diff:
+      raise files.WorkdirError(
+          f'{path} differs from the config its checkpoints were saved with, which {self.ledger} keeps '
+          f'({workdir_lib.difference_details(diff, was, self.config, path)}): restore it, or start a new run '
+          f'from it with --config {path} --workdir NEW; nothing was trained')
     self.base = Folder(self, 'base', 'base train state', keep, background=True)
     self.model = Folder(self, 'model', 'base model')
     self.best_base = Folder(self, 'base_best', 'best base model', 1)  # the best on the base test images
 
-  def digests(self) -> dict:
-    return files.read_json(self.ledger) if os.path.exists(self.ledger) else {}
+  @functools.cached_property
+  def writer(self) -> dict:
+    return workdir_lib.writer()  # who saves and computes now
 
-  def record(self, path: str, entry: dict) -> None:
-    """The ledger rewritten (atomically) with `entry` for checkpoint `path`, and without those of checkpoints
-    deleted (every save in flight is complete: `settle`)."""
+  def read(self) -> dict:
+    """The ledger: {'config': the run's (None: an earlier version's ledger, its entries alone), 'checkpoints'};
+    a CheckpointFault naming it where it is not one a run writes."""
+    doc = files.read_json(self.ledger, CheckpointFault) if os.path.exists(self.ledger) else {}
+    doc = doc if not isinstance(doc, dict) or 'checkpoints' in doc else {'config': None, 'checkpoints': doc}
+    if not _well_formed(doc):
+      raise CheckpointFault(f'{self.ledger} is not a ledger of checkpoints as a run writes it (its digests and '
+                            f'identities): restore it, or move {self.root} away to train anew')
+    return doc
+
+  def lineage(self, kind: str) -> Optional[list]:
+    """[place, digest] of the checkpoint one of `kind` is computed from, saved or restored by this run."""
+    parent = PARENT.get(kind)
+    return (self.source if parent == 'model' and self.source else self).made.get(parent)
+
+  def record(self, kind: str, path: str, sha: str) -> None:
+    """The ledger rewritten (atomically) with the entry of checkpoint `path` of `kind` (its digest `sha`, who
+    writes it, its identity), and without those of checkpoints deleted (every save in flight is complete)."""
     os.makedirs(self.root, exist_ok=True)
-    kept = {k: v for k, v in self.digests().items() if os.path.isdir(os.path.join(self.root, k))}
-    files.atomic_write(self.ledger, json.dumps({**kept, os.path.relpath(path, self.root): entry}, indent=1))
+    rel, entries = os.path.relpath(path, self.root), self.read()['checkpoints']
+    kept = {k: v for k, v in entries.items() if os.path.isdir(os.path.join(self.root, k))}
+    entry = {'sha256': sha, 'by': self.writer, 'config': self.config, 'as': rel, 'from': self.lineage(kind)}
+    files.atomic_write(self.ledger, json.dumps({'config': self.config, 'checkpoints': {**kept, rel: entry}}))
+    self.made[kind] = [rel, sha]
+
+  def entry(self, folder: Folder, path: str) -> Optional[dict]:
+    """The ledger's entry of checkpoint `path`, once its identity is checked against this run's (a
+    CheckpointFault where it is another's, or where it has none in a workdir whose config.json says the ledger
+    keeps every one); where an earlier version saved it, None or its digest alone, a line saying so."""
+    rel, ledger = os.path.relpath(path, self.root), self.read()
+    entry = ledger['checkpoints'].get(rel)
+    if entry is None or 'as' not in entry:
+      if self.keeps_ledger:
+        gone = '' if os.path.exists(self.ledger) else ' (which is missing)'
+        raise CheckpointFault(f'{path} has no entry in {self.ledger}{gone}: it was not saved by this run (copied '
+                              f'in?), or its entry was removed; {self.advice(folder, path)}')
+      if not self.unchecked:
+        self.unchecked = True
+        print(f'note: {path} (and any other checkpoint in {self.root} without an identity in {LEDGER}) was saved '
+              "by an earlier version, so it cannot be checked as this run's", flush=True)
+      return entry
+    why = self.foreign(folder.kind, rel, entry, ledger['checkpoints'])
+    if why:
+      raise CheckpointFault(f'{path} {why}; {self.advice(folder, path)}')
+    return entry
+
+  def foreign(self, kind: str, rel: str, entry: dict, entries: dict) -> Optional[str]:
+    """What makes checkpoint `rel` (its ledger entry `entry`) another run's than this one, or None."""
+    if entry['as'] != rel:
+      return f"was saved as {entry['as']}: it is another run's or session's"
+    diff = workdir_lib.differing(entry['config'], self.config, registry.method_sections())
+    if diff:
+      there, here = ([f'{k}={c.get(k, workdir_lib.ABSENT)!r}' for k in diff] for c in (entry['config'], self.config))
+      return f'was saved by a run with {", ".join(there)}; this run has {", ".join(here)}'
+    was = entry['from']
+    now = self.lineage(kind) or (was and was[0] in entries and [was[0], entries[was[0]]['sha256']])
+    if was and now and was[1] != now[1]:
+      return f'was computed from a {was[0]} of digest {was[1][:12]}, not from {now[0]} here ({now[1][:12]})'
+    return None
 
   def run(self, run: int) -> Folder:
     if run not in self._runs:
@@ -247,9 +323,14 @@ class Checkpoints:
 
   def advice(self, folder: Folder, path: str) -> str:
     """What works where a checkpoint cannot be used: deleting it and what was computed from it."""
-    also = (f' and {self.root}/run_*' if folder.name == 'model' and self.any_sessions() else
-            f' and the later sessions in {folder.path}' if folder.name.startswith('run_') else
-            f' and {folder.path[:-len("_best")]}' if folder.name.endswith('_best') else '')
+    if folder.name == 'model' and self.any_sessions():
+      also = f' and {self.root}/run_*'
+    elif folder.kind == 'run':
+      also = f' and the later sessions in {folder.path}'
+    elif folder.name.endswith('_best'):
+      also = f' and {folder.path[:-len("_best")]}'
+    else:
+      also = ''
     return (f'delete it{also}, then run without --mode eval (a finished run\'s results.json moved away): the run '
             'computes them again from the checkpoints before them')
 
@@ -277,9 +358,11 @@ class Checkpoints:
     return model
 
   def close(self) -> None:
-    """Waits for the saves in flight (`settle`), then releases the managers."""
+    """Waits for the saves in flight (`settle`), then releases the managers (and the source's)."""
     try:
       self.settle()
     finally:
       for folder in [self.base, self.model, self.best_base, *self._runs.values()]:
         folder.close()
+      if self.source is not None:
+        self.source.close()

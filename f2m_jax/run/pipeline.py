@@ -147,8 +147,8 @@ def compute(exp: Experiment, record, workdir: str, mode: str, checkpoint: Option
   results (not yet written). `record`: the effective config. `writes` False: a read-only workdir's eval."""
   config, bench = exp.config, exp.bench
   log = workdir_lib.MetricsLog(workdir, tensorboard=config.tensorboard, writes=writes)
-  ckpts = Checkpoints(workdir, read_only=not writes, resume=mode == 'train')
   source = Checkpoints(checkpoint, read_only=True) if checkpoint else None
+  ckpts = Checkpoints(workdir, read_only=not writes, source=source)  # closing it closes the source
   if source is None and not ckpts.has_model() and (mode == 'eval' or ckpts.any_sessions()):
     raise CheckpointError(f'{ckpts.root}/model has no base model checkpoint (deleted?) although this workdir '
                           'is meant to hold one; restore it, pass --checkpoint WORKDIR, or use a new --workdir')
@@ -164,7 +164,7 @@ def compute(exp: Experiment, record, workdir: str, mode: str, checkpoint: Option
     per_run, norms = run_sessions(exp, runner, ckpts, log, train=(mode != 'eval'), hook=hook)
     base_info = dict((base_source or {}).get('selection') or selection_info(config, source or ckpts))
   wall = round(time.time() - t0, 1)
-  results = results_document(exp, per_run, norms, base_info, ckpts.differences + (source.differences if source else []))
+  results = results_document(exp, per_run, norms, base_info, ckpts.differences)
   results['provenance'] = workdir_lib.provenance(  # the config as config.json has it; `choices`: each 'auto' here
       record.to_dict(), origin, choices=backend.used(config), wall_time_s=round(sum(earlier) + wall, 1),
       invocation_times_s=earlier + [wall], shots=results.pop('shots'), base_source=base_source)
@@ -182,7 +182,7 @@ def results_document(exp: Experiment, per_run: list, norms: list, base_info: dic
                                      per_run, norms if all(n is not None for n in norms) else None,
                                      same_shots=draws['same'])
   results['base_model'] = base_info
-  if differences:  # Checkpoints.compare
+  if differences:  # sessions.restore_session's
     results['checkpoint_differences'] = differences
   return {**results, 'shots': draws['digest']}
 
@@ -254,7 +254,8 @@ def run_flatness(config: ml_collections.ConfigDict, workdir: str, checkpoint: Op
   print(f'f2m-jax flatness: {_what(config, origin)} on {backend.devices()}; base model of {source}; '
         f'{f.num_draws} draws at bound {bound:g} on the base training and test images (at most '
         f'{f.max_images or "all"} each); writes {workdir}/flatness.json', flush=True)
-  model = Checkpoints(source, read_only=True).restore_model(common.model_template(exp))
+  with contextlib.closing(Checkpoints(source, read_only=True)) as ckpts:
+    model = ckpts.restore_model(common.model_template(exp))
   variables = {k: model[k] for k in ('params', 'batch_stats')}
   rng = np.random.default_rng([config.seed, 5])
   out = {'bound': bound, 'distribution': config.noise.distribution, 'num_layers': config.noise.num_layers,

@@ -22,11 +22,11 @@ from configs import common as config_defaults
 from f2m_jax import files
 
 # Fields that change no result but its rounding (paths, logging, the programs' layout, evaluation's batches,
-# other modes): a workdir may be resumed or evaluated with others. 'x.' covers every field of section x.
+# other modes): a workdir may be resumed or evaluated with others. A section's name covers its fields.
 NON_RESULT_FIELDS = ('data.data_dir', 'data.tfds_data_dir', 'data.cache_dir', 'base.log_every',
                      'base.checkpoint_every', 'base.steps_per_call', 'noise.draw_map', 'model.conv_backward',
                      'members.map', 'eval.batch_size', 'eval.cache_trunk', 'distributed', 'tensorboard',
-                     'compilation_cache', 'memory_check', 'bench.', 'flatness.')
+                     'compilation_cache', 'memory_check', 'bench', 'flatness')
 
 # How a saved config.json is read (docs/development.md, "Adding a config field"): one of CONFIG_FORMAT takes
 # the defaults of the fields it lacks, one of another (0: none recorded) is read as it stands. Bump it where a
@@ -36,8 +36,9 @@ CONFIG_FORMAT = 1
 # them: such a record is read with the value that code computed (nested image folders were their top folder).
 LACKED = {'data.folder.class_depth': 1}
 SOURCE_KEY = 'base_source'  # config.json's record of --checkpoint's base model
-FORMAT_KEY, GIT_KEY = 'config_format', 'git'  # and of how it was written
-RECORD_KEYS = (SOURCE_KEY, FORMAT_KEY, GIT_KEY)  # not config fields
+# and of how it was written; LEDGER_KEY: that every checkpoint's identity is in checkpoints/digests.json
+FORMAT_KEY, GIT_KEY, LEDGER_KEY = 'config_format', 'git', 'ledger'
+RECORD_KEYS = (SOURCE_KEY, FORMAT_KEY, GIT_KEY, LEDGER_KEY)  # not config fields
 ABSENT = '<absent>'
 
 def flat_items(d: dict) -> dict:
@@ -66,11 +67,16 @@ def config_differences(saved: dict, current: dict, defaults: Optional[dict] = No
   but NON_RESULT_FIELDS and the sections of a method neither runs (`method_sections`)."""
   b = flat_items(current)
   fill = default_items(any(k.startswith('data.folder.') for k in b)) if defaults is None else defaults
-  a = saved_items(saved, {k: v for k, v in fill.items() if k in b})
+  return differing(saved_items(saved, {k: v for k, v in fill.items() if k in b}), b, method_sections)
+
+
+def differing(a: dict, b: dict, method_sections: Optional[dict] = None) -> list:
+  """Sorted names of the fields where flat items `a` and `b` differ, but NON_RESULT_FIELDS and the sections
+  ({section: method}) of a method neither runs."""
   methods = {a.get('method'), b.get('method')}
-  ignore = NON_RESULT_FIELDS + tuple(f'{s}.' for s, m in (method_sections or {}).items() if m not in methods)
-  return sorted(k for k in set(a) | set(b) if a.get(k, ABSENT) != b.get(k, ABSENT)
-                and not any(k == i or (i.endswith('.') and k.startswith(i)) for i in ignore))
+  ignore = NON_RESULT_FIELDS + tuple(s for s, m in (method_sections or {}).items() if m not in methods)
+  return sorted(k for k in a.keys() | b.keys() if a.get(k, ABSENT) != b.get(k, ABSENT)
+                and not any(k == i or k.startswith(i + '.') for i in ignore))
 
 
 def difference_details(fields: list, saved: dict, current: dict, path: str) -> str:
@@ -184,7 +190,8 @@ def prepare(workdir: str, config: dict, method_sections: Optional[dict] = None,
         raise files.WorkdirError(f'{workdir} holds checkpoints but no record of the config they were trained with '
                            f'({workdir}/config.json is missing): restore it, or use another --workdir')
       if writes:
-        record = {**config, SOURCE_KEY: base_source, FORMAT_KEY: CONFIG_FORMAT, GIT_KEY: git_state()}
+        record = {**config, SOURCE_KEY: base_source, FORMAT_KEY: CONFIG_FORMAT, GIT_KEY: git_state(),
+                  LEDGER_KEY: True}
         files.atomic_write(os.path.join(workdir, 'config.json'), json.dumps(record, indent=2, sort_keys=True))
     lock.claim()
   except BaseException:
