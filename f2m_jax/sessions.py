@@ -33,7 +33,7 @@ def run_sessions(exp: Experiment, runner, ckpts, log, train: bool = True,
       shots = protocol_lib.session_shots(bench, cfg.data.protocol, run, session, cfg.data.shots, cfg.seed)
       exemplars = np.concatenate([exemplars, shots])
       if session in done:
-        state, acc = restore_session(runner, ckpts, run, session, exemplars, recompute=not train)
+        state, acc = restore_session(runner, ckpts, run, session, exemplars, not train)
       elif train:
         state, acc = train_session(cfg.method, runner, ckpts, log, state, run, session, exemplars)
       else:
@@ -104,7 +104,7 @@ def difference_line(run: int, session: int, path: str, saved: dict, again: dict,
   the evaluation's rounding (eval.batch_size and eval.cache_trunk sum in another order: near-ties flip)."""
   who = lambda w: f'commit {w.get("commit")}{" (dirty)" * bool(w.get("dirty"))} on {w["backend"]} ({w["device"]})'
   same = bool(by) and who(by) == who(now) and not by.get('dirty')
-  changed = '; '.join(f'{k} {saved[k]} saved, {again[k]} now' for k in saved if saved[k] != again[k])
+  changed = '; '.join(f'{k} {saved[k]:.2f} saved, {again[k]:.2f} now' for k in stats.KEYS if saved[k] != again[k])
   causes = ('the data, or the rounding of eval.batch_size or eval.cache_trunk at near-ties' if same else
             'the code or machine, the data, or the rounding of eval.batch_size or eval.cache_trunk at near-ties')
   return (f'run {run} session {session}: the accuracies computed again from {path} differ from those it saved '

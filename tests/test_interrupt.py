@@ -41,6 +41,8 @@ PATCHES = {
     'restore': 'from f2m_jax import sessions as m; f = m.restore_session; '
                'm.restore_session = lambda *a: (time.sleep(60), f(*a))[1]',
     'second_call': _base_calls_sleep('a[0] == 5', 3),
+    'short_restores': 'from f2m_jax import sessions as m; f = m.restore_session; '
+                      'm.restore_session = lambda *a: (time.sleep(0.5), f(*a))[1]',
 }
 
 
@@ -165,10 +167,18 @@ def test_a_signal_stops_a_mode_without_boundaries_at_once(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_signal_stops_eval_during_a_restore(tmp_path, reference):
-  """--mode eval ignored SIGINT at 0739cee (no trained session, no boundary)."""
+@pytest.mark.parametrize('patch,said', [('restore', 'interrupted (SIGINT): no step or session boundary came within 5 s'),
+                                        ('short_restores', 'interrupted (SIGINT) after run 0, session ')])
+def test_a_signal_stops_eval(tmp_path, reference, patch, said):
+  """--mode eval ignored SIGINT at 0739cee (no trained session, no boundary); one 1 s into an eval whose
+  restores (0.5 s each) end within the grace, 6f2b875 dropped (rc 0, no line): a restored session is a boundary."""
   workdir = copy_of(reference, tmp_path)
-  seconds, lines = _stop_when(_run(workdir, '--mode', 'eval', patch='restore'), signal.SIGINT, 'session 1: ')
-  assert seconds < 30 and len(lines) == 1 and lines[0].startswith('interrupted (SIGINT): no step or session '
-                                                                  'boundary came within 5 s'), (seconds, lines)
+  child = _run(workdir, '--mode', 'eval', patch=patch)
+  while 'session 1: ' not in child.stdout.readline():
+    assert child.poll() is None, child.stderr.read()[-3000:]
+  time.sleep(1.0)
+  t0 = time.time()
+  child.send_signal(signal.SIGINT)
+  lines = [line for line in child.communicate(timeout=300)[1].splitlines() if line.strip()]
+  assert child.returncode == 130 and time.time() - t0 < 30 and len(lines) == 1 and lines[0].startswith(said), lines
   assert sorted(os.listdir(workdir)) == sorted(os.listdir(reference[0]))

@@ -288,8 +288,9 @@ class Checkpoints:
       return f"was saved as {entry['as']}: it is another run's or session's"
     diff = workdir_lib.differing(entry['config'], self.config, registry.method_sections())
     if diff:
-      there, here = ([f'{k}={c.get(k, workdir_lib.ABSENT)!r}' for k in diff] for c in (entry['config'], self.config))
-      return f'was saved by a run with {", ".join(there)}; this run has {", ".join(here)}'
+      there = ', '.join(f"{k}={entry['config'].get(k, workdir_lib.ABSENT)!r}" for k in diff)
+      here = ', '.join(repr(self.config.get(k, workdir_lib.ABSENT)) for k in diff)
+      return f'was saved by a run with {there}; this run has {here}'
     was = entry['from']
     now = self.lineage(kind) or (was and was[0] in entries and [was[0], entries[was[0]]['sha256']])
     if was and now and was[1] != now[1]:
