@@ -2,8 +2,6 @@
 session checkpointed on its own and restored where saved."""
 from __future__ import annotations
 
-import contextlib
-
 import numpy as np
 
 from f2m_jax import progress
@@ -76,18 +74,16 @@ def restore_session(runner, ckpts, run: int, session: int, exemplars: np.ndarray
   the protocol's): with the accuracies it saved, its digest and identity holding (`Checkpoints.entry`); with
   `recompute` (--mode eval), or one an earlier version saved (stats.KEYS alone), computed again. Where those
   differ from the saved ones, a line names the possible causes, and ckpts.differences records both."""
-  folder, path, size = ckpts.run(run), f'{ckpts.root}/run_{run}/{session}', len(stats.KEYS) + session
-  with contextlib.suppress(Exception):  # unreadable: the restore names it
-    size = folder.manager().item_metadata(session)['accuracy'].shape[0]
-  saved = folder.restore({**runner.template(session), 'exemplars': exemplars,
-                          'accuracy': np.zeros((size,), np.float64)}, session)
+  path = f'{ckpts.root}/run_{run}/{session}'
+  saved = ckpts.run(run).restore({**runner.template(session), 'exemplars': exemplars,  # 'accuracy': any length
+                                  'accuracy': np.zeros((len(stats.KEYS),), np.float64)}, session)
   if not np.array_equal(saved['exemplars'], exemplars):
     raise CheckpointFault(f'run {run} session {session}: the exemplars saved in {path} differ from the protocol\'s: '
                           'the data or the code changed since it was saved')
   state = runner.restore(saved)
   values = [None if np.isnan(v) else float(v) for v in saved['accuracy']]
   acc = {**dict(zip(stats.KEYS, values)), 'acc_sessions': values[len(stats.KEYS):]}
-  if not recompute and size > len(stats.KEYS):
+  if not recompute and len(values) > len(stats.KEYS):
     return state, acc
   again = runner.accuracies(state, session)
   if recompute and again != acc:

@@ -269,13 +269,13 @@ def set_config(field: str, value):
 # cases stop a resume before the base model is made, the session's before run 0 session 2 is used.
 ANOTHER_RUNS = {
     'seed 1 with its entry': ('base/20', lambda w: ledger_entry(w, 'base/20', set_config('seed', 1)), 3,
-                              'base/20 was saved by a run with seed=1; this run has 0'),
+                              'base/20 was saved by another run: seed=1 there, 0 here; delete it, then'),
     'without its entry': ('base/20', lambda w: ledger_entry(w, 'base/20', lambda _, e: e.pop('base/20')), 3,
                           'base/20 has no entry in {w}/checkpoints/digests.json: it was not saved by this run'),
     'without the ledger': ('base/20', lambda w: os.remove(f'{w}/checkpoints/digests.json'), 3,
                            'base/20 has no entry in {w}/checkpoints/digests.json (which is missing)'),
     'incremental.lr=0.05 with its entry': ('run_0/2', lambda w: ledger_entry(w, 'run_0/2', set_config(
-        'incremental.lr', 0.05)), 3, 'run_0/2 was saved by a run with incremental.lr=0.05; this run has 0.01'),
+        'incremental.lr', 0.05)), 3, 'run_0/2 was saved by another run: incremental.lr=0.05 there, 0.01 here; delete it and'),
     'config.json edited': ('run_0/2', lambda w: edit_json(f'{w}/config.json', lambda c: c['incremental'].update(
         lr=0.05)), 2, '{w}/config.json differs from the config its checkpoints were saved with, which '
         '{w}/checkpoints/digests.json keeps (incremental.lr: saved 0.01, now 0.05): restore it, or start a new '
@@ -314,7 +314,7 @@ def test_another_runs_session_under_shared_shots_is_refused(reference, tmp_path,
   ledger_entry(workdir, 'run_1/2', lambda entry, entries: entries.update({'run_0/2': entry}))
   capsys.readouterr()
   assert cli.main(shared, workdir, 'train', checkpoint=reference[0]) == 3
-  assert 'run_0/2 was saved as run_1/2: it is another run\'s or session\'s' in one_line_error(capsys)
+  assert "run_0/2 was saved by another run: saved as='run_1/2' there, 'run_0/2' here; delete it" in one_line_error(capsys)
 
 
 @pytest.mark.parametrize('text', ['[]', '{"run_0/5": "abc"}', '{"config": null, "checkpoints": {"model/0": {}}}',

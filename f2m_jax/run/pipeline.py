@@ -1,12 +1,9 @@
 """A whole run of any method (f2m_jax/methods): session 1, R runs of the later sessions, results; and
 the flatness of a base model. Rerunning on the same workdir continues from the last checkpoint."""
-from __future__ import annotations
-
 import contextlib
 import json
 import os
 import time
-from typing import Optional
 
 import ml_collections
 import numpy as np
@@ -18,20 +15,18 @@ from f2m_jax import registry
 from f2m_jax import validation
 from f2m_jax.data import protocol as protocol_lib
 from f2m_jax.data import sources
-from f2m_jax.experiment import Experiment, Hook
+from f2m_jax.experiment import Experiment
 from f2m_jax.files import CheckpointError
 from f2m_jax.methods import common
 from f2m_jax.run import backend
-from f2m_jax.run import checkpoint as checkpoint_lib
 from f2m_jax.run import memory
 from f2m_jax.run import workdir as workdir_lib
-from f2m_jax.run.checkpoint import Checkpoints
+from f2m_jax.run.checkpoint import Checkpoints, has_base_model
 from f2m_jax.sessions import run_sessions
 from f2m_jax.train_loop import selection_info
 
 
-def resolve(config: ml_collections.ConfigDict, changes: Optional[dict] = None,
-            reads_data: bool = True) -> ml_collections.ConfigDict:
+def resolve(config, changes=None, reads_data=True):
   """The config a run runs: `effective` with each 'auto' resolved here (backend.resolve), every value checked
   (validation.py, the method's `validate`), with `reads_data` the data folder and memory (memory.py) too."""
   config = backend.resolve(effective(config, changes))
@@ -45,7 +40,7 @@ def resolve(config: ml_collections.ConfigDict, changes: Optional[dict] = None,
   return config
 
 
-def effective(config: ml_collections.ConfigDict, changes: Optional[dict] = None) -> ml_collections.ConfigDict:
+def effective(config, changes=None):
   """The config as config.json records it: the method's presets over its values but `changes` (the command
   line's), base.shots=0 resolved (protocol.sampler_shots), each 'auto' kept for the backend that runs it."""
   config = ml_collections.ConfigDict(config.to_dict())
@@ -56,40 +51,35 @@ def effective(config: ml_collections.ConfigDict, changes: Optional[dict] = None)
   return config
 
 
-def checked(config: ml_collections.ConfigDict, workdir: str, checkpoint: Optional[str], origin: Optional[dict]):
+def checked(config, workdir, checkpoint, origin):
   """(the effective config, `resolve`'s) once the workdir's config.json (with --checkpoint), then every
   value, are checked. `origin`: as `run`'s."""
   changes = (origin or {}).get('changes')
   record = effective(config, changes)
-  workdir_lib.check_record(workdir, record.to_dict(), registry.method_sections(),
-                           {'path': os.path.abspath(checkpoint)} if checkpoint else None)
+  workdir_lib.check_record(workdir, record.to_dict(), checkpoint and {'path': os.path.abspath(checkpoint)})
   return record, resolve(record, changes)
 
 
-def run(config: ml_collections.ConfigDict, workdir: str, mode: str = 'train',
-        checkpoint: Optional[str] = None, hook: Hook = None, origin: Optional[dict] = None) -> dict:
+def run(config, workdir, mode='train', checkpoint=None, hook=None, origin=None):
   """Trains (or, mode='eval', only restores) and writes results.json / results.csv; returns results. Every
   check comes before anything is written, then the workdir is held (Lock); a finished one is not trained
   again. `origin` ({'config', 'changes'}, cli.py) decides which presets apply and goes into the provenance."""
   record, config = checked(config, workdir, checkpoint, origin)
-  if mode == 'eval' and not os.path.exists(os.path.join(workdir, 'config.json')):
+  if mode == 'eval' and not os.path.exists(f'{workdir}/config.json'):
     raise CheckpointError(f'nothing to evaluate: {workdir} holds no run (no config.json); train it first '
                           '(without --mode eval)')
-  results_json = os.path.join(workdir, 'results.json')
-  if os.path.exists(results_json):
-    files.read_json(results_json)  # one that is not JSON is named before any work
+  path = f'{workdir}/results.json'
+  saved = files.read_json(path) if os.path.exists(path) else None  # one that is not JSON named before any work
   exp = check(config, sources.load_benchmark(config))
-  base_source = source(checkpoint, exp) if checkpoint else None
+  base_source = checkpoint and source(checkpoint, exp)
   writes = workdir_lib.writes_into(workdir, mode)  # a read-only finished run is evaluated too
-  with contextlib.closing(workdir_lib.prepare(workdir, record.to_dict(), registry.method_sections(),
-                                              base_source=base_source, writes=writes)):
-    if mode == 'train' and os.path.exists(results_json):  # finished: nothing rewritten but a lost results.csv
-      saved, lost = files.read_json(results_json), not os.path.exists(os.path.join(workdir, 'results.csv'))
+  with contextlib.closing(workdir_lib.prepare(workdir, record.to_dict(), base_source=base_source, writes=writes)):
+    if mode == 'train' and saved is not None:  # finished: nothing rewritten but a lost results.csv
+      lost = not os.path.exists(f'{workdir}/results.csv')
       if lost:
         workdir_lib.write_results(workdir, 'results', evaluation.results_rows(saved))
-      written = saved.get('provenance', {}).get('time', 'earlier')
-      print(f'{workdir} is already complete ({results_json}, written {written}): nothing was recomputed or '
-            'rewritten' + ('; results.csv was missing and was written again from it' if lost else '')
+      print(f'{workdir} is already complete ({path}, written {saved.get("provenance", {}).get("time", "earlier")}): '
+            'nothing was recomputed or rewritten' + '; results.csv was missing and was written again from it' * lost
             + '; --mode eval recomputes it from the checkpoints and compares', flush=True)
       return saved
     results = compute(exp, record, workdir, mode, checkpoint, base_source, hook, origin, writes)
@@ -97,21 +87,21 @@ def run(config: ml_collections.ConfigDict, workdir: str, mode: str = 'train',
     return results
 
 
-def check(config: ml_collections.ConfigDict, bench) -> Experiment:
+def check(config, bench):
   """The run's Experiment, once the network, its noise set and the data's limits are checked."""
   exp = Experiment.create(config, bench)
   validation.check_benchmark(exp)
   return exp
 
 
-def source_config(checkpoint: str, config: ml_collections.ConfigDict) -> Optional[dict]:
+def source_config(checkpoint, config):
   """--checkpoint W checked before anything is written (by a dry run too): the config W records (None
   without config.json); a CheckpointError where W holds no base model, or one of another network."""
-  if not checkpoint_lib.has_base_model(checkpoint):
+  if not has_base_model(checkpoint):
     raise CheckpointError(f'--checkpoint {checkpoint} holds no base model ({checkpoint}/checkpoints/model is '
                           'missing): pass a workdir that holds a trained one, or drop --checkpoint to train one here')
-  path = os.path.join(checkpoint, 'config.json')
-  saved = workdir_lib.recorded_config(path, registry.method_sections()) if os.path.exists(path) else None
+  path = f'{checkpoint}/config.json'
+  saved = workdir_lib.recorded_config(path) if os.path.exists(path) else None
   diff = [f'model.{k}={saved["model"][k]!r} there, {config.model[k]!r} here' for k in ('arch', 'width', 'head')
           if saved and saved['model'][k] != config.model[k]]
   if diff:
@@ -120,111 +110,106 @@ def source_config(checkpoint: str, config: ml_collections.ConfigDict) -> Optiona
   return saved
 
 
-def source(checkpoint: str, exp: Experiment) -> dict:
+def source(checkpoint, exp):
   """--checkpoint W's base model, checked (`source_config`, then restored) and described for the provenance:
   W's path, method, config differences from this run's, selection, commit, a `note` where W's method differs."""
-  saved, ours, method = source_config(checkpoint, exp.config), exp.config.to_dict(), exp.config.method
+  saved, ours = source_config(checkpoint, exp.config), exp.config.to_dict()
   out = {'path': os.path.abspath(checkpoint), 'method': None, 'differences': None, 'commit': None}
   with contextlib.closing(Checkpoints(checkpoint, read_only=True)) as ckpts:
     ckpts.restore_model(common.model_template(exp))
     if saved is not None:
       there, here = workdir_lib.flat_items(saved), workdir_lib.flat_items(ours)
-      fields = workdir_lib.config_differences(saved, ours, method_sections=registry.method_sections())
-      out.update(method=saved.get('method'), differences={k: [there.get(k), here.get(k)] for k in fields},
-                 selection=selection_info(ml_collections.ConfigDict(saved), ckpts))  # the source's own steps
-  results = os.path.join(checkpoint, 'results.json')
+      out.update(method=saved['method'], selection=selection_info(ml_collections.ConfigDict(saved), ckpts),
+                 differences={k: [there.get(k), here.get(k)] for k in workdir_lib.config_differences(saved, ours)})
+  results = f'{checkpoint}/results.json'
   if os.path.exists(results):
     git = (files.read_json(results).get('provenance') or {}).get('git') or {}
     out.update(commit=git.get('commit'), dirty=git.get('dirty'))
-  if out['method'] and out['method'] != method:
-    out['note'] = f'{method} sessions on a base model trained by {out["method"]}'
+  if out['method'] not in (None, ours['method']):
+    out['note'] = f'{ours["method"]} sessions on a base model trained by {out["method"]}'
   return out
 
 
-def compute(exp: Experiment, record, workdir: str, mode: str, checkpoint: Optional[str],
-            base_source: Optional[dict], hook: Hook, origin: Optional[dict], writes: bool = True) -> dict:
+def compute(exp, record, workdir, mode, checkpoint, base_source, hook, origin, writes=True):
   """`run`'s work once the checks passed: session 1 and every run's sessions through the method, then the
-  results (not yet written). `record`: the effective config. `writes` False: a read-only workdir's eval."""
+  results (not yet written): every session's statistics, the base model's selection, the restored sessions'
+  accuracies computed otherwise than saved (sessions.restore_session's) and the provenance. `record`: the
+  effective config; `writes` False: a read-only workdir's eval."""
   config, bench = exp.config, exp.bench
   log = workdir_lib.MetricsLog(workdir, tensorboard=config.tensorboard, writes=writes)
-  source = Checkpoints(checkpoint, read_only=True) if checkpoint else None
+  source = checkpoint and Checkpoints(checkpoint, read_only=True)
   ckpts = Checkpoints(workdir, read_only=not writes, source=source)  # closing it closes the source
-  if source is None and not ckpts.has_model() and (mode == 'eval' or ckpts.any_sessions()):
+  if not (source or ckpts.has_model()) and (mode == 'eval' or ckpts.any_sessions()):
     raise CheckpointError(f'{ckpts.root}/model has no base model checkpoint (deleted?) although this workdir '
                           'is meant to hold one; restore it, pass --checkpoint WORKDIR, or use a new --workdir')
   lines = [start_line(config, bench, workdir, mode, ckpts, base_source, origin),
            backend.moved((log.invocations or [{}])[-1], config)]  # and the choices made otherwise than last time
   print('\n'.join(filter(None, lines)), flush=True)
-  earlier = [round(i['end'] - i['time'], 1) for i in log.invocations if mode == 'train' and i.get('mode') == mode]
+  earlier = [round(i['end'] - i['time'], 1) for i in log.invocations if mode == 'train' == i.get('mode')]
   log.start(mode, **backend.record(config))
   t0, method = time.time(), registry.get(config.method)
   with contextlib.closing(log), contextlib.closing(ckpts):  # also when stopped: the background saves complete
     first = method.first_session(exp, ckpts, log, source, hook)
     runner = method.runner(exp, first, ckpts, source, log)
     per_run, norms = run_sessions(exp, runner, ckpts, log, train=(mode != 'eval'), hook=hook)
-    base_info = dict((base_source or {}).get('selection') or selection_info(config, source or ckpts))
+    base_info = (base_source or {}).get('selection') or selection_info(config, source or ckpts)
   wall = round(time.time() - t0, 1)
-  results = results_document(exp, per_run, norms, base_info, ckpts.differences)
-  results['provenance'] = workdir_lib.provenance(  # the config as config.json has it; `choices`: each 'auto' here
-      record.to_dict(), origin, choices=backend.used(config), wall_time_s=round(sum(earlier) + wall, 1),
-      invocation_times_s=earlier + [wall], shots=results.pop('shots'), base_source=base_source)
-  log.write(phase='done', mode=mode, wall_time_s=wall, base_checkpoint=(base_source or {}).get('path'))
-  return results
-
-
-def results_document(exp: Experiment, per_run: list, norms: list, base_info: dict, differences: list) -> dict:
-  """results.json's contents but the provenance (`shots`: the draws' digest, for it): every session's
-  statistics, the base model's selection, and the restored accuracies computed otherwise than saved."""
-  config, bench = exp.config, exp.bench
   draws = protocol_lib.shot_draws(bench, config.data.protocol, config.data.shots, config.seed, config.runs)
   results = evaluation.build_results(bench.name, config.method, config.data.protocol,
                                      [bench.num_seen_classes(t) for t in range(1, bench.num_sessions + 1)],
                                      per_run, norms if all(n is not None for n in norms) else None,
                                      same_shots=draws['same'])
-  results['base_model'] = base_info
-  if differences:  # sessions.restore_session's
-    results['checkpoint_differences'] = differences
-  return {**results, 'shots': draws['digest']}
+  results['base_model'] = dict(base_info)
+  if ckpts.differences:
+    results['checkpoint_differences'] = ckpts.differences
+  results['provenance'] = workdir_lib.provenance(  # the config as config.json has it; `choices`: each 'auto' here
+      record.to_dict(), origin, choices=backend.used(config), wall_time_s=round(sum(earlier) + wall, 1),
+      invocation_times_s=earlier + [wall], shots=draws['digest'], base_source=base_source)
+  log.write(phase='done', mode=mode, wall_time_s=wall, base_checkpoint=(base_source or {}).get('path'))
+  return results
 
 
-def start_line(config, bench, workdir: str, mode: str, ckpts: Checkpoints, base_source: Optional[dict],
-               origin: Optional[dict]) -> str:
+def start_line(config, bench, workdir, mode, ckpts, base_source, origin):
   """The line before any work: what runs, on which devices, into which workdir, from which base model."""
   if base_source:
-    base = f'base model from --checkpoint {base_source["path"]}' + (f' ({base_source["note"]})'
-                                                                    if base_source.get('note') else '')
+    base = f'base model from --checkpoint {base_source["path"]}'
+    if 'note' in base_source:
+      base += f' ({base_source["note"]})'
   elif ckpts.has_model():
     base = 'base model restored from this workdir'
   else:  # a resumed one says so when it starts (train_loop)
     base = f'base training {base_budget(config)}'
   done = sum(len(ckpts.sessions_done(r)) for r in range(config.runs)) if ckpts.any_sessions() else 0
-  sessions = f'{config.runs} runs x {bench.num_sessions - 1} sessions' + (f' ({done} restored)' if done else '')
+  sessions = f'{config.runs} runs x {bench.num_sessions - 1} sessions' + f' ({done} restored)' * bool(done)
   return (f'f2m-jax {mode}: {_what(config, origin)} on {backend.devices()}; workdir {workdir}; {base}; '
           f'then {sessions}')
 
 
-def base_budget(config) -> str:
+def base_budget(config):
   """'S steps of B (sampler), lr L[, M=.., b=..]': the base training `config` asks for."""
   b, noise = config.base, config.noise
   batch = b.ways * b.shots if b.sampler == 'balanced' else b.batch_size
-  return f'{b.steps} steps of {batch} ({b.sampler}), lr {b.lr:g}' + (f', M={noise.M}, b={noise.bound:g}'
-                                                                     if noise.enabled else '')
+  return f'{b.steps} steps of {batch} ({b.sampler}), lr {b.lr:g}' + f', M={noise.M}, b={noise.bound:g}' * noise.enabled
 
 
-def _what(config, origin: Optional[dict]) -> str:
+def _what(config, origin):
   """The --config argument and its changes, and the method (and a sweep's member: its seed)."""
   if not (origin or {}).get('config'):
     return f'method={config.method}'
-  changes = origin.get('changes') or {}
+  changes = ', '.join(f'{k}={v!r}' for k, v in (origin.get('changes') or {}).items())
   member = f', sweep member {origin["sweep_member"]}, seed {config.seed}' if 'sweep_member' in origin else ''
-  return (origin['config'] + (' with ' + ', '.join(f'{k}={v!r}' for k, v in changes.items()) if changes else '')
-          + f' (method {config.method}{member})')
+  return origin['config'] + f' with {changes}' * bool(changes) + f' (method {config.method}{member})'
 
 
-def write_outputs(workdir: str, results: dict, mode: str, writes: bool = True) -> str:
+def unused(workdir, name):
+  """`name`, or where <workdir>/<name>.json exists, `name` with the time appended: a new file's name."""
+  return name + time.strftime('_%Y%m%d-%H%M%S') * os.path.exists(f'{workdir}/{name}.json')
+
+
+def write_outputs(workdir, results, mode, writes=True):
   """results.json/csv; returns a line saying what was compared and written. In eval mode a difference
   goes to a new results_eval.json; a read-only workdir (`writes` False) gets the JSON on stdout instead."""
-  path, name, line = os.path.join(workdir, 'results.json'), 'results', 'no results.json to compare with'
+  path, name, line = f'{workdir}/results.json', 'results', 'no results.json to compare with'
   if mode == 'eval' and os.path.exists(path):
     saved, new = files.read_json(path), json.loads(json.dumps(results))
     # when and where differ, nothing else may; keys a results.json of an earlier version lacks
@@ -232,33 +217,31 @@ def write_outputs(workdir: str, results: dict, mode: str, writes: bool = True) -
     differ = sorted(k for k in saved if k != 'provenance' and saved[k] != new.get(k, workdir_lib.ABSENT))
     if not differ:
       return (f'evaluation reproduced {path} exactly (every run and session computed again from its checkpoint); '
-              'results.json unchanged, nothing written' + (' but its lines in metrics.jsonl' if writes else ''))
-    line = f'evaluation differs from {path} in {", ".join(differ)}'
-    name = 'results_eval' + (time.strftime('_%Y%m%d-%H%M%S') if os.path.exists(f'{workdir}/results_eval.json') else '')
+              'results.json unchanged, nothing written' + ' but its lines in metrics.jsonl' * writes)
+    line, name = f'evaluation differs from {path} in {", ".join(differ)}', unused(workdir, 'results_eval')
   if not writes:
     return f'{line}; {workdir} is read-only, so the results follow as JSON:\n{json.dumps(results, indent=1)}'
   workdir_lib.write_results(workdir, name, evaluation.results_rows(results), results)
-  return (f'results written to {path} and results.csv' if mode != 'eval' else f'{line}; wrote {name}.json and '
-          f'{name}.csv' + (' beside it (results.json unchanged)' if name != 'results' else ''))
+  if mode != 'eval':
+    return f'results written to {path} and results.csv'
+  return f'{line}; wrote {name}.json and {name}.csv' + ' beside it (results.json unchanged)' * (name != 'results')
 
 
-def run_flatness(config: ml_collections.ConfigDict, workdir: str, checkpoint: Optional[str] = None,
-                 origin: Optional[dict] = None) -> dict:
+def run_flatness(config, workdir, checkpoint=None, origin=None):
   """--mode flatness: I and sigma^2 of the base loss around the base model of `workdir` (or `checkpoint`),
   into flatness.json."""
   record, config = checked(config, workdir, checkpoint, origin)
   workdir_lib.check_folders(workdir)
-  bench, f, source = sources.load_benchmark(config), config.flatness, checkpoint or workdir
+  bench, f, noise, source = sources.load_benchmark(config), config.flatness, config.noise, checkpoint or workdir
   exp = Experiment.create(config, bench)
-  bound = f.bound if f.bound >= 0 else config.noise.bound
+  bound = f.bound if f.bound >= 0 else noise.bound
   print(f'f2m-jax flatness: {_what(config, origin)} on {backend.devices()}; base model of {source}; '
         f'{f.num_draws} draws at bound {bound:g} on the base training and test images (at most '
         f'{f.max_images or "all"} each); writes {workdir}/flatness.json', flush=True)
   with contextlib.closing(Checkpoints(source, read_only=True)) as ckpts:
     model = ckpts.restore_model(common.model_template(exp))
-  variables = {k: model[k] for k in ('params', 'batch_stats')}
-  rng = np.random.default_rng([config.seed, 5])
-  out = {'bound': bound, 'distribution': config.noise.distribution, 'num_layers': config.noise.num_layers,
+  variables, rng = {k: model[k] for k in ('params', 'batch_stats')}, np.random.default_rng([config.seed, 5])
+  out = {'bound': bound, 'distribution': noise.distribution, 'num_layers': noise.num_layers,
          'checkpoint': os.path.abspath(source),
          'provenance': workdir_lib.provenance(record.to_dict(), origin, choices=backend.used(config))}
   for name, split, idx in (('train', bench.train, bench.base_train),
@@ -267,14 +250,13 @@ def run_flatness(config: ml_collections.ConfigDict, workdir: str, checkpoint: Op
       idx = np.sort(rng.choice(idx, f.max_images, replace=False))
     clean, losses = flatness.noisy_losses(
         exp.model, variables, split.images[idx], split.labels[idx], exp.noise_paths, exp.split, bound,
-        config.noise.distribution, f.num_draws, f.chunk, exp.key(3), bench.mean, bench.std,
-        config.eval.batch_size, progress=f'flatness on {name} ({len(idx):,} images)')
-    out[name] = {**flatness.flatness_stats(clean, losses), 'num_images': int(len(idx))}
+        noise.distribution, f.num_draws, f.chunk, exp.key(3), bench.mean, bench.std, config.eval.batch_size,
+        progress=f'flatness on {name} ({len(idx):,} images)')
+    out[name] = {**flatness.flatness_stats(clean, losses), 'num_images': len(idx)}
     print(f'flatness on {name} ({len(idx)} images, {f.num_draws} draws): L*={clean:.4f} '
           f'I={out[name]["I"]:.3e} sigma^2={out[name]["sigma2"]:.3e}', flush=True)
   os.makedirs(workdir, exist_ok=True)
-  stamp = time.strftime('_%Y%m%d-%H%M%S') if os.path.exists(os.path.join(workdir, 'flatness.json')) else ''
-  path = os.path.join(workdir, f'flatness{stamp}.json')
+  path = f'{workdir}/{unused(workdir, "flatness")}.json'
   files.atomic_write(path, json.dumps(out, indent=2))
   print(f'wrote {path}', flush=True)
   return out
