@@ -1,7 +1,5 @@
 """The user's files: written atomically (a temporary beside the file, renamed when complete, removed when a
 killed writer left it), read as JSON, and the errors that name them. The ground floor: every layer may use it."""
-from __future__ import annotations
-
 import contextlib
 import errno
 import fcntl
@@ -13,7 +11,6 @@ import pathlib
 import shutil
 import tempfile
 import time
-from typing import Optional
 
 import jax
 
@@ -33,7 +30,7 @@ class CheckpointFault(CheckpointError):
   """A checkpoint that cannot be read back (unreadable, or not what was saved) or written (exit code 3)."""
 
 
-def sha256_file(path) -> str:
+def sha256_file(path):
   with open(path, 'rb') as f:
     return hashlib.file_digest(f, 'sha256').hexdigest()
 
@@ -43,7 +40,7 @@ def sha256_file(path) -> str:
 STALE_AFTER_S = 2
 
 
-def remove_stale(folder, pattern: str) -> None:
+def remove_stale(folder, pattern):
   """Removes the temporaries matching `pattern` in `folder` that no live process is writing: those
   older than STALE_AFTER_S that nobody holds locked (`held`)."""
   for p in pathlib.Path(folder).glob(pattern):
@@ -82,7 +79,7 @@ def naming(path, temporary=None):
 
 
 @contextlib.contextmanager
-def written_atomically(path, suffix: str = ''):
+def written_atomically(path, suffix=''):
   """A temporary file beside `path` to write in the block, readable by all and renamed to `path` when the
   block completes (removed when it fails, `held` while written); a killed writer's are removed first
   (`remove_stale`). A write that fails names `path`."""
@@ -101,19 +98,19 @@ def written_atomically(path, suffix: str = ''):
       os.remove(tmp)
 
 
-def primary() -> bool:
+def primary():
   """Whether this process writes the run's files (process 0; orbax coordinates the checkpoints itself)."""
   return jax.process_index() == 0
 
 
-def atomic_write(path: str, text: str) -> None:
+def atomic_write(path, text):
   """`text` into `path` through a temporary file (no reader sees half a file), on the primary process."""
   if primary():
     with written_atomically(path) as tmp:
       tmp.write_text(text)
 
 
-def read_json(path: str, error: type = WorkdirError):
+def read_json(path, error=WorkdirError):
   """The JSON document in `path`; an `error` naming the file where it is not JSON (or not text)."""
   with open(path, 'rb') as f:
     try:
@@ -122,19 +119,19 @@ def read_json(path: str, error: type = WorkdirError):
       raise error(f'{path} is not valid JSON ({e}); repair it or move it away') from e
 
 
-def in_the_way(path: str, what: str = 'folder') -> Optional[str]:
+def in_the_way(path, what='folder'):
   """The line naming the file that stands where `path`, or a folder above it, should be a `what`; or None."""
   found = nearest(os.path.abspath(path))
   kind = 'a file' if os.path.exists(found) else 'a link to nothing or to itself'  # it lexists: `nearest`
   return None if os.path.isdir(found) else f'{found} is {kind} where a {what} should be; {MOVE}'
 
 
-def nearest(path: str) -> str:
+def nearest(path):
   """`path` or, where it does not exist, the nearest folder above it that does (as a file, or a link)."""
   return path if os.path.lexists(path) else nearest(os.path.dirname(path))
 
 
-def describe_os_error(e: OSError) -> str:
+def describe_os_error(e):
   """An OSError as one line: a file where a folder should be, or a folder where a file should be, with
   what to do; otherwise the OS's reason and the file."""
   if e.filename and e.errno == errno.EISDIR:

@@ -1,19 +1,16 @@
 """The incremental sessions of any method: every run's sessions through its runner, each run and
 session checkpointed on its own and restored where saved."""
-from __future__ import annotations
-
 import numpy as np
 
 from f2m_jax import progress
 from f2m_jax import stats
 from f2m_jax import trees
 from f2m_jax.data import protocol as protocol_lib
-from f2m_jax.experiment import Experiment, Hook, TrainingError
+from f2m_jax.experiment import TrainingError
 from f2m_jax.files import CheckpointError, CheckpointFault
 
 
-def run_sessions(exp: Experiment, runner, ckpts, log, train: bool = True,
-                 hook: Hook = None) -> tuple:
+def run_sessions(exp, runner, ckpts, log, train=True, hook=None):
   """All runs x sessions of a method's `runner`: per-run lists of accuracy dicts and per-run prototype norms
   (or None). Checkpointed sessions are restored; with `train=False` (--mode eval) a missing one is an error,
   and every restored one's accuracies are computed again. `hook` is called after each session."""
@@ -47,14 +44,13 @@ def run_sessions(exp: Experiment, runner, ckpts, log, train: bool = True,
   return accs, norms
 
 
-def _as_array(acc: dict) -> np.ndarray:
+def _as_array(acc):
   """A session's accuracies as its checkpoint holds them: stats.KEYS, then acc_sessions; NaN for None."""
   values = [acc[k] for k in stats.KEYS] + list(acc['acc_sessions'])
   return np.asarray([np.nan if v is None else v for v in values], np.float64)
 
 
-def train_session(method: str, runner, ckpts, log, state, run: int, session: int,
-                  exemplars: np.ndarray) -> tuple:
+def train_session(method, runner, ckpts, log, state, run, session, exemplars):
   """(state, accuracies) of `run` after training `session`; saved, then logged. A TrainingError, before
   anything is saved, where the state, its accuracies or its metrics hold NaN or inf."""
   state, info = runner.update(state, run, session, exemplars)
@@ -69,7 +65,7 @@ def train_session(method: str, runner, ckpts, log, state, run: int, session: int
   return state, acc
 
 
-def restore_session(runner, ckpts, run: int, session: int, exemplars: np.ndarray, recompute: bool) -> tuple:
+def restore_session(runner, ckpts, run, session, exemplars, recompute):
   """(state, accuracies) of `run` after `session`, restored (a CheckpointFault where its exemplars differ from
   the protocol's): with the accuracies it saved, its digest and identity holding (`Checkpoints.entry`); with
   `recompute` (--mode eval), or one an earlier version saved (stats.KEYS alone), computed again. Where those
@@ -81,12 +77,12 @@ def restore_session(runner, ckpts, run: int, session: int, exemplars: np.ndarray
     raise CheckpointFault(f'run {run} session {session}: the exemplars saved in {path} differ from the protocol\'s: '
                           'the data or the code changed since it was saved')
   state = runner.restore(saved)
-  values = [None if np.isnan(v) else float(v) for v in saved['accuracy']]
-  acc = {**dict(zip(stats.KEYS, values)), 'acc_sessions': values[len(stats.KEYS):]}
-  if not recompute and len(values) > len(stats.KEYS):
+  values, n = [None if np.isnan(v) else float(v) for v in saved['accuracy']], len(stats.KEYS)
+  acc = dict(zip(stats.KEYS, values), **({'acc_sessions': values[n:]} if len(values) > n else {}))
+  if not recompute and 'acc_sessions' in acc:
     return state, acc
   again = runner.accuracies(state, session)
-  if recompute and again != acc:
+  if recompute and {k: again[k] for k in acc} != acc:
     by = (ckpts.read()['checkpoints'].get(f'run_{run}/{session}') or {}).get('by')
     ckpts.differences.append({'checkpoint': path, 'saved': acc, 'recomputed': again, 'saved_by': by,
                               'recomputed_by': ckpts.writer})
@@ -94,7 +90,7 @@ def restore_session(runner, ckpts, run: int, session: int, exemplars: np.ndarray
   return state, again
 
 
-def difference_line(run: int, session: int, path: str, saved: dict, again: dict, by, now: dict) -> str:
+def difference_line(run, session, path, saved, again, by, now):
   """What differs between the `saved` and recomputed accuracies of a session, who saved and who computes them
   (commit, backend, device), and what may cause it: the code or machine where those differ, else the data or
   the evaluation's rounding (eval.batch_size and eval.cache_trunk sum in another order: near-ties flip)."""

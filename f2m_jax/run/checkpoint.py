@@ -151,13 +151,13 @@ class Folder:
     """Saves `item` as `step` once every earlier save is complete, its ledger entry written first; `then()`
     once it is complete (in the background where this folder writes so). A CheckpointFault where it fails."""
     self.owner.settle()
-    path, item = f'{self.path}/{step}', _host_copy(item)
+    item = _host_copy(item)
     try:
       with _SAVING:
-        self.owner.record(self.kind, path, digest(item))
+        self.owner.record(self.kind, f'{self.name}/{step}', digest(item))
         self.manager().save(step, args=ocp.args.StandardSave(item), force=True)
     except Exception as e:  # pylint: disable=broad-except  (orbax raises many types)
-      raise _write_fault(self.what.format(step), path, e) from e
+      raise _write_fault(self.what.format(step), f'{self.path}/{step}', e) from e
     self.owner.in_flight.append((self, step, then))
     if not self.background:  # written already: its `then` runs now
       self.owner.settle()
@@ -169,7 +169,7 @@ class Folder:
     step = self.latest_step() if step is None else step
     path, what, owner = f'{self.path}/{step}', self.what.format(step), self.owner
     owner.settle()
-    entry = owner.entry(self, path)
+    entry = owner.entry(self, f'{self.name}/{step}')
     try:
       out = self.manager().restore(step, args=ocp.args.StandardRestore(_host_copy(template)))
     except Exception as e:  # orbax raises many types for truncated or corrupt files
@@ -187,7 +187,7 @@ class Folder:
       raise CheckpointFault(f'the {what} checkpoint {path} is not the one saved there: the digest of its arrays '
                             f'differs from the one {owner.ledger} recorded (its files changed, or it was copied '
                             f'from another run); {owner.advice(self)}')
-    owner.made[self.kind] = [os.path.relpath(path, owner.root), sha[:16]]
+    owner.made[self.kind] = [f'{self.name}/{step}', sha[:16]]
     return out
 
   def close(self):
@@ -246,21 +246,22 @@ class Checkpoints:
     parent = PARENT.get(kind)
     return (self.source if parent == 'model' and self.source else self).made.get(parent)
 
-  def record(self, kind, path, sha):
-    """The ledger rewritten (atomically) with the entry of checkpoint `path` of `kind` (its digest `sha`, who
-    writes it, its identity), and without those of checkpoints deleted (every save in flight is complete)."""
+  def record(self, kind, rel, sha):
+    """The ledger rewritten (atomically) with the entry of checkpoint `rel` (under checkpoints/) of `kind` (its
+    digest `sha`, who writes it, its identity), and without those of checkpoints deleted (every save in flight
+    is complete)."""
     os.makedirs(self.root, exist_ok=True)
-    rel, entries = os.path.relpath(path, self.root), self.read()['checkpoints']
+    entries = self.read()['checkpoints']
     kept = {k: v for k, v in entries.items() if os.path.isdir(f'{self.root}/{k}')}
     entry = {'sha256': sha, 'by': self.writer, 'config': self.config, 'as': rel, 'from': self.lineage(kind)}
     files.atomic_write(self.ledger, json.dumps({'config': self.config, 'checkpoints': {**kept, rel: entry}}))
     self.made[kind] = [rel, sha[:16]]
 
-  def entry(self, folder, path):
-    """The ledger's entry of checkpoint `path`, once its identity (the run's config, its place, the checkpoint
+  def entry(self, folder, rel):
+    """The ledger's entry of checkpoint `rel` (under checkpoints/), once its identity (the run's config, its place, the checkpoint
     it was computed from) is checked against this run's: a CheckpointFault where it differs, or where it has
     none in a workdir whose config.json says the ledger keeps every one; an earlier version's: a line."""
-    rel, entries = os.path.relpath(path, self.root), self.read()['checkpoints']
+    path, entries = f'{self.root}/{rel}', self.read()['checkpoints']
     entry = entries.get(rel)
     if entry is None or 'as' not in entry:
       if self.keeps_ledger:

@@ -235,8 +235,8 @@ class MetricsLog:
 
   def __init__(self, workdir, tensorboard=False, writes=True):
     self.path, self._writes = f'{workdir}/metrics.jsonl', writes and files.primary()  # False: read-only
-    self._tb_dir = f'{workdir}/tensorboard' if tensorboard and self._writes else None
-    self._tb, self._start = None, None  # the writer is opened with the first scalar
+    self._tb_dir = tensorboard and self._writes and f'{workdir}/tensorboard'
+    self._tb = self._start = None  # the writer is opened with the first scalar
     data = pathlib.Path(self.path).read_bytes() if os.path.exists(self.path) else b''
     records, self._cut_line = self.records(data), data[-1:] not in (b'', b'\n')
     self._logged = {_step_key(r) for r in records if 'step' in r}
@@ -268,47 +268,49 @@ class MetricsLog:
     record = {'time': round(time.time(), 3), **record}
     lines, self._start = [r for r in (self._start, record) if r], None
     with files.naming(self.path), open(self.path, 'a') as f:
-      f.write(('\n' if self._cut_line else '') + ''.join(json.dumps(r) + '\n' for r in lines))
+      f.write('\n' * self._cut_line + ''.join(json.dumps(r) + '\n' for r in lines))
     self._cut_line = False
-    phase = record.get('phase')
-    if self._tb_dir is not None and phase in ('session', 'base', 'select_on_test'):
-      self._scalars(record, phase)
+    if self._tb_dir and record.get('phase') in ('session', 'base', 'select_on_test'):
+      self._scalars(record)
 
-  def _scalars(self, record, phase):
+  def _scalars(self, record):
     """`record`'s numbers under run_<r>/ (by session), or base/ or select/ (by step; a joint session's
     selection: select_run_<r>_session_<s>/)."""
-    from tensorboardX.proto.event_pb2 import Event  # pylint: disable=g-import-not-at-top
     from tensorboardX.summary import scalar  # pylint: disable=g-import-not-at-top
-    if phase == 'session':
+    if record['phase'] == 'session':
       prefix, step = f'run_{record["run"]}', record['session']
     else:
       where = f'_run_{record["run"]}_session_{record["session"]}' if 'run' in record else ''
-      prefix, step = phase.split('_')[0] + where, record['step']
+      prefix, step = record['phase'].split('_')[0] + where, record['step']
     self.open()
     with files.naming(self._tb.path):
       for name, value in record.items():
         if name not in ('time', 'phase', 'step', 'run', 'session') and isinstance(value, (int, float)) \
             and not isinstance(value, bool):
-          event = Event(summary=scalar(f'{prefix}/{name}', value), step=step, wall_time=record['time'])
-          self._tb.write(event.SerializeToString())
+          self._tb.write(_event(summary=scalar(f'{prefix}/{name}', value), step=step, wall_time=record['time']))
       self._tb.flush()
 
   def open(self):
     """Opens the TensorBoard event file (if any) now: the base loop calls this before its first step."""
-    if self._tb_dir is not None and self._tb is None:
-      from tensorboardX.proto.event_pb2 import Event  # pylint: disable=g-import-not-at-top
+    if self._tb_dir and self._tb is None:
       from tensorboardX.record_writer import RecordWriter  # pylint: disable=g-import-not-at-top
       path = f'{self._tb_dir}/events.out.tfevents.{time.time():.6f}.{platform.node()}'
       with files.naming(path):
         os.makedirs(self._tb_dir, exist_ok=True)
         self._tb = RecordWriter(path)
-        self._tb.write(Event(wall_time=time.time(), file_version='brain.Event:2').SerializeToString())
+        self._tb.write(_event(wall_time=time.time(), file_version='brain.Event:2'))
 
   def close(self):
     if self._tb is not None:
       tb, self._tb = self._tb, None
       with files.naming(tb.path):
         tb.close()
+
+
+def _event(**fields):
+  """A TensorBoard event of `fields`, serialized."""
+  from tensorboardX.proto.event_pb2 import Event  # pylint: disable=g-import-not-at-top
+  return Event(**fields).SerializeToString()
 
 
 def _step_key(record):
