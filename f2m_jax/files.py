@@ -1,5 +1,6 @@
-"""The user's files: written atomically (a temporary beside the file, renamed when complete, removed when a
-killed writer left it), read as JSON, and the errors that name them. The ground floor: every layer may use it."""
+"""The user's files: written atomically (a temporary beside the file, renamed when complete, removed
+when a killed writer left it), read as JSON, and the errors that name them. The ground floor: every
+layer may use it."""
 import contextlib
 import errno
 import fcntl
@@ -22,12 +23,13 @@ class WorkdirError(RuntimeError):
 
 
 class CheckpointError(RuntimeError):
-  """A checkpoint is missing, was written for another config, or (a resume) computes other accuracies
-  than it saved (exit code 2)."""
+  """A checkpoint is missing, was written for another config, or (a resume) computes other
+  accuracies than it saved (exit code 2)."""
 
 
 class CheckpointFault(CheckpointError):
-  """A checkpoint that cannot be read back (unreadable, or not what was saved) or written (exit code 3)."""
+  """A checkpoint that cannot be read back (unreadable, or not what was saved) or written (exit code
+  3)."""
 
 
 def sha256_file(path):
@@ -35,8 +37,9 @@ def sha256_file(path):
     return hashlib.file_digest(f, 'sha256').hexdigest()
 
 
-# A temporary file or folder that no process holds locked, older than the moment between its writer's
-# creating and locking it, was left by a killed writer: a live one holds its lock from then to the end.
+# A temporary file or folder that no process holds locked, older than the moment between its
+# writer's creating and locking it, was left by a killed writer: a live one holds its lock from then
+# to the end.
 STALE_AFTER_S = 2
 
 
@@ -56,8 +59,9 @@ def remove_stale(folder, pattern):
 
 @contextlib.contextmanager
 def held(path):
-  """An exclusive lock on the file or folder `path` while the block runs: its writer's mark that it is
-  alive, which `remove_stale` respects. The OS drops it when the process ends, however it ends."""
+  """An exclusive lock on the file or folder `path` while the block runs: its writer's mark that it
+  is alive, which `remove_stale` respects. The OS drops it when the process ends, however it ends.
+  """
   fd = os.open(path, os.O_RDONLY)
   try:
     fcntl.flock(fd, fcntl.LOCK_EX)
@@ -80,9 +84,9 @@ def naming(path, temporary=None):
 
 @contextlib.contextmanager
 def written_atomically(path, suffix=''):
-  """A temporary file beside `path` to write in the block, readable by all and renamed to `path` when the
-  block completes (removed when it fails, `held` while written); a killed writer's are removed first
-  (`remove_stale`). A write that fails names `path`."""
+  """A temporary file beside `path` to write in the block, readable by all and renamed to `path`
+  when the block completes (removed when it fails, `held` while written); a killed writer's are
+  removed first (`remove_stale`). A write that fails names `path`."""
   path = pathlib.Path(path)
   remove_stale(path.parent, f'.{glob.escape(path.name)}.*.tmp{glob.escape(suffix)}')
   fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f'.{path.name}.', suffix=f'.tmp{suffix}')
@@ -99,12 +103,14 @@ def written_atomically(path, suffix=''):
 
 
 def primary():
-  """Whether this process writes the run's files (process 0; orbax coordinates the checkpoints itself)."""
+  """Whether this process writes the run's files (process 0; orbax coordinates the checkpoints
+  itself)."""
   return jax.process_index() == 0
 
 
 def atomic_write(path, text):
-  """`text` into `path` through a temporary file (no reader sees half a file), on the primary process."""
+  """`text` into `path` through a temporary file (no reader sees half a file), on the primary
+  process."""
   if primary():
     with written_atomically(path) as tmp:
       tmp.write_text(text)
@@ -120,20 +126,23 @@ def read_json(path, error=WorkdirError):
 
 
 def in_the_way(path, what='folder'):
-  """The line naming the file that stands where `path`, or a folder above it, should be a `what`; or None."""
+  """The line naming the file that stands where `path`, or a folder above it, should be a `what`; or
+  None."""
   found = nearest(os.path.abspath(path))
-  kind = 'a file' if os.path.exists(found) else 'a link to nothing or to itself'  # it lexists: `nearest`
+  # it lexists: `nearest`
+  kind = 'a file' if os.path.exists(found) else 'a link to nothing or to itself'
   return None if os.path.isdir(found) else f'{found} is {kind} where a {what} should be; {MOVE}'
 
 
 def nearest(path):
-  """`path` or, where it does not exist, the nearest folder above it that does (as a file, or a link)."""
+  """`path` or, where it does not exist, the nearest folder above it that does (as a file, or a
+  link)."""
   return path if os.path.lexists(path) else nearest(os.path.dirname(path))
 
 
 def describe_os_error(e):
-  """An OSError as one line: a file where a folder should be, or a folder where a file should be, with
-  what to do; otherwise the OS's reason and the file."""
+  """An OSError as one line: a file where a folder should be, or a folder where a file should be,
+  with what to do; otherwise the OS's reason and the file."""
   if e.filename and e.errno == errno.EISDIR:
     return f'{e.filename} is a folder where a file should be; {MOVE}'
   line = in_the_way(e.filename) if e.filename and e.errno in (errno.ENOTDIR, errno.EEXIST) else None

@@ -1,9 +1,9 @@
-"""Orbax checkpoints under <workdir>/checkpoints/: base/<step>/ (TrainState), base_best/<step>/ (base.select_on_test),
-model/0/ (phi*, BN statistics, base prototypes), run_<r>/<session>/, a joint session's training/run_<r>_session_<s>/
-(and _best/) until the session is saved. digests.json, the ledger: the config the run started with and each
-checkpoint's digest, writer and identity (the run's config, its own place, the checkpoint it was computed
-from), written before it and checked by every restore. Base states and sessions are written in the
-background; every read waits for them."""
+"""Orbax checkpoints under <workdir>/checkpoints/: base/<step>/ (TrainState), base_best/<step>/
+(base.select_on_test), model/0/ (phi*, BN statistics, base prototypes), run_<r>/<session>/, a joint
+session's training/run_<r>_session_<s>/ (and _best/) until the session is saved. digests.json, the
+ledger: the config the run started with and each checkpoint's digest, writer and identity (the run's
+config, its own place, the checkpoint it was computed from), written before it and checked by every
+restore. Base states and sessions are written in the background; every read waits for them."""
 import contextlib
 import functools
 import hashlib
@@ -25,10 +25,14 @@ from f2m_jax import files
 from f2m_jax.files import CheckpointError, CheckpointFault
 from f2m_jax.run import workdir as workdir_lib
 
-RECORD = 'ncm_accuracy'  # what base models of earlier versions also hold (an accuracy), read and dropped
-LEDGER = 'digests.json'  # {'config': config.json's items, 'checkpoints': {step folder under checkpoints/: entry}}
-PARENT = {'model': 'base', 'run': 'model'}  # a folder's kind: the kind of the checkpoint it is computed from
-ACCURACY = "['accuracy']"  # a session's accuracies: stats.KEYS, and acc_sessions since identities: any length
+# what base models of earlier versions also hold (an accuracy), read and dropped
+RECORD = 'ncm_accuracy'
+# {'config': config.json's items, 'checkpoints': {step folder under checkpoints/: entry}}
+LEDGER = 'digests.json'
+# a folder's kind: the kind of the checkpoint it is computed from
+PARENT = {'model': 'base', 'run': 'model'}
+# a session's accuracies: stats.KEYS, and acc_sessions since identities: any length
+ACCURACY = "['accuracy']"
 
 
 def digest(tree):
@@ -42,11 +46,12 @@ def digest(tree):
 
 @contextlib.contextmanager
 def quiet_orbax():
-  """While active, orbax speaks only through exceptions: its absl log is off, and so is tensorstore's unraisable
-  'Event loop is closed' of each write pending when a failed save's loop closed (a full disk: dozens)."""
+  """While active, orbax speaks only through exceptions: its absl log is off, and so is
+  tensorstore's unraisable 'Event loop is closed' of each write pending when a failed save's loop
+  closed (a full disk: dozens)."""
   verbosity, hook = logging.get_verbosity(), sys.unraisablehook
   logging.set_verbosity(logging.FATAL)
-  sys.unraisablehook = lambda unraisable: str(unraisable.exc_value) == 'Event loop is closed' or hook(unraisable)
+  sys.unraisablehook = lambda u: str(u.exc_value) == 'Event loop is closed' or hook(u)
   try:
     yield
   finally:
@@ -55,16 +60,18 @@ def quiet_orbax():
 
 
 def _cause(e, limit=None):
-  """What went wrong, as one line: the OS's reason and file where an OSError is in the chain, else the
-  exception's text without tensorstore's spec (at most `limit` characters)."""
+  """What went wrong, as one line: the OS's reason and file where an OSError is in the chain, else
+  the exception's text without tensorstore's spec (at most `limit` characters)."""
   seen = e
   while seen is not None:
     if isinstance(seen, OSError) and seen.strerror:
       return f'{seen.strerror} ({seen.filename})' if seen.filename else seen.strerror
     seen = seen.__cause__ or seen.__context__
   text = ' '.join(f'{type(e).__name__}: {e}'.split())
-  late = re.search(r'Barrier timed out\. Id: (\S+?)(?:::\d+)?\. .* task names:((?: [/\w:]*?\d+(?= |$))+)', text)
-  if late:  # JAX's coordination service names the processes (its tasks) that did not reach an orbax barrier
+  late = re.search(r'Barrier timed out\. Id: (\S+?)(?:::\d+)?\. .* '
+                   r'task names:((?: [/\w:]*?\d+(?= |$))+)', text)
+  # JAX's coordination service names the processes (its tasks) that did not reach an orbax barrier
+  if late:
     tasks = ', '.join(re.findall(r'(\d+)(?: |$)', late[2]))
     return f"process {tasks} did not reach orbax's barrier {late[1]} in time"
   text = re.sub(r" \[(tensorstore_spec|source locations)=.*$", '', text)
@@ -72,12 +79,15 @@ def _cause(e, limit=None):
 
 
 def _write_fault(what, path, e):
-  fix = f'{_cause(e)}; fix that, then rerun the same command: it resumes from the last complete checkpoint'
-  return CheckpointFault(f'cannot write the {what} checkpoint {path}: {files.in_the_way(path) or fix}')
+  fix = (f'{_cause(e)}; fix that, then rerun the same command: it resumes from the last complete '
+         'checkpoint')
+  return CheckpointFault(f'cannot write the {what} checkpoint {path}: '
+                         f'{files.in_the_way(path) or fix}')
 
 
-# Every manager of this process that writes in the background, and a lock held through each save's synchronous
-# part: `finish_writes` takes it, then waits for the writes in flight (a process ended at a signal, stopping.py).
+# Every manager of this process that writes in the background, and a lock held through each save's
+# synchronous part: `finish_writes` takes it, then waits for the writes in flight (a process ended
+# at a signal, stopping.py).
 _BACKGROUND = weakref.WeakSet()
 _SAVING = threading.Lock()
 
@@ -87,12 +97,14 @@ def finish_writes(timeout_s=120.0):
   keeps the saving lock, so that no save starts before the process ends."""
   _SAVING.acquire(timeout=timeout_s)  # pylint: disable=consider-using-with
   for manager in list(_BACKGROUND):
-    with contextlib.suppress(Exception):  # a closed manager, or a write that failed: nothing to wait for
+    # a closed manager, or a write that failed: nothing to wait for
+    with contextlib.suppress(Exception):
       manager.wait_until_finished()
 
 
 def _host_copy(tree):
-  """Owned host copies: a CPU array's buffer, which np.asarray can share, is donated to the next train step."""
+  """Owned host copies: a CPU array's buffer, which np.asarray can share, is donated to the next
+  train step."""
   return jax.tree_util.tree_map(lambda x: np.array(x, copy=True), tree)
 
 
@@ -102,23 +114,25 @@ def has_base_model(workdir):
 
 
 def _well_formed(ledger):
-  """Whether `ledger` is one a run writes: a config and entries, each a digest and an identity (or none)."""
+  """Whether `ledger` is one a run writes: a config and entries, each a digest and an identity (or
+  none)."""
   entries = ledger.get('checkpoints') if isinstance(ledger, dict) else None
   return isinstance(entries, dict) and isinstance(ledger.get('config') or {}, dict) and all(
-      isinstance(e, dict) and isinstance(e.get('sha256'), str) and isinstance(e.get('config', {}), dict)
-      for e in entries.values())
+      isinstance(e, dict) and isinstance(e.get('sha256'), str)
+      and isinstance(e.get('config', {}), dict) for e in entries.values())
 
 
 class Folder:
-  """The steps of one kind of checkpoint, a folder under checkpoints/ opened at its first use (`keep`: the
-  steps kept, None all; `what` names step {} in messages); a joint training's `best` is beside it. Its
-  `kind`: base (base_best too), model, run or training/run."""
+  """The steps of one kind of checkpoint, a folder under checkpoints/ opened at its first use
+  (`keep`: the steps kept, None all; `what` names step {} in messages); a joint training's `best` is
+  beside it. Its `kind`: base (base_best too), model, run or training/run."""
 
   def __init__(self, owner, name, what, keep=None, background=False, best=None):
     self.owner, self.name, self.what, self.path = owner, name, what, f'{owner.root}/{name}'
     self.kind, self.keep, self.best, self._manager = name.split('_')[0], keep, best, None
     # In the background on one process only: with several, orbax's per-save barriers of concurrent
-    # managers (a member sweep saves S workdirs at once) could meet in another order on each process.
+    # managers (a member sweep saves S workdirs at once) could meet in another order on each
+    # process.
     self.background = background and not owner.read_only and jax.process_count() == 1
 
   def manager(self):
@@ -126,14 +140,18 @@ class Folder:
       if os.path.lexists(self.path) and not os.path.isdir(self.path):
         raise CheckpointFault(files.in_the_way(self.path, 'checkpoint folder'))
       ro = self.owner.read_only
-      options = ocp.CheckpointManagerOptions(max_to_keep=None if ro else self.keep, create=not ro, read_only=ro,
+      options = ocp.CheckpointManagerOptions(max_to_keep=None if ro else self.keep, create=not ro,
+                                             read_only=ro,
                                              enable_async_checkpointing=self.background,
-                                             # a folder that cannot be made fails in save() itself: made in the
-                                             # background, orbax's writer threads wait 300 s for it at exit
-                                             async_options=ocp.AsyncOptions(create_directories_asynchronously=False))
+                                             # a folder that cannot be made fails in save() itself:
+                                             # made in the background, orbax's writer threads wait
+                                             # 300 s for it at exit
+                                             async_options=ocp.AsyncOptions(
+                                                 create_directories_asynchronously=False))
       try:
-        self._manager = ocp.CheckpointManager(os.path.abspath(self.path), options=options,
-                                              item_handlers=ocp.StandardCheckpointHandler())  # item_metadata: the tree
+        self._manager = ocp.CheckpointManager(  # its handler: item_metadata gives the tree
+            os.path.abspath(self.path), options=options,
+            item_handlers=ocp.StandardCheckpointHandler())
       except RuntimeError as e:  # its barrier of the processes timed out
         raise CheckpointFault(f'cannot open the checkpoint folder {self.path}: {_cause(e)}') from e
       if self.background:
@@ -148,8 +166,9 @@ class Folder:
     return max(self.steps(), default=None)
 
   def save(self, step, item, then=None):
-    """Saves `item` as `step` once every earlier save is complete, its ledger entry written first; `then()`
-    once it is complete (in the background where this folder writes so). A CheckpointFault where it fails."""
+    """Saves `item` as `step` once every earlier save is complete, its ledger entry written first;
+    `then()` once it is complete (in the background where this folder writes so). A CheckpointFault
+    where it fails."""
     self.owner.settle()
     item = _host_copy(item)
     try:
@@ -163,9 +182,9 @@ class Folder:
       self.owner.settle()
 
   def restore(self, template, step=None):
-    """Step `step` (None: the latest) in the shapes of `template`: a CheckpointFault naming it and what to
-    do where it is another run's (`Checkpoints.entry`), cannot be read or is not what its digest says; a
-    CheckpointError where its arrays have other shapes (another network or data)."""
+    """Step `step` (None: the latest) in the shapes of `template`: a CheckpointFault naming it and
+    what to do where it is another run's (`Checkpoints.entry`), cannot be read or is not what its
+    digest says; a CheckpointError where its arrays have other shapes (another network or data)."""
     step = self.latest_step() if step is None else step
     path, what, owner = f'{self.path}/{step}', self.what.format(step), self.owner
     owner.settle()
@@ -173,26 +192,28 @@ class Folder:
     try:
       out = self.manager().restore(step, args=ocp.args.StandardRestore(_host_copy(template)))
     except Exception as e:  # orbax raises many types for truncated or corrupt files
-      raise CheckpointFault(f'cannot restore the {what} checkpoint {path} ({_cause(e, 300)}): it is missing, '
-                            f'truncated or corrupt; {owner.advice(self)}') from e
+      raise CheckpointFault(f'cannot restore the {what} checkpoint {path} ({_cause(e, 300)}): it '
+                            f'is missing, truncated or corrupt; {owner.advice(self)}') from e
     other = [f'{jax.tree_util.keystr(k)} {np.shape(o)} there, {np.shape(t)} here' for (k, o), t in
              zip(jax.tree_util.tree_flatten_with_path(out)[0], jax.tree_util.tree_leaves(template))
              if np.shape(o) != np.shape(t) and jax.tree_util.keystr(k) != ACCURACY]
     if other:  # orbax restores the saved shapes whatever the template's
-      raise CheckpointError(f'the {what} checkpoint {path} holds arrays of other shapes than this config needs '
-                            f'({"; ".join(other[:3])}): it was written for another network or data (another '
-                            'number of classes?)')
+      raise CheckpointError(f'the {what} checkpoint {path} holds arrays of other shapes than this '
+                            f'config needs ({"; ".join(other[:3])}): it was written for another '
+                            'network or data (another number of classes?)')
     sha = digest(out)
     if entry is not None and sha != entry['sha256']:
-      raise CheckpointFault(f'the {what} checkpoint {path} is not the one saved there: the digest of its arrays '
-                            f'differs from the one {owner.ledger} recorded (its files changed, or it was copied '
-                            f'from another run); {owner.advice(self)}')
+      raise CheckpointFault(f'the {what} checkpoint {path} is not the one saved there: the digest '
+                            f'of its arrays differs from the one {owner.ledger} recorded (its '
+                            'files changed, or it was copied from another run); '
+                            f'{owner.advice(self)}')
     owner.made[self.kind] = [f'{self.name}/{step}', sha[:16]]
     return out
 
   def close(self):
     for folder in filter(None, (self, self.best)):
-      with contextlib.suppress(Exception):  # not opened; or a failed save, which `settle` reports once
+      # not opened; or a failed save, which `settle` reports once
+      with contextlib.suppress(Exception):
         folder._manager.close()  # pylint: disable=protected-access
 
   def remove(self):
@@ -202,11 +223,12 @@ class Folder:
 
 
 class Checkpoints:
-  """Everything a run saves: `base` (`keep` of them kept), `model`, `best_base`, `run(r)`, `training(r, s)`;
-  `source`: --checkpoint's, whose base model the sessions are computed from. A config.json that differs
-  from the config the ledger recorded is refused (a WorkdirError): it was edited after checkpoints were saved.
-  `made`: [place, digest] of the last base state and base model saved or restored; `differences`: the
-  restored sessions' accuracies computed otherwise (sessions.py); `in_flight`: (folder, step, then)."""
+  """Everything a run saves: `base` (`keep` of them kept), `model`, `best_base`, `run(r)`,
+  `training(r, s)`; `source`: --checkpoint's, whose base model the sessions are computed from. A
+  config.json that differs from the config the ledger recorded is refused (a WorkdirError): it was
+  edited after checkpoints were saved. `made`: [place, digest] of the last base state and base model
+  saved or restored; `differences`: the restored sessions' accuracies computed otherwise
+  (sessions.py); `in_flight`: (folder, step, then)."""
 
   def __init__(self, workdir, keep=3, read_only=False, source=None):
     self.root, self.read_only, self.source = f'{workdir}/checkpoints', read_only, source
@@ -214,74 +236,83 @@ class Checkpoints:
     self.in_flight, self.differences, self._runs, self.made = [], [], {}, {}
     path = f'{workdir}/config.json'
     saved = files.read_json(path) if os.path.exists(path) else {}
-    self.config, self.keeps_ledger = workdir_lib.saved_items(saved, {}), workdir_lib.LEDGER_KEY in saved
+    self.config, self.keeps_ledger = workdir_lib.saved_items(saved, {}), 'ledger' in saved
     was = self.read()['config']
     diff = was is not None and workdir_lib.differing(was, self.config)
     if diff:
       raise files.WorkdirError(
-          f'{path} differs from the config its checkpoints were saved with, which {self.ledger} keeps '
-          f'({workdir_lib.difference_details(diff, was, self.config, path)}): restore it, or start a new run '
-          f'from it with --config {path} --workdir NEW; nothing was trained')
+          f'{path} differs from the config its checkpoints were saved with, which {self.ledger} '
+          f'keeps ({workdir_lib.difference_details(diff, was, self.config, path)}): restore it, or '
+          f'start a new run from it with --config {path} --workdir NEW; nothing was trained')
     self.base = Folder(self, 'base', 'base train state', keep, background=True)
     self.model = Folder(self, 'model', 'base model')
-    self.best_base = Folder(self, 'base_best', 'best base model', 1)  # the best on the base test images
+    # the best on the base test images
+    self.best_base = Folder(self, 'base_best', 'best base model', 1)
 
   @functools.cached_property
   def writer(self):
     return workdir_lib.writer()  # who saves and computes now
 
   def read(self):
-    """The ledger: {'config': the run's (None: an earlier version's ledger, its entries alone), 'checkpoints'};
-    a CheckpointFault naming it where it is not one a run writes."""
+    """The ledger: {'config': the run's (None: an earlier version's ledger, its entries alone),
+    'checkpoints'}; a CheckpointFault naming it where it is not one a run writes."""
     doc = files.read_json(self.ledger, CheckpointFault) if os.path.exists(self.ledger) else {}
     if isinstance(doc, dict) and 'checkpoints' not in doc:
       doc = {'config': None, 'checkpoints': doc}
     if not _well_formed(doc):
-      raise CheckpointFault(f'{self.ledger} is not a ledger of checkpoints as a run writes it (its digests and '
-                            f'identities): restore it, or move {self.root} away to train anew')
+      raise CheckpointFault(f'{self.ledger} is not a ledger of checkpoints as a run writes it (its '
+                            f'digests and identities): restore it, or move {self.root} away to '
+                            'train anew')
     return doc
 
   def lineage(self, kind):
-    """[place, digest] of the checkpoint one of `kind` is computed from, saved or restored by this run."""
+    """[place, digest] of the checkpoint one of `kind` is computed from, saved or restored by this
+    run."""
     parent = PARENT.get(kind)
     return (self.source if parent == 'model' and self.source else self).made.get(parent)
 
   def record(self, kind, rel, sha):
-    """The ledger rewritten (atomically) with the entry of checkpoint `rel` (under checkpoints/) of `kind` (its
-    digest `sha`, who writes it, its identity), and without those of checkpoints deleted (every save in flight
-    is complete)."""
+    """The ledger rewritten (atomically) with the entry of checkpoint `rel` (under checkpoints/) of
+    `kind` (its digest `sha`, who writes it, its identity), and without those of checkpoints deleted
+    (every save in flight is complete)."""
     os.makedirs(self.root, exist_ok=True)
     entries = self.read()['checkpoints']
     kept = {k: v for k, v in entries.items() if os.path.isdir(f'{self.root}/{k}')}
-    entry = {'sha256': sha, 'by': self.writer, 'config': self.config, 'as': rel, 'from': self.lineage(kind)}
-    files.atomic_write(self.ledger, json.dumps({'config': self.config, 'checkpoints': {**kept, rel: entry}}))
+    kept[rel] = {'sha256': sha, 'by': self.writer, 'config': self.config, 'as': rel,
+                 'from': self.lineage(kind)}
+    files.atomic_write(self.ledger, json.dumps({'config': self.config, 'checkpoints': kept}))
     self.made[kind] = [rel, sha[:16]]
 
   def entry(self, folder, rel):
-    """The ledger's entry of checkpoint `rel` (under checkpoints/), once its identity (the run's config, its place, the checkpoint
-    it was computed from) is checked against this run's: a CheckpointFault where it differs, or where it has
-    none in a workdir whose config.json says the ledger keeps every one; an earlier version's: a line."""
+    """The ledger's entry of checkpoint `rel` (under checkpoints/), once its identity (the run's
+    config, its place, the checkpoint it was computed from) is checked against this run's: a
+    CheckpointFault where it differs, or where it has none in a workdir whose config.json says the
+    ledger keeps every one; an earlier version's: a line."""
     path, entries = f'{self.root}/{rel}', self.read()['checkpoints']
     entry = entries.get(rel)
     if entry is None or 'as' not in entry:
       if self.keeps_ledger:
         gone = '' if os.path.exists(self.ledger) else ' (which is missing)'
-        raise CheckpointFault(f'{path} has no entry in {self.ledger}{gone}: it was not saved by this run (copied '
-                              f'in?), or its entry was removed; {self.advice(folder)}')
+        raise CheckpointFault(f'{path} has no entry in {self.ledger}{gone}: it was not saved by '
+                              'this run (copied in?), or its entry was removed; '
+                              f'{self.advice(folder)}')
       if not self.unchecked:
         self.unchecked = True
-        print(f'note: {path} (and any other checkpoint in {self.root} without an identity in {LEDGER}) was saved '
-              "by an earlier version, so it cannot be checked as this run's", flush=True)
+        print(f'note: {path} (and any other checkpoint in {self.root} without an identity in '
+              f"{LEDGER}) was saved by an earlier version, so it cannot be checked as this run's",
+              flush=True)
       return entry
     parent = entry.get('from')
-    if parent and parent[0] in entries:  # a base state still here (a session's base model: this run's below)
+    # a base state still here (a session's base model: this run's below)
+    if parent and parent[0] in entries:
       parent = [parent[0], entries[parent[0]]['sha256'][:16]]
     was = {**entry['config'], 'saved as': entry['as'], 'computed from': entry.get('from')}
     now = {**self.config, 'saved as': rel, 'computed from': self.lineage(folder.kind) or parent}
     diff = workdir_lib.differing(was, now)
     if diff:
-      what = '; '.join(f'{k}={was.get(k, workdir_lib.ABSENT)!r} there, {now.get(k, workdir_lib.ABSENT)!r} here'
-                       for k in diff[:3])
+      absent = workdir_lib.ABSENT
+      what = '; '.join(f'{k}={was.get(k, absent)!r} there, {now.get(k, absent)!r} '
+                       'here' for k in diff[:3])
       raise CheckpointFault(f'{path} was saved by another run: {what}; {self.advice(folder)}')
     return entry
 
@@ -299,7 +330,8 @@ class Checkpoints:
     return any(pathlib.Path(self.root).glob('run_*/*'))
 
   def settle(self):
-    """Waits for the saves in flight, in order, running each one's `then`: a CheckpointFault names one that failed."""
+    """Waits for the saves in flight, in order, running each one's `then`: a CheckpointFault names
+    one that failed."""
     while self.in_flight:
       folder, step, then = self.in_flight.pop(0)
       try:
@@ -319,16 +351,17 @@ class Checkpoints:
       also = f' and {folder.path[:-len("_best")]}'
     else:
       also = ''
-    return (f'delete it{also}, then run without --mode eval (a finished run\'s results.json moved away): the run '
-            'computes them again from the checkpoints before them')
+    return (f'delete it{also}, then run without --mode eval (a finished run\'s results.json moved '
+            'away): the run computes them again from the checkpoints before them')
 
   def sessions_done(self, run):
     """The sessions of `run` saved; a CheckpointError where one is missing before a later one."""
     done = self.run(run).steps()
     gaps = sorted(set(range(2, max(done, default=1) + 1)) - set(done))
     if gaps:
-      raise CheckpointError(f'{self.root}/run_{run}: sessions {done} are saved but {gaps} are missing; restore '
-                            f'them or delete the folder run_{run} to recompute that run')
+      raise CheckpointError(f'{self.root}/run_{run}: sessions {done} are saved but {gaps} are '
+                            f'missing; restore them or delete the folder run_{run} to recompute '
+                            'that run')
     return done
 
   def has_model(self):
