@@ -1,19 +1,20 @@
-"""Orbax checkpoints under <workdir>/checkpoints/: base/<step>/ (TrainState), base_best/<step>/ (base.select_on_test),
-model/0/ (phi*, BN statistics, base prototypes), run_<r>/<session>/, a joint session's training/run_<r>_session_<s>/
-(and _best/) until the session is saved; digests.json: each one's digest and who saved it, written before it and
-checked by every restore. Base states and sessions are written in the background; every read waits for them."""
-from __future__ import annotations
-
+"""Orbax checkpoints under <workdir>/checkpoints/: base/<step>/ (TrainState), base_best/<step>/
+(base.select_on_test), model/0/ (phi*, BN statistics, base prototypes), run_<r>/<session>/, a joint
+session's training/run_<r>_session_<s>/ (and _best/) until the session is saved. digests.json, the
+ledger: the config the run started with and each checkpoint's digest, writer and identity (the run's
+config, its own place, the checkpoint it was computed from), written before it and checked by every
+restore. Base states and sessions are written in the background; every read waits for them."""
 import contextlib
+import functools
 import hashlib
 import json
 import os
+import pathlib
 import re
 import shutil
 import sys
 import threading
 import weakref
-from typing import Any, Callable, Optional
 
 import jax
 import numpy as np
@@ -24,12 +25,17 @@ from f2m_jax import files
 from f2m_jax.files import CheckpointError, CheckpointFault
 from f2m_jax.run import workdir as workdir_lib
 
+# what base models of earlier versions also hold (an accuracy), read and dropped
+RECORD = 'ncm_accuracy'
+# {'config': config.json's items, 'checkpoints': {step folder under checkpoints/: entry}}
+LEDGER = 'digests.json'
+# a folder's kind: the kind of the checkpoint it is computed from
+PARENT = {'model': 'base', 'run': 'model'}
+# a session's accuracies: stats.KEYS, and acc_sessions since identities: any length
+ACCURACY = "['accuracy']"
 
-RECORD = 'ncm_accuracy'  # what base models of earlier versions also hold (an accuracy), read and dropped
-LEDGER = 'digests.json'  # {step folder relative to checkpoints/: {'sha256', 'by'}}
 
-
-def digest(tree) -> str:
+def digest(tree):
   """sha256 over each leaf's dtype, shape and bytes, in tree order."""
   h = hashlib.sha256()
   for x in map(np.ascontiguousarray, jax.tree_util.tree_leaves(tree)):
@@ -40,11 +46,12 @@ def digest(tree) -> str:
 
 @contextlib.contextmanager
 def quiet_orbax():
-  """While active, orbax speaks only through exceptions: its absl log is off, and so is tensorstore's unraisable
-  'Event loop is closed' of each write pending when a failed save's loop closed (a full disk: dozens)."""
+  """While active, orbax speaks only through exceptions: its absl log is off, and so is
+  tensorstore's unraisable 'Event loop is closed' of each write pending when a failed save's loop
+  closed (a full disk: dozens)."""
   verbosity, hook = logging.get_verbosity(), sys.unraisablehook
   logging.set_verbosity(logging.FATAL)
-  sys.unraisablehook = lambda unraisable: str(unraisable.exc_value) == 'Event loop is closed' or hook(unraisable)
+  sys.unraisablehook = lambda u: str(u.exc_value) == 'Event loop is closed' or hook(u)
   try:
     yield
   finally:
@@ -52,220 +59,315 @@ def quiet_orbax():
     sys.unraisablehook = hook
 
 
-def _cause(e: BaseException, limit: Optional[int] = None) -> str:
-  """What went wrong, as one line: the OS's reason and file where an OSError is in the chain, else the
-  exception's text without tensorstore's spec (at most `limit` characters)."""
+def _cause(e, limit=None):
+  """What went wrong, as one line: the OS's reason and file where an OSError is in the chain, else
+  the exception's text without tensorstore's spec (at most `limit` characters)."""
   seen = e
   while seen is not None:
     if isinstance(seen, OSError) and seen.strerror:
       return f'{seen.strerror} ({seen.filename})' if seen.filename else seen.strerror
     seen = seen.__cause__ or seen.__context__
   text = ' '.join(f'{type(e).__name__}: {e}'.split())
-  late = re.search(r'Barrier timed out\. Id: (\S+?)(?:::\d+)?\. .* task names:((?: [/\w:]*?\d+(?= |$))+)', text)
-  if late:  # JAX's coordination service names the processes (its tasks) that did not reach an orbax barrier
+  late = re.search(r'Barrier timed out\. Id: (\S+?)(?:::\d+)?\. .* '
+                   r'task names:((?: [/\w:]*?\d+(?= |$))+)', text)
+  # JAX's coordination service names the processes (its tasks) that did not reach an orbax barrier
+  if late:
     tasks = ', '.join(re.findall(r'(\d+)(?: |$)', late[2]))
     return f"process {tasks} did not reach orbax's barrier {late[1]} in time"
   text = re.sub(r" \[(tensorstore_spec|source locations)=.*$", '', text)
   return text if limit is None or len(text) <= limit else text[:limit] + ' ...'
 
 
-def _write_fault(what: str, path: str, e: BaseException) -> CheckpointFault:
-  blocked = files.in_the_way(path)
-  return CheckpointFault(f'cannot write the {what} checkpoint {path}: ' + (
-      blocked or f'{_cause(e)}; fix that, then rerun the same command: it resumes from the last complete checkpoint'))
+def _write_fault(what, path, e):
+  fix = (f'{_cause(e)}; fix that, then rerun the same command: it resumes from the last complete '
+         'checkpoint')
+  return CheckpointFault(f'cannot write the {what} checkpoint {path}: '
+                         f'{files.in_the_way(path) or fix}')
 
 
-# Every manager of this process that writes in the background, and a lock held through each save's synchronous
-# part: `finish_writes` takes it, then waits for the writes in flight (a process ended at a signal, stopping.py).
+# Every manager of this process that writes in the background, and a lock held through each save's
+# synchronous part: `finish_writes` takes it, then waits for the writes in flight (a process ended
+# at a signal, stopping.py).
 _BACKGROUND = weakref.WeakSet()
 _SAVING = threading.Lock()
 
 
-def finish_writes(timeout_s: float = 120.0) -> None:
+def finish_writes(timeout_s=120.0):
   """Waits for the save in progress (at most `timeout_s`) and for every background write in flight;
   keeps the saving lock, so that no save starts before the process ends."""
   _SAVING.acquire(timeout=timeout_s)  # pylint: disable=consider-using-with
   for manager in list(_BACKGROUND):
-    with contextlib.suppress(Exception):  # a closed manager, or a write that failed: nothing to wait for
+    # a closed manager, or a write that failed: nothing to wait for
+    with contextlib.suppress(Exception):
       manager.wait_until_finished()
 
 
 def _host_copy(tree):
-  """Owned host copies: a CPU array's buffer, which np.asarray can share, is donated to the next train step."""
+  """Owned host copies: a CPU array's buffer, which np.asarray can share, is donated to the next
+  train step."""
   return jax.tree_util.tree_map(lambda x: np.array(x, copy=True), tree)
 
 
-def has_base_model(workdir: str) -> bool:
+def has_base_model(workdir):
   """Whether `workdir` holds a saved base model (checkpoints/model/<step>), without opening it."""
-  folder = os.path.join(workdir, 'checkpoints', 'model')
-  return os.path.isdir(folder) and any(n.isdigit() for n in os.listdir(folder))
+  return any(p.name.isdigit() for p in pathlib.Path(workdir, 'checkpoints', 'model').glob('*'))
+
+
+def _well_formed(ledger):
+  """Whether `ledger` is one a run writes: a config and entries, each a digest and an identity (or
+  none)."""
+  entries = ledger.get('checkpoints') if isinstance(ledger, dict) else None
+  return isinstance(entries, dict) and isinstance(ledger.get('config') or {}, dict) and all(
+      isinstance(e, dict) and isinstance(e.get('sha256'), str)
+      and isinstance(e.get('config', {}), dict) for e in entries.values())
 
 
 class Folder:
-  """The steps of one kind of checkpoint, a folder under checkpoints/ opened at its first use (`keep`: the
-  steps kept, None all; `what` names step {} in messages); a joint training's `best` is beside it."""
+  """The steps of one kind of checkpoint, a folder under checkpoints/ opened at its first use
+  (`keep`: the steps kept, None all; `what` names step {} in messages); a joint training's `best` is
+  beside it. Its `kind`: base (base_best too), model, run or training/run."""
 
-  def __init__(self, owner: 'Checkpoints', name: str, what: str, keep: Optional[int] = None,
-               background: bool = False, best: Optional['Folder'] = None):
-    self.owner, self.name, self.what, self.path = owner, name, what, os.path.join(owner.root, name)
+  def __init__(self, owner, name, what, keep=None, background=False, best=None):
+    self.owner, self.name, self.what, self.path = owner, name, what, f'{owner.root}/{name}'
+    self.kind, self.keep, self.best, self._manager = name.split('_')[0], keep, best, None
     # In the background on one process only: with several, orbax's per-save barriers of concurrent
-    # managers (a member sweep saves S workdirs at once) could meet in another order on each process.
+    # managers (a member sweep saves S workdirs at once) could meet in another order on each
+    # process.
     self.background = background and not owner.read_only and jax.process_count() == 1
-    self.keep, self.best, self._manager = keep, best, None
 
-  def manager(self) -> ocp.CheckpointManager:
+  def manager(self):
     if self._manager is None:
       if os.path.lexists(self.path) and not os.path.isdir(self.path):
         raise CheckpointFault(files.in_the_way(self.path, 'checkpoint folder'))
       ro = self.owner.read_only
-      options = ocp.CheckpointManagerOptions(max_to_keep=None if ro else self.keep, create=not ro, read_only=ro,
+      options = ocp.CheckpointManagerOptions(max_to_keep=None if ro else self.keep, create=not ro,
+                                             read_only=ro,
                                              enable_async_checkpointing=self.background,
-                                             # a folder that cannot be made fails in save() itself: made in the
-                                             # background, orbax's writer threads wait 300 s for it at exit
-                                             async_options=ocp.AsyncOptions(create_directories_asynchronously=False))
+                                             # a folder that cannot be made fails in save() itself:
+                                             # made in the background, orbax's writer threads wait
+                                             # 300 s for it at exit
+                                             async_options=ocp.AsyncOptions(
+                                                 create_directories_asynchronously=False))
       try:
-        self._manager = ocp.CheckpointManager(os.path.abspath(self.path), options=options,
-                                              item_handlers=ocp.StandardCheckpointHandler())  # item_metadata: the tree
+        self._manager = ocp.CheckpointManager(  # its handler: item_metadata gives the tree
+            os.path.abspath(self.path), options=options,
+            item_handlers=ocp.StandardCheckpointHandler())
       except RuntimeError as e:  # its barrier of the processes timed out
         raise CheckpointFault(f'cannot open the checkpoint folder {self.path}: {_cause(e)}') from e
       if self.background:
         _BACKGROUND.add(self._manager)
     return self._manager
 
-  def steps(self) -> list:
+  def steps(self):
     self.owner.settle()
     return sorted(self.manager().all_steps())
 
-  def latest_step(self) -> Optional[int]:
+  def latest_step(self):
     return max(self.steps(), default=None)
 
-  def save(self, step: int, item: Any, then: Optional[Callable[[], None]] = None) -> None:
-    """Saves `item` as `step` once every earlier save is complete, its digest recorded first; `then()` once
-    it is complete (in the background where this folder writes so). A CheckpointFault where it fails."""
+  def save(self, step, item, then=None):
+    """Saves `item` as `step` once every earlier save is complete, its ledger entry written first;
+    `then()` once it is complete (in the background where this folder writes so). A CheckpointFault
+    where it fails."""
     self.owner.settle()
-    path, item = os.path.join(self.path, str(step)), _host_copy(item)
-    entry = {'sha256': digest(item), 'by': self.owner.writer}
+    item = _host_copy(item)
     try:
       with _SAVING:
-        self.owner.record(path, entry)
+        self.owner.record(self.kind, f'{self.name}/{step}', digest(item))
         self.manager().save(step, args=ocp.args.StandardSave(item), force=True)
     except Exception as e:  # pylint: disable=broad-except  (orbax raises many types)
-      raise _write_fault(self.what.format(step), path, e) from e
+      raise _write_fault(self.what.format(step), f'{self.path}/{step}', e) from e
     self.owner.in_flight.append((self, step, then))
     if not self.background:  # written already: its `then` runs now
       self.owner.settle()
 
-  def restore(self, template: Any, step: Optional[int] = None):
-    """Step `step` (None: the latest) in the shapes of `template`: a CheckpointFault naming it and what to
-    do where it cannot be read or is not what its digest says; a CheckpointError where its arrays have
-    other shapes (another network or data)."""
+  def restore(self, template, step=None):
+    """Step `step` (None: the latest) in the shapes of `template`: a CheckpointFault naming it and
+    what to do where it is another run's (`Checkpoints.entry`), cannot be read or is not what its
+    digest says; a CheckpointError where its arrays have other shapes (another network or data)."""
     step = self.latest_step() if step is None else step
-    path, what, owner = os.path.join(self.path, str(step)), self.what.format(step), self.owner
+    path, what, owner = f'{self.path}/{step}', self.what.format(step), self.owner
     owner.settle()
+    entry = owner.entry(self, f'{self.name}/{step}')
     try:
       out = self.manager().restore(step, args=ocp.args.StandardRestore(_host_copy(template)))
     except Exception as e:  # orbax raises many types for truncated or corrupt files
-      raise CheckpointFault(f'cannot restore the {what} checkpoint {path} ({_cause(e, 300)}): it is missing, '
-                            f'truncated or corrupt; {owner.advice(self, path)}') from e
+      raise CheckpointFault(f'cannot restore the {what} checkpoint {path} ({_cause(e, 300)}): it '
+                            f'is missing, truncated or corrupt; {owner.advice(self)}') from e
     other = [f'{jax.tree_util.keystr(k)} {np.shape(o)} there, {np.shape(t)} here' for (k, o), t in
              zip(jax.tree_util.tree_flatten_with_path(out)[0], jax.tree_util.tree_leaves(template))
-             if np.shape(o) != np.shape(t)]
+             if np.shape(o) != np.shape(t) and jax.tree_util.keystr(k) != ACCURACY]
     if other:  # orbax restores the saved shapes whatever the template's
-      raise CheckpointError(f'the {what} checkpoint {path} holds arrays of other shapes than this config needs '
-                            f'({"; ".join(other[:3])}): it was written for another network or data (another '
-                            'number of classes?)')
-    entry = owner.digests().get(os.path.relpath(path, owner.root))
-    if entry is not None and digest(out) != entry['sha256']:
-      raise CheckpointFault(f'the {what} checkpoint {path} is not the one saved there: the digest of its arrays '
-                            f'differs from the one {owner.ledger} recorded (its files changed, or it was copied '
-                            f'from another run); {owner.advice(self, path)}')
-    if entry is None and not owner.unchecked:
-      owner.unchecked = True
-      print(f'note: {path} (and any other checkpoint in {owner.root} without a digest in {LEDGER}) was saved by '
-            'an earlier version, so it cannot be checked', flush=True)
+      raise CheckpointError(f'the {what} checkpoint {path} holds arrays of other shapes than this '
+                            f'config needs ({"; ".join(other[:3])}): it was written for another '
+                            'network or data (another number of classes?)')
+    sha = digest(out)
+    if entry is not None and sha != entry['sha256']:
+      raise CheckpointFault(f'the {what} checkpoint {path} is not the one saved there: the digest '
+                            f'of its arrays differs from the one {owner.ledger} recorded (its '
+                            'files changed, or it was copied from another run); '
+                            f'{owner.advice(self)}')
+    owner.made[self.kind] = [f'{self.name}/{step}', sha[:16]]
     return out
 
-  def close(self) -> None:
+  def close(self):
     for folder in filter(None, (self, self.best)):
-      with contextlib.suppress(Exception):  # not opened; or a failed save, which `settle` reports once
+      # not opened; or a failed save, which `settle` reports once
+      with contextlib.suppress(Exception):
         folder._manager.close()  # pylint: disable=protected-access
 
-  def remove(self) -> None:
+  def remove(self):
     self.close()
     for folder in filter(None, (self, self.best)):
       shutil.rmtree(folder.path, ignore_errors=True)
 
 
 class Checkpoints:
-  """Everything a run saves: `base` (`keep` of them kept), `model`, `best_base`, `run(r)`, `training(r, s)`.
-  `resume`: a train-mode run, which refuses sessions it computes otherwise (sessions.restore_session, which
-  keeps what it finds in `differences`)."""
+  """Everything a run saves: `base` (`keep` of them kept), `model`, `best_base`, `run(r)`,
+  `training(r, s)`; `source`: --checkpoint's, whose base model the sessions are computed from. A
+  config.json that differs from the config the ledger recorded is refused (a WorkdirError): it was
+  edited after checkpoints were saved. `made`: [place, digest] of the last base state and base model
+  saved or restored; `differences`: the restored sessions' accuracies computed otherwise
+  (sessions.py); `in_flight`: (folder, step, then)."""
 
-  def __init__(self, workdir: str, keep: int = 3, read_only: bool = False, resume: bool = False):
-    self.root, self.read_only, self.resume = os.path.join(workdir, 'checkpoints'), read_only, resume
-    self.ledger, self.unchecked = os.path.join(self.root, LEDGER), False  # unchecked: a line said so
-    self.in_flight, self.differences, self._runs = [], [], {}  # in_flight: (folder, step, then)
-    self.writer = workdir_lib.writer()  # who saves and computes now
+  def __init__(self, workdir, keep=3, read_only=False, source=None):
+    self.root, self.read_only, self.source = f'{workdir}/checkpoints', read_only, source
+    self.ledger, self.unchecked = f'{self.root}/{LEDGER}', False  # unchecked: a line said so
+    self.in_flight, self.differences, self._runs, self.made = [], [], {}, {}
+    path = f'{workdir}/config.json'
+    saved = files.read_json(path) if os.path.exists(path) else {}
+    self.config, self.keeps_ledger = workdir_lib.saved_items(saved, {}), 'ledger' in saved
+    was = self.read()['config']
+    diff = was is not None and workdir_lib.differing(was, self.config)
+    if diff:
+      raise files.WorkdirError(
+          f'{path} differs from the config its checkpoints were saved with, which {self.ledger} '
+          f'keeps ({workdir_lib.difference_details(diff, was, self.config, path)}): restore it, or '
+          f'start a new run from it with --config {path} --workdir NEW; nothing was trained')
     self.base = Folder(self, 'base', 'base train state', keep, background=True)
     self.model = Folder(self, 'model', 'base model')
-    self.best_base = Folder(self, 'base_best', 'best base model', 1)  # the best on the base test images
+    # the best on the base test images
+    self.best_base = Folder(self, 'base_best', 'best base model', 1)
 
-  def digests(self) -> dict:
-    return files.read_json(self.ledger) if os.path.exists(self.ledger) else {}
+  @functools.cached_property
+  def writer(self):
+    return workdir_lib.writer()  # who saves and computes now
 
-  def record(self, path: str, entry: dict) -> None:
-    """The ledger rewritten (atomically) with `entry` for checkpoint `path`, and without those of checkpoints
-    deleted (every save in flight is complete: `settle`)."""
+  def read(self):
+    """The ledger: {'config': the run's (None: an earlier version's ledger, its entries alone),
+    'checkpoints'}; a CheckpointFault naming it where it is not one a run writes."""
+    doc = files.read_json(self.ledger, CheckpointFault) if os.path.exists(self.ledger) else {}
+    if isinstance(doc, dict) and 'checkpoints' not in doc:
+      doc = {'config': None, 'checkpoints': doc}
+    if not _well_formed(doc):
+      raise CheckpointFault(f'{self.ledger} is not a ledger of checkpoints as a run writes it (its '
+                            f'digests and identities): restore it, or move {self.root} away to '
+                            'train anew')
+    return doc
+
+  def lineage(self, kind):
+    """[place, digest] of the checkpoint one of `kind` is computed from, saved or restored by this
+    run."""
+    parent = PARENT.get(kind)
+    return (self.source if parent == 'model' and self.source else self).made.get(parent)
+
+  def record(self, kind, rel, sha):
+    """The ledger rewritten (atomically) with the entry of checkpoint `rel` (under checkpoints/) of
+    `kind` (its digest `sha`, who writes it, its identity), and without those of checkpoints deleted
+    (every save in flight is complete)."""
     os.makedirs(self.root, exist_ok=True)
-    kept = {k: v for k, v in self.digests().items() if os.path.isdir(os.path.join(self.root, k))}
-    files.atomic_write(self.ledger, json.dumps({**kept, os.path.relpath(path, self.root): entry}, indent=1))
+    entries = self.read()['checkpoints']
+    kept = {k: v for k, v in entries.items() if os.path.isdir(f'{self.root}/{k}')}
+    kept[rel] = {'sha256': sha, 'by': self.writer, 'config': self.config, 'as': rel,
+                 'from': self.lineage(kind)}
+    files.atomic_write(self.ledger, json.dumps({'config': self.config, 'checkpoints': kept}))
+    self.made[kind] = [rel, sha[:16]]
 
-  def run(self, run: int) -> Folder:
+  def entry(self, folder, rel):
+    """The ledger's entry of checkpoint `rel` (under checkpoints/), once its identity (the run's
+    config, its place, the checkpoint it was computed from) is checked against this run's: a
+    CheckpointFault where it differs, or where it has none in a workdir whose config.json says the
+    ledger keeps every one; an earlier version's: a line."""
+    path, entries = f'{self.root}/{rel}', self.read()['checkpoints']
+    entry = entries.get(rel)
+    if entry is None or 'as' not in entry:
+      if self.keeps_ledger:
+        gone = '' if os.path.exists(self.ledger) else ' (which is missing)'
+        raise CheckpointFault(f'{path} has no entry in {self.ledger}{gone}: it was not saved by '
+                              'this run (copied in?), or its entry was removed; '
+                              f'{self.advice(folder)}')
+      if not self.unchecked:
+        self.unchecked = True
+        print(f'note: {path} (and any other checkpoint in {self.root} without an identity in '
+              f"{LEDGER}) was saved by an earlier version, so it cannot be checked as this run's",
+              flush=True)
+      return entry
+    parent = entry.get('from')
+    # a base state still here (a session's base model: this run's below)
+    if parent and parent[0] in entries:
+      parent = [parent[0], entries[parent[0]]['sha256'][:16]]
+    was = {**entry['config'], 'saved as': entry['as'], 'computed from': entry.get('from')}
+    now = {**self.config, 'saved as': rel, 'computed from': self.lineage(folder.kind) or parent}
+    diff = workdir_lib.differing(was, now)
+    if diff:
+      absent = workdir_lib.ABSENT
+      what = '; '.join(f'{k}={was.get(k, absent)!r} there, {now.get(k, absent)!r} '
+                       'here' for k in diff[:3])
+      raise CheckpointFault(f'{path} was saved by another run: {what}; {self.advice(folder)}')
+    return entry
+
+  def run(self, run):
     if run not in self._runs:
       self._runs[run] = Folder(self, f'run_{run}', f'run {run} session {{}}', background=True)
     return self._runs[run]
 
-  def training(self, run: int, session: int) -> Folder:
+  def training(self, run, session):
     """A joint training's train states (the last kept) and its best model."""
     name, what = f'training/run_{run}_session_{session}', f'run {run} session {session} training'
     return Folder(self, name, what, 1, best=Folder(self, f'{name}_best', f'{what} best model', 1))
 
-  def any_sessions(self) -> bool:
-    return os.path.isdir(self.root) and any(n.startswith('run_') and os.path.isdir(os.path.join(self.root, n))
-                                            and os.listdir(os.path.join(self.root, n)) for n in os.listdir(self.root))
+  def any_sessions(self):
+    return any(pathlib.Path(self.root).glob('run_*/*'))
 
-  def settle(self) -> None:
-    """Waits for the saves in flight, in order, running each one's `then`: a CheckpointFault names one that failed."""
+  def settle(self):
+    """Waits for the saves in flight, in order, running each one's `then`: a CheckpointFault names
+    one that failed."""
     while self.in_flight:
       folder, step, then = self.in_flight.pop(0)
       try:
         folder.manager().wait_until_finished()
       except Exception as e:  # pylint: disable=broad-except  (orbax raises many types)
-        raise _write_fault(folder.what.format(step), os.path.join(folder.path, str(step)), e) from e
+        raise _write_fault(folder.what.format(step), f'{folder.path}/{step}', e) from e
       if then is not None:
         then()
 
-  def advice(self, folder: Folder, path: str) -> str:
+  def advice(self, folder):
     """What works where a checkpoint cannot be used: deleting it and what was computed from it."""
-    also = (f' and {self.root}/run_*' if folder.name == 'model' and self.any_sessions() else
-            f' and the later sessions in {folder.path}' if folder.name.startswith('run_') else
-            f' and {folder.path[:-len("_best")]}' if folder.name.endswith('_best') else '')
-    return (f'delete it{also}, then run without --mode eval (a finished run\'s results.json moved away): the run '
-            'computes them again from the checkpoints before them')
+    if folder.name == 'model' and self.any_sessions():
+      also = f' and {self.root}/run_*'
+    elif folder.kind == 'run':
+      also = f' and the later sessions in {folder.path}'
+    elif folder.name.endswith('_best'):
+      also = f' and {folder.path[:-len("_best")]}'
+    else:
+      also = ''
+    return (f'delete it{also}, then run without --mode eval (a finished run\'s results.json moved '
+            'away): the run computes them again from the checkpoints before them')
 
-  def sessions_done(self, run: int) -> list:
+  def sessions_done(self, run):
     """The sessions of `run` saved; a CheckpointError where one is missing before a later one."""
     done = self.run(run).steps()
     gaps = sorted(set(range(2, max(done, default=1) + 1)) - set(done))
     if gaps:
-      raise CheckpointError(f'{self.root}/run_{run}: sessions {done} are saved but {gaps} are missing; restore '
-                            f'them or delete the folder run_{run} to recompute that run')
+      raise CheckpointError(f'{self.root}/run_{run}: sessions {done} are saved but {gaps} are '
+                            f'missing; restore them or delete the folder run_{run} to recompute '
+                            'that run')
     return done
 
-  def has_model(self) -> bool:
+  def has_model(self):
     return self.model.latest_step() is not None
 
-  def restore_model(self, template) -> dict:
+  def restore_model(self, template):
     """The base model ({'params', 'batch_stats', 'prototypes'}) in the shapes of `template`."""
     if not self.has_model():
       raise CheckpointError(f'no base model checkpoint in {self.model.path}')
@@ -276,10 +378,12 @@ class Checkpoints:
     model.pop(RECORD, None)
     return model
 
-  def close(self) -> None:
-    """Waits for the saves in flight (`settle`), then releases the managers."""
+  def close(self):
+    """Waits for the saves in flight (`settle`), then releases the managers (and the source's)."""
     try:
       self.settle()
     finally:
       for folder in [self.base, self.model, self.best_base, *self._runs.values()]:
         folder.close()
+      if self.source is not None:
+        self.source.close()

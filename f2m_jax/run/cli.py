@@ -172,7 +172,7 @@ def load_config(spec: str) -> ml_collections.ConfigDict:
                      + (f' (configs in {folder}/: {", ".join(options)})' if options else ''))
   try:
     if path.endswith('.json'):
-      return ml_collections.ConfigDict(workdir_lib.recorded_config(path, registry.method_sections()))
+      return ml_collections.ConfigDict(workdir_lib.recorded_config(path))
     module_spec = importlib.util.spec_from_file_location('_f2m_config', os.path.abspath(path))
     module = importlib.util.module_from_spec(module_spec)
     module_spec.loader.exec_module(module)

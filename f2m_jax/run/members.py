@@ -12,7 +12,6 @@ import ml_collections
 
 from f2m_jax import evaluation
 from f2m_jax import files
-from f2m_jax import registry
 from f2m_jax import stats
 from f2m_jax import train_loop
 from f2m_jax.data import sources
@@ -135,7 +134,7 @@ def train_members(exps: list, records: list, dirs: list, hook: Hook) -> None:
   ckpts, logs, locks = [], [], []
   try:
     for d, e, r in zip(dirs, exps, records):
-      locks.append(workdir_lib.prepare(d, r.to_dict(), registry.method_sections()))
+      locks.append(workdir_lib.prepare(d, r.to_dict()))
       ckpts.append(Checkpoints(d))
       logs.append(workdir_lib.MetricsLog(d, tensorboard=e.config.tensorboard))
     if not all(ck.has_model() for ck in ckpts):

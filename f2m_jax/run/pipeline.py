@@ -1,12 +1,10 @@
-"""A whole run of any method (f2m_jax/methods): session 1, R runs of the later sessions, results; and
-the flatness of a base model. Rerunning on the same workdir continues from the last checkpoint."""
-from __future__ import annotations
-
+"""A whole run of any method (f2m_jax/methods): session 1, R runs of the later sessions, results;
+and the flatness of a base model. Rerunning on the same workdir continues from the last checkpoint.
+"""
 import contextlib
 import json
 import os
 import time
-from typing import Optional
 
 import ml_collections
 import numpy as np
@@ -18,22 +16,21 @@ from f2m_jax import registry
 from f2m_jax import validation
 from f2m_jax.data import protocol as protocol_lib
 from f2m_jax.data import sources
-from f2m_jax.experiment import Experiment, Hook
+from f2m_jax.experiment import Experiment
 from f2m_jax.files import CheckpointError
 from f2m_jax.methods import common
 from f2m_jax.run import backend
-from f2m_jax.run import checkpoint as checkpoint_lib
 from f2m_jax.run import memory
 from f2m_jax.run import workdir as workdir_lib
-from f2m_jax.run.checkpoint import Checkpoints
+from f2m_jax.run.checkpoint import Checkpoints, has_base_model
 from f2m_jax.sessions import run_sessions
 from f2m_jax.train_loop import selection_info
 
 
-def resolve(config: ml_collections.ConfigDict, changes: Optional[dict] = None,
-            reads_data: bool = True) -> ml_collections.ConfigDict:
-  """The config a run runs: `effective` with each 'auto' resolved here (backend.resolve), every value checked
-  (validation.py, the method's `validate`), with `reads_data` the data folder and memory (memory.py) too."""
+def resolve(config, changes=None, reads_data=True):
+  """The config a run runs: `effective` with each 'auto' resolved here (backend.resolve), every
+  value checked (validation.py, the method's `validate`), with `reads_data` the data folder and
+  memory (memory.py) too."""
   config = backend.resolve(effective(config, changes))
   validation.validate(config)
   method = registry.get(config.method)
@@ -45,235 +42,267 @@ def resolve(config: ml_collections.ConfigDict, changes: Optional[dict] = None,
   return config
 
 
-def effective(config: ml_collections.ConfigDict, changes: Optional[dict] = None) -> ml_collections.ConfigDict:
-  """The config as config.json records it: the method's presets over its values but `changes` (the command
-  line's), base.shots=0 resolved (protocol.sampler_shots), each 'auto' kept for the backend that runs it."""
+def effective(config, changes=None):
+  """The config as config.json records it: the method's presets over its values but `changes` (the
+  command line's), base.shots=0 resolved (protocol.sampler_shots), each 'auto' kept for the backend
+  that runs it."""
   config = ml_collections.ConfigDict(config.to_dict())
-  presets = registry.get(config.method).presets  # not over the user's values: those are validated as any other
+  # not over the user's values: those are validated as any other
+  presets = registry.get(config.method).presets
   config.update_from_flattened_dict({k: v for k, v in presets.items() if k not in (changes or {})})
   b = config.base
   b.shots = protocol_lib.sampler_shots(b.sampler, b.batch_size, b.ways, b.shots)
   return config
 
 
-def checked(config: ml_collections.ConfigDict, workdir: str, checkpoint: Optional[str], origin: Optional[dict]):
-  """(the effective config, `resolve`'s) once the workdir's config.json (with --checkpoint), then every
-  value, are checked. `origin`: as `run`'s."""
+def checked(config, workdir, checkpoint, origin):
+  """(the effective config, `resolve`'s) once the workdir's config.json (with --checkpoint), then
+  every value, are checked. `origin`: as `run`'s."""
   changes = (origin or {}).get('changes')
   record = effective(config, changes)
-  workdir_lib.check_record(workdir, record.to_dict(), registry.method_sections(),
-                           {'path': os.path.abspath(checkpoint)} if checkpoint else None)
+  workdir_lib.check_record(workdir, record.to_dict(),
+                           checkpoint and {'path': os.path.abspath(checkpoint)})
   return record, resolve(record, changes)
 
 
-def run(config: ml_collections.ConfigDict, workdir: str, mode: str = 'train',
-        checkpoint: Optional[str] = None, hook: Hook = None, origin: Optional[dict] = None) -> dict:
-  """Trains (or, mode='eval', only restores) and writes results.json / results.csv; returns results. Every
-  check comes before anything is written, then the workdir is held (Lock); a finished one is not trained
-  again. `origin` ({'config', 'changes'}, cli.py) decides which presets apply and goes into the provenance."""
+def run(config, workdir, mode='train', checkpoint=None, hook=None, origin=None):
+  """Trains (or, mode='eval', only restores) and writes results.json / results.csv; returns results.
+  Every check comes before anything is written, then the workdir is held (Lock); a finished one is
+  not trained again. `origin` ({'config', 'changes'}, cli.py) decides which presets apply and goes
+  into the provenance."""
   record, config = checked(config, workdir, checkpoint, origin)
-  if mode == 'eval' and not os.path.exists(os.path.join(workdir, 'config.json')):
-    raise CheckpointError(f'nothing to evaluate: {workdir} holds no run (no config.json); train it first '
-                          '(without --mode eval)')
-  results_json = os.path.join(workdir, 'results.json')
-  if os.path.exists(results_json):
-    files.read_json(results_json)  # one that is not JSON is named before any work
+  if mode == 'eval' and not os.path.exists(f'{workdir}/config.json'):
+    raise CheckpointError(f'nothing to evaluate: {workdir} holds no run (no config.json); train it '
+                          'first (without --mode eval)')
+  path = f'{workdir}/results.json'
+  # one that is not JSON named before any work
+  saved = files.read_json(path) if os.path.exists(path) else None
   exp = check(config, sources.load_benchmark(config))
-  base_source = source(checkpoint, exp) if checkpoint else None
+  base_source = checkpoint and source(checkpoint, exp)
   writes = workdir_lib.writes_into(workdir, mode)  # a read-only finished run is evaluated too
-  with contextlib.closing(workdir_lib.prepare(workdir, record.to_dict(), registry.method_sections(),
-                                              base_source=base_source, writes=writes)):
-    if mode == 'train' and os.path.exists(results_json):  # finished: nothing rewritten but a lost results.csv
-      saved, lost = files.read_json(results_json), not os.path.exists(os.path.join(workdir, 'results.csv'))
+  lock = workdir_lib.prepare(workdir, record.to_dict(), base_source=base_source, writes=writes)
+  with contextlib.closing(lock):
+    if mode == 'train' and saved is not None:  # finished: nothing rewritten but a lost results.csv
+      lost = not os.path.exists(f'{workdir}/results.csv')
       if lost:
         workdir_lib.write_results(workdir, 'results', evaluation.results_rows(saved))
       written = saved.get('provenance', {}).get('time', 'earlier')
-      print(f'{workdir} is already complete ({results_json}, written {written}): nothing was recomputed or '
-            'rewritten' + ('; results.csv was missing and was written again from it' if lost else '')
-            + '; --mode eval recomputes it from the checkpoints and compares', flush=True)
+      again = '; results.csv was missing and was written again from it' * lost
+      print(f'{workdir} is already complete ({path}, written {written}): nothing was recomputed or '
+            f'rewritten{again}; --mode eval recomputes it from the checkpoints and compares',
+            flush=True)
       return saved
     results = compute(exp, record, workdir, mode, checkpoint, base_source, hook, origin, writes)
     print(write_outputs(workdir, results, mode, writes), flush=True)
     return results
 
 
-def check(config: ml_collections.ConfigDict, bench) -> Experiment:
+def check(config, bench):
   """The run's Experiment, once the network, its noise set and the data's limits are checked."""
   exp = Experiment.create(config, bench)
   validation.check_benchmark(exp)
   return exp
 
 
-def source_config(checkpoint: str, config: ml_collections.ConfigDict) -> Optional[dict]:
-  """--checkpoint W checked before anything is written (by a dry run too): the config W records (None
-  without config.json); a CheckpointError where W holds no base model, or one of another network."""
-  if not checkpoint_lib.has_base_model(checkpoint):
-    raise CheckpointError(f'--checkpoint {checkpoint} holds no base model ({checkpoint}/checkpoints/model is '
-                          'missing): pass a workdir that holds a trained one, or drop --checkpoint to train one here')
-  path = os.path.join(checkpoint, 'config.json')
-  saved = workdir_lib.recorded_config(path, registry.method_sections()) if os.path.exists(path) else None
-  diff = [f'model.{k}={saved["model"][k]!r} there, {config.model[k]!r} here' for k in ('arch', 'width', 'head')
+def source_config(checkpoint, config):
+  """--checkpoint W checked before anything is written (by a dry run too): the config W records
+  (None without config.json); a CheckpointError where W holds no base model, or one of another
+  network."""
+  if not has_base_model(checkpoint):
+    raise CheckpointError(f'--checkpoint {checkpoint} holds no base model '
+                          f'({checkpoint}/checkpoints/model is missing): pass a workdir that holds '
+                          'a trained one, or drop --checkpoint to train one here')
+  path = f'{checkpoint}/config.json'
+  saved = workdir_lib.recorded_config(path) if os.path.exists(path) else None
+  diff = [f'model.{k}={saved["model"][k]!r} there, {config.model[k]!r} here'
+          for k in ('arch', 'width', 'head')
           if saved and saved['model'][k] != config.model[k]]
   if diff:
-    raise CheckpointError(f'--checkpoint {checkpoint} holds another network than method={config.method} builds '
-                          f'({"; ".join(diff)}): set these fields to the values there, or drop --checkpoint')
+    raise CheckpointError(f'--checkpoint {checkpoint} holds another network than '
+                          f'method={config.method} builds ({"; ".join(diff)}): set these fields to '
+                          'the values there, or drop --checkpoint')
   return saved
 
 
-def source(checkpoint: str, exp: Experiment) -> dict:
-  """--checkpoint W's base model, checked (`source_config`, then restored) and described for the provenance:
-  W's path, method, config differences from this run's, selection, commit, a `note` where W's method differs."""
-  saved, ours, method = source_config(checkpoint, exp.config), exp.config.to_dict(), exp.config.method
+def source(checkpoint, exp):
+  """--checkpoint W's base model, checked (`source_config`, then restored) and described for the
+  provenance: W's path, method, config differences from this run's, selection, commit, a `note`
+  where W's method differs."""
+  saved, ours = source_config(checkpoint, exp.config), exp.config.to_dict()
   out = {'path': os.path.abspath(checkpoint), 'method': None, 'differences': None, 'commit': None}
   with contextlib.closing(Checkpoints(checkpoint, read_only=True)) as ckpts:
     ckpts.restore_model(common.model_template(exp))
     if saved is not None:
       there, here = workdir_lib.flat_items(saved), workdir_lib.flat_items(ours)
-      fields = workdir_lib.config_differences(saved, ours, method_sections=registry.method_sections())
-      out.update(method=saved.get('method'), differences={k: [there.get(k), here.get(k)] for k in fields},
-                 selection=selection_info(ml_collections.ConfigDict(saved), ckpts))  # the source's own steps
-  results = os.path.join(checkpoint, 'results.json')
+      fields = workdir_lib.config_differences(saved, ours)
+      selection = selection_info(ml_collections.ConfigDict(saved), ckpts)  # the source's own steps
+      out.update(method=saved['method'], selection=selection,
+                 differences={k: [there.get(k), here.get(k)] for k in fields})
+  results = f'{checkpoint}/results.json'
   if os.path.exists(results):
     git = (files.read_json(results).get('provenance') or {}).get('git') or {}
     out.update(commit=git.get('commit'), dirty=git.get('dirty'))
-  if out['method'] and out['method'] != method:
-    out['note'] = f'{method} sessions on a base model trained by {out["method"]}'
+  if out['method'] not in (None, ours['method']):
+    out['note'] = f'{ours["method"]} sessions on a base model trained by {out["method"]}'
   return out
 
 
-def compute(exp: Experiment, record, workdir: str, mode: str, checkpoint: Optional[str],
-            base_source: Optional[dict], hook: Hook, origin: Optional[dict], writes: bool = True) -> dict:
-  """`run`'s work once the checks passed: session 1 and every run's sessions through the method, then the
-  results (not yet written). `record`: the effective config. `writes` False: a read-only workdir's eval."""
+def compute(exp, record, workdir, mode, checkpoint, base_source, hook, origin, writes=True):
+  """`run`'s work once the checks passed: session 1 and every run's sessions through the method,
+  then the results with their provenance (not yet written). `record`: the effective config; `writes`
+  False: a read-only workdir's eval."""
   config, bench = exp.config, exp.bench
   log = workdir_lib.MetricsLog(workdir, tensorboard=config.tensorboard, writes=writes)
-  ckpts = Checkpoints(workdir, read_only=not writes, resume=mode == 'train')
-  source = Checkpoints(checkpoint, read_only=True) if checkpoint else None
-  if source is None and not ckpts.has_model() and (mode == 'eval' or ckpts.any_sessions()):
-    raise CheckpointError(f'{ckpts.root}/model has no base model checkpoint (deleted?) although this workdir '
-                          'is meant to hold one; restore it, pass --checkpoint WORKDIR, or use a new --workdir')
+  source = checkpoint and Checkpoints(checkpoint, read_only=True)
+  ckpts = Checkpoints(workdir, read_only=not writes, source=source)  # closing it closes the source
+  if not (source or ckpts.has_model()) and (mode == 'eval' or ckpts.any_sessions()):
+    raise CheckpointError(f'{ckpts.root}/model has no base model checkpoint (deleted?) although '
+                          'this workdir is meant to hold one; restore it, pass --checkpoint '
+                          'WORKDIR, or use a new --workdir')
+  # the start line, and the choices made otherwise than last time
   lines = [start_line(config, bench, workdir, mode, ckpts, base_source, origin),
-           backend.moved((log.invocations or [{}])[-1], config)]  # and the choices made otherwise than last time
+           backend.moved((log.invocations or [{}])[-1], config)]
   print('\n'.join(filter(None, lines)), flush=True)
-  earlier = [round(i['end'] - i['time'], 1) for i in log.invocations if mode == 'train' and i.get('mode') == mode]
+  earlier = [round(i['end'] - i['time'], 1) for i in log.invocations
+             if mode == 'train' == i.get('mode')]
   log.start(mode, **backend.record(config))
   t0, method = time.time(), registry.get(config.method)
-  with contextlib.closing(log), contextlib.closing(ckpts):  # also when stopped: the background saves complete
+  # also when stopped: the background saves complete
+  with contextlib.closing(log), contextlib.closing(ckpts):
     first = method.first_session(exp, ckpts, log, source, hook)
     runner = method.runner(exp, first, ckpts, source, log)
     per_run, norms = run_sessions(exp, runner, ckpts, log, train=(mode != 'eval'), hook=hook)
-    base_info = dict((base_source or {}).get('selection') or selection_info(config, source or ckpts))
+    base_info = (base_source or {}).get('selection') or selection_info(config, source or ckpts)
   wall = round(time.time() - t0, 1)
-  results = results_document(exp, per_run, norms, base_info, ckpts.differences + (source.differences if source else []))
-  results['provenance'] = workdir_lib.provenance(  # the config as config.json has it; `choices`: each 'auto' here
-      record.to_dict(), origin, choices=backend.used(config), wall_time_s=round(sum(earlier) + wall, 1),
-      invocation_times_s=earlier + [wall], shots=results.pop('shots'), base_source=base_source)
-  log.write(phase='done', mode=mode, wall_time_s=wall, base_checkpoint=(base_source or {}).get('path'))
+  results, digest = results_document(exp, per_run, norms, base_info, ckpts.differences)
+  # the config as config.json has it; `choices`: what each 'auto' became here
+  results['provenance'] = workdir_lib.provenance(
+      record.to_dict(), origin, choices=backend.used(config),
+      wall_time_s=round(sum(earlier) + wall, 1), invocation_times_s=earlier + [wall],
+      shots=digest, base_source=base_source)
+  log.write(phase='done', mode=mode, wall_time_s=wall,
+            base_checkpoint=(base_source or {}).get('path'))
   return results
 
 
-def results_document(exp: Experiment, per_run: list, norms: list, base_info: dict, differences: list) -> dict:
-  """results.json's contents but the provenance (`shots`: the draws' digest, for it): every session's
-  statistics, the base model's selection, and the restored accuracies computed otherwise than saved."""
-  config, bench = exp.config, exp.bench
-  draws = protocol_lib.shot_draws(bench, config.data.protocol, config.data.shots, config.seed, config.runs)
-  results = evaluation.build_results(bench.name, config.method, config.data.protocol,
-                                     [bench.num_seen_classes(t) for t in range(1, bench.num_sessions + 1)],
-                                     per_run, norms if all(n is not None for n in norms) else None,
+def results_document(exp, per_run, norms, base_info, differences):
+  """results.json's contents but the provenance, and the digest of the runs' shots (for it): every
+  session's statistics, the base model's selection, and the restored sessions' accuracies computed
+  otherwise than saved (sessions.restore_session's)."""
+  config, bench, data = exp.config, exp.bench, exp.config.data
+  draws = protocol_lib.shot_draws(bench, data.protocol, data.shots, config.seed, config.runs)
+  seen = [bench.num_seen_classes(t) for t in range(1, bench.num_sessions + 1)]
+  results = evaluation.build_results(bench.name, config.method, data.protocol, seen, per_run,
+                                     norms if all(n is not None for n in norms) else None,
                                      same_shots=draws['same'])
-  results['base_model'] = base_info
-  if differences:  # Checkpoints.compare
+  results['base_model'] = dict(base_info)
+  if differences:
     results['checkpoint_differences'] = differences
-  return {**results, 'shots': draws['digest']}
+  return results, draws['digest']
 
 
-def start_line(config, bench, workdir: str, mode: str, ckpts: Checkpoints, base_source: Optional[dict],
-               origin: Optional[dict]) -> str:
-  """The line before any work: what runs, on which devices, into which workdir, from which base model."""
+def start_line(config, bench, workdir, mode, ckpts, base_source, origin):
+  """The line before any work: what runs, on which devices, into which workdir, from which base
+  model."""
   if base_source:
-    base = f'base model from --checkpoint {base_source["path"]}' + (f' ({base_source["note"]})'
-                                                                    if base_source.get('note') else '')
+    base = f'base model from --checkpoint {base_source["path"]}'
+    if 'note' in base_source:
+      base += f' ({base_source["note"]})'
   elif ckpts.has_model():
     base = 'base model restored from this workdir'
   else:  # a resumed one says so when it starts (train_loop)
     base = f'base training {base_budget(config)}'
   done = sum(len(ckpts.sessions_done(r)) for r in range(config.runs)) if ckpts.any_sessions() else 0
-  sessions = f'{config.runs} runs x {bench.num_sessions - 1} sessions' + (f' ({done} restored)' if done else '')
-  return (f'f2m-jax {mode}: {_what(config, origin)} on {backend.devices()}; workdir {workdir}; {base}; '
-          f'then {sessions}')
+  restored = f' ({done} restored)' * bool(done)
+  sessions = f'{config.runs} runs x {bench.num_sessions - 1} sessions{restored}'
+  return (f'f2m-jax {mode}: {_what(config, origin)} on {backend.devices()}; workdir {workdir}; '
+          f'{base}; then {sessions}')
 
 
-def base_budget(config) -> str:
+def base_budget(config):
   """'S steps of B (sampler), lr L[, M=.., b=..]': the base training `config` asks for."""
   b, noise = config.base, config.noise
   batch = b.ways * b.shots if b.sampler == 'balanced' else b.batch_size
-  return f'{b.steps} steps of {batch} ({b.sampler}), lr {b.lr:g}' + (f', M={noise.M}, b={noise.bound:g}'
-                                                                     if noise.enabled else '')
+  noisy = f', M={noise.M}, b={noise.bound:g}' * noise.enabled
+  return f'{b.steps} steps of {batch} ({b.sampler}), lr {b.lr:g}{noisy}'
 
-
-def _what(config, origin: Optional[dict]) -> str:
+def _what(config, origin):
   """The --config argument and its changes, and the method (and a sweep's member: its seed)."""
   if not (origin or {}).get('config'):
     return f'method={config.method}'
-  changes = origin.get('changes') or {}
-  member = f', sweep member {origin["sweep_member"]}, seed {config.seed}' if 'sweep_member' in origin else ''
-  return (origin['config'] + (' with ' + ', '.join(f'{k}={v!r}' for k, v in changes.items()) if changes else '')
-          + f' (method {config.method}{member})')
+  changes = ', '.join(f'{k}={v!r}' for k, v in (origin.get('changes') or {}).items())
+  member = ''
+  if 'sweep_member' in origin:
+    member = f', sweep member {origin["sweep_member"]}, seed {config.seed}'
+  with_changes = f' with {changes}' * bool(changes)
+  return f'{origin["config"]}{with_changes} (method {config.method}{member})'
+
+def unused(workdir, name):
+  """`name`, or where <workdir>/<name>.json exists, `name` with the time appended: a new file's
+  name."""
+  return name + time.strftime('_%Y%m%d-%H%M%S') * os.path.exists(f'{workdir}/{name}.json')
 
 
-def write_outputs(workdir: str, results: dict, mode: str, writes: bool = True) -> str:
-  """results.json/csv; returns a line saying what was compared and written. In eval mode a difference
-  goes to a new results_eval.json; a read-only workdir (`writes` False) gets the JSON on stdout instead."""
-  path, name, line = os.path.join(workdir, 'results.json'), 'results', 'no results.json to compare with'
+def write_outputs(workdir, results, mode, writes=True):
+  """results.json/csv; returns a line saying what was compared and written. In eval mode a
+  difference goes to a new results_eval.json; a read-only workdir (`writes` False) gets the JSON on
+  stdout instead."""
+  path, name, line = f'{workdir}/results.json', 'results', 'no results.json to compare with'
   if mode == 'eval' and os.path.exists(path):
     saved, new = files.read_json(path), json.loads(json.dumps(results))
     # when and where differ, nothing else may; keys a results.json of an earlier version lacks
     # (accuracy_matrix) are not compared
-    differ = sorted(k for k in saved if k != 'provenance' and saved[k] != new.get(k, workdir_lib.ABSENT))
+    differ = sorted(k for k in saved
+                    if k != 'provenance' and saved[k] != new.get(k, workdir_lib.ABSENT))
     if not differ:
-      return (f'evaluation reproduced {path} exactly (every run and session computed again from its checkpoint); '
-              'results.json unchanged, nothing written' + (' but its lines in metrics.jsonl' if writes else ''))
+      but = ' but its lines in metrics.jsonl' * writes
+      return (f'evaluation reproduced {path} exactly (every run and session computed again from '
+              f'its checkpoint); results.json unchanged, nothing written{but}')
     line = f'evaluation differs from {path} in {", ".join(differ)}'
-    name = 'results_eval' + (time.strftime('_%Y%m%d-%H%M%S') if os.path.exists(f'{workdir}/results_eval.json') else '')
+    name = unused(workdir, 'results_eval')
   if not writes:
-    return f'{line}; {workdir} is read-only, so the results follow as JSON:\n{json.dumps(results, indent=1)}'
+    shown = json.dumps(results, indent=1)
+    return f'{line}; {workdir} is read-only, so the results follow as JSON:\n{shown}'
   workdir_lib.write_results(workdir, name, evaluation.results_rows(results), results)
-  return (f'results written to {path} and results.csv' if mode != 'eval' else f'{line}; wrote {name}.json and '
-          f'{name}.csv' + (' beside it (results.json unchanged)' if name != 'results' else ''))
+  if mode != 'eval':
+    return f'results written to {path} and results.csv'
+  beside = ' beside it (results.json unchanged)' * (name != 'results')
+  return f'{line}; wrote {name}.json and {name}.csv{beside}'
 
 
-def run_flatness(config: ml_collections.ConfigDict, workdir: str, checkpoint: Optional[str] = None,
-                 origin: Optional[dict] = None) -> dict:
-  """--mode flatness: I and sigma^2 of the base loss around the base model of `workdir` (or `checkpoint`),
-  into flatness.json."""
+def run_flatness(config, workdir, checkpoint=None, origin=None):
+  """--mode flatness: I and sigma^2 of the base loss around the base model of `workdir` (or
+  `checkpoint`), into flatness.json."""
   record, config = checked(config, workdir, checkpoint, origin)
   workdir_lib.check_folders(workdir)
-  bench, f, source = sources.load_benchmark(config), config.flatness, checkpoint or workdir
+  bench, f, noise = sources.load_benchmark(config), config.flatness, config.noise
+  source = checkpoint or workdir
   exp = Experiment.create(config, bench)
-  bound = f.bound if f.bound >= 0 else config.noise.bound
-  print(f'f2m-jax flatness: {_what(config, origin)} on {backend.devices()}; base model of {source}; '
-        f'{f.num_draws} draws at bound {bound:g} on the base training and test images (at most '
-        f'{f.max_images or "all"} each); writes {workdir}/flatness.json', flush=True)
-  model = Checkpoints(source, read_only=True).restore_model(common.model_template(exp))
+  bound = f.bound if f.bound >= 0 else noise.bound
+  print(f'f2m-jax flatness: {_what(config, origin)} on {backend.devices()}; base model of '
+        f'{source}; {f.num_draws} draws at bound {bound:g} on the base training and test images '
+        f'(at most {f.max_images or "all"} each); writes {workdir}/flatness.json', flush=True)
+  with contextlib.closing(Checkpoints(source, read_only=True)) as ckpts:
+    model = ckpts.restore_model(common.model_template(exp))
   variables = {k: model[k] for k in ('params', 'batch_stats')}
   rng = np.random.default_rng([config.seed, 5])
-  out = {'bound': bound, 'distribution': config.noise.distribution, 'num_layers': config.noise.num_layers,
+  out = {'bound': bound, 'distribution': noise.distribution, 'num_layers': noise.num_layers,
          'checkpoint': os.path.abspath(source),
-         'provenance': workdir_lib.provenance(record.to_dict(), origin, choices=backend.used(config))}
+         'provenance': workdir_lib.provenance(record.to_dict(), origin,
+                                              choices=backend.used(config))}
   for name, split, idx in (('train', bench.train, bench.base_train),
                            ('test', bench.test, protocol_lib.test_indices(bench, 1))):
     if f.max_images and len(idx) > f.max_images:
       idx = np.sort(rng.choice(idx, f.max_images, replace=False))
     clean, losses = flatness.noisy_losses(
-        exp.model, variables, split.images[idx], split.labels[idx], exp.noise_paths, exp.split, bound,
-        config.noise.distribution, f.num_draws, f.chunk, exp.key(3), bench.mean, bench.std,
+        exp.model, variables, split.images[idx], split.labels[idx], exp.noise_paths, exp.split,
+        bound, noise.distribution, f.num_draws, f.chunk, exp.key(3), bench.mean, bench.std,
         config.eval.batch_size, progress=f'flatness on {name} ({len(idx):,} images)')
-    out[name] = {**flatness.flatness_stats(clean, losses), 'num_images': int(len(idx))}
+    out[name] = {**flatness.flatness_stats(clean, losses), 'num_images': len(idx)}
     print(f'flatness on {name} ({len(idx)} images, {f.num_draws} draws): L*={clean:.4f} '
           f'I={out[name]["I"]:.3e} sigma^2={out[name]["sigma2"]:.3e}', flush=True)
   os.makedirs(workdir, exist_ok=True)
-  stamp = time.strftime('_%Y%m%d-%H%M%S') if os.path.exists(os.path.join(workdir, 'flatness.json')) else ''
-  path = os.path.join(workdir, f'flatness{stamp}.json')
+  path = f'{workdir}/{unused(workdir, "flatness")}.json'
   files.atomic_write(path, json.dumps(out, indent=2))
   print(f'wrote {path}', flush=True)
   return out
