@@ -66,7 +66,7 @@ def run_mode(config, workdir: str, mode: str, checkpoint, origin, hook) -> int:
     if not isinstance(e, MemoryError) and 'RESOURCE_EXHAUSTED' not in str(e):
       raise
     return message(f"error: out of memory ({str(e).splitlines()[0] if str(e) else 'MemoryError'}): "
-                   f"{memory.advice(pipeline.effective(config, (origin or {}).get('changes')))}", 3)
+                   f"{memory.advice(pipeline.effective(config, (origin or {}).get('changes')), e)}", 3)
 
 
 def dispatch(config, workdir: str, mode: str, checkpoint, origin, hook) -> None:

@@ -41,7 +41,7 @@ def resolve(config: ml_collections.ConfigDict, changes: Optional[dict] = None,
     method.validate(config)
   if reads_data:
     validation.check_data_folder(config)
-    memory.check(config)
+    memory.check(config, *memory.generated(config))
   return config
 
 
@@ -78,7 +78,8 @@ def run(config: ml_collections.ConfigDict, workdir: str, mode: str = 'train',
   results_json = os.path.join(workdir, 'results.json')
   if os.path.exists(results_json):
     files.read_json(results_json)  # one that is not JSON is named before any work
-  exp = check(config, sources.load_benchmark(config))
+  trains = mode == 'train' and not checkpoint and not checkpoint_lib.has_base_model(workdir)
+  exp = check(config, sources.load_benchmark(config), int(trains))
   base_source = source(checkpoint, exp) if checkpoint else None
   writes = workdir_lib.writes_into(workdir, mode)  # a read-only finished run is evaluated too
   with contextlib.closing(workdir_lib.prepare(workdir, record.to_dict(), registry.method_sections(),
@@ -97,10 +98,12 @@ def run(config: ml_collections.ConfigDict, workdir: str, mode: str = 'train',
     return results
 
 
-def check(config: ml_collections.ConfigDict, bench) -> Experiment:
-  """The run's Experiment, once the network, its noise set and the data's limits are checked."""
+def check(config: ml_collections.ConfigDict, bench, members: int = 0) -> Experiment:
+  """The run's Experiment, once the network, its noise set, the data's limits and the memory of its programs
+  (memory.py; `members` > 0: its base step of that many members too) are checked."""
   exp = Experiment.create(config, bench)
   validation.check_benchmark(exp)
+  memory.check(config, *memory.programs(exp, members), compiled=True)
   return exp
 
 
