@@ -1,10 +1,12 @@
-"""run.py's command line (absl flags; --config through ml_collections' config_flags, locked), and what it
-does per --mode: user errors are one clear line and exit code 2, faults of the records (a checkpoint that
-cannot be read or written, a diverged training, a file system error, memory) one line and exit code 3."""
+"""run.py's command line (absl flags; --config through ml_collections' config_flags, locked), and
+what it does per --mode: user errors are one clear line and exit code 2; faults of the records (a
+checkpoint that cannot be read or written, a diverged training, a file system error, memory) one
+line and exit code 3."""
 from __future__ import annotations
 
 import contextlib
 import difflib
+import glob
 import os
 import re
 import sys
@@ -27,26 +29,30 @@ from f2m_jax.run.stopping import message
 
 def main(config, workdir: str, mode: str, checkpoint=None, origin=None, dry_run: bool = False,
          time_step: bool = False) -> int:
-  """Runs `mode`. `origin` ({'config', 'changes'}: the --config argument and the command line's overrides)
-  is what the user changed: no method's presets replace those fields, and it goes into the records."""
+  """Runs `mode`. `origin` ({'config', 'changes'}: the --config argument and the command line's
+  overrides) is what the user changed: no method's presets replace those fields, and it goes into
+  the records."""
+  at_once = f'--mode {mode}'  # a mode that saves nothing: a signal ends it at once
   if dry_run:
-    mode = 'time_step' if time_step else 'dry_run'
-  at_once = {'train': '', 'eval': '', 'dry_run': '--dry-run', 'time_step': '--dry-run'}.get(mode, f'--mode {mode}')
+    at_once, mode = '--dry-run', 'time_step' if time_step else 'dry_run'
+  elif mode in ('train', 'eval'):
+    at_once = ''
   with quiet_orbax(), stopping.Stop(at_once and f'{at_once} saves nothing: rerun the same command',
-                                    Interrupted) as stop:  # a signal ends a mode that saves nothing at once
+                                    Interrupted) as stop:
     return stop.exit(run_mode(config, workdir, mode, checkpoint, origin, stop.hook))
 
 
 def run_mode(config, workdir: str, mode: str, checkpoint, origin, hook) -> int:
-  """`main`'s work: the mode (`dispatch`), with errors as one line and exit codes (2 user error; 3 training
-  stopped, a checkpoint that cannot be read back or written, a file system error, memory; 130 interrupted)."""
+  """`main`'s work: the mode (`dispatch`), with errors as one line and exit codes (2 user error;
+  3 training stopped, a checkpoint that cannot be read back or written, a file system error, memory;
+  130 interrupted)."""
   try:
     sharding.maybe_initialize_distributed(config.get('distributed', False))
-    if mode in ('train', 'eval', 'flatness'):  # bench and a dry run write nothing, compiled programs included
+    if mode in ('train', 'eval', 'flatness'):  # bench and a dry run write nothing, programs neither
       enable_compilation_cache(config)
     dispatch(config, workdir, mode, checkpoint, origin, hook)
     return 0
-  except (ValueError, FileNotFoundError, CheckpointError, WorkdirError) as e:  # CheckpointFault: the records'
+  except (ValueError, FileNotFoundError, CheckpointError, WorkdirError) as e:  # CheckpointFault: 3
     return message(f'error: {e}', 3 if isinstance(e, CheckpointFault) else 2)
   except TrainingError as e:
     return message(f'training stopped: {e}', 3)
@@ -57,29 +63,34 @@ def run_mode(config, workdir: str, mode: str, checkpoint, origin, hook) -> int:
   except (MemoryError, jax.errors.JaxRuntimeError) as e:  # an allocation failed: the field to lower
     if not isinstance(e, MemoryError) and 'RESOURCE_EXHAUSTED' not in str(e):
       raise
+    config = pipeline.effective(config, (origin or {}).get('changes'))
     return message(f'error: out of memory ({(str(e) or "MemoryError").splitlines()[0]}): '
-                   f'{memory.advice(pipeline.effective(config, (origin or {}).get("changes")), e)}', 3)
+                   f'{memory.advice(config, e)}', 3)
 
 
 def dispatch(config, workdir: str, mode: str, checkpoint, origin, hook) -> None:
   """Runs `mode` and prints its table or text."""
   if mode in ('dry_run', 'time_step'):
-    print(dry_run_lib.describe(config, origin, time_step=mode == 'time_step', checkpoint=checkpoint), flush=True)
+    print(dry_run_lib.describe(config, origin, mode == 'time_step', checkpoint), flush=True)
   elif mode == 'bench':
     bench.run(config, workdir, origin)
   elif mode == 'flatness':
     pipeline.run_flatness(config, workdir, checkpoint, origin=origin)
   elif members.enabled(config):  # train, eval: a sweep of members, or a run
-    print(members.format_summary(members.run(config, workdir, mode, checkpoint, hook, origin)), flush=True)
+    summary = members.run(config, workdir, mode, checkpoint, hook, origin)
+    print(members.format_summary(summary), flush=True)
   else:
-    print(report.format_session_table(pipeline.run(config, workdir, mode, checkpoint, hook, origin)), flush=True)
+    results = pipeline.run(config, workdir, mode, checkpoint, hook, origin)
+    print(report.format_session_table(results), flush=True)
 
 
 def enable_compilation_cache(config):
-  """Where config.compilation_cache asks for it, JAX's persistent compilation cache in <cache folder>/
-  jax_compilation_cache, for every program; returns the folder in use (one already set is kept), or None."""
+  """Where config.compilation_cache asks for it, JAX's persistent compilation cache in <cache
+  folder>/jax_compilation_cache, for every program; returns the folder in use (one already set is
+  kept), or None."""
   if not jax.config.jax_compilation_cache_dir and config.get('compilation_cache', False):
-    jax.config.update('jax_compilation_cache_dir', os.path.join(sources.cache_dir(config), 'jax_compilation_cache'))
+    folder = os.path.join(sources.cache_dir(config), 'jax_compilation_cache')
+    jax.config.update('jax_compilation_cache_dir', folder)
     if 'JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS' not in os.environ:
       jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.0)
   return jax.config.jax_compilation_cache_dir or None
@@ -88,28 +99,32 @@ def enable_compilation_cache(config):
 def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
   """run.py's flags, in `flag_values`."""
   fv = {'flag_values': flag_values}
-  config_flags.DEFINE_config_file('config', None, "A config file (configs/cifar100.py:smoke) or a workdir's "
-                                  "config.json; default: --workdir's config.json.", **fv)
+  config_flags.DEFINE_config_file('config', None, 'A config file (configs/cifar100.py:smoke) or a '
+                                  "workdir's config.json; default: --workdir's config.json.", **fv)
   flag_values['config'].parser = ConfigFile(flag_values['config'].parser)
-  flags.DEFINE_string('workdir', None, 'Folder for config.json, metrics, checkpoints, results.', **fv)
+  flags.DEFINE_string('workdir', None, 'Folder for config.json, metrics, checkpoints, results.',
+                      **fv)
   flags.DEFINE_enum('mode', 'train', ['train', 'eval', 'bench', 'flatness'],
-                    'train: train and evaluate (resumes); eval: restore checkpoints and recompute results; '
-                    'bench: time steps; flatness: flatness of a base checkpoint.', **fv)
-  flags.DEFINE_string('checkpoint', None, 'A workdir whose base model to use instead of training one.', **fv)
-  flags.DEFINE_bool('dry-run', False, "Print the effective config (presets, overrides, what each 'auto' becomes "
-                    "here), the data, the cache and a base step's estimated cost; write nothing.", **fv)
-  flags.DEFINE_bool('time-step', False, 'With --dry-run: measure one base step instead of estimating it.', **fv)
+                    'train: train and evaluate (resumes); eval: restore checkpoints and recompute '
+                    'results; bench: time steps; flatness: flatness of a base checkpoint.', **fv)
+  flags.DEFINE_string('checkpoint', None, 'A workdir whose base model to use instead of training '
+                      'one.', **fv)
+  flags.DEFINE_bool('dry-run', False, "Print the effective config (presets, overrides, what each "
+                    "'auto' becomes here), the data, the cache and a base step's estimated cost; "
+                    'write nothing.', **fv)
+  flags.DEFINE_bool('time-step', False, 'With --dry-run: measure one base step instead of '
+                    'estimating it.', **fv)
 
 
 def parse_flags(argv: list, flag_values: flags.FlagValues = flags.FLAGS) -> list:
-  """run.py's flags parser (without --config, --workdir W's config.json is the config): a bad flag, value
-  or --config.FIELD stops with one line (exit code 2) before anything is written."""
-  seen = flags.FlagValues()
+  """run.py's flags parser (without --config, --workdir W's config.json is the config): a bad flag,
+  value or --config.FIELD stops with one line (exit code 2) before anything is written."""
+  given = flags.FlagValues()
   for name in ('config', 'workdir'):
-    flags.DEFINE_string(name, None, '', flag_values=seen)
+    flags.DEFINE_string(name, None, '', flag_values=given)
   with contextlib.suppress(flags.Error):  # (a --workdir without a value: the parse below says so)
-    seen(argv, known_only=True)
-  workdir, config = seen['workdir'].value, seen['config'].value
+    given(argv, known_only=True)
+  workdir, config = given['workdir'].value, given['config'].value
   recorded = os.path.join(workdir or '', 'config.json')
   if config is None and workdir and os.path.isfile(recorded):
     argv = [argv[0], f'--config={recorded}', *argv[1:]]
@@ -120,57 +135,59 @@ def parse_flags(argv: list, flag_values: flags.FlagValues = flags.FLAGS) -> list
 
 
 def main_flags(argv: list, flag_values: flags.FlagValues = flags.FLAGS) -> int:
-  """run.py's main, from its parsed flags: a saved config's values and --checkpoint hold unless changed."""
+  """run.py's main, from its parsed flags: a saved config's values and --checkpoint hold unless
+  changed."""
   f, config_flag = flag_values.flag_values_dict(), flag_values['config']
   problem = usage_problem(argv, f['config'], f['workdir'], f['dry-run'])
   if problem:
     return message(f'error: {problem}', 2)
-  spec, config, checkpoint = config_flags.get_config_filename(config_flag), f['config'], f['checkpoint']
-  changes = config_flags.get_override_values(config_flag)
-  if spec.endswith('.json'):  # the fields where it departs from its method's presets: its command line set them
+  spec, changes = config_flags.get_config_filename(config_flag), config_flags.get_override_values(
+      config_flag)
+  config, checkpoint = f['config'], f['checkpoint']
+  if spec.endswith('.json'):  # where it departs from its method's presets: its command line set it
     items = workdir_lib.flat_items(config.to_dict())
     presets = getattr(registry.METHODS.get(config.method), 'presets', {})
     changes = {**{k: items[k] for k, v in presets.items() if items.get(k) != v}, **changes}
     checkpoint = checkpoint or (files.read_json(spec).get(workdir_lib.SOURCE_KEY) or {}).get('path')
-  return main(config, f['workdir'], f['mode'], checkpoint, {'config': spec, 'changes': changes}, f['dry-run'],
-              f['time-step'])
+  return main(config, f['workdir'], f['mode'], checkpoint, {'config': spec, 'changes': changes},
+              f['dry-run'], f['time-step'])
 
 
 def usage_problem(argv: list, config, workdir: str | None, dry_run: bool) -> str | None:
   """What run.py's command line lacks or has too much of, in one line, or None."""
+  required = ('--config is required: a config file such as configs/cifar100.py:smoke, or a '
+              "workdir's config.json")
   if len(argv) > 1:
     return f'unexpected arguments: {argv[1:]}'
   if config is None and workdir:
-    return ("--config is required: a config file such as configs/cifar100.py:smoke, or a workdir's config.json "
-            f'({workdir} holds no config.json to read instead)')
+    return f'{required} ({workdir} holds no config.json to read instead)'
   if config is None:
-    return ("--config is required: a config file such as configs/cifar100.py:smoke, or a workdir's config.json; "
-            "without it, --workdir of a run is read with that run's config.json")
+    return f"{required}; without it, --workdir of a run is read with that run's config.json"
   if not (workdir or dry_run):
     return '--workdir is required (except with --dry-run)'
   return None
 
 
 class ConfigFile(flags.ArgumentParser):
-  """--config's parser: config_flags' own (`files`: `path:arg` is the file's get_config(arg)), or a
-  workdir's config.json (workdir_lib.recorded_config); locked, and a --config.FIELD it lacks (in sys.argv,
-  where config_flags reads them) refused in a LookupError, which absl passes on unprefixed."""
+  """--config's parser: config_flags' own (`files`: `path:arg` is the file's get_config(arg)), or
+  a workdir's config.json (workdir.recorded_config); locked, and a --config.FIELD it lacks (in
+  sys.argv, where config_flags reads them) refused in a LookupError, which absl passes on."""
 
   def __init__(self, files):
     self.files = files
 
-  def parse(self, spec):
+  def parse(self, spec):  # pylint: disable=arguments-renamed
     path = spec.partition(':')[0]
-    folder = os.path.dirname(path) or '.'
     if not os.path.isfile(path):
-      configs = [f for f in os.listdir(folder) if f.endswith('.py')] if os.path.isdir(folder) else []
-      raise ValueError(f'there is no file {path}' + suggest(os.path.basename(path), configs, f'{folder}/'))
+      configs = glob.glob(os.path.join(os.path.dirname(path), '*.py'))
+      raise ValueError(f'there is no file {path}' + suggest(path, configs, ''))
     if path.endswith('.json'):
-      config = ml_collections.ConfigDict(workdir_lib.recorded_config(path, registry.method_sections()))
+      saved = workdir_lib.recorded_config(path, registry.method_sections())
+      config = ml_collections.ConfigDict(saved)
     else:
       try:
         config = self.files.parse(spec)
-      except ValueError as e:  # the file's own error, the last line of config_flags' traceback
+      except ValueError as e:  # the file's own error: the last line of config_flags' traceback
         raise ValueError(str(e).strip().splitlines()[-1]) from None
     refuse_unknown_fields(config, sys.argv)
     config.lock()
@@ -178,7 +195,8 @@ class ConfigFile(flags.ArgumentParser):
 
 
 def refuse_unknown_fields(config, argv: list) -> None:
-  """A LookupError naming the first --config.FIELD of `argv` that `config` lacks, and the fields close to it."""
+  """A LookupError naming the first --config.FIELD of `argv` that `config` lacks, and the fields
+  close to it."""
   for name in re.findall(r'^-{1,2}(?:no)?config\.([\w.]+)', '\n'.join(argv), re.M):
     node, where = config, 'config'
     for part in name.split('.'):
@@ -190,7 +208,7 @@ def refuse_unknown_fields(config, argv: list) -> None:
 
 
 def suggest(name: str, options: list, prefix: str) -> str:
-  """'; did you mean <prefix><option>?' for the options close to `name`, else '; there are <all of them>'."""
+  """'; did you mean <prefix><option>?' for the options close to `name`, else '; there are ...'."""
   close = difflib.get_close_matches(name, options, n=3, cutoff=0.5)
   if close:
     return f'; did you mean {", ".join(prefix + c for c in close)}?'

@@ -1,14 +1,15 @@
-"""A run's peak memory, checked before anything is written: a run that needs more than this machine has
-(on a GPU: its programs, more than a device has) is refused naming the field to lower, one that needs
-more than is free now is warned about; config.memory_check=False skips both.
+"""A run's peak memory, checked before anything is written: a run that needs more than this machine
+has (on a GPU: its programs, more than a device has) is refused naming the field to lower, one that
+needs more than is free now is warned about; config.memory_check=False skips both.
 
-The need: the runtime (RUNTIME: JAX, XLA, compiling), the decoded images (1 B a pixel channel) and the
-largest phase, each freed when it ends: rendering generated images (GENERATION B a pixel channel of the
-larger split, float64; checked before it runs, `generated`), the base step and the evaluation. These
-two are XLA's memory analysis of the programs (arguments, outputs and temporaries, less the donated
-buffers: per device) times PROGRAMS (the host's copies around them), compiled once the data is read
-as the run compiles them, so that jax.jit's caches hold them for it (`programs`). The constants are
-measured in experiments/results/README.md, "Peak memory against the estimate".
+The need: the runtime (RUNTIME: JAX, XLA, compiling), the decoded images (1 B a pixel channel) and
+the largest phase, each freed when it ends: rendering generated images (GENERATION B a pixel channel
+of the larger split, float64; checked before it runs: `generated`), the base step and the evaluation
+(with the test set's trunk features that fine-tuning caches on the devices). The programs are sized
+by XLA's memory analysis (arguments, outputs and temporaries, less the donated buffers; per device)
+times PROGRAMS (the host's copies around them), compiled once the data is read as the run compiles
+them, so that jax.jit's caches hold them for it (`programs`). The constants are measured in
+experiments/results/README.md, "Peak memory against the estimate".
 """
 from __future__ import annotations
 
@@ -29,54 +30,64 @@ RUNTIME, GENERATION, PROGRAMS = 2 ** 30, 30, 1.1
 
 
 def generated(c) -> tuple:
-  """(bytes of the decoded images, {field: bytes} of the phase of rendering them) of generated data,
-  known before it is rendered; (0, {}) for other data."""
+  """(bytes of the decoded images, {field: bytes} of rendering them) of generated data, before it is
+  rendered; (0, {}) for other data."""
   s = c.data.synthetic
   if c.data.source != 'synthetic':
     return 0, {}
   pixels = (s.num_base + s.way * (s.num_sessions - 1)) * 3 * s.image_size ** 2
   larger = max(['train_per_class', 'test_per_class'], key=lambda k: s[k])
-  return pixels * (s.train_per_class + s.test_per_class), {f'data.synthetic.{larger}': GENERATION * pixels * s[larger]}
+  rendering = GENERATION * pixels * s[larger]
+  return pixels * (s.train_per_class + s.test_per_class), {f'data.synthetic.{larger}': rendering}
 
 
 def programs(exp, members: int = 0) -> tuple:
-  """`generated`'s once the data is read: the decoded images, and the evaluation program and (`members`
-  > 0) the base step of that many members, compiled, each under the field that sizes it most (the network's
-  width where its variables are most of it); (0, {}) where config.memory_check is False (none compiled)."""
+  """`generated`'s once the data is read: the decoded images, and the evaluation and (`members` > 0)
+  the base step of that many members, compiled, each under the field of its largest part (the
+  network, the cached trunk features, the rest); (0, {}) where config.memory_check is False."""
   c, bench, mesh = exp.config, exp.bench, sharding.data_mesh()
   if not c.memory_check:
     return 0, {}
   state, rep = exp.state_shapes(), sharding.replicated(mesh)
   variables = {'params': state.params, 'batch_stats': state.batch_stats}
   images = jax.ShapeDtypeStruct((c.eval.batch_size, *bench.test.images.shape[1:]), np.uint8)
-  lowered = [('eval.batch_size', variables, evaluator.embedder(exp).program.lower(variables, images))]
+  block, cached = evaluator.Evaluator.trunk_block(exp, exp.trainable_paths(state.params)), 0
+  if block:  # the test set's trunk features, which the sessions keep on the devices
+    trunk = jax.eval_shape(evaluator.embedder(exp, last=block).program, variables, images)
+    cached = len(bench.test.images) * trunk.size // c.eval.batch_size * trunk.dtype.itemsize
+  evaluation = evaluator.embedder(exp).program.lower(variables, images)
+  lowered = [('eval.batch_size', variables, cached, evaluation)]
   if members:
-    shaped = lambda a, *lead: jax.ShapeDtypeStruct((*lead, *np.shape(a)), a.dtype, sharding=rep)
-    states, keys, bounds = jax.tree_util.tree_map(lambda a: shaped(a, members),
+    like = lambda a, *lead: jax.ShapeDtypeStruct((*lead, *np.shape(a)), a.dtype, sharding=rep)
+    states, keys, bounds = jax.tree_util.tree_map(lambda a: like(a, members),
                                                   (state, jax.eval_shape(exp.key), np.float32(0)))
-    rows = jax.ShapeDtypeStruct((train_loop.steps_per_call(c.base, c.base.select_on_test), members, batch(c)),
-                                np.int32, sharding=sharding.member_rows_sharded(mesh))
-    program = base_lib.train_program(exp.model, exp.noise, exp.optimizer_settings(), base_lib.Inputs.of(bench),
-                                     c.members.map, mesh)
-    lowered.append((batch_field(c), states, program.lower(states, shaped(bench.train.images),
-                                                          shaped(bench.train.labels), rows, np.int32(0), keys, bounds)))
+    per_call = train_loop.steps_per_call(c.base, c.base.select_on_test)
+    rows = jax.ShapeDtypeStruct((per_call, members, len(exp.batch_indices(0))), np.int32,
+                                sharding=sharding.member_rows_sharded(mesh))
+    program = base_lib.train_program(exp.model, exp.noise, exp.optimizer_settings(),
+                                     base_lib.Inputs.of(bench), c.members.map, mesh)
+    data = like(bench.train.images), like(bench.train.labels)
+    step = program.lower(states, *data, rows, np.int32(0), keys, bounds)
+    lowered.append((batch_field(c), states, 0, step))
   phases = {}
-  with contextlib.closing(progress.status("memory check: compiling the run's programs (a minute or more on a "
-                                          "CPU, seconds where JAX's cache holds them)")):
-    for field, held, program in lowered:
+  with contextlib.closing(progress.status("memory check: compiling the run's programs (a minute or "
+                                          "more on a CPU, seconds where JAX's cache holds them)")):
+    for field, network, held, program in lowered:
       m = program.compile().memory_analysis()
-      size = PROGRAMS * (m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes
-                         - m.alias_size_in_bytes)
-      network = sum(a.size * a.dtype.itemsize for a in jax.tree_util.tree_leaves(held))
-      field = 'model.width' if 2 * network > size else field
-      phases[field] = max(phases.get(field, 0), int(size))
+      size = held + int(PROGRAMS * (m.argument_size_in_bytes + m.output_size_in_bytes
+                                    + m.temp_size_in_bytes - m.alias_size_in_bytes))
+      network = sum(a.size * a.dtype.itemsize for a in jax.tree_util.tree_leaves(network))
+      shares = {field: size - held - network, 'model.width': network, 'eval.cache_trunk': held}
+      field = max(shares, key=shares.get)
+      phases[field] = max(size, phases.get(field, 0))
   return bench.train.images.nbytes + bench.test.images.nbytes, phases
 
 
 def check(config, images: int, phases: dict, compiled: bool = False) -> None:
-  """A ValueError naming the field of the largest of `phases` where the runtime, `images` and it cannot
-  fit in this machine's memory (`compiled` programs on a GPU: it alone in a device's), a warning where
-  they may not fit in what is free now; nothing where config.memory_check is False or `phases` is empty."""
+  """A ValueError naming the field of the largest of `phases` where the runtime, `images` and it
+  cannot fit in this machine's memory (`compiled` programs on a GPU: it alone in a device's), a
+  warning where they may not fit in what is free now; nothing where config.memory_check is False or
+  no phase is given."""
   if not (config.memory_check and phases):
     return
   total, free, device = backend.available_memory()
@@ -85,7 +96,8 @@ def check(config, images: int, phases: dict, compiled: bool = False) -> None:
   if compiled and device is not None:
     need, total, free, where = phases[field], device, device, 'each device'
   said = f'{field}={config_path.get_value(field, config)!r}'
-  sizes = f'the run needs about {_gib(need)} ({_gib(phases[field])} of it for {field}; f2m_jax/run/memory.py)'
+  sizes = (f'the run needs about {_gib(need)} ({_gib(phases[field])} of it for {field}; '
+           'f2m_jax/run/memory.py)')
   if need > total:
     raise ValueError(f'{said} is invalid: {sizes}, more than the {_gib(total)} {where} has '
                      '(--config.memory_check=False skips this check)')
@@ -94,7 +106,7 @@ def check(config, images: int, phases: dict, compiled: bool = False) -> None:
 
 
 def advice(config, error: BaseException) -> str:
-  """What an allocation failure says (cli.py): the field of the phase that it came from, to lower."""
+  """What an allocation failure says (cli.py): the field of the phase it came from, to lower."""
   frames = [f.name for f in traceback.extract_tb(error.__traceback__)]
   field = batch_field(config)
   if 'embed' in frames:
@@ -102,10 +114,6 @@ def advice(config, error: BaseException) -> str:
   elif 'make_synthetic' in frames:
     field = 'data.synthetic.train_per_class'
   return f'lower {field}={config_path.get_value(field, config)!r} (f2m_jax/run/memory.py)'
-
-
-def batch(c) -> int:
-  return c.base.ways * c.base.shots if c.base.sampler == 'balanced' else c.base.batch_size
 
 
 def batch_field(c) -> str:
