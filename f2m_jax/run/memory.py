@@ -6,10 +6,10 @@ The need: the runtime (RUNTIME: JAX, XLA, compiling), the decoded images (1 B a 
 the largest phase, each freed when it ends: rendering generated images (GENERATION B a pixel channel
 of the larger split, float64; checked before it runs: `generated`), the base step and the evaluation
 (with the test set's trunk features that fine-tuning caches on the devices). The programs are sized
-by XLA's memory analysis (arguments, outputs and temporaries, less the donated buffers; per device)
-times PROGRAMS (the host's copies around them), compiled once the data is read as the run compiles
-them, so that jax.jit's caches hold them for it (`programs`). The constants are measured in
-experiments/results/README.md, "Peak memory against the estimate".
+by XLA's memory analysis (arguments, outputs and temporaries, less the donated buffers; per device),
+compiled once the data is read as the run compiles them, so that jax.jit's caches hold them for it
+(`programs`); on a CPU, times PROGRAMS (the host's copies and the sessions' programs around them).
+The constants are measured in experiments/results/README.md, "Peak memory against the estimate".
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from f2m_jax import base as base_lib
 from f2m_jax import evaluator, progress, sharding, train_loop
 from f2m_jax.run import backend
 
-RUNTIME, GENERATION, PROGRAMS = 2 ** 30, 30, 1.1
+RUNTIME, GENERATION, PROGRAMS = 2 ** 30, 30, 1.3
 
 
 def generated(c) -> tuple:
@@ -74,8 +74,8 @@ def programs(exp, members: int = 0) -> tuple:
                                           "more on a CPU, seconds where JAX's cache holds them)")):
     for field, network, held, program in lowered:
       m = program.compile().memory_analysis()
-      size = held + int(PROGRAMS * (m.argument_size_in_bytes + m.output_size_in_bytes
-                                    + m.temp_size_in_bytes - m.alias_size_in_bytes))
+      size = held + (m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes
+                     - m.alias_size_in_bytes)
       network = sum(a.size * a.dtype.itemsize for a in jax.tree_util.tree_leaves(network))
       shares = {field: size - held - network, 'model.width': network, 'eval.cache_trunk': held}
       field = max(shares, key=shares.get)
@@ -92,12 +92,14 @@ def check(config, images: int, phases: dict, compiled: bool = False) -> None:
     return
   total, free, device = backend.available_memory()
   field = max(phases, key=phases.get)
-  need, where = RUNTIME + images + phases[field], 'this machine'
-  if compiled and device is not None:
-    need, total, free, where = phases[field], device, device, 'each device'
+  size = phases[field]
+  if compiled and device is not None:  # a GPU: the programs against each device's memory
+    need, total, free, where = size, device, device, 'each device'
+  else:  # the runtime, the images and the programs with the host's copies around them
+    size *= PROGRAMS if compiled else 1
+    need, where = RUNTIME + images + size, 'this machine'
   said = f'{field}={config_path.get_value(field, config)!r}'
-  sizes = (f'the run needs about {_gib(need)} ({_gib(phases[field])} of it for {field}; '
-           'f2m_jax/run/memory.py)')
+  sizes = f'the run needs about {_gib(need)} ({_gib(size)} for {field}; f2m_jax/run/memory.py)'
   if need > total:
     raise ValueError(f'{said} is invalid: {sizes}, more than the {_gib(total)} {where} has '
                      '(--config.memory_check=False skips this check)')

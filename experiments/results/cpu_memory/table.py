@@ -36,13 +36,15 @@ NOT_RUN = {'eval354535': '--config.eval.batch_size=354535', 'eval709070': '--con
 
 
 def row(name: str, argv: list, rss=None) -> str:
-  """The run's estimate as the check makes it: the runtime, the decoded images and the largest phase of
-  rendering (`generated`, before the data is read) and the programs (`programs`, once it is read)."""
+  """The run's estimate as the check makes it on a CPU: the runtime, the decoded images and the largest
+  phase of rendering (`generated`, before the data is read) and the programs (`programs`, once it is
+  read, times PROGRAMS)."""
   config = effective_config(argv)
   images, phases = memory.generated(config)
   if not name.startswith('pool22000'):  # 17 GiB of rendering: its programs are the smoke's
     images, programs = memory.programs(Experiment.create(config, sources.load_benchmark(config)), 1)
-    phases = {**{f'rendering ({k})': v for k, v in phases.items()}, **programs}
+    phases = {**{f'rendering ({k})': v for k, v in phases.items()},
+              **{k: memory.PROGRAMS * v for k, v in programs.items()}}  # with the host's copies
   need = memory.RUNTIME + images + max(phases.values())
   shown = ', '.join(f'{k} {v / GIB:.2f}' for k, v in {'images': images, **phases}.items() if v >= 0.005 * GIB)
   measured = f'{rss / GIB:.2f} | {rss / need:.2f}' if rss else 'not run | '
