@@ -99,8 +99,8 @@ def run(config: ml_collections.ConfigDict, workdir: str, mode: str = 'train',
 
 
 def check(config: ml_collections.ConfigDict, bench, members: int = 0) -> Experiment:
-  """The run's Experiment, once the network, its noise set, the data's limits and the memory of its programs
-  (memory.py; `members` > 0: its base step of that many members too) are checked."""
+  """The run's Experiment, once the network, its noise set, the data's limits and the memory of its
+  programs (memory.py; `members` > 0: its base step of that many members too) are checked."""
   exp = Experiment.create(config, bench)
   validation.check_benchmark(exp)
   memory.check(config, *memory.programs(exp, members), compiled=True)
