@@ -34,6 +34,7 @@ def make_embed(model: ResNet, mean, std, batch_size: int = 500, first: int = 0,
     chunks = (inputs[start:start + batch_size] for start in range(0, len(inputs), batch_size))
     return xp.concatenate([xp.asarray(_embed(variables, pad_rows(c, batch_size)))[:len(c)] for c in chunks])
 
+  embed.program = _embed  # compiled ahead by the memory check (f2m_jax/run/memory.py)
   return embed
 
 

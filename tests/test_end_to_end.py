@@ -4,8 +4,9 @@ import os
 
 import pytest
 
+from configs import cifar100
 from conftest import far_above_chance, run_py, tiny_smoke, without_provenance
-from f2m_jax.run import pipeline
+from f2m_jax.run import cli, pipeline
 
 
 @pytest.mark.slow
@@ -13,7 +14,6 @@ def test_f2m_learns_at_a_quarter_of_the_authors_batch(tmp_path):
   """The dataset configs' sampler (16 classes per batch) at base.batch_size=64 on the smoke data:
   F2M learns. At 0739cee a batch of 64 held 4 classes of 16 images and session 1 stayed at chance
   (5.00% of 20 classes)."""
-  from configs import cifar100
   config = cifar100.get_config('smoke')
   full = cifar100.get_config().base
   config.base.update(ways=full.ways, shots=full.shots, batch_size=64)
@@ -90,8 +90,6 @@ def test_runs_use_a_persistent_compilation_cache_in_the_cache_folder(tmp_path, m
   a folder JAX was already given (JAX_COMPILATION_CACHE_DIR) is kept with JAX's settings; False
   leaves it off. In this process, with JAX's two settings put back afterwards."""
   import jax  # pylint: disable=g-import-not-at-top
-  from configs import cifar100  # pylint: disable=g-import-not-at-top
-  from f2m_jax.run import cli  # pylint: disable=g-import-not-at-top
   names = ('jax_compilation_cache_dir', 'jax_persistent_cache_min_compile_time_secs')
   saved = [getattr(jax.config, n) for n in names]
 
@@ -133,7 +131,6 @@ def test_run_py_rejects_bad_values_with_clear_messages(tmp_path, monkeypatch, ca
 
 @pytest.mark.slow
 def test_workdir_of_another_config_is_refused(reference):
-  from conftest import tiny_smoke
   from f2m_jax.files import WorkdirError
   workdir, _ = reference
   config = tiny_smoke(**{'noise.bound': 0.01})
@@ -146,7 +143,6 @@ def test_workdir_of_another_config_is_refused(reference):
 def test_bench_needs_no_data_folder(monkeypatch):
   """--mode bench times random data of the config's shapes, so a dataset config without its data
   folder (here trainsplit, F2M_DATA_DIR unset) resolves for it; training itself still refuses it."""
-  from configs import cifar100
   monkeypatch.delenv('F2M_DATA_DIR', raising=False)
   config = cifar100.get_config('trainsplit')
   with pytest.raises(ValueError, match="data.source='trainsplit' needs a data folder"):
@@ -160,7 +156,6 @@ def test_validation_protocol_run_never_reads_a_test_image(tmp_path, monkeypatch)
   config's 20 base classes; the results are unchanged when every real test image and every image of
   a real novel class is replaced by noise, so none of them is read."""
   import numpy as np
-  from configs import cifar100
   from f2m_jax.data import sources
   config = cifar100.get_config('smoke')
   config.data.protocol = 'validation'
@@ -189,7 +184,6 @@ def test_validation_protocol_run_never_reads_a_test_image(tmp_path, monkeypatch)
 def test_bench_keeps_the_command_lines_values_and_records_them(tmp_path, smoke_config):
   """--config.method=baseline --config.noise.enabled=True benches the Baseline with noise, as every
   other mode runs it (the Baseline's presets turned the noise off), and bench.json records the origin."""
-  from f2m_jax.run import cli
   smoke_config.method, smoke_config.noise.enabled = 'baseline', True
   smoke_config.bench.update(dtypes=())  # nothing timed: the config and the record only
   origin = {'config': 'configs/cifar100.py:smoke', 'changes': {'method': 'baseline', 'noise.enabled': True}}

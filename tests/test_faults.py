@@ -56,7 +56,7 @@ def one_line_error(capsys) -> str:
     ('base.ways', 40, 'base.batch_size=80 exceeds one epoch of 20 classes x 2 shots: allowed up to 40'),
     ('model.width', -8, "model.width=-8 is invalid: an integer >= 1, or 0 for the architecture's standard width"),
     ('model.pretrained', '/no/such.pth', "model.pretrained='/no/such.pth' is invalid: no such file"),
-    ('noise.M', 100000, 'noise.M=100000 is invalid: the run needs about '),  # sizes that cannot fit
+    ('model.width', 4096, 'model.width=4096 is invalid: the run needs about '),  # sizes that cannot fit
     ('data.synthetic.train_per_class', 1000000, 'data.synthetic.train_per_class=1000000 is invalid: the run needs'),
     ('eval.batch_size', 100000000, 'eval.batch_size=100000000 is invalid: the run needs about '),
 ])

@@ -83,7 +83,9 @@ def run(config: ml_collections.ConfigDict, root: str, mode: str = 'train', check
   pipeline.resolve(config, changes)  # the sweep's every value checked
   sweep = pipeline.effective(config, changes)
   bench = sources.load_benchmark(configs[0])  # before anything is written: missing data stop here
-  exps = [pipeline.check(c, bench) for c in configs]  # and what the data and the networks allow
+  trains = len(configs) if mode == 'train' else 0  # the sweep's base step: the first member's
+  exps = [pipeline.check(c, bench, 0 if i else trains)  # what the data, networks, memory allow
+          for i, c in enumerate(configs)]
   if mode == 'eval' and not os.path.exists(os.path.join(root, 'config.json')):
     raise CheckpointError(f'nothing to evaluate: {root} holds no sweep (no config.json); train it first')
   writes = workdir_lib.writes_into(root, mode)  # a read-only finished run is evaluated too

@@ -1,118 +1,125 @@
-"""A run's peak memory, estimated from its config before anything is read or written: a run whose
-estimate exceeds this machine's total memory is refused, naming the field to lower; one whose estimate
-exceeds what is free now is warned about; config.memory_check=False skips both.
+"""A run's peak memory, checked before anything is written: a run that needs more than this machine
+has (on a GPU: its programs, more than a device has) is refused naming the field to lower, one that
+needs more than is free now is warned about; config.memory_check=False skips both.
 
-The estimate counts arrays and multiplies them by factors in bytes, the largest that whole runs on a CPU
-needed (experiments/results/README.md, "Peak memory against the estimate"). Held throughout: the runtime
-(JAX, XLA, compiling: RUNTIME), PARAMS a parameter per member, and the decoded images, 1 a pixel channel,
-with the training images again on the devices (CIFAR-100 and generated data; other datasets' sizes are
-known once read). Then the largest of three phases: generating synthetic images in float64 (GENERATION a
-pixel channel of the larger split), the base step (STEP a value of every convolution's output per image of
-the batch, per pass: the clean one and noise.M noisy ones, per member) and the evaluation (EVAL a value of
-every convolution's output per image of eval.batch_size). On a GPU the parameters, the devices' images and
-the last two phases count against each device's memory, with the CPU's factors (not measured there).
+The need: the runtime (RUNTIME: JAX, XLA, compiling), the decoded images (1 B a pixel channel) and
+the largest phase, each freed when it ends: rendering generated images (GENERATION B a pixel channel
+of the larger split, float64; checked before it runs: `generated`), the base step and the evaluation
+(with the test set's trunk features that fine-tuning caches on the devices). The programs are sized
+by XLA's memory analysis (arguments, outputs and temporaries, less the donated buffers; per device),
+compiled once the data is read as the run compiles them, so that jax.jit's caches hold them for it
+(`programs`); on a CPU, times PROGRAMS (the host's copies and the sessions' programs around them).
+The constants are measured in experiments/results/README.md, "Peak memory against the estimate".
 """
 from __future__ import annotations
 
+import contextlib
 import functools
-import math
 import sys
+import traceback
 
 import jax
-import jax.numpy as jnp
-import ml_collections
+import numpy as np
+from ml_collections.config_flags import config_path
 
-from f2m_jax.models import ResNet, build_model
-from f2m_jax.models.resnet import Conv
+from f2m_jax import base as base_lib
+from f2m_jax import evaluator, progress, sharding, train_loop
 from f2m_jax.run import backend
 
-RUNTIME, PARAMS, GENERATION, STEP, EVAL = 2 ** 30, 60, 30, 8, 2.3
-PHASES = ('generation', 'base step', 'evaluation')
-CIFAR100_IMAGES = (50_000, 10_000)  # training and test images, every protocol and split at most
+RUNTIME, GENERATION, PROGRAMS = 2 ** 30, 30, 1.3
 
 
-def network_size(model: ResNet, image_size: int) -> tuple:
-  """(parameters, values of every convolution's output for one image) of `model` at `image_size` px."""
-  x = jax.ShapeDtypeStruct((1, image_size, image_size, 3), jnp.float32)
-  _, v = jax.eval_shape(lambda x: model.init_with_output(
-      jax.random.key(0), x, train=True, capture_intermediates=lambda m, _: isinstance(m, Conv)), x)
-  return tuple(sum(math.prod(a.shape) for a in jax.tree_util.tree_leaves(v[k])) for k in ('params', 'intermediates'))
+def generated(c) -> tuple:
+  """(bytes of the decoded images, {field: bytes} of rendering them) of generated data, before it is
+  rendered; (0, {}) for other data."""
+  s = c.data.synthetic
+  if c.data.source != 'synthetic':
+    return 0, {}
+  pixels = (s.num_base + s.way * (s.num_sessions - 1)) * 3 * s.image_size ** 2
+  larger = max(['train_per_class', 'test_per_class'], key=lambda k: s[k])
+  rendering = GENERATION * pixels * s[larger]
+  return pixels * (s.train_per_class + s.test_per_class), {f'data.synthetic.{larger}': rendering}
 
 
-def estimate(c: ml_collections.ConfigDict, num_devices: int = 1) -> list:
-  """[(what, field to lower, bytes, on the devices)]: the module docstring's parts for the effective
-  config `c` on `num_devices` devices."""
-  d, s, b, synthetic = c.data, c.data.synthetic, c.base, c.data.source == 'synthetic'
-  size = s.image_size if synthetic else d.get('image_size', 32)  # CIFAR-100's 32 px, or data.image_size
-  params, values = network_size(build_model(c.model.arch, s.num_base if synthetic else 100, c.model.width or None),
-                                size)
-  members = max(1, len(c.members.seeds or c.members.field_values))
-  batch = math.ceil((b.ways * b.shots if b.sampler == 'balanced' else b.batch_size) / num_devices)
-  passes = 1 + (c.noise.M if c.noise.enabled else 0)
-  step_field = max([('noise.M', passes), ('base.ways' if b.sampler == 'balanced' else 'base.batch_size', batch),
-                    ('members.seeds' if c.members.seeds else 'members.field_values', members)], key=lambda f: f[1])[0]
-  parts = [('runtime', '', RUNTIME, False), ('parameters', 'model.width', PARAMS * params * members, True),
-           ('base step', step_field, STEP * values * batch * passes * members, True),
-           ('evaluation', 'eval.batch_size', EVAL * values * c.eval.batch_size, True)]
-  pixels = 3 * size * size
-  if synthetic:
-    classes = s.num_base + s.way * (s.num_sessions - 1)
-    split = 'train_per_class' if s.train_per_class >= s.test_per_class else 'test_per_class'
-    train, test, field = classes * s.train_per_class, classes * s.test_per_class, f'data.synthetic.{split}'
-    parts.append(('generation', field, GENERATION * max(train, test) * pixels, False))
-  elif d.dataset == 'cifar100' and d.source in ('tfds', 'trainsplit'):
-    (train, test), field = CIFAR100_IMAGES, 'data.dataset'
-  else:
-    return parts
-  return parts + [('images', field, (train + test) * pixels, False), ('training images', field, train * pixels, True)]
+def programs(exp, members: int = 0) -> tuple:
+  """`generated`'s once the data is read: the decoded images, and the evaluation and (`members` > 0)
+  the base step of that many members, compiled, each under the field of its largest part (the
+  network, the cached trunk features, the rest); (0, {}) where config.memory_check is False."""
+  c, bench, mesh = exp.config, exp.bench, sharding.data_mesh()
+  if not c.memory_check:
+    return 0, {}
+  state, rep = exp.state_shapes(), sharding.replicated(mesh)
+  variables = {'params': state.params, 'batch_stats': state.batch_stats}
+  images = jax.ShapeDtypeStruct((c.eval.batch_size, *bench.test.images.shape[1:]), np.uint8)
+  block, cached = evaluator.Evaluator.trunk_block(exp, exp.trainable_paths(state.params)), 0
+  if block:  # the test set's trunk features, which the sessions keep on the devices
+    trunk = jax.eval_shape(evaluator.embedder(exp, last=block).program, variables, images)
+    cached = len(bench.test.images) * trunk.size // c.eval.batch_size * trunk.dtype.itemsize
+  evaluation = evaluator.embedder(exp).program.lower(variables, images)
+  lowered = [('eval.batch_size', variables, cached, evaluation)]
+  if members:
+    like = lambda a, *lead: jax.ShapeDtypeStruct((*lead, *np.shape(a)), a.dtype, sharding=rep)
+    states, keys, bounds = jax.tree_util.tree_map(lambda a: like(a, members),
+                                                  (state, jax.eval_shape(exp.key), np.float32(0)))
+    per_call = train_loop.steps_per_call(c.base, c.base.select_on_test)
+    rows = jax.ShapeDtypeStruct((per_call, members, len(exp.batch_indices(0))), np.int32,
+                                sharding=sharding.member_rows_sharded(mesh))
+    program = base_lib.train_program(exp.model, exp.noise, exp.optimizer_settings(),
+                                     base_lib.Inputs.of(bench), c.members.map, mesh)
+    data = like(bench.train.images), like(bench.train.labels)
+    step = program.lower(states, *data, rows, np.int32(0), keys, bounds)
+    lowered.append((batch_field(c), states, 0, step))
+  phases = {}
+  with contextlib.closing(progress.status("memory check: compiling the run's programs (a minute or "
+                                          "more on a CPU, seconds where JAX's cache holds them)")):
+    for field, network, held, program in lowered:
+      m = program.compile().memory_analysis()
+      size = held + (m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes
+                     - m.alias_size_in_bytes)
+      network = sum(a.size * a.dtype.itemsize for a in jax.tree_util.tree_leaves(network))
+      shares = {field: size - held - network, 'model.width': network, 'eval.cache_trunk': held}
+      field = max(shares, key=shares.get)
+      phases[field] = max(size, phases.get(field, 0))
+  return bench.train.images.nbytes + bench.test.images.nbytes, phases
 
 
-def needed(parts: list) -> int:
-  """Bytes `parts` need at once: every part outside the PHASES, and the largest phase (each is freed when
-  it ends)."""
-  return sum(p[2] for p in parts if p[0] not in PHASES) + max([p[2] for p in parts if p[0] in PHASES] or [0])
-
-
-def verdict(parts: list, total: int, free: int, device=None) -> tuple:
-  """('refuse' | 'warn' | 'fits', the largest part, bytes needed, bytes there are) of the `estimate` parts on
-  a host of `total` bytes, `free` free now, whose devices have `device` bytes each (None on a CPU)."""
-  pools = [([p for p in parts if device is None or not p[3]], total, free)]
-  pools += [([p for p in parts if p[3]], device, device)] if device is not None else []
-  for kind, limit in (('refuse', 1), ('warn', 2)):
-    for pool in pools:
-      if needed(pool[0]) > pool[limit]:
-        return kind, max((p for p in pool[0] if p[1]), key=lambda p: p[2]), needed(pool[0]), pool[limit]
-  return 'fits', None, 0, 0
-
-
-def check(config: ml_collections.ConfigDict) -> None:
-  """A ValueError naming the field to lower where the run cannot fit in this machine's memory, a warning
-  where it may not fit in what is free now; nothing where config.memory_check is False."""
-  if not config.memory_check:
+def check(config, images: int, phases: dict, compiled: bool = False) -> None:
+  """A ValueError naming the field of the largest of `phases` where the runtime, `images` and it
+  cannot fit in this machine's memory (`compiled` programs on a GPU: it alone in a device's), a
+  warning where they may not fit in what is free now; nothing where config.memory_check is False or
+  no phase is given."""
+  if not (config.memory_check and phases):
     return
   total, free, device = backend.available_memory()
-  kind, part, need, limit = verdict(estimate(config, jax.local_device_count()), total, free, device)
-  if kind == 'fits':
-    return
-  field, what = _named(config, part)
-  if kind == 'refuse':
-    on = 'this machine' if device is None else 'each device'
-    raise ValueError(f'{field} is invalid: the run needs about {_gib(need)} ({what}), more than the {_gib(limit)} {on} '
-                     'has (--config.memory_check=False skips this check)')
-  _warn(f'warning: {field} may not fit in memory: the run needs about {_gib(need)} ({what}), {_gib(limit)} free now')
+  field = max(phases, key=phases.get)
+  size = phases[field]
+  if compiled and device is not None:  # a GPU: the programs against each device's memory
+    need, total, free, where = size, device, device, 'each device'
+  else:  # the runtime, the images and the programs with the host's copies around them
+    size *= PROGRAMS if compiled else 1
+    need, where = RUNTIME + images + size, 'this machine'
+  said = f'{field}={config_path.get_value(field, config)!r}'
+  sizes = f'the run needs about {_gib(need)} ({_gib(size)} for {field}; f2m_jax/run/memory.py)'
+  if need > total:
+    raise ValueError(f'{said} is invalid: {sizes}, more than the {_gib(total)} {where} has '
+                     '(--config.memory_check=False skips this check)')
+  if need > free:
+    _warn(f'warning: {said} may not fit in memory: {sizes}, {_gib(free)} free now')
 
 
-def advice(config: ml_collections.ConfigDict) -> str:
-  """What an allocation failure says (cli.py): the field of the estimate's largest part, to lower."""
-  parts = estimate(config, jax.local_device_count())
-  field, what = _named(config, max((p for p in parts if p[1]), key=lambda p: p[2]))
-  return f'lower {field}, the largest part of the memory estimate ({what})'
+def advice(config, error: BaseException) -> str:
+  """What an allocation failure says (cli.py): the field of the phase it came from, to lower."""
+  frames = [f.name for f in traceback.extract_tb(error.__traceback__)]
+  field = batch_field(config)
+  if 'embed' in frames:
+    field = 'eval.batch_size'
+  elif 'make_synthetic' in frames:
+    field = 'data.synthetic.train_per_class'
+  return f'lower {field}={config_path.get_value(field, config)!r} (f2m_jax/run/memory.py)'
 
 
-def _named(config: ml_collections.ConfigDict, part) -> tuple:
-  """('<field>=<value>', '<what>: <size>; f2m_jax/run/memory.py') of an `estimate` part."""
-  value = functools.reduce(lambda node, key: node[key], part[1].split('.'), config)
-  return f'{part[1]}={value!r}', f'{part[0]}: {_gib(part[2])}; f2m_jax/run/memory.py'
+def batch_field(c) -> str:
+  return 'base.ways' if c.base.sampler == 'balanced' else 'base.batch_size'
 
 
 def _gib(size: float) -> str:

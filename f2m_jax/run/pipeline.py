@@ -38,7 +38,7 @@ def resolve(config, changes=None, reads_data=True):
     method.validate(config)
   if reads_data:
     validation.check_data_folder(config)
-    memory.check(config)
+    memory.check(config, *memory.generated(config))
   return config
 
 
@@ -77,7 +77,8 @@ def run(config, workdir, mode='train', checkpoint=None, hook=None, origin=None):
   path = f'{workdir}/results.json'
   # one that is not JSON named before any work
   saved = files.read_json(path) if os.path.exists(path) else None
-  exp = check(config, sources.load_benchmark(config))
+  trains = mode == 'train' and not checkpoint and not has_base_model(workdir)
+  exp = check(config, sources.load_benchmark(config), int(trains))
   base_source = checkpoint and source(checkpoint, exp)
   writes = workdir_lib.writes_into(workdir, mode)  # a read-only finished run is evaluated too
   lock = workdir_lib.prepare(workdir, record.to_dict(), base_source=base_source, writes=writes)
@@ -97,10 +98,12 @@ def run(config, workdir, mode='train', checkpoint=None, hook=None, origin=None):
     return results
 
 
-def check(config, bench):
-  """The run's Experiment, once the network, its noise set and the data's limits are checked."""
+def check(config, bench, members=0):
+  """The run's Experiment, once the network, its noise set, the data's limits and the memory of its
+  programs (memory.py; `members` > 0: its base step of that many members too) are checked."""
   exp = Experiment.create(config, bench)
   validation.check_benchmark(exp)
+  memory.check(config, *memory.programs(exp, members), compiled=True)
   return exp
 
 

@@ -2,9 +2,10 @@
 # usage: experiments/results/cpu_memory/measure.sh NAME [NAME...] (from the root of the code measured)
 # Runs each named config as a whole run.py command under /usr/bin/time -v, the compilation cache off (so
 # that compiling counts), and keeps NAME.time (time's report: "Maximum resident set size") and NAME.log
-# beside this script. memory_check=False: the check (the code measured may refuse or warn) stays out.
+# beside this script (or in $OUT). memory_check=False (or $CHECK): the check (the code measured may refuse
+# or warn) stays out; with CHECK=True it runs as in a user's run (it compiles the run's programs first).
 set -u
-OUT=$(dirname "$0")
+OUT=${OUT:-$(dirname "$0")}; CHECK=${CHECK:-False}; W=${W:-/tmp/e-mem}; mkdir -p "$OUT"
 : "${F2M_DATA_DIR:?set F2M_DATA_DIR to the folder with the CIFAR-100 archive (docs/data.md)}"; export F2M_DATA_DIR
 SMOKE="--config configs/cifar100.py:smoke --config.runs=1"
 for n in "$@"; do
@@ -23,10 +24,10 @@ for n in "$@"; do
     pool[0-9]*) a="$SMOKE --config.base.steps=10 --config.data.synthetic.train_per_class=${n#pool}";;
     *) echo "unknown run $n"; exit 2;;
   esac
-  rm -rf "/tmp/e-mem/$n"; mkdir -p /tmp/e-mem
-  echo "$n: python run.py $a --config.compilation_cache=False --config.memory_check=False" > "$OUT/$n.time"
+  rm -rf "${W:?}/$n"; mkdir -p "$W"
+  echo "$n: python run.py $a --config.compilation_cache=False --config.memory_check=$CHECK" > "$OUT/$n.time"
   nice /usr/bin/time -v -a -o "$OUT/$n.time" python run.py $a --config.compilation_cache=False \
-    --config.memory_check=False --workdir "/tmp/e-mem/$n" > "$OUT/$n.log" 2>&1 &
+    --config.memory_check=$CHECK --workdir "$W/$n" > "$OUT/$n.log" 2>&1 &
   timer=$!; t0=$(date +%s); : > "$OUT/$n.rss"
   while kill -0 $timer 2> /dev/null; do  # the run's resident memory every 2 s: seconds, MiB
     pid=$(pgrep -P $timer | head -1)
