@@ -1,4 +1,4 @@
-"""Embeddings, prototypes, NCM accuracies and the summary statistics of the results table."""
+"""Embeddings, prototypes, NCM accuracies and the prototype norms (the results' statistics: f2m_jax/stats.py)."""
 from __future__ import annotations
 
 import functools
@@ -13,7 +13,7 @@ from f2m_jax.data import augment as augment_lib
 from f2m_jax.data.types import Benchmark
 from f2m_jax.models import ResNet
 from f2m_jax.padding import pad_rows
-from f2m_jax.stats import KEYS, t_interval
+from f2m_jax.stats import build_results, results_rows, summarize  # noqa: F401 (pipeline's)
 
 @functools.lru_cache(maxsize=None)
 def make_embed(model: ResNet, mean, std, batch_size: int = 500, first: int = 0,
@@ -90,63 +90,9 @@ def accuracies_from_predictions(pred, labels: np.ndarray, num_base: int, session
   return out
 
 
-INTERVALS = {'draws': "the authors': 1.96 * std(ddof=0) / sqrt(R) over the R draws",
-             'seeds': "t(0.975, S-1) * std(ddof=1) / sqrt(S) over the S seeds (each seed's mean over its draws)"}
-SAME_SHOTS = ('n/a: every run trained on the same shots (fixed lists, or shot pools of data.shots images a '
-              'class), so the runs are no draws of them')
-
-
-def summarize(values: Sequence[Optional[float]], over: Optional[str] = 'draws') -> Optional[dict]:
-  """Mean, 95% interval (`INTERVALS[over]`; None where `over` is None or there is one value) and the values;
-  None where a run has no value (e.g. no novel classes in session 1)."""
-  if any(v is None for v in values):
-    return None
-  v = np.asarray(values, np.float64)
-  ci = None if over is None or len(v) < 2 else (t_interval(v.tolist()) if over == 'seeds'
-                                                else float(1.96 * v.std() / np.sqrt(len(v))))
-  return {'mean': float(v.mean()), 'ci95': ci, 'runs': v.tolist()}
-
-
 def prototype_norms(prototypes: np.ndarray, num_base: int) -> dict:
   """The paper's norm table for one run: mean and (population) std of the L2 norms of the base
   prototypes (the first `num_base` rows) and of the novel ones (the rest; None without any)."""
   norms = np.linalg.norm(np.asarray(prototypes, np.float64), axis=-1)
   parts, stats = {'base': norms[:num_base], 'novel': norms[num_base:]}, (('mean', np.mean), ('std', np.std))
   return {f'{part}_{name}': float(f(v)) if v.size else None for part, v in parts.items() for name, f in stats}
-
-
-def build_results(dataset: str, method: str, protocol: str, num_classes: Sequence[int],
-                  per_run: Sequence[Sequence[dict]], norms: Optional[Sequence[dict]] = None,
-                  over: str = 'draws', same_shots: bool = False) -> dict:
-  """The results.json document from per-run, per-session accuracy dicts ([runs][sessions]) and optional per-run
-  `prototype_norms`; intervals over `over` (`INTERVALS`), none where every run trained on the same shots
-  (`same_shots`); with the runs' acc_sessions, the accuracy matrix (session i's classes after session j)."""
-  over = None if same_shots else over
-  sessions = [{'session': t + 1, 'num_classes': int(n), **{k: summarize([run[t][k] for run in per_run], over)
-                                                             for k in KEYS}} for t, n in enumerate(num_classes)]
-  acc = np.asarray([[s['acc'] for s in run] for run in per_run])
-  brief = lambda values: {k: v for k, v in summarize(values, over).items() if k != 'runs'}
-  out = {'dataset': dataset, 'method': method, 'protocol': protocol, 'runs': len(per_run), 'sessions': sessions,
-         'pd': brief(acc[:, 0] - acc[:, -1]), 'avg': brief(acc.mean(axis=1)),
-         'interval': INTERVALS[over] if over else SAME_SHOTS}
-  if norms:
-    out['prototype_norms'] = {key: summarize([n[key] for n in norms], over) for key in norms[0]}
-  if all('acc_sessions' in s for run in per_run for s in run):
-    out['accuracy_matrix'] = accuracy_matrix(per_run, over)
-  return out
-
-
-def accuracy_matrix(per_run: Sequence[Sequence[dict]], over: Optional[str]) -> dict:
-  """Each run's accuracy on session i's classes after session j (None for j < i), and its statistics."""
-  n = len(per_run[0])
-  runs = [[[run[j]['acc_sessions'][i] if i <= j else None for j in range(n)] for i in range(n)] for run in per_run]
-  cells = [[summarize([r[i][j] for r in runs], over) for j in range(n)] for i in range(n)]
-  return {'rows': 'session whose classes are tested', 'columns': 'after session',
-          **{k: [[c and c[k] for c in r] for r in cells] for k in ('mean', 'ci95')}, 'runs': runs}
-
-
-def results_rows(results: dict) -> list:
-  """Flat rows (one per session) for results.csv: classes, then each statistic's mean and ci95."""
-  value = lambda stat, field: None if stat is None or stat[field] is None else round(stat[field], 4)
-  return [{'session': s['session'], 'num_classes': s['num_classes'],
-           **{f'{k}_{f}': value(s[k], f) for k in KEYS for f in ('mean', 'ci95')}} for s in results['sessions']]
