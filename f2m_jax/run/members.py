@@ -1,11 +1,12 @@
 """Several runs of one config in one program (docs/performance.md, 'Seeds and sweeps in one
-program'): S members that differ in their seed or in one field train their base sessions in lockstep;
-each is exactly the single run of its own config, in its own workdir member_<i>/."""
+program'): S members that differ in their seed or in one field train their base sessions in
+lockstep; each is exactly the single run of its own config, in its own workdir member_<i>/."""
 from __future__ import annotations
 
 import json
 import os
 import time
+
 import ml_collections
 
 from f2m_jax import files
@@ -20,7 +21,7 @@ from f2m_jax.run import workdir as workdir_lib
 from f2m_jax.run.checkpoint import Checkpoints
 from f2m_jax.validation import need
 
-FIELDS = ('noise.bound',)  # scalars a sweep may vary besides the seed (members written out side by side)
+FIELDS = ('noise.bound',)  # scalars a sweep may vary besides the seed (members side by side)
 
 
 def enabled(config) -> bool:
@@ -33,7 +34,8 @@ def validate(config) -> None:
   need(bool(m.seeds) != bool(m.field_values), 'members.seeds', tuple(m.seeds),
        'a sweep varies the seed or members.field (members.field_values): one of them, not both')
   if m.field_values:
-    need(m.field in FIELDS, 'members.field', m.field, f'allowed with members.field_values: {FIELDS}')
+    need(m.field in FIELDS, 'members.field', m.field,
+         f'allowed with members.field_values: {FIELDS}')
   need(len(set(values)) == len(values), 'members', values, 'values must be distinct')
   need(config.base.select_on_test is False, 'base.select_on_test', config.base.select_on_test,
        'not with members (each member would keep its own best step)')
@@ -50,27 +52,30 @@ def member_configs(config) -> list:
   return out
 
 
-def summarize_values(field: str, values, member_results: list) -> dict:
+def summarize_values(field, values, member_results) -> dict:
   """A sweep over `field`: each value's results (its one member's, over its draws), never pooled."""
-  return {'field': field, 'values': [{'value': v, **{k: x for k, x in r.items() if k != 'provenance'}}
-                                     for v, r in zip(values, member_results)]}
+  return {'field': field,
+          'values': [{'value': v, **{k: x for k, x in r.items() if k != 'provenance'}}
+                     for v, r in zip(values, member_results)]}
 
 
 def run(config, root, mode='train', checkpoint=None, hook=None, origin=None) -> dict:
   """The sweep: every member's base session in one program, then each member's sessions; writes and
-  returns root/summary.json. `origin` as `pipeline.run`'s; every check comes before anything is written."""
+  returns root/summary.json. `origin` as `pipeline.run`'s; every check comes before anything is
+  written."""
   if checkpoint:
     raise ValueError('--checkpoint takes one base model; a member sweep trains its own')
   validate(config)
   changes = (origin or {}).get('changes')
-  records = [pipeline.effective(c, changes) for c in member_configs(config)]  # as config.json: 'auto' kept
+  records = [pipeline.effective(c, changes) for c in member_configs(config)]  # 'auto' kept
   configs = [pipeline.resolve(c, changes) for c in records]
   choices = backend.used(pipeline.resolve(config, changes))  # the sweep's every value checked
   sweep = pipeline.effective(config, changes)
   bench = sources.load_benchmark(configs[0])  # before anything is written: missing data stop here
   exps = [pipeline.check(c, bench) for c in configs]  # and what the data and the networks allow
   if mode == 'eval' and not os.path.exists(f'{root}/config.json'):
-    raise files.CheckpointError(f'nothing to evaluate: {root} holds no sweep (no config.json); train it first')
+    raise files.CheckpointError(f'nothing to evaluate: {root} holds no sweep (no config.json); '
+                                'train it first')
   writes = workdir_lib.writes_into(root, mode)  # a read-only finished run is evaluated too
   dirs = [f'{root}/member_{i}' for i in range(len(configs))]
   lock = workdir_lib.prepare(root, sweep.to_dict(), writes=writes)
@@ -82,7 +87,10 @@ def run(config, root, mode='train', checkpoint=None, hook=None, origin=None) -> 
   finally:
     lock.close()
   m = sweep.members
-  summary = summarize_values(m.field, m.field_values, results) if m.field_values else stats.seed_summary(results)
+  if m.field_values:
+    summary = summarize_values(m.field, m.field_values, results)
+  else:
+    summary = stats.seed_summary(results)
   summary['members'] = [{'workdir': os.path.basename(d), 'seed': int(c.seed),
                          **({m.field: v} if m.field_values else {}),
                          'acc_last': r['sessions'][-1]['acc']['mean'], 'pd': r['pd']['mean']}
@@ -93,8 +101,9 @@ def run(config, root, mode='train', checkpoint=None, hook=None, origin=None) -> 
 
 
 def write_summary(root, summary, mode, writes=True) -> str:
-  """root/summary.json; returns a line saying what was written. In eval mode a reproduced summary is left
-  alone, another is written beside it otherwise (with `writes` False: the JSON follows the line)."""
+  """root/summary.json; returns a line saying what was written. In eval mode a reproduced summary
+  is left alone, another is written beside it otherwise (with `writes` False: the JSON follows the
+  line)."""
   path = f'{root}/summary.json'
   if mode == 'eval' and os.path.exists(path):
     strip = lambda d: {k: v for k, v in json.loads(json.dumps(d)).items() if k != 'provenance'}
@@ -108,8 +117,8 @@ def write_summary(root, summary, mode, writes=True) -> str:
 
 
 def train_members(exps, records, dirs, hook) -> None:
-  """The members' base sessions in lockstep, each saved into its own workdir (created and held here, its
-  config.json `records`'), unless every member already holds its base model."""
+  """The members' base sessions in lockstep, each saved into its own workdir (created and held
+  here, its config.json `records`'), unless every member already holds its base model."""
   ckpts, logs, locks = [], [], []
   try:
     for d, e, r in zip(dirs, exps, records):
@@ -125,9 +134,10 @@ def train_members(exps, records, dirs, hook) -> None:
 
 
 def format_summary(summary) -> str:
-  """The table printed after a sweep: a seed sweep's as a run's; a field's as the report's, a row per value."""
+  """The table printed after a sweep: a seed sweep's as a run's; a field's as the report's, a row
+  per value."""
   if 'values' not in summary:
     return report.format_session_table(summary)
   rows = [report.Row(f'{summary["field"]}={v["value"]:g}', v) for v in summary['values']]
-  return (f'{len(rows)} values of {summary["field"]}: accuracy per session, mean ± 95% interval over each '
-          f"value's draws\n{report.format_table(rows)}")
+  return (f'{len(rows)} values of {summary["field"]}: accuracy per session, mean ± 95% interval '
+          f"over each value's draws\n{report.format_table(rows)}")

@@ -1,5 +1,5 @@
-"""Tables, plots and paired comparisons from the results.json of runs and the summary.json of sweeps (README,
-'What a workdir holds'); no JAX (matplotlib lazily)."""
+"""Tables, plots and paired comparisons from the results.json of runs and the summary.json of sweeps
+(README, 'What a workdir holds'); no JAX (matplotlib lazily)."""
 from __future__ import annotations
 
 import argparse
@@ -14,18 +14,21 @@ from f2m_jax import files
 from f2m_jax import stats
 
 PATHS = ('cache_dir', 'data_dir', 'tfds_data_dir')  # data fields that change nothing that is drawn
-PD_AVG = ('PD: accuracy of session 1 minus that of the last session (what was forgotten; lower is better '
-          'where session 1 is level, else read retention); AVG: accuracy averaged over all sessions; '
-          "retention: the last session's accuracy in % of session 1's (higher: more kept)")
+PD_AVG = ('PD: accuracy of session 1 minus that of the last session (what was forgotten; lower is '
+          'better where session 1 is level, else read retention); AVG: accuracy averaged over all '
+          "sessions; retention: the last session's accuracy in % of session 1's (higher: more "
+          'kept)')
 GAP = 'gap: last-session accuracy minus that of the reference row'
-MATRIX = ("Accuracy on each session's classes (rows: the session that brought them) after every later "
-          'session (columns), mean over runs: the diagonal is what a session learned, the fall along a row '
-          'what was forgotten')
-OLD = ("an earlier version's 1.96 * std(ddof=0) / sqrt(S) over the S seeds, too narrow (no members' "
-       'results.json to recompute it from)')
+MATRIX = ("Accuracy on each session's classes (rows: the session that brought them) after every "
+          'later session (columns), mean over runs: the diagonal is what a session learned, the '
+          'fall along a row what was forgotten')
+NO_MATRIX = 'none (written by an earlier version, which recorded no matrix)'
+OLD = ("an earlier version's 1.96 * std(ddof=0) / sqrt(S) over the S seeds, too narrow (no "
+       "members' results.json to recompute it from)")
 SEEDS = (f'too few seeds for an interval, a p-value or a verdict: {stats.MIN_SEEDS} or more, e.g. '
          "--config.members.seeds='(0,1,2)'")
-NAMES = {'pd': 'PD (lower: less forgotten)', 'avg': 'AVG', 'retention': 'retention (higher: more kept)'}
+NAMES = {'pd': 'PD (lower: less forgotten)', 'avg': 'AVG',
+         'retention': 'retention (higher: more kept)'}
 
 
 class ResultsError(ValueError):
@@ -33,7 +36,7 @@ class ResultsError(ValueError):
 
 
 class Row(NamedTuple):
-  """A row of the report: its label, its results, the file they came from and the workdir's flatness files."""
+  """A row of the report: its label, its results, their file and the workdir's flatness files."""
   label: str
   results: dict
   source: str = ''
@@ -41,13 +44,14 @@ class Row(NamedTuple):
 
 
 def results_path(path: str) -> str:
-  """A folder's results.json, or its summary.json (a sweep's) where only that exists; a file itself."""
+  """A folder's results.json, or its summary.json (a sweep's) where only that exists; a file
+  itself."""
   found = [f'{path}/results.json', f'{path}/summary.json'] if os.path.isdir(path) else [path]
   return next(filter(os.path.isfile, found), found[0])
 
 
 def read_json(file: str, check, what: str):
-  """`file`'s JSON after `check` (which raises where it is not `what`); a ResultsError naming the file."""
+  """`file`'s JSON after `check` (which raises where it is not `what`); a ResultsError naming it."""
   try:
     data = json.loads(pathlib.Path(file).read_bytes())
     check(data)
@@ -57,21 +61,23 @@ def read_json(file: str, check, what: str):
                        f'{os.path.dirname(file)})' * file.endswith('results.json')) from None
   except OSError as e:
     raise ResultsError(files.describe_os_error(e)) from None
-  except (AttributeError, KeyError, TypeError, ValueError) as e:  # str(e): a binary file's repr quotes it
+  except (AttributeError, KeyError, TypeError, ValueError) as e:  # str(e): repr quotes binary
     raise ResultsError(f'{file}: not the {what} ({type(e).__name__}: {e})') from None
 
 
 def check_results(data: dict) -> None:
   """What the report reads of a result (of each value of a field's sweep)."""
   for r in data.get('values') or [data]:
-    missing = [k for k in ('dataset', 'method', 'protocol', 'sessions', 'pd', 'avg') if not r.get(k)]
+    missing = [k for k in ('dataset', 'method', 'protocol', 'sessions', 'pd', 'avg')
+               if not r.get(k)]
     if missing:
       raise ValueError(f'it holds no {", ".join(missing)}')
 
 
 def load_results(path: str) -> dict:
-  """A results.json (its workdir or the file) or a sweep's summary.json, whose seeds count as `seeds`; one
-  without `interval` (an earlier version's 1.96 * std(ddof=0)) recomputed from its members, or marked."""
+  """A results.json (its workdir or the file) or a sweep's summary.json, whose seeds count as
+  `seeds`; one without `interval` (an earlier version's 1.96 * std(ddof=0)) recomputed from its
+  members, or marked OLD where they are gone."""
   file = results_path(path)
   r = read_json(file, check_results, 'results.json (or summary.json) of a run')
   if file.endswith('summary.json') and 'values' not in r:
@@ -84,31 +90,42 @@ def load_results(path: str) -> dict:
 
 def members(file: str) -> list:
   """The results of the members beside a sweep's summary.json."""
-  return [load_results(str(f)) for f in sorted(pathlib.Path(file).parent.glob('member_*/results.json'))]
+  found = sorted(pathlib.Path(file).parent.glob('member_*/results.json'))
+  return [load_results(str(f)) for f in found]
 
 
 def build_rows(paths, labels=None) -> list:
-  """A Row per path (per value of a field's sweep), labelled `labels`, the results' label or '<method> <folder>';
-  with the workdir's flatness.json, then the flatness_<time>.json of later `--mode flatness` runs."""
+  """A Row per path (per value of a field's sweep), labelled `labels`, the results' label or
+  '<method> <folder>'; with its flatness.json, then later `--mode flatness` runs'
+  flatness_<time>.json."""
   if labels is not None and len(labels) != len(paths):
     raise ValueError(f'got {len(labels)} labels for {len(paths)} results: {list(labels)}')
-  check = lambda f: [float(f['bound'])] + [float(f[s][k]) for s in ('train', 'test')
-                                           for k in ('I', 'sigma2', 'num_draws', 'num_images')]
   rows = []
   for i, path in enumerate(paths):
     results, file = load_results(path), results_path(path)
-    found = sorted(pathlib.Path(path).glob('flatness*.json'), key=lambda f: (f.name != 'flatness.json', f.name))
-    flatness = tuple(read_json(str(f), check, 'flatness file of run.py --mode flatness') for f in found)
+    found = sorted(pathlib.Path(path).glob('flatness*.json'))  # flatness.json first
+    flatness = tuple(read_json(str(f), lambda d: flatness_row('', d), 'flatness file of --mode '
+                               'flatness') for f in found)
     for suffix, r in ([(f' {results["field"]}={v["value"]:g}', v) for v in results['values']]
                       if 'values' in results else [('', results)]):
-      label = labels[i] if labels else r.get('label') or f'{r["method"]} {pathlib.Path(file).parent.name}'
+      folder = pathlib.Path(file).parent.name
+      label = labels[i] if labels else r.get('label') or f'{r["method"]} {folder}'
       rows.append(Row(label + suffix, r, file, flatness))
   return rows
 
 
+def flatness_row(label: str, f: dict) -> list:
+  """A flatness file's row: b, I and sigma^2 on the training and test images, draws and images."""
+  return ([label, f'{float(f["bound"]):g}']
+          + [f'{float(f[s][k]):.4g}' for k in ('I', 'sigma2') for s in ('train', 'test')]
+          + [int(f['train']['num_draws']),
+             f'{int(f["train"]["num_images"])} / {int(f["test"]["num_images"])}'])
+
+
 def has_interval(r: dict) -> bool:
-  """Whether the tables show intervals: not for one run (ci95 0 or null), too few seeds or an OLD interval."""
-  return r.get('runs', 2) > 1 and r.get('seeds', stats.MIN_SEEDS) >= stats.MIN_SEEDS and r.get('interval') != OLD
+  """Whether the tables show intervals: not for one run (ci95 0 or null), too few seeds or OLD."""
+  return (r.get('runs', 2) > 1 and r.get('seeds', stats.MIN_SEEDS) >= stats.MIN_SEEDS
+          and r.get('interval') != OLD)
 
 
 def count(r: dict) -> str:
@@ -122,20 +139,21 @@ def reads_test_set(r: dict) -> bool:
 
 
 def format_stat(stat, interval: bool = True) -> str:
-  """'mean ± ci95', 'mean ± n/a' where the runs give no interval, the mean alone for one run; '-' for none."""
+  """'mean ± ci95', 'mean ± n/a' where the runs give no interval, the mean alone for one run; '-'
+  for none."""
   if not stat:
     return '-'
   ci = stat.get('ci95')
-  return f'{stat["mean"]:.2f}' + ((' ± n/a' if ci is None else f' ± {ci:.2f}') if interval else '')
+  shown = ' ± n/a' if ci is None else f' ± {ci:.2f}'
+  return f'{stat["mean"]:.2f}' + (shown if interval else '')
 
 
 def table(header, body) -> str:
-  """A GitHub markdown table, the first column left-aligned, the others right, padded to read as text too."""
+  """A GitHub markdown table, right-aligned and padded to read as text too."""
   rows = [[str(c).replace('|', '\\|') for c in r] for r in [header, *body]]
   widths = [max(map(len, column)) for column in zip(*rows)]
-  rows.insert(1, [':' + '-' * (widths[0] - 1)] + ['-' * (w - 1) + ':' for w in widths[1:]])
-  return '\n'.join('| ' + ' | '.join([r[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(r[1:], widths[1:])])
-                   + ' |' for r in rows)
+  rows.insert(1, ['-' * (w - 1) + ':' for w in widths])
+  return '\n'.join('| ' + ' | '.join(map(str.rjust, r, widths)) + ' |' for r in rows)
 
 
 def setting(r: dict) -> str:
@@ -155,48 +173,54 @@ def resolve_reference(rows, reference=None) -> int:
 def notes(rows, reference: int) -> list:
   """A line per refused gap (another setting) and per row of too few seeds."""
   ref = rows[reference].results
-  return ([f'no gap for "{r.label}" ({setting(r.results)}): the reference "{rows[reference].label}" is '
-           f'{setting(ref)}, and only runs of the same dataset, protocol and session count are subtracted'
-           for r in rows if setting(r.results) != setting(ref)]
+  return ([f'no gap for "{r.label}" ({setting(r.results)}): the reference '
+           f'"{rows[reference].label}" is {setting(ref)}, and only runs of the same dataset, '
+           'protocol and session count are subtracted' for r in rows
+           if setting(r.results) != setting(ref)]
           + [f'"{r.label}": {count(r.results)}, {SEEDS}' for r in rows
              if 'seeds' in r.results and not has_interval(r.results)])
 
 
-def columns(r: dict) -> dict:
-  """The main table's statistics of a result: each session's accuracy (s<n>), PD, AVG and retention; their
-  ci95 None where the tables show none."""
-  found = {**{f's{s["session"]}': s['acc'] for s in r['sessions']}, **{k: r.get(k) for k in stats.ENDS}}
-  return {k: v and {'mean': v['mean'], 'ci95': v.get('ci95') if has_interval(r) else None} for k, v in found.items()}
-
-
 def main_table(rows, reference=0) -> list:
-  """report.csv's records: each of `columns` as mean and ci95 (None: none), the gap, the interval's formula."""
+  """report.csv's records: the setting, each session's accuracy (s<n>), PD, AVG and retention as
+  mean and ci95 (None: none, or not shown), the gap and the interval's formula."""
   ref = rows[resolve_reference(rows, reference)].results
-  names = [f's{n + 1}' for n in range(max(len(r.results['sessions']) for r in rows))] + [*stats.ENDS]
-  last = lambda r: r['sessions'][-1]['acc']['mean']
-  return [{'label': row.label, **{k: row.results.get(k) for k in ('dataset', 'method', 'protocol', 'runs', 'seeds')},
-           **{n + f: (columns(row.results).get(n) or {}).get(k) for n in names for f, k in (('', 'mean'),
-                                                                                          ('_ci95', 'ci95'))},
-           'gap': last(row.results) - last(ref) if setting(row.results) == setting(ref) else None,
-           'interval': row.results.get('interval')} for row in rows]
+  sessions = max(len(r.results['sessions']) for r in rows)
+  names = [f's{n + 1}' for n in range(sessions)] + [*stats.ENDS]
+  out = []
+  for row in rows:
+    r = row.results
+    found = {**{f's{s["session"]}': s['acc'] for s in r['sessions']},
+             **{k: r.get(k) for k in stats.ENDS}}
+    out.append({'label': row.label,
+                **{k: r.get(k) for k in ('dataset', 'method', 'protocol', 'runs', 'seeds')}})
+    for n, stat in ((n, found.get(n) or {}) for n in names):
+      ci = stat.get('ci95') if has_interval(r) else None
+      out[-1].update({n: stat.get('mean'), f'{n}_ci95': ci})
+    gap = r['sessions'][-1]['acc']['mean'] - ref['sessions'][-1]['acc']['mean']
+    out[-1].update(gap=gap if setting(r) == setting(ref) else None, interval=r.get('interval'))
+  return out
 
 
 def format_table(rows, reference=0) -> str:
-  """The main table: accuracy per session ('-' where a row has none), PD, AVG, retention and the gap."""
+  """The main table: accuracy per session ('-' where a row has none), PD, AVG, retention, gap."""
   records = main_table(rows, reference)
   names = [k[:-5] for k in records[0] if k.endswith('_ci95')]
   body = [[row.label + f' ({count(row.results)}, no interval)' * (not has_interval(row.results))
            + ' (base model chosen on test images)' * reads_test_set(row.results)]
-          + [format_stat(columns(row.results).get(n), has_interval(row.results)) for n in names]
+          + [format_stat(r[n] is not None and {'mean': r[n], 'ci95': r[f'{n}_ci95']},
+                         has_interval(row.results)) for n in names]
           + ['n/a' if r['gap'] is None else f'{r["gap"]:+.2f}'] for row, r in zip(rows, records)]
   return table(['Method'] + [n[1:] for n in names[:-3]] + ['PD', 'AVG', 'retention', 'gap'], body)
 
 
 def matrix_table(r: dict) -> str:
   """The accuracy matrix, a row per session of origin ('' before it); '' without one."""
-  mean, numbers = (r.get('accuracy_matrix') or {}).get('mean'), [s['session'] for s in r['sessions']]
-  return mean and table(['from / after'] + numbers, [[n] + ['' if v is None else f'{v:.2f}' for v in row]
-                                                     for n, row in zip(numbers, mean)])
+  mean = (r.get('accuracy_matrix') or {}).get('mean')
+  numbers = [s['session'] for s in r['sessions']]
+  return mean and table(['from / after'] + numbers,
+                        [[n] + ['' if v is None else f'{v:.2f}' for v in row]
+                         for n, row in zip(numbers, mean)])
 
 
 def format_session_table(r: dict) -> str:
@@ -212,42 +236,49 @@ def seed_runs(path: str) -> dict:
   runs = {((r.get('provenance') or {}).get('config') or {}).get('seed'): r
           for r in (members(results_path(path)) if 'seeds' in results else [results])}
   if not runs or None in runs:
-    raise ResultsError(f'{path}: no run, or one without a seed (provenance.config.seed), to pair by')
+    raise ResultsError(f'{path}: no run, or one without a seed (provenance.config.seed), to pair')
   return runs
 
 
 def shared(r: dict) -> dict:
-  """What paired runs share: the setting, classes, draws (without their digest, older runs: the seed, runs and
-  data config) and the seed that trained the base model (--checkpoint's: base_source.differences)."""
+  """What paired runs share: the setting, classes, draws (without their digest, older runs: the
+  seed, runs and data config) and the seed that trained the base model (--checkpoint's where
+  base_source.differences has one; unknown where it recorded none)."""
   prov = r['provenance']
-  seed, data = prov['config']['seed'], {k: v for k, v in prov['config']['data'].items() if k not in PATHS}
+  seed = prov['config']['seed']
+  data = {k: v for k, v in prov['config']['data'].items() if k not in PATHS}
   source = prov.get('base_source') and (prov['base_source']['differences'] or {'seed': [None]})
-  return {'setting': setting(r), 'classes': [s['num_classes'] for s in r['sessions']], 'number of runs': r['runs'],
+  return {'setting': setting(r), 'classes': [s['num_classes'] for s in r['sessions']],
+          'number of runs': r['runs'],
           'shot draws': prov.get('shots') or json.dumps([seed, r['runs'], data], sort_keys=True),
           "base model's seed": ((source or {}).get('seed') or [seed])[0]}
 
 
-def pair(a: str, b: str) -> list:
-  """[(seed, A's results, B's)] of two seed sweeps or runs of the same seeds, setting, classes, draws and base
-  models; not the same results twice."""
+def pair(paths) -> list:
+  """[(seed, A's results, B's)] of two seed sweeps or runs (`paths`: A, B) of the same seeds,
+  setting, classes, draws and base models; not the same results twice."""
+  if len(paths) != 2:
+    raise ValueError(f'--paired compares two runs or sweeps (A B), got {len(paths)} paths')
+  a, b = paths
   if os.path.realpath(results_path(a)) == os.path.realpath(results_path(b)):
     raise ValueError(f'--paired: {a} and {b} are the same results; pair two runs or sweeps')
   runs = [seed_runs(a), seed_runs(b)]
   if sorted(runs[0]) != sorted(runs[1]):
-    raise ValueError(f'--paired: {a} holds seeds {sorted(runs[0])}, {b} {sorted(runs[1])}; pairs need the same '
-                     'seeds')
+    raise ValueError(f'--paired: {a} holds seeds {sorted(runs[0])}, {b} {sorted(runs[1])}; pairs '
+                     'need the same seeds')
   for seed in sorted(runs[0]):
     x, y = shared(runs[0][seed]), shared(runs[1][seed])
     what = next((k for k in x if x[k] != y[k]), None)
     if what:
-      raise ValueError(f'--paired: seed {seed} has another {what} in {a} ({str(x[what])[:60]}) than in {b} '
-                       f'({str(y[what])[:60]}); pairs need the same draws and base models')
+      raise ValueError(f'--paired: seed {seed} has another {what} in {a} ({str(x[what])[:60]}) '
+                       f'than in {b} ({str(y[what])[:60]}); pairs need the same draws and base '
+                       'models')
   return [(seed, runs[0][seed], runs[1][seed]) for seed in sorted(runs[0])]
 
 
 def format_paired(pairs: list, a: str, b: str, primary: str = '') -> str:
-  """B - A per session, PD, AVG and retention (stats.paired over the seeds), and the verdict for the declared
-  `primary` row alone (s<n>, pd, avg or retention; default: the last session)."""
+  """B - A per session, PD, AVG and retention (stats.paired over the seeds), and the verdict for
+  the declared `primary` row alone (s<n>, pd, avg or retention; default: the last session)."""
   keys = [f's{s["session"]}' for s in pairs[0][1]['sessions']] + [*stats.ENDS]
   primary = primary or keys[-4]
   if primary not in keys:
@@ -255,147 +286,155 @@ def format_paired(pairs: list, a: str, b: str, primary: str = '') -> str:
   rows = stats.paired(*[[stats.seed_values(p[i]) for p in pairs] for i in (1, 2)])
   names, seeds = [NAMES.get(k) or f'session {k[1:]} accuracy' for k in keys], [p[0] for p in pairs]
   ci = lambda r: r['ci'] and '[{:.2f}, {:.2f}]'.format(*r['ci']) or 'n/a'
-  body = [[n, f'{r["mean"]:+.2f}', ci(r), f'{r["holm"]:.2g}' if r['holm'] else 'n/a', f'{r["above"]} of {len(seeds)}']
-          + [f'{d:+.2f}' for d in r['diffs']] for n, r in zip(names, rows)]
+  body = [[n, f'{r["mean"]:+.2f}', ci(r), f'{r["holm"]:.2g}' if r['holm'] else 'n/a',
+           f'{r["above"]} of {len(seeds)}'] + [f'{d:+.2f}' for d in r['diffs']]
+          for n, r in zip(names, rows)]
   r, name = rows[keys.index(primary)], names[keys.index(primary)]
   if len(seeds) < stats.MIN_SEEDS:
     verdict = f'(no interval): {SEEDS}'
   elif not r['ci']:
     verdict = f"(no interval): every seed's difference is {r['mean']:+.2f} (the same runs twice?)"
   else:
+    side = f'resolved, {b} {"above" if r["mean"] > 0 else "below"} {a}'
     verdict = f'{ci(r)} (95% CI), p = {r["p"]:.2g}: ' + (
-        f'resolved, {b} {"above" if r["mean"] > 0 else "below"} {a}' if 0 < r['ci'][0] or r['ci'][1] < 0
-        else 'not resolved')
-  return (f'{b} - {a}, paired over seeds {seeds} ({pairs[0][1]["runs"]} draws each, averaged within a seed): '
-          'the paired t-test over the seeds (95% CI; p Holm-adjusted over the rows), how many seeds have B > A, '
-          "each seed's difference:\n\n"
-          + table(['', f'{b} - {a}', '95% CI', 'p (Holm)', 'B > A'] + [f'seed {s}' for s in seeds], body)
-          + f'\n\nprimary: {name}; other rows descriptive\n{b} - {a} at {name}: {r["mean"]:+.2f} {verdict}')
+        side if 0 < r['ci'][0] or r['ci'][1] < 0 else 'not resolved')
+  header = ['', f'{b} - {a}', '95% CI', 'p (Holm)', 'B > A'] + [f'seed {s}' for s in seeds]
+  return (f'{b} - {a}, paired over seeds {seeds} ({pairs[0][1]["runs"]} draws each, averaged '
+          'within a seed): the paired t-test over the seeds (95% CI; p Holm-adjusted over the '
+          "rows), how many seeds have B > A, each seed's difference:\n\n" + table(header, body)
+          + f'\n\nprimary: {name}; other rows descriptive\n{b} - {a} at {name}: {r["mean"]:+.2f} '
+          + verdict)
 
 
 def plot(rows, out: str) -> list:
-  """accuracy.png and base_novel.png (per session, ± ci95 bars) and the matrices' `heatmaps` into `out`;
-  returns their names."""
+  """accuracy.png and base_novel.png (per session, ± ci95 bars) and the matrices' `heatmaps` into
+  `out`; returns their names."""
   from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top
   for name, keys in (('accuracy.png', ['acc']), ('base_novel.png', ['acc_base', 'acc_novel'])):
-    ax = Figure(figsize=(7, 4.5)).add_subplot(xlabel='session', ylabel='accuracy (%, mean ± 95% CI)')
+    ax = Figure(figsize=(7, 4.5)).add_subplot(xlabel='session',
+                                              ylabel='accuracy (%, mean ± 95% CI)')
     for i, row in enumerate(rows):
       for key, style in zip(keys, ('-', '--')):
         points = [(s['session'], s[key]['mean'], has_interval(row.results) and s[key]['ci95'] or 0)
                   for s in row.results['sessions'] if s[key]]
-        ax.errorbar(*zip(*points), fmt=style, marker='o', capsize=2, color=f'C{i % 10}', label=f'{row.label} {key}')
+        ax.errorbar(*zip(*points), fmt=style, marker='o', capsize=2, color=f'C{i}',
+                    label=f'{row.label} {key}')
     ax.legend(fontsize='small')
-    ax.figure.savefig(os.path.join(out, name), dpi=120, bbox_inches='tight')
+    ax.figure.savefig(f'{out}/{name}', dpi=120, bbox_inches='tight')
   figure = heatmaps(rows)
   if figure:
-    figure.savefig(os.path.join(out, 'accuracy_matrix.png'), dpi=120)
+    figure.savefig(f'{out}/accuracy_matrix.png', dpi=120)
   return ['accuracy.png', 'base_novel.png'] + ['accuracy_matrix.png'] * bool(figure)
 
 
 def heatmaps(rows):
-  """The rows' accuracy matrices (None without any): a heatmap each, on one colour scale from the lowest to the
-  highest mean shown, cells labelled to one decimal."""
+  """The rows' accuracy matrices (None without any): a heatmap each, on one colour scale from the
+  lowest to the highest mean shown, cells labelled to one decimal."""
   import numpy as np  # pylint: disable=g-import-not-at-top
   from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top
-  shown = [(r.label, np.array(r.results['accuracy_matrix']['mean'], float)) for r in rows if matrix_table(r.results)]
+  shown = [(r.label, np.array(r.results['accuracy_matrix']['mean'], float)) for r in rows
+           if matrix_table(r.results)]
   if not shown:
     return None
   values = np.concatenate([m.ravel() for _, m in shown])  # None: NaN, left blank
   low, high = np.nanmin(values), np.nanmax(values)
   fig = Figure(figsize=(4.6 * len(shown), 4.2))
   for ax, (label, m) in zip(fig.subplots(1, len(shown), squeeze=False)[0], shown):
-    n = len(m)  # sessions 1..n
-    image = ax.imshow(m, vmin=low, vmax=high, extent=(0.5, n + 0.5, n + 0.5, 0.5))
+    image = ax.imshow(m, vmin=low, vmax=high)
     for (i, j), v in np.ndenumerate(m):
-      ax.text(j + 1, i + 1, '' if np.isnan(v) else f'{v:.1f}', ha='center', va='center', fontsize=7,
+      ax.text(j, i, '' if np.isnan(v) else f'{v:.1f}', ha='center', va='center', fontsize=7,
               color='white' if v < (low + high) / 2 else 'black')
-    ax.set(title=label, xticks=range(1, n + 1), yticks=range(1, n + 1), xlabel='after session',
-           ylabel='classes of session')
+    ticks = range(len(m))  # sessions 1..n
+    ax.set(title=label, xticks=ticks, xticklabels=[t + 1 for t in ticks], yticks=ticks,
+           yticklabels=[t + 1 for t in ticks], xlabel='after session', ylabel='classes of session')
   fig.colorbar(image, ax=fig.axes, label='accuracy (%)')
   return fig
 
 
 def source_line(row: Row) -> str:
-  """Where a row was read from: its setting and interval, the command line, --checkpoint's base model."""
+  """Where a row was read from: its setting and interval, the command line, --checkpoint's base
+  model."""
   r, prov = row.results, row.results.get('provenance') or {}
   origin, src = prov.get('origin') or {}, prov.get('base_source') or {}
   changes = ', '.join(f'{k}={v!r}' for k, v in (origin.get('changes') or {}).items())
   parts = [f'{r["dataset"]}, {r["method"]}, {r["protocol"]}, {count(r)}', r.get('interval'),
            origin.get('config') and origin['config'] + (changes and f' with {changes}'),
-           src and f'{src.get("note") or "base model"} from `{src["path"]}` (trained by {src.get("method")}, '
-                   f'commit {str(src.get("commit"))[:10]}; config differs in '
+           src and f'{src.get("note") or "base model"} from `{src["path"]}` (trained by '
+                   f'{src.get("method")}, commit {str(src.get("commit"))[:10]}; config differs in '
                    f'{", ".join(src.get("differences") or []) or "nothing"})',
-           reads_test_set(r) and f'base model of step {r["base_model"]["step"]}, chosen on the base classes\' '
-                                 'test images']
-  return f'- {row.label}' + f': `{row.source}`' * bool(row.source) + f' ({"; ".join(filter(None, parts))})'
+           reads_test_set(r) and f'base model of step {r["base_model"]["step"]}, chosen on the '
+                                 "base classes' test images"]
+  return (f'- {row.label}' + f': `{row.source}`' * bool(row.source)
+          + f' ({"; ".join(filter(None, parts))})')
 
 
-def format_report(rows, reference=0, all_sessions: bool = False, paired: str = '') -> str:
-  """report.md: a section per table (where a row has its data), the paired comparison and the sources."""
+def format_report(rows, reference=0, all_sessions=False, paired='') -> str:
+  """report.md: a section per table (where a row has its data), the paired comparison, sources."""
   ref = resolve_reference(rows, reference)
-  flatness = [[r.label, f'{f["bound"]:g}'] + [f'{f[s][k]:.4g}' for k in ('I', 'sigma2') for s in ('train', 'test')]
-              + [f['train']['num_draws'], f'{f["train"]["num_images"]} / {f["test"]["num_images"]}']
-              for r in rows for f in r.flatness]
+  flatness = [flatness_row(r.label, f) for r in rows for f in r.flatness]
   norms = [[r.label] + [format_stat(r.results['prototype_norms'][k], has_interval(r.results))
                         for k in ('base_mean', 'base_std', 'novel_mean', 'novel_std')]
            for r in rows if r.results.get('prototype_norms')]
+  sessions = [[r.label, s['session'], s['num_classes']]
+              + [format_stat(s[k], has_interval(r.results)) for k in stats.KEYS]
+              for r in rows for s in r.results['sessions'][0 if all_sessions else -1:]]
   sections = [
       ("Accuracy per session (%, mean ± 95% CI over runs; each row's interval in Sources)",
        f'{format_table(rows, ref)}\n\n{PD_AVG}; {GAP} "{rows[ref].label}".'
        + ''.join(f'\n- {n}' for n in notes(rows, ref))),
       (f'Base vs novel accuracy ({"every" if all_sessions else "last"} session)',
-       table(['Method', 'Session', 'Classes', 'Acc', 'Base', 'Novel', 'HM'],
-             [[r.label, s['session'], s['num_classes']] + [format_stat(s[k], has_interval(r.results)) for k in stats.KEYS]
-              for r in rows for s in r.results['sessions'][0 if all_sessions else -1:]])),
+       table(['Method', 'Session', 'Classes', 'Acc', 'Base', 'Novel', 'HM'], sessions)),
       ('Accuracy matrix (%, mean over runs)', f'{MATRIX}.\n\n' + '\n'.join(
-          f'{r.label}: ' + (f'\n\n{matrix_table(r.results)}\n' if matrix_table(r.results) else
-                            'none (written by an earlier version, which recorded no matrix)') for r in rows)),
+          f'{r.label}:\n\n{matrix_table(r.results) or NO_MATRIX}\n' for r in rows)),
       ('Flatness of the base model (base loss over noise draws)', flatness and table(
-          ['Method', 'b', 'I (train)', 'I (test)', 'sigma^2 (train)', 'sigma^2 (test)', 'draws', 'images'],
-          flatness)),
+          ['Method', 'b', 'I (train)', 'I (test)', 'sigma^2 (train)', 'sigma^2 (test)', 'draws',
+           'images'], flatness)),
       ('Prototype norms after the last session (L2; mean ± 95% CI over runs)', norms and table(
-          ['Method', 'base norm mean', 'base norm std', 'novel norm mean', 'novel norm std'], norms)),
+          ['Method', 'base norm mean', 'base norm std', 'novel norm mean', 'novel norm std'],
+          norms)),
       ('Paired comparison', paired), ('Sources', '\n'.join(map(source_line, rows)))]
-  return '# F2M report\n\n' + ''.join(f'## {title}\n\n{text.rstrip()}\n\n' for title, text in sections if text)
+  return '# F2M report\n\n' + ''.join(f'## {title}\n\n{text.rstrip()}\n\n'
+                                      for title, text in sections if text)
 
 
-def write_report(rows, out: str, reference=0, all_sessions: bool = False, paired: str = '') -> dict:
-  """report.md (returned), report.csv and the plots into `out` (created if missing, these files overwritten)."""
+def write_report(rows, out: str, md: str = '', reference=0) -> dict:
+  """report.md (`md`, by default `format_report`'s), report.csv and the plots into `out` (created
+  if missing, these files overwritten); returns {name: path}."""
   if os.path.exists(out) and not os.path.isdir(out):
-    raise ValueError(f"--out {out!r} is not a folder: give a folder (created if missing) for the report's files")
+    raise ValueError(f"--out {out!r} is not a folder: give a folder (created if missing) for the "
+                     "report's files")
   os.makedirs(out, exist_ok=True)
-  pathlib.Path(out, 'report.md').write_text(format_report(rows, reference, all_sessions, paired), encoding='utf-8')
+  pathlib.Path(out, 'report.md').write_text(md or format_report(rows, reference), encoding='utf-8')
   records = main_table(rows, reference)
-  with open(os.path.join(out, 'report.csv'), 'w', newline='', encoding='utf-8') as f:
+  with open(f'{out}/report.csv', 'w', newline='', encoding='utf-8') as f:
     csv.writer(f).writerows([list(records[0])] + [list(r.values()) for r in records])  # None: empty
-  return {n: os.path.join(out, n) for n in ['report.md', 'report.csv'] + plot(rows, out)}
+  return {n: f'{out}/{n}' for n in ['report.md', 'report.csv'] + plot(rows, out)}
 
 
 def main(argv=None) -> int:
   """Print the report and write it where --out asks; exit status 2: bad input."""
   parser = argparse.ArgumentParser(prog='python -m f2m_jax.run.report', description=__doc__)
-  parser.add_argument('paths', nargs='+', help="workdirs (results.json), sweeps' folders (summary.json) or files")
-  parser.add_argument('--out', help='folder for report.md, report.csv and the plots (created if missing)')
-  parser.add_argument('--reference', help='the row the gap subtracts: a label or a 0-based index (default: 0)')
-  parser.add_argument('--labels', help='comma-separated labels, one per path')
-  parser.add_argument('--base-novel', choices=('last', 'all'), default='last', help='last session or every one')
-  parser.add_argument('--paired', action='store_true', help='A B (same seeds, draws, base models): B - A')
-  parser.add_argument('--primary', default='', help="--paired's declared endpoint, the one with a verdict: s<n>, "
-                      'pd, avg or retention (default: the last session)')
+  add = parser.add_argument
+  add('paths', nargs='+', help="workdirs (results.json), sweeps' folders (summary.json), files")
+  add('--out', help='folder for report.md, report.csv and the plots (created if missing)')
+  add('--reference', help='the row the gap subtracts: a label or a 0-based index (default: 0)')
+  add('--labels', help='comma-separated labels, one per path')
+  add('--base-novel', choices=('last', 'all'), default='last', help='last session or every one')
+  add('--paired', action='store_true', help='A B (same seeds, draws and base models): B - A')
+  add('--primary', default='', help="--paired's declared endpoint, the one with a verdict: s<n>, "
+      'pd, avg or retention (default: the last session)')
   args = parser.parse_args(argv)
   try:
     rows = build_rows(args.paths, args.labels and [s.strip() for s in args.labels.split(',')])
     reference = resolve_reference(rows, args.reference)
-    if args.paired and len(args.paths) != 2:
-      raise ValueError(f'--paired compares two runs or sweeps (A B), got {len(args.paths)} paths')
-    paired = format_paired(pair(*args.paths), *[r.label for r in rows], args.primary) if args.paired else ''
-    written = args.out and write_report(rows, args.out, reference, args.base_novel == 'all', paired)
+    paired = args.paired and format_paired(pair(args.paths), *[r.label for r in rows], args.primary)
+    md = format_report(rows, reference, args.base_novel == 'all', paired)
+    written = args.out and write_report(rows, args.out, md, reference)
   except ValueError as e:  # ResultsError included
     print(f'report: error: {e}', file=sys.stderr)
     return 2
-  print(format_report(rows, reference, args.base_novel == 'all', paired) + '\n'.join(
-      ['wrote:'] + [f'  {p}' for p in written.values()] if written else [f'(nothing written: --out DIR writes '
-                                                                         'report.md, report.csv and plots)']))
+  print(md + '\n'.join(['wrote:'] + [f'  {p}' for p in written.values()] if written else
+                       ['(nothing written: --out DIR writes report.md, report.csv and plots)']))
   return 0
 
 
