@@ -293,9 +293,9 @@ def test_a_field_sweep_reports_each_value_apart():
   assert 'sessions' not in s and [v['value'] for v in s['values']] == [0.0025, 0.01]
   assert s['values'][1]['sessions'][1]['acc'] == stats.summarize([30.0, 34.0])  # its own draws only
   assert s['values'][1]['interval'] == stats.INTERVALS['draws']
-  table = members.format_summary(s).splitlines()
-  assert table[0].startswith('2 values of noise.bound') and table[1].split()[:6] == ['|', 'Method', '|', '1', '|', '2']
-  assert [c.strip() for c in table[4].split('|')[1:-1]] == [  # 1.96 std / sqrt(2)
+  table = members.format_summary(s).splitlines()  # the report, a row per value
+  assert [c.strip() for c in table[4].split('|')[1:-1]] == ['Method', '1', '2', 'PD', 'AVG', 'retention', 'gap']
+  assert [c.strip() for c in table[7].split('|')[1:-1]] == [  # 1.96 std / sqrt(2)
       'noise.bound=0.01', '61.00 ± 1.39', '32.00 ± 2.77', '29.00 ± 1.39', '46.50 ± 2.08',
       report.format_stat(stats.summarize([50.0, 100 * 34.0 / 62.0])), '-9.00']
 

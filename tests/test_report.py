@@ -360,6 +360,9 @@ def test_a_paired_comparison_of_five_seeds_in_float64(tmp_path, capsys):
   assert report.main([a, b, '--paired', '--primary', 'pd']) == 0
   assert f'at PD (lower: less forgotten): -0.90 [{mean[3] - half[3]:.2f}, ' in capsys.readouterr().out
   assert report.main([a, b, '--paired', '--primary', 's4']) == 2 and '--primary' in capsys.readouterr().err
+  copy = sweep_folder(tmp_path, 'copy', [member(s, x) for s, x in enumerate(A5)])  # A's runs again
+  assert report.main([a, copy, '--paired']) == 0
+  assert "+0.00 (no interval): every seed's difference is +0.00" in capsys.readouterr().out
 
 
 def test_two_seeds_or_one_give_no_interval_and_no_verdict(tmp_path, capsys):
@@ -381,7 +384,8 @@ def test_two_seeds_or_one_give_no_interval_and_no_verdict(tmp_path, capsys):
     (dict(seed=2), r'holds seeds \[0, 1\], .* \[0, 2\]; pairs need the same seeds'),
     (dict(runs=3), 'seed 1 has another number of runs'), (dict(shots='d2'), 'seed 1 has another shot draws'),
     (dict(protocol='validation'), 'seed 1 has another setting'),
-    (dict(source={'path': '/w', 'differences': {'seed': [0, 1]}}), r"seed 1 has another base model's seed in \S+ \(1\) than in \S+ \(0\)"),
+    (dict(source={'path': '/w', 'differences': {'seed': [0, 1]}}),
+     r"seed 1 has another base model's seed in \S+ \(1\) than in \S+ \(0\)"),
 ])
 def test_a_paired_comparison_refuses_runs_that_do_not_pair(tmp_path, capsys, change, message):
   """Other seeds, draws, protocol; base models of shifted seeds (--checkpoint of seed 0's for seed 1); the same

@@ -24,35 +24,34 @@ from f2m_jax.validation import need
 FIELDS = ('noise.bound',)  # scalars a sweep may vary besides the seed (members side by side)
 
 
-def enabled(config) -> bool:
+def enabled(config):
   return bool(config.members.seeds or config.members.field_values)
 
 
-def validate(config) -> None:
+def validate(config):
   m = config.members
   values = m.seeds or m.field_values
-  need(bool(m.seeds) != bool(m.field_values), 'members.seeds', tuple(m.seeds),
+  need(bool(m.seeds) != bool(m.field_values), 'members.seeds', m.seeds,
        'a sweep varies the seed or members.field (members.field_values): one of them, not both')
-  if m.field_values:
-    need(m.field in FIELDS, 'members.field', m.field,
-         f'allowed with members.field_values: {FIELDS}')
+  need(m.field in FIELDS or not m.field_values, 'members.field', m.field,
+       f'allowed with members.field_values: {FIELDS}')
   need(len(set(values)) == len(values), 'members', values, 'values must be distinct')
   need(config.base.select_on_test is False, 'base.select_on_test', config.base.select_on_test,
        'not with members (each member would keep its own best step)')
 
 
-def member_configs(config) -> list:
+def member_configs(config):
   """The config of each member: the sweep's, with its seed or field value and no members."""
   m, out = config.members, []
   for value in m.seeds or m.field_values:
     c = ml_collections.ConfigDict(config.to_dict())
-    c.members.seeds, c.members.field_values, c.members.field = (), (), ''
+    c.members.update(seeds=(), field_values=(), field='')
     c.update_from_flattened_dict({'seed' if m.seeds else m.field: value})
     out.append(c)
   return out
 
 
-def summarize_values(field, values, member_results) -> dict:
+def summarize_values(field, values, member_results):
   """A sweep over `field`: each value's results (its one member's, over its draws), never pooled."""
   return {'field': field,
           'values': [{'value': v, **{k: x for k, x in r.items() if k != 'provenance'}}
@@ -91,23 +90,24 @@ def run(config, root, mode='train', checkpoint=None, hook=None, origin=None) -> 
     summary = summarize_values(m.field, m.field_values, results)
   else:
     summary = stats.seed_summary(results)
-  summary['members'] = [{'workdir': os.path.basename(d), 'seed': int(c.seed),
-                         **({m.field: v} if m.field_values else {}),
+  summary['members'] = [{'workdir': f'member_{i}', 'seed': int(c.seed),
+                         **({m.field: v} if m.field_values else {}),  # v: the field's value
                          'acc_last': r['sessions'][-1]['acc']['mean'], 'pd': r['pd']['mean']}
-                        for d, c, r, v in zip(dirs, configs, results, m.field_values or dirs)]
+                        for i, (c, r, v) in enumerate(zip(configs, results,
+                                                          m.field_values or dirs))]
   summary['provenance'] = workdir_lib.provenance(sweep.to_dict(), origin, choices=choices)
   print(write_summary(root, summary, mode, writes), flush=True)
   return summary
 
 
-def write_summary(root, summary, mode, writes=True) -> str:
+def write_summary(root, summary, mode, writes=True):
   """root/summary.json; returns a line saying what was written. In eval mode a reproduced summary
   is left alone, another is written beside it otherwise (with `writes` False: the JSON follows the
   line)."""
   path = f'{root}/summary.json'
   if mode == 'eval' and os.path.exists(path):
-    strip = lambda d: {k: v for k, v in json.loads(json.dumps(d)).items() if k != 'provenance'}
-    if strip(files.read_json(path)) == strip(summary):
+    saved, new = files.read_json(path), json.loads(json.dumps(summary))
+    if {**saved, 'provenance': None} == {**new, 'provenance': None}:  # equal but for the provenance
       return f'the members reproduce {path}; it is unchanged'
     path = f'{root}/summary_eval_{time.strftime("%Y%m%d-%H%M%S")}.json'
   if not writes:
@@ -116,7 +116,7 @@ def write_summary(root, summary, mode, writes=True) -> str:
   return f'summary written to {path}; each member in {root}/member_<i>/'
 
 
-def train_members(exps, records, dirs, hook) -> None:
+def train_members(exps, records, dirs, hook):
   """The members' base sessions in lockstep, each saved into its own workdir (created and held
   here, its config.json `records`'), unless every member already holds its base model."""
   ckpts, logs, locks = [], [], []
@@ -133,11 +133,4 @@ def train_members(exps, records, dirs, hook) -> None:
       item.close()
 
 
-def format_summary(summary) -> str:
-  """The table printed after a sweep: a seed sweep's as a run's; a field's as the report's, a row
-  per value."""
-  if 'values' not in summary:
-    return report.format_session_table(summary)
-  rows = [report.Row(f'{summary["field"]}={v["value"]:g}', v) for v in summary['values']]
-  return (f'{len(rows)} values of {summary["field"]}: accuracy per session, mean ± 95% interval '
-          f"over each value's draws\n{report.format_table(rows)}")
+format_summary = report.format_session_table  # the report printed after a sweep (cli.py)

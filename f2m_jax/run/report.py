@@ -224,8 +224,11 @@ def matrix_table(r: dict) -> str:
 
 
 def format_session_table(r: dict) -> str:
-  """The report printed after a run or a seed sweep: every session, the matrix, the source."""
-  return format_report([Row(r.get('label') or r['method'], r)], all_sessions=True)
+  """The report printed after a run or a sweep (a row per value of a field's): every session, the
+  matrix, the sources."""
+  rows = [Row(f'{r["field"]}={v["value"]:g}', v) for v in r['values']] if 'values' in r else [
+      Row(r.get('label') or r['method'], r)]
+  return format_report(rows, all_sessions=True)
 
 
 def seed_runs(path: str) -> dict:
