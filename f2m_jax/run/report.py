@@ -84,7 +84,8 @@ def load_results(path: str) -> dict:
     if 'interval' not in r:
       found = members(file)
       r = {**r, **stats.seed_summary(found)} if found else {**r, 'interval': OLD}
-    r['seeds'] = r.pop('runs', None) or r['seeds']
+    runs = r.pop('runs', None)  # an earlier version's count of the seeds
+    r.setdefault('seeds', runs)
   return r
 
 
