@@ -57,12 +57,10 @@ def build_results(dataset, method, protocol, num_classes, per_run, norms=None, o
   `seeds`), none where every run trained on the same shots; with the runs' acc_sessions, the
   accuracy matrix (session i's classes after session j)."""
   over = None if same_shots else over
-  sessions = [{'session': t + 1, 'num_classes': int(n),
-               **{k: summarize([run[t][k] for run in per_run], over) for k in KEYS}}
-              for t, n in enumerate(num_classes)]
   ends = endpoints([[s['acc'] for s in run] for run in per_run])
   out = {'dataset': dataset, 'method': method, 'protocol': protocol,
-         'seeds' if over == 'seeds' else 'runs': len(per_run), 'sessions': sessions,
+         'seeds' if over == 'seeds' else 'runs': len(per_run),
+         'sessions': session_stats(num_classes, per_run, over),
          **{k: summarize(ends[k], over) for k in ENDS},
          'interval': INTERVALS[over] if over else SAME_SHOTS}
   for k in ('pd', 'avg'):  # their runs are the sessions' (and results.json has none: eval compares)
@@ -72,6 +70,13 @@ def build_results(dataset, method, protocol, num_classes, per_run, norms=None, o
   if all('acc_sessions' in s for run in per_run for s in run):
     out['accuracy_matrix'] = accuracy_matrix(per_run, over)
   return out
+
+
+def session_stats(num_classes, per_run, over) -> list:
+  """results.json's sessions: each one's classes and statistics over the runs."""
+  return [{'session': t + 1, 'num_classes': int(n),
+           **{k: summarize([run[t][k] for run in per_run], over) for k in KEYS}}
+          for t, n in enumerate(num_classes)]
 
 
 def accuracy_matrix(per_run, over) -> dict:

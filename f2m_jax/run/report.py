@@ -294,20 +294,24 @@ def format_paired(pairs: list, a: str, b: str, primary: str = '') -> str:
            f'{r["above"]} of {len(seeds)}'] + [f'{d:+.2f}' for d in r['diffs']]
           for n, r in zip(names, rows)]
   r, name = rows[keys.index(primary)], names[keys.index(primary)]
-  if len(seeds) < stats.MIN_SEEDS:
-    verdict = f'(no interval): {SEEDS}'
-  elif not r['ci']:
-    verdict = f"(no interval): every seed's difference is {r['mean']:+.2f} (the same runs twice?)"
-  else:
-    side = f'resolved, {b} {"above" if r["mean"] > 0 else "below"} {a}'
-    verdict = f'{ci(r)} (95% CI), p = {r["p"]:.2g}: ' + (
-        side if 0 < r['ci'][0] or r['ci'][1] < 0 else 'not resolved')
   header = ['', f'{b} - {a}', '95% CI', 'p (Holm)', 'B > A'] + [f'seed {s}' for s in seeds]
   return (f'{b} - {a}, paired over seeds {seeds} ({pairs[0][1]["runs"]} draws each, averaged '
           'within a seed): the paired t-test over the seeds (95% CI; p Holm-adjusted over the '
           "rows), how many seeds have B > A, each seed's difference:\n\n" + table(header, body)
           + f'\n\nprimary: {name}; other rows descriptive\n{b} - {a} at {name}: {r["mean"]:+.2f} '
-          + verdict)
+          + verdict(r, len(seeds), a, b))
+
+
+def verdict(r: dict, seeds: int, a: str, b: str) -> str:
+  """The primary row's 95% interval, p-value and verdict (resolved where the interval excludes 0),
+  or why there is none: too few seeds, or no spread."""
+  if seeds < stats.MIN_SEEDS:
+    return f'(no interval): {SEEDS}'
+  if not r['ci']:
+    return f"(no interval): every seed's difference is {r['mean']:+.2f} (the same runs twice?)"
+  side = f'resolved, {b} {"above" if r["mean"] > 0 else "below"} {a}'
+  return (f'[{r["ci"][0]:.2f}, {r["ci"][1]:.2f}] (95% CI), p = {r["p"]:.2g}: '
+          + (side if 0 < r['ci'][0] or r['ci'][1] < 0 else 'not resolved'))
 
 
 def plot(rows, out: str) -> list:
@@ -372,6 +376,13 @@ def source_line(row: Row) -> str:
           + f' ({"; ".join(filter(None, parts))})')
 
 
+def session_rows(rows, all_sessions: bool) -> list:
+  """Label, session, classes, accuracy, base, novel and HM of each row's sessions (or last one)."""
+  return [[r.label, s['session'], s['num_classes']]
+          + [format_stat(s[k], has_interval(r.results)) for k in stats.KEYS]
+          for r in rows for s in r.results['sessions'][0 if all_sessions else -1:]]
+
+
 def format_report(rows, reference=0, all_sessions=False, paired='') -> str:
   """report.md: a section per table (where a row has its data), the paired comparison, sources."""
   ref = resolve_reference(rows, reference)
@@ -379,15 +390,13 @@ def format_report(rows, reference=0, all_sessions=False, paired='') -> str:
   norms = [[r.label] + [format_stat(r.results['prototype_norms'][k], has_interval(r.results))
                         for k in ('base_mean', 'base_std', 'novel_mean', 'novel_std')]
            for r in rows if r.results.get('prototype_norms')]
-  sessions = [[r.label, s['session'], s['num_classes']]
-              + [format_stat(s[k], has_interval(r.results)) for k in stats.KEYS]
-              for r in rows for s in r.results['sessions'][0 if all_sessions else -1:]]
   sections = [
       ("Accuracy per session (%, mean ± 95% CI over runs; each row's interval in Sources)",
        f'{format_table(rows, ref)}\n\n{PD_AVG}; {GAP} "{rows[ref].label}".'
        + ''.join(f'\n- {n}' for n in notes(rows, ref))),
       (f'Base vs novel accuracy ({"every" if all_sessions else "last"} session)',
-       table(['Method', 'Session', 'Classes', 'Acc', 'Base', 'Novel', 'HM'], sessions)),
+       table(['Method', 'Session', 'Classes', 'Acc', 'Base', 'Novel', 'HM'],
+             session_rows(rows, all_sessions))),
       ('Accuracy matrix (%, mean over runs)', f'{MATRIX}.\n\n' + '\n'.join(
           f'{r.label}:\n\n{matrix_table(r.results) or NO_MATRIX}\n' for r in rows)),
       ('Flatness of the base model (base loss over noise draws)', flatness and table(
