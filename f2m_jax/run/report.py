@@ -289,8 +289,8 @@ def format_paired(pairs: list, a: str, b: str, primary: str = '') -> str:
     raise ValueError(f'--primary {primary!r} is none of {keys}')
   rows = stats.paired(*[[stats.seed_values(p[i]) for p in pairs] for i in (1, 2)])
   names, seeds = [NAMES.get(k) or f'session {k[1:]} accuracy' for k in keys], [p[0] for p in pairs]
-  ci = lambda r: r['ci'] and '[{:.2f}, {:.2f}]'.format(*r['ci']) or 'n/a'
-  body = [[n, f'{r["mean"]:+.2f}', ci(r), f'{r["holm"]:.2g}' if r['holm'] else 'n/a',
+  body = [[n, f'{r["mean"]:+.2f}', f'[{r["ci"][0]:.2f}, {r["ci"][1]:.2f}]' if r['ci'] else 'n/a',
+           f'{r["holm"]:.2g}' if r['holm'] else 'n/a',
            f'{r["above"]} of {len(seeds)}'] + [f'{d:+.2f}' for d in r['diffs']]
           for n, r in zip(names, rows)]
   r, name = rows[keys.index(primary)], names[keys.index(primary)]
