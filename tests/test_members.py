@@ -116,7 +116,8 @@ def test_two_sweeps_of_the_same_seeds_compare_pairwise(sweep, tmp_path, capsys):
   assert report.main([root, str(other), '--paired', '--labels', 'F2M,Baseline']) == 0
   out = capsys.readouterr().out
   assert f'Baseline - F2M at session 3 accuracy: {(d[0] + d[1]) / 2:+.2f} (no interval)' in out
-  assert f'| {d[0]:+.2f} | {d[1]:+.2f} |' in out and 'resolved' not in out
+  row = next(line for line in out.splitlines() if 'session 3 accuracy |' in line).split('|')
+  assert [c.strip() for c in row[-3:-1]] == [f'{d[0]:+.2f}', f'{d[1]:+.2f}'] and 'resolved' not in out
   assert report.main([root, sweep[2][1], '--paired']) == 2
   assert 'pairs need the same seeds' in capsys.readouterr().err
 
@@ -294,8 +295,9 @@ def test_a_field_sweep_reports_each_value_apart():
   assert s['values'][1]['sessions'][1]['acc'] == stats.summarize([30.0, 34.0])  # its own draws only
   assert s['values'][1]['interval'] == stats.INTERVALS['draws']
   table = members.format_summary(s).splitlines()  # the report, a row per value
-  assert [c.strip() for c in table[4].split('|')[1:-1]] == ['Method', '1', '2', 'PD', 'AVG', 'retention', 'gap']
-  assert [c.strip() for c in table[7].split('|')[1:-1]] == [  # 1.96 std / sqrt(2)
+  assert table[0] == 'f2m on d (draws, 2 runs)'
+  assert [c.strip() for c in table[6].split('|')[1:-1]] == ['Method', '1', '2', 'PD', 'AVG', 'retention', 'gap']
+  assert [c.strip() for c in table[9].split('|')[1:-1]] == [  # 1.96 std / sqrt(2)
       'noise.bound=0.01', '61.00 ± 1.39', '32.00 ± 2.77', '29.00 ± 1.39', '46.50 ± 2.08',
       report.format_stat(stats.summarize([50.0, 100 * 34.0 / 62.0])), '-9.00']
 

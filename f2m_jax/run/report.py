@@ -229,7 +229,9 @@ def format_session_table(r: dict) -> str:
   matrix, the sources."""
   rows = [Row(f'{r["field"]}={v["value"]:g}', v) for v in r['values']] if 'values' in r else [
       Row(r.get('label') or r['method'], r)]
-  return format_report(rows, all_sessions=True)
+  x = rows[0].results
+  return (f'{x.get("label") or x["method"]} on {x["dataset"]} ({x["protocol"]}, {count(x)})\n\n'
+          + format_report(rows, all_sessions=True))
 
 
 def seed_runs(path: str) -> dict:
