@@ -13,8 +13,9 @@ iterations of batch 256, lr 0.1 x 0.01 at 1,500), `cpu` (common.make_cpu: 1,000 
 runs the paper's appendix class splits by superclass (30 base classes, 4 sessions of 5) on either
 source.
 
-Headline (`:trainsplit`, the default F2M over five base seeds on an H200): session 9 at 31.27 +- 0.61,
-PD 15.67 (experiments/results/README.md, section 18, with the Baseline and the authors' code).
+Headline (`:trainsplit`, the default F2M over five base seeds on an H200): session 9 at 31.27 +- 0.96
+(95% interval of the mean over the seeds, Student's t), PD 15.67 (experiments/results/README.md,
+section 18, with the Baseline and the authors' code).
 `:smoke` (synthetic data, chance 5%): session 1 at about 76%, 37 s on 2 CPU cores (24 s of it compiling;
 14 s with the programs cached: experiments/results/README.md, section 25).
 """

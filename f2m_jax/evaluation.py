@@ -1,4 +1,5 @@
-"""Embeddings, prototypes, NCM accuracies and the summary statistics of the results table."""
+"""Embeddings, prototypes, NCM accuracies and the prototype norms (the results' statistics:
+f2m_jax/stats.py)."""
 from __future__ import annotations
 
 import functools
@@ -13,14 +14,16 @@ from f2m_jax.data import augment as augment_lib
 from f2m_jax.data.types import Benchmark
 from f2m_jax.models import ResNet
 from f2m_jax.padding import pad_rows
-from f2m_jax.stats import KEYS, t_interval
+from f2m_jax.stats import build_results, results_rows, summarize  # noqa: F401 (pipeline's)
+
 
 @functools.lru_cache(maxsize=None)
 def make_embed(model: ResNet, mean, std, batch_size: int = 500, first: int = 0,
                last: Optional[int] = None, logits: bool = False) -> Callable:
-  """embed(variables, inputs) -> numpy in the model's accumulation dtype, BN in eval mode, in batches padded
-  to one size so one (cached) compiled program serves every call. first=0: uint8 images; else the
-  activations entering block `first`. `last`: the activation before block `last`; `logits`: the classifier's."""
+  """embed(variables, inputs) -> numpy in the model's accumulation dtype, BN in eval mode, in
+  batches padded to one size so one (cached) compiled program serves every call. first=0: uint8
+  images; else the activations entering block `first`. `last`: the activation before block
+  `last`; `logits`: the classifier's."""
 
   @jax.jit
   def _embed(variables, inputs):  # the test view, BN in eval mode
@@ -29,10 +32,12 @@ def make_embed(model: ResNet, mean, std, batch_size: int = 500, first: int = 0,
     return out if last is not None else out[1 if logits else 0]
 
   def embed(variables, inputs, keep_on_device: bool = False):
-    """The outputs for host or device `inputs` as one numpy array, or one device array (`keep_on_device`)."""
+    """The outputs for host or device `inputs` as one numpy array, or one device array
+    (`keep_on_device`)."""
     xp = jnp if keep_on_device else np
     chunks = (inputs[start:start + batch_size] for start in range(0, len(inputs), batch_size))
-    return xp.concatenate([xp.asarray(_embed(variables, pad_rows(c, batch_size)))[:len(c)] for c in chunks])
+    return xp.concatenate([xp.asarray(_embed(variables, pad_rows(c, batch_size)))[:len(c)]
+                           for c in chunks])
 
   embed.program = _embed  # compiled ahead by the memory check (f2m_jax/run/memory.py)
   return embed
@@ -49,7 +54,8 @@ def prototypes(embeddings: np.ndarray, labels: np.ndarray, classes: Sequence[int
 
 @functools.partial(jax.jit, static_argnames='normalize')
 def ncm_predict_padded(embeddings, protos, num_classes, normalize: bool):
-  """NCM predictions (PN first when `normalize`) over the first `num_classes` rows of `protos` (the rest padding)."""
+  """NCM predictions (PN first when `normalize`) over the first `num_classes` rows of `protos` (the
+  rest padding)."""
   p = objectives.normalize_prototypes(protos) if normalize else protos
   return objectives.ncm_predict(embeddings, p, num_classes)
 
@@ -60,14 +66,18 @@ def eval_shapes(bench: Benchmark) -> tuple:
 
 
 def ncm_accuracies(embeddings: np.ndarray, labels: np.ndarray, protos: np.ndarray, num_base: int,
-                   normalize: bool, pad_to: Optional[tuple] = None, session_ends: Sequence[int] = ()) -> dict:
-  """`accuracies_from_predictions` of NCM over all seen classes; `pad_to` = (rows, classes) pads so that every
-  session runs one compiled program."""
-  dtype = jnp.promote_types(jnp.promote_types(np.asarray(embeddings).dtype, np.asarray(protos).dtype), jnp.float32)
+                   normalize: bool, pad_to: Optional[tuple] = None,
+                   session_ends: Sequence[int] = ()) -> dict:
+  """`accuracies_from_predictions` of NCM over all seen classes; `pad_to` = (rows, classes) pads so
+  that every session runs one compiled program."""
+  dtype = jnp.promote_types(
+      jnp.promote_types(np.asarray(embeddings).dtype, np.asarray(protos).dtype), jnp.float32)
   embeddings, protos = np.asarray(embeddings, dtype), np.asarray(protos, dtype)
   rows, classes = pad_to or (len(embeddings), len(protos))
-  pred = ncm_predict_padded(pad_rows(embeddings, rows), pad_rows(protos, classes), np.int32(len(protos)), normalize)
-  return accuracies_from_predictions(np.asarray(pred)[:len(embeddings)], labels, num_base, session_ends)
+  pred = ncm_predict_padded(pad_rows(embeddings, rows), pad_rows(protos, classes),
+                            np.int32(len(protos)), normalize)
+  return accuracies_from_predictions(np.asarray(pred)[:len(embeddings)], labels, num_base,
+                                     session_ends)
 
 
 def session_ends(bench: Benchmark, session: int) -> tuple:
@@ -76,78 +86,29 @@ def session_ends(bench: Benchmark, session: int) -> tuple:
   return tuple(bench.num_seen_classes(t) for t in range(1, session + 1))
 
 
-def accuracies_from_predictions(pred, labels: np.ndarray, num_base: int, session_ends: Sequence[int] = ()) -> dict:
+def accuracies_from_predictions(pred, labels: np.ndarray, num_base: int,
+                                session_ends: Sequence[int] = ()) -> dict:
   """acc, acc_base, acc_novel (None without novel images) and hm, in percent; with `session_ends`,
   acc_sessions: the accuracy on each session's classes (None for a session without test images)."""
   correct = np.asarray(pred) == labels
   base = labels < num_base
   acc_base = 100.0 * correct[base].mean()
   acc_novel = 100.0 * correct[~base].mean() if (~base).any() else None
-  hm = None if acc_novel is None else 2.0 * acc_base * acc_novel / (acc_base + acc_novel or 1.0)  # 0 for 0 and 0
+  # hm: 0 where both are 0
+  hm = None if acc_novel is None else 2.0 * acc_base * acc_novel / (acc_base + acc_novel or 1.0)
   out = {'acc': 100.0 * correct.mean(), 'acc_base': acc_base, 'acc_novel': acc_novel, 'hm': hm}
   if session_ends:
-    groups = [(labels >= lo) & (labels < hi) for lo, hi in zip((0,) + tuple(session_ends[:-1]), session_ends)]
+    groups = [(labels >= lo) & (labels < hi)
+              for lo, hi in zip((0,) + tuple(session_ends[:-1]), session_ends)]
     out['acc_sessions'] = [100.0 * float(correct[g].mean()) if g.any() else None for g in groups]
   return out
-
-
-INTERVALS = {'draws': "the authors': 1.96 * std(ddof=0) / sqrt(R) over the R draws",
-             'seeds': "t(0.975, S-1) * std(ddof=1) / sqrt(S) over the S seeds (each seed's mean over its draws)"}
-SAME_SHOTS = ('n/a: every run trained on the same shots (fixed lists, or shot pools of data.shots images a '
-              'class), so the runs are no draws of them')
-
-
-def summarize(values: Sequence[Optional[float]], over: Optional[str] = 'draws') -> Optional[dict]:
-  """Mean, 95% interval (`INTERVALS[over]`; None where `over` is None or there is one value) and the values;
-  None where a run has no value (e.g. no novel classes in session 1)."""
-  if any(v is None for v in values):
-    return None
-  v = np.asarray(values, np.float64)
-  ci = None if over is None or len(v) < 2 else (t_interval(v.tolist()) if over == 'seeds'
-                                                else float(1.96 * v.std() / np.sqrt(len(v))))
-  return {'mean': float(v.mean()), 'ci95': ci, 'runs': v.tolist()}
 
 
 def prototype_norms(prototypes: np.ndarray, num_base: int) -> dict:
   """The paper's norm table for one run: mean and (population) std of the L2 norms of the base
   prototypes (the first `num_base` rows) and of the novel ones (the rest; None without any)."""
   norms = np.linalg.norm(np.asarray(prototypes, np.float64), axis=-1)
-  parts, stats = {'base': norms[:num_base], 'novel': norms[num_base:]}, (('mean', np.mean), ('std', np.std))
-  return {f'{part}_{name}': float(f(v)) if v.size else None for part, v in parts.items() for name, f in stats}
-
-
-def build_results(dataset: str, method: str, protocol: str, num_classes: Sequence[int],
-                  per_run: Sequence[Sequence[dict]], norms: Optional[Sequence[dict]] = None,
-                  over: str = 'draws', same_shots: bool = False) -> dict:
-  """The results.json document from per-run, per-session accuracy dicts ([runs][sessions]) and optional per-run
-  `prototype_norms`; intervals over `over` (`INTERVALS`), none where every run trained on the same shots
-  (`same_shots`); with the runs' acc_sessions, the accuracy matrix (session i's classes after session j)."""
-  over = None if same_shots else over
-  sessions = [{'session': t + 1, 'num_classes': int(n), **{k: summarize([run[t][k] for run in per_run], over)
-                                                             for k in KEYS}} for t, n in enumerate(num_classes)]
-  acc = np.asarray([[s['acc'] for s in run] for run in per_run])
-  brief = lambda values: {k: v for k, v in summarize(values, over).items() if k != 'runs'}
-  out = {'dataset': dataset, 'method': method, 'protocol': protocol, 'runs': len(per_run), 'sessions': sessions,
-         'pd': brief(acc[:, 0] - acc[:, -1]), 'avg': brief(acc.mean(axis=1)),
-         'interval': INTERVALS[over] if over else SAME_SHOTS}
-  if norms:
-    out['prototype_norms'] = {key: summarize([n[key] for n in norms], over) for key in norms[0]}
-  if all('acc_sessions' in s for run in per_run for s in run):
-    out['accuracy_matrix'] = accuracy_matrix(per_run, over)
-  return out
-
-
-def accuracy_matrix(per_run: Sequence[Sequence[dict]], over: Optional[str]) -> dict:
-  """Each run's accuracy on session i's classes after session j (None for j < i), and its statistics."""
-  n = len(per_run[0])
-  runs = [[[run[j]['acc_sessions'][i] if i <= j else None for j in range(n)] for i in range(n)] for run in per_run]
-  cells = [[summarize([r[i][j] for r in runs], over) for j in range(n)] for i in range(n)]
-  return {'rows': 'session whose classes are tested', 'columns': 'after session',
-          **{k: [[c and c[k] for c in r] for r in cells] for k in ('mean', 'ci95')}, 'runs': runs}
-
-
-def results_rows(results: dict) -> list:
-  """Flat rows (one per session) for results.csv: classes, then each statistic's mean and ci95."""
-  value = lambda stat, field: None if stat is None or stat[field] is None else round(stat[field], 4)
-  return [{'session': s['session'], 'num_classes': s['num_classes'],
-           **{f'{k}_{f}': value(s[k], f) for k in KEYS for f in ('mean', 'ci95')}} for s in results['sessions']]
+  parts, stats = {'base': norms[:num_base], 'novel': norms[num_base:]}, (('mean', np.mean),
+                                                                         ('std', np.std))
+  return {f'{part}_{name}': float(f(v)) if v.size else None
+          for part, v in parts.items() for name, f in stats}

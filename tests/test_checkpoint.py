@@ -83,7 +83,7 @@ def _check_the_selection_is_said_and_used(results: dict, workdir: str, config) -
     assert not np.array_equal(last.params['fc']['kernel'], best['params']['fc']['kernel'])
   ckpts.close()
   from f2m_jax.run import report  # pylint: disable=g-import-not-at-top
-  assert 'TEST images' in report.format_session_table(results)
+  assert 'chosen on test images' in report.format_session_table(results)
   rows = report.build_rows([workdir], ['selected'])
   assert 'chosen on test images' in report.format_table(rows)
   assert 'chosen on the base classes\' test images' in report.format_report(rows)

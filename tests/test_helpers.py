@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 from scipy import stats as scipy_stats
 
-from f2m_jax import evaluation
 from f2m_jax import optim
 from f2m_jax import padding
 from f2m_jax import stats
@@ -84,11 +83,11 @@ def test_the_interval_over_seeds_is_students_t(values):
   assert round(quantile, 3) == {2: 12.706, 3: 4.303, 5: 2.776}[s]
   want = quantile * sd / math.sqrt(s)
   assert stats.t_interval(values) == pytest.approx(want, rel=1e-13, abs=0)
-  assert evaluation.summarize(values, 'seeds') == {'mean': pytest.approx(mean, rel=1e-15), 'runs': values,
-                                                   'ci95': pytest.approx(want, rel=1e-13, abs=0)}
+  assert stats.summarize(values, 'seeds') == {'mean': pytest.approx(mean, rel=1e-15), 'runs': values,
+                                              'ci95': pytest.approx(want, rel=1e-13, abs=0)}
   population = math.sqrt(math.fsum((v - mean) ** 2 for v in values) / s)
-  assert evaluation.summarize(values)['ci95'] == pytest.approx(1.96 * population / math.sqrt(s), rel=1e-13)
-  assert evaluation.summarize(values[:1], 'seeds')['ci95'] is None and stats.t_interval(values[:1]) is None
+  assert stats.summarize(values)['ci95'] == pytest.approx(1.96 * population / math.sqrt(s), rel=1e-13)
+  assert stats.summarize(values[:1], 'seeds')['ci95'] is None and stats.t_interval(values[:1]) is None
 
 
 def test_shot_draws_say_when_every_run_trains_on_the_same_images():

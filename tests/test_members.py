@@ -14,8 +14,8 @@ import pytest
 
 from conftest import REPO, Interrupt, moved, rel_norm_diff, run_py, tiny_smoke, without_provenance
 from f2m_jax import base as base_lib
-from f2m_jax import evaluation
 from f2m_jax import sharding
+from f2m_jax import stats
 from f2m_jax import train_loop
 from f2m_jax import trees
 from f2m_jax.data import sources
@@ -98,9 +98,9 @@ def test_a_sweep_records_the_command_that_started_it(sweep):
 @pytest.mark.slow
 def test_two_sweeps_of_the_same_seeds_compare_pairwise(sweep, tmp_path, capsys):
   """report --paired: the sweep (F2M, seeds 0 and 1) against the Baseline's sessions on each member's base
-  model (--checkpoint, as experiments/'s Baseline + PN rows), members that record the same shot digest; B - A
-  per seed from the members' results.json, its mean and t(0.975, 1) interval computed here by hand. A single
-  workdir (one seed) does not pair with the sweep: one line, exit 2."""
+  model (--checkpoint, as experiments/'s Baseline + PN rows: the same base models), members that record the
+  same shot digest; B - A per seed from the members' results.json and its mean, computed here by hand, with
+  no interval or verdict (2 seeds). A single workdir (one seed) does not pair with the sweep: one line, exit 2."""
   root = sweep[0]
   other = tmp_path / 'baseline'
   runs = []
@@ -108,16 +108,16 @@ def test_two_sweeps_of_the_same_seeds_compare_pairwise(sweep, tmp_path, capsys):
     config = tiny(seed)
     config.method = 'baseline'
     runs.append(pipeline.run(config, str(other / f'member_{i}'), checkpoint=os.path.join(root, f'member_{i}')))
-  (other / 'summary.json').write_text(json.dumps({**members.summarize(runs), 'members': []}))
+  (other / 'summary.json').write_text(json.dumps({**stats.seed_summary(runs), 'members': []}))
   ours = [json.loads(open(os.path.join(root, f'member_{i}', 'results.json')).read()) for i in range(len(SEEDS))]
   assert [r['provenance']['shots'] for r in runs] == [r['provenance']['shots'] for r in ours]
   d = [b['sessions'][-1]['acc']['mean'] - a['sessions'][-1]['acc']['mean'] for a, b in zip(ours, runs)]
-  m, h = (d[0] + d[1]) / 2, 12.706204736174698 * abs(d[0] - d[1]) / 2  # t(0.975, 1) * std(ddof=1) / sqrt(2)
   capsys.readouterr()
   assert report.main([root, str(other), '--paired', '--labels', 'F2M,Baseline']) == 0
-  line = capsys.readouterr().out.splitlines()[-2]
-  assert line.startswith(f'Baseline {"above" if m > 0 else "below"} F2M at session 3: {m:+.2f}, 95% CI '
-                         f'[{m - h:+.2f}, {m + h:+.2f}]: '), line
+  out = capsys.readouterr().out
+  assert f'Baseline - F2M at session 3 accuracy: {(d[0] + d[1]) / 2:+.2f} (no interval)' in out
+  row = next(line for line in out.splitlines() if 'session 3 accuracy |' in line).split('|')
+  assert [c.strip() for c in row[-3:-1]] == [f'{d[0]:+.2f}', f'{d[1]:+.2f}'] and 'resolved' not in out
   assert report.main([root, sweep[2][1], '--paired']) == 2
   assert 'pairs need the same seeds' in capsys.readouterr().err
 
@@ -200,21 +200,26 @@ def test_the_gpu_layout_equals_single_steps_of_each_member(reference):
     assert rel_norm_diff(moved(singles[1 - i], inits[1 - i]), moved(want, init)) > 0.1  # the members differ
 
 
+def doc(per_run):
+  """results.json of runs whose sessions 1 and 2 have accuracies `per_run` (every statistic: the same)."""
+  return stats.build_results('d', 'f2m', 'draws', [10, 12], [[{'acc': a, 'acc_base': a, 'hm': None,
+                                                               'acc_novel': None if t == 0 else a}
+                                                              for t, a in enumerate(run)] for run in per_run])
+
+
 def test_a_seed_summary_is_over_the_seeds_means_with_students_t():
   """Per session the seeds' means over their draws, with t(0.975, S-1) * std(ddof=1) / sqrt(S) over them
-  (draws averaged within a seed: members x draws are not independent, and no such interval is given)."""
-  def doc(per_run):
-    return evaluation.build_results('d', 'f2m', 'draws', [10, 12], [[{'acc': a, 'acc_base': a, 'acc_novel': None if t == 0 else a,
-                                                                     'hm': None} for t, a in enumerate(run)]
-                                                                   for run in per_run])
+  (draws averaged within a seed: members x draws are not independent, and no such interval is given); the
+  retention of each seed's means."""
   a, b = doc([[50.0, 40.0], [52.0, 42.0]]), doc([[60.0, 30.0], [62.0, 34.0]])
-  s = members.summarize([a, b])
+  s = stats.seed_summary([a, b])
   t1 = 12.706204736174698  # t(0.975, 1)
   assert s['sessions'][1]['acc'] == {'mean': 36.5, 'ci95': pytest.approx(t1 * (41.0 - 32.0) / np.sqrt(2) / np.sqrt(2)),
                                      'runs': [41.0, 32.0]}
   assert s['pd'] == {'mean': pytest.approx(19.5), 'ci95': pytest.approx(t1 * 19.0 / 2)}  # PD 10 and 29
-  assert s['runs'] == 2 and 'pooled' not in s and s['interval'] == evaluation.INTERVALS['seeds']
-  assert a['interval'] == evaluation.INTERVALS['draws']
+  assert s['retention']['runs'] == [100 * 41.0 / 51.0, 100 * 32.0 / 61.0]
+  assert s['seeds'] == 2 and 'runs' not in s and s['interval'] == stats.INTERVALS['seeds']
+  assert a['interval'] == stats.INTERVALS['draws']
 
 
 @pytest.mark.parametrize('fields, message', [
@@ -284,18 +289,17 @@ def test_the_member_table_times_members_against_single_steps():
 def test_a_field_sweep_reports_each_value_apart():
   """A sweep over noise.bound is never pooled across values: summary.json and the printed table give
   each value's mean and interval over its own draws."""
-  def doc(per_run):
-    return evaluation.build_results('d', 'f2m', 'draws', [10, 12], [[{'acc': a, 'acc_base': a, 'hm': None,
-                                                                      'acc_novel': None if t == 0 else a}
-                                                                     for t, a in enumerate(run)] for run in per_run])
   a, b = doc([[50.0, 40.0], [52.0, 42.0]]), doc([[60.0, 30.0], [62.0, 34.0]])
   s = members.summarize_values('noise.bound', (0.0025, 0.01), [a, b])
   assert 'sessions' not in s and [v['value'] for v in s['values']] == [0.0025, 0.01]
-  assert s['values'][1]['sessions'][1]['acc'] == evaluation.summarize([30.0, 34.0])  # its own draws only
-  assert s['values'][1]['interval'] == evaluation.INTERVALS['draws']
-  table = members.format_summary(s).splitlines()
-  assert table[0].startswith('2 values of noise.bound') and table[1].startswith('| Method | 1 | 2 |')
-  assert table[4] == '| noise.bound=0.01 | 61.00 ± 1.39 | 32.00 ± 2.77 | 29.00 ± 1.39 | 46.50 ± 2.08 | -9.00 |'  # 1.96 std / sqrt(2)
+  assert s['values'][1]['sessions'][1]['acc'] == stats.summarize([30.0, 34.0])  # its own draws only
+  assert s['values'][1]['interval'] == stats.INTERVALS['draws']
+  table = members.format_summary(s).splitlines()  # the report, a row per value
+  assert table[0] == 'f2m on d (draws, 2 runs)'
+  assert [c.strip() for c in table[6].split('|')[1:-1]] == ['Method', '1', '2', 'PD', 'AVG', 'retention', 'gap']
+  assert [c.strip() for c in table[9].split('|')[1:-1]] == [  # 1.96 std / sqrt(2)
+      'noise.bound=0.01', '61.00 ± 1.39', '32.00 ± 2.77', '29.00 ± 1.39', '46.50 ± 2.08',
+      report.format_stat(stats.summarize([50.0, 100 * 34.0 / 62.0])), '-9.00']
 
 
 @pytest.mark.slow

@@ -1,5 +1,5 @@
-"""Tables, plots and paired comparisons from the results.json of runs and the summary.json of sweeps (README,
-'What a workdir holds'). Only the standard library at module level (matplotlib, numpy, scipy lazily): no jax."""
+"""Tables, plots and paired comparisons from the results.json of runs and the summary.json of sweeps
+(README, 'What a workdir holds'); no JAX (matplotlib lazily)."""
 from __future__ import annotations
 
 import argparse
@@ -7,19 +7,28 @@ import csv
 import json
 import os
 import pathlib
-import statistics
 import sys
-from typing import Any, NamedTuple, Optional, Sequence
+from typing import NamedTuple
 
+from f2m_jax import files
 from f2m_jax import stats
 
-SESSION_HEADER = ['Method', 'Session', 'Classes', 'Acc', 'Base', 'Novel', 'HM']
 PATHS = ('cache_dir', 'data_dir', 'tfds_data_dir')  # data fields that change nothing that is drawn
-PD_AVG = ('PD: accuracy of session 1 minus that of the last session (what was forgotten; lower is better); '
-          'AVG: accuracy averaged over all sessions')
+PD_AVG = ('PD: accuracy of session 1 minus that of the last session (what was forgotten; lower is '
+          'better where session 1 is level, else read retention); AVG: accuracy averaged over all '
+          "sessions; retention: the last session's accuracy in % of session 1's (higher: more "
+          'kept)')
 GAP = 'gap: last-session accuracy minus that of the reference row'
-MATRIX = ("Accuracy on each session's classes (rows: the session that brought them) after every later session "
-          '(columns), mean over runs: the diagonal is what a session learned, the fall along a row what was forgotten')
+MATRIX = ("Accuracy on each session's classes (rows: the session that brought them) after every "
+          'later session (columns), mean over runs: the diagonal is what a session learned, the '
+          'fall along a row what was forgotten')
+NO_MATRIX = 'none (written by an earlier version, which recorded no matrix)'
+OLD = ("an earlier version's 1.96 * std(ddof=0) / sqrt(S) over the S seeds, too narrow (no "
+       "members' results.json to recompute it from)")
+SEEDS = (f'too few seeds for an interval, a p-value or a verdict: {stats.MIN_SEEDS} or more, e.g. '
+         "--config.members.seeds='(0,1,2)'")
+NAMES = {'pd': 'PD (lower: less forgotten)', 'avg': 'AVG',
+         'retention': 'retention (higher: more kept)'}
 
 
 class ResultsError(ValueError):
@@ -27,7 +36,7 @@ class ResultsError(ValueError):
 
 
 class Row(NamedTuple):
-  """A row of the report: its label, its results, the file they came from and the workdir's flatness files."""
+  """A row of the report: its label, its results, their file and the workdir's flatness files."""
   label: str
   results: dict
   source: str = ''
@@ -35,342 +44,412 @@ class Row(NamedTuple):
 
 
 def results_path(path: str) -> str:
-  """A folder's results.json, or its summary.json (a sweep's) where only that exists; a file itself."""
-  files = [os.path.join(path, n) for n in ('results.json', 'summary.json')] if os.path.isdir(path) else [path]
-  return next((f for f in files if os.path.isfile(f)), files[0])
+  """A folder's results.json, or its summary.json (a sweep's) where only that exists; a file
+  itself."""
+  found = [f'{path}/results.json', f'{path}/summary.json'] if os.path.isdir(path) else [path]
+  return next(filter(os.path.isfile, found), found[0])
 
 
-def read_json(file: str, check, what: str) -> Any:
-  """`file`'s JSON after `check` (which raises where it is not `what`); a ResultsError naming the file."""
+def read_json(file: str, check, what: str):
+  """`file`'s JSON after `check` (which raises where it is not `what`); a ResultsError naming it."""
   try:
-    data = json.loads(pathlib.Path(file).read_text(encoding='utf-8'))
+    data = json.loads(pathlib.Path(file).read_bytes())
     check(data)
     return data
   except FileNotFoundError:
-    raise ResultsError(f'{file}: no such results file' + (f" (nor a sweep's summary.json in {os.path.dirname(file)})"
-                                                          if file.endswith('results.json') else '')) from None
-  except json.JSONDecodeError as e:
-    raise ResultsError(f'{file}: not valid JSON ({e})') from None
-  except (AttributeError, KeyError, TypeError, ValueError) as e:
-    raise ResultsError(f'{file}: not the {what} ({e!r})') from None
+    raise ResultsError(f'{file}: no such results file' + f" (nor a sweep's summary.json in "
+                       f'{os.path.dirname(file)})' * file.endswith('results.json')) from None
+  except OSError as e:
+    raise ResultsError(files.describe_os_error(e)) from None
+  except (AttributeError, KeyError, TypeError, ValueError) as e:  # str(e): repr quotes binary
+    raise ResultsError(f'{file}: not the {what} ({type(e).__name__}: {e})') from None
+
+
+def check_results(data: dict) -> None:
+  """What the report reads of a result (of each value of a field's sweep)."""
+  for r in data.get('values') or [data]:
+    missing = [k for k in ('dataset', 'method', 'protocol', 'sessions', 'pd', 'avg')
+               if not r.get(k)]
+    if missing:
+      raise ValueError(f'it holds no {", ".join(missing)}')
 
 
 def load_results(path: str) -> dict:
-  """A results.json (its workdir or the file) or a sweep's summary.json."""
-  return read_json(results_path(path), lambda d: d.get('sessions') or d['values'],
-                   'results.json (or summary.json) of a run: it holds no sessions')
+  """A results.json (its workdir or the file) or a sweep's summary.json, whose seeds count as
+  `seeds`; one without `interval` (an earlier version's 1.96 * std(ddof=0)) recomputed from its
+  members, or marked OLD where they are gone."""
+  file = results_path(path)
+  r = read_json(file, check_results, 'results.json (or summary.json) of a run')
+  if file.endswith('summary.json') and 'values' not in r:
+    if 'interval' not in r:
+      found = members(file)
+      r = {**r, **stats.seed_summary(found)} if found else {**r, 'interval': OLD}
+    runs = r.pop('runs', None)  # an earlier version's count of the seeds
+    r.setdefault('seeds', runs)
+  return r
 
 
-def load_flatness(path: str) -> tuple:
-  """A workdir's flatness.json, then the flatness_<time>.json of later `--mode flatness` runs."""
-  files = sorted(pathlib.Path(path).glob('flatness*.json'), key=lambda f: (f.name != 'flatness.json', f.name))
-  def check(f):  # the numbers the table shows
-    return [float(f['bound'])] + [float(f[s][k]) for s in ('train', 'test') for k in ('I', 'sigma2', 'num_draws')]
-  return tuple(read_json(str(f), check, 'flatness file of run.py --mode flatness') for f in files)
+def members(file: str) -> list:
+  """The results of the members beside a sweep's summary.json."""
+  found = sorted(pathlib.Path(file).parent.glob('member_*/results.json'))
+  return [load_results(str(f)) for f in found]
 
 
-def build_rows(paths: Sequence[str], labels: Optional[Sequence[str]] = None) -> list:
-  """A Row per path (per value of a field's sweep), labelled `labels`, the results' label or '<method> <folder>'."""
+def build_rows(paths, labels=None) -> list:
+  """A Row per path (per value of a field's sweep), labelled `labels`, the results' label or
+  '<method> <folder>'; with its flatness.json, then later `--mode flatness` runs'
+  flatness_<time>.json."""
   if labels is not None and len(labels) != len(paths):
     raise ValueError(f'got {len(labels)} labels for {len(paths)} results: {list(labels)}')
   rows = []
   for i, path in enumerate(paths):
-    results, file, flatness = load_results(path), results_path(path), load_flatness(path)
-    folder = os.path.basename(os.path.dirname(os.path.abspath(file)))
+    results, file = load_results(path), results_path(path)
+    found = sorted(pathlib.Path(path).glob('flatness*.json'))  # flatness.json first
+    flatness = tuple(read_json(str(f), lambda d: flatness_row('', d), 'flatness file of --mode '
+                               'flatness') for f in found)
     for suffix, r in ([(f' {results["field"]}={v["value"]:g}', v) for v in results['values']]
                       if 'values' in results else [('', results)]):
-      label = labels[i] if labels is not None else str(r.get('label') or f'{r["method"]} {folder}')
+      folder = pathlib.Path(file).parent.name
+      label = labels[i] if labels else r.get('label') or f'{r["method"]} {folder}'
       rows.append(Row(label + suffix, r, file, flatness))
   return rows
 
 
-def has_interval(results: dict) -> bool:
-  return results.get('runs', 2) > 1  # one run's results hold ci95 0 (earlier versions) or null
+def flatness_row(label: str, f: dict) -> list:
+  """A flatness file's row: b, I and sigma^2 on the training and test images, draws and images."""
+  return ([label, f'{float(f["bound"]):g}']
+          + [f'{float(f[s][k]):.4g}' for k in ('I', 'sigma2') for s in ('train', 'test')]
+          + [int(f['train']['num_draws']),
+             f'{int(f["train"]["num_images"])} / {int(f["test"]["num_images"])}'])
 
 
-def reads_test_set(results: dict) -> bool:
-  return bool((results.get('base_model') or {}).get('reads_test_set'))  # base.select_on_test
+def has_interval(r: dict) -> bool:
+  """Whether the tables show intervals: not for one run (ci95 0 or null), too few seeds or OLD."""
+  return (r.get('runs', 2) > 1 and r.get('seeds', stats.MIN_SEEDS) >= stats.MIN_SEEDS
+          and r.get('interval') != OLD)
 
 
-def format_stat(stat: Optional[dict], interval: bool = True) -> str:
-  """'mean ± ci95', 'mean ± n/a' where the runs give no interval, the mean alone for one run; '-' for none."""
+def count(r: dict) -> str:
+  """'S seeds' of a sweep's summary, 'R runs' of a run."""
+  n, what = (r['seeds'], 'seed') if 'seeds' in r else (r['runs'], 'run')
+  return f'{n} {what}' + 's' * (n != 1)
+
+
+def reads_test_set(r: dict) -> bool:
+  return bool((r.get('base_model') or {}).get('reads_test_set'))  # base.select_on_test
+
+
+def format_stat(stat, interval: bool = True) -> str:
+  """'mean ± ci95', 'mean ± n/a' where the runs give no interval, the mean alone for one run; '-'
+  for none."""
   if not stat:
     return '-'
   ci = stat.get('ci95')
-  return f'{stat["mean"]:.2f}' + ((' ± n/a' if ci is None else f' ± {ci:.2f}') if interval else '')
+  shown = ' ± n/a' if ci is None else f' ± {ci:.2f}'
+  return f'{stat["mean"]:.2f}' + (shown if interval else '')
 
 
-def table(header: Sequence, body: Sequence[Sequence], plain: bool = False) -> str:
-  """A GitHub markdown table (the first column left-aligned), or `plain` text in right-aligned columns."""
-  rows = [[str(c) for c in r] for r in [header, *body]]
-  if plain:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return '\n'.join('  '.join(c.rjust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
-  rows.insert(1, [':---'] + ['---:'] * (len(header) - 1))
-  return '\n'.join('| ' + ' | '.join(c.replace('|', '\\|').replace('\n', ' ') for c in r) + ' |' for r in rows)
+def table(header, body) -> str:
+  """A GitHub markdown table, right-aligned and padded to read as text too."""
+  rows = [[str(c).replace('|', '\\|') for c in r] for r in [header, *body]]
+  widths = [max(map(len, column)) for column in zip(*rows)]
+  rows.insert(1, ['-' * (w - 1) + ':' for w in widths])
+  return '\n'.join('| ' + ' | '.join(map(str.rjust, r, widths)) + ' |' for r in rows)
 
 
-def setting(results: dict) -> str:
-  return f'{results["dataset"]}, {results["protocol"]}, {len(results["sessions"])} sessions'  # what a gap needs
+def setting(r: dict) -> str:
+  return f'{r["dataset"]}, {r["protocol"]}, {len(r["sessions"])} sessions'  # what a gap needs
 
 
-def resolve_reference(rows: Sequence[Row], reference: Any = None) -> int:
+def resolve_reference(rows, reference=None) -> int:
   """Index of the reference row: a label, else an index (negative from the end); None: the first."""
   labels = [row.label for row in rows]
   try:
     return labels.index(reference) if reference in labels else range(len(rows))[int(reference or 0)]
   except (TypeError, ValueError, IndexError):
-    raise ValueError(f'--reference {reference!r} is neither a label {labels} nor an index of the {len(rows)} '
-                     'rows') from None
+    raise ValueError(f'--reference {reference!r} is neither a label {labels} nor an index of the '
+                     f'{len(rows)} rows') from None
 
 
-def notes(rows: Sequence[Row], reference: int) -> list:
-  """A line per refused gap (another setting) and per row without an interval (every run on the same shots)."""
-  ref = rows[reference]
-  return ([f'no gap for "{r.label}" ({setting(r.results)}): the reference "{ref.label}" is {setting(ref.results)}, '
-           'and only runs of the same dataset, protocol and session count are subtracted'
-           for r in rows if setting(r.results) != setting(ref.results)]
-          + [f'"{r.label}": interval {r.results["interval"]}' for r in rows
-             if str(r.results.get('interval')).startswith('n/a')])
+def notes(rows, reference: int) -> list:
+  """A line per refused gap (another setting) and per row of too few seeds."""
+  ref = rows[reference].results
+  return ([f'no gap for "{r.label}" ({setting(r.results)}): the reference '
+           f'"{rows[reference].label}" is {setting(ref)}, and only runs of the same dataset, '
+           'protocol and session count are subtracted' for r in rows
+           if setting(r.results) != setting(ref)]
+          + [f'"{r.label}": {count(r.results)}, {SEEDS}' for r in rows
+             if 'seeds' in r.results and not has_interval(r.results)])
 
 
-def main_table(rows: Sequence[Row], reference: Any = 0) -> list:
-  """report.csv's records: each session's accuracy (s<n>), PD and AVG as mean and ci95 (None: none); the gap."""
+def main_table(rows, reference=0) -> list:
+  """report.csv's records: the setting, each session's accuracy (s<n>), PD, AVG and retention as
+  mean and ci95 (None: none, or not shown), the gap and the interval's formula."""
   ref = rows[resolve_reference(rows, reference)].results
-  names = [f's{n}' for n in sorted({s['session'] for r in rows for s in r.results['sessions']})] + ['pd', 'avg']
-  last = lambda r: r['sessions'][-1]['acc']['mean']
+  sessions = max(len(r.results['sessions']) for r in rows)
+  names = [f's{n + 1}' for n in range(sessions)] + [*stats.ENDS]
   out = []
   for row in rows:
     r = row.results
-    stats = {**{f's{s["session"]}': s['acc'] for s in r['sessions']}, 'pd': r['pd'], 'avg': r['avg']}
-    out.append({'label': row.label, **{k: r[k] for k in ('dataset', 'method', 'protocol', 'runs')}})
-    for name, stat in ((n, stats.get(n) or {}) for n in names):
-      out[-1].update({name: stat.get('mean'), f'{name}_ci95': stat.get('ci95') if has_interval(r) else None})
-    out[-1].update(gap=last(r) - last(ref) if setting(r) == setting(ref) else None, interval=r.get('interval'))
+    found = {**{f's{s["session"]}': s['acc'] for s in r['sessions']},
+             **{k: r.get(k) for k in stats.ENDS}}
+    out.append({'label': row.label,
+                **{k: r.get(k) for k in ('dataset', 'method', 'protocol', 'runs', 'seeds')}})
+    for n, stat in ((n, found.get(n) or {}) for n in names):
+      ci = stat.get('ci95') if has_interval(r) else None
+      out[-1].update({n: stat.get('mean'), f'{n}_ci95': ci})
+    gap = r['sessions'][-1]['acc']['mean'] - ref['sessions'][-1]['acc']['mean']
+    out[-1].update(gap=gap if setting(r) == setting(ref) else None, interval=r.get('interval'))
   return out
 
 
-def format_table(rows: Sequence[Row], reference: Any = 0) -> str:
-  """The main table in markdown: accuracy per session ('-' where a row has none), PD, AVG and the gap."""
+def format_table(rows, reference=0) -> str:
+  """The main table: accuracy per session ('-' where a row has none), PD, AVG, retention, gap."""
   records = main_table(rows, reference)
-  names = [k for k in records[0] if f'{k}_ci95' in records[0]]
-  body = [[row.label + ('' if has_interval(row.results) else ' (1 run, no interval)')
-           + (' (base model chosen on test images)' if reads_test_set(row.results) else '')]
-          + [format_stat(r[n] is not None and {'mean': r[n], 'ci95': r[f'{n}_ci95']}, has_interval(row.results))
-             for n in names] + ['n/a' if r['gap'] is None else f'{r["gap"]:+.2f}'] for row, r in zip(rows, records)]
-  return table(['Method'] + [n[1:] for n in names[:-2]] + ['PD', 'AVG', 'gap'], body)
+  names = [k[:-5] for k in records[0] if k.endswith('_ci95')]
+  body = [[row.label + f' ({count(row.results)}, no interval)' * (not has_interval(row.results))
+           + ' (base model chosen on test images)' * reads_test_set(row.results)]
+          + [format_stat(r[n] is not None and {'mean': r[n], 'ci95': r[f'{n}_ci95']},
+                         has_interval(row.results)) for n in names]
+          + ['n/a' if r['gap'] is None else f'{r["gap"]:+.2f}'] for row, r in zip(rows, records)]
+  return table(['Method'] + [n[1:] for n in names[:-3]] + ['PD', 'AVG', 'retention', 'gap'], body)
 
 
-def matrix_table(results: dict, plain: bool = True) -> str:
+def matrix_table(r: dict) -> str:
   """The accuracy matrix, a row per session of origin ('' before it); '' without one."""
-  mean, numbers = (results.get('accuracy_matrix') or {}).get('mean'), [s['session'] for s in results['sessions']]
-  return table(['from / after'] + numbers, [[n] + ['' if v is None else f'{v:.2f}' for v in row]
-                                            for n, row in zip(numbers, mean)], plain) if mean else ''
+  mean = (r.get('accuracy_matrix') or {}).get('mean')
+  numbers = [s['session'] for s in r['sessions']]
+  return mean and table(['from / after'] + numbers,
+                        [[n] + ['' if v is None else f'{v:.2f}' for v in row]
+                         for n, row in zip(numbers, mean)])
 
 
-def session_rows(rows: Sequence[Row], all_sessions: bool = True) -> list:
-  """Label, session, classes, accuracy, base, novel and HM of each row's sessions (or last session)."""
-  return [[r.label, s['session'], s['num_classes']] + [format_stat(s.get(k), has_interval(r.results)) for k in stats.KEYS]
-          for r in rows for s in r.results['sessions'][0 if all_sessions else -1:]]
-
-
-def format_session_table(results: dict) -> str:
-  """The plain table printed after a run or a seed sweep: sessions, PD and AVG, the accuracy matrix."""
-  ci, matrix = has_interval(results), matrix_table(results)
-  lines = table(SESSION_HEADER[1:], [r[1:] for r in session_rows([Row('', results)])], plain=True).splitlines()
-  lines[1:1] = ['-' * len(lines[0])]
-  title = (f'{results.get("label") or results["method"]} on {results["dataset"]} ({results["protocol"]}, '
-           f'{results["runs"]} {"seeds" if "members" in results else "runs"}, %, '
-           + (f'mean ± 95% interval: {results.get("interval", "1.96 * std / sqrt(R)")})' if ci else 'no interval)'))
-  footer = [lines[1], f'PD  {format_stat(results["pd"], ci)}    AVG  {format_stat(results["avg"], ci)}', PD_AVG]
-  if reads_test_set(results):
-    footer.append(f'base model: step {results["base_model"]["step"]}, chosen on the base classes\' TEST images '
-                  '(base.select_on_test)')
-  return '\n'.join([title] + lines + footer + (['', f'{MATRIX}:', matrix] if matrix else []))
+def format_session_table(r: dict) -> str:
+  """The report printed after a run or a sweep (a row per value of a field's): every session, the
+  matrix, the sources."""
+  rows = [Row(f'{r["field"]}={v["value"]:g}', v) for v in r['values']] if 'values' in r else [
+      Row(r.get('label') or r['method'], r)]
+  x = rows[0].results
+  return (f'{x.get("label") or x["method"]} on {x["dataset"]} ({x["protocol"]}, {count(x)})\n\n'
+          + format_report(rows, all_sessions=True))
 
 
 def seed_runs(path: str) -> dict:
   """{seed: results} of a seed sweep's members, or of one run."""
-  file, results = results_path(path), load_results(path)
+  results = load_results(path)
   if 'values' in results:
     raise ResultsError(f'{path}: a sweep over {results["field"]} holds no seeds to pair')
-  members = sorted(str(f) for f in pathlib.Path(file).parent.glob('member_*/results.json'))
   runs = {((r.get('provenance') or {}).get('config') or {}).get('seed'): r
-          for r in map(load_results, members if file.endswith('summary.json') else [file])}
-  if None in runs:
-    raise ResultsError(f'{path}: a run there records no seed (no provenance.config): nothing to pair it by')
+          for r in (members(results_path(path)) if 'seeds' in results else [results])}
+  if not runs or None in runs:
+    raise ResultsError(f'{path}: no run, or one without a seed (provenance.config.seed), to pair')
   return runs
 
 
 def shared(r: dict) -> dict:
-  """What two paired runs share; without a digest of the draws (older runs) the seed, runs and data config."""
-  prov, data = r['provenance'], {k: v for k, v in r['provenance']['config']['data'].items() if k not in PATHS}
-  return {'setting': setting(r), 'classes': [s['num_classes'] for s in r['sessions']], 'number of runs': r['runs'],
-          'shot draws': prov.get('shots') or json.dumps([prov['config']['seed'], r['runs'], data], sort_keys=True)}
+  """What paired runs share: the setting, classes, draws (without their digest, older runs: the
+  seed, runs and data config) and the seed that trained the base model (--checkpoint's where
+  base_source.differences has one; unknown where it recorded none)."""
+  prov = r['provenance']
+  seed = prov['config']['seed']
+  data = {k: v for k, v in prov['config']['data'].items() if k not in PATHS}
+  source = prov.get('base_source') and (prov['base_source']['differences'] or {'seed': [None]})
+  return {'setting': setting(r), 'classes': [s['num_classes'] for s in r['sessions']],
+          'number of runs': r['runs'],
+          'shot draws': prov.get('shots') or json.dumps([seed, r['runs'], data], sort_keys=True),
+          "base model's seed": ((source or {}).get('seed') or [seed])[0]}
 
 
-def pair(a: str, b: str) -> list:
-  """[(seed, A's results, B's)] of two seed sweeps or runs of the same seeds, setting, classes, runs and draws."""
+def pair(paths) -> list:
+  """[(seed, A's results, B's)] of two seed sweeps or runs (`paths`: A, B) of the same seeds,
+  setting, classes, draws and base models; not the same results twice."""
+  if len(paths) != 2:
+    raise ValueError(f'--paired compares two runs or sweeps (A B), got {len(paths)} paths')
+  a, b = paths
+  if os.path.realpath(results_path(a)) == os.path.realpath(results_path(b)):
+    raise ValueError(f'--paired: {a} and {b} are the same results; pair two runs or sweeps')
   runs = [seed_runs(a), seed_runs(b)]
   if sorted(runs[0]) != sorted(runs[1]):
-    raise ValueError(f'--paired: {a} holds seeds {sorted(runs[0])}, {b} {sorted(runs[1])}; pairs need the same seeds')
+    raise ValueError(f'--paired: {a} holds seeds {sorted(runs[0])}, {b} {sorted(runs[1])}; pairs '
+                     'need the same seeds')
   for seed in sorted(runs[0]):
     x, y = shared(runs[0][seed]), shared(runs[1][seed])
     what = next((k for k in x if x[k] != y[k]), None)
     if what:
-      raise ValueError(f'--paired: seed {seed} has another {what} in {a} ({str(x[what])[:60]}) than in {b} '
-                       f'({str(y[what])[:60]}); pairs need the same draws of the same protocol')
+      raise ValueError(f'--paired: seed {seed} has another {what} in {a} ({str(x[what])[:60]}) '
+                       f'than in {b} ({str(y[what])[:60]}); pairs need the same draws and base '
+                       'models')
   return [(seed, runs[0][seed], runs[1][seed]) for seed in sorted(runs[0])]
 
 
-def format_paired(pairs: list, a: str, b: str) -> str:
-  """B - A per session, PD and AVG: the mean over the seeds of each seed's difference of its means over the
-  same draws, its t-interval over the seeds and a verdict (resolved where the interval excludes 0)."""
-  names = [f'session {s["session"]}' for s in pairs[0][1]['sessions']] + ['PD', 'AVG']
-  means = lambda r: [s['acc']['mean'] for s in r['sessions']] + [r['pd']['mean'], r['avg']['mean']]
-  diffs = zip(*[[y - x for x, y in zip(means(ra), means(rb))] for _, ra, rb in pairs])
-  rows = [(name, statistics.fmean(d), stats.t_interval(d)) for name, d in zip(names, diffs)]
-  verdict = lambda m, h: 'n/a (one seed)' if h is None else 'resolved' if abs(m) > h else 'not resolved'
-  ci = lambda m, h: 'n/a' if h is None else f'[{m - h:+.2f}, {m + h:+.2f}]'
-  name, m, h = rows[-3]
-  return (f'{b} - {a}, paired over seeds {[s for s, _, _ in pairs]} ({pairs[0][1]["runs"]} draws each, averaged '
-          'within a seed); 95% interval t(0.975, S-1) * std(ddof=1) / sqrt(S) over the S seeds:\n\n'
-          + table(['', f'{b} - {a}', '95% CI', 'verdict'], [[n, f'{x:+.2f}', ci(x, y), verdict(x, y)]
-                                                           for n, x, y in rows], plain=True)
-          + f'\n\n{b} {"above" if m > 0 else "below" if m < 0 else "level with"} {a} at {name}: {m:+.2f}, '
-          f'95% CI {ci(m, h)}: {verdict(m, h)}')
+def format_paired(pairs: list, a: str, b: str, primary: str = '') -> str:
+  """B - A per session, PD, AVG and retention (stats.paired over the seeds), and the verdict for
+  the declared `primary` row alone (s<n>, pd, avg or retention; default: the last session)."""
+  keys = [f's{s["session"]}' for s in pairs[0][1]['sessions']] + [*stats.ENDS]
+  primary = primary or keys[-4]
+  if primary not in keys:
+    raise ValueError(f'--primary {primary!r} is none of {keys}')
+  rows = stats.paired(*[[stats.seed_values(p[i]) for p in pairs] for i in (1, 2)])
+  names, seeds = [NAMES.get(k) or f'session {k[1:]} accuracy' for k in keys], [p[0] for p in pairs]
+  body = [[n, f'{r["mean"]:+.2f}', f'[{r["ci"][0]:.2f}, {r["ci"][1]:.2f}]' if r['ci'] else 'n/a',
+           f'{r["holm"]:.2g}' if r['holm'] else 'n/a',
+           f'{r["above"]} of {len(seeds)}'] + [f'{d:+.2f}' for d in r['diffs']]
+          for n, r in zip(names, rows)]
+  r, name = rows[keys.index(primary)], names[keys.index(primary)]
+  header = ['', f'{b} - {a}', '95% CI', 'p (Holm)', 'B > A'] + [f'seed {s}' for s in seeds]
+  return (f'{b} - {a}, paired over seeds {seeds} ({pairs[0][1]["runs"]} draws each, averaged '
+          'within a seed): the paired t-test over the seeds (95% CI; p Holm-adjusted over the '
+          "rows), how many seeds have B > A, each seed's difference:\n\n" + table(header, body)
+          + f'\n\nprimary: {name}; other rows descriptive\n{b} - {a} at {name}: {r["mean"]:+.2f} '
+          + verdict(r, len(seeds), a, b))
 
 
-def plot(rows: Sequence[Row], out: str) -> list:
-  """accuracy.png and base_novel.png (per session, ± ci95 bands) and, where a row has one, accuracy_matrix.png (a
-  heatmap per matrix on one colour scale, cells labelled) into `out`; returns their names."""
-  import numpy as np  # pylint: disable=g-import-not-at-top
+def verdict(r: dict, seeds: int, a: str, b: str) -> str:
+  """The primary row's 95% interval, p-value and verdict (resolved where the interval excludes 0),
+  or why there is none: too few seeds, or no spread."""
+  if seeds < stats.MIN_SEEDS:
+    return f'(no interval): {SEEDS}'
+  if not r['ci']:
+    return f"(no interval): every seed's difference is {r['mean']:+.2f} (the same runs twice?)"
+  side = f'resolved, {b} {"above" if r["mean"] > 0 else "below"} {a}'
+  return (f'[{r["ci"][0]:.2f}, {r["ci"][1]:.2f}] (95% CI), p = {r["p"]:.2g}: '
+          + (side if 0 < r['ci'][0] or r['ci'][1] < 0 else 'not resolved'))
+
+
+def plot(rows, out: str) -> list:
+  """accuracy.png and base_novel.png (per session, ± ci95 bars) and the matrices' `heatmaps` into
+  `out`; returns their names."""
   from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top
-  for name, title, curves in (('accuracy.png', 'Accuracy per session (mean ± 95% CI)', [('acc', '-', '')]),
-                              ('base_novel.png', 'Base (solid) and novel (dashed) accuracy',
-                               [('acc_base', '-', ' base'), ('acc_novel', '--', ' novel')])):
-    ax = Figure(figsize=(7.0, 4.5)).add_subplot()
+  for name, keys in (('accuracy.png', ['acc']), ('base_novel.png', ['acc_base', 'acc_novel'])):
+    ax = Figure(figsize=(7, 4.5)).add_subplot(xlabel='session',
+                                              ylabel='accuracy (%, mean ± 95% CI)')
     for i, row in enumerate(rows):
-      for key, style, suffix in curves:
-        points = [(s['session'], s[key]['mean'], s[key].get('ci95')) for s in row.results['sessions'] if s.get(key)]
-        x, mean, ci = zip(*points) if points else ((), (), ())
-        ax.plot(x, mean, style, marker='o', markersize=3, color=f'C{i % 10}', label=row.label + suffix)
-        if points and None not in ci and has_interval(row.results):
-          ax.fill_between(x, np.subtract(mean, ci), np.add(mean, ci), color=f'C{i % 10}', alpha=0.2 / len(curves), lw=0)
-    ax.set(xlabel='session', ylabel='accuracy (%)', title=title)
-    ax.grid(alpha=0.3)
+      for key, style in zip(keys, ('-', '--')):
+        points = [(s['session'], s[key]['mean'], has_interval(row.results) and s[key]['ci95'] or 0)
+                  for s in row.results['sessions'] if s[key]]
+        ax.errorbar(*zip(*points), fmt=style, marker='o', capsize=2, color=f'C{i}',
+                    label=f'{row.label} {key}')
     ax.legend(fontsize='small')
-    ax.figure.savefig(os.path.join(out, name), dpi=120, bbox_inches='tight')
-  return ['accuracy.png', 'base_novel.png'] + plot_matrices(rows, out)
+    ax.figure.savefig(f'{out}/{name}', dpi=120, bbox_inches='tight')
+  figure = heatmaps(rows)
+  if figure:
+    figure.savefig(f'{out}/accuracy_matrix.png', dpi=120)
+  return ['accuracy.png', 'base_novel.png'] + ['accuracy_matrix.png'] * bool(figure)
 
 
-def plot_matrices(rows: Sequence[Row], out: str) -> list:
-  """accuracy_matrix.png where a row has a matrix: a heatmap each on one colour scale, cells labelled."""
+def heatmaps(rows):
+  """The rows' accuracy matrices (None without any): a heatmap each, on one colour scale from the
+  lowest to the highest mean shown, cells labelled to one decimal."""
   import numpy as np  # pylint: disable=g-import-not-at-top
   from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top
   shown = [(r.label, np.array(r.results['accuracy_matrix']['mean'], float)) for r in rows
-           if (r.results.get('accuracy_matrix') or {}).get('mean')]
-  if shown:
-    fig = Figure(figsize=(4.6 * len(shown), 4.2))
-    low = 10 * (min(np.nanmin(m) for _, m in shown) // 10)  # None cells are NaN: left blank
-    for ax, (label, mean) in zip(fig.subplots(1, len(shown), squeeze=False)[0], shown):
-      n = len(mean)  # sessions 1..n
-      image = ax.imshow(mean, vmin=low, vmax=100, cmap='viridis', extent=(0.5, n + 0.5, n + 0.5, 0.5))
-      for i, j in np.argwhere(~np.isnan(mean)):
-        ax.text(j + 1, i + 1, f'{mean[i, j]:.0f}', ha='center', va='center', fontsize=7,
-                color='white' if mean[i, j] < low + 0.6 * (100 - low) else 'black')
-      ax.set(xticks=range(1, n + 1), yticks=range(1, n + 1), xlabel='after session', ylabel='classes of session')
-      ax.set_title(label, fontsize='small')
-    fig.colorbar(image, ax=fig.axes, label='accuracy (%)', shrink=0.8)
-    fig.savefig(os.path.join(out, 'accuracy_matrix.png'), dpi=120)
-  return ['accuracy_matrix.png'] * bool(shown)
+           if matrix_table(r.results)]
+  if not shown:
+    return None
+  values = np.concatenate([m.ravel() for _, m in shown])  # None: NaN, left blank
+  low, high = np.nanmin(values), np.nanmax(values)
+  fig = Figure(figsize=(4.6 * len(shown), 4.2))
+  for ax, (label, m) in zip(fig.subplots(1, len(shown), squeeze=False)[0], shown):
+    image = ax.imshow(m, vmin=low, vmax=high)
+    for (i, j), v in np.ndenumerate(m):
+      ax.text(j, i, '' if np.isnan(v) else f'{v:.1f}', ha='center', va='center', fontsize=7,
+              color='white' if v < (low + high) / 2 else 'black')
+    ticks = range(len(m))  # sessions 1..n
+    ax.set(title=label, xticks=ticks, xticklabels=[t + 1 for t in ticks], yticks=ticks,
+           yticklabels=[t + 1 for t in ticks], xlabel='after session', ylabel='classes of session')
+  fig.colorbar(image, ax=fig.axes, label='accuracy (%)')
+  return fig
 
 
 def source_line(row: Row) -> str:
-  """Where a row was read from: its setting and interval, the command line, --checkpoint's base model."""
+  """Where a row was read from: its setting and interval, the command line, --checkpoint's base
+  model."""
   r, prov = row.results, row.results.get('provenance') or {}
   origin, src = prov.get('origin') or {}, prov.get('base_source') or {}
   changes = ', '.join(f'{k}={v!r}' for k, v in (origin.get('changes') or {}).items())
-  differs = ', '.join(src.get('differences') or []) or 'nothing'
-  parts = [f'{r["dataset"]}, {r["method"]}, {r["protocol"]}, {r["runs"]} runs', r.get('interval'),
+  parts = [f'{r["dataset"]}, {r["method"]}, {r["protocol"]}, {count(r)}', r.get('interval'),
            origin.get('config') and origin['config'] + (changes and f' with {changes}'),
-           src and f'{src.get("note") or "base model"} from `{src["path"]}` (trained by {src.get("method")}, commit '
-                   f'{str(src.get("commit"))[:10]}; config differs in {differs})',
-           reads_test_set(r) and f'base model of step {r["base_model"]["step"]}, chosen on the base classes\' test '
-                                 'images']
-  return f'- {row.label}: `{row.source}` (' + '; '.join(p for p in parts if p) + ')'
+           src and f'{src.get("note") or "base model"} from `{src["path"]}` (trained by '
+                   f'{src.get("method")}, commit {str(src.get("commit"))[:10]}; config differs in '
+                   f'{", ".join(src.get("differences") or []) or "nothing"})',
+           reads_test_set(r) and f'base model of step {r["base_model"]["step"]}, chosen on the '
+                                 "base classes' test images"]
+  return (f'- {row.label}' + f': `{row.source}`' * bool(row.source)
+          + f' ({"; ".join(filter(None, parts))})')
 
 
-def extra_rows(rows: Sequence[Row]) -> tuple:
-  """The flatness table's rows (one per flatness file of each row) and the prototype norms' (where recorded)."""
-  flatness = [[r.label, f'{f["bound"]:g}'] + [f'{f[s][k]:.4g}' for k in ('I', 'sigma2') for s in ('train', 'test')]
-              + [f['train']['num_draws'], f'{f["train"]["num_images"]} / {f["test"]["num_images"]}']
-              for r in rows for f in r.flatness]
+def session_rows(rows, all_sessions: bool) -> list:
+  """Label, session, classes, accuracy, base, novel and HM of each row's sessions (or last one)."""
+  return [[r.label, s['session'], s['num_classes']]
+          + [format_stat(s[k], has_interval(r.results)) for k in stats.KEYS]
+          for r in rows for s in r.results['sessions'][0 if all_sessions else -1:]]
+
+
+def format_report(rows, reference=0, all_sessions=False, paired='') -> str:
+  """report.md: a section per table (where a row has its data), the paired comparison, sources."""
+  ref = resolve_reference(rows, reference)
+  flatness = [flatness_row(r.label, f) for r in rows for f in r.flatness]
   norms = [[r.label] + [format_stat(r.results['prototype_norms'][k], has_interval(r.results))
                         for k in ('base_mean', 'base_std', 'novel_mean', 'novel_std')]
            for r in rows if r.results.get('prototype_norms')]
-  return flatness, norms
-
-
-def format_report(rows: Sequence[Row], reference: Any = 0, all_sessions: bool = False, paired: str = '') -> str:
-  """report.md: a section per table (where a row has its data), the paired comparison and the sources."""
-  ref = resolve_reference(rows, reference)
-  gap_notes = notes(rows, ref)
-  matrices = [f'{r.label}:\n\n{m}\n' for r in rows for m in [matrix_table(r.results, plain=False)] if m]
-  flatness, norms = extra_rows(rows)
   sections = [
       ("Accuracy per session (%, mean ± 95% CI over runs; each row's interval in Sources)",
-       f'{format_table(rows, ref)}\n\n{PD_AVG}; {GAP} "{rows[ref].label}".' + ''.join(f'\n- {n}' for n in gap_notes)),
+       f'{format_table(rows, ref)}\n\n{PD_AVG}; {GAP} "{rows[ref].label}".'
+       + ''.join(f'\n- {n}' for n in notes(rows, ref))),
       (f'Base vs novel accuracy ({"every" if all_sessions else "last"} session)',
-       table(SESSION_HEADER, session_rows(rows, all_sessions))),
-      ('Accuracy matrix (%, mean over runs)', matrices and f'{MATRIX}.\n\n' + '\n'.join(matrices)),
+       table(['Method', 'Session', 'Classes', 'Acc', 'Base', 'Novel', 'HM'],
+             session_rows(rows, all_sessions))),
+      ('Accuracy matrix (%, mean over runs)', f'{MATRIX}.\n\n' + '\n'.join(
+          f'{r.label}:\n\n{matrix_table(r.results) or NO_MATRIX}\n' for r in rows)),
       ('Flatness of the base model (base loss over noise draws)', flatness and table(
-          ['Method', 'b', 'I (train)', 'I (test)', 'sigma^2 (train)', 'sigma^2 (test)', 'draws', 'images'], flatness)),
+          ['Method', 'b', 'I (train)', 'I (test)', 'sigma^2 (train)', 'sigma^2 (test)', 'draws',
+           'images'], flatness)),
       ('Prototype norms after the last session (L2; mean ± 95% CI over runs)', norms and table(
-          ['Method', 'base norm mean', 'base norm std', 'novel norm mean', 'novel norm std'], norms)),
-      ('Paired comparison', paired and f'```\n{paired}\n```'), ('Sources', '\n'.join(source_line(r) for r in rows))]
-  return '# F2M report\n\n' + ''.join(f'## {title}\n\n{text.rstrip()}\n\n' for title, text in sections if text)
+          ['Method', 'base norm mean', 'base norm std', 'novel norm mean', 'novel norm std'],
+          norms)),
+      ('Paired comparison', paired), ('Sources', '\n'.join(map(source_line, rows)))]
+  return '# F2M report\n\n' + ''.join(f'## {title}\n\n{text.rstrip()}\n\n'
+                                      for title, text in sections if text)
 
 
-def write_report(rows: Sequence[Row], out: str, reference=0, all_sessions: bool = False, paired: str = '') -> dict:
-  """The report's files into `out` (created if missing, these files overwritten); returns {name: path}."""
-  if not out or (os.path.exists(out) and not os.path.isdir(out)):
-    raise ValueError(f"--out {out!r} is not a folder: give a folder (created if missing) for the report's files")
+def write_report(rows, out: str, md: str = '', reference=0) -> dict:
+  """report.md (`md`, by default `format_report`'s), report.csv and the plots into `out` (created
+  if missing, these files overwritten); returns {name: path}."""
+  if os.path.exists(out) and not os.path.isdir(out):
+    raise ValueError(f"--out {out!r} is not a folder: give a folder (created if missing) for the "
+                     "report's files")
   os.makedirs(out, exist_ok=True)
-  pathlib.Path(out, 'report.md').write_text(format_report(rows, reference, all_sessions, paired), encoding='utf-8')
+  pathlib.Path(out, 'report.md').write_text(md or format_report(rows, reference), encoding='utf-8')
   records = main_table(rows, reference)
-  with open(os.path.join(out, 'report.csv'), 'w', newline='', encoding='utf-8') as f:
+  with open(f'{out}/report.csv', 'w', newline='', encoding='utf-8') as f:
     csv.writer(f).writerows([list(records[0])] + [list(r.values()) for r in records])  # None: empty
-  return {n: os.path.join(out, n) for n in ['report.md', 'report.csv'] + plot(rows, out)}
+  return {n: f'{out}/{n}' for n in ['report.md', 'report.csv'] + plot(rows, out)}
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-  """Print the tables (notes on stderr) and write the report where --out asks; exit status 2: bad input."""
-  parser = argparse.ArgumentParser(prog='python -m f2m_jax.run.report', description='Tables, plots, paired comparisons.')
-  parser.add_argument('paths', nargs='+', help="workdirs (results.json), sweeps' folders (summary.json) or those files")
-  parser.add_argument('--out', help='folder for report.md, report.csv and the plots (created if missing)')
-  parser.add_argument('--reference', help='the row the gap subtracts: a label or a 0-based index (default: the first)')
-  parser.add_argument('--labels', help='comma-separated labels, one per path')
-  parser.add_argument('--base-novel', choices=('last', 'all'), default='last', help='last session or every one')
-  parser.add_argument('--paired', action='store_true', help='A B, same seeds and draws: B - A, t-interval over seeds')
+def main(argv=None) -> int:
+  """Print the report and write it where --out asks; exit status 2: bad input."""
+  parser = argparse.ArgumentParser(prog='python -m f2m_jax.run.report', description=__doc__)
+  add = parser.add_argument
+  add('paths', nargs='+', help="workdirs (results.json), sweeps' folders (summary.json), files")
+  add('--out', help='folder for report.md, report.csv and the plots (created if missing)')
+  add('--reference', help='the row the gap subtracts: a label or a 0-based index (default: 0)')
+  add('--labels', help='comma-separated labels, one per path')
+  add('--base-novel', choices=('last', 'all'), default='last', help='last session or every one')
+  add('--paired', action='store_true', help='A B (same seeds, draws and base models): B - A')
+  add('--primary', default='', help="--paired's declared endpoint, the one with a verdict: s<n>, "
+      'pd, avg or retention (default: the last session)')
   args = parser.parse_args(argv)
   try:
     rows = build_rows(args.paths, args.labels and [s.strip() for s in args.labels.split(',')])
     reference = resolve_reference(rows, args.reference)
-    if args.paired and len(args.paths) != 2:
-      raise ValueError(f'--paired compares two runs or sweeps (A B), got {len(args.paths)} paths')
-    comparison = format_paired(pair(*args.paths), *[r.label for r in rows]) if args.paired else ''
-    written = {} if args.out is None else write_report(rows, args.out, reference, args.base_novel == 'all', comparison)
+    paired = args.paired and format_paired(pair(args.paths), *[r.label for r in rows], args.primary)
+    md = format_report(rows, reference, args.base_novel == 'all', paired)
+    written = args.out and write_report(rows, args.out, md, reference)
   except ValueError as e:  # ResultsError included
     print(f'report: error: {e}', file=sys.stderr)
     return 2
-  print(''.join(f'report: warning: {n}\n' for n in notes(rows, reference)), end='', file=sys.stderr)
-  print(f'{format_table(rows, reference)}\n{PD_AVG}; {GAP} "{rows[reference].label}" (--reference)')
-  print(''.join(f'\n{r.label}: {MATRIX[0].lower()}{MATRIX[1:]}\n{m}\n' for r in rows for m in [matrix_table(r.results)]
-                if m) + (f'\n{comparison}\n' if comparison else ''), end='')
-  print('\n'.join(['wrote:'] + [f'  {p}' for p in written.values()]) if written else
-        '(nothing written: --out DIR writes report.md, report.csv, accuracy.png, base_novel.png and '
-        'accuracy_matrix.png)')
+  print(md + '\n'.join(['wrote:'] + [f'  {p}' for p in written.values()] if written else
+                       ['(nothing written: --out DIR writes report.md, report.csv and plots)']))
   return 0
 
 
