@@ -8,6 +8,7 @@ import dataclasses
 import json
 import pathlib
 import shutil
+import subprocess
 
 import numpy as np
 import pytest
@@ -171,6 +172,33 @@ def test_classes_at_any_depth(tmp_path):
   (root / 'alphabet_0' / '.hidden').mkdir()
   (root / 'alphabet_0' / '.hidden' / 'x.png').write_bytes(b'')
   assert folder.scan_folder(root, 'train') == t
+
+
+def test_tiny_imagenet_as_distributed_through_docs_recipe(tmp_path):
+  """docs/data.md's Tiny-ImageNet recipe on a folder of its shape (train/<wnid>/images/*, val/images/*
+  named by val/val_annotations.txt; a class list of its first wnids and the validation CSV written
+  outside it by the recipe's awk line): with the default class_depth every class is '<wnid>/images'
+  and the class list is refused naming class_depth=1, with which it reads."""
+  from PIL import Image  # pylint: disable=g-import-not-at-top
+  data, wnids = tmp_path / 'tiny-imagenet-200', [f'n0{c:07d}' for c in range(8)]
+  for c, w in enumerate(wnids * 8):
+    for split, name in (('train', f'{w}/images/{w}_{c}.png'), ('val', f'images/val_{c}.png')):
+      (data / split / name).parent.mkdir(parents=True, exist_ok=True)
+      Image.new('RGB', (64, 64)).save(data / split / name)
+  annotations = listing(data / 'val' / 'val_annotations.txt',
+                        [f'val_{c}.png\t{w}\t0\t0\t63\t63' for c, w in enumerate(wnids * 8)])
+  with open(tmp_path / 'val.csv', 'w') as f:
+    subprocess.run(['awk', '-F\t', 'BEGIN {print "path,label"} {print $1","$2}', annotations], stdout=f,
+                   check=True)
+  spec = folder.Spec('tiny', train=str(data / 'train'), test=str(tmp_path / 'val.csv'),
+                     root=str(data / 'val' / 'images'), num_base=4, way=1, num_sessions=3,
+                     classes=listing(tmp_path / 'classes.txt', wnids[:6]))  # head -n 6 wnids.txt
+  with pytest.raises(DataError, match=r"lists \['n00000000', .* ends in /images: "
+                                      '--config.data.folder.class_depth=1 makes'):
+    folder.read_protocol(spec)
+  p = folder.read_protocol(dataclasses.replace(spec, class_depth=1))
+  assert p.order == tuple(wnids[:6]) and p.found == 8 and p.session_classes == ((0, 1, 2, 3), (4,), (5,))
+  assert np.bincount(p.train_labels).tolist() == np.bincount(p.test_labels).tolist() == [8] * 6
 
 
 @pytest.mark.parametrize('split_by', folder.SPLIT_BY)

@@ -180,8 +180,20 @@ def class_order(spec: Spec, train: Table) -> tuple:
   absent = [n for n in names if n not in set(present)]
   if absent or len(set(names)) != len(names):
     raise DataError(f'{spec.classes} must list distinct classes of {train.where} ({", ".join(present[:8])}'
-                    f'{", ..." if len(present) > 8 else ""}); it lists {absent[:5] or "a class twice"}')
+                    f'{", ..." if len(present) > 8 else ""}); it lists {absent[:5] or "a class twice"}'
+                    + depth_hint(present))
   return tuple(names)
+
+
+def depth_hint(names) -> str:
+  """Where every class name ends in the same folder (Tiny-ImageNet's train/<class>/images/), the message's
+  ending naming the class_depth that takes the folders above it as the classes; else ''."""
+  parts = {tuple(n.split('/')) for n in names}
+  depths, last = {len(p) for p in parts}, {p[-1] for p in parts}
+  if len(depths) > 1 or len(last) > 1 or min(depths) < 2:
+    return ''
+  return (f'; every class name found ends in /{last.pop()}: --config.data.folder.class_depth={depths.pop() - 1} '
+          'makes the folders above it the classes')
 
 
 def labelled(table: Table, order: tuple, strict: bool) -> tuple:
@@ -191,7 +203,8 @@ def labelled(table: Table, order: tuple, strict: bool) -> tuple:
   if strict and unknown:
     raise DataError(f'{table.where} has images of classes without training images: {unknown[:5]}; name a test '
                     'class folder as its training folder; test images in one folder with a file of their labels (such '
-                    'as val/images, val_annotations.txt) go in through a CSV of path,label: data.folder.test=FILE.csv')
+                    'as val/images, val_annotations.txt) go in through a CSV of path,label: data.folder.test=FILE.csv'
+                    + depth_hint(order))
   kept = table.select([n in index for n in table.names])
   return kept, np.asarray([index[n] for n in kept.names], np.int32)
 
