@@ -1,6 +1,6 @@
-"""--dry-run: what a run would do, checked as the run checks it, with nothing written: the effective config, the
-data (every path and the session layout read, a sample of image headers, no image decoded), the decoded-image
-cache, and the base training's time from a step compiled and timed here."""
+"""--dry-run: what a run would do, checked as the run checks it, with nothing written: the effective
+config, the data (every path and the session layout read, a sample of image headers, no image
+decoded), the decoded-image cache, and the base training's time from a step timed here."""
 from __future__ import annotations
 
 import contextlib
@@ -23,9 +23,10 @@ from f2m_jax.run.workdir import flat_items
 
 
 def describe(config, origin, time_step: bool = False, checkpoint=None) -> str:
-  """The dry run's text: the effective config (a line a section), what the presets and each 'auto' set, the
-  data, the cache and the base training's time (none with `checkpoint`, the base model's workdir); a sweep's
-  as its first member's, its steps timed for all its members. `time_step`: ignored, timing is the default."""
+  """The dry run's text: the effective config (a line a section), what the presets and each 'auto'
+  set, the data, the cache and the base training's time (none with `checkpoint`, the base model's
+  workdir); a sweep's as its first member's, its steps timed for all its members. `time_step`
+  (--time-step) is the default now."""
   del time_step
   sweep = [config]
   if members.enabled(config):
@@ -33,29 +34,37 @@ def describe(config, origin, time_step: bool = False, checkpoint=None) -> str:
     sweep = members.member_configs(config)
   resolved = pipeline.resolve(sweep[0], (origin or {}).get('changes'))
   before, after = flat_items(sweep[0].to_dict()), flat_items(resolved.to_dict())
-  set_here = [f'  {k}: {before[k]!r} -> {after[k]!r}' for k in sorted(after) if before.get(k) != after[k]]
+  set_here = [f'  {k}: {before[k]!r} -> {after[k]!r}' for k in sorted(after)
+              if before.get(k) != after[k]]
   sections = resolved.to_dict()
+  sections = [f' "{k}": {json.dumps(sections[k], sort_keys=True)}' for k in sorted(sections)]
   b, p, plan = data_at_hand(resolved)
-  return '\n'.join(['{', ',\n'.join(f' "{k}": {json.dumps(sections[k], sort_keys=True)}' for k in sorted(sections)),
-                    '}', f'set when the run starts (method {resolved.method}\'s presets, \'auto\' on '
-                    f'{backend.devices()}):', *(set_here or ['  nothing']), *data_lines(resolved, b, p),
-                    *cache_lines(resolved, plan), step_line(resolved, b, len(sweep), checkpoint),
-                    'dry run: nothing was written'])
+  return '\n'.join([
+      '{', ',\n'.join(sections), '}',
+      f"set when the run starts (method {resolved.method}'s presets, 'auto' on "
+      f'{backend.devices()}):',
+      *(set_here or ['  nothing']), *data_lines(resolved, b, p), *cache_lines(resolved, plan),
+      step_line(resolved, b, len(sweep), checkpoint), 'dry run: nothing was written'])
 
 
 def data_at_hand(config) -> tuple:
-  """(the config's Benchmark, its folder.Protocol, the cache plan): a folder source's read as the run reads it, with
-  one-pixel images; a line instead where a dry run reads no image (another source) or the run writes first."""
+  """(the config's Benchmark, its folder.Protocol, the cache plan): a folder source's read as the
+  run reads it, with one-pixel images; a line instead where a dry run reads no image."""
   if config.data.source == 'synthetic':
     return sources.load_benchmark(config), None, None
-  spec = sources.folder_spec(config, writes=False) if config.data.source in ('folder', 'fake_folder') else None
+  spec = None
+  if config.data.source in ('folder', 'fake_folder'):
+    spec = sources.folder_spec(config, writes=False)  # None: the run generates the folder first
   if spec is None:
-    return (f'data: {config.data.dataset} from data.source={config.data.source!r}: a dry run reads no image of it '
-            f'(the run reads it, or downloads or generates it into {sources.cache_dir(config)}, first)'), None, None
+    return (f'data: {config.data.dataset} from data.source={config.data.source!r}: a dry run reads '
+            f'no image of it (the run reads it, or downloads or generates it into '
+            f'{sources.cache_dir(config)}, first)'), None, None
   p = folder.read_protocol(spec)
-  placeholder = {s: np.zeros((len(getattr(p, s).files), 1, 1, 3), np.uint8) for s in ('train', 'test')}
+  placeholder = {s: np.zeros((len(getattr(p, s).files), 1, 1, 3), np.uint8)
+                 for s in ('train', 'test')}
   b = dataclasses.replace(folder.benchmark(spec, p, placeholder), image_size=1)
-  b = holdout.validation_benchmark(b) if config.data.protocol == 'validation' else b
+  if config.data.protocol == 'validation':
+    b = holdout.validation_benchmark(b)
   return b, p, folder.cache_plan(spec, p, sources.cache_dir(config))
 
 
@@ -64,8 +73,8 @@ def spread(counts) -> str:
 
 
 def data_lines(config, b, p) -> list:
-  """Classes found and used, the session layout, images per class and where the test images come from; a
-  folder source's class names and image files; the augmentation."""
+  """Classes found and used, the session layout, images per class and where the test images come
+  from; a folder source's class names and image files; the augmentation."""
   if isinstance(b, str):
     return [b]
   seen = b.num_seen_classes(b.num_sessions)
@@ -75,67 +84,84 @@ def data_lines(config, b, p) -> list:
   ways = '/'.join(map(str, sorted({len(c) for c in b.session_classes[1:]})))
   origin = f', from {p.test.where}' if p else ''
   if config.data.protocol == 'validation':
-    origin = ', held out of the base classes\' training images'
-  lines = [f'data: {b.name}, {f"{p.found} classes found in {p.train.where}, " if p else ""}{seen} classes used '
-           f'(protocol {config.data.protocol}): session 1 of {b.num_base_classes} classes, then '
-           f'{b.num_sessions - 1} sessions of {ways} classes x {config.data.shots} shots, {config.runs} runs',
-           f'  training images per class (min / median / max): base classes {spread(train)}; later classes '
-           f'{spread(pool) if pool.size else "-"} (their shots are drawn from these)',
-           f'  test images per class (min / median / max): {spread(test)}, {int(test.sum()):,} in all{origin}',
-           f'  training augmentation: {augment.AUGMENTS[b.augment]} ({b.augment})']
+    origin = ", held out of the base classes' training images"
+  lines = [
+      f'data: {b.name}, {f"{p.found} classes found in {p.train.where}, " if p else ""}{seen} '
+      f'classes used (protocol {config.data.protocol}): session 1 of {b.num_base_classes} classes, '
+      f'then {b.num_sessions - 1} sessions of {ways} classes x {config.data.shots} shots, '
+      f'{config.runs} runs',
+      f'  training images per class (min / median / max): base classes {spread(train)}; later '
+      f'classes {spread(pool) if pool.size else "-"} (their shots are drawn from these)',
+      f'  test images per class (min / median / max): {spread(test)}, {int(test.sum()):,} in '
+      f'all{origin}',
+      f'  training augmentation: {augment.AUGMENTS[b.augment]} ({b.augment})']
   if p:
     names = ', '.join(p.order[:4]) + (f', ..., {p.order[-1]}' if len(p.order) > 4 else '')
-    lines[1:1] = [f'  classes in label order: {names}']
-    lines[-1:-1] = [f'  image files: {files_line(p.train.paths() + p.test.paths(), config.data.image_size)}']
+    lines.insert(1, f'  classes in label order: {names}')
+    files = files_line(p.train.paths() + p.test.paths(), config.data.image_size)
+    lines.insert(-1, f'  image files: {files}')
   return lines
 
 
 def files_line(paths: list, image_size: int, sample: int = 24) -> str:
-  """The sizes and colour modes of `sample` files spread evenly over `paths`, read from their headers."""
+  """The sizes and colour modes of `sample` files spread evenly over `paths`, read from their
+  headers, and the size the network sees."""
   from PIL import Image  # pylint: disable=g-import-not-at-top
   picked, heads = np.unique(np.linspace(0, len(paths) - 1, min(sample, len(paths))).astype(int)), []
   for i in picked:
-    with contextlib.suppress(OSError), Image.open(paths[i]) as img:  # missing or not an image: the run names it
+    with contextlib.suppress(OSError), Image.open(paths[i]) as img:  # the run names a bad one
       heads.append((*img.size, img.mode))
   if not heads:
     return f'none of the {len(picked)} files read is an image'
   (w0, h0), (w1, h1) = np.min([h[:2] for h in heads], 0), np.max([h[:2] for h in heads], 0)
   sizes = f'{w0}x{h0}' if (w0, h0) == (w1, h1) else f'widths {w0} to {w1}, heights {h0} to {h1}'
-  return (f'{sizes} pixels, colour mode {"/".join(sorted({h[2] for h in heads}))} in the {len(heads)} files sampled '
-          f'(one in {len(paths) // len(picked):,} of {len(paths):,}; every file is decoded as RGB, a grey one into all '
-          f'three channels); the network sees {image_size}x{image_size} (data.image_size)')
+  modes = '/'.join(sorted({h[2] for h in heads}))
+  return (f'{sizes} pixels, colour mode {modes} in the {len(heads)} files sampled (one in '
+          f'{len(paths) // len(picked):,} of {len(paths):,}; every file is decoded as RGB, a grey '
+          f'one into all three channels); the network sees {image_size}x{image_size} '
+          '(data.image_size)')
 
 
 def cache_lines(config, plan) -> list:
   """Where the cache folder is, what it holds, what this run decodes into it and how to clear it."""
   cache = pathlib.Path(sources.cache_dir(config))
-  held = [tqdm.format_sizeof(sum(f.stat().st_size for f in (cache / d).rglob('*') if f.is_file()), 'B')
+  held = [sum(f.stat().st_size for f in (cache / d).rglob('*') if f.is_file())
           for d in ('', 'arrays', 'jax_compilation_cache')]
-  lines = [f'cache: {cache} holds {held[0]} (decoded images {held[1]}, compiled programs {held[2]})']
+  held = [tqdm.format_sizeof(n, 'B') for n in held]
+  lines = [f'cache: {cache} holds {held[0]} (decoded images {held[1]}, compiled programs '
+           f'{held[2]})']
   for split, (paths, (folder_path, name, resize, crop)) in (plan or {}).items():
     target = folder.cached_file(paths, folder_path, name, resize, crop)
-    lines.append(f'  {split}: {len(paths):,} images of {crop}x{crop} ({tqdm.format_sizeof(len(paths) * crop * crop * 3, "B")}), '
-                 f'{"cached already" if target.is_file() else "decoded once on the first run"}: {target}')
+    lines.append(f'  {split}: {len(paths):,} images of {crop}x{crop} '
+                 f'({tqdm.format_sizeof(len(paths) * crop * crop * 3, "B")}), '
+                 f'{"cached already" if target.is_file() else "decoded once on the first run"}: '
+                 f'{target}')
   if plan:
-    lines.append(f'  to clear: rm -r {target.parent} (every image size of this dataset: decoded again when '
-                 f'needed), or rm -r {cache} (all: downloads, decoded images, compiled programs)')
+    lines.append(f'  to clear: rm -r {target.parent} (every image size of this dataset: decoded '
+                 f'again when needed), or rm -r {cache} (all: downloads, decoded images, compiled '
+                 'programs)')
   return lines
 
 
 def step_line(config, b, num_members: int, checkpoint) -> str:
-  """The base training's time: none with `checkpoint` (checked as the run checks it), else one step (of the
-  `num_members` of a sweep) compiled and timed here on random images of the config's shapes, x base.steps."""
+  """The base training's time: none with `checkpoint` (checked as the run checks it), else one step
+  (of the `num_members` of a sweep) compiled and timed here on random images of the config's shapes
+  (a folder's layout as read), times base.steps, plus the compile."""
   if checkpoint:
     pipeline.source_config(checkpoint, config)
     return f'base training: none, the base model is read from --checkpoint {checkpoint}'
   c = ml_collections.ConfigDict(config.to_dict())
   c.base.steps_per_call = 1
-  if 'folder' in c.data and not isinstance(b, str):  # the layout read
-    c.data.folder.update(num_base=b.num_base_classes, way=len(b.session_classes[-1]), num_sessions=b.num_sessions)
+  if 'folder' in c.data and not isinstance(b, str):
+    c.data.folder.update(num_base=b.num_base_classes, way=len(b.session_classes[-1]),
+                         num_sessions=b.num_sessions)
   exp = bench.bench_experiment(c, c.model.dtype)
-  case = bench.program_case(exp, exp.noise, 'base step', c.noise.M, num_members, sharding.data_mesh())
+  case = bench.program_case(exp, exp.noise, 'base step', c.noise.M, num_members,
+                            sharding.data_mesh())
   r = bench.time_cases([case], c.model.dtype, 1, 2)[0]
   step, steps = r['step_ms_median'] / 1e3, config.base.steps
-  return (f'base training: about {progress.elapsed(r["compile_s"] + step * steps)} on this machine at its present '
-          f'load: a compile of {r["compile_s"]:.0f} s, then base.steps={steps:,} of {step:.3g} s (a step'
-          f'{f" of the {num_members} members" if num_members > 1 else ""} timed here, the median of 2 after 1)')
+  of = f' of the {num_members} members' if num_members > 1 else ''
+  total = progress.elapsed(r['compile_s'] + step * steps)
+  return (f'base training: about {total} on this machine at its present load: a compile of '
+          f'{r["compile_s"]:.0f} s, then base.steps={steps:,} of {step:.3g} s (a step{of} timed '
+          'here, the median of 2 after 1)')
