@@ -124,7 +124,6 @@ def test_no_data_folder_says_what_to_put_there(tmp_path, monkeypatch, capsys, sp
 
 
 def test_a_dry_run_prints_the_effective_config_and_writes_nothing(tmp_path, monkeypatch, capsys):
-  """The effective config as JSON, a line a section (it was 180 lines before the data summary)."""
   from f2m_jax.run import dry_run  # pylint: disable=g-import-not-at-top
   monkeypatch.setattr(dry_run, 'step_line', lambda *args: 'base training: not timed here')
   code = run_py(['run.py', '--config', 'configs/cifar100.py:smoke', '--dry-run', '--config.method=baseline',
@@ -133,7 +132,7 @@ def test_a_dry_run_prints_the_effective_config_and_writes_nothing(tmp_path, monk
   assert code == 0, err
   printed, _, notes = out.partition('set when the run starts')
   config = json.loads(printed)
-  assert len(printed.splitlines()) == len(config) + 2
+  assert len(printed.splitlines()) == len(config) + 2  # a line a section (was ~180 lines)
   assert config['method'] == 'baseline' and config['noise']['enabled'] is False
   assert config['eval']['normalize_prototypes'] is True  # the command line wins over the presets
   assert "noise.draw_map: 'auto' -> 'unroll'" in notes and "noise.enabled: True -> False" in notes
@@ -217,8 +216,7 @@ def test_a_saved_config_is_a_config_as_its_run_had_it(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_a_dry_run_times_a_step_of_a_sweeps_members(capsys):
-  """A step of the sweep's two members compiled and timed, the time shown while it works (on stderr); the
-  data, the cache and the rest of the dry run's lines: tests/test_folder.py."""
+  """A step of the sweep's two members timed, shown while it works (stderr); the rest: test_folder.py."""
   from configs import cifar100  # pylint: disable=g-import-not-at-top
   config = cifar100.get_config('smoke')
   config.method, config.members.seeds = 'baseline', (0, 1)  # the Baseline's step compiles fastest

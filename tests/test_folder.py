@@ -1,8 +1,6 @@
-"""The folder source (`data.source='folder'`, f2m_jax/data/folder.py, configs/folder.py): any folder of
-class subfolders or CSV as a benchmark, on generated images. The layouts it reads, the class order,
-TOPIC-style lists, the validation protocol without test images, every problem stopped with one message
-naming the file (before any workdir), the miniImageNet fake folder through the generic fields equal to
-its own layout, and configs/folder.py:smoke end to end."""
+"""The folder source (f2m_jax/data/folder.py, configs/folder.py) on generated images: the layouts it
+reads, the class order, TOPIC-style lists, validation without test images, each problem one message
+(before any workdir), the mini fake folder through the generic fields, configs/folder.py:smoke."""
 import argparse
 import csv
 import dataclasses
@@ -14,7 +12,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from conftest import far_above_chance, without_provenance
+from conftest import far_above_chance, snapshot, without_provenance
 
 from f2m_jax.data import augment, fake_folders, folder, protocol, sources
 from f2m_jax.data.types import DataError
@@ -39,9 +37,8 @@ def copy_of(fake_root, tmp_path) -> pathlib.Path:
 
 
 def write_nested(root: pathlib.Path, per_class: int = 26) -> pathlib.Path:
-  """Omniglot as distributed, in small: `root`/alphabet_<g>/character<c>/<k>.png, 3 alphabets of 4 characters,
-  `per_class` grayscale drawings of each (a grating of the class's angle and frequency, plus noise) of two
-  sizes; no CSV, no train or test folders."""
+  """Omniglot as distributed, in small: `root`/alphabet_<g>/character<c>/<k>.png, 3 alphabets of 4
+  characters, `per_class` grayscale gratings of each, of two sizes; no CSV, no train or test folders."""
   from PIL import Image  # pylint: disable=g-import-not-at-top
   rng = np.random.default_rng(0)
   for c in range(12):
@@ -57,9 +54,8 @@ def write_nested(root: pathlib.Path, per_class: int = 26) -> pathlib.Path:
 
 
 def nested_config(tmp_path, **fields):
-  """configs/folder.py:smoke on `write_nested`'s folder, 6 drawings of each character split off as its test
-  images (seeded): 10 base characters + 1 session of 2, 20 training and 6 test images each, so that its arrays
-  and batches have the shapes of the smoke run's (its compiled programs serve)."""
+  """configs/folder.py:smoke on `write_nested`'s folder, 6 drawings of each character its test images
+  (seeded): 10 base characters + 1 session of 2, the smoke run's shapes (its programs serve)."""
   from configs import folder as folder_cfg  # pylint: disable=g-import-not-at-top
   config = folder_cfg.get_config('smoke')
   config.data.source, config.data.cache_dir, config.runs = 'folder', str(tmp_path / 'cache'), 1
@@ -139,15 +135,6 @@ def test_topic_lists(fake_root, tmp_path):
     assert sorted(set(b.train.labels[shots].tolist())) == list(b.session_classes[t - 1])
 
 
-def test_the_validation_protocol_needs_no_test_images(fake_root, tmp_path):
-  b = folder.load(spec_of(fake_root, test='', protocol='validation'), tmp_path)
-  assert len(b.test) == 0
-  from f2m_jax.data import holdout
-  v = holdout.validation_benchmark(b)
-  assert v.session_classes[0] == tuple(range(6)) and len(v.session_classes) == 3
-  assert len(v.test) == 10 * 3 and len(v.base_train) == 6 * 9
-
-
 def test_classes_at_any_depth(tmp_path):
   """The class of an image is its folder's path under the root (default), or its first k folders."""
   root = write_nested(tmp_path / 'omniglot', per_class=2)
@@ -166,10 +153,9 @@ def test_classes_at_any_depth(tmp_path):
 
 def test_tiny_imagenet_as_distributed_through_docs_recipe(tmp_path):
   """docs/data.md's Tiny-ImageNet recipe on a folder of its shape (train/<wnid>/images/*, val/images/*
-  named by val/val_annotations.txt; a class list of 6 wnids in an order of its own and the validation
-  CSV written outside it by the recipe's awk line): with the default class_depth every class is
-  '<wnid>/images' and the class list is refused naming class_depth=1, with which it reads: the
-  list's classes in its order, the others left out."""
+  named by val/val_annotations.txt; a class list of 6 wnids in its own order, the validation CSV by the
+  recipe's awk line): with the default class_depth (classes '<wnid>/images') the list is refused naming
+  class_depth=1, with which it reads: the list's classes in its order, the others left out."""
   from PIL import Image  # pylint: disable=g-import-not-at-top
   data, wnids = tmp_path / 'tiny-imagenet-200', [f'n0{c:07d}' for c in range(8)]
   for c, w in enumerate(wnids * 8):
@@ -191,6 +177,8 @@ def test_tiny_imagenet_as_distributed_through_docs_recipe(tmp_path):
   assert p.order == tuple(wnids[5::-1]) and p.found == 8 and p.session_classes == ((0, 1, 2, 3), (4,), (5,))
   assert np.bincount(p.train_labels).tolist() == np.bincount(p.test_labels).tolist() == [8] * 6
   assert {p.train.names[i] for i in p.base_train[p.train_labels[p.base_train] == 1]} == {wnids[4]}
+  unseen = folder.read_protocol(dataclasses.replace(spec, class_depth=1, test='', protocol='validation'))
+  assert unseen.order == p.order and not unseen.test.files  # validation needs no test image
 
 
 @pytest.mark.parametrize('split_by', folder.SPLIT_BY)
@@ -220,12 +208,10 @@ def test_a_seeded_split_of_one_folder(tmp_path, split_by):
 
 
 def test_a_dry_run_shows_classes_images_and_their_files(tmp_path, capsys, monkeypatch):
-  """The nested folder split by the config, before anything is read but headers: its 12 classes by their
-  paths, the images per class, where the test images come from, the files' native sizes and colour mode,
-  the augmentation and its flips, where the decoded images go and how to clear them, the base training's
-  time from a timed step (its compile and base.steps of it; the timing: tests/test_cli.py); nothing
-  written. 0739cee printed the config alone, and passed a misspelt train folder (exit 0)."""
-  from conftest import snapshot  # pylint: disable=g-import-not-at-top
+  """The nested folder split by the config, only headers read: classes, images per class, where the test
+  images come from, the files' sizes and colour mode, the augmentation, the cache, the base training's
+  time (its compile + base.steps x a step; the timing: tests/test_cli.py); nothing written. 0739cee
+  printed the config alone, and passed a misspelt train folder (exit 0)."""
   from f2m_jax.run import bench  # pylint: disable=g-import-not-at-top
   from f2m_jax.run import cli  # pylint: disable=g-import-not-at-top
   monkeypatch.setattr(bench, 'bench_experiment', lambda *args: argparse.Namespace(noise=None))
@@ -266,12 +252,6 @@ def test_a_dry_run_shows_classes_images_and_their_files(tmp_path, capsys, monkey
 
 
 # ---------------------------------------------------------------- problems, each one message
-
-def _corrupt(root):
-  bad = root / 'folder' / 'train' / 'class_04' / '001.jpg'
-  bad.write_bytes(b'not an image at all')
-  return bad
-
 
 PROBLEMS = [
     # (what to change, the message's parts)
@@ -351,7 +331,8 @@ def test_a_list_naming_an_unknown_image(fake_root, tmp_path):
 
 def test_an_unreadable_image_is_named_and_nothing_is_cached(fake_root, tmp_path):
   root = copy_of(fake_root, tmp_path)
-  bad = _corrupt(root)
+  bad = root / 'folder' / 'train' / 'class_04' / '001.jpg'
+  bad.write_bytes(b'not an image at all')
   with pytest.raises(DataError, match=f'could not read {bad} as an image .*every listed file must be an image'):
     folder.load(spec_of(root), tmp_path / 'cache')
   assert not list((tmp_path / 'cache').rglob('*.npy*'))
@@ -466,11 +447,9 @@ def test_folder_smoke_end_to_end(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_the_mini_fake_folder_gives_the_results_of_its_layout(tmp_path):
-  """The miniImageNet fake folder through the generic fields and through its own layout: the same
-  results.json (but for its provenance), run through the pipeline; the layout's run is
-  configs/mini.py:smoke (shortened) end to end, from its generated folder to results.json. With the
-  Baseline: the data are every method's, and its programs compile fastest (F2M on the ResNet-18 end
-  to end: tests/test_mini_cub.py's CUB-200 run)."""
+  """The mini fake folder through the generic fields and its own layout (configs/mini.py:smoke,
+  shortened, end to end): the same results.json but for provenance. The Baseline's programs compile
+  fastest (F2M on the ResNet-18 end to end: tests/test_mini_cub.py)."""
   from configs import mini
   from f2m_jax.run import pipeline
 
