@@ -69,14 +69,16 @@ def test_the_bench_says_what_it_compiles_and_times(capsys):
   """bench.time_cases (--mode bench, the dry run's step): each compile and each round on a status line
   (stderr), with its time; a record a case (a function not jitted: compiled by its first call)."""
   from f2m_jax.run import bench  # pylint: disable=g-import-not-at-top
-  step = jax.jit(lambda state, x: (state + x, state.sum()))
-  records = bench.time_cases([bench.Case('train', 2, 8, step, (jax.numpy.zeros(8), jax.numpy.ones(8)), 4),
-                              bench.Case('eval', None, 8, lambda x: x * 2, (jax.numpy.ones(8),))], 'float32', 1, 2)
+  ones, step = jax.numpy.ones(8), jax.jit(lambda state, x: (state + x, state.sum()))
+  cases = [bench.Case('train', 2, 8, step, (ones, ones), 4, True),
+           bench.Case('eval', None, 8, lambda x: x * 2, (ones,))]
+  records = bench.time_cases(cases, 'float32', 1, 2)
   assert [(r['variant'], r['steps_per_call'], r['peak_bytes'] is None) for r in records] == [
       ('train', 4, False), ('eval', 1, True)]
   assert [line.rsplit(' (', 1)[0] for line in capsys.readouterr().err.splitlines()][1:5] == [
-      'bench: compiling train', 'bench: compiling eval', 'bench: round 1 of 3 (the first 1 a warm-up), every '
-      'case once', 'bench: round 2 of 3 (the first 1 a warm-up), every case once']
+      'bench: compiling train', 'bench: compiling eval',
+      'bench: round 1 of 3 (the first 1 a warm-up), every case once',
+      'bench: round 2 of 3 (the first 1 a warm-up), every case once']
 
 
 def test_a_compile_says_how_long_it_took_here_last_time(tmp_path, monkeypatch):

@@ -71,14 +71,15 @@ def bench_experiment(config: ml_collections.ConfigDict, dtype: str) -> Experimen
 
 
 class Case(NamedTuple):
-  """One timed program: `fn` on `args`, `steps` base steps a call; a train program's (`steps` > 0)
-  first output is the next call's first argument (its donated state)."""
+  """One timed program: `fn` on `args`, `steps` base steps a call; with `carry` its first output is
+  the next call's first argument (a train program's donated state)."""
   variant: str
   m: int | None
   batch: int
   fn: Callable
   args: tuple
-  steps: int = 0
+  steps: int = 1
+  carry: bool = False
 
 
 def time_cases(cases: list, dtype: str, warmup: int, iters: int) -> list:
@@ -101,8 +102,10 @@ def time_cases(cases: list, dtype: str, warmup: int, iters: int) -> list:
                                  refresh=False)
         t0 = time.perf_counter()
         out = jax.block_until_ready(t['fn'](*t['args']))
-        t['times'] += [(time.perf_counter() - t0) / max(t['c'].steps, 1)] * (r >= warmup)
-        t['args'] = (out[0], *t['args'][1:]) if t['c'].steps else t['args']
+        if r >= warmup:
+          t['times'].append((time.perf_counter() - t0) / t['c'].steps)
+        if t['c'].carry:
+          t['args'] = (out[0], *t['args'][1:])
   return [record(**t, dtype=dtype) for t in timed]
 
 
@@ -113,7 +116,7 @@ def record(c: Case, fn, args, compile_s: float, times: list, dtype: str) -> dict
   median, memory = np.median(times), getattr(fn, 'memory_analysis', lambda: None)()
   peak = memory and (memory.temp_size_in_bytes + memory.argument_size_in_bytes
                      + memory.output_size_in_bytes - memory.alias_size_in_bytes)
-  rec = dict(variant=c.variant, M=c.m, batch=c.batch, steps_per_call=max(c.steps, 1), dtype=dtype,
+  rec = dict(variant=c.variant, M=c.m, batch=c.batch, steps_per_call=c.steps, dtype=dtype,
              step_ms_median=1e3 * median, step_ms_min=1e3 * min(times),
              images_per_s=c.batch / median, compile_s=compile_s, peak_bytes=peak)
   return {k: round(v, 4) if isinstance(v, float) else v for k, v in rec.items()}
@@ -134,7 +137,7 @@ def program_case(exp: Experiment, noise: ml_collections.FrozenConfigDict, varian
       np.full(num_members, cfg.noise.bound, np.float32)), mesh)
   rows = sharding.shard_member_rows(mesh, np.broadcast_to(rows, (n, num_members, batch)))
   args = (state, *data, rows, np.int32(n), keys, bounds)
-  return Case(variant, m, num_members * batch, program, args, n)
+  return Case(variant, m, num_members * batch, program, args, n, carry=True)
 
 
 def base_cases(exp: Experiment, mesh) -> list:
