@@ -1,5 +1,5 @@
 """python run.py --config CONFIG --workdir DIR [--mode train|eval|bench|flatness] [--checkpoint W]
-                                   [--dry-run [--time-step]]
+                                   [--dry-run]
 
 CONFIG is a config file (configs/cifar100.py:smoke) or a workdir's config.json; without --config,
 --workdir's own config.json. f2m_jax.run.cli defines, parses and acts on the flags.

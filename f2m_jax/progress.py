@@ -1,7 +1,7 @@
-"""What a run shows while it works: tqdm bars, a status line kept alive while the main thread waits in one
-long call (an XLA compile, saying how long it took here last time; a first call), and the end of every line
-drawn before a message. On a terminal a line is redrawn in place; elsewhere (a log file, a pipe) each update
-is a line of its own, at most every LOG_EVERY_S seconds."""
+"""What a run shows while it works: tqdm bars, a status line kept alive while the main thread waits
+in one long call (an XLA compile, saying how long it took here last time; a first call), and the end
+of every line drawn before a message. On a terminal a line is redrawn in place; elsewhere (a log
+file, a pipe) each update is a line of its own, at most every LOG_EVERY_S seconds."""
 from __future__ import annotations
 
 import contextlib
@@ -18,7 +18,7 @@ from tqdm import tqdm
 from f2m_jax import files
 
 LOG_EVERY_S = 30.0
-COMPILE_TIMES = 'compile_times.json'  # in the cache folder: {program key: seconds its last compile took}
+COMPILE_TIMES = 'compile_times.json'  # in the cache folder: {program key: its last compile's s}
 try:  # XLA's C++ log threshold (0 info .. 3 fatal), as jax_logging_level sets it
   from jax._src.lib.utils import absl_set_min_log_level  # pylint: disable=g-import-not-at-top
 except ImportError:  # another jaxlib: its messages stay on
@@ -38,19 +38,23 @@ class _Lines:
 
 
 def bar(total, desc: str, file=None, mininterval: float = 2.0, cls=tqdm, **kw) -> tqdm:
-  """A tqdm bar (`cls`) on `file` (default stdout), drawn in place or as lines (module docstring)."""
+  """A tqdm bar (`cls`) on `file` (default stdout), drawn in place or as lines (module
+  docstring)."""
   file = file or sys.stdout
   if file.isatty():
     return cls(total=total, desc=desc, file=file, mininterval=mininterval, **kw)
-  return cls(total=total, desc=desc, file=_Lines(file), mininterval=LOG_EVERY_S, maxinterval=LOG_EVERY_S,
-             ascii=True, **kw)
+  return cls(total=total, desc=desc, file=_Lines(file), mininterval=LOG_EVERY_S,
+             maxinterval=LOG_EVERY_S, ascii=True, **kw)
 
 
 def elapsed(seconds: float) -> str:
   """'45 s', '12 min 03 s', '2 h 05 min'."""
   s = int(seconds)
-  return (f'{s} s' if s < 60 else f'{s // 60} min {s % 60:02d} s' if s < 3600 else
-          f'{s // 3600} h {s % 3600 // 60:02d} min')
+  if s < 60:
+    return f'{s} s'
+  if s < 3600:
+    return f'{s // 60} min {s % 60:02d} s'
+  return f'{s // 3600} h {s % 3600 // 60:02d} min'
 
 
 class Status(tqdm):
@@ -67,19 +71,24 @@ class Status(tqdm):
     self.reset()
 
   def compile(self, lowered, folder: str):
-    """`lowered`, compiled, the line saying how long the same program (its text, the devices, XLA's flags)
-    took here last time: <folder>/compile_times.json, which keeps this time (where it can be written)."""
-    text = [jax.__version__, jax.devices()[0].device_kind, os.environ.get('XLA_FLAGS', ''), lowered.as_text()]
+    """`lowered`, compiled, the line saying how long the same program (its text, the devices, XLA's
+    flags) took here last time: <folder>/compile_times.json, which keeps this time (where it can be
+    written)."""
+    text = [jax.__version__, jax.devices()[0].device_kind, os.environ.get('XLA_FLAGS', ''),
+            lowered.as_text()]
     key = hashlib.sha256('\n'.join(text).encode()).hexdigest()[:20]
     path, times = os.path.join(folder, COMPILE_TIMES), {}
     with contextlib.suppress(OSError, ValueError, TypeError), open(path) as f:
       times = dict(json.load(f))
-    self.set_description_str(f'{self.desc}: ' + (f'{elapsed(times[key])} here last time' if key in times else
-                             "its first compile here: a minute or more on a CPU, seconds where JAX's cache holds it"))
+    last = "its first compile here: a minute or more on a CPU, seconds where JAX's cache holds it"
+    if key in times:
+      last = f'{elapsed(times[key])} here last time'
+    self.set_description_str(f'{self.desc}: {last}')
     program = lowered.compile()
     with contextlib.suppress(OSError):
       os.makedirs(folder, exist_ok=True)
-      files.atomic_write(path, json.dumps({**times, key: round(self.format_dict['elapsed'], 1)}, indent=0))
+      times[key] = round(self.format_dict['elapsed'], 1)
+      files.atomic_write(path, json.dumps(times, indent=0))
     return program
 
   def close(self) -> None:
@@ -88,19 +97,20 @@ class Status(tqdm):
 
 
 def status(text: str, file=None) -> Status:
-  """One line saying what the main thread waits for and for how long, redrawn by a thread (every second on a
-  terminal); `set` changes the text, `close` ends the line. While it is open XLA's C++ log shows fatal
-  errors only: its slow-compile alarm ('Very slow compile?' after 2 min) reads as a crash."""
+  """One line saying what the main thread waits for and for how long, redrawn by a thread (every
+  second on a terminal); `set` changes the text, `close` ends the line. While it is open XLA's C++
+  log shows fatal errors only: its slow-compile alarm ('Very slow compile?' after 2 min) reads as a
+  crash."""
   line = bar(None, text, file, cls=Status, bar_format='{desc} ({elapsed})', position=0)
-  threading.Thread(target=line.tick, args=(1.0 if (file or sys.stdout).isatty() else LOG_EVERY_S,), daemon=True,
-                   name='f2m-status').start()
+  every = 1.0 if (file or sys.stdout).isatty() else LOG_EVERY_S
+  threading.Thread(target=line.tick, args=(every,), daemon=True, name='f2m-status').start()
   absl_set_min_log_level(3)
   return line
 
 
 def end_lines() -> None:
-  """Closes every open bar and status line (each draws its last state and ends its line), so that what is
-  printed next starts on a line of its own and no bar is drawn again after it."""
+  """Closes every open bar and status line (each draws its last state and ends its line), so that
+  what is printed next starts on a line of its own and no bar is drawn again after it."""
   for b in list(tqdm._instances):  # pylint: disable=protected-access
     with contextlib.suppress(OSError, ValueError):  # a closed stream
       b.close()

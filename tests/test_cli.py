@@ -126,12 +126,15 @@ def test_no_data_folder_says_what_to_put_there(tmp_path, monkeypatch, capsys, sp
 
 
 def test_a_dry_run_prints_the_effective_config_and_writes_nothing(tmp_path, monkeypatch, capsys):
+  from f2m_jax.run import dry_run  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(dry_run, 'step_line', lambda *args: 'base training: not timed here')
   code = run_py(['run.py', '--config', 'configs/cifar100.py:smoke', '--dry-run', '--config.method=baseline',
                  '--config.eval.normalize_prototypes=True', '--workdir', str(tmp_path / 'w')], monkeypatch)
   out, err = capsys.readouterr()
   assert code == 0, err
   printed, _, notes = out.partition('set when the run starts')
   config = json.loads(printed)
+  assert len(printed.splitlines()) == len(config) + 2  # a line a section (was ~180 lines)
   assert config['method'] == 'baseline' and config['noise']['enabled'] is False
   assert config['eval']['normalize_prototypes'] is True  # the command line wins over the presets
   assert "noise.draw_map: 'auto' -> 'unroll'" in notes and "noise.enabled: True -> False" in notes
@@ -139,7 +142,7 @@ def test_a_dry_run_prints_the_effective_config_and_writes_nothing(tmp_path, monk
   assert not (tmp_path / 'w').exists()
 
 
-@pytest.mark.parametrize('mode,cached', [('dry_run', False), ('time_step', False), ('bench', False),
+@pytest.mark.parametrize('mode,cached', [('dry_run', False), ('bench', False),
                                          ('train', True), ('eval', True), ('flatness', True)])
 def test_only_the_modes_that_write_keep_compiled_programs(monkeypatch, mode, cached):
   """A dry run says it wrote nothing, and --mode bench times compiles: neither fills the cache folder."""
@@ -182,7 +185,7 @@ def test_a_saved_config_is_a_config_as_its_run_had_it(tmp_path, monkeypatch):
   workdir_lib.prepare(workdir, resolved.to_dict()).close()
   path = os.path.join(workdir, 'config.json')
   seen = {}
-  monkeypatch.setattr(cli, 'main', lambda config, workdir, mode, checkpoint, origin, dry_run, time_step: seen.update(
+  monkeypatch.setattr(cli, 'main', lambda config, workdir, mode, checkpoint, origin, dry_run: seen.update(
       config=config, origin=origin) or 0)
   for given in (['--workdir', workdir], [f'--workdir={workdir}']):
     assert run_py(['run.py', *given, '--mode', 'eval', '--config.base.milestones=(50,)'], monkeypatch) == 0
@@ -197,56 +200,15 @@ def test_a_saved_config_is_a_config_as_its_run_had_it(tmp_path, monkeypatch):
   assert seen['origin'] == {'config': 'configs/cifar100.py:smoke', 'changes': {}}  # a --config given wins
 
 
-def folder_config(tmp_path, **folder_fields):
-  """configs/folder.py on a user's folder: a copy of the generated folder of 20 classes (10 base + 5
-  sessions of 2) at 32 px, its cache in tmp_path/cache."""
-  import shutil  # pylint: disable=g-import-not-at-top
-  from configs import folder as folder_config_module  # pylint: disable=g-import-not-at-top
-  from f2m_jax.data import fake_folders  # pylint: disable=g-import-not-at-top
-  shutil.copytree(fake_folders.fake_folder(tmp_path / 'generated') / 'folder', tmp_path / 'mine')
-  c = folder_config_module.get_config()
-  c.data.cache_dir, c.data.image_size, c.model.width = str(tmp_path / 'cache'), 32, 8
-  c.data.folder.update(train=str(tmp_path / 'mine' / 'train'), test=str(tmp_path / 'mine' / 'test'), num_base=10,
-                       way=2, num_sessions=6, **folder_fields)
-  c.base.update(ways=8, batch_size=64)  # 10 base classes: 8 of 8 images a batch
-  return c
-
-
-def test_a_dry_run_shows_the_data_the_cache_and_a_steps_cost(tmp_path, capsys):
-  """Classes found and used, images per class, the session layout, where the decoded images go and how
-  to clear them, a base step's estimated cost; every path read, nothing written. 0739cee printed the
-  config alone, and passed a misspelt train folder (exit 0)."""
-  from conftest import snapshot  # pylint: disable=g-import-not-at-top
-  from f2m_jax.run import cli  # pylint: disable=g-import-not-at-top
-  config = folder_config(tmp_path)
-  before = snapshot(tmp_path)
-  assert cli.main(config, None, 'train', dry_run=True) == 0
-  out = capsys.readouterr().out.split('set when the run starts', 1)[1].splitlines()
-  data = next(i for i, line in enumerate(out) if line.startswith('data: '))
-  assert out[data] == (f'data: folder, 20 classes found in {tmp_path}/mine/train, 20 classes used (protocol draws): '
-                       'session 1 of 10 classes, then 5 sessions of 2 classes x 5 shots, 10 runs')
-  assert out[data + 2] == ('  training images per class (min / median / max): base classes 12 / 12 / 12; later '
-                           'classes 12 / 12 / 12 (their shots are drawn from these)')
-  assert out[data + 3] == f'  test images per class (min / median / max): 6 / 6 / 6, 120 in all, from {tmp_path}/mine/test'
-  assert out[data + 6].startswith(f'cache: {tmp_path}/cache holds 0 B')  # class names, files: tests/test_folder.py
-  assert out[data + 7].startswith(f'  train: 240 images of 37x37 (985.7 kB), decoded once on the first run: '
-                                  f'{tmp_path}/cache/arrays/folder/train-')
-  assert out[data + 8].startswith('  test: 120 images of 32x32 (368.6 kB), decoded once on the first run: ')
-  assert out[data + 9].startswith(f'  to clear: rm -r {tmp_path}/cache/arrays/folder (every image size')
-  assert out[data + 10].startswith('base step: at least ') and ' GFLOP at the ' in out[data + 10]
-  assert out[data + 10].endswith('--dry-run --time-step measures it') and out[-1] == 'dry run: nothing was written'
-  assert snapshot(tmp_path) == before
-  config.data.folder.train = str(tmp_path / 'mine' / 'trian')
-  assert cli.main(config, None, 'train', dry_run=True) == 2
-  assert capsys.readouterr().err == f"error: data.folder.train='{tmp_path}/mine/trian' does not exist; allowed: " \
-                                    'a folder with one subfolder of images per class, or a CSV of path,label[,split]\n'
-
-
 @pytest.mark.slow
-def test_a_dry_run_measures_a_step_where_asked(tmp_path, capsys):
-  from f2m_jax.run import cli  # pylint: disable=g-import-not-at-top
-  config = folder_config(tmp_path)
-  config.method = 'baseline'  # the measurement is every method's; the Baseline's step compiles fastest
-  assert cli.main(config, None, 'train', dry_run=True, time_step=True) == 0
-  line = capsys.readouterr().out.splitlines()[-2]
-  assert line.startswith('base step: ') and ' s, measured (compiled in ' in line and 'base.steps=28,503: about ' in line
+def test_a_dry_run_times_a_step_of_a_sweeps_members(capsys):
+  """A step of the sweep's two members timed, shown while it works (stderr); the rest: test_folder.py."""
+  from configs import cifar100  # pylint: disable=g-import-not-at-top
+  config = cifar100.get_config('smoke')
+  config.method, config.members.seeds = 'baseline', (0, 1)  # the Baseline's step compiles fastest
+  assert cli.main(config, None, 'train', dry_run=True) == 0
+  out, err = capsys.readouterr()
+  line = out.splitlines()[-2]
+  assert line.startswith('base training: about ') and 'then base.steps=100 of ' in line, line
+  assert line.endswith(' s (a step of the 2 members timed here, the median of 2 after 1)')
+  assert 'bench: compiling base step' in err and 'bench: round 3 of 3' in err

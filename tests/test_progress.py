@@ -2,9 +2,14 @@
 of a long call, and a message that never starts on a bar's line."""
 import io
 import json
+import queue
 import re
 import sys
-import time
+import threading
+import types
+
+import jax
+import tqdm
 
 from f2m_jax import progress
 from f2m_jax.run import cli
@@ -30,34 +35,50 @@ def test_an_error_after_a_progress_bar_starts_on_its_own_line(monkeypatch):
   assert lines[1] == 'interrupted (SIGINT) after base step 30; every checkpoint written is complete'
 
 
-def test_off_a_terminal_a_bar_is_lines():
-  log = io.StringIO()
-  with progress.bar(10, 'sessions', file=log) as bar:
-    bar.update(10)
-  lines = log.getvalue().splitlines()
-  assert '\r' not in log.getvalue() and lines[0].startswith('sessions:   0%') and lines[-1].startswith('sessions: 100%')
+def test_the_status_line_of_a_long_call_is_kept_up_to_date(monkeypatch):
+  """Redrawn in place every second on a terminal by its thread, with the time since its text was set
+  (tqdm's mm:ss); the thread's waits and the clock are the test's (no wall clock)."""
+  clock, waiting, wake = [0.0], queue.Queue(), queue.Queue()
 
+  def sleep(seconds):  # the thread's wait: reported, then over when the test moves the clock
+    waiting.put(seconds)
+    clock[0] += wake.get()
 
-def test_the_status_line_of_a_long_call_is_kept_up_to_date():
-  """Redrawn in place every second on a terminal, with the time since its text was set (tqdm's mm:ss)."""
+  monkeypatch.setattr(tqdm.std, 'time', lambda: clock[0])
+  monkeypatch.setattr(progress, 'time', types.SimpleNamespace(sleep=sleep))
   terminal = Terminal()
   status = progress.status('base session: compiling the step', file=terminal)
-  time.sleep(2.5)
+  for _ in range(2):  # two seconds: two redraws
+    assert waiting.get(timeout=60) == 1.0
+    wake.put(1.0)
+  assert waiting.get(timeout=60) == 1.0
   status.set('base session: compiled in 2 s; first call: 20 steps')
   progress.end_lines()  # as an error does: the line ends, the updates stop
   text = terminal.getvalue()
-  time.sleep(1.2)
+  wake.put(5.0)
+  for thread in [t for t in threading.enumerate() if t.name == 'f2m-status']:
+    thread.join(60)
   assert terminal.getvalue() == text and text.endswith('\n')
-  draws = text.rstrip('\n').split('\r')[1:]
-  assert [d.rstrip() for d in draws[:3]] == ['base session: compiling the step (00:00)',
-                                             'base session: compiling the step (00:01)',
-                                             'base session: compiling the step (00:02)']
-  assert draws[-1].rstrip() == 'base session: compiled in 2 s; first call: 20 steps (00:00)'
-  log = io.StringIO()
-  progress.status('base session: compiling the step', file=log).close()
-  assert log.getvalue() == 'base session: compiling the step (00:00)\n' * 2
+  assert [d.rstrip() for d in text.rstrip('\n').split('\r')[1:]] == [
+      f'base session: compiling the step ({s})' for s in ('00:00', '00:01', '00:02')] + [
+      'base session: compiled in 2 s; first call: 20 steps (00:00)'] * 2
   assert [progress.elapsed(s) for s in (45, 723, 7500)] == ['45 s', '12 min 03 s', '2 h 05 min']
 
+
+def test_the_bench_says_what_it_compiles_and_times(capsys):
+  """bench.time_cases (--mode bench, the dry run's step): each compile and each round on a status line
+  (stderr), with its time; a record a case (a function not jitted: compiled by its first call)."""
+  from f2m_jax.run import bench  # pylint: disable=g-import-not-at-top
+  ones, step = jax.numpy.ones(8), jax.jit(lambda state, x: (state + x, state.sum()))
+  cases = [bench.Case('train', 2, 8, step, (ones, ones), 4, True),
+           bench.Case('eval', None, 8, lambda x: x * 2, (ones,))]
+  records = bench.time_cases(cases, 'float32', 1, 2)
+  assert [(r['variant'], r['steps_per_call'], r['peak_bytes'] is None) for r in records] == [
+      ('train', 4, False), ('eval', 1, True)]
+  assert [line.rsplit(' (', 1)[0] for line in capsys.readouterr().err.splitlines()][1:5] == [
+      'bench: compiling train', 'bench: compiling eval',
+      'bench: round 1 of 3 (the first 1 a warm-up), every case once',
+      'bench: round 2 of 3 (the first 1 a warm-up), every case once']
 
 
 def test_a_compile_says_how_long_it_took_here_last_time(tmp_path, monkeypatch):

@@ -1,5 +1,6 @@
-"""Any image dataset as an incremental few-shot benchmark (`data.source='folder'`; docs/data.md, 'Your own images'):
-`read_protocol` checks the lists, classes and sessions without reading an image; `load` decodes each image once."""
+"""Any image dataset as an incremental few-shot benchmark (`data.source='folder'`; docs/data.md,
+'Your own images'): `read_protocol` checks the lists, classes and sessions without reading an image;
+`load` decodes each image once."""
 from __future__ import annotations
 
 import collections
@@ -31,7 +32,8 @@ CACHE_VERSION = 2
 
 @dataclasses.dataclass(frozen=True)
 class Spec:
-  """What the source reads (the data.folder fields, configs/common.py: folder_section); '' for none."""
+  """What the source reads (the data.folder fields, configs/common.py: folder_section); '' for
+  none."""
   name: str
   train: str = ''
   test: str = ''
@@ -51,12 +53,13 @@ class Spec:
   split_by: str = 'first'
   split_seed: int = 0
   how_to_get: str = ''  # appended to the message about missing image files
-  tables: Optional[tuple] = None  # a layout's own (train, test) Tables, read instead of train and test
+  tables: Optional[tuple] = None  # a layout's own (train, test) Tables, read instead of those
 
 
 @dataclasses.dataclass(frozen=True)
 class Table:
-  """Images listed by one folder or CSV (`where`): paths relative to `root`, class names, splits ('train', 'test')."""
+  """Images listed by one folder or CSV (`where`): paths relative to `root`, class names, splits
+  ('train', 'test')."""
   root: pathlib.Path
   files: tuple
   names: tuple
@@ -65,7 +68,8 @@ class Table:
 
   def select(self, keep: Sequence[bool]) -> 'Table':
     pick = lambda values: tuple(v for v, k in zip(values, keep) if k)
-    return dataclasses.replace(self, files=pick(self.files), names=pick(self.names), splits=pick(self.splits))
+    return dataclasses.replace(self, files=pick(self.files), names=pick(self.names),
+                               splits=pick(self.splits))
 
   def paths(self) -> list:
     return [self.root / f for f in self.files]
@@ -73,8 +77,9 @@ class Table:
 
 @dataclasses.dataclass(frozen=True)
 class Protocol:
-  """Everything but the pixels: the images of the classes in `order` and their labels (positions in `order`), the
-  session classes, the base training images, the fixed shots (lists); `found`: the training images' classes."""
+  """Everything but the pixels: the images of the classes in `order` and their labels (positions in
+  `order`), the session classes, the base training images, the fixed shots (lists); `found`: the
+  training images' classes."""
   order: tuple
   train: Table
   test: Table
@@ -87,26 +92,31 @@ class Protocol:
 
 
 def scan_folder(folder: pathlib.Path, split: str, depth: int = 0) -> Table:
-  """Every image in a subfolder of `folder` (at any depth, hidden files and folders skipped), in sorted path
-  order; its class the path of its folder relative to `folder` (depth k > 0: of the first k folders)."""
-  files = sorted(p.relative_to(folder) for p in folder.rglob('*') if p.suffix.lower() in IMAGE_SUFFIXES)
+  """Every image in a subfolder of `folder` (at any depth, hidden files and folders skipped), in
+  sorted path order; its class the path of its folder relative to `folder` (depth k > 0: of the
+  first k folders)."""
+  files = sorted(p.relative_to(folder) for p in folder.rglob('*')
+                 if p.suffix.lower() in IMAGE_SUFFIXES)
   files = [f for f in files if len(f.parts) > 1 and not any(p.startswith('.') for p in f.parts)
            and (folder / f).is_file()]
   if not files:
-    raise DataError(f'{folder} holds no images in class subfolders: expected {folder}/<class name>/<image> '
-                    f'(suffixes {", ".join(IMAGE_SUFFIXES)})')
+    raise DataError(f'{folder} holds no images in class subfolders: expected {folder}/<class '
+                    f'name>/<image> (suffixes {", ".join(IMAGE_SUFFIXES)})')
   names = tuple('/'.join(f.parts[:-1][:depth or None]) for f in files)
-  return Table(folder, tuple(f.as_posix() for f in files), names, (split,) * len(files), str(folder))
+  return Table(folder, tuple(f.as_posix() for f in files), names, (split,) * len(files),
+               str(folder))
 
 
 def read_csv(path: pathlib.Path, root: pathlib.Path, split: str) -> Table:
-  """The rows of a CSV with a header naming path (or filename), label and optionally split (else `split`)."""
+  """The rows of a CSV with a header naming path (or filename), label and optionally split (else
+  `split`)."""
   with open(path, newline='', encoding='utf-8') as f:
     rows = [[c.strip() for c in r] for r in csv.reader(f) if any(c.strip() for c in r)]
   columns = csv_columns(path, rows)
   for n, r in enumerate(rows[1:], start=2):
     if len(r) <= max(columns) or not all(r[i] for i in columns):
-      raise DataError(f'{path}:{n}: every row needs a value in each of the columns {", ".join(rows[0])}; got {r}')
+      raise DataError(f'{path}:{n}: every row needs a value in each of the columns '
+                      f'{", ".join(rows[0])}; got {r}')
   files, names, *given = zip(*([r[i] for i in columns] for r in rows[1:]))
   splits = tuple(s.lower() for s in given[0]) if given else (split,) * len(files)
   bad = sorted(set(splits) - {'train', 'test'})
@@ -116,51 +126,64 @@ def read_csv(path: pathlib.Path, root: pathlib.Path, split: str) -> Table:
 
 
 def csv_columns(path: pathlib.Path, rows: list) -> list:
-  """The column numbers of path (or filename), label and split (where there is one) in a CSV's header row."""
+  """The column numbers of path (or filename), label and split (where there is one) in a CSV's
+  header row."""
   header = [c.lower() for c in rows[0]] if rows else []
-  columns = [header.index(c) for c in ('path' if 'path' in header else 'filename', 'label', 'split') if c in header]
+  wanted = ('path' if 'path' in header else 'filename', 'label', 'split')
+  columns = [header.index(c) for c in wanted if c in header]
   if len(columns) < 2 or header[columns[1]] != 'label' or len(rows) < 2:
-    raise DataError(f'{path}: expected a header naming the columns path (or filename), label and optionally split, '
-                    f'then one row per image; got {rows[0] if rows else "an empty file"}')
+    raise DataError(f'{path}: expected a header naming the columns path (or filename), label and '
+                    'optionally split, then one row per image; got '
+                    f'{rows[0] if rows else "an empty file"}')
   return columns
 
 
 def read_images(spec: Spec, name: str) -> Table:
-  """The Table of `spec.<name>` ('train' or 'test'): a folder of class subfolders, or a CSV (paths relative to
-  `spec.root`, else to the CSV's folder)."""
+  """The Table of `spec.<name>` ('train' or 'test'): a folder of class subfolders, or a CSV (paths
+  relative to `spec.root`, else to the CSV's folder)."""
   given = getattr(spec, name)
   path = pathlib.Path(given)
   if given and path.is_dir():
     return scan_folder(path, name, spec.class_depth)
   if spec.root and not os.path.isdir(spec.root):
-    raise DataError(f'data.folder.root={spec.root!r} is not a folder; allowed: the folder that the relative paths '
-                    f"of {given} start from, or '' (the CSV's own folder)")
+    raise DataError(f'data.folder.root={spec.root!r} is not a folder; allowed: the folder that the '
+                    f"relative paths of {given} start from, or '' (the CSV's own folder)")
   if path.is_file() and path.suffix.lower() == '.csv':
     return read_csv(path, pathlib.Path(spec.root or path.parent), name)
   unset = ' (an environment variable in it is unset?)' if '$' in given else ''
-  raise DataError(f'data.folder.{name}={given!r}{" is not a folder or a .csv" if path.exists() else " does not exist"}'
-                  f'{unset}; allowed: a folder with one subfolder of images per class, or a CSV of path,label[,split]')
+  what = ' is not a folder or a .csv' if path.exists() else ' does not exist'
+  raise DataError(f'data.folder.{name}={given!r}{what}{unset}; allowed: a folder with one '
+                  'subfolder of images per class, or a CSV of path,label[,split]')
 
 
 def read_tables(spec: Spec) -> tuple:
-  """(train Table, test Table): `spec.train`'s images; the test images its split=test rows, `spec.test`'s or
-  `spec.test_per_class` of each class: its first or a random choice (one permutation of all rows, seeded)."""
+  """(train Table, test Table): `spec.train`'s images; the test images its split=test rows,
+  `spec.test`'s or `spec.test_per_class` of each class: its first or a random choice (one
+  permutation of all rows, seeded)."""
   given = read_images(spec, 'train')
   is_test = np.asarray([s == 'test' for s in given.splits], bool)
   if bool(spec.test) + bool(spec.test_per_class) + is_test.any() > 1:
-    raise DataError(f'the test images are given more than one way: data.folder.test={spec.test!r}, data.folder.'
-                    f'test_per_class={spec.test_per_class} and {is_test.sum()} split=test rows of {given.where}')
+    raise DataError(f'the test images are given more than one way: data.folder.test={spec.test!r}, '
+                    f'data.folder.test_per_class={spec.test_per_class} and {is_test.sum()} '
+                    f'split=test rows of {given.where}')
   where = f'{given.where} (its split=test rows; data.folder.test is empty)'
   if spec.test_per_class:
-    classes, label, counts = np.unique(np.asarray(given.names), return_inverse=True, return_counts=True)
+    classes, label, counts = np.unique(np.asarray(given.names), return_inverse=True,
+                                       return_counts=True)
     if counts.min() <= spec.test_per_class:
-      raise DataError(f'{given.where}: class {str(classes[counts.argmin()])!r} has {counts.min()} images; data.'
-                      f'folder.test_per_class={spec.test_per_class} must leave every class training images: lower it')
-    n = len(label)
-    rank = np.arange(n) if spec.split_by == 'first' else np.random.default_rng(spec.split_seed).permutation(n)
-    within = np.arange(n) - np.repeat(np.cumsum(counts) - counts, counts)  # place in its class, by class and rank
-    is_test = np.isin(np.arange(n), np.lexsort((rank, label))[within < spec.test_per_class])
-    how = f'split_by {spec.split_by}' + (f', split_seed {spec.split_seed}' if spec.split_by == 'random' else '')
+      raise DataError(f'{given.where}: class {str(classes[counts.argmin()])!r} has {counts.min()} '
+                      f'images; data.folder.test_per_class={spec.test_per_class} must leave every '
+                      'class training images: lower it')
+    rank = np.arange(len(label))
+    if spec.split_by == 'random':
+      rank = np.random.default_rng(spec.split_seed).permutation(len(label))
+    is_test = np.zeros(len(label), bool)
+    for c in range(len(classes)):  # the class's test_per_class rows of the lowest rank
+      rows = np.flatnonzero(label == c)
+      is_test[rows[np.argsort(rank[rows])[:spec.test_per_class]]] = True
+    how = f'split_by {spec.split_by}'
+    if spec.split_by == 'random':
+      how += f', split_seed {spec.split_seed}'
     where = f'{given.where} (data.folder.test_per_class={spec.test_per_class} of each class, {how})'
   train, test = given.select(~is_test), dataclasses.replace(given.select(is_test), where=where)
   return train, read_images(spec, 'test') if spec.test else test
@@ -174,40 +197,61 @@ def class_order(spec: Spec, train: Table) -> tuple:
   if not spec.classes:
     return tuple(present)
   if not os.path.isfile(spec.classes):
-    raise DataError(f'data.folder.classes={spec.classes!r} does not exist; allowed: empty (the sorted class '
-                    'names) or a file listing the class names in order, one per line')
+    raise DataError(f'data.folder.classes={spec.classes!r} does not exist; allowed: empty (the '
+                    'sorted class names) or a file listing the class names in order, one per line')
   names = read_index_file(spec.classes)
   absent = [n for n in names if n not in set(present)]
   if absent or len(set(names)) != len(names):
-    raise DataError(f'{spec.classes} must list distinct classes of {train.where} ({", ".join(present[:8])}'
-                    f'{", ..." if len(present) > 8 else ""}); it lists {absent[:5] or "a class twice"}')
+    raise DataError(f'{spec.classes} must list distinct classes of {train.where} '
+                    f'({", ".join(present[:8])}{", ..." if len(present) > 8 else ""}); it lists '
+                    f'{absent[:5] or "a class twice"}'
+                    + depth_hint(present))
   return tuple(names)
 
 
+def depth_hint(names) -> str:
+  """Where every class name ends in the same folder (Tiny-ImageNet's train/<class>/images/), the
+  message's ending naming the class_depth that takes the folders above it as the classes; else
+  ''."""
+  parts = {tuple(n.split('/')) for n in names}
+  depths, last = {len(p) for p in parts}, {p[-1] for p in parts}
+  if len(depths) > 1 or len(last) > 1 or min(depths) < 2:
+    return ''
+  return (f'; every class name found ends in /{last.pop()}: '
+          f'--config.data.folder.class_depth={depths.pop() - 1} makes the folders above it the '
+          'classes')
+
+
 def labelled(table: Table, order: tuple, strict: bool) -> tuple:
-  """(the table's rows of classes in `order`, their labels); `strict`: a class not in it is an error."""
+  """(the table's rows of classes in `order`, their labels); `strict`: a class not in it is an
+  error."""
   index = {n: i for i, n in enumerate(order)}
   unknown = sorted(set(table.names) - set(index))
   if strict and unknown:
-    raise DataError(f'{table.where} has images of classes without training images: {unknown[:5]}; name a test '
-                    'class folder as its training folder; test images in one folder with a file of their labels (such '
-                    'as val/images, val_annotations.txt) go in through a CSV of path,label: data.folder.test=FILE.csv')
+    raise DataError(f'{table.where} has images of classes without training images: {unknown[:5]}; '
+                    'name a test class folder as its training folder; test images in one folder '
+                    'with a file of their labels (such as val/images, val_annotations.txt) go in '
+                    'through a CSV of path,label: data.folder.test=FILE.csv'
+                    + depth_hint(order))
   kept = table.select([n in index for n in table.names])
   return kept, np.asarray([index[n] for n in kept.names], np.int32)
 
 
 def session_layout(spec: Spec, order: tuple, found: int, where: str) -> tuple:
-  """The class ids of each session, checked against the classes used (`order`, of the `found` in `where`)."""
+  """The class ids of each session, checked against the classes used (`order`, of the `found` in
+  `where`)."""
   later = spec.way * (spec.num_sessions - 1)
   base = spec.num_base or len(order) - later
   if base < 1 or spec.way < 1 or spec.num_sessions < 2 or base + later != len(order):
-    used = (f' and data.folder.classes={spec.classes!r} lists {len(order)} of them, the classes used'
+    used = (f' and data.folder.classes={spec.classes!r} lists {len(order)} of them, the classes '
+            'used'
             if isinstance(spec.classes, str) and spec.classes else '')
     raise DataError(
-        f'the session layout does not add up: data.folder.num_base={spec.num_base} + data.folder.way={spec.way} '
-        f'x (data.folder.num_sessions={spec.num_sessions} - 1) = {base + later} classes, but {where} has {found} '
-        f'classes{used}; allowed: num_base + way x (num_sessions - 1) = {len(order)}, way >= 1, num_sessions >= 2 '
-        '(num_base=0: every class no later session takes)')
+        f'the session layout does not add up: data.folder.num_base={spec.num_base} + '
+        f'data.folder.way={spec.way} x (data.folder.num_sessions={spec.num_sessions} - 1) = '
+        f'{base + later} classes, but {where} has {found} classes{used}; allowed: num_base + way x '
+        f'(num_sessions - 1) = {len(order)}, way >= 1, num_sessions >= 2 (num_base=0: every class '
+        'no later session takes)')
   return sessions_from_counts(base, spec.way, spec.num_sessions)
 
 
@@ -217,7 +261,8 @@ def find_listed(line: str, index: dict, train: Table, names: set, where: str) ->
   for k in range(len(parts)):
     i = index.get('/'.join(parts[k:]))
     if i == -1:
-      raise DataError(f'{where}: {line} names several training images of {train.where}; name it by more of its path')
+      raise DataError(f'{where}: {line} names several training images of {train.where}; name it by '
+                      'more of its path')
     if i is not None:
       if len(parts) > 1 and parts[-2] in names and parts[-2] != train.names[i]:
         raise DataError(f'{where}: {line} is of class {train.names[i]} in {train.where}')
@@ -226,75 +271,90 @@ def find_listed(line: str, index: dict, train: Table, names: set, where: str) ->
 
 
 def map_lists(spec: Spec, train: Table, order: tuple) -> list:
-  """Indices into `train` of the images each session_<t>.txt names (num_sessions 0: as many as there are)."""
-  trailing = [('/'.join(f.split('/')[k:]), i) for i, f in enumerate(train.files) for k in range(f.count('/') + 1)]
+  """Indices into `train` of the images each session_<t>.txt names (num_sessions 0: as many as there
+  are)."""
+  trailing = [('/'.join(f.split('/')[k:]), i) for i, f in enumerate(train.files)
+              for k in range(f.count('/') + 1)]
   shared = collections.Counter(part for part, _ in trailing)
   index = {part: i if shared[part] == 1 else -1 for part, i in trailing}  # -1: several paths end so
-  names, count = set(order), spec.num_sessions or len(list(pathlib.Path(spec.lists).glob('session_*.txt')))
-  return [np.asarray([find_listed(line, index, train, names, os.path.join(spec.lists, f'session_{t}.txt'))
+  count = spec.num_sessions or len(list(pathlib.Path(spec.lists).glob('session_*.txt')))
+  where = lambda t: os.path.join(spec.lists, f'session_{t}.txt')
+  return [np.asarray([find_listed(line, index, train, set(order), where(t))
                       for line in lines], np.int64)
           for t, lines in enumerate(session_lists(spec.lists, max(1, count)), start=1)]
 
 
-def check_lists(spec: Spec, indices: list, labels: np.ndarray, order: tuple, classes: tuple) -> tuple:
+def check_lists(spec: Spec, indices: list, labels: np.ndarray, order: tuple,
+                classes: tuple) -> tuple:
   """(base_train, topic_shots): the lists, each checked against its session of the layout."""
   for t, idx in enumerate(indices, start=1):
     where = os.path.join(spec.lists, f'session_{t}.txt')
     counts = np.bincount(labels[idx], minlength=len(order))[list(classes[t - 1])]
-    if set(labels[idx].tolist()) != set(classes[t - 1]) or (t > 1 and len(set(counts.tolist())) != 1):
-      raise DataError(f'{where}: its images are of the classes {sorted({order[c] for c in labels[idx]})[:6]}; '
-                      f'allowed: those of session {t} of the layout, {[order[c] for c in classes[t - 1]][:6]}, '
-                      + ('each with as many images' if t > 1 else 'each with its base training images'))
+    uneven = t > 1 and len(set(counts.tolist())) != 1
+    if set(labels[idx].tolist()) != set(classes[t - 1]) or uneven:
+      raise DataError(f'{where}: its images are of the classes '
+                      f'{sorted({order[c] for c in labels[idx]})[:6]}; allowed: those of session '
+                      f'{t} of the layout, {[order[c] for c in classes[t - 1]][:6]}, '
+                      + ('each with as many images' if t > 1 else
+                         'each with its base training images'))
     if t > 1 and spec.protocol == 'topic' and counts[0] != spec.shots:
-      raise DataError(f'{where} lists {counts[0]} images per class; protocol topic takes them as the shots, '
-                      f'so data.shots must be {counts[0]} (is {spec.shots})')
+      raise DataError(f'{where} lists {counts[0]} images per class; protocol topic takes them as '
+                      f'the shots, so data.shots must be {counts[0]} (is {spec.shots})')
   return indices[0], tuple(indices[1:])
 
 
 def read_protocol(spec: Spec) -> Protocol:
-  """The `Protocol` of `spec` from its tables (`read_tables` where None), every check made; no image is read."""
+  """The `Protocol` of `spec` from its tables (`read_tables` where None), every check made; no image
+  is read."""
   train, test = spec.tables or read_tables(spec)
   order, found = class_order(spec, train), len(set(train.names))
   train, train_labels = labelled(train, order, strict=False)
   test, test_labels = labelled(test, order, strict=not spec.classes)
   overlap = set(map(str, train.paths())) & set(map(str, test.paths()))
   if overlap:
-    raise DataError(f'{min(overlap)} is both a training and a test image ({len(overlap)} such files): the test '
-                    f'images of {test.where} must not be training images of {train.where}')
+    raise DataError(f'{min(overlap)} is both a training and a test image ({len(overlap)} such '
+                    f'files): the test images of {test.where} must not be training images of '
+                    f'{train.where}')
   n_train = np.bincount(train_labels, minlength=len(order))
   few = np.flatnonzero(n_train < spec.shots)
   if few.size:
     raise DataError(f'{train.where}: class {order[few[0]]!r} has {n_train[few[0]]} training images'
-                    f'{f" (and {few.size - 1} more classes too few)" if few.size > 1 else ""}; data.shots='
-                    f'{spec.shots} needs at least {spec.shots} per class: add images, lower --config.data.shots or '
-                    'leave the class out (data.folder.classes)')
+                    f'{f" (and {few.size - 1} more classes too few)" if few.size > 1 else ""}; '
+                    f'data.shots={spec.shots} needs at least {spec.shots} per class: add images, '
+                    'lower --config.data.shots or leave the class out (data.folder.classes)')
   empty = np.flatnonzero(np.bincount(test_labels, minlength=len(order)) == 0)
-  if empty.size and spec.protocol != 'validation':  # every class needs test images, but under validation
-    raise DataError(f'no test images of class {order[empty[0]]!r} ({empty.size} of {len(order)} classes have none) '
-                    f'in {test.where}: give them in a test folder or CSV (data.folder.test) or split=test rows; or '
-                    'use --config.data.protocol=validation, which holds out training images instead')
+  if empty.size and spec.protocol != 'validation':  # validation holds out training images
+    raise DataError(f'no test images of class {order[empty[0]]!r} ({empty.size} of {len(order)} '
+                    f'classes have none) in {test.where}: give them in a test folder or CSV '
+                    '(data.folder.test) or split=test rows; or use '
+                    '--config.data.protocol=validation, which holds out training images instead')
   if spec.protocol == 'topic' and not spec.lists:
-    raise DataError("protocol 'topic' takes each session's shots from TOPIC-style lists: set data.folder.lists "
-                    "to a folder holding session_1.txt .. session_<T>.txt, or use protocol 'draws'")
+    raise DataError("protocol 'topic' takes each session's shots from TOPIC-style lists: set "
+                    "data.folder.lists to a folder holding session_1.txt .. session_<T>.txt, or "
+                    "use protocol 'draws'")
   indices = map_lists(spec, train, order) if spec.lists else None
-  if indices and not spec.way and len(indices) > 1:  # the lists' layout (way 0: a layout's own files)
+  if indices and not spec.way and len(indices) > 1:  # way 0: the lists' layout (a layout's files)
     spec = dataclasses.replace(spec, num_base=len(set(train_labels[indices[0]].tolist())),
-                               way=len(set(train_labels[indices[1]].tolist())), num_sessions=len(indices))
+                               way=len(set(train_labels[indices[1]].tolist())),
+                               num_sessions=len(indices))
   classes = session_layout(spec, order, found, train.where)
   base_train, topic_shots = (check_lists(spec, indices, train_labels, order, classes) if indices
                              else (np.flatnonzero(train_labels < len(classes[0])), None))
-  return Protocol(order, train, test, train_labels, test_labels, classes, base_train, topic_shots, found)
+  return Protocol(order, train, test, train_labels, test_labels, classes, base_train, topic_shots,
+                  found)
 
 
 def decode_file(path, resize: int, crop: int) -> np.ndarray:
-  """RGB uint8 [crop, crop, 3]: the image file through torchvision's Resize(resize) (the shorter side to
-  `resize`, the longer int(resize x long / short), PIL's bilinear filter) and CenterCrop(crop)."""
+  """RGB uint8 [crop, crop, 3]: the image file through torchvision's Resize(resize) (the shorter
+  side to `resize`, the longer int(resize x long / short), PIL's bilinear filter) and
+  CenterCrop(crop)."""
   from PIL import Image  # pylint: disable=g-import-not-at-top
   with Image.open(path) as img:
     img = img.convert('RGB')
     w, h = img.size
     if min(w, h) != resize:
-      img = img.resize((resize, int(resize * h / w)) if w <= h else (int(resize * w / h), resize), Image.BILINEAR)
+      size = (resize, int(resize * h / w)) if w <= h else (int(resize * w / h), resize)
+      img = img.resize(size, Image.BILINEAR)
     w, h = img.size
     if w < crop or h < crop:
       raise ValueError(f'image {w}x{h} is smaller than the crop {crop}')
@@ -304,10 +364,12 @@ def decode_file(path, resize: int, crop: int) -> np.ndarray:
 
 def cached_file(paths: Sequence, cache_folder, name: str, resize: int, crop: int, desc: str = '',
                 how_to_get: str = '') -> pathlib.Path:
-  """`<cache_folder>/<name>-<key>.npy`, its key a sha256 over the cache version, the transform and every
-  (absolute path, size, modification time); a DataError naming the missing files (the first 10)."""
+  """`<cache_folder>/<name>-<key>.npy`, its key a sha256 over the cache version, the transform and
+  every (absolute path, size, modification time); a DataError naming the missing files (the first
+  10)."""
   transform = {'resize': int(resize), 'crop': int(crop)}
-  h = hashlib.sha256(json.dumps({'version': CACHE_VERSION, 'transform': transform}, sort_keys=True).encode())
+  key = {'version': CACHE_VERSION, 'transform': transform}
+  h = hashlib.sha256(json.dumps(key, sort_keys=True).encode())
   missing = []
   for p in paths:  # one stat a file
     try:
@@ -317,15 +379,15 @@ def cached_file(paths: Sequence, cache_folder, name: str, resize: int, crop: int
       continue
     h.update(f'\n{os.path.abspath(p)}\t{int(s.st_size)}\t{int(s.st_mtime_ns)}'.encode())
   if missing:
-    raise DataError('\n  '.join([f'{desc or name}: {len(missing)} of {len(paths)} image files are missing:',
-                                 *missing[:10]]) + (f'\n{how_to_get}' if how_to_get else ''))
+    head = f'{desc or name}: {len(missing)} of {len(paths)} image files are missing:'
+    raise DataError('\n  '.join([head, *missing[:10]]) + (f'\n{how_to_get}' if how_to_get else ''))
   return pathlib.Path(cache_folder) / f'{name}-{h.hexdigest()[:20]}.npy'
 
 
 def decode_cached(paths: Sequence, cache_folder, name: str, resize: int, crop: int, desc: str = '',
                   how_to_get: str = '', decode: Optional[Callable] = None) -> np.ndarray:
-  """uint8 [N, crop, crop, 3]: the images at `paths` through `decode` (`decode_file`), memory-mapped from
-  `cached_file`, decoded once into it where it is absent or incomplete."""
+  """uint8 [N, crop, crop, 3]: the images at `paths` through `decode` (`decode_file`), memory-mapped
+  from `cached_file`, decoded once into it where it is absent or incomplete."""
   shape = (len(paths), crop, crop, 3)
   if not paths:
     return np.zeros(shape, np.uint8)
@@ -335,7 +397,7 @@ def decode_cached(paths: Sequence, cache_folder, name: str, resize: int, crop: i
     if done.shape == shape and done.dtype == np.uint8:
       return done
   target.parent.mkdir(parents=True, exist_ok=True)
-  remove_stale(target.parent, '.*.npy.*.tmp')  # every killed decode's (of any data), not only this file's
+  remove_stale(target.parent, '.*.npy.*.tmp')  # every killed decode's, not only this file's
   with written_atomically(target) as tmp:
     out = np.lib.format.open_memmap(tmp, mode='w+', dtype=np.uint8, shape=shape)
 
@@ -343,12 +405,13 @@ def decode_cached(paths: Sequence, cache_folder, name: str, resize: int, crop: i
       try:
         out[i] = (decode or decode_file)(paths[i], resize, crop)
       except Exception as e:  # PIL raises many types for a broken file
-        raise DataError(f'could not read {paths[i]} as an image ({type(e).__name__}: {e}); every listed file must '
-                        'be an image PIL reads (JPEG, PNG, ...): replace or remove it') from e
+        raise DataError(f'could not read {paths[i]} as an image ({type(e).__name__}: {e}); every '
+                        'listed file must be an image PIL reads (JPEG, PNG, ...): replace or '
+                        'remove it') from e
 
     with concurrent.futures.ThreadPoolExecutor(min(16, os.cpu_count() or 1)) as pool, \
-        progress.bar(len(paths), f'decoding {desc or name} (once, cached in {target.parent})', file=sys.stderr,
-                     unit='img') as bar:
+        progress.bar(len(paths), f'decoding {desc or name} (once, cached in {target.parent})',
+                     file=sys.stderr, unit='img') as bar:
       for _ in pool.map(work, range(len(paths))):
         bar.update(1)
     out.flush()
@@ -358,15 +421,19 @@ def decode_cached(paths: Sequence, cache_folder, name: str, resize: int, crop: i
 
 def cache_plan(spec: Spec, p: Protocol, cache_dir) -> dict:
   """{split: (its image paths, `decode_cached`'s arguments: cache folder, name, resize, crop)}."""
-  folder, size = pathlib.Path(cache_dir) / 'arrays' / spec.name, int(round(spec.image_size * spec.resize))
-  return {split: (table.paths(), (folder, split, size, size if split == 'train' else spec.image_size))
+  folder = pathlib.Path(cache_dir) / 'arrays' / spec.name
+  size = round(spec.image_size * spec.resize)
+  crop = {'train': size, 'test': spec.image_size}
+  return {split: (table.paths(), (folder, split, size, crop[split]))
           for split, table in (('train', p.train), ('test', p.test))}
 
 
 def load(spec: Spec, cache_dir, decode: Optional[Callable] = None) -> Benchmark:
-  """The `Benchmark` of `spec`, images cached in `<cache_dir>/arrays/<name>/`; `decode` replaces `decode_file`."""
+  """The `Benchmark` of `spec`, images cached in `<cache_dir>/arrays/<name>/`; `decode` replaces
+  `decode_file`."""
   p = read_protocol(spec)
-  images = {split: decode_cached(paths, *args, desc=f'{spec.name} {split}', how_to_get=spec.how_to_get, decode=decode)
+  images = {split: decode_cached(paths, *args, desc=f'{spec.name} {split}',
+                                 how_to_get=spec.how_to_get, decode=decode)
             for split, (paths, args) in cache_plan(spec, p, cache_dir).items()}
   return benchmark(spec, p, images)
 
@@ -374,7 +441,9 @@ def load(spec: Spec, cache_dir, decode: Optional[Callable] = None) -> Benchmark:
 def benchmark(spec: Spec, p: Protocol, images: dict) -> Benchmark:
   """The `Benchmark` of `p` with `images` ({'train', 'test'}: uint8 arrays)."""
   return Benchmark(
-      name=spec.name, train=Split(images['train'], p.train_labels), test=Split(images['test'], p.test_labels),
+      name=spec.name, train=Split(images['train'], p.train_labels),
+      test=Split(images['test'], p.test_labels),
       base_train=p.base_train, session_classes=p.session_classes,
-      shot_pool=np.flatnonzero(p.train_labels >= len(p.session_classes[0])), topic_shots=p.topic_shots,
+      shot_pool=np.flatnonzero(p.train_labels >= len(p.session_classes[0])),
+      topic_shots=p.topic_shots,
       image_size=spec.image_size, mean=IMAGENET_MEAN, std=IMAGENET_STD, augment=spec.augment)

@@ -27,14 +27,14 @@ from f2m_jax.run.checkpoint import quiet_orbax
 from f2m_jax.run.stopping import message
 
 
-def main(config, workdir: str, mode: str, checkpoint=None, origin=None, dry_run: bool = False,
-         time_step: bool = False) -> int:
+def main(config, workdir: str, mode: str, checkpoint=None, origin=None,
+         dry_run: bool = False) -> int:
   """Runs `mode`. `origin` ({'config', 'changes'}: the --config argument and the command line's
   overrides) is what the user changed: no method's presets replace those fields, and it goes into
   the records."""
   at_once = f'--mode {mode}'  # a mode that saves nothing: a signal ends it at once
   if dry_run:
-    at_once, mode = '--dry-run', 'time_step' if time_step else 'dry_run'
+    at_once, mode = '--dry-run', 'dry_run'
   elif mode in ('train', 'eval'):
     at_once = ''
   with quiet_orbax(), stopping.Stop(at_once and f'{at_once} saves nothing: rerun the same command',
@@ -70,8 +70,8 @@ def run_mode(config, workdir: str, mode: str, checkpoint, origin, hook) -> int:
 
 def dispatch(config, workdir: str, mode: str, checkpoint, origin, hook) -> None:
   """Runs `mode` and prints its table or text."""
-  if mode in ('dry_run', 'time_step'):
-    print(dry_run_lib.describe(config, origin, mode == 'time_step', checkpoint), flush=True)
+  if mode == 'dry_run':
+    print(dry_run_lib.describe(config, origin, checkpoint), flush=True)
   elif mode == 'bench':
     bench.run(config, workdir, origin)
   elif mode == 'flatness':
@@ -110,10 +110,8 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
   flags.DEFINE_string('checkpoint', None, 'A workdir whose base model to use instead of training '
                       'one.', **fv)
   flags.DEFINE_bool('dry-run', False, "Print the effective config (presets, overrides, what each "
-                    "'auto' becomes here), the data, the cache and a base step's estimated cost; "
-                    'write nothing.', **fv)
-  flags.DEFINE_bool('time-step', False, 'With --dry-run: measure one base step instead of '
-                    'estimating it.', **fv)
+                    "'auto' becomes here), the data, the cache and the base training's time here (a "
+                    'step compiled and timed); write nothing.', **fv)
 
 
 def parse_flags(argv: list, flag_values: flags.FlagValues = flags.FLAGS) -> list:
@@ -150,7 +148,7 @@ def main_flags(argv: list, flag_values: flags.FlagValues = flags.FLAGS) -> int:
     changes = {**{k: items[k] for k, v in presets.items() if items.get(k) != v}, **changes}
     checkpoint = checkpoint or (files.read_json(spec).get(workdir_lib.SOURCE_KEY) or {}).get('path')
   return main(config, f['workdir'], f['mode'], checkpoint, {'config': spec, 'changes': changes},
-              f['dry-run'], f['time-step'])
+              f['dry-run'])
 
 
 def usage_problem(argv: list, config, workdir: str | None, dry_run: bool) -> str | None:

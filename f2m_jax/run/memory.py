@@ -64,7 +64,7 @@ def programs(exp, members: int = 0) -> tuple:
     per_call = train_loop.steps_per_call(c.base, c.base.select_on_test)
     rows = jax.ShapeDtypeStruct((per_call, members, len(exp.batch_indices(0))), np.int32,
                                 sharding=sharding.member_rows_sharded(mesh))
-    program = base_lib.train_program(exp.model, exp.noise, exp.optimizer_settings(),
+    program = base_lib.train_program(exp.model, exp.loss, exp.optimizer_settings(),
                                      base_lib.Inputs.of(bench), c.members.map, mesh)
     data = like(bench.train.images), like(bench.train.labels)
     step = program.lower(states, *data, rows, np.int32(0), keys, bounds)
