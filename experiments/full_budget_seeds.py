@@ -39,7 +39,7 @@ import tarfile
 import time
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-ENDPOINT = 'session 9'
+ENDPOINT = 'session 9 accuracy'  # --primary s9 declares it
 TRAINSPLIT = 'configs/cifar100.py:trainsplit'
 SEEDS = '--config.members.seeds=(0,1,2)'
 BENCH = ['--mode', 'bench', '--config.bench.M_list=(2,)']
@@ -128,7 +128,8 @@ def sweep_times(root: pathlib.Path) -> dict:
 def report(out: pathlib.Path) -> int:
   """The paired report into OUT/report.txt and OUT/report/; 1 if the verdict names no ENDPOINT."""
   command = [sys.executable, '-m', 'f2m_jax.run.report', str(out / 'baseline'), str(out / 'f2m'),
-             '--paired', '--labels', 'Baseline,F2M', '--out', str(out / 'report')]
+             '--paired', '--primary', 's9', '--labels', 'Baseline,F2M', '--out',
+             str(out / 'report')]
   done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, check=False)
   (out / 'report.txt').write_text(done.stdout + done.stderr, encoding='utf-8')
   verdict = [line for line in done.stdout.splitlines() if line.startswith('F2M ')]

@@ -34,12 +34,19 @@ class Evaluator:
 
   def __init__(self, exp, base_variables, trainable_paths):
     self.exp, self.embed_full, self._trunk, self._static = exp, embedder(exp), None, None
-    block = split_block(exp.model, trainable_paths) if trainable_paths else 0  # the first changed
-    cache = exp.config.incremental.finetune and exp.config.eval.cache_trunk
-    if cache and 0 < block < exp.model.num_blocks:
+    block = self.trunk_block(exp, trainable_paths)
+    if block:
       self._trunk = embedder(exp, last=block)(base_variables, exp.bench.test.images,
                                               keep_on_device=True)
       self.embed_suffix = embedder(exp, first=block)
+
+  @staticmethod
+  def trunk_block(exp, trainable_paths):
+    """The first block that `trainable_paths` change, where the test set's features are cached
+    before it (fine-tuning on, eval.cache_trunk); 0 for no cache."""
+    block = split_block(exp.model, trainable_paths) if trainable_paths else 0
+    cache = exp.config.incremental.finetune and exp.config.eval.cache_trunk
+    return block if cache and 0 < block < exp.model.num_blocks else 0
 
   def embeddings(self, variables, changed):
     """Embeddings of the whole test set under `variables` (`changed`: differs from phi*)."""

@@ -23,7 +23,7 @@ def test_tiny_run_stops_at_its_deadline_then_resumes_to_the_paired_report(tmp_pa
     summary = json.loads((out / method / 'summary.json').read_text())
     assert summary['method'] == method and [m['seed'] for m in summary['members']] == [0, 1]
   lines = (out / 'report.txt').read_text().splitlines()
-  assert 'Baseline at session 9: ' in [line for line in lines if line.startswith('F2M ')][-1]
+  assert 'Baseline at session 9 accuracy: ' in [line for line in lines if line.startswith('F2M ')][-1]
   assert 'Paired comparison' in (out / 'report' / 'report.md').read_text()
   times = json.loads((out / 'times.json').read_text())
   assert times['parts']['bench'][0]['rc'] != 0

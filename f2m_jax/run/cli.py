@@ -110,8 +110,8 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
   flags.DEFINE_string('checkpoint', None, 'A workdir whose base model to use instead of training '
                       'one.', **fv)
   flags.DEFINE_bool('dry-run', False, "Print the effective config (presets, overrides, what each "
-                    "'auto' becomes here), the data, the cache and the base training's time here (a "
-                    'step compiled and timed); write nothing.', **fv)
+                    "'auto' becomes here), the data, the cache and the base training's time here "
+                    '(a step compiled and timed); write nothing.', **fv)
 
 
 def parse_flags(argv: list, flag_values: flags.FlagValues = flags.FLAGS) -> list:
