@@ -11,7 +11,6 @@ import pytest
 from configs import cifar100, common
 from conftest import Interrupt, run_py
 from f2m_jax import registry
-from f2m_jax.experiment import Experiment
 from f2m_jax.run import pipeline
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -63,12 +62,12 @@ def test_command_line_overrides_survive_the_baseline(tmp_path, monkeypatch, caps
   """Through run.py's flags and main (conftest.run_py), stopped where the run would compute: the
   effective config.json, and the origin it hands the run (its results record it) names the fields
   changed on the command line. Before, in that workdir (issue 82): a crash after the workdir was
-  written (staged as 6f2b875's at seed 2^63, whose key it could not make) leaves the workdir to the
-  corrected command, which says so (6f2b875 refused it as 'a different config')."""
+  written (staged where the run computes, as 6f2b875's seed 2^63 crashed making its key) leaves the
+  workdir to the corrected command, which says so (6f2b875 refused it as 'a different config')."""
   seen, workdir = {}, tmp_path / 'w'
   args = ['run.py', '--config', 'configs/cifar100.py:smoke', '--workdir', str(workdir)]
   with monkeypatch.context() as patch, pytest.raises(OverflowError):
-    patch.setattr(Experiment, 'key', lambda *_: jax.random.key(2 ** 63))  # 6f2b875's crash
+    patch.setattr(pipeline, 'compute', lambda *_: jax.random.key(2 ** 63))  # 6f2b875's crash
     run_py(args, monkeypatch)
 
   def stop(*args):  # pipeline.compute(exp, record, workdir, mode, checkpoint, base_source, hook,

@@ -214,7 +214,7 @@ def test_a_dry_run_shows_classes_images_and_their_files(tmp_path, capsys, monkey
   printed the config alone, and passed a misspelt train folder (exit 0)."""
   from f2m_jax.run import bench  # pylint: disable=g-import-not-at-top
   from f2m_jax.run import cli  # pylint: disable=g-import-not-at-top
-  monkeypatch.setattr(bench, 'bench_experiment', lambda *args: argparse.Namespace(noise=None))
+  monkeypatch.setattr(bench, 'bench_experiment', lambda *args: argparse.Namespace(loss=None))
   monkeypatch.setattr(bench, 'program_case', lambda *args: None)
   monkeypatch.setattr(bench, 'time_cases', lambda *args: [dict(step_ms_median=250.0, compile_s=12.4)])
   config = nested_config(tmp_path)

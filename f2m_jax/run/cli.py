@@ -166,6 +166,18 @@ def usage_problem(argv: list, config, workdir: str | None, dry_run: bool) -> str
   return None
 
 
+def load_config(spec: str) -> ml_collections.ConfigDict:
+  """The config `spec` names as --config reads it (configs/cifar100.py:smoke, a workdir's
+  config.json), for scripts and tests; a one-line ValueError where it cannot be read."""
+  flag_values = flags.FlagValues()
+  define_flags(flag_values)
+  try:
+    flag_values(['load_config', f'--config={spec}'])
+  except flags.Error as e:
+    raise ValueError(' '.join(str(e).split())) from None
+  return flag_values.config
+
+
 class ConfigFile(flags.ArgumentParser):
   """--config's parser: config_flags' own (`files`: `path:arg` is the file's get_config(arg)), or
   a workdir's config.json (workdir.recorded_config); locked, and a --config.FIELD it lacks (in

@@ -86,7 +86,15 @@ def run(config, root, mode='train', checkpoint=None, hook=None, origin=None) -> 
                for i, (c, d) in enumerate(zip(records, dirs))]
   finally:
     lock.close()
-  m = sweep.members
+  summary = summarize(sweep.members, configs, results)
+  summary['provenance'] = workdir_lib.provenance(sweep.to_dict(), origin, choices=choices)
+  print(write_summary(root, summary, mode, writes), flush=True)
+  return summary
+
+
+def summarize(m, configs, results):
+  """The sweep's summary over its members' `results`: one row per value of the field's sweep
+  (`m`: config.members), or the statistics over the seeds; and a line per member."""
   if m.field_values:
     summary = summarize_values(m.field, m.field_values, results)
   else:
@@ -95,9 +103,7 @@ def run(config, root, mode='train', checkpoint=None, hook=None, origin=None) -> 
                          **({m.field: v} if m.field_values else {}),  # v: the field's value
                          'acc_last': r['sessions'][-1]['acc']['mean'], 'pd': r['pd']['mean']}
                         for i, (c, r, v) in enumerate(zip(configs, results,
-                                                          m.field_values or dirs))]
-  summary['provenance'] = workdir_lib.provenance(sweep.to_dict(), origin, choices=choices)
-  print(write_summary(root, summary, mode, writes), flush=True)
+                                                          m.field_values or configs))]
   return summary
 
 
