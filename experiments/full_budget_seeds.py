@@ -118,7 +118,8 @@ def sweep_times(root: pathlib.Path) -> dict:
       except json.JSONDecodeError:  # a line cut short by a stop
         pass
   logs = [list(records(p)) for p in sorted(root.glob('member_*/metrics.jsonl'))]
-  rates = [r['steps_per_s'] for r in logs[0] if r.get('phase') == 'base'] if logs else []
+  rates = [r['steps_per_s'] for r in logs[0]  # null: a window of the first call alone
+           if r.get('phase') == 'base' and r['steps_per_s'] is not None] if logs else []
   done = [[r['wall_time_s'] for r in log if r.get('phase') == 'done'] for log in logs]
   median = statistics.median(rates) if rates else None
   return {'members': len(logs), 'base_steps_per_s_median': median,

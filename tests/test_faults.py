@@ -356,7 +356,7 @@ def test_accuracies_computed_otherwise_than_saved(reference, tmp_path, capsys, m
     return
   checkpoint = f'{workdir}/checkpoints/run_0/3'
   assert f'note: run 0 session 3: the accuracies computed again from {checkpoint} differ from those it saved (acc' in out
-  assert f'differs from {path} in avg, pd, sessions; wrote results_eval.json' in out and 'possible causes: ' in out
+  assert f'differs from {path} in avg, pd, retention, sessions; wrote results_eval.json' in out and 'possible causes: ' in out
   evaluated = json.loads((tmp_path / 'copy' / 'results_eval.json').read_text())
   difference = evaluated['checkpoint_differences'][0]
   assert difference['checkpoint'] == checkpoint and difference['saved_by'] == difference['recomputed_by']
