@@ -71,7 +71,7 @@ def programs(exp, members: int = 0) -> tuple:
     lowered.append((batch_field(c), states, 0, step))
   phases = {}
   with contextlib.closing(progress.status("memory check: compiling the run's programs (a minute or "
-                                          "more on a CPU, seconds where JAX's cache holds them)", sys.stderr)):
+                                          "more on a CPU, seconds where JAX's cache holds them)")):
     for field, network, held, program in lowered:
       m = program.compile().memory_analysis()
       size = held + (m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes
