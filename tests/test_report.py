@@ -282,7 +282,7 @@ def test_runs_of_another_protocol_or_session_count_are_not_subtracted(tmp_path, 
 def test_an_out_that_is_a_file_is_refused(workdirs, tmp_path, capsys):
   (tmp_path / 'taken').write_text('mine')
   assert report.main(workdirs + ['--out', str(tmp_path / 'taken')]) == 2
-  assert "is not a folder" in capsys.readouterr().err and (tmp_path / 'taken').read_text() == 'mine'
+  assert "is a file where a folder should be" in capsys.readouterr().err and (tmp_path / 'taken').read_text() == 'mine'
 
 
 def with_matrix(results, top=90.0, step=5.0):
