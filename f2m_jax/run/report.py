@@ -173,29 +173,21 @@ def notes(rows, reference):
              if 'seeds' in r.results and not has_interval(r.results)])
 
 
-def columns(rows):
-  """The main table's columns (s<n> per session, then stats.ENDS) and each row's statistics in
-  them (None where it has none)."""
-  n = max(len(row.results['sessions']) for row in rows)
-  found = [[s['acc'] for s in r['sessions']] + [None] * (n - len(r['sessions']))
-           + [r.get(k) for k in stats.ENDS] for r in (row.results for row in rows)]
-  return [f's{i + 1}' for i in range(n)] + [*stats.ENDS], found
-
-
 def main_table(rows, reference=0):
   """report.csv's records: the setting, each session's accuracy (s<n>), PD, AVG and retention as
   mean and ci95 (None: none, or not shown), the gap (None: another setting) and the interval's
   formula."""
   ref = rows[resolve_reference(rows, reference)].results
-  names, found = columns(rows)
+  names = [f's{n + 1}' for n in range(max(len(r.results['sessions']) for r in rows))]
   out = []
-  for row, stat_row in zip(rows, found):
+  for row in rows:
     r = row.results
+    found = {**{f's{s["session"]}': s['acc'] for s in r['sessions']}, **r}
     out.append({'label': row.label,
                 **{k: r.get(k) for k in ('dataset', 'method', 'protocol', 'runs', 'seeds')}})
-    for n, stat in zip(names, stat_row):
-      out[-1][n] = stat and stat['mean']
-      out[-1][f'{n}_ci95'] = stat.get('ci95') if stat and has_interval(r) else None
+    for n in names + [*stats.ENDS]:
+      stat = found.get(n) or {}
+      out[-1].update({n: stat.get('mean'), f'{n}_ci95': stat.get('ci95') if has_interval(r) else None})
     gap = r['sessions'][-1]['acc']['mean'] - ref['sessions'][-1]['acc']['mean']
     out[-1].update(gap=gap if setting(r) == setting(ref) else None, interval=r.get('interval'))
   return out
@@ -203,12 +195,13 @@ def main_table(rows, reference=0):
 
 def format_table(rows, reference=0):
   """The main table: accuracy per session ('-' where a row has none), PD, AVG, retention, gap."""
-  names, found = columns(rows)
+  records = main_table(rows, reference)
+  names = [k[:-5] for k in records[0] if k.endswith('_ci95')]
   body = [[row.label + f' ({count(row.results)}, no interval)' * (not has_interval(row.results))
            + ' (base model chosen on test images)' * reads_test_set(row.results)]
-          + [format_stat(s, has_interval(row.results)) for s in stat_row]
-          + ['n/a' if r['gap'] is None else f'{r["gap"]:+.2f}']
-          for row, stat_row, r in zip(rows, found, main_table(rows, reference))]
+          + [format_stat(r[n] is not None and {'mean': r[n], 'ci95': r[f'{n}_ci95']},
+                         has_interval(row.results)) for n in names]
+          + ['n/a' if r['gap'] is None else f'{r["gap"]:+.2f}'] for row, r in zip(rows, records)]
   return table(['Method'] + [n[1:] for n in names[:-3]] + ['PD', 'AVG', 'retention', 'gap'], body)
 
 
@@ -261,9 +254,9 @@ def pair(paths):
   if len(paths) != 2:
     raise ValueError(f'--paired compares two runs or sweeps (A B), got {len(paths)} paths')
   a, b = paths
-  if os.path.realpath(results_path(a)) == os.path.realpath(results_path(b)):
-    raise ValueError(f'--paired: {a} and {b} are the same results; pair two runs or sweeps')
   x, y = seed_runs(a), seed_runs(b)
+  if os.path.samefile(results_path(a), results_path(b)):
+    raise ValueError(f'--paired: {a} and {b} are the same results; pair two runs or sweeps')
   if sorted(x) != sorted(y):
     raise ValueError(f'--paired: {a} holds seeds {sorted(x)}, {b} {sorted(y)}; pairs need the '
                      'same seeds')
@@ -284,23 +277,23 @@ def span(ci):
 def format_paired(pairs, a, b, primary):
   """B - A per session, PD, AVG and retention (stats.paired over the seeds), and the verdict for
   the declared `primary` row alone (s<n>, pd, avg or retention; default: the last session)."""
-  keys = [f's{s["session"]}' for s in pairs[0][1]['sessions']] + [*stats.ENDS]
+  seeds, *runs = zip(*pairs)
+  keys = [f's{s["session"]}' for s in runs[0][0]['sessions']] + [*stats.ENDS]
   primary = primary or keys[-4]
   if primary not in keys:
     raise ValueError(f'--primary {primary!r} is none of {keys}')
-  rows = stats.paired(*[[stats.seed_values(p[i]) for p in pairs] for i in (1, 2)])
-  names, seeds = [NAMES.get(k) or f'session {k[1:]} accuracy' for k in keys], [p[0] for p in pairs]
+  rows = stats.paired(*[[stats.seed_values(r) for r in side] for side in runs])
+  names, i = [NAMES.get(k, f'session {k[1:]} accuracy') for k in keys], keys.index(primary)
   body = [[n, f'{r["mean"]:+.2f}', r['ci'] and span(r['ci']) or 'n/a',
            f'{r["holm"]:.2g}' if r['holm'] else 'n/a',
            f'{r["above"]} of {len(seeds)}'] + [f'{d:+.2f}' for d in r['diffs']]
           for n, r in zip(names, rows)]
-  r, name = rows[keys.index(primary)], names[keys.index(primary)]
   header = ['', f'{b} - {a}', '95% CI', 'p (Holm)', 'B > A'] + [f'seed {s}' for s in seeds]
-  return (f'{b} - {a}, paired over seeds {seeds} ({pairs[0][1]["runs"]} draws each, averaged '
+  return (f'{b} - {a}, paired over seeds {[*seeds]} ({runs[0][0]["runs"]} draws each, averaged '
           'within a seed): the paired t-test over the seeds (95% CI; p Holm-adjusted over the '
           "rows), how many seeds have B > A, each seed's difference:\n\n" + table(header, body)
-          + f'\n\nprimary: {name}; other rows descriptive\n{b} - {a} at {name}: {r["mean"]:+.2f} '
-          + verdict(r, len(seeds), a, b))
+          + f'\n\nprimary: {names[i]}; other rows descriptive\n{b} - {a} at {names[i]}: '
+          f'{rows[i]["mean"]:+.2f} ' + verdict(rows[i], len(seeds), a, b))
 
 
 def verdict(r, seeds, a, b):
@@ -341,20 +334,20 @@ def heatmaps(rows):
   import numpy as np  # pylint: disable=g-import-not-at-top
   from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top
   shown = [(r.label, np.array(r.results['accuracy_matrix']['mean'], float)) for r in rows
-           if matrix_table(r.results)]
+           if matrix_table(r.results)]  # None: NaN, left blank
   if not shown:
     return None
-  values = np.concatenate([m.ravel() for _, m in shown])  # None: NaN, left blank
-  low, high = np.nanmin(values), np.nanmax(values)
+  low, high = min(np.nanmin(m) for _, m in shown), max(np.nanmax(m) for _, m in shown)
   fig = Figure(figsize=(4.6 * len(shown), 4.2))
-  for ax, (label, m) in zip(fig.subplots(1, len(shown), squeeze=False)[0], shown):
-    n = len(m) + 0.5  # sessions 1..n at the cells' centres
-    image = ax.imshow(m, vmin=low, vmax=high, extent=(0.5, n, n, 0.5))
+  for k, (label, m) in enumerate(shown):
+    ticks, sessions = range(len(m)), range(1, len(m) + 1)
+    ax = fig.add_subplot(1, len(shown), k + 1, title=label, xlabel='after session',
+                         ylabel='classes of session')
+    image = ax.imshow(m, vmin=low, vmax=high)
+    ax.set(xticks=ticks, yticks=ticks, xticklabels=sessions, yticklabels=sessions)
     for (i, j), v in np.ndenumerate(m):
-      ax.text(j + 1, i + 1, '' if np.isnan(v) else f'{v:.1f}', ha='center', va='center',
-              fontsize=7, color='white' if v < (low + high) / 2 else 'black')
-    ax.set(title=label, xticks=range(1, len(m) + 1), yticks=range(1, len(m) + 1),
-           xlabel='after session', ylabel='classes of session')
+      ax.text(j, i, '' if np.isnan(v) else f'{v:.1f}', ha='center', va='center', fontsize=7,
+              color='white' if v < (low + high) / 2 else 'black')
   fig.colorbar(image, ax=fig.axes, label='accuracy (%)')
   return fig
 
@@ -415,7 +408,7 @@ def write_report(rows, out, md='', reference=0):
   pathlib.Path(out, 'report.md').write_text(md or format_report(rows, reference), encoding='utf-8')
   records = main_table(rows, reference)
   with open(f'{out}/report.csv', 'w', newline='', encoding='utf-8') as f:
-    csv.writer(f).writerows([list(records[0])] + [list(r.values()) for r in records])  # None: empty
+    csv.writer(f).writerows([records[0], *map(dict.values, records)])  # the keys; None: empty
   return {n: f'{out}/{n}' for n in ['report.md', 'report.csv'] + plot(rows, out)}
 
 
