@@ -77,8 +77,8 @@ def workdirs(tmp_path):
 
 def test_results_are_read_by_folder_or_file_and_labelled(workdirs):
   assert report.load_results(workdirs[0]) == report.load_results(os.path.join(workdirs[0], 'results.json'))
-  assert [r.label for r in report.build_rows(workdirs)] == ['F2M', 'baseline base_run', 'f2m cub_run']
-  assert [r.label for r in report.build_rows(workdirs, ['a', 'b', 'c'])] == ['a', 'b', 'c']
+  assert [r['label'] for r in report.build_rows(workdirs)] == ['F2M', 'baseline base_run', 'f2m cub_run']
+  assert [r['label'] for r in report.build_rows(workdirs, ['a', 'b', 'c'])] == ['a', 'b', 'c']
   with pytest.raises(ValueError, match='2 labels for 3'):
     report.build_rows(workdirs, ['a', 'b'])
 
@@ -251,7 +251,7 @@ def test_a_sweeps_folder_is_read_through_its_summary(tmp_path, capsys):
   (tmp_path / 'gone').mkdir()
   (tmp_path / 'gone' / 'summary.json').write_text(json.dumps(old))
   rows = report.build_rows([str(tmp_path / 'gone')])
-  assert rows[0].results['interval'] == report.OLD and '±' not in report.format_table(rows)
+  assert rows[0]['interval'] == report.OLD and '±' not in report.format_table(rows)
   assert "an earlier version's 1.96" in report.source_line(rows[0])
 
 
@@ -262,8 +262,8 @@ def test_a_field_sweep_is_one_row_per_value(tmp_path):
   (tmp_path / 'bounds').mkdir()
   (tmp_path / 'bounds' / 'summary.json').write_text(json.dumps({'field': 'noise.bound', 'values': values}))
   rows = report.build_rows([str(tmp_path / 'bounds')])
-  assert [r.label for r in rows] == ['f2m bounds noise.bound=0.0025', 'f2m bounds noise.bound=0.01']
-  assert [r.results['sessions'][0]['acc']['mean'] for r in rows] == [F2M_ACCS[0], F2M_ACCS[0] - 1]
+  assert [r['label'] for r in rows] == ['f2m bounds noise.bound=0.0025', 'f2m bounds noise.bound=0.01']
+  assert [r['sessions'][0]['acc']['mean'] for r in rows] == [F2M_ACCS[0], F2M_ACCS[0] - 1]
 
 
 def test_runs_of_another_protocol_or_session_count_are_not_subtracted(tmp_path, capsys):
@@ -307,7 +307,7 @@ def test_the_accuracy_matrix_is_reported_and_plotted(tmp_path, capsys):
   assert (tmp_path / 'out' / 'accuracy_matrix.png').read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
   assert 'accuracy_matrix.png' not in report.write_report(report.build_rows([plain]), str(tmp_path / 'none'))
   hard = with_matrix(make_results('f2m', [15.0, 12.0, 9.0], [0.1] * 3), top=15.0, step=6.5)  # 15 down to 2
-  figure = report.heatmaps([report.Row('hard', hard)])
+  figure = report.heatmaps([{**hard, 'label': 'hard'}])
   assert figure.axes[0].images[0].get_clim() == (2.0, 15.0)
   assert sorted(t.get_text() for t in figure.axes[0].texts if t.get_text()) == ['13.0', '14.0', '15.0', '2.0',
                                                                                 '7.5', '8.5']

@@ -1,7 +1,7 @@
 """Tables, plots and paired comparisons from the results.json of runs and the summary.json of sweeps
-(README, 'What a workdir holds'); no JAX (matplotlib lazily)."""
+(README, 'What a workdir holds'); no JAX (matplotlib lazily). A row of the report is its results
+with its `label`, and from `build_rows` their file (`source`) and the workdir's `flatness` files."""
 import argparse
-import collections
 import csv
 import json
 import os
@@ -27,8 +27,6 @@ SEEDS = (f'too few seeds for an interval, a p-value or a verdict: {stats.MIN_SEE
          "--config.members.seeds='(0,1,2)'")
 NAMES = {'pd': 'PD (lower: less forgotten)', 'avg': 'AVG',
          'retention': 'retention (higher: more kept)'}
-# A row of the report: its label, its results, their file and the workdir's flatness files.
-Row = collections.namedtuple('Row', 'label results source flatness', defaults=('', ()))
 
 
 class ResultsError(ValueError):
@@ -81,7 +79,8 @@ def load_results(path):
 
 def members(file):
   """The results of the members beside a sweep's summary.json."""
-  return [load_results(str(f)) for f in sorted(pathlib.Path(file).parent.glob('member_*/results.json'))]
+  found = sorted(pathlib.Path(file).parent.glob('member_*/results.json'))
+  return [load_results(str(f)) for f in found]
 
 
 def values(r):
@@ -90,7 +89,7 @@ def values(r):
 
 
 def build_rows(paths, labels=None):
-  """A Row per path (per value of a field's sweep), labelled `labels`, the results' label or
+  """A row per path (per value of a field's sweep), labelled `labels`, the results' label or
   '<method> <folder>'; with its flatness.json, then later `--mode flatness` runs'
   flatness_<time>.json."""
   if labels is not None and len(labels) != len(paths):
@@ -98,11 +97,11 @@ def build_rows(paths, labels=None):
   rows = []
   for path, label in zip(paths, labels or [None] * len(paths)):
     file = results_path(path)
-    flatness = tuple(read_json(str(f), lambda d: flatness_row('', d), 'flatness file of --mode '
-                               'flatness') for f in sorted(pathlib.Path(path).glob('flatness*.json')))
+    flatness = [read_json(str(f), lambda d: flatness_row('', d), 'flatness file of --mode flatness')
+                for f in sorted(pathlib.Path(path).glob('flatness*.json'))]
     for suffix, r in values(load_results(path)):
       name = label or r.get('label') or f'{r["method"]} {pathlib.Path(file).parent.name}'
-      rows.append(Row(name + f' {suffix}' * bool(suffix), r, file, flatness))
+      rows.append({**r, 'label': f'{name} {suffix}'.rstrip(), 'source': file, 'flatness': flatness})
   return rows
 
 
@@ -154,7 +153,7 @@ def setting(r):
 
 def resolve_reference(rows, reference=None):
   """Index of the reference row: a label, else an index (negative from the end); None: the first."""
-  labels = [row.label for row in rows]
+  labels = [r['label'] for r in rows]
   try:
     return labels.index(reference) if reference in labels else range(len(rows))[int(reference or 0)]
   except (TypeError, ValueError, IndexError):
@@ -164,30 +163,28 @@ def resolve_reference(rows, reference=None):
 
 def notes(rows, reference):
   """A line per refused gap (another setting) and per row of too few seeds."""
-  ref = rows[reference].results
-  return ([f'no gap for "{r.label}" ({setting(r.results)}): the reference '
-           f'"{rows[reference].label}" is {setting(ref)}, and only runs of the same dataset, '
-           'protocol and session count are subtracted' for r in rows
-           if setting(r.results) != setting(ref)]
-          + [f'"{r.label}": {count(r.results)}, {SEEDS}' for r in rows
-             if 'seeds' in r.results and not has_interval(r.results)])
+  ref = rows[reference]
+  return ([f'no gap for "{r["label"]}" ({setting(r)}): the reference "{ref["label"]}" is '
+           f'{setting(ref)}, and only runs of the same dataset, protocol and session count are '
+           'subtracted' for r in rows if setting(r) != setting(ref)]
+          + [f'"{r["label"]}": {count(r)}, {SEEDS}' for r in rows
+             if 'seeds' in r and not has_interval(r)])
 
 
 def main_table(rows, reference=0):
   """report.csv's records: the setting, each session's accuracy (s<n>), PD, AVG and retention as
   mean and ci95 (None: none, or not shown), the gap (None: another setting) and the interval's
   formula."""
-  ref = rows[resolve_reference(rows, reference)].results
-  names = [f's{n + 1}' for n in range(max(len(r.results['sessions']) for r in rows))]
+  ref = rows[resolve_reference(rows, reference)]
+  names = [f's{n + 1}' for n in range(max(len(r['sessions']) for r in rows))] + [*stats.ENDS]
   out = []
-  for row in rows:
-    r = row.results
+  for r in rows:
     found = {**{f's{s["session"]}': s['acc'] for s in r['sessions']}, **r}
-    out.append({'label': row.label,
-                **{k: r.get(k) for k in ('dataset', 'method', 'protocol', 'runs', 'seeds')}})
-    for n in names + [*stats.ENDS]:
+    out.append({k: r.get(k) for k in ('label', 'dataset', 'method', 'protocol', 'runs', 'seeds')})
+    for n in names:
       stat = found.get(n) or {}
-      out[-1].update({n: stat.get('mean'), f'{n}_ci95': stat.get('ci95') if has_interval(r) else None})
+      out[-1][n] = stat.get('mean')
+      out[-1][f'{n}_ci95'] = stat.get('ci95') if has_interval(r) else None
     gap = r['sessions'][-1]['acc']['mean'] - ref['sessions'][-1]['acc']['mean']
     out[-1].update(gap=gap if setting(r) == setting(ref) else None, interval=r.get('interval'))
   return out
@@ -197,28 +194,27 @@ def format_table(rows, reference=0):
   """The main table: accuracy per session ('-' where a row has none), PD, AVG, retention, gap."""
   records = main_table(rows, reference)
   names = [k[:-5] for k in records[0] if k.endswith('_ci95')]
-  body = [[row.label + f' ({count(row.results)}, no interval)' * (not has_interval(row.results))
-           + ' (base model chosen on test images)' * reads_test_set(row.results)]
-          + [format_stat(r[n] is not None and {'mean': r[n], 'ci95': r[f'{n}_ci95']},
-                         has_interval(row.results)) for n in names]
-          + ['n/a' if r['gap'] is None else f'{r["gap"]:+.2f}'] for row, r in zip(rows, records)]
+  body = [[r['label'] + f' ({count(r)}, no interval)' * (not has_interval(r))
+           + ' (base model chosen on test images)' * reads_test_set(r)]
+          + [format_stat(x[n] is not None and {'mean': x[n], 'ci95': x[f'{n}_ci95']},
+                         has_interval(r)) for n in names]
+          + ['n/a' if x['gap'] is None else f'{x["gap"]:+.2f}'] for r, x in zip(rows, records)]
   return table(['Method'] + [n[1:] for n in names[:-3]] + ['PD', 'AVG', 'retention', 'gap'], body)
 
 
 def matrix_table(r):
-  """The accuracy matrix, a row per session of origin ('' before it); '' without one."""
-  mean = (r.get('accuracy_matrix') or {}).get('mean')
+  """The accuracy matrix, a row per session of origin ('' before it); False without one."""
   numbers = [s['session'] for s in r['sessions']]
-  return mean and table(['from / after'] + numbers,
-                        [[n] + ['' if v is None else f'{v:.2f}' for v in row]
-                         for n, row in zip(numbers, mean)])
+  return 'accuracy_matrix' in r and table(
+      ['from / after'] + numbers, [[n] + ['' if v is None else f'{v:.2f}' for v in row]
+                                   for n, row in zip(numbers, r['accuracy_matrix']['mean'])])
 
 
 def format_session_table(r):
   """The report printed after a run or a sweep (a row per value of a field's): every session, the
   matrix, the sources."""
-  rows = [Row(suffix or r.get('label') or r['method'], v) for suffix, v in values(r)]
-  x = rows[0].results
+  rows = [{**v, 'label': suffix or r.get('label') or r['method']} for suffix, v in values(r)]
+  x = values(r)[0][1]
   return (f'{x.get("label") or x["method"]} on {x["dataset"]} ({x["protocol"]}, {count(x)})\n\n'
           + format_report(rows, all_sessions=True))
 
@@ -238,14 +234,14 @@ def seed_runs(path):
 def shared(r):
   """What paired runs share: the setting, classes, runs, draws (without their digest, older runs:
   the data config) and the seed that trained the base model (--checkpoint's where
-  base_source.differences has one; unknown where it recorded none)."""
+  base_source.differences has one; unknown where W had no config to compare)."""
   prov = r['provenance']
-  seed = prov['config']['seed']
-  source = prov.get('base_source') and (prov['base_source']['differences'] or {'seed': [None]})
+  differences = (prov.get('base_source') or {'differences': {}})['differences']
   return {'setting': setting(r), 'classes': [s['num_classes'] for s in r['sessions']],
           'number of runs': r['runs'], 'shot draws': prov.get('shots') or {
               k: v for k, v in prov['config']['data'].items() if k not in PATHS},
-          "base model's seed": ((source or {}).get('seed') or [seed])[0]}
+          "base model's seed": None if differences is None else differences.get(
+              'seed', [prov['config']['seed']])[0]}
 
 
 def pair(paths):
@@ -315,11 +311,11 @@ def plot(rows, out):
   for name, keys in (('accuracy.png', ['acc']), ('base_novel.png', ['acc_base', 'acc_novel'])):
     ax = Figure(figsize=(7, 4.5)).add_subplot(xlabel='session',
                                               ylabel='accuracy (%, mean ± 95% CI)')
-    for i, row in enumerate(rows):
+    for i, r in enumerate(rows):
       for key, style in zip(keys, ('-o', '--o')):
-        points = [(s['session'], s[key]['mean'], has_interval(row.results) and s[key]['ci95'] or 0)
-                  for s in row.results['sessions'] if s[key]]
-        ax.errorbar(*zip(*points), fmt=style, capsize=2, color=f'C{i}', label=f'{row.label} {key}')
+        points = [(s['session'], s[key]['mean'], has_interval(r) and s[key]['ci95'] or 0)
+                  for s in r['sessions'] if s[key]]
+        ax.errorbar(*zip(*points), fmt=style, capsize=2, color=f'C{i}', label=f'{r["label"]} {key}')
     ax.legend(fontsize='small')
     ax.figure.savefig(f'{out}/{name}', dpi=120, bbox_inches='tight')
   figure = heatmaps(rows)
@@ -333,8 +329,8 @@ def heatmaps(rows):
   lowest to the highest mean shown, cells labelled to one decimal."""
   import numpy as np  # pylint: disable=g-import-not-at-top
   from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top
-  shown = [(r.label, np.array(r.results['accuracy_matrix']['mean'], float)) for r in rows
-           if matrix_table(r.results)]  # None: NaN, left blank
+  shown = [(r['label'], np.array(r['accuracy_matrix']['mean'], float)) for r in rows
+           if 'accuracy_matrix' in r]  # None: NaN, left blank
   if not shown:
     return None
   low, high = min(np.nanmin(m) for _, m in shown), max(np.nanmax(m) for _, m in shown)
@@ -352,10 +348,10 @@ def heatmaps(rows):
   return fig
 
 
-def source_line(row):
+def source_line(r):
   """Where a row was read from: its setting and interval, the command line, --checkpoint's base
   model."""
-  r, prov = row.results, row.results.get('provenance') or {}
+  prov = r.get('provenance') or {}
   origin, src = prov.get('origin') or {}, prov.get('base_source') or {}
   changes = ', '.join(f'{k}={v!r}' for k, v in (origin.get('changes') or {}).items())
   parts = [f'{r["dataset"]}, {r["method"]}, {r["protocol"]}, {count(r)}', r.get('interval'),
@@ -365,28 +361,28 @@ def source_line(row):
                    f'{", ".join(src.get("differences") or []) or "nothing"})',
            reads_test_set(r) and f'base model of step {r["base_model"]["step"]}, chosen on the '
                                  "base classes' test images"]
-  return (f'- {row.label}' + f': `{row.source}`' * bool(row.source)
+  return (f'- {r["label"]}' + f': `{r.get("source")}`' * ('source' in r)
           + f' ({"; ".join(filter(None, parts))})')
 
 
 def format_report(rows, reference=0, all_sessions=False, paired=''):
   """report.md: a section per table (where a row has its data), the paired comparison, sources."""
   ref = resolve_reference(rows, reference)
-  flatness = [flatness_row(r.label, f) for r in rows for f in r.flatness]
-  norms = [[r.label] + [format_stat(r.results['prototype_norms'][k], has_interval(r.results))
-                        for k in ('base_mean', 'base_std', 'novel_mean', 'novel_std')]
-           for r in rows if r.results.get('prototype_norms')]
-  sessions = [[r.label, s['session'], s['num_classes']]
-              + [format_stat(s[k], has_interval(r.results)) for k in stats.KEYS]
-              for r in rows for s in r.results['sessions'][0 if all_sessions else -1:]]
+  flatness = [flatness_row(r['label'], f) for r in rows for f in r.get('flatness', ())]
+  norms = [[r['label']] + [format_stat(r['prototype_norms'][k], has_interval(r))
+                           for k in ('base_mean', 'base_std', 'novel_mean', 'novel_std')]
+           for r in rows if r.get('prototype_norms')]
+  sessions = [[r['label'], s['session'], s['num_classes']]
+              + [format_stat(s[k], has_interval(r)) for k in stats.KEYS]
+              for r in rows for s in r['sessions'][0 if all_sessions else -1:]]
   sections = [
       ("Accuracy per session (%, mean ± 95% CI over runs; each row's interval in Sources)",
-       f'{format_table(rows, ref)}\n\n{PD_AVG}; {GAP} "{rows[ref].label}".'
+       f'{format_table(rows, ref)}\n\n{PD_AVG}; {GAP} "{rows[ref]["label"]}".'
        + ''.join(f'\n- {n}' for n in notes(rows, ref))),
       (f'Base vs novel accuracy ({"every" if all_sessions else "last"} session)',
        table(['Method', 'Session', 'Classes', 'Acc', 'Base', 'Novel', 'HM'], sessions)),
       ('Accuracy matrix (%, mean over runs)', f'{MATRIX}.\n\n' + '\n'.join(
-          f'{r.label}:\n\n{matrix_table(r.results) or NO_MATRIX}\n' for r in rows)),
+          f'{r["label"]}:\n\n{matrix_table(r) or NO_MATRIX}\n' for r in rows)),
       ('Flatness of the base model (base loss over noise draws)', flatness and table(
           ['Method', 'b', 'I (train)', 'I (test)', 'sigma^2 (train)', 'sigma^2 (test)', 'draws',
            'images'], flatness)),
@@ -428,14 +424,14 @@ def main(argv=None):
   try:
     rows = build_rows(args.paths, args.labels and [s.strip() for s in args.labels.split(',')])
     reference = resolve_reference(rows, args.reference)
-    paired = args.paired and format_paired(pair(args.paths), *[r.label for r in rows], args.primary)
+    paired = args.paired and format_paired(pair(args.paths), *[r['label'] for r in rows], args.primary)
     md = format_report(rows, reference, args.base_novel == 'all', paired)
     written = args.out and write_report(rows, args.out, md, reference)
   except ValueError as e:  # ResultsError included
     print(f'report: error: {e}', file=sys.stderr)
     return 2
-  print(md + '\n'.join(['wrote:'] + [f'  {p}' for p in written.values()] if written else
-                       ['(nothing written: --out DIR writes report.md, report.csv and plots)']))
+  print(md + ('\n  '.join(['wrote:', *written.values()]) if written else
+              '(nothing written: --out DIR writes report.md, report.csv and plots)'))
   return 0
 
 
