@@ -121,8 +121,8 @@ def has_interval(r):
 
 def count(r):
   """'S seeds' of a sweep's summary, 'R runs' of a run."""
-  n, what = (r['seeds'], 'seed') if 'seeds' in r else (r['runs'], 'run')
-  return f'{n} {what}' + 's' * (n != 1)
+  what = 'seeds' if 'seeds' in r else 'runs'
+  return f'{r[what]} {what[:-1] if r[what] == 1 else what}'
 
 
 def reads_test_set(r):
@@ -144,7 +144,7 @@ def table(header, body):
   rows = [[str(c).replace('|', '\\|') for c in r] for r in [header, *body]]
   widths = [max(map(len, column)) for column in zip(*rows)]
   rows.insert(1, ['-' * (w - 1) + ':' for w in widths])
-  return '\n'.join('| ' + ' | '.join(map(str.rjust, r, widths)) + ' |' for r in rows)
+  return '\n'.join(f'| {" | ".join(map(str.rjust, r, widths))} |' for r in rows)
 
 
 def setting(r):
@@ -199,7 +199,7 @@ def format_table(rows, reference=0):
           + [format_stat(x[n] is not None and {'mean': x[n], 'ci95': x[f'{n}_ci95']},
                          has_interval(r)) for n in names]
           + ['n/a' if x['gap'] is None else f'{x["gap"]:+.2f}'] for r, x in zip(rows, records)]
-  return table(['Method'] + [n[1:] for n in names[:-3]] + ['PD', 'AVG', 'retention', 'gap'], body)
+  return table(['Method', *[n[1:] for n in names[:-3]], 'PD', 'AVG', 'retention', 'gap'], body)
 
 
 def matrix_table(r):
@@ -250,7 +250,7 @@ def pair(paths):
   if len(paths) != 2:
     raise ValueError(f'--paired compares two runs or sweeps (A B), got {len(paths)} paths')
   a, b = paths
-  x, y = seed_runs(a), seed_runs(b)
+  x, y = map(seed_runs, paths)
   if os.path.samefile(results_path(a), results_path(b)):
     raise ValueError(f'--paired: {a} and {b} are the same results; pair two runs or sweeps')
   if sorted(x) != sorted(y):
@@ -423,10 +423,9 @@ def main(argv=None):
   args = parser.parse_args(argv)
   try:
     rows = build_rows(args.paths, args.labels and [s.strip() for s in args.labels.split(',')])
-    reference = resolve_reference(rows, args.reference)
     paired = args.paired and format_paired(pair(args.paths), *[r['label'] for r in rows], args.primary)
-    md = format_report(rows, reference, args.base_novel == 'all', paired)
-    written = args.out and write_report(rows, args.out, md, reference)
+    md = format_report(rows, args.reference, args.base_novel == 'all', paired)
+    written = args.out and write_report(rows, args.out, md, args.reference)
   except ValueError as e:  # ResultsError included
     print(f'report: error: {e}', file=sys.stderr)
     return 2
