@@ -278,13 +278,13 @@ def format_paired(pairs, a, b, primary):
   primary = primary or keys[-4]
   if primary not in keys:
     raise ValueError(f'--primary {primary!r} is none of {keys}')
-  rows = stats.paired(*[[stats.seed_values(r) for r in side] for side in runs])
+  rows = stats.paired(*[list(map(stats.seed_values, side)) for side in runs])
   names, i = [NAMES.get(k, f'session {k[1:]} accuracy') for k in keys], keys.index(primary)
   body = [[n, f'{r["mean"]:+.2f}', r['ci'] and span(r['ci']) or 'n/a',
            f'{r["holm"]:.2g}' if r['holm'] else 'n/a',
-           f'{r["above"]} of {len(seeds)}'] + [f'{d:+.2f}' for d in r['diffs']]
+           f'{r["above"]} of {len(seeds)}', *(f'{d:+.2f}' for d in r['diffs'])]
           for n, r in zip(names, rows)]
-  header = ['', f'{b} - {a}', '95% CI', 'p (Holm)', 'B > A'] + [f'seed {s}' for s in seeds]
+  header = ['', f'{b} - {a}', '95% CI', 'p (Holm)', 'B > A', *(f'seed {s}' for s in seeds)]
   return (f'{b} - {a}, paired over seeds {[*seeds]} ({runs[0][0]["runs"]} draws each, averaged '
           'within a seed): the paired t-test over the seeds (95% CI; p Holm-adjusted over the '
           "rows), how many seeds have B > A, each seed's difference:\n\n" + table(header, body)
@@ -336,11 +336,12 @@ def heatmaps(rows):
   low, high = min(np.nanmin(m) for _, m in shown), max(np.nanmax(m) for _, m in shown)
   fig = Figure(figsize=(4.6 * len(shown), 4.2))
   for k, (label, m) in enumerate(shown):
-    ticks, sessions = range(len(m)), range(1, len(m) + 1)
     ax = fig.add_subplot(1, len(shown), k + 1, title=label, xlabel='after session',
                          ylabel='classes of session')
     image = ax.imshow(m, vmin=low, vmax=high)
-    ax.set(xticks=ticks, yticks=ticks, xticklabels=sessions, yticklabels=sessions)
+    ticks, sessions = range(len(m)), range(1, len(m) + 1)
+    ax.set_xticks(ticks, sessions)
+    ax.set_yticks(ticks, sessions)
     for (i, j), v in np.ndenumerate(m):
       ax.text(j, i, '' if np.isnan(v) else f'{v:.1f}', ha='center', va='center', fontsize=7,
               color='white' if v < (low + high) / 2 else 'black')
@@ -423,7 +424,8 @@ def main(argv=None):
   args = parser.parse_args(argv)
   try:
     rows = build_rows(args.paths, args.labels and [s.strip() for s in args.labels.split(',')])
-    paired = args.paired and format_paired(pair(args.paths), *[r['label'] for r in rows], args.primary)
+    labels = [r['label'] for r in rows]
+    paired = args.paired and format_paired(pair(args.paths), *labels, args.primary)
     md = format_report(rows, args.reference, args.base_novel == 'all', paired)
     written = args.out and write_report(rows, args.out, md, args.reference)
   except ValueError as e:  # ResultsError included
