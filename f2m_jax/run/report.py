@@ -366,6 +366,13 @@ def source_line(r):
           + f' ({"; ".join(filter(None, parts))})')
 
 
+def session_rows(rows, all_sessions):
+  """Label, session, classes, accuracy, base, novel and HM of each row's sessions (or last one)."""
+  return [[r['label'], s['session'], s['num_classes']]
+          + [format_stat(s[k], has_interval(r)) for k in stats.KEYS]
+          for r in rows for s in r['sessions'][0 if all_sessions else -1:]]
+
+
 def format_report(rows, reference=0, all_sessions=False, paired=''):
   """report.md: a section per table (where a row has its data), the paired comparison, sources."""
   ref = resolve_reference(rows, reference)
@@ -373,15 +380,13 @@ def format_report(rows, reference=0, all_sessions=False, paired=''):
   norms = [[r['label']] + [format_stat(r['prototype_norms'][k], has_interval(r))
                            for k in ('base_mean', 'base_std', 'novel_mean', 'novel_std')]
            for r in rows if r.get('prototype_norms')]
-  sessions = [[r['label'], s['session'], s['num_classes']]
-              + [format_stat(s[k], has_interval(r)) for k in stats.KEYS]
-              for r in rows for s in r['sessions'][0 if all_sessions else -1:]]
   sections = [
       ("Accuracy per session (%, mean ± 95% CI over runs; each row's interval in Sources)",
        f'{format_table(rows, ref)}\n\n{PD_AVG}; {GAP} "{rows[ref]["label"]}".'
        + ''.join(f'\n- {n}' for n in notes(rows, ref))),
       (f'Base vs novel accuracy ({"every" if all_sessions else "last"} session)',
-       table(['Method', 'Session', 'Classes', 'Acc', 'Base', 'Novel', 'HM'], sessions)),
+       table(['Method', 'Session', 'Classes', 'Acc', 'Base', 'Novel', 'HM'],
+             session_rows(rows, all_sessions))),
       ('Accuracy matrix (%, mean over runs)', f'{MATRIX}.\n\n' + '\n'.join(
           f'{r["label"]}:\n\n{matrix_table(r) or NO_MATRIX}\n' for r in rows)),
       ('Flatness of the base model (base loss over noise draws)', flatness and table(
