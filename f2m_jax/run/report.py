@@ -134,9 +134,8 @@ def format_stat(stat, interval=True):
   for none."""
   if not stat:
     return '-'
-  ci = stat.get('ci95')
-  shown = ' ± n/a' if ci is None else f' ± {ci:.2f}'
-  return f'{stat["mean"]:.2f}' + shown * interval
+  ci = stat['ci95']
+  return f'{stat["mean"]:.2f}' + (' ± n/a' if ci is None else f' ± {ci:.2f}') * interval
 
 
 def table(header, body):
@@ -171,35 +170,37 @@ def notes(rows, reference):
              if 'seeds' in r and not has_interval(r)])
 
 
-def main_table(rows, reference=0):
-  """report.csv's records: the setting, each session's accuracy (s<n>), PD, AVG and retention as
-  mean and ci95 (None: none, or not shown), the gap (None: another setting) and the interval's
-  formula."""
+def columns(rows, reference):
+  """Per row: its statistic per column of the main table (s<n> per session, then stats.ENDS; None
+  where it has none) and its gap (None: another setting)."""
   ref = rows[resolve_reference(rows, reference)]
   names = [f's{n + 1}' for n in range(max(len(r['sessions']) for r in rows))] + [*stats.ENDS]
   out = []
   for r in rows:
     found = {**{f's{s["session"]}': s['acc'] for s in r['sessions']}, **r}
-    out.append({k: r.get(k) for k in ('label', 'dataset', 'method', 'protocol', 'runs', 'seeds')})
-    for n in names:
-      stat = found.get(n) or {}
-      out[-1][n] = stat.get('mean')
-      out[-1][f'{n}_ci95'] = stat.get('ci95') if has_interval(r) else None
     gap = r['sessions'][-1]['acc']['mean'] - ref['sessions'][-1]['acc']['mean']
-    out[-1].update(gap=gap if setting(r) == setting(ref) else None, interval=r.get('interval'))
+    out.append((r, {n: found.get(n) for n in names}, gap if setting(r) == setting(ref) else None))
   return out
+
+
+def main_table(rows, reference=0):
+  """report.csv's records: the setting, each session's accuracy (s<n>), PD, AVG and retention as
+  mean and ci95 (None: none, or not shown), the gap and the interval's formula."""
+  return [{**{k: r.get(k) for k in ('label', 'dataset', 'method', 'protocol', 'runs', 'seeds')},
+           **{k: v for n, s in found.items() for k, v in (
+               (n, s and s['mean']),
+               (f'{n}_ci95', s['ci95'] if s and has_interval(r) else None))},
+           'gap': gap, 'interval': r.get('interval')} for r, found, gap in columns(rows, reference)]
 
 
 def format_table(rows, reference=0):
   """The main table: accuracy per session ('-' where a row has none), PD, AVG, retention, gap."""
-  records = main_table(rows, reference)
-  names = [k[:-5] for k in records[0] if k.endswith('_ci95')]
   body = [[r['label'] + f' ({count(r)}, no interval)' * (not has_interval(r))
            + ' (base model chosen on test images)' * reads_test_set(r)]
-          + [format_stat(x[n] is not None and {'mean': x[n], 'ci95': x[f'{n}_ci95']},
-                         has_interval(r)) for n in names]
-          + ['n/a' if x['gap'] is None else f'{x["gap"]:+.2f}'] for r, x in zip(rows, records)]
-  return table(['Method', *[n[1:] for n in names[:-3]], 'PD', 'AVG', 'retention', 'gap'], body)
+          + [format_stat(s, has_interval(r)) for s in found.values()]
+          + ['n/a' if gap is None else f'{gap:+.2f}'] for r, found, gap in columns(rows, reference)]
+  n = max(len(r['sessions']) for r in rows)
+  return table(['Method', *range(1, n + 1), 'PD', 'AVG', 'retention', 'gap'], body)
 
 
 def matrix_table(r):
@@ -266,10 +267,6 @@ def pair(paths):
   return [(seed, x[seed], y[seed]) for seed in sorted(x)]
 
 
-def span(ci):
-  return f'[{ci[0]:.2f}, {ci[1]:.2f}]'  # a 95% interval
-
-
 def format_paired(pairs, a, b, primary):
   """B - A per session, PD, AVG and retention (stats.paired over the seeds), and the verdict for
   the declared `primary` row alone (s<n>, pd, avg or retention; default: the last session)."""
@@ -280,7 +277,7 @@ def format_paired(pairs, a, b, primary):
     raise ValueError(f'--primary {primary!r} is none of {keys}')
   rows = stats.paired(*[list(map(stats.seed_values, side)) for side in runs])
   names, i = [NAMES.get(k, f'session {k[1:]} accuracy') for k in keys], keys.index(primary)
-  body = [[n, f'{r["mean"]:+.2f}', r['ci'] and span(r['ci']) or 'n/a',
+  body = [[n, f'{r["mean"]:+.2f}', f'[{r["ci"][0]:.2f}, {r["ci"][1]:.2f}]' if r['ci'] else 'n/a',
            f'{r["holm"]:.2g}' if r['holm'] else 'n/a',
            f'{r["above"]} of {len(seeds)}', *(f'{d:+.2f}' for d in r['diffs'])]
           for n, r in zip(names, rows)]
@@ -299,9 +296,10 @@ def verdict(r, seeds, a, b):
     return f'(no interval): {SEEDS}'
   if not r['ci']:
     return f"(no interval): every seed's difference is {r['mean']:+.2f} (the same runs twice?)"
-  side = f'resolved, {b} {"above" if r["mean"] > 0 else "below"} {a}'
-  return (f'{span(r["ci"])} (95% CI), p = {r["p"]:.2g}: '
-          + (side if 0 < r['ci'][0] or r['ci'][1] < 0 else 'not resolved'))
+  low, high = r['ci']
+  side = f'resolved, {b} {"above" if low > 0 else "below"} {a}'
+  side = 'not resolved' if low <= 0 <= high else side
+  return f'[{low:.2f}, {high:.2f}] (95% CI), p = {r["p"]:.2g}: {side}'
 
 
 def plot(rows, out):
@@ -333,7 +331,8 @@ def heatmaps(rows):
            if 'accuracy_matrix' in r]  # None: NaN, left blank
   if not shown:
     return None
-  low, high = min(np.nanmin(m) for _, m in shown), max(np.nanmax(m) for _, m in shown)
+  every = np.hstack([m.ravel() for _, m in shown])
+  low, high = np.nanmin(every), np.nanmax(every)
   fig = Figure(figsize=(4.6 * len(shown), 4.2))
   for k, (label, m) in enumerate(shown):
     ax = fig.add_subplot(1, len(shown), k + 1, title=label, xlabel='after session',
