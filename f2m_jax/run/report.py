@@ -29,10 +29,6 @@ NAMES = {'pd': 'PD (lower: less forgotten)', 'avg': 'AVG',
          'retention': 'retention (higher: more kept)'}
 
 
-class ResultsError(ValueError):
-  """A results file that is missing, unreadable or not in the expected shape."""
-
-
 def results_path(path):
   """A folder's results.json, or its summary.json (a sweep's) where only that exists; a file
   itself."""
@@ -41,18 +37,18 @@ def results_path(path):
 
 
 def read_json(file, check, what):
-  """`file`'s JSON after `check` (which raises where it is not `what`); a ResultsError naming it."""
+  """`file`'s JSON after `check` (which raises where it is not `what`); a ValueError naming it."""
   try:
     data = json.loads(pathlib.Path(file).read_bytes())
     check(data)
     return data
   except FileNotFoundError:
-    raise ResultsError(f'{file}: no such results file' + f" (nor a sweep's summary.json in "
+    raise ValueError(f'{file}: no such results file' + f" (nor a sweep's summary.json in "
                        f'{os.path.dirname(file)})' * file.endswith('results.json')) from None
   except OSError as e:
-    raise ResultsError(files.describe_os_error(e)) from None
+    raise ValueError(files.describe_os_error(e)) from None
   except (AttributeError, KeyError, TypeError, ValueError) as e:  # str(e): repr quotes binary
-    raise ResultsError(f'{file}: not the {what} ({type(e).__name__}: {e})') from None
+    raise ValueError(f'{file}: not the {what} ({type(e).__name__}: {e})') from None
 
 
 def check_results(data):
@@ -205,10 +201,10 @@ def format_table(rows, reference=0):
 
 def matrix_table(r):
   """The accuracy matrix, a row per session of origin ('' before it); False without one."""
-  numbers = [s['session'] for s in r['sessions']]
   return 'accuracy_matrix' in r and table(
-      ['from / after'] + numbers, [[n] + ['' if v is None else f'{v:.2f}' for v in row]
-                                   for n, row in zip(numbers, r['accuracy_matrix']['mean'])])
+      ['from / after', *range(1, len(r['sessions']) + 1)],
+      [[n, *('' if v is None else f'{v:.2f}' for v in row)]
+       for n, row in enumerate(r['accuracy_matrix']['mean'], 1)])
 
 
 def format_session_table(r):
@@ -224,11 +220,11 @@ def seed_runs(path):
   """{seed: results} of a seed sweep's members, or of one run."""
   results = load_results(path)
   if 'values' in results:
-    raise ResultsError(f'{path}: a sweep over {results["field"]} holds no seeds to pair')
+    raise ValueError(f'{path}: a sweep over {results["field"]} holds no seeds to pair')
   runs = {((r.get('provenance') or {}).get('config') or {}).get('seed'): r
           for r in (members(results_path(path)) if 'seeds' in results else [results])}
   if not runs or None in runs:
-    raise ResultsError(f'{path}: no run, or one without a seed (provenance.config.seed), to pair')
+    raise ValueError(f'{path}: no run, or one without a seed (provenance.config.seed), to pair')
   return runs
 
 
@@ -316,8 +312,7 @@ def plot(rows, out):
         ax.errorbar(*zip(*points), fmt=style, capsize=2, color=f'C{i}', label=f'{r["label"]} {key}')
     ax.legend(fontsize='small')
     ax.figure.savefig(f'{out}/{name}', dpi=120, bbox_inches='tight')
-  figure = heatmaps(rows)
-  if figure:
+  if figure := heatmaps(rows):
     figure.savefig(f'{out}/accuracy_matrix.png', dpi=120)
   return ['accuracy.png', 'base_novel.png'] + ['accuracy_matrix.png'] * bool(figure)
 
@@ -402,8 +397,7 @@ def format_report(rows, reference=0, all_sessions=False, paired=''):
 def write_report(rows, out, md='', reference=0):
   """report.md (`md`, by default `format_report`'s), report.csv and the plots into `out` (created
   if missing, these files overwritten); returns {name: path}."""
-  problem = files.in_the_way(out)
-  if problem:
+  if problem := files.in_the_way(out):
     raise ValueError(f'--out {out!r}: {problem}')
   os.makedirs(out, exist_ok=True)
   pathlib.Path(out, 'report.md').write_text(md or format_report(rows, reference), encoding='utf-8')
@@ -432,7 +426,7 @@ def main(argv=None):
     paired = args.paired and format_paired(pair(args.paths), *labels, args.primary)
     md = format_report(rows, args.reference, args.base_novel == 'all', paired)
     written = args.out and write_report(rows, args.out, md, args.reference)
-  except ValueError as e:  # ResultsError included
+  except ValueError as e:
     print(f'report: error: {e}', file=sys.stderr)
     return 2
   print(md + ('\n  '.join(['wrote:', *written.values()]) if written else
