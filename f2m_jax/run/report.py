@@ -54,8 +54,7 @@ def read_json(file, check, what):
 def check_results(data):
   """What the report reads of a result (of each value of a field's sweep)."""
   for r in data.get('values') or [data]:
-    missing = [k for k in ('dataset', 'method', 'protocol', 'sessions', 'pd', 'avg')
-               if not r.get(k)]
+    missing = [k for k in 'dataset method protocol sessions pd avg'.split() if not r.get(k)]
     if missing:
       raise ValueError(f'it holds no {", ".join(missing)}')
 
@@ -182,7 +181,7 @@ def columns(rows, reference):
 def main_table(rows, reference=0):
   """report.csv's records: the setting, each session's accuracy (s<n>), PD, AVG and retention as
   mean and ci95 (None: none, or not shown), the gap and the interval's formula."""
-  return [{**{k: r.get(k) for k in ('label', 'dataset', 'method', 'protocol', 'runs', 'seeds')},
+  return [{**{k: r.get(k) for k in 'label dataset method protocol runs seeds'.split()},
            **{k: v for n, s in found.items() for k, v in (
                (n, s and s['mean']),
                (f'{n}_ci95', s['ci95'] if s and has_interval(r) else None))},
@@ -196,7 +195,7 @@ def format_table(rows, reference=0):
           + [format_stat(s, has_interval(r)) for s in found.values()]
           + ['n/a' if gap is None else f'{gap:+.2f}'] for r, found, gap in columns(rows, reference)]
   n = max(len(r['sessions']) for r in rows)
-  return table(['Method', *range(1, n + 1), 'PD', 'AVG', 'retention', 'gap'], body)
+  return table(['Method', *range(1, n + 1), *'PD AVG retention gap'.split()], body)
 
 
 def matrix_table(r):
@@ -379,16 +378,14 @@ def format_report(rows, reference=0, all_sessions=False, paired=''):
        f'{format_table(rows, ref)}\n\n{PD_AVG}; {GAP} "{rows[ref]["label"]}".'
        + ''.join(f'\n- {n}' for n in notes(rows, ref))),
       (f'Base vs novel accuracy ({"every" if all_sessions else "last"} session)',
-       table(['Method', 'Session', 'Classes', 'Acc', 'Base', 'Novel', 'HM'],
-             session_rows(rows, all_sessions))),
+       table('Method Session Classes Acc Base Novel HM'.split(), session_rows(rows, all_sessions))),
       ('Accuracy matrix (%, mean over runs)', f'{MATRIX}.\n\n' + '\n'.join(
           f'{r["label"]}:\n\n{matrix_table(r) or NO_MATRIX}\n' for r in rows)),
       ('Flatness of the base model (base loss over noise draws)', flatness and table(
-          ['Method', 'b', 'I (train)', 'I (test)', 'sigma^2 (train)', 'sigma^2 (test)', 'draws',
-           'images'], flatness)),
+          'Method,b,I (train),I (test),sigma^2 (train),sigma^2 (test),draws,images'.split(','),
+          flatness)),
       ('Prototype norms after the last session (L2; mean ± 95% CI over runs)', norms and table(
-          ['Method', 'base norm mean', 'base norm std', 'novel norm mean', 'novel norm std'],
-          norms)),
+          'Method,base norm mean,base norm std,novel norm mean,novel norm std'.split(','), norms)),
       ('Paired comparison', paired), ('Sources', '\n'.join(map(source_line, rows)))]
   return '# F2M report\n\n' + ''.join(f'## {title}\n\n{text.rstrip()}\n\n'
                                       for title, text in sections if text)
