@@ -371,7 +371,7 @@ def format_report(rows, reference=0, all_sessions=False, paired=''):
   ref = resolve_reference(rows, reference)
   flatness = [flatness_row(r['label'], f) for r in rows for f in r.get('flatness', ())]
   norms = [[r['label']] + [format_stat(r['prototype_norms'][k], has_interval(r))
-                           for k in ('base_mean', 'base_std', 'novel_mean', 'novel_std')]
+                           for k in 'base_mean base_std novel_mean novel_std'.split()]
            for r in rows if r.get('prototype_norms')]
   sections = [
       ("Accuracy per session (%, mean ± 95% CI over runs; each row's interval in Sources)",
