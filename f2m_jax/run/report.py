@@ -44,7 +44,7 @@ def read_json(file, check, what):
     return data
   except FileNotFoundError:
     raise ValueError(f'{file}: no such results file' + f" (nor a sweep's summary.json in "
-                       f'{os.path.dirname(file)})' * file.endswith('results.json')) from None
+                     f'{os.path.dirname(file)})' * file.endswith('results.json')) from None
   except OSError as e:
     raise ValueError(files.describe_os_error(e)) from None
   except (AttributeError, KeyError, TypeError, ValueError) as e:  # str(e): repr quotes binary
@@ -129,7 +129,7 @@ def format_stat(stat, interval=True):
   for none."""
   if not stat:
     return '-'
-  ci = stat['ci95']
+  ci = stat.get('ci95')
   return f'{stat["mean"]:.2f}' + (' ± n/a' if ci is None else f' ± {ci:.2f}') * interval
 
 
@@ -184,7 +184,7 @@ def main_table(rows, reference=0):
   return [{**{k: r.get(k) for k in 'label dataset method protocol runs seeds'.split()},
            **{k: v for n, s in found.items() for k, v in (
                (n, s and s['mean']),
-               (f'{n}_ci95', s['ci95'] if s and has_interval(r) else None))},
+               (f'{n}_ci95', s.get('ci95') if s and has_interval(r) else None))},
            'gap': gap, 'interval': r.get('interval')} for r, found, gap in columns(rows, reference)]
 
 
@@ -293,8 +293,8 @@ def verdict(r, seeds, a, b):
     return f"(no interval): every seed's difference is {r['mean']:+.2f} (the same runs twice?)"
   low, high = r['ci']
   side = f'resolved, {b} {"above" if low > 0 else "below"} {a}'
-  side = 'not resolved' if low <= 0 <= high else side
-  return f'[{low:.2f}, {high:.2f}] (95% CI), p = {r["p"]:.2g}: {side}'
+  return (f'[{low:.2f}, {high:.2f}] (95% CI), p = {r["p"]:.2g}: '
+          + ('not resolved' if low <= 0 <= high else side))
 
 
 def plot(rows, out):
