@@ -1,6 +1,5 @@
 """Tables, plots and paired comparisons from the results.json of runs and the summary.json of sweeps
-(README, 'What a workdir holds'); no JAX (matplotlib lazily). A row of the report is its results
-with its `label`, and from `build_rows` their file (`source`) and the workdir's `flatness` files."""
+(README, 'What a workdir holds'); no JAX (matplotlib lazily)."""
 import argparse
 import csv
 import json
@@ -37,11 +36,9 @@ def results_path(path):
 
 
 def read_json(file, check, what):
-  """`file`'s JSON after `check` (which raises where it is not `what`); a ValueError naming it."""
+  """`check` of `file`'s JSON (which raises where it is not `what`); a ValueError naming it."""
   try:
-    data = json.loads(pathlib.Path(file).read_bytes())
-    check(data)
-    return data
+    return check(json.loads(pathlib.Path(file).read_bytes()))
   except FileNotFoundError:
     raise ValueError(f'{file}: no such results file' + f" (nor a sweep's summary.json in "
                      f'{os.path.dirname(file)})' * file.endswith('results.json')) from None
@@ -52,11 +49,12 @@ def read_json(file, check, what):
 
 
 def check_results(data):
-  """What the report reads of a result (of each value of a field's sweep)."""
+  """`data`, where it holds what the report reads of a result (of each value of a field's sweep)."""
   for r in data.get('values') or [data]:
     missing = [k for k in 'dataset method protocol sessions pd avg'.split() if not r.get(k)]
     if missing:
       raise ValueError(f'it holds no {", ".join(missing)}')
+  return data
 
 
 def load_results(path):
@@ -84,15 +82,16 @@ def values(r):
 
 
 def build_rows(paths, labels=None):
-  """A row per path (per value of a field's sweep), labelled `labels`, the results' label or
-  '<method> <folder>'; with its flatness.json, then later `--mode flatness` runs'
-  flatness_<time>.json."""
+  """A row per path (per value of a field's sweep): its results with `label` (`labels`', the
+  results' own or '<method> <folder>'), `source` (their file) and `flatness` (the rows of its
+  flatness.json, then of later `--mode flatness` runs' flatness_<time>.json). The tables read
+  rows; a results dict with a `label` is one."""
   if labels is not None and len(labels) != len(paths):
     raise ValueError(f'got {len(labels)} labels for {len(paths)} results: {list(labels)}')
   rows = []
   for path, label in zip(paths, labels or [None] * len(paths)):
     file = results_path(path)
-    flatness = [read_json(str(f), lambda d: flatness_row('', d), 'flatness file of --mode flatness')
+    flatness = [read_json(str(f), flatness_row, 'flatness file of --mode flatness')
                 for f in sorted(pathlib.Path(path).glob('flatness*.json'))]
     for suffix, r in values(load_results(path)):
       name = label or r.get('label') or f'{r["method"]} {pathlib.Path(file).parent.name}'
@@ -100,9 +99,9 @@ def build_rows(paths, labels=None):
   return rows
 
 
-def flatness_row(label, f):
+def flatness_row(f):
   """A flatness file's row: b, I and sigma^2 on the training and test images, draws and images."""
-  return ([label, f'{float(f["bound"]):g}']
+  return ([f'{float(f["bound"]):g}']
           + [f'{float(f[s][k]):.4g}' for k in ('I', 'sigma2') for s in ('train', 'test')]
           + [int(f['train']['num_draws']),
              f'{int(f["train"]["num_images"])} / {int(f["test"]["num_images"])}'])
@@ -369,7 +368,7 @@ def session_rows(rows, all_sessions):
 def format_report(rows, reference=0, all_sessions=False, paired=''):
   """report.md: a section per table (where a row has its data), the paired comparison, sources."""
   ref = resolve_reference(rows, reference)
-  flatness = [flatness_row(r['label'], f) for r in rows for f in r.get('flatness', ())]
+  flatness = [[r['label'], *f] for r in rows for f in r.get('flatness', ())]
   norms = [[r['label']] + [format_stat(r['prototype_norms'][k], has_interval(r))
                            for k in 'base_mean base_std novel_mean novel_std'.split()]
            for r in rows if r.get('prototype_norms')]
