@@ -367,9 +367,9 @@ def test_a_paired_comparison_of_five_seeds_in_float64(tmp_path, capsys):
 
 def test_two_seeds_or_one_give_no_interval_and_no_verdict(tmp_path, capsys):
   """2 seeds (t(0.975, 1) = 12.7) or 1: the differences and counts, no interval, p-value or verdict word, and
-  the command for more seeds; in the tables, means without an interval."""
+  the command for more seeds; tables show means alone. B's base models (--checkpoint of an equal config) pair."""
   a = sweep_folder(tmp_path, 'a', [member(s, x) for s, x in enumerate(A5[:2])])
-  b = sweep_folder(tmp_path, 'b', [member(s, x) for s, x in enumerate(B5[:2])])
+  b = sweep_folder(tmp_path, 'b', [member(s, x, source={'path': a, 'differences': {}}) for s, x in enumerate(B5[:2])])
   for paths in ([a, b], [os.path.join(a, 'member_0'), os.path.join(b, 'member_0')]):
     assert report.main(paths + ['--paired']) == 0
     out = capsys.readouterr().out
