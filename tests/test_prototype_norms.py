@@ -23,10 +23,10 @@ def test_norms_in_results_and_report(tmp_path):
   results = evaluation.build_results('cifar100', 'f2m', 'draws', [60, 65], per_run, norms)
   assert results['prototype_norms']['base_mean']['mean'] == 4.0
   assert results['prototype_norms']['novel_std'] == {'mean': 0.5, 'ci95': 0.0, 'runs': [0.5, 0.5]}
-  row = report.Row(label='F2M', results=results, source='x', flatness=())
+  row = {**results, 'label': 'F2M', 'source': 'x'}
   table = report.format_report([row]).split('## Prototype norms after the last session')[1]
   line = next(line for line in table.splitlines() if 'F2M |' in line)
   assert [c.strip() for c in line.split('|')[2:6]] == ['4.00 ± 1.39', '1.00 ± 0.00', '3.00 ± 1.39', '0.50 ± 0.00']
   old = dict(results)
   del old['prototype_norms']  # results written before norms were recorded: no table, no error
-  assert '## Prototype norms' not in report.format_report([report.Row(label='old', results=old, source='x')])
+  assert '## Prototype norms' not in report.format_report([{**old, 'label': 'old'}])

@@ -77,8 +77,8 @@ def workdirs(tmp_path):
 
 def test_results_are_read_by_folder_or_file_and_labelled(workdirs):
   assert report.load_results(workdirs[0]) == report.load_results(os.path.join(workdirs[0], 'results.json'))
-  assert [r.label for r in report.build_rows(workdirs)] == ['F2M', 'baseline base_run', 'f2m cub_run']
-  assert [r.label for r in report.build_rows(workdirs, ['a', 'b', 'c'])] == ['a', 'b', 'c']
+  assert [r['label'] for r in report.build_rows(workdirs)] == ['F2M', 'baseline base_run', 'f2m cub_run']
+  assert [r['label'] for r in report.build_rows(workdirs, ['a', 'b', 'c'])] == ['a', 'b', 'c']
   with pytest.raises(ValueError, match='2 labels for 3'):
     report.build_rows(workdirs, ['a', 'b'])
 
@@ -169,7 +169,7 @@ def test_flatness_table_from_workdirs(workdirs):
                        ['Baseline', '0.05', '1.5', '2.5', '0.5', '0.75', '1000', '30000 / 6000']]  # no cub line
   assert '## Flatness' not in report.format_report(report.build_rows(workdirs[2:]))
   (pathlib.Path(workdirs[2]) / 'flatness.json').write_text('{"train": {}}')
-  with pytest.raises(report.ResultsError, match='flatness.json'):
+  with pytest.raises(ValueError, match='flatness.json'):
     report.build_rows(workdirs[2:])
 
 
@@ -199,9 +199,8 @@ def test_one_run_shows_no_interval(tmp_path, workdirs):
   f2m_line, joint_line = report.format_table(rows).splitlines()[2:]
   assert '81.23 ± 0.10' in f2m_line and '±' not in joint_line
   assert cells(joint_line)[:3] == ['joint (1 run, no interval)', '80.00', '75.00']
-  record = report.main_table(rows)[1]
-  assert record['s1'] == 80.0 and record['s1_ci95'] is None and record['pd_ci95'] is None
-  assert report.main_table(rows)[0]['s1_ci95'] == 0.1
+  f2m, joint = report.main_table(rows)
+  assert joint['s1'] == 80.0 and joint['s1_ci95'] is None and joint['pd_ci95'] is None and f2m['s1_ci95'] == 0.1
 
 
 def test_without_out_the_report_is_printed_and_nothing_written(workdirs, tmp_path, capsys, monkeypatch):
@@ -242,7 +241,7 @@ def test_a_sweeps_folder_is_read_through_its_summary(tmp_path, capsys):
     assert cells(capsys.readouterr().out.split('\n| f2m seeds')[1].splitlines()[0])[:2] == [
         f'60.00 ± {stats.t_interval([60.0, 62.0, 58.0]):.2f}', f'51.00 ± {stats.t_interval([50.0, 54.0, 49.0]):.2f}']
   (pathlib.Path(sweep) / 'member_3').mkdir()  # a folder without results
-  with pytest.raises(report.ResultsError, match=r"member_3/results.json: no such results file \(nor a sweep's"):
+  with pytest.raises(ValueError, match=r"member_3/results.json: no such results file \(nor a sweep's"):
     report.load_results(os.path.join(sweep, 'member_3'))
   old = {**make_results('f2m', [60.0, 51.0], [1.6, 2.0]), 'runs': 3, 'interval_over': 'members'}
   recomputed = report.load_results(sweep_folder(tmp_path, 'old', [member(s, a) for s, a in enumerate(accs)], old))
@@ -251,7 +250,7 @@ def test_a_sweeps_folder_is_read_through_its_summary(tmp_path, capsys):
   (tmp_path / 'gone').mkdir()
   (tmp_path / 'gone' / 'summary.json').write_text(json.dumps(old))
   rows = report.build_rows([str(tmp_path / 'gone')])
-  assert rows[0].results['interval'] == report.OLD and '±' not in report.format_table(rows)
+  assert rows[0]['interval'] == report.OLD and '±' not in report.format_table(rows)
   assert "an earlier version's 1.96" in report.source_line(rows[0])
 
 
@@ -262,8 +261,8 @@ def test_a_field_sweep_is_one_row_per_value(tmp_path):
   (tmp_path / 'bounds').mkdir()
   (tmp_path / 'bounds' / 'summary.json').write_text(json.dumps({'field': 'noise.bound', 'values': values}))
   rows = report.build_rows([str(tmp_path / 'bounds')])
-  assert [r.label for r in rows] == ['f2m bounds noise.bound=0.0025', 'f2m bounds noise.bound=0.01']
-  assert [r.results['sessions'][0]['acc']['mean'] for r in rows] == [F2M_ACCS[0], F2M_ACCS[0] - 1]
+  assert [r['label'] for r in rows] == ['f2m bounds noise.bound=0.0025', 'f2m bounds noise.bound=0.01']
+  assert [r['sessions'][0]['acc']['mean'] for r in rows] == [F2M_ACCS[0], F2M_ACCS[0] - 1]
 
 
 def test_runs_of_another_protocol_or_session_count_are_not_subtracted(tmp_path, capsys):
@@ -281,8 +280,9 @@ def test_runs_of_another_protocol_or_session_count_are_not_subtracted(tmp_path, 
 
 def test_an_out_that_is_a_file_is_refused(workdirs, tmp_path, capsys):
   (tmp_path / 'taken').write_text('mine')
-  assert report.main(workdirs + ['--out', str(tmp_path / 'taken')]) == 2
-  assert "is not a folder" in capsys.readouterr().err and (tmp_path / 'taken').read_text() == 'mine'
+  for out in ('taken', 'taken/sub'):  # the file, or a folder under it
+    assert report.main(workdirs + ['--out', str(tmp_path / out)]) == 2
+    assert '/taken is a file where a folder' in capsys.readouterr().err and (tmp_path / 'taken').read_text() == 'mine'
 
 
 def with_matrix(results, top=90.0, step=5.0):
@@ -307,7 +307,7 @@ def test_the_accuracy_matrix_is_reported_and_plotted(tmp_path, capsys):
   assert (tmp_path / 'out' / 'accuracy_matrix.png').read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
   assert 'accuracy_matrix.png' not in report.write_report(report.build_rows([plain]), str(tmp_path / 'none'))
   hard = with_matrix(make_results('f2m', [15.0, 12.0, 9.0], [0.1] * 3), top=15.0, step=6.5)  # 15 down to 2
-  figure = report.heatmaps([report.Row('hard', hard)])
+  figure = report.heatmaps([{**hard, 'label': 'hard'}])
   assert figure.axes[0].images[0].get_clim() == (2.0, 15.0)
   assert sorted(t.get_text() for t in figure.axes[0].texts if t.get_text()) == ['13.0', '14.0', '15.0', '2.0',
                                                                                 '7.5', '8.5']
@@ -367,9 +367,9 @@ def test_a_paired_comparison_of_five_seeds_in_float64(tmp_path, capsys):
 
 def test_two_seeds_or_one_give_no_interval_and_no_verdict(tmp_path, capsys):
   """2 seeds (t(0.975, 1) = 12.7) or 1: the differences and counts, no interval, p-value or verdict word, and
-  the command for more seeds; in the tables, means without an interval."""
+  the command for more seeds; tables show means alone. B's base models (--checkpoint of an equal config) pair."""
   a = sweep_folder(tmp_path, 'a', [member(s, x) for s, x in enumerate(A5[:2])])
-  b = sweep_folder(tmp_path, 'b', [member(s, x) for s, x in enumerate(B5[:2])])
+  b = sweep_folder(tmp_path, 'b', [member(s, x, source={'path': a, 'differences': {}}) for s, x in enumerate(B5[:2])])
   for paths in ([a, b], [os.path.join(a, 'member_0'), os.path.join(b, 'member_0')]):
     assert report.main(paths + ['--paired']) == 0
     out = capsys.readouterr().out
