@@ -27,8 +27,6 @@ from f2m_jax.run import workdir as workdir_lib
 
 # what base models of earlier versions also hold (an accuracy), read and dropped
 RECORD = 'ncm_accuracy'
-# {'config': config.json's items, 'checkpoints': {step folder under checkpoints/: entry}}
-LEDGER = 'digests.json'
 # a folder's kind: the kind of the checkpoint it is computed from
 PARENT = {'model': 'base', 'run': 'model'}
 # a session's accuracies: stats.KEYS, and acc_sessions since identities: any length
@@ -38,7 +36,7 @@ ACCURACY = "['accuracy']"
 def digest(tree):
   """sha256 over each leaf's dtype, shape and bytes, in tree order."""
   h = hashlib.sha256()
-  for x in map(np.ascontiguousarray, jax.tree_util.tree_leaves(tree)):
+  for x in map(np.ascontiguousarray, jax.tree.leaves(tree)):
     h.update(f'{x.dtype.str}{x.shape}'.encode())
     h.update(x.reshape(-1).view(np.uint8))
   return h.hexdigest()
@@ -78,10 +76,11 @@ def _cause(e, limit=None):
   return text if limit is None or len(text) <= limit else text[:limit] + ' ...'
 
 
-def _write_fault(what, path, e):
+def _write_fault(folder, step, e):
+  path = f'{folder.path}/{step}'
   fix = (f'{_cause(e)}; fix that, then rerun the same command: it resumes from the last complete '
          'checkpoint')
-  return CheckpointFault(f'cannot write the {what} checkpoint {path}: '
+  return CheckpointFault(f'cannot write the {folder.what.format(step)} checkpoint {path}: '
                          f'{files.in_the_way(path) or fix}')
 
 
@@ -105,18 +104,18 @@ def finish_writes(timeout_s=120.0):
 def _host_copy(tree):
   """Owned host copies: a CPU array's buffer, which np.asarray can share, is donated to the next
   train step."""
-  return jax.tree_util.tree_map(lambda x: np.array(x, copy=True), tree)
+  return jax.tree.map(lambda x: np.array(x, copy=True), tree)
 
 
 def has_base_model(workdir):
   """Whether `workdir` holds a saved base model (checkpoints/model/<step>), without opening it."""
-  return any(p.name.isdigit() for p in pathlib.Path(workdir, 'checkpoints', 'model').glob('*'))
+  return any(p.name.isdigit() for p in pathlib.Path(workdir).glob('checkpoints/model/*'))
 
 
 def _well_formed(ledger):
   """Whether `ledger` is one a run writes: a config and entries, each a digest and an identity (or
   none)."""
-  entries = ledger.get('checkpoints') if isinstance(ledger, dict) else None
+  entries = isinstance(ledger, dict) and ledger.get('checkpoints')
   return isinstance(entries, dict) and isinstance(ledger.get('config') or {}, dict) and all(
       isinstance(e, dict) and isinstance(e.get('sha256'), str)
       and isinstance(e.get('config', {}), dict) for e in entries.values())
@@ -176,7 +175,7 @@ class Folder:
         self.owner.record(self.kind, f'{self.name}/{step}', digest(item))
         self.manager().save(step, args=ocp.args.StandardSave(item), force=True)
     except Exception as e:  # pylint: disable=broad-except  (orbax raises many types)
-      raise _write_fault(self.what.format(step), f'{self.path}/{step}', e) from e
+      raise _write_fault(self, step, e) from e
     self.owner.in_flight.append((self, step, then))
     if not self.background:  # written already: its `then` runs now
       self.owner.settle()
@@ -195,7 +194,7 @@ class Folder:
       raise CheckpointFault(f'cannot restore the {what} checkpoint {path} ({_cause(e, 300)}): it '
                             f'is missing, truncated or corrupt; {owner.advice(self)}') from e
     other = [f'{jax.tree_util.keystr(k)} {np.shape(o)} there, {np.shape(t)} here' for (k, o), t in
-             zip(jax.tree_util.tree_flatten_with_path(out)[0], jax.tree_util.tree_leaves(template))
+             zip(jax.tree.leaves_with_path(out), jax.tree.leaves(template))
              if np.shape(o) != np.shape(t) and jax.tree_util.keystr(k) != ACCURACY]
     if other:  # orbax restores the saved shapes whatever the template's
       raise CheckpointError(f'the {what} checkpoint {path} holds arrays of other shapes than this '
@@ -232,7 +231,9 @@ class Checkpoints:
 
   def __init__(self, workdir, keep=3, read_only=False, source=None):
     self.root, self.read_only, self.source = f'{workdir}/checkpoints', read_only, source
-    self.ledger, self.unchecked = f'{self.root}/{LEDGER}', False  # unchecked: a line said so
+    # its ledger: {'config': config.json's items, 'checkpoints': {step folder under checkpoints/:
+    # entry}}; unchecked: a line said so
+    self.ledger, self.unchecked = f'{self.root}/digests.json', False
     self.in_flight, self.differences, self._runs, self.made = [], [], {}, {}
     path = f'{workdir}/config.json'
     saved = files.read_json(path) if os.path.exists(path) else {}
@@ -299,8 +300,8 @@ class Checkpoints:
       if not self.unchecked:
         self.unchecked = True
         print(f'note: {path} (and any other checkpoint in {self.root} without an identity in '
-              f"{LEDGER}) was saved by an earlier version, so it cannot be checked as this run's",
-              flush=True)
+              f"{self.ledger}) was saved by an earlier version, so it cannot be checked as this "
+              "run's", flush=True)
       return entry
     parent = entry.get('from')
     # a base state still here (a session's base model: this run's below)
@@ -311,15 +312,14 @@ class Checkpoints:
     diff = workdir_lib.differing(was, now)
     if diff:
       absent = workdir_lib.ABSENT
-      what = '; '.join(f'{k}={was.get(k, absent)!r} there, {now.get(k, absent)!r} '
-                       'here' for k in diff[:3])
+      what = '; '.join(f'{k}={was.get(k, absent)!r} there, {now.get(k, absent)!r} here'
+                       for k in diff[:3])
       raise CheckpointFault(f'{path} was saved by another run: {what}; {self.advice(folder)}')
     return entry
 
   def run(self, run):
-    if run not in self._runs:
-      self._runs[run] = Folder(self, f'run_{run}', f'run {run} session {{}}', background=True)
-    return self._runs[run]
+    return self._runs.setdefault(
+        run, Folder(self, f'run_{run}', f'run {run} session {{}}', background=True))
 
   def training(self, run, session):
     """A joint training's train states (the last kept) and its best model."""
@@ -337,7 +337,7 @@ class Checkpoints:
       try:
         folder.manager().wait_until_finished()
       except Exception as e:  # pylint: disable=broad-except  (orbax raises many types)
-        raise _write_fault(folder.what.format(step), f'{folder.path}/{step}', e) from e
+        raise _write_fault(folder, step, e) from e
       if then is not None:
         then()
 
@@ -348,7 +348,7 @@ class Checkpoints:
     elif folder.kind == 'run':
       also = f' and the later sessions in {folder.path}'
     elif folder.name.endswith('_best'):
-      also = f' and {folder.path[:-len("_best")]}'
+      also = f' and {folder.path.removesuffix("_best")}'
     else:
       also = ''
     return (f'delete it{also}, then run without --mode eval (a finished run\'s results.json moved '
@@ -383,7 +383,6 @@ class Checkpoints:
     try:
       self.settle()
     finally:
-      for folder in [self.base, self.model, self.best_base, *self._runs.values()]:
-        folder.close()
-      if self.source is not None:
-        self.source.close()
+      for each in filter(None, [self.base, self.model, self.best_base, *self._runs.values(),
+                                self.source]):
+        each.close()
