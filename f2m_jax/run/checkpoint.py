@@ -37,8 +37,7 @@ def digest(tree):
   """sha256 over each leaf's dtype, shape and bytes, in tree order."""
   h = hashlib.sha256()
   for x in map(np.ascontiguousarray, jax.tree.leaves(tree)):
-    h.update(f'{x.dtype.str}{x.shape}'.encode())
-    h.update(x.reshape(-1).view(np.uint8))
+    h.update(f'{x.dtype.str}{x.shape}'.encode() + x.tobytes())
   return h.hexdigest()
 
 
@@ -112,15 +111,6 @@ def has_base_model(workdir):
   return any(p.name.isdigit() for p in pathlib.Path(workdir).glob('checkpoints/model/*'))
 
 
-def _well_formed(ledger):
-  """Whether `ledger` is one a run writes: a config and entries, each a digest and an identity (or
-  none)."""
-  entries = isinstance(ledger, dict) and ledger.get('checkpoints')
-  return isinstance(entries, dict) and isinstance(ledger.get('config') or {}, dict) and all(
-      isinstance(e, dict) and isinstance(e.get('sha256'), str)
-      and isinstance(e.get('config', {}), dict) for e in entries.values())
-
-
 class Folder:
   """The steps of one kind of checkpoint, a folder under checkpoints/ opened at its first use
   (`keep`: the steps kept, None all; `what` names step {} in messages); a joint training's `best` is
@@ -185,40 +175,41 @@ class Folder:
     what to do where it is another run's (`Checkpoints.entry`), cannot be read or is not what its
     digest says; a CheckpointError where its arrays have other shapes (another network or data)."""
     step = self.latest_step() if step is None else step
-    path, what, owner = f'{self.path}/{step}', self.what.format(step), self.owner
+    rel, owner = f'{self.name}/{step}', self.owner
+    this = f'the {self.what.format(step)} checkpoint {owner.root}/{rel}'
     owner.settle()
-    entry = owner.entry(self, f'{self.name}/{step}')
+    entry = owner.entry(self, rel)
     try:
       out = self.manager().restore(step, args=ocp.args.StandardRestore(_host_copy(template)))
     except Exception as e:  # orbax raises many types for truncated or corrupt files
-      raise CheckpointFault(f'cannot restore the {what} checkpoint {path} ({_cause(e, 300)}): it '
-                            f'is missing, truncated or corrupt; {owner.advice(self)}') from e
+      raise CheckpointFault(f'cannot restore {this} ({_cause(e, 300)}): it is missing, truncated '
+                            f'or corrupt; {owner.advice(self)}') from e
     other = [f'{jax.tree_util.keystr(k)} {np.shape(o)} there, {np.shape(t)} here' for (k, o), t in
              zip(jax.tree.leaves_with_path(out), jax.tree.leaves(template))
              if np.shape(o) != np.shape(t) and jax.tree_util.keystr(k) != ACCURACY]
     if other:  # orbax restores the saved shapes whatever the template's
-      raise CheckpointError(f'the {what} checkpoint {path} holds arrays of other shapes than this '
-                            f'config needs ({"; ".join(other[:3])}): it was written for another '
-                            'network or data (another number of classes?)')
+      raise CheckpointError(f'{this} holds arrays of other shapes than this config needs '
+                            f'({"; ".join(other[:3])}): it was written for another network or '
+                            'data (another number of classes?)')
     sha = digest(out)
     if entry is not None and sha != entry['sha256']:
-      raise CheckpointFault(f'the {what} checkpoint {path} is not the one saved there: the digest '
-                            f'of its arrays differs from the one {owner.ledger} recorded (its '
-                            'files changed, or it was copied from another run); '
-                            f'{owner.advice(self)}')
-    owner.made[self.kind] = [f'{self.name}/{step}', sha[:16]]
+      raise CheckpointFault(f'{this} is not the one saved there: the digest of its arrays differs '
+                            f'from the one {owner.ledger} recorded (its files changed, or it was '
+                            f'copied from another run); {owner.advice(self)}')
+    owner.made[self.kind] = [rel, sha[:16]]
     return out
 
-  def close(self):
+  def close(self, remove=False):
+    """Releases its managers (and its `best`'s); `remove`: and deletes their folders."""
     for folder in filter(None, (self, self.best)):
       # not opened; or a failed save, which `settle` reports once
       with contextlib.suppress(Exception):
         folder._manager.close()  # pylint: disable=protected-access
+      if remove:
+        shutil.rmtree(folder.path, ignore_errors=True)
 
   def remove(self):
-    self.close()
-    for folder in filter(None, (self, self.best)):
-      shutil.rmtree(folder.path, ignore_errors=True)
+    self.close(remove=True)
 
 
 class Checkpoints:
@@ -252,7 +243,9 @@ class Checkpoints:
 
   @functools.cached_property
   def writer(self):
-    return workdir_lib.writer()  # who saves and computes now
+    """Who saves and computes now: `workdir.git_state`, the backend and the device kind."""
+    return {**workdir_lib.git_state(), 'backend': jax.default_backend(),
+            'device': jax.devices()[0].device_kind}
 
   def read(self):
     """The ledger: {'config': the run's (None: an earlier version's ledger, its entries alone),
@@ -260,7 +253,11 @@ class Checkpoints:
     doc = files.read_json(self.ledger, CheckpointFault) if os.path.exists(self.ledger) else {}
     if isinstance(doc, dict) and 'checkpoints' not in doc:
       doc = {'config': None, 'checkpoints': doc}
-    if not _well_formed(doc):
+    # one a run writes: a config and entries, each a digest and an identity (or none)
+    entries = isinstance(doc, dict) and doc['checkpoints']
+    if not (isinstance(entries, dict) and isinstance(doc.get('config') or {}, dict) and all(
+        isinstance(e, dict) and isinstance(e.get('sha256'), str)
+        and isinstance(e.get('config', {}), dict) for e in entries.values())):
       raise CheckpointFault(f'{self.ledger} is not a ledger of checkpoints as a run writes it (its '
                             f'digests and identities): restore it, or move {self.root} away to '
                             'train anew')
@@ -303,11 +300,11 @@ class Checkpoints:
               f"{self.ledger}) was saved by an earlier version, so it cannot be checked as this "
               "run's", flush=True)
       return entry
-    parent = entry.get('from')
+    was = {**entry['config'], 'saved as': entry['as'], 'computed from': entry.get('from')}
+    parent = was['computed from']
     # a base state still here (a session's base model: this run's below)
     if parent and parent[0] in entries:
       parent = [parent[0], entries[parent[0]]['sha256'][:16]]
-    was = {**entry['config'], 'saved as': entry['as'], 'computed from': entry.get('from')}
     now = {**self.config, 'saved as': rel, 'computed from': self.lineage(folder.kind) or parent}
     diff = workdir_lib.differing(was, now)
     if diff:

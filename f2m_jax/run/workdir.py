@@ -9,6 +9,7 @@ import json
 import os
 import pathlib
 import platform
+import re
 import subprocess
 import time
 
@@ -171,7 +172,12 @@ def check_record(workdir, config, base_source=None):
   diff = config_differences(saved, config)
   was, now = (saved.get(SOURCE_KEY) or {}).get('path'), (base_source or {}).get('path')
   moved = SOURCE_KEY in saved and was != now
-  if (diff or moved) and not holds_records(workdir):
+  # what a run recorded: a file (a sweep member's too) but a config.json, a lock and a TensorBoard
+  # folder, which a run opens before its first step
+  found = (p.relative_to(workdir) for p in pathlib.Path(workdir).rglob('*') if p.is_file())
+  records = any(p.name not in ('config.json', 'lock') and 'tensorboard' not in p.parts
+                for p in found)
+  if (diff or moved) and not records:
     return False  # its run stopped before it recorded anything: `prepare` writes over it
   if diff:
     raise files.WorkdirError(f'{workdir} holds a run of a different config '
@@ -186,13 +192,6 @@ def check_record(workdir, config, base_source=None):
     raise files.WorkdirError(f'{workdir} was started with --checkpoint {was or "none"}, now '
                              f'{now or "without"}: {fix}')
   return True
-
-
-def holds_records(workdir):
-  """Whether `workdir` (or a sweep's member in it) holds a file but a config.json, a lock and a
-  TensorBoard folder (which a run opens before its first step): what a run recorded."""
-  found = (p.relative_to(workdir) for p in pathlib.Path(workdir).rglob('*') if p.is_file())
-  return any(p.name not in ('config.json', 'lock') and 'tensorboard' not in p.parts for p in found)
 
 
 def writes_into(workdir, mode):
@@ -234,18 +233,14 @@ def git_state():
   """The project's git commit and whether its tree had uncommitted changes ({} outside a checkout).
   """
   try:
-    lines = subprocess.run(['git', '-C', os.path.dirname(__file__), 'status', '--porcelain=v2',
-                            '--branch', '--untracked-files=no'], capture_output=True, text=True,
-                           timeout=10, check=True).stdout.splitlines()
+    out = subprocess.run(['git', '-C', os.path.dirname(__file__), 'status', '--porcelain=v2',
+                          '--branch', '--untracked-files=no'], capture_output=True, text=True,
+                         timeout=10, check=True).stdout
   except (OSError, subprocess.SubprocessError):
     return {}
-  commit = next((line.split()[2] for line in lines if line.startswith('# branch.oid ')), None)
-  return {'commit': commit, 'dirty': any(not line.startswith('#') for line in lines)}
-
-
-def writer():
-  """Who writes or computes now: `git_state`, the backend and the device kind."""
-  return {**git_state(), 'backend': jax.default_backend(), 'device': jax.devices()[0].device_kind}
+  # its header lines start with '#', the changed files' do not
+  commit = re.search(r'^# branch\.oid (\S+)', out, re.M)
+  return {'commit': commit and commit[1], 'dirty': re.search('^[^#]', out, re.M) is not None}
 
 
 def provenance(config, origin=None, **more):
@@ -275,8 +270,7 @@ class MetricsLog:
     self.path, self._writes = f'{workdir}/metrics.jsonl', writes and files.primary()
     self._tb_dir = tensorboard and self._writes and f'{workdir}/tensorboard'
     self._tb = self._start = None  # the writer is opened with the first scalar
-    data = pathlib.Path(self.path).read_bytes() if os.path.exists(self.path) else b''
-    records, self._cut_line = self.records(data), data[-1:] not in (b'', b'\n')
+    records = self.records()
     self._logged = {_step_key(r) for r in records if 'step' in r}
     self.invocations = []
     for r in records:
@@ -285,11 +279,11 @@ class MetricsLog:
       elif self.invocations:
         self.invocations[-1]['end'] = r.get('time', self.invocations[-1]['end'])
 
-  def records(self, data=None):
-    """The log's lines (`data`: its bytes already read) as dicts, but for a line that is none (cut
-    short by a kill, or not UTF-8)."""
-    if data is None:
-      data = pathlib.Path(self.path).read_bytes() if os.path.exists(self.path) else b''
+  def records(self):
+    """The log's lines as dicts, but for a line that is none (cut short by a kill, or not UTF-8);
+    notes whether the last line was cut, which the next write ends first."""
+    data = pathlib.Path(self.path).read_bytes() if os.path.exists(self.path) else b''
+    self._cut_line = data[-1:] not in b'\n'  # neither empty nor a newline
     out = []
     for line in data.split(b'\n'):
       with contextlib.suppress(ValueError):  # json's errors and UnicodeDecodeError
