@@ -173,11 +173,10 @@ def check_record(workdir, config, base_source=None):
   was, now = (saved.get(SOURCE_KEY) or {}).get('path'), (base_source or {}).get('path')
   moved = SOURCE_KEY in saved and was != now
   # what a run recorded: a file (a sweep member's too) but a config.json, a lock and a TensorBoard
-  # folder, which a run opens before its first step
+  # folder, which a run opens before its first step; looked for only where the record differs
   found = (p.relative_to(workdir) for p in pathlib.Path(workdir).rglob('*') if p.is_file())
-  records = any(p.name not in ('config.json', 'lock') and 'tensorboard' not in p.parts
-                for p in found)
-  if (diff or moved) and not records:
+  if (diff or moved) and not any(p.name not in ('config.json', 'lock')
+                                 and 'tensorboard' not in p.parts for p in found):
     return False  # its run stopped before it recorded anything: `prepare` writes over it
   if diff:
     raise files.WorkdirError(f'{workdir} holds a run of a different config '
