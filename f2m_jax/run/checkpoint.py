@@ -354,7 +354,7 @@ class Checkpoints:
   def sessions_done(self, run):
     """The sessions of `run` saved; a CheckpointError where one is missing before a later one."""
     done = self.run(run).steps()
-    gaps = sorted(set(range(2, max(done, default=1) + 1)) - set(done))
+    gaps = [s for s in range(2, max(done, default=1)) if s not in done]
     if gaps:
       raise CheckpointError(f'{self.root}/run_{run}: sessions {done} are saved but {gaps} are '
                             f'missing; restore them or delete the folder run_{run} to recompute '

@@ -348,7 +348,7 @@ def _event(**fields):
 
 def _step_key(record):
   """A step's line is logged once per phase, run, session (a joint session's selection) and step."""
-  return record.get('phase'), record.get('run'), record.get('session'), record['step']
+  return tuple(map(record.get, ('phase', 'run', 'session', 'step')))
 
 
 def write_results(workdir, name, rows, results=None):
