@@ -126,8 +126,9 @@ class Folder:
 
   def manager(self):
     if self._manager is None:
-      if os.path.lexists(self.path) and not os.path.isdir(self.path):
-        raise CheckpointFault(files.in_the_way(self.path, 'checkpoint folder'))
+      blocked = files.in_the_way(self.path, 'checkpoint folder')  # a file here, or above
+      if blocked:
+        raise CheckpointFault(blocked)
       ro = self.owner.read_only
       options = ocp.CheckpointManagerOptions(max_to_keep=None if ro else self.keep, create=not ro,
                                              read_only=ro,
