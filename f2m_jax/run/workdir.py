@@ -172,11 +172,7 @@ def check_record(workdir, config, base_source=None):
   diff = config_differences(saved, config)
   was, now = (saved.get(SOURCE_KEY) or {}).get('path'), (base_source or {}).get('path')
   moved = SOURCE_KEY in saved and was != now
-  # what a run recorded: a file (a sweep member's too) but a config.json, a lock and a TensorBoard
-  # folder, which a run opens before its first step; looked for only where the record differs
-  found = (p.relative_to(workdir) for p in pathlib.Path(workdir).rglob('*') if p.is_file())
-  if (diff or moved) and not any(p.name not in ('config.json', 'lock')
-                                 and 'tensorboard' not in p.parts for p in found):
+  if (diff or moved) and not holds_records(workdir):
     return False  # its run stopped before it recorded anything: `prepare` writes over it
   if diff:
     raise files.WorkdirError(f'{workdir} holds a run of a different config '
@@ -191,6 +187,13 @@ def check_record(workdir, config, base_source=None):
     raise files.WorkdirError(f'{workdir} was started with --checkpoint {was or "none"}, now '
                              f'{now or "without"}: {fix}')
   return True
+
+
+def holds_records(workdir):
+  """Whether `workdir` (or a sweep's member in it) holds a file but a config.json, a lock and a
+  TensorBoard folder (which a run opens before its first step): what a run recorded."""
+  found = (p.relative_to(workdir) for p in pathlib.Path(workdir).rglob('*') if p.is_file())
+  return any(p.name not in ('config.json', 'lock') and 'tensorboard' not in p.parts for p in found)
 
 
 def writes_into(workdir, mode):
@@ -240,6 +243,11 @@ def git_state():
   # its header lines start with '#', the changed files' do not
   commit = re.search(r'^# branch\.oid (\S+)', out, re.M)
   return {'commit': commit and commit[1], 'dirty': re.search('^[^#]', out, re.M) is not None}
+
+
+def writer():
+  """Who writes or computes now: `git_state`, the backend and the device kind."""
+  return {**git_state(), 'backend': jax.default_backend(), 'device': jax.devices()[0].device_kind}
 
 
 def provenance(config, origin=None, **more):
