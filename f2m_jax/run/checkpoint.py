@@ -90,10 +90,10 @@ _BACKGROUND = weakref.WeakSet()
 _SAVING = threading.Lock()
 
 
-def finish_writes(timeout_s=120.0):
-  """Waits for the save in progress (at most `timeout_s`) and for every background write in flight;
-  keeps the saving lock, so that no save starts before the process ends."""
-  _SAVING.acquire(timeout=timeout_s)  # pylint: disable=consider-using-with
+def finish_writes():
+  """Waits for the save in progress (at most 120 s) and for every background write in flight; keeps
+  the saving lock, so that no save starts before the process ends."""
+  _SAVING.acquire(timeout=120)  # pylint: disable=consider-using-with
   for manager in list(_BACKGROUND):
     # a closed manager, or a write that failed: nothing to wait for
     with contextlib.suppress(Exception):
@@ -214,14 +214,14 @@ class Folder:
 
 
 class Checkpoints:
-  """Everything a run saves: `base` (`keep` of them kept), `model`, `best_base`, `run(r)`,
+  """Everything a run saves: `base` (the last 3 kept), `model`, `best_base`, `run(r)`,
   `training(r, s)`; `source`: --checkpoint's, whose base model the sessions are computed from. A
   config.json that differs from the config the ledger recorded is refused (a WorkdirError): it was
   edited after checkpoints were saved. `made`: [place, digest] of the last base state and base model
   saved or restored; `differences`: the restored sessions' accuracies computed otherwise
   (sessions.py); `in_flight`: (folder, step, then)."""
 
-  def __init__(self, workdir, keep=3, read_only=False, source=None):
+  def __init__(self, workdir, read_only=False, source=None):
     self.root, self.read_only, self.source = f'{workdir}/checkpoints', read_only, source
     # its ledger: {'config': config.json's items, 'checkpoints': {step folder under checkpoints/:
     # entry}}; unchecked: a line said so
@@ -237,7 +237,7 @@ class Checkpoints:
           f'{path} differs from the config its checkpoints were saved with, which {self.ledger} '
           f'keeps ({workdir_lib.difference_details(diff, was, self.config, path)}): restore it, or '
           f'start a new run from it with --config {path} --workdir NEW; nothing was trained')
-    self.base = Folder(self, 'base', 'base train state', keep, background=True)
+    self.base = Folder(self, 'base', 'base train state', 3, background=True)
     self.model = Folder(self, 'model', 'base model')
     # the best on the base test images
     self.best_base = Folder(self, 'base_best', 'best base model', 1)
