@@ -118,7 +118,7 @@ def test_sessions_on_another_workdirs_base_model_name_their_source(reference, tm
   config = tiny_config(**changes)
   capsys.readouterr()
   assert cli.main(config, workdir, 'train', checkpoint=ref_dir, origin=origin) == 0
-  start = capsys.readouterr().out.splitlines()[0]
+  [start] = [line for line in capsys.readouterr().out.splitlines() if line.startswith('f2m-jax train: ')]
   assert start.startswith('f2m-jax train: configs/cifar100.py:smoke with ') and "incremental.clamp=False" in start
   assert f'base model from --checkpoint {os.path.abspath(ref_dir)}' in start
   with open(os.path.join(workdir, 'results.json')) as f:

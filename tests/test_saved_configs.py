@@ -12,7 +12,7 @@ from f2m_jax import files
 from f2m_jax import registry
 from f2m_jax.run import workdir
 
-F = {workdir.FORMAT_KEY: workdir.CONFIG_FORMAT}  # written under the rule
+F = {'config_format': workdir.CONFIG_FORMAT}  # written under the rule
 DEFAULTS = {'method': 'f2m', 'noise.bound': 0.005, 'noise.pf_gradient': False, 'base.milestones': []}
 NOW = {'method': 'f2m', 'noise': {'bound': 0.005, 'pf_gradient': False}, 'base': {'milestones': ()}}
 BEFORE_PF_GRADIENT = {'method': 'f2m', 'noise': {'bound': 0.005}, 'base': {'milestones': []}}
@@ -33,7 +33,7 @@ CASES = [
     ('the same under the old behaviour', BEFORE_PF_GRADIENT, {**NOW, 'noise': {'bound': 0.005, 'pf_gradient': True}},
      ['noise.pf_gradient']),
     ('written before configs recorded their format, holding every field', NOW, NOW, []),
-    ('written by a newer format', {workdir.FORMAT_KEY: workdir.CONFIG_FORMAT + 1, **BEFORE_PF_GRADIENT}, NOW,
+    ('written by a newer format', {'config_format': workdir.CONFIG_FORMAT + 1, **BEFORE_PF_GRADIENT}, NOW,
      ['noise.pf_gradient']),
     ('a field with no default, added since', {**F, **NOW}, {**NOW, 'data': {'image_size': 84}}, ['data.image_size']),
     ('a field removed since', {**F, **NOW, 'noise': {'bound': 0.005, 'pf_gradient': False, 'pf_classes': 'batch'}},
@@ -71,7 +71,7 @@ def test_a_recorded_config_reads_as_a_resume_reads_it(tmp_path):
   defaults, lists are tuples again, the fields of a dataset config of its own (data.image_size) and the
   records beside the config are kept and dropped as they are; a removed field that changes no result is
   dropped."""
-  defaults = workdir.default_items(folder=False)
+  defaults = workdir.default_items({})
   saved = {k: v for k, v in defaults.items() if k != 'noise.pf_gradient'}
   saved.update({'noise.bound': 0.01, 'base.milestones': [50], 'data.image_size': 84, 'bench.gone': 1})
   doc = {**traverse_util.unflatten_dict(saved, sep='.'), **F, 'base_source': None, 'git': {'commit': 'c'}}
@@ -86,7 +86,7 @@ def test_a_recorded_config_reads_as_a_resume_reads_it(tmp_path):
 def test_a_folder_record_written_before_class_depth_reads_its_top_folders_as_classes(tmp_path):
   """data.folder.class_depth's default (0: an image's own folder) reads nested folders otherwise than the
   code that wrote a record lacking it (their top folder, 1): such a record keeps what it computed."""
-  defaults = workdir.default_items(folder=True)
+  defaults = workdir.default_items({'data.folder.root': ''})
   saved = {k: v for k, v in defaults.items() if k != 'data.folder.class_depth'}
   doc = {**traverse_util.unflatten_dict(saved, sep='.'), **F}
   assert defaults['data.folder.class_depth'] == 0
@@ -99,7 +99,7 @@ def test_a_folder_record_written_before_class_depth_reads_its_top_folders_as_cla
 def test_a_recorded_config_this_code_cannot_read_is_refused_with_the_commit_to_go_back_to(tmp_path, fmt):
   """Lacking a field before configs recorded their format, or holding a result-relevant field this code
   no longer has: refused by name, with the commit that wrote it (recorded, else its results.json's)."""
-  defaults = traverse_util.unflatten_dict(workdir.default_items(folder=False), sep='.')
+  defaults = traverse_util.unflatten_dict(workdir.default_items({}), sep='.')
   if fmt is None:
     del defaults['noise']['pf_gradient']
     doc, field = defaults, "noise.pf_gradient: saved '<absent>', now False"
@@ -117,7 +117,7 @@ def test_a_new_record_holds_the_config_format_and_the_commit(tmp_path):
   config = {'method': 'f2m', 'noise': {'bound': 0.005}}
   workdir.prepare(str(tmp_path / 'w'), config).close()
   saved = json.loads((tmp_path / 'w' / 'config.json').read_text())
-  assert saved[workdir.FORMAT_KEY] == workdir.CONFIG_FORMAT and saved['base_source'] is None
+  assert saved['config_format'] == workdir.CONFIG_FORMAT and saved['base_source'] is None
   assert saved['git'] == workdir.git_state() and saved['noise'] == config['noise']
   workdir.prepare(str(tmp_path / 'w'), config).close()  # and resumes under the same config
   other = {'method': 'f2m', 'noise': {'bound': 0.01}}

@@ -27,8 +27,6 @@ from f2m_jax.run import workdir as workdir_lib
 
 # what base models of earlier versions also hold (an accuracy), read and dropped
 RECORD = 'ncm_accuracy'
-# {'config': config.json's items, 'checkpoints': {step folder under checkpoints/: entry}}
-LEDGER = 'digests.json'
 # a folder's kind: the kind of the checkpoint it is computed from
 PARENT = {'model': 'base', 'run': 'model'}
 # a session's accuracies: stats.KEYS, and acc_sessions since identities: any length
@@ -38,9 +36,8 @@ ACCURACY = "['accuracy']"
 def digest(tree):
   """sha256 over each leaf's dtype, shape and bytes, in tree order."""
   h = hashlib.sha256()
-  for x in map(np.ascontiguousarray, jax.tree_util.tree_leaves(tree)):
-    h.update(f'{x.dtype.str}{x.shape}'.encode())
-    h.update(x.reshape(-1).view(np.uint8))
+  for x in map(np.ascontiguousarray, jax.tree.leaves(tree)):
+    h.update(f'{x.dtype.str}{x.shape}'.encode() + x.tobytes())
   return h.hexdigest()
 
 
@@ -78,10 +75,11 @@ def _cause(e, limit=None):
   return text if limit is None or len(text) <= limit else text[:limit] + ' ...'
 
 
-def _write_fault(what, path, e):
+def _write_fault(folder, step, e):
+  path = f'{folder.path}/{step}'
   fix = (f'{_cause(e)}; fix that, then rerun the same command: it resumes from the last complete '
          'checkpoint')
-  return CheckpointFault(f'cannot write the {what} checkpoint {path}: '
+  return CheckpointFault(f'cannot write the {folder.what.format(step)} checkpoint {path}: '
                          f'{files.in_the_way(path) or fix}')
 
 
@@ -92,10 +90,10 @@ _BACKGROUND = weakref.WeakSet()
 _SAVING = threading.Lock()
 
 
-def finish_writes(timeout_s=120.0):
-  """Waits for the save in progress (at most `timeout_s`) and for every background write in flight;
-  keeps the saving lock, so that no save starts before the process ends."""
-  _SAVING.acquire(timeout=timeout_s)  # pylint: disable=consider-using-with
+def finish_writes():
+  """Waits for the save in progress (at most 120 s) and for every background write in flight; keeps
+  the saving lock, so that no save starts before the process ends."""
+  _SAVING.acquire(timeout=120)  # pylint: disable=consider-using-with
   for manager in list(_BACKGROUND):
     # a closed manager, or a write that failed: nothing to wait for
     with contextlib.suppress(Exception):
@@ -105,21 +103,12 @@ def finish_writes(timeout_s=120.0):
 def _host_copy(tree):
   """Owned host copies: a CPU array's buffer, which np.asarray can share, is donated to the next
   train step."""
-  return jax.tree_util.tree_map(lambda x: np.array(x, copy=True), tree)
+  return jax.tree.map(lambda x: np.array(x, copy=True), tree)
 
 
 def has_base_model(workdir):
   """Whether `workdir` holds a saved base model (checkpoints/model/<step>), without opening it."""
-  return any(p.name.isdigit() for p in pathlib.Path(workdir, 'checkpoints', 'model').glob('*'))
-
-
-def _well_formed(ledger):
-  """Whether `ledger` is one a run writes: a config and entries, each a digest and an identity (or
-  none)."""
-  entries = ledger.get('checkpoints') if isinstance(ledger, dict) else None
-  return isinstance(entries, dict) and isinstance(ledger.get('config') or {}, dict) and all(
-      isinstance(e, dict) and isinstance(e.get('sha256'), str)
-      and isinstance(e.get('config', {}), dict) for e in entries.values())
+  return any(p.name.isdigit() for p in pathlib.Path(workdir).glob('checkpoints/model/*'))
 
 
 class Folder:
@@ -137,8 +126,9 @@ class Folder:
 
   def manager(self):
     if self._manager is None:
-      if os.path.lexists(self.path) and not os.path.isdir(self.path):
-        raise CheckpointFault(files.in_the_way(self.path, 'checkpoint folder'))
+      blocked = files.in_the_way(self.path, 'checkpoint folder')  # a file here, or above
+      if blocked:
+        raise CheckpointFault(blocked)
       ro = self.owner.read_only
       options = ocp.CheckpointManagerOptions(max_to_keep=None if ro else self.keep, create=not ro,
                                              read_only=ro,
@@ -176,7 +166,7 @@ class Folder:
         self.owner.record(self.kind, f'{self.name}/{step}', digest(item))
         self.manager().save(step, args=ocp.args.StandardSave(item), force=True)
     except Exception as e:  # pylint: disable=broad-except  (orbax raises many types)
-      raise _write_fault(self.what.format(step), f'{self.path}/{step}', e) from e
+      raise _write_fault(self, step, e) from e
     self.owner.in_flight.append((self, step, then))
     if not self.background:  # written already: its `then` runs now
       self.owner.settle()
@@ -186,53 +176,56 @@ class Folder:
     what to do where it is another run's (`Checkpoints.entry`), cannot be read or is not what its
     digest says; a CheckpointError where its arrays have other shapes (another network or data)."""
     step = self.latest_step() if step is None else step
-    path, what, owner = f'{self.path}/{step}', self.what.format(step), self.owner
+    rel, owner = f'{self.name}/{step}', self.owner
+    this = f'the {self.what.format(step)} checkpoint {owner.root}/{rel}'
     owner.settle()
-    entry = owner.entry(self, f'{self.name}/{step}')
+    entry = owner.entry(self, rel)
     try:
       out = self.manager().restore(step, args=ocp.args.StandardRestore(_host_copy(template)))
     except Exception as e:  # orbax raises many types for truncated or corrupt files
-      raise CheckpointFault(f'cannot restore the {what} checkpoint {path} ({_cause(e, 300)}): it '
-                            f'is missing, truncated or corrupt; {owner.advice(self)}') from e
+      raise CheckpointFault(f'cannot restore {this} ({_cause(e, 300)}): it is missing, truncated '
+                            f'or corrupt; {owner.advice(self)}') from e
     other = [f'{jax.tree_util.keystr(k)} {np.shape(o)} there, {np.shape(t)} here' for (k, o), t in
-             zip(jax.tree_util.tree_flatten_with_path(out)[0], jax.tree_util.tree_leaves(template))
+             zip(jax.tree.leaves_with_path(out), jax.tree.leaves(template))
              if np.shape(o) != np.shape(t) and jax.tree_util.keystr(k) != ACCURACY]
     if other:  # orbax restores the saved shapes whatever the template's
-      raise CheckpointError(f'the {what} checkpoint {path} holds arrays of other shapes than this '
-                            f'config needs ({"; ".join(other[:3])}): it was written for another '
-                            'network or data (another number of classes?)')
+      raise CheckpointError(f'{this} holds arrays of other shapes than this config needs '
+                            f'({"; ".join(other[:3])}): it was written for another network or '
+                            'data (another number of classes?)')
     sha = digest(out)
     if entry is not None and sha != entry['sha256']:
-      raise CheckpointFault(f'the {what} checkpoint {path} is not the one saved there: the digest '
-                            f'of its arrays differs from the one {owner.ledger} recorded (its '
-                            'files changed, or it was copied from another run); '
-                            f'{owner.advice(self)}')
-    owner.made[self.kind] = [f'{self.name}/{step}', sha[:16]]
+      raise CheckpointFault(f'{this} is not the one saved there: the digest of its arrays differs '
+                            f'from the one {owner.ledger} recorded (its files changed, or it was '
+                            f'copied from another run); {owner.advice(self)}')
+    owner.made[self.kind] = [rel, sha[:16]]
     return out
 
-  def close(self):
+  def close(self, remove=False):
+    """Releases its managers (and its `best`'s); `remove`: and deletes their folders."""
     for folder in filter(None, (self, self.best)):
       # not opened; or a failed save, which `settle` reports once
       with contextlib.suppress(Exception):
         folder._manager.close()  # pylint: disable=protected-access
+      if remove:
+        shutil.rmtree(folder.path, ignore_errors=True)
 
   def remove(self):
-    self.close()
-    for folder in filter(None, (self, self.best)):
-      shutil.rmtree(folder.path, ignore_errors=True)
+    self.close(remove=True)
 
 
 class Checkpoints:
-  """Everything a run saves: `base` (`keep` of them kept), `model`, `best_base`, `run(r)`,
+  """Everything a run saves: `base` (the last 3 kept), `model`, `best_base`, `run(r)`,
   `training(r, s)`; `source`: --checkpoint's, whose base model the sessions are computed from. A
   config.json that differs from the config the ledger recorded is refused (a WorkdirError): it was
   edited after checkpoints were saved. `made`: [place, digest] of the last base state and base model
   saved or restored; `differences`: the restored sessions' accuracies computed otherwise
   (sessions.py); `in_flight`: (folder, step, then)."""
 
-  def __init__(self, workdir, keep=3, read_only=False, source=None):
+  def __init__(self, workdir, read_only=False, source=None):
     self.root, self.read_only, self.source = f'{workdir}/checkpoints', read_only, source
-    self.ledger, self.unchecked = f'{self.root}/{LEDGER}', False  # unchecked: a line said so
+    # its ledger: {'config': config.json's items, 'checkpoints': {step folder under checkpoints/:
+    # entry}}; unchecked: a line said so
+    self.ledger, self.unchecked = f'{self.root}/digests.json', False
     self.in_flight, self.differences, self._runs, self.made = [], [], {}, {}
     path = f'{workdir}/config.json'
     saved = files.read_json(path) if os.path.exists(path) else {}
@@ -244,7 +237,7 @@ class Checkpoints:
           f'{path} differs from the config its checkpoints were saved with, which {self.ledger} '
           f'keeps ({workdir_lib.difference_details(diff, was, self.config, path)}): restore it, or '
           f'start a new run from it with --config {path} --workdir NEW; nothing was trained')
-    self.base = Folder(self, 'base', 'base train state', keep, background=True)
+    self.base = Folder(self, 'base', 'base train state', 3, background=True)
     self.model = Folder(self, 'model', 'base model')
     # the best on the base test images
     self.best_base = Folder(self, 'base_best', 'best base model', 1)
@@ -259,7 +252,11 @@ class Checkpoints:
     doc = files.read_json(self.ledger, CheckpointFault) if os.path.exists(self.ledger) else {}
     if isinstance(doc, dict) and 'checkpoints' not in doc:
       doc = {'config': None, 'checkpoints': doc}
-    if not _well_formed(doc):
+    # one a run writes: a config and entries, each a digest and an identity (or none)
+    entries = isinstance(doc, dict) and doc['checkpoints']
+    if not (isinstance(entries, dict) and isinstance(doc.get('config') or {}, dict) and all(
+        isinstance(e, dict) and isinstance(e.get('sha256'), str)
+        and isinstance(e.get('config', {}), dict) for e in entries.values())):
       raise CheckpointFault(f'{self.ledger} is not a ledger of checkpoints as a run writes it (its '
                             f'digests and identities): restore it, or move {self.root} away to '
                             'train anew')
@@ -299,27 +296,26 @@ class Checkpoints:
       if not self.unchecked:
         self.unchecked = True
         print(f'note: {path} (and any other checkpoint in {self.root} without an identity in '
-              f"{LEDGER}) was saved by an earlier version, so it cannot be checked as this run's",
-              flush=True)
+              f"{self.ledger}) was saved by an earlier version, so it cannot be checked as this "
+              "run's", flush=True)
       return entry
-    parent = entry.get('from')
+    was = {**entry['config'], 'saved as': entry['as'], 'computed from': entry.get('from')}
+    parent = was['computed from']
     # a base state still here (a session's base model: this run's below)
     if parent and parent[0] in entries:
       parent = [parent[0], entries[parent[0]]['sha256'][:16]]
-    was = {**entry['config'], 'saved as': entry['as'], 'computed from': entry.get('from')}
     now = {**self.config, 'saved as': rel, 'computed from': self.lineage(folder.kind) or parent}
     diff = workdir_lib.differing(was, now)
     if diff:
       absent = workdir_lib.ABSENT
-      what = '; '.join(f'{k}={was.get(k, absent)!r} there, {now.get(k, absent)!r} '
-                       'here' for k in diff[:3])
+      what = '; '.join(f'{k}={was.get(k, absent)!r} there, {now.get(k, absent)!r} here'
+                       for k in diff[:3])
       raise CheckpointFault(f'{path} was saved by another run: {what}; {self.advice(folder)}')
     return entry
 
   def run(self, run):
-    if run not in self._runs:
-      self._runs[run] = Folder(self, f'run_{run}', f'run {run} session {{}}', background=True)
-    return self._runs[run]
+    return self._runs.setdefault(
+        run, Folder(self, f'run_{run}', f'run {run} session {{}}', background=True))
 
   def training(self, run, session):
     """A joint training's train states (the last kept) and its best model."""
@@ -337,7 +333,7 @@ class Checkpoints:
       try:
         folder.manager().wait_until_finished()
       except Exception as e:  # pylint: disable=broad-except  (orbax raises many types)
-        raise _write_fault(folder.what.format(step), f'{folder.path}/{step}', e) from e
+        raise _write_fault(folder, step, e) from e
       if then is not None:
         then()
 
@@ -348,7 +344,7 @@ class Checkpoints:
     elif folder.kind == 'run':
       also = f' and the later sessions in {folder.path}'
     elif folder.name.endswith('_best'):
-      also = f' and {folder.path[:-len("_best")]}'
+      also = f' and {folder.path.removesuffix("_best")}'
     else:
       also = ''
     return (f'delete it{also}, then run without --mode eval (a finished run\'s results.json moved '
@@ -357,7 +353,7 @@ class Checkpoints:
   def sessions_done(self, run):
     """The sessions of `run` saved; a CheckpointError where one is missing before a later one."""
     done = self.run(run).steps()
-    gaps = sorted(set(range(2, max(done, default=1) + 1)) - set(done))
+    gaps = [s for s in range(2, max(done, default=1)) if s not in done]
     if gaps:
       raise CheckpointError(f'{self.root}/run_{run}: sessions {done} are saved but {gaps} are '
                             f'missing; restore them or delete the folder run_{run} to recompute '
@@ -383,7 +379,6 @@ class Checkpoints:
     try:
       self.settle()
     finally:
-      for folder in [self.base, self.model, self.best_base, *self._runs.values()]:
-        folder.close()
-      if self.source is not None:
-        self.source.close()
+      for each in filter(None, [self.base, self.model, self.best_base, *self._runs.values(),
+                                self.source]):
+        each.close()

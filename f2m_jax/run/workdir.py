@@ -9,6 +9,7 @@ import json
 import os
 import pathlib
 import platform
+import re
 import subprocess
 import time
 
@@ -37,10 +38,9 @@ CONFIG_FORMAT = 1
 # their top folder).
 LACKED = {'data.folder.class_depth': 1}
 SOURCE_KEY = 'base_source'  # config.json's record of --checkpoint's base model
-# and of how it was written; LEDGER_KEY: that checkpoints/digests.json holds every checkpoint's
-# identity
-FORMAT_KEY, GIT_KEY, LEDGER_KEY = 'config_format', 'git', 'ledger'
-RECORD_KEYS = (SOURCE_KEY, FORMAT_KEY, GIT_KEY, LEDGER_KEY)  # not config fields
+# config.json's records beside the config: that base model, how it was written, and 'ledger': that
+# checkpoints/digests.json holds every checkpoint's identity
+RECORD_KEYS = (SOURCE_KEY, 'config_format', 'git', 'ledger')
 ABSENT = '<absent>'
 
 
@@ -50,11 +50,11 @@ def flat_items(d):
   return {k: list(v) if isinstance(v, tuple) else v for k, v in flat.items()}
 
 
-def default_items(folder):
-  """Every field's default (configs/common.py) as flat items, the folder source's section with
-  `folder`."""
+def default_items(items):
+  """Every field's default (configs/common.py) as flat items, the folder source's section where
+  flat `items` have one."""
   config = config_defaults.base_config()
-  if folder:
+  if any(k.startswith('data.folder.') for k in items):
     config.data.folder = config_defaults.folder_section()
   return flat_items(config.to_dict())
 
@@ -64,15 +64,13 @@ def saved_items(saved, defaults):
   CONFIG_FORMAT."""
   items = flat_items({k: v for k, v in saved.items() if k not in RECORD_KEYS})
   lacked = {k: v for k, v in LACKED.items() if k in defaults}
-  return {**defaults, **lacked, **items} if saved.get(FORMAT_KEY, 0) == CONFIG_FORMAT else items
+  return {**defaults, **lacked, **items} if saved.get('config_format') == CONFIG_FORMAT else items
 
 
 def config_differences(saved, current, defaults=None):
   """`differing` fields of `saved` (a field it lacks: its `defaults` value) and `current`."""
   b = flat_items(current)
-  fill = defaults
-  if fill is None:
-    fill = default_items(any(k.startswith('data.folder.') for k in b))
+  fill = default_items(b) if defaults is None else defaults
   return differing(saved_items(saved, {k: v for k, v in fill.items() if k in b}), b)
 
 
@@ -80,9 +78,10 @@ def differing(a, b):
   """Sorted names of the fields where flat items `a` and `b` differ, but NON_RESULT_FIELDS and the
   sections of a method neither runs (registry.method_sections)."""
   methods = {a.get('method'), b.get('method')}
-  others = tuple(s for s, m in registry.method_sections().items() if m not in methods)
-  return sorted(k for k in a.keys() | b.keys() if a.get(k, ABSENT) != b.get(k, ABSENT)
-                and not any(k == i or k.startswith(i + '.') for i in NON_RESULT_FIELDS + others))
+  others = [s for s, m in registry.method_sections().items() if m not in methods]
+  skip = tuple(f'{i}.' for i in [*NON_RESULT_FIELDS, *others])
+  return sorted(k for k in a.keys() | b.keys()
+                if a.get(k, ABSENT) != b.get(k, ABSENT) and not f'{k}.'.startswith(skip))
 
 
 def difference_details(fields, saved, current, path):
@@ -92,10 +91,10 @@ def difference_details(fields, saved, current, path):
   text = '; '.join(f'{k}: saved {a.get(k, ABSENT)!r}, now {b.get(k, ABSENT)!r}' for k in fields)
   if all(k in a and k in b for k in fields):
     return text
-  commit = (saved.get(GIT_KEY) or {}).get('commit')
+  commit = (saved.get('git') or {}).get('commit')
   results = f'{os.path.dirname(path)}/results.json'
   if not commit and os.path.exists(results):
-    commit = ((files.read_json(results).get('provenance') or {}).get(GIT_KEY) or {}).get('commit')
+    commit = ((files.read_json(results).get('provenance') or {}).get('git') or {}).get('commit')
   return (f'{text}; a field absent on one side is read only by the commit that wrote {path} '
           f'({commit or "unrecorded: config format 0"}): check it out to resume or evaluate this '
           'workdir')
@@ -105,16 +104,16 @@ def recorded_config(path):
   """A workdir's config.json (`path`) read as a resume reads it; a WorkdirError where this code
   cannot."""
   saved = files.read_json(path)
-  fill = default_items(any(k.startswith('data.folder.') for k in saved_items(saved, {})))
+  fill = default_items(saved_items(saved, {}))
   items = saved_items(saved, fill)  # of CONFIG_FORMAT: with the defaults (and LACKED) it lacks
   # data.x: a dataset's own
   config = {**fill, **{k: v for k, v in items.items() if k in fill or k.startswith('data.')}}
-  diff = config_differences(saved, config, fill)
+  diff = differing(items, config)
   if diff:
     raise files.WorkdirError(f'{path} cannot be read as this code reads configs '
                              f'({difference_details(diff, saved, config, path)})')
-  config = {k: tuple(v) if isinstance(v, list) else v for k, v in config.items()}
-  return traverse_util.unflatten_dict(config, sep='.')
+  return traverse_util.unflatten_dict(
+      {k: tuple(v) if isinstance(v, list) else v for k, v in config.items()}, sep='.')
 
 
 def check_folders(*paths):
@@ -172,7 +171,8 @@ def check_record(workdir, config, base_source=None):
   saved = files.read_json(path)
   diff = config_differences(saved, config)
   was, now = (saved.get(SOURCE_KEY) or {}).get('path'), (base_source or {}).get('path')
-  if (diff or SOURCE_KEY in saved and was != now) and not holds_records(workdir):
+  moved = SOURCE_KEY in saved and was != now
+  if (diff or moved) and not holds_records(workdir):
     return False  # its run stopped before it recorded anything: `prepare` writes over it
   if diff:
     raise files.WorkdirError(f'{workdir} holds a run of a different config '
@@ -180,7 +180,7 @@ def check_record(workdir, config, base_source=None):
                              f'{path}). Drop --config and its changes to use the recorded config, '
                              'use another --workdir, or pass --checkpoint to start new sessions '
                              'from its base model.')
-  if SOURCE_KEY in saved and was != now:
+  if moved:
     fix = 'drop --checkpoint, or use another --workdir'
     if was:
       fix = f'pass --checkpoint {was} to resume or evaluate it'
@@ -209,22 +209,21 @@ def prepare(workdir, config, *, base_source=None, writes=True):
   if writes:
     check_folders(workdir, f'{workdir}/checkpoints', f'{workdir}/tensorboard')
     os.makedirs(workdir, exist_ok=True)
-  lock = Lock(workdir, take=writes)
+  lock, path = Lock(workdir, take=writes), f'{workdir}/config.json'
   try:
     if not check_record(workdir, config, base_source):
       # a saved step, checkpoints/<kind>/<step> (empty folders another process may create first are
       # none)
-      if any(p.name.isdigit() for p in pathlib.Path(workdir, 'checkpoints').glob('*/*')):
+      if any(p.name.isdigit() for p in pathlib.Path(workdir).glob('checkpoints/*/*')):
         raise files.WorkdirError(f'{workdir} holds checkpoints but no record of the config they '
-                                 f'were trained with ({workdir}/config.json is missing): restore '
+                                 f'were trained with ({path} is missing): restore '
                                  'it, or use another --workdir')
       if writes:
-        if os.path.exists(f'{workdir}/config.json'):
-          print(f'{workdir}/config.json replaced: its run stopped before it recorded anything',
-                flush=True)
-        record = {**config, SOURCE_KEY: base_source, FORMAT_KEY: CONFIG_FORMAT,
-                  GIT_KEY: git_state(), LEDGER_KEY: True}
-        files.atomic_write(f'{workdir}/config.json', json.dumps(record, indent=2, sort_keys=True))
+        if os.path.exists(path):
+          print(f'{path} replaced: its run stopped before it recorded anything', flush=True)
+        record = {**config, SOURCE_KEY: base_source, 'config_format': CONFIG_FORMAT,
+                  'git': git_state(), 'ledger': True}
+        files.atomic_write(path, json.dumps(record, indent=2, sort_keys=True))
     lock.claim()
   except BaseException:
     lock.close(undo=True)
@@ -236,13 +235,14 @@ def git_state():
   """The project's git commit and whether its tree had uncommitted changes ({} outside a checkout).
   """
   try:
-    lines = subprocess.run(['git', '-C', os.path.dirname(__file__), 'status', '--porcelain=v2',
-                            '--branch', '--untracked-files=no'], capture_output=True, text=True,
-                           timeout=10, check=True).stdout.splitlines()
+    out = subprocess.run(['git', '-C', os.path.dirname(__file__), 'status', '--porcelain=v2',
+                          '--branch', '--untracked-files=no'], capture_output=True, text=True,
+                         timeout=10, check=True).stdout
   except (OSError, subprocess.SubprocessError):
     return {}
-  commit = next((line.split()[2] for line in lines if line.startswith('# branch.oid ')), None)
-  return {'commit': commit, 'dirty': any(not line.startswith('#') for line in lines)}
+  # its header lines start with '#', the changed files' do not
+  commit = re.search(r'^# branch\.oid (\S+)', out, re.M)
+  return {'commit': commit and commit[1], 'dirty': re.search('^[^#]', out, re.M) is not None}
 
 
 def writer():
@@ -260,8 +260,8 @@ def provenance(config, origin=None, **more):
       'hardware': {'backend': jax.default_backend(), 'device_kind': jax.devices()[0].device_kind,
                    'num_devices': jax.device_count(), 'process_count': jax.process_count(),
                    'host': platform.node(), 'cpu_count': os.cpu_count()},
-      'time': time.strftime('%Y-%m-%dT%H:%M:%S%z'), **({'origin': origin} if origin else {}),
-      **{k: v for k, v in more.items() if v is not None},
+      'time': time.strftime('%Y-%m-%dT%H:%M:%S%z'),
+      **{k: v for k, v in {'origin': origin, **more}.items() if v is not None},
   }
 
 
@@ -277,8 +277,7 @@ class MetricsLog:
     self.path, self._writes = f'{workdir}/metrics.jsonl', writes and files.primary()
     self._tb_dir = tensorboard and self._writes and f'{workdir}/tensorboard'
     self._tb = self._start = None  # the writer is opened with the first scalar
-    data = pathlib.Path(self.path).read_bytes() if os.path.exists(self.path) else b''
-    records, self._cut_line = self.records(data), data[-1:] not in (b'', b'\n')
+    records = self.records()
     self._logged = {_step_key(r) for r in records if 'step' in r}
     self.invocations = []
     for r in records:
@@ -287,11 +286,11 @@ class MetricsLog:
       elif self.invocations:
         self.invocations[-1]['end'] = r.get('time', self.invocations[-1]['end'])
 
-  def records(self, data=None):
-    """The log's lines (`data`: its bytes already read) as dicts, but for a line that is none (cut
-    short by a kill, or not UTF-8)."""
-    if data is None:
-      data = pathlib.Path(self.path).read_bytes() if os.path.exists(self.path) else b''
+  def records(self):
+    """The log's lines as dicts, but for a line that is none (cut short by a kill, or not UTF-8);
+    notes whether the last line was cut, which the next write ends first."""
+    data = pathlib.Path(self.path).read_bytes() if os.path.exists(self.path) else b''
+    self._cut_line = data[-1:] not in b'\n'  # neither empty nor a newline
     out = []
     for line in data.split(b'\n'):
       with contextlib.suppress(ValueError):  # json's errors and UnicodeDecodeError
@@ -357,7 +356,7 @@ def _event(**fields):
 
 def _step_key(record):
   """A step's line is logged once per phase, run, session (a joint session's selection) and step."""
-  return record.get('phase'), record.get('run'), record.get('session'), record['step']
+  return tuple(map(record.get, ('phase', 'run', 'session', 'step')))
 
 
 def write_results(workdir, name, rows, results=None):
@@ -366,5 +365,7 @@ def write_results(workdir, name, rows, results=None):
   if results is not None:
     files.atomic_write(f'{workdir}/{name}.json', json.dumps(results, indent=2))
   text = io.StringIO(newline='')
-  csv.writer(text).writerows([list(rows[0])] + [[row[k] for k in rows[0]] for row in rows])
+  table = csv.DictWriter(text, list(rows[0]))
+  table.writeheader()
+  table.writerows(rows)
   files.atomic_write(f'{workdir}/{name}.csv', text.getvalue())
