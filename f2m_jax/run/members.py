@@ -1,21 +1,15 @@
 """Several runs of one config in one program (docs/performance.md, 'Seeds and sweeps in one
 program'): S members that differ in their seed or in one field train their base sessions in
 lockstep; each is exactly the single run of its own config, in its own workdir member_<i>/."""
-from __future__ import annotations
-
+import contextlib
 import json
 import os
-import time
 
 import ml_collections
 
-from f2m_jax import files
-from f2m_jax import stats
-from f2m_jax import train_loop
+from f2m_jax import files, stats, train_loop
 from f2m_jax.data import sources
-from f2m_jax.run import backend
-from f2m_jax.run import pipeline
-from f2m_jax.run import report
+from f2m_jax.run import backend, pipeline
 from f2m_jax.run import workdir as workdir_lib
 from f2m_jax.run.checkpoint import Checkpoints
 from f2m_jax.validation import need
@@ -57,7 +51,7 @@ def summarize_values(field, values, member_results):
                      for v, r in zip(values, member_results)]}
 
 
-def run(config, root, mode='train', checkpoint=None, hook=None, origin=None) -> dict:
+def run(config, root, mode='train', checkpoint=None, hook=None, origin=None):
   """The sweep: every member's base session in one program, then each member's sessions; writes and
   returns root/summary.json. `origin` as `pipeline.run`'s; every check comes before anything is
   written."""
@@ -65,30 +59,25 @@ def run(config, root, mode='train', checkpoint=None, hook=None, origin=None) -> 
     raise ValueError('--checkpoint takes one base model; a member sweep trains its own')
   validate(config)
   changes = (origin or {}).get('changes')
-  records = [pipeline.effective(c, changes) for c in member_configs(config)]  # 'auto' kept
-  configs = [pipeline.resolve(c, changes) for c in records]
-  choices = backend.used(pipeline.resolve(config, changes))  # the sweep's every value checked
   sweep = pipeline.effective(config, changes)
+  records = member_configs(sweep)  # 'auto' kept
+  configs = [pipeline.resolve(c, changes) for c in records]
+  choices = backend.used(pipeline.resolve(sweep, changes))  # the sweep's every value checked
   bench = sources.load_benchmark(configs[0])  # before anything is written: missing data stop here
   trains = len(configs) if mode == 'train' else 0  # the sweep's base step: the first member's
   exps = [pipeline.check(c, bench, 0 if i else trains)  # what the data, networks, memory allow
           for i, c in enumerate(configs)]
-  if mode == 'eval' and not os.path.exists(f'{root}/config.json'):
-    raise files.CheckpointError(f'nothing to evaluate: {root} holds no sweep (no config.json); '
-                                'train it first')
+  pipeline.evaluable(root, mode)
   writes = workdir_lib.writes_into(root, mode)  # a read-only finished run is evaluated too
   dirs = [f'{root}/member_{i}' for i in range(len(configs))]
-  lock = workdir_lib.prepare(root, sweep.to_dict(), writes=writes)
-  try:
+  with contextlib.closing(workdir_lib.prepare(root, sweep.to_dict(), writes=writes)):
     if mode == 'train':
       train_members(exps, records, dirs, hook)
     results = [pipeline.run(c, d, mode, hook=hook, origin=origin and {**origin, 'sweep_member': i})
                for i, (c, d) in enumerate(zip(records, dirs))]
-  finally:
-    lock.close()
   summary = summarize(sweep.members, configs, results)
   summary['provenance'] = workdir_lib.provenance(sweep.to_dict(), origin, choices=choices)
-  print(write_summary(root, summary, mode, writes), flush=True)
+  print(write_summary(root, summary, mode, writes))
   return summary
 
 
@@ -113,10 +102,9 @@ def write_summary(root, summary, mode, writes=True):
   line)."""
   path = f'{root}/summary.json'
   if mode == 'eval' and os.path.exists(path):
-    saved, new = files.read_json(path), json.loads(json.dumps(summary))
-    if {**saved, 'provenance': None} == {**new, 'provenance': None}:  # equal but for the provenance
+    if not pipeline.differing(path, summary):
       return f'the members reproduce {path}; it is unchanged'
-    path = f'{root}/summary_eval_{time.strftime("%Y%m%d-%H%M%S")}.json'
+    path = f'{root}/{pipeline.unused(root, "summary_eval")}.json'
   if not writes:
     return f'{root} is read-only, so the summary follows as JSON:\n{json.dumps(summary, indent=1)}'
   files.atomic_write(path, json.dumps(summary, indent=1))
@@ -139,5 +127,3 @@ def train_members(exps, records, dirs, hook):
     for item in ckpts + logs + locks:
       item.close()
 
-
-format_summary = report.format_session_table  # the report printed after a sweep (cli.py)

@@ -9,18 +9,13 @@ import time
 import ml_collections
 import numpy as np
 
-from f2m_jax import evaluation
-from f2m_jax import files
-from f2m_jax import flatness
-from f2m_jax import registry
-from f2m_jax import validation
+from f2m_jax import evaluation, files, flatness, registry, validation
 from f2m_jax.data import protocol as protocol_lib
 from f2m_jax.data import sources
 from f2m_jax.experiment import Experiment
 from f2m_jax.files import CheckpointError
 from f2m_jax.methods import common
-from f2m_jax.run import backend
-from f2m_jax.run import memory
+from f2m_jax.run import backend, memory
 from f2m_jax.run import workdir as workdir_lib
 from f2m_jax.run.checkpoint import Checkpoints, has_base_model
 from f2m_jax.sessions import run_sessions
@@ -71,9 +66,7 @@ def run(config, workdir, mode='train', checkpoint=None, hook=None, origin=None):
   not trained again. `origin` ({'config', 'changes'}, cli.py) decides which presets apply and goes
   into the provenance."""
   record, config = checked(config, workdir, checkpoint, origin)
-  if mode == 'eval' and not os.path.exists(f'{workdir}/config.json'):
-    raise CheckpointError(f'nothing to evaluate: {workdir} holds no run (no config.json); train it '
-                          'first (without --mode eval)')
+  evaluable(workdir, mode)
   path = f'{workdir}/results.json'
   # one that is not JSON named before any work
   saved = files.read_json(path) if os.path.exists(path) else None
@@ -83,19 +76,25 @@ def run(config, workdir, mode='train', checkpoint=None, hook=None, origin=None):
   writes = workdir_lib.writes_into(workdir, mode)  # a read-only finished run is evaluated too
   lock = workdir_lib.prepare(workdir, record.to_dict(), base_source=base_source, writes=writes)
   with contextlib.closing(lock):
-    if mode == 'train' and saved is not None:  # finished: nothing rewritten but a lost results.csv
+    if mode == 'train' and saved:  # finished: nothing rewritten but a lost results.csv
       lost = not os.path.exists(f'{workdir}/results.csv')
       if lost:
         workdir_lib.write_results(workdir, 'results', evaluation.results_rows(saved))
       written = saved.get('provenance', {}).get('time', 'earlier')
       again = '; results.csv was missing and was written again from it' * lost
       print(f'{workdir} is already complete ({path}, written {written}): nothing was recomputed or '
-            f'rewritten{again}; --mode eval recomputes it from the checkpoints and compares',
-            flush=True)
+            f'rewritten{again}; --mode eval recomputes it from the checkpoints and compares')
       return saved
-    results = compute(exp, record, workdir, mode, checkpoint, base_source, hook, origin, writes)
-    print(write_outputs(workdir, results, mode, writes), flush=True)
+    results = compute(exp, record, workdir, mode, base_source, hook, origin, writes)
+    print(write_outputs(workdir, results, mode, writes))
     return results
+
+
+def evaluable(workdir, mode):
+  """A CheckpointError where --mode eval finds no run (no config.json) in `workdir`."""
+  if mode == 'eval' and not os.path.exists(f'{workdir}/config.json'):
+    raise CheckpointError(f'nothing to evaluate: {workdir} holds no run (no config.json); train it '
+                          'first (without --mode eval)')
 
 
 def check(config, bench, members=0):
@@ -138,9 +137,9 @@ def source(checkpoint, exp):
     if saved is not None:
       there, here = workdir_lib.flat_items(saved), workdir_lib.flat_items(ours)
       fields = workdir_lib.config_differences(saved, ours)
-      selection = selection_info(ml_collections.ConfigDict(saved), ckpts)  # the source's own steps
-      out.update(method=saved['method'], selection=selection,
-                 differences={k: [there.get(k), here.get(k)] for k in fields})
+      out.update(method=saved['method'],
+                 differences={k: [there.get(k), here.get(k)] for k in fields},
+                 selection=selection_info(ml_collections.ConfigDict(saved), ckpts))  # its own steps
   results = f'{checkpoint}/results.json'
   if os.path.exists(results):
     git = (files.read_json(results).get('provenance') or {}).get('git') or {}
@@ -150,13 +149,13 @@ def source(checkpoint, exp):
   return out
 
 
-def compute(exp, record, workdir, mode, checkpoint, base_source, hook, origin, writes=True):
+def compute(exp, record, workdir, mode, base_source, hook, origin, writes=True):
   """`run`'s work once the checks passed: session 1 and every run's sessions through the method,
   then the results with their provenance (not yet written). `record`: the effective config; `writes`
   False: a read-only workdir's eval."""
   config, bench = exp.config, exp.bench
   log = workdir_lib.MetricsLog(workdir, tensorboard=config.tensorboard, writes=writes)
-  source = checkpoint and Checkpoints(checkpoint, read_only=True)
+  source = base_source and Checkpoints(base_source['path'], read_only=True)
   ckpts = Checkpoints(workdir, read_only=not writes, source=source)  # closing it closes the source
   if not (source or ckpts.has_model()) and (mode == 'eval' or ckpts.any_sessions()):
     raise CheckpointError(f'{ckpts.root}/model has no base model checkpoint (deleted?) although '
@@ -165,7 +164,7 @@ def compute(exp, record, workdir, mode, checkpoint, base_source, hook, origin, w
   # the start line, and the choices made otherwise than last time
   lines = [start_line(config, bench, workdir, mode, ckpts, base_source, origin),
            backend.moved((log.invocations or [{}])[-1], config)]
-  print('\n'.join(filter(None, lines)), flush=True)
+  print('\n'.join(filter(None, lines)))
   earlier = [round(i['end'] - i['time'], 1) for i in log.invocations
              if mode == 'train' == i.get('mode')]
   log.start(mode, **backend.record(config))
@@ -246,17 +245,21 @@ def unused(workdir, name):
   return name + time.strftime('_%Y%m%d-%H%M%S') * os.path.exists(f'{workdir}/{name}.json')
 
 
+def differing(path, doc):
+  """The keys of the JSON file `path` but 'provenance' (when and where) whose values `doc` (as JSON
+  has it) changes; keys `path` lacks (one of an earlier version) are not compared."""
+  saved, new = files.read_json(path), json.loads(json.dumps(doc))
+  return sorted(k for k in saved
+                if k != 'provenance' and saved[k] != new.get(k, workdir_lib.ABSENT))
+
+
 def write_outputs(workdir, results, mode, writes=True):
   """results.json/csv; returns a line saying what was compared and written. In eval mode a
   difference goes to a new results_eval.json; a read-only workdir (`writes` False) gets the JSON on
   stdout instead."""
   path, name, line = f'{workdir}/results.json', 'results', 'no results.json to compare with'
   if mode == 'eval' and os.path.exists(path):
-    saved, new = files.read_json(path), json.loads(json.dumps(results))
-    # when and where differ, nothing else may; keys a results.json of an earlier version lacks
-    # (accuracy_matrix) are not compared
-    differ = sorted(k for k in saved
-                    if k != 'provenance' and saved[k] != new.get(k, workdir_lib.ABSENT))
+    differ = differing(path, results)
     if not differ:
       but = ' but its lines in metrics.jsonl' * writes
       return (f'evaluation reproduced {path} exactly (every run and session computed again from '
@@ -284,7 +287,7 @@ def run_flatness(config, workdir, checkpoint=None, origin=None):
   bound = f.bound if f.bound >= 0 else noise.bound
   print(f'f2m-jax flatness: {_what(config, origin)} on {backend.devices()}; base model of '
         f'{source}; {f.num_draws} draws at bound {bound:g} on the base training and test images '
-        f'(at most {f.max_images or "all"} each); writes {workdir}/flatness.json', flush=True)
+        f'(at most {f.max_images or "all"} each); writes {workdir}/flatness.json')
   with contextlib.closing(Checkpoints(source, read_only=True)) as ckpts:
     model = ckpts.restore_model(common.model_template(exp))
   variables = {k: model[k] for k in ('params', 'batch_stats')}
@@ -303,9 +306,9 @@ def run_flatness(config, workdir, checkpoint=None, origin=None):
         config.eval.batch_size, progress=f'flatness on {name} ({len(idx):,} images)')
     out[name] = {**flatness.flatness_stats(clean, losses), 'num_images': len(idx)}
     print(f'flatness on {name} ({len(idx)} images, {f.num_draws} draws): L*={clean:.4f} '
-          f'I={out[name]["I"]:.3e} sigma^2={out[name]["sigma2"]:.3e}', flush=True)
+          f'I={out[name]["I"]:.3e} sigma^2={out[name]["sigma2"]:.3e}')
   os.makedirs(workdir, exist_ok=True)
   path = f'{workdir}/{unused(workdir, "flatness")}.json'
   files.atomic_write(path, json.dumps(out, indent=2))
-  print(f'wrote {path}', flush=True)
+  print(f'wrote {path}')
   return out
