@@ -68,7 +68,7 @@ def run_mode(config, workdir, mode, checkpoint, origin, hook):
 def dispatch(config, workdir, mode, checkpoint, origin, hook):
   """Runs `mode` and prints its table or text."""
   if mode == 'dry_run':
-    print(dry_run_lib.describe(config, origin, checkpoint), flush=True)
+    print(dry_run_lib.describe(config, origin, checkpoint))
   elif mode == 'bench':
     bench.run(config, workdir, origin)
   elif mode == 'flatness':
@@ -76,7 +76,7 @@ def dispatch(config, workdir, mode, checkpoint, origin, hook):
   else:  # train, eval: a sweep of members, or a run
     run = members.run if members.enabled(config) else pipeline.run
     results = run(config, workdir, mode, checkpoint, hook, origin)
-    print(report.format_session_table(results), flush=True)
+    print(report.format_session_table(results))
 
 
 def enable_compilation_cache(config):

@@ -90,11 +90,11 @@ def run(config, workdir, mode='train', checkpoint=None, hook=None, origin=None):
     return results
 
 
-def evaluable(workdir, mode):
-  """A CheckpointError where --mode eval finds no run (no config.json) in `workdir`."""
+def evaluable(workdir, mode, what='run'):
+  """A CheckpointError where --mode eval finds no `what` (no config.json) in `workdir`."""
   if mode == 'eval' and not os.path.exists(f'{workdir}/config.json'):
-    raise CheckpointError(f'nothing to evaluate: {workdir} holds no run (no config.json); train it '
-                          'first (without --mode eval)')
+    raise CheckpointError(f'nothing to evaluate: {workdir} holds no {what} (no config.json); train '
+                          'it first (without --mode eval)')
 
 
 def check(config, bench, members=0):
