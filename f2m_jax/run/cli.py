@@ -72,7 +72,7 @@ def dispatch(config, workdir, mode, checkpoint, origin, hook):
   elif mode == 'bench':
     bench.run(config, workdir, origin)
   elif mode == 'flatness':
-    pipeline.run_flatness(config, workdir, checkpoint, origin=origin)
+    pipeline.run_flatness(config, workdir, checkpoint, origin)
   else:  # train, eval: a sweep of members, or a run
     run = members.run if members.enabled(config) else pipeline.run
     results = run(config, workdir, mode, checkpoint, hook, origin)

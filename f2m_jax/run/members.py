@@ -89,10 +89,9 @@ def summarize(m, configs, results):
   else:
     summary = stats.seed_summary(results)
   summary['members'] = [{'workdir': f'member_{i}', 'seed': int(c.seed),
-                         **({m.field: v} if m.field_values else {}),  # v: the field's value
+                         **({m.field: c[m.field]} if m.field_values else {}),
                          'acc_last': r['sessions'][-1]['acc']['mean'], 'pd': r['pd']['mean']}
-                        for i, (c, r, v) in enumerate(zip(configs, results,
-                                                          m.field_values or configs))]
+                        for i, (c, r) in enumerate(zip(configs, results))]
   return summary
 
 

@@ -29,7 +29,7 @@ def resolve(config, changes=None, reads_data=True):
   config = backend.resolve(effective(config, changes))
   validation.validate(config)
   method = registry.get(config.method)
-  if method.validate is not None:
+  if method.validate:
     method.validate(config)
   if reads_data:
     validation.check_data_folder(config)
@@ -51,13 +51,13 @@ def effective(config, changes=None):
 
 
 def checked(config, workdir, checkpoint, origin):
-  """(the effective config, `resolve`'s) once the workdir's config.json (with --checkpoint), then
-  every value, are checked. `origin`: as `run`'s."""
+  """(the effective config as a dict, `resolve`'s) once the workdir's config.json (with
+  --checkpoint), then every value, are checked. `origin`: as `run`'s."""
   changes = (origin or {}).get('changes')
   record = effective(config, changes)
-  workdir_lib.check_record(workdir, record.to_dict(),
-                           checkpoint and {'path': os.path.abspath(checkpoint)})
-  return record, resolve(record, changes)
+  saved = record.to_dict()
+  workdir_lib.check_record(workdir, saved, checkpoint and {'path': os.path.abspath(checkpoint)})
+  return saved, resolve(record, changes)
 
 
 def run(config, workdir, mode='train', checkpoint=None, hook=None, origin=None):
@@ -74,16 +74,16 @@ def run(config, workdir, mode='train', checkpoint=None, hook=None, origin=None):
   exp = check(config, sources.load_benchmark(config), int(trains))
   base_source = checkpoint and source(checkpoint, exp)
   writes = workdir_lib.writes_into(workdir, mode)  # a read-only finished run is evaluated too
-  lock = workdir_lib.prepare(workdir, record.to_dict(), base_source=base_source, writes=writes)
+  lock = workdir_lib.prepare(workdir, record, base_source=base_source, writes=writes)
   with contextlib.closing(lock):
     if mode == 'train' and saved:  # finished: nothing rewritten but a lost results.csv
       lost = not os.path.exists(f'{workdir}/results.csv')
       if lost:
         workdir_lib.write_results(workdir, 'results', evaluation.results_rows(saved))
       written = saved.get('provenance', {}).get('time', 'earlier')
-      again = '; results.csv was missing and was written again from it' * lost
       print(f'{workdir} is already complete ({path}, written {written}): nothing was recomputed or '
-            f'rewritten{again}; --mode eval recomputes it from the checkpoints and compares')
+            f'rewritten{"; results.csv was missing and was written again from it" * lost}; '
+            '--mode eval recomputes it from the checkpoints and compares')
       return saved
     results = compute(exp, record, workdir, mode, base_source, hook, origin, writes)
     print(write_outputs(workdir, results, mode, writes))
@@ -134,7 +134,7 @@ def source(checkpoint, exp):
   out = {'path': os.path.abspath(checkpoint), 'method': None, 'differences': None, 'commit': None}
   with contextlib.closing(Checkpoints(checkpoint, read_only=True)) as ckpts:
     ckpts.restore_model(common.model_template(exp))
-    if saved is not None:
+    if saved:
       there, here = workdir_lib.flat_items(saved), workdir_lib.flat_items(ours)
       fields = workdir_lib.config_differences(saved, ours)
       out.update(method=saved['method'],
@@ -179,7 +179,7 @@ def compute(exp, record, workdir, mode, base_source, hook, origin, writes=True):
   results, digest = results_document(exp, per_run, norms, base_info, ckpts.differences)
   # the config as config.json has it; `choices`: what each 'auto' became here
   results['provenance'] = workdir_lib.provenance(
-      record.to_dict(), origin, choices=backend.used(config),
+      record, origin, choices=backend.used(config),
       wall_time_s=round(sum(earlier) + wall, 1), invocation_times_s=earlier + [wall],
       shots=digest, base_source=base_source)
   log.write(phase='done', mode=mode, wall_time_s=wall,
@@ -197,7 +197,7 @@ def results_document(exp, per_run, norms, base_info, differences):
   results = evaluation.build_results(bench.name, config.method, data.protocol, seen, per_run,
                                      norms if all(n is not None for n in norms) else None,
                                      same_shots=draws['same'])
-  results['base_model'] = dict(base_info)
+  results['base_model'] = base_info
   if differences:
     results['checkpoint_differences'] = differences
   return results, draws['digest']
@@ -216,9 +216,8 @@ def start_line(config, bench, workdir, mode, ckpts, base_source, origin):
     base = f'base training {base_budget(config)}'
   done = sum(len(ckpts.sessions_done(r)) for r in range(config.runs)) if ckpts.any_sessions() else 0
   restored = f' ({done} restored)' * bool(done)
-  sessions = f'{config.runs} runs x {bench.num_sessions - 1} sessions{restored}'
   return (f'f2m-jax {mode}: {_what(config, origin)} on {backend.devices()}; workdir {workdir}; '
-          f'{base}; then {sessions}')
+          f'{base}; then {config.runs} runs x {bench.num_sessions - 1} sessions{restored}')
 
 
 def base_budget(config):
@@ -236,8 +235,7 @@ def _what(config, origin):
   member = ''
   if 'sweep_member' in origin:
     member = f', sweep member {origin["sweep_member"]}, seed {config.seed}'
-  with_changes = f' with {changes}' * bool(changes)
-  return f'{origin["config"]}{with_changes} (method {config.method}{member})'
+  return f'{origin["config"]}{f" with {changes}" * bool(changes)} (method {config.method}{member})'
 
 def unused(workdir, name):
   """`name`, or where <workdir>/<name>.json exists, `name` with the time appended: a new file's
@@ -294,8 +292,7 @@ def run_flatness(config, workdir, checkpoint=None, origin=None):
   rng = np.random.default_rng([config.seed, 5])
   out = {'bound': bound, 'distribution': noise.distribution, 'num_layers': noise.num_layers,
          'checkpoint': os.path.abspath(source),
-         'provenance': workdir_lib.provenance(record.to_dict(), origin,
-                                              choices=backend.used(config))}
+         'provenance': workdir_lib.provenance(record, origin, choices=backend.used(config))}
   for name, split, idx in (('train', bench.train, bench.base_train),
                            ('test', bench.test, protocol_lib.test_indices(bench, 1))):
     if f.max_images and len(idx) > f.max_images:
