@@ -18,13 +18,13 @@ from f2m_jax import files, registry, sharding
 from f2m_jax.data import sources
 from f2m_jax.experiment import Interrupted, TrainingError
 from f2m_jax.files import CheckpointError, CheckpointFault, WorkdirError, describe_os_error
-from f2m_jax.run import bench, members, memory, pipeline, report, stopping
-from f2m_jax.run import dry_run as dry_run_lib
+from f2m_jax.run import bench, dry_run, members, memory, pipeline, report, stopping
 from f2m_jax.run import workdir as workdir_lib
 from f2m_jax.run.checkpoint import quiet_orbax
 from f2m_jax.run.stopping import message
 
 
+# pylint: disable-next=redefined-outer-name
 def main(config, workdir, mode, checkpoint=None, origin=None, dry_run=False):
   """Runs `mode` (returns its exit code). `origin` ({'config', 'changes'}: the --config argument
   and the command line's overrides) is what the user changed: no method's presets replace those
@@ -44,7 +44,7 @@ def run_mode(config, workdir, mode, checkpoint, origin, hook):
   3 training stopped, a checkpoint that cannot be read back or written, a file system error, memory;
   130 interrupted)."""
   try:
-    sharding.maybe_initialize_distributed(config.get('distributed', False))
+    sharding.maybe_initialize_distributed(config.get('distributed'))
     if mode in ('train', 'eval', 'flatness'):  # bench and a dry run write nothing, programs neither
       enable_compilation_cache(config)
     dispatch(config, workdir, mode, checkpoint, origin, hook)
@@ -68,7 +68,7 @@ def run_mode(config, workdir, mode, checkpoint, origin, hook):
 def dispatch(config, workdir, mode, checkpoint, origin, hook):
   """Runs `mode` and prints its table or text."""
   if mode == 'dry_run':
-    print(dry_run_lib.describe(config, origin, checkpoint))
+    print(dry_run.describe(config, origin, checkpoint))
   elif mode == 'bench':
     bench.run(config, workdir, origin)
   elif mode == 'flatness':
@@ -83,7 +83,7 @@ def enable_compilation_cache(config):
   """Where config.compilation_cache asks for it, JAX's persistent compilation cache in <cache
   folder>/jax_compilation_cache, for every program; returns the folder in use (one already set is
   kept), or None."""
-  if not jax.config.jax_compilation_cache_dir and config.get('compilation_cache', False):
+  if not jax.config.jax_compilation_cache_dir and config.get('compilation_cache'):
     folder = os.path.join(sources.cache_dir(config), 'jax_compilation_cache')
     jax.config.update('jax_compilation_cache_dir', folder)
     if 'JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS' not in os.environ:
@@ -183,8 +183,8 @@ class ConfigFile(flags.ArgumentParser):
   def parse(self, spec):  # pylint: disable=arguments-renamed
     path = spec.partition(':')[0]
     if not os.path.isfile(path):
-      configs = glob.glob(os.path.join(os.path.dirname(path), '*.py'))
-      raise ValueError(f'there is no file {path}{suggest(path, configs)}')
+      beside = glob.glob(os.path.join(os.path.dirname(path), '*.py'))  # the configs there
+      raise ValueError(f'there is no file {path}{suggest(path, beside)}')
     if path.endswith('.json'):
       config = ml_collections.ConfigDict(workdir_lib.recorded_config(path))
     else:
@@ -203,7 +203,7 @@ def refuse_unknown_fields(config, argv):
   for name in re.findall(r'^-{1,2}(?:no)?config\.([\w.]+)', '\n'.join(argv), re.M):
     node, where = config, 'config'
     for part in name.split('.'):
-      fields = list(node.keys()) if isinstance(node, ml_collections.ConfigDict) else []
+      fields = list(getattr(node, 'keys', list)())  # a section's fields; a value has none
       if part not in fields:
         raise LookupError(f'unknown config field config.{name}: {where} has no field {part!r}'
                           + suggest(part, fields, f'{where}.'))
@@ -212,7 +212,7 @@ def refuse_unknown_fields(config, argv):
 
 def suggest(name, options, prefix=''):
   """'; did you mean <prefix><option>?' for the options close to `name`, else '; there are ...'."""
-  close = difflib.get_close_matches(name, options, n=3, cutoff=0.5)
+  close = difflib.get_close_matches(name, options, cutoff=0.5)
   if close:
     return f'; did you mean {", ".join(prefix + c for c in close)}?'
   return f'; there are {", ".join(sorted(options))}' if options else ''

@@ -9,8 +9,7 @@ import ml_collections
 
 from f2m_jax import files, stats, train_loop
 from f2m_jax.data import sources
-from f2m_jax.run import backend, pipeline
-from f2m_jax.run import workdir as workdir_lib
+from f2m_jax.run import backend, pipeline, workdir
 from f2m_jax.run.checkpoint import Checkpoints
 from f2m_jax.validation import need
 
@@ -68,15 +67,15 @@ def run(config, root, mode='train', checkpoint=None, hook=None, origin=None):
   exps = [pipeline.check(c, bench, 0 if i else trains)  # what the data, networks, memory allow
           for i, c in enumerate(configs)]
   pipeline.evaluable(root, mode, 'sweep')
-  writes = workdir_lib.writes_into(root, mode)  # a read-only finished run is evaluated too
+  writes = workdir.writes_into(root, mode)  # a read-only finished run is evaluated too
   dirs = [f'{root}/member_{i}' for i in range(len(configs))]
-  with contextlib.closing(workdir_lib.prepare(root, sweep.to_dict(), writes=writes)):
+  with contextlib.closing(workdir.prepare(root, sweep.to_dict(), writes=writes)):
     if mode == 'train':
       train_members(exps, records, dirs, hook)
     results = [pipeline.run(c, d, mode, hook=hook, origin=origin and {**origin, 'sweep_member': i})
                for i, (c, d) in enumerate(zip(records, dirs))]
   summary = summarize(sweep.members, configs, results)
-  summary['provenance'] = workdir_lib.provenance(sweep.to_dict(), origin, choices=choices)
+  summary['provenance'] = workdir.provenance(sweep.to_dict(), origin, choices=choices)
   print(write_summary(root, summary, mode, writes))
   return summary
 
@@ -116,9 +115,9 @@ def train_members(exps, records, dirs, hook):
   ckpts, logs, locks = [], [], []
   try:
     for d, e, r in zip(dirs, exps, records):
-      locks.append(workdir_lib.prepare(d, r.to_dict()))
+      locks.append(workdir.prepare(d, r.to_dict()))
       ckpts.append(Checkpoints(d))
-      logs.append(workdir_lib.MetricsLog(d, tensorboard=e.config.tensorboard))
+      logs.append(workdir.MetricsLog(d, tensorboard=e.config.tensorboard))
     if not all(ck.has_model() for ck in ckpts):
       train_loop.train_base_sessions(exps, ckpts, logs, f'base sessions of {len(exps)} members '
                                      f'({exps[0].config.members.map})', hook=hook)

@@ -165,24 +165,24 @@ def compute(exp, record, workdir, mode, base_source, hook, origin, writes=True):
   lines = [start_line(config, bench, workdir, mode, ckpts, base_source, origin),
            backend.moved((log.invocations or [{}])[-1], config)]
   print('\n'.join(filter(None, lines)))
-  earlier = [round(i['end'] - i['time'], 1) for i in log.invocations
-             if mode == 'train' == i.get('mode')]
+  times = [round(i['end'] - i['time'], 1) for i in log.invocations
+           if mode == 'train' == i.get('mode')]  # the earlier invocations', then this one's
   log.start(mode, **backend.record(config))
   t0, method = time.time(), registry.get(config.method)
   # also when stopped: the background saves complete
   with contextlib.closing(log), contextlib.closing(ckpts):
     first = method.first_session(exp, ckpts, log, source, hook)
     runner = method.runner(exp, first, ckpts, source, log)
-    per_run, norms = run_sessions(exp, runner, ckpts, log, train=(mode != 'eval'), hook=hook)
+    per_run, norms = run_sessions(exp, runner, ckpts, log, train=mode != 'eval', hook=hook)
     base_info = (base_source or {}).get('selection') or selection_info(config, source or ckpts)
-  wall = round(time.time() - t0, 1)
+  times.append(round(time.time() - t0, 1))
   results, digest = results_document(exp, per_run, norms, base_info, ckpts.differences)
   # the config as config.json has it; `choices`: what each 'auto' became here
   results['provenance'] = workdir_lib.provenance(
       record, origin, choices=backend.used(config),
-      wall_time_s=round(sum(earlier) + wall, 1), invocation_times_s=earlier + [wall],
+      wall_time_s=round(sum(times), 1), invocation_times_s=times,
       shots=digest, base_source=base_source)
-  log.write(phase='done', mode=mode, wall_time_s=wall,
+  log.write(phase='done', mode=mode, wall_time_s=times[-1],
             base_checkpoint=(base_source or {}).get('path'))
   return results
 
