@@ -142,8 +142,8 @@ def source(checkpoint, exp):
                  selection=selection_info(ml_collections.ConfigDict(saved), ckpts))  # its own steps
   results = f'{checkpoint}/results.json'
   if os.path.exists(results):
-    git = (files.read_json(results).get('provenance') or {}).get('git') or {}
-    out.update(commit=git.get('commit'), dirty=git.get('dirty'))
+    # its commit and whether dirty (workdir.git_state; {} outside a checkout)
+    out.update((files.read_json(results).get('provenance') or {}).get('git') or {})
   if out['method'] not in (None, ours['method']):
     out['note'] = f'{ours["method"]} sessions on a base model trained by {out["method"]}'
   return out
