@@ -75,8 +75,7 @@ def dispatch(config, workdir, mode, checkpoint, origin, hook):
     pipeline.run_flatness(config, workdir, checkpoint, origin)
   else:  # train, eval: a sweep of members, or a run
     run = members.run if members.enabled(config) else pipeline.run
-    results = run(config, workdir, mode, checkpoint, hook, origin)
-    print(report.format_session_table(results))
+    print(report.format_session_table(run(config, workdir, mode, checkpoint, hook, origin)))
 
 
 def enable_compilation_cache(config):
