@@ -28,7 +28,7 @@ def validate(config):
   need(m.field in FIELDS or not m.field_values, 'members.field', m.field,
        f'allowed with members.field_values: {FIELDS}')
   need(len(set(values)) == len(values), 'members', values, 'values must be distinct')
-  need(config.base.select_on_test is False, 'base.select_on_test', config.base.select_on_test,
+  need(not config.base.select_on_test, 'base.select_on_test', config.base.select_on_test,
        'not with members (each member would keep its own best step)')
 
 

@@ -193,9 +193,9 @@ def results_document(exp, per_run, norms, base_info, differences):
   otherwise than saved (sessions.restore_session's)."""
   config, bench, data = exp.config, exp.bench, exp.config.data
   draws = protocol_lib.shot_draws(bench, data.protocol, data.shots, config.seed, config.runs)
-  seen = [bench.num_seen_classes(t) for t in range(1, bench.num_sessions + 1)]
+  seen = evaluation.session_ends(bench, bench.num_sessions)
   results = evaluation.build_results(bench.name, config.method, data.protocol, seen, per_run,
-                                     norms if all(n is not None for n in norms) else None,
+                                     None if None in norms else norms,  # dicts, or None
                                      same_shots=draws['same'])
   results['base_model'] = base_info
   if differences:
