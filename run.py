@@ -27,4 +27,5 @@ cli.define_flags()
 flags.adopt_module_key_flags(cli)
 
 if __name__ == '__main__':
+  sys.stdout.reconfigure(line_buffering=True)  # each line out as printed, into a file or pipe too
   sys.exit(app.run(cli.main_flags, flags_parser=cli.parse_flags))

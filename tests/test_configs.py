@@ -70,8 +70,8 @@ def test_command_line_overrides_survive_the_baseline(tmp_path, monkeypatch, caps
     patch.setattr(pipeline, 'compute', lambda *_: jax.random.key(2 ** 63))  # 6f2b875's crash
     run_py(args, monkeypatch)
 
-  def stop(*args):  # pipeline.compute(exp, record, workdir, mode, checkpoint, base_source, hook,
-    seen['origin'] = args[7]  # origin, writes)
+  def stop(*args):  # pipeline.compute(exp, record, workdir, mode, base_source, hook, origin,
+    seen['origin'] = args[6]  # writes)
     raise Interrupt
 
   monkeypatch.setattr(pipeline, 'compute', stop)

@@ -294,7 +294,7 @@ def test_a_field_sweep_reports_each_value_apart():
   assert 'sessions' not in s and [v['value'] for v in s['values']] == [0.0025, 0.01]
   assert s['values'][1]['sessions'][1]['acc'] == stats.summarize([30.0, 34.0])  # its own draws only
   assert s['values'][1]['interval'] == stats.INTERVALS['draws']
-  table = members.format_summary(s).splitlines()  # the report, a row per value
+  table = report.format_session_table(s).splitlines()  # the report, a row per value
   assert table[0] == 'f2m on d (draws, 2 runs)'
   assert [c.strip() for c in table[6].split('|')[1:-1]] == ['Method', '1', '2', 'PD', 'AVG', 'retention', 'gap']
   assert [c.strip() for c in table[9].split('|')[1:-1]] == [  # 1.96 std / sqrt(2)

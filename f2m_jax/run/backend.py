@@ -40,7 +40,8 @@ def resolve(config, backend=''):
   for field, value in used(config).items():
     if value not in CHOICES[field] + ('auto',):
       raise ValueError(f"{field}={value!r} is invalid: allowed: {CHOICES[field] + ('auto',)}")
-    config.update_from_flattened_dict({field: auto[field] if value == 'auto' else value})
+    if value == 'auto':
+      config.update_from_flattened_dict({field: auto[field]})
   return config
 
 

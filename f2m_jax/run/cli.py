@@ -2,8 +2,6 @@
 what it does per --mode: user errors are one clear line and exit code 2; faults of the records (a
 checkpoint that cannot be read or written, a diverged training, a file system error, memory) one
 line and exit code 3."""
-from __future__ import annotations
-
 import contextlib
 import difflib
 import glob
@@ -20,18 +18,17 @@ from f2m_jax import files, registry, sharding
 from f2m_jax.data import sources
 from f2m_jax.experiment import Interrupted, TrainingError
 from f2m_jax.files import CheckpointError, CheckpointFault, WorkdirError, describe_os_error
-from f2m_jax.run import bench, members, memory, pipeline, report, stopping
-from f2m_jax.run import dry_run as dry_run_lib
+from f2m_jax.run import bench, dry_run, members, memory, pipeline, report, stopping
 from f2m_jax.run import workdir as workdir_lib
 from f2m_jax.run.checkpoint import quiet_orbax
 from f2m_jax.run.stopping import message
 
 
-def main(config, workdir: str, mode: str, checkpoint=None, origin=None,
-         dry_run: bool = False) -> int:
-  """Runs `mode`. `origin` ({'config', 'changes'}: the --config argument and the command line's
-  overrides) is what the user changed: no method's presets replace those fields, and it goes into
-  the records."""
+# pylint: disable-next=redefined-outer-name
+def main(config, workdir, mode, checkpoint=None, origin=None, dry_run=False):
+  """Runs `mode` (returns its exit code). `origin` ({'config', 'changes'}: the --config argument
+  and the command line's overrides) is what the user changed: no method's presets replace those
+  fields, and it goes into the records."""
   at_once = f'--mode {mode}'  # a mode that saves nothing: a signal ends it at once
   if dry_run:
     at_once, mode = '--dry-run', 'dry_run'
@@ -42,12 +39,12 @@ def main(config, workdir: str, mode: str, checkpoint=None, origin=None,
     return stop.exit(run_mode(config, workdir, mode, checkpoint, origin, stop.hook))
 
 
-def run_mode(config, workdir: str, mode: str, checkpoint, origin, hook) -> int:
+def run_mode(config, workdir, mode, checkpoint, origin, hook):
   """`main`'s work: the mode (`dispatch`), with errors as one line and exit codes (2 user error;
   3 training stopped, a checkpoint that cannot be read back or written, a file system error, memory;
   130 interrupted)."""
   try:
-    sharding.maybe_initialize_distributed(config.get('distributed', False))
+    sharding.maybe_initialize_distributed(config.get('distributed'))
     if mode in ('train', 'eval', 'flatness'):  # bench and a dry run write nothing, programs neither
       enable_compilation_cache(config)
     dispatch(config, workdir, mode, checkpoint, origin, hook)
@@ -68,27 +65,24 @@ def run_mode(config, workdir: str, mode: str, checkpoint, origin, hook) -> int:
                    f'{memory.advice(config, e)}', 3)
 
 
-def dispatch(config, workdir: str, mode: str, checkpoint, origin, hook) -> None:
+def dispatch(config, workdir, mode, checkpoint, origin, hook):
   """Runs `mode` and prints its table or text."""
   if mode == 'dry_run':
-    print(dry_run_lib.describe(config, origin, checkpoint), flush=True)
+    print(dry_run.describe(config, origin, checkpoint))
   elif mode == 'bench':
     bench.run(config, workdir, origin)
   elif mode == 'flatness':
-    pipeline.run_flatness(config, workdir, checkpoint, origin=origin)
-  elif members.enabled(config):  # train, eval: a sweep of members, or a run
-    summary = members.run(config, workdir, mode, checkpoint, hook, origin)
-    print(members.format_summary(summary), flush=True)
-  else:
-    results = pipeline.run(config, workdir, mode, checkpoint, hook, origin)
-    print(report.format_session_table(results), flush=True)
+    pipeline.run_flatness(config, workdir, checkpoint, origin)
+  else:  # train, eval: a sweep of members, or a run
+    run = members.run if members.enabled(config) else pipeline.run
+    print(report.format_session_table(run(config, workdir, mode, checkpoint, hook, origin)))
 
 
 def enable_compilation_cache(config):
   """Where config.compilation_cache asks for it, JAX's persistent compilation cache in <cache
   folder>/jax_compilation_cache, for every program; returns the folder in use (one already set is
   kept), or None."""
-  if not jax.config.jax_compilation_cache_dir and config.get('compilation_cache', False):
+  if not jax.config.jax_compilation_cache_dir and config.get('compilation_cache'):
     folder = os.path.join(sources.cache_dir(config), 'jax_compilation_cache')
     jax.config.update('jax_compilation_cache_dir', folder)
     if 'JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS' not in os.environ:
@@ -96,8 +90,8 @@ def enable_compilation_cache(config):
   return jax.config.jax_compilation_cache_dir or None
 
 
-def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
-  """run.py's flags, in `flag_values`."""
+def define_flags(flag_values=flags.FLAGS):
+  """run.py's flags, in `flag_values` (absl's FlagValues)."""
   fv = {'flag_values': flag_values}
   config_flags.DEFINE_config_file('config', None, 'A config file (configs/cifar100.py:smoke) or a '
                                   "workdir's config.json; default: --workdir's config.json.", **fv)
@@ -114,7 +108,7 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
                     '(a step compiled and timed); write nothing.', **fv)
 
 
-def parse_flags(argv: list, flag_values: flags.FlagValues = flags.FLAGS) -> list:
+def parse_flags(argv, flag_values=flags.FLAGS):
   """run.py's flags parser (without --config, --workdir W's config.json is the config): a bad flag,
   value or --config.FIELD stops with one line (exit code 2) before anything is written."""
   given = flags.FlagValues()
@@ -122,9 +116,8 @@ def parse_flags(argv: list, flag_values: flags.FlagValues = flags.FLAGS) -> list
     flags.DEFINE_string(name, None, '', flag_values=given)
   with contextlib.suppress(flags.Error):  # (a --workdir without a value: the parse below says so)
     given(argv, known_only=True)
-  workdir, config = given['workdir'].value, given['config'].value
-  recorded = os.path.join(workdir or '', 'config.json')
-  if config is None and workdir and os.path.isfile(recorded):
+  recorded = os.path.join(given.workdir or '', 'config.json')
+  if given.config is None and given.workdir and os.path.isfile(recorded):
     argv = [argv[0], f'--config={recorded}', *argv[1:]]
   try:
     return flag_values(argv)
@@ -132,15 +125,15 @@ def parse_flags(argv: list, flag_values: flags.FlagValues = flags.FLAGS) -> list
     sys.exit(message(f'error: {" ".join(str(e).split())}', 2))
 
 
-def main_flags(argv: list, flag_values: flags.FlagValues = flags.FLAGS) -> int:
+def main_flags(argv, flag_values=flags.FLAGS):
   """run.py's main, from its parsed flags: a saved config's values and --checkpoint hold unless
   changed."""
   f, config_flag = flag_values.flag_values_dict(), flag_values['config']
   problem = usage_problem(argv, f['config'], f['workdir'], f['dry-run'])
   if problem:
     return message(f'error: {problem}', 2)
-  spec, changes = config_flags.get_config_filename(config_flag), config_flags.get_override_values(
-      config_flag)
+  spec = config_flags.get_config_filename(config_flag)
+  changes = config_flags.get_override_values(config_flag)
   config, checkpoint = f['config'], f['checkpoint']
   if spec.endswith('.json'):  # where it departs from its method's presets: its command line set it
     items = workdir_lib.flat_items(config.to_dict())
@@ -151,7 +144,7 @@ def main_flags(argv: list, flag_values: flags.FlagValues = flags.FLAGS) -> int:
               f['dry-run'])
 
 
-def usage_problem(argv: list, config, workdir: str | None, dry_run: bool) -> str | None:
+def usage_problem(argv, config, workdir, dry_run):
   """What run.py's command line lacks or has too much of, in one line, or None."""
   required = ('--config is required: a config file such as configs/cifar100.py:smoke, or a '
               "workdir's config.json")
@@ -166,7 +159,7 @@ def usage_problem(argv: list, config, workdir: str | None, dry_run: bool) -> str
   return None
 
 
-def load_config(spec: str) -> ml_collections.ConfigDict:
+def load_config(spec):
   """The config `spec` names as --config reads it (configs/cifar100.py:smoke, a workdir's
   config.json), for scripts and tests; a one-line ValueError where it cannot be read."""
   flag_values = flags.FlagValues()
@@ -189,11 +182,10 @@ class ConfigFile(flags.ArgumentParser):
   def parse(self, spec):  # pylint: disable=arguments-renamed
     path = spec.partition(':')[0]
     if not os.path.isfile(path):
-      configs = glob.glob(os.path.join(os.path.dirname(path), '*.py'))
-      raise ValueError(f'there is no file {path}' + suggest(path, configs, ''))
+      beside = glob.glob(os.path.join(os.path.dirname(path), '*.py'))  # the configs there
+      raise ValueError(f'there is no file {path}{suggest(path, beside)}')
     if path.endswith('.json'):
-      saved = workdir_lib.recorded_config(path)
-      config = ml_collections.ConfigDict(saved)
+      config = ml_collections.ConfigDict(workdir_lib.recorded_config(path))
     else:
       try:
         config = self.files.parse(spec)
@@ -204,22 +196,22 @@ class ConfigFile(flags.ArgumentParser):
     return config
 
 
-def refuse_unknown_fields(config, argv: list) -> None:
+def refuse_unknown_fields(config, argv):
   """A LookupError naming the first --config.FIELD of `argv` that `config` lacks, and the fields
   close to it."""
   for name in re.findall(r'^-{1,2}(?:no)?config\.([\w.]+)', '\n'.join(argv), re.M):
     node, where = config, 'config'
     for part in name.split('.'):
-      fields = list(node.keys()) if isinstance(node, ml_collections.ConfigDict) else []
+      fields = list(getattr(node, 'keys', list)())  # a section's fields; a value has none
       if part not in fields:
         raise LookupError(f'unknown config field config.{name}: {where} has no field {part!r}'
                           + suggest(part, fields, f'{where}.'))
       node, where = node[part], f'{where}.{part}'
 
 
-def suggest(name: str, options: list, prefix: str) -> str:
+def suggest(name, options, prefix=''):
   """'; did you mean <prefix><option>?' for the options close to `name`, else '; there are ...'."""
-  close = difflib.get_close_matches(name, options, n=3, cutoff=0.5)
+  close = difflib.get_close_matches(name, options, cutoff=0.5)
   if close:
     return f'; did you mean {", ".join(prefix + c for c in close)}?'
   return f'; there are {", ".join(sorted(options))}' if options else ''

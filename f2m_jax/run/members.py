@@ -1,22 +1,15 @@
 """Several runs of one config in one program (docs/performance.md, 'Seeds and sweeps in one
 program'): S members that differ in their seed or in one field train their base sessions in
 lockstep; each is exactly the single run of its own config, in its own workdir member_<i>/."""
-from __future__ import annotations
-
+import contextlib
 import json
 import os
-import time
 
 import ml_collections
 
-from f2m_jax import files
-from f2m_jax import stats
-from f2m_jax import train_loop
+from f2m_jax import files, stats, train_loop
 from f2m_jax.data import sources
-from f2m_jax.run import backend
-from f2m_jax.run import pipeline
-from f2m_jax.run import report
-from f2m_jax.run import workdir as workdir_lib
+from f2m_jax.run import backend, pipeline, workdir
 from f2m_jax.run.checkpoint import Checkpoints
 from f2m_jax.validation import need
 
@@ -35,7 +28,7 @@ def validate(config):
   need(m.field in FIELDS or not m.field_values, 'members.field', m.field,
        f'allowed with members.field_values: {FIELDS}')
   need(len(set(values)) == len(values), 'members', values, 'values must be distinct')
-  need(config.base.select_on_test is False, 'base.select_on_test', config.base.select_on_test,
+  need(not config.base.select_on_test, 'base.select_on_test', config.base.select_on_test,
        'not with members (each member would keep its own best step)')
 
 
@@ -57,7 +50,7 @@ def summarize_values(field, values, member_results):
                      for v, r in zip(values, member_results)]}
 
 
-def run(config, root, mode='train', checkpoint=None, hook=None, origin=None) -> dict:
+def run(config, root, mode='train', checkpoint=None, hook=None, origin=None):
   """The sweep: every member's base session in one program, then each member's sessions; writes and
   returns root/summary.json. `origin` as `pipeline.run`'s; every check comes before anything is
   written."""
@@ -65,30 +58,25 @@ def run(config, root, mode='train', checkpoint=None, hook=None, origin=None) -> 
     raise ValueError('--checkpoint takes one base model; a member sweep trains its own')
   validate(config)
   changes = (origin or {}).get('changes')
-  records = [pipeline.effective(c, changes) for c in member_configs(config)]  # 'auto' kept
-  configs = [pipeline.resolve(c, changes) for c in records]
-  choices = backend.used(pipeline.resolve(config, changes))  # the sweep's every value checked
   sweep = pipeline.effective(config, changes)
+  records = member_configs(sweep)  # 'auto' kept
+  configs = [pipeline.resolve(c, changes) for c in records]
+  choices = backend.used(pipeline.resolve(sweep, changes))  # the sweep's every value checked
   bench = sources.load_benchmark(configs[0])  # before anything is written: missing data stop here
   trains = len(configs) if mode == 'train' else 0  # the sweep's base step: the first member's
   exps = [pipeline.check(c, bench, 0 if i else trains)  # what the data, networks, memory allow
           for i, c in enumerate(configs)]
-  if mode == 'eval' and not os.path.exists(f'{root}/config.json'):
-    raise files.CheckpointError(f'nothing to evaluate: {root} holds no sweep (no config.json); '
-                                'train it first')
-  writes = workdir_lib.writes_into(root, mode)  # a read-only finished run is evaluated too
+  pipeline.evaluable(root, mode, 'sweep')
+  writes = workdir.writes_into(root, mode)  # a read-only finished run is evaluated too
   dirs = [f'{root}/member_{i}' for i in range(len(configs))]
-  lock = workdir_lib.prepare(root, sweep.to_dict(), writes=writes)
-  try:
+  with contextlib.closing(workdir.prepare(root, sweep.to_dict(), writes=writes)):
     if mode == 'train':
       train_members(exps, records, dirs, hook)
     results = [pipeline.run(c, d, mode, hook=hook, origin=origin and {**origin, 'sweep_member': i})
                for i, (c, d) in enumerate(zip(records, dirs))]
-  finally:
-    lock.close()
   summary = summarize(sweep.members, configs, results)
-  summary['provenance'] = workdir_lib.provenance(sweep.to_dict(), origin, choices=choices)
-  print(write_summary(root, summary, mode, writes), flush=True)
+  summary['provenance'] = workdir.provenance(sweep.to_dict(), origin, choices=choices)
+  print(write_summary(root, summary, mode, writes))
   return summary
 
 
@@ -100,10 +88,9 @@ def summarize(m, configs, results):
   else:
     summary = stats.seed_summary(results)
   summary['members'] = [{'workdir': f'member_{i}', 'seed': int(c.seed),
-                         **({m.field: v} if m.field_values else {}),  # v: the field's value
+                         **({m.field: c[m.field]} if m.field_values else {}),
                          'acc_last': r['sessions'][-1]['acc']['mean'], 'pd': r['pd']['mean']}
-                        for i, (c, r, v) in enumerate(zip(configs, results,
-                                                          m.field_values or configs))]
+                        for i, (c, r) in enumerate(zip(configs, results))]
   return summary
 
 
@@ -113,10 +100,9 @@ def write_summary(root, summary, mode, writes=True):
   line)."""
   path = f'{root}/summary.json'
   if mode == 'eval' and os.path.exists(path):
-    saved, new = files.read_json(path), json.loads(json.dumps(summary))
-    if {**saved, 'provenance': None} == {**new, 'provenance': None}:  # equal but for the provenance
+    if not pipeline.differing(path, summary):
       return f'the members reproduce {path}; it is unchanged'
-    path = f'{root}/summary_eval_{time.strftime("%Y%m%d-%H%M%S")}.json'
+    path = f'{root}/{pipeline.unused(root, "summary_eval")}.json'
   if not writes:
     return f'{root} is read-only, so the summary follows as JSON:\n{json.dumps(summary, indent=1)}'
   files.atomic_write(path, json.dumps(summary, indent=1))
@@ -129,9 +115,9 @@ def train_members(exps, records, dirs, hook):
   ckpts, logs, locks = [], [], []
   try:
     for d, e, r in zip(dirs, exps, records):
-      locks.append(workdir_lib.prepare(d, r.to_dict()))
+      locks.append(workdir.prepare(d, r.to_dict()))
       ckpts.append(Checkpoints(d))
-      logs.append(workdir_lib.MetricsLog(d, tensorboard=e.config.tensorboard))
+      logs.append(workdir.MetricsLog(d, tensorboard=e.config.tensorboard))
     if not all(ck.has_model() for ck in ckpts):
       train_loop.train_base_sessions(exps, ckpts, logs, f'base sessions of {len(exps)} members '
                                      f'({exps[0].config.members.map})', hook=hook)
@@ -139,5 +125,3 @@ def train_members(exps, records, dirs, hook):
     for item in ckpts + logs + locks:
       item.close()
 
-
-format_summary = report.format_session_table  # the report printed after a sweep (cli.py)

@@ -9,18 +9,13 @@ import time
 import ml_collections
 import numpy as np
 
-from f2m_jax import evaluation
-from f2m_jax import files
-from f2m_jax import flatness
-from f2m_jax import registry
-from f2m_jax import validation
+from f2m_jax import evaluation, files, flatness, registry, validation
 from f2m_jax.data import protocol as protocol_lib
 from f2m_jax.data import sources
 from f2m_jax.experiment import Experiment
 from f2m_jax.files import CheckpointError
 from f2m_jax.methods import common
-from f2m_jax.run import backend
-from f2m_jax.run import memory
+from f2m_jax.run import backend, memory
 from f2m_jax.run import workdir as workdir_lib
 from f2m_jax.run.checkpoint import Checkpoints, has_base_model
 from f2m_jax.sessions import run_sessions
@@ -34,7 +29,7 @@ def resolve(config, changes=None, reads_data=True):
   config = backend.resolve(effective(config, changes))
   validation.validate(config)
   method = registry.get(config.method)
-  if method.validate is not None:
+  if method.validate:
     method.validate(config)
   if reads_data:
     validation.check_data_folder(config)
@@ -56,13 +51,13 @@ def effective(config, changes=None):
 
 
 def checked(config, workdir, checkpoint, origin):
-  """(the effective config, `resolve`'s) once the workdir's config.json (with --checkpoint), then
-  every value, are checked. `origin`: as `run`'s."""
+  """(the effective config as a dict, `resolve`'s) once the workdir's config.json (with
+  --checkpoint), then every value, are checked. `origin`: as `run`'s."""
   changes = (origin or {}).get('changes')
   record = effective(config, changes)
-  workdir_lib.check_record(workdir, record.to_dict(),
-                           checkpoint and {'path': os.path.abspath(checkpoint)})
-  return record, resolve(record, changes)
+  saved = record.to_dict()
+  workdir_lib.check_record(workdir, saved, checkpoint and {'path': os.path.abspath(checkpoint)})
+  return saved, resolve(record, changes)
 
 
 def run(config, workdir, mode='train', checkpoint=None, hook=None, origin=None):
@@ -71,9 +66,7 @@ def run(config, workdir, mode='train', checkpoint=None, hook=None, origin=None):
   not trained again. `origin` ({'config', 'changes'}, cli.py) decides which presets apply and goes
   into the provenance."""
   record, config = checked(config, workdir, checkpoint, origin)
-  if mode == 'eval' and not os.path.exists(f'{workdir}/config.json'):
-    raise CheckpointError(f'nothing to evaluate: {workdir} holds no run (no config.json); train it '
-                          'first (without --mode eval)')
+  evaluable(workdir, mode)
   path = f'{workdir}/results.json'
   # one that is not JSON named before any work
   saved = files.read_json(path) if os.path.exists(path) else None
@@ -81,21 +74,27 @@ def run(config, workdir, mode='train', checkpoint=None, hook=None, origin=None):
   exp = check(config, sources.load_benchmark(config), int(trains))
   base_source = checkpoint and source(checkpoint, exp)
   writes = workdir_lib.writes_into(workdir, mode)  # a read-only finished run is evaluated too
-  lock = workdir_lib.prepare(workdir, record.to_dict(), base_source=base_source, writes=writes)
+  lock = workdir_lib.prepare(workdir, record, base_source=base_source, writes=writes)
   with contextlib.closing(lock):
-    if mode == 'train' and saved is not None:  # finished: nothing rewritten but a lost results.csv
+    if mode == 'train' and saved:  # finished: nothing rewritten but a lost results.csv
       lost = not os.path.exists(f'{workdir}/results.csv')
       if lost:
         workdir_lib.write_results(workdir, 'results', evaluation.results_rows(saved))
       written = saved.get('provenance', {}).get('time', 'earlier')
-      again = '; results.csv was missing and was written again from it' * lost
       print(f'{workdir} is already complete ({path}, written {written}): nothing was recomputed or '
-            f'rewritten{again}; --mode eval recomputes it from the checkpoints and compares',
-            flush=True)
+            f'rewritten{"; results.csv was missing and was written again from it" * lost}; '
+            '--mode eval recomputes it from the checkpoints and compares')
       return saved
-    results = compute(exp, record, workdir, mode, checkpoint, base_source, hook, origin, writes)
-    print(write_outputs(workdir, results, mode, writes), flush=True)
+    results = compute(exp, record, workdir, mode, base_source, hook, origin, writes)
+    print(write_outputs(workdir, results, mode, writes))
     return results
+
+
+def evaluable(workdir, mode, what='run'):
+  """A CheckpointError where --mode eval finds no `what` (no config.json) in `workdir`."""
+  if mode == 'eval' and not os.path.exists(f'{workdir}/config.json'):
+    raise CheckpointError(f'nothing to evaluate: {workdir} holds no {what} (no config.json); train '
+                          'it first (without --mode eval)')
 
 
 def check(config, bench, members=0):
@@ -135,28 +134,28 @@ def source(checkpoint, exp):
   out = {'path': os.path.abspath(checkpoint), 'method': None, 'differences': None, 'commit': None}
   with contextlib.closing(Checkpoints(checkpoint, read_only=True)) as ckpts:
     ckpts.restore_model(common.model_template(exp))
-    if saved is not None:
+    if saved:
       there, here = workdir_lib.flat_items(saved), workdir_lib.flat_items(ours)
       fields = workdir_lib.config_differences(saved, ours)
-      selection = selection_info(ml_collections.ConfigDict(saved), ckpts)  # the source's own steps
-      out.update(method=saved['method'], selection=selection,
-                 differences={k: [there.get(k), here.get(k)] for k in fields})
+      out.update(method=saved['method'],
+                 differences={k: [there.get(k), here.get(k)] for k in fields},
+                 selection=selection_info(ml_collections.ConfigDict(saved), ckpts))  # its own steps
   results = f'{checkpoint}/results.json'
   if os.path.exists(results):
-    git = (files.read_json(results).get('provenance') or {}).get('git') or {}
-    out.update(commit=git.get('commit'), dirty=git.get('dirty'))
+    # its commit and whether dirty (workdir.git_state; {} outside a checkout)
+    out.update((files.read_json(results).get('provenance') or {}).get('git') or {})
   if out['method'] not in (None, ours['method']):
     out['note'] = f'{ours["method"]} sessions on a base model trained by {out["method"]}'
   return out
 
 
-def compute(exp, record, workdir, mode, checkpoint, base_source, hook, origin, writes=True):
+def compute(exp, record, workdir, mode, base_source, hook, origin, writes=True):
   """`run`'s work once the checks passed: session 1 and every run's sessions through the method,
   then the results with their provenance (not yet written). `record`: the effective config; `writes`
   False: a read-only workdir's eval."""
   config, bench = exp.config, exp.bench
   log = workdir_lib.MetricsLog(workdir, tensorboard=config.tensorboard, writes=writes)
-  source = checkpoint and Checkpoints(checkpoint, read_only=True)
+  source = base_source and Checkpoints(base_source['path'], read_only=True)
   ckpts = Checkpoints(workdir, read_only=not writes, source=source)  # closing it closes the source
   if not (source or ckpts.has_model()) and (mode == 'eval' or ckpts.any_sessions()):
     raise CheckpointError(f'{ckpts.root}/model has no base model checkpoint (deleted?) although '
@@ -165,25 +164,25 @@ def compute(exp, record, workdir, mode, checkpoint, base_source, hook, origin, w
   # the start line, and the choices made otherwise than last time
   lines = [start_line(config, bench, workdir, mode, ckpts, base_source, origin),
            backend.moved((log.invocations or [{}])[-1], config)]
-  print('\n'.join(filter(None, lines)), flush=True)
-  earlier = [round(i['end'] - i['time'], 1) for i in log.invocations
-             if mode == 'train' == i.get('mode')]
+  print('\n'.join(filter(None, lines)))
+  times = [round(i['end'] - i['time'], 1) for i in log.invocations
+           if mode == 'train' == i.get('mode')]  # the earlier invocations', then this one's
   log.start(mode, **backend.record(config))
   t0, method = time.time(), registry.get(config.method)
   # also when stopped: the background saves complete
   with contextlib.closing(log), contextlib.closing(ckpts):
     first = method.first_session(exp, ckpts, log, source, hook)
     runner = method.runner(exp, first, ckpts, source, log)
-    per_run, norms = run_sessions(exp, runner, ckpts, log, train=(mode != 'eval'), hook=hook)
+    per_run, norms = run_sessions(exp, runner, ckpts, log, train=mode != 'eval', hook=hook)
     base_info = (base_source or {}).get('selection') or selection_info(config, source or ckpts)
-  wall = round(time.time() - t0, 1)
+  times.append(round(time.time() - t0, 1))
   results, digest = results_document(exp, per_run, norms, base_info, ckpts.differences)
   # the config as config.json has it; `choices`: what each 'auto' became here
   results['provenance'] = workdir_lib.provenance(
-      record.to_dict(), origin, choices=backend.used(config),
-      wall_time_s=round(sum(earlier) + wall, 1), invocation_times_s=earlier + [wall],
+      record, origin, choices=backend.used(config),
+      wall_time_s=round(sum(times), 1), invocation_times_s=times,
       shots=digest, base_source=base_source)
-  log.write(phase='done', mode=mode, wall_time_s=wall,
+  log.write(phase='done', mode=mode, wall_time_s=times[-1],
             base_checkpoint=(base_source or {}).get('path'))
   return results
 
@@ -194,11 +193,11 @@ def results_document(exp, per_run, norms, base_info, differences):
   otherwise than saved (sessions.restore_session's)."""
   config, bench, data = exp.config, exp.bench, exp.config.data
   draws = protocol_lib.shot_draws(bench, data.protocol, data.shots, config.seed, config.runs)
-  seen = [bench.num_seen_classes(t) for t in range(1, bench.num_sessions + 1)]
+  seen = evaluation.session_ends(bench, bench.num_sessions)
   results = evaluation.build_results(bench.name, config.method, data.protocol, seen, per_run,
-                                     norms if all(n is not None for n in norms) else None,
+                                     None if None in norms else norms,  # dicts, or None
                                      same_shots=draws['same'])
-  results['base_model'] = dict(base_info)
+  results['base_model'] = base_info
   if differences:
     results['checkpoint_differences'] = differences
   return results, draws['digest']
@@ -217,9 +216,8 @@ def start_line(config, bench, workdir, mode, ckpts, base_source, origin):
     base = f'base training {base_budget(config)}'
   done = sum(len(ckpts.sessions_done(r)) for r in range(config.runs)) if ckpts.any_sessions() else 0
   restored = f' ({done} restored)' * bool(done)
-  sessions = f'{config.runs} runs x {bench.num_sessions - 1} sessions{restored}'
   return (f'f2m-jax {mode}: {_what(config, origin)} on {backend.devices()}; workdir {workdir}; '
-          f'{base}; then {sessions}')
+          f'{base}; then {config.runs} runs x {bench.num_sessions - 1} sessions{restored}')
 
 
 def base_budget(config):
@@ -237,13 +235,20 @@ def _what(config, origin):
   member = ''
   if 'sweep_member' in origin:
     member = f', sweep member {origin["sweep_member"]}, seed {config.seed}'
-  with_changes = f' with {changes}' * bool(changes)
-  return f'{origin["config"]}{with_changes} (method {config.method}{member})'
+  return f'{origin["config"]}{f" with {changes}" * bool(changes)} (method {config.method}{member})'
 
 def unused(workdir, name):
   """`name`, or where <workdir>/<name>.json exists, `name` with the time appended: a new file's
   name."""
   return name + time.strftime('_%Y%m%d-%H%M%S') * os.path.exists(f'{workdir}/{name}.json')
+
+
+def differing(path, doc):
+  """The keys of the JSON file `path` but 'provenance' (when and where) whose values `doc` (as JSON
+  has it) changes; keys `path` lacks (one of an earlier version) are not compared."""
+  saved, new = files.read_json(path), json.loads(json.dumps(doc))
+  return sorted(k for k in saved
+                if k != 'provenance' and saved[k] != new.get(k, workdir_lib.ABSENT))
 
 
 def write_outputs(workdir, results, mode, writes=True):
@@ -252,11 +257,7 @@ def write_outputs(workdir, results, mode, writes=True):
   stdout instead."""
   path, name, line = f'{workdir}/results.json', 'results', 'no results.json to compare with'
   if mode == 'eval' and os.path.exists(path):
-    saved, new = files.read_json(path), json.loads(json.dumps(results))
-    # when and where differ, nothing else may; keys a results.json of an earlier version lacks
-    # (accuracy_matrix) are not compared
-    differ = sorted(k for k in saved
-                    if k != 'provenance' and saved[k] != new.get(k, workdir_lib.ABSENT))
+    differ = differing(path, results)
     if not differ:
       but = ' but its lines in metrics.jsonl' * writes
       return (f'evaluation reproduced {path} exactly (every run and session computed again from '
@@ -284,15 +285,14 @@ def run_flatness(config, workdir, checkpoint=None, origin=None):
   bound = f.bound if f.bound >= 0 else noise.bound
   print(f'f2m-jax flatness: {_what(config, origin)} on {backend.devices()}; base model of '
         f'{source}; {f.num_draws} draws at bound {bound:g} on the base training and test images '
-        f'(at most {f.max_images or "all"} each); writes {workdir}/flatness.json', flush=True)
+        f'(at most {f.max_images or "all"} each); writes {workdir}/flatness.json')
   with contextlib.closing(Checkpoints(source, read_only=True)) as ckpts:
     model = ckpts.restore_model(common.model_template(exp))
   variables = {k: model[k] for k in ('params', 'batch_stats')}
   rng = np.random.default_rng([config.seed, 5])
   out = {'bound': bound, 'distribution': noise.distribution, 'num_layers': noise.num_layers,
          'checkpoint': os.path.abspath(source),
-         'provenance': workdir_lib.provenance(record.to_dict(), origin,
-                                              choices=backend.used(config))}
+         'provenance': workdir_lib.provenance(record, origin, choices=backend.used(config))}
   for name, split, idx in (('train', bench.train, bench.base_train),
                            ('test', bench.test, protocol_lib.test_indices(bench, 1))):
     if f.max_images and len(idx) > f.max_images:
@@ -303,9 +303,9 @@ def run_flatness(config, workdir, checkpoint=None, origin=None):
         config.eval.batch_size, progress=f'flatness on {name} ({len(idx):,} images)')
     out[name] = {**flatness.flatness_stats(clean, losses), 'num_images': len(idx)}
     print(f'flatness on {name} ({len(idx)} images, {f.num_draws} draws): L*={clean:.4f} '
-          f'I={out[name]["I"]:.3e} sigma^2={out[name]["sigma2"]:.3e}', flush=True)
+          f'I={out[name]["I"]:.3e} sigma^2={out[name]["sigma2"]:.3e}')
   os.makedirs(workdir, exist_ok=True)
   path = f'{workdir}/{unused(workdir, "flatness")}.json'
   files.atomic_write(path, json.dumps(out, indent=2))
-  print(f'wrote {path}', flush=True)
+  print(f'wrote {path}')
   return out

@@ -30,7 +30,6 @@ class Stop:
   `watch`, as in a test's run): the signals received, the deadline and why it ends the process.
   `at_once`: the end of the line of a mode that saves nothing (its first signal ends it); `error`:
   what the hook raises."""
-  current = None  # the Stop the watcher serves; outside a run, one ending the process at once
   late = f'no step or session boundary came within {GRACE_S:g} s'
   deadline = None  # when the watcher ends the process
 
@@ -62,7 +61,7 @@ class Stop:
     return code
 
 
-Stop.current = Stop(RESUME)
+Stop.current = Stop(RESUME)  # the Stop the watcher serves; outside a run, one ending at once
 
 
 def message(line, code):
