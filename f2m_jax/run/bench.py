@@ -1,12 +1,12 @@
 """`--mode bench` (docs/performance.md): times the base training program and the sessions' programs
 on generated data of the config's shapes, and writes W/bench.json (never over one: then
 W/bench_<timestamp>.json)."""
+import collections
 import dataclasses
 import json
 import os
 import sys
 import time
-from typing import Callable, NamedTuple
 
 import jax
 import ml_collections
@@ -53,16 +53,9 @@ def bench_experiment(config, dtype):
   return Experiment.create(config, dataclasses.replace(data, augment=s['augment']))
 
 
-class Case(NamedTuple):
-  """One timed program: `fn` on `args`, `steps` base steps a call; with `carry` its first output is
-  the next call's first argument (a train program's donated state)."""
-  variant: str
-  m: int
-  batch: int
-  fn: Callable
-  args: tuple
-  steps: int = 1
-  carry: bool = False
+# One timed program: `fn` on `args` (`batch` images), `steps` base steps a call; with `carry` its
+# first output is the next call's first argument (a train program's donated state).
+Case = collections.namedtuple('Case', 'variant m batch fn args steps carry', defaults=(1, False))
 
 
 def time_cases(cases, dtype, warmup, iters):
@@ -74,8 +67,10 @@ def time_cases(cases, dtype, warmup, iters):
   with line:
     for c in cases:
       line.set(f'bench: compiling {c.variant}')
-      fn = c.fn.lower(*c.args).compile() if hasattr(c.fn, 'lower') else c.fn
-      if fn is c.fn:  # not jitted: compiled by its first call
+      fn = c.fn
+      if hasattr(fn, 'lower'):
+        fn = fn.lower(*c.args).compile()
+      else:  # not jitted: compiled by its first call
         jax.block_until_ready(fn(*c.args))
       programs.append((fn, line.format_dict['elapsed']))
     for r in range(rounds):
@@ -101,13 +96,13 @@ def record(c, fn, compile_s, times, dtype):
   return {k: round(v, 4) if isinstance(v, float) else v for k, v in rec.items()}
 
 
-def program_case(exp, changes, variant, m, num_members, mesh):
+def program_case(exp, changes, variant, m, num_members):
   """The base program of `num_members` runs of `exp` with `changes` to its loss at the config's
   steps a call, each step on the global base batch (bench.batch, else what the sampler draws) of the
   base classes in order (class-contiguous, all there)."""
   bench, b = exp.bench, exp.config.base
   batch = exp.config.bench.batch or (b.ways * b.shots if b.sampler == 'balanced' else b.batch_size)
-  n = train_loop.steps_per_call(b, False)
+  n, mesh = train_loop.steps_per_call(b, False), sharding.data_mesh()
   loss = ml_collections.FrozenConfigDict({**exp.loss, **changes})
   rows = np.arange(batch, dtype=np.int32) * bench.num_base_classes // batch
   state, data, keys, bounds = sharding.replicate((
@@ -120,17 +115,17 @@ def program_case(exp, changes, variant, m, num_members, mesh):
   return Case(variant, m, num_members * batch, program, args, n, carry=True)
 
 
-def base_cases(exp, mesh):
+def base_cases(exp):
   """The plain step, then for each M of bench.M_list F2M's step with each draw through the whole
   network and through the suffix after a shared trunk (and the other noise.draw_map, with
   bench.other_draw_map)."""
   other = next(d for d in backend.CHOICES['noise.draw_map'] if d != exp.loss.draw_map)
-  cases = [program_case(exp, {'enabled': False}, 'plain', 0, 1, mesh)]
+  cases = [program_case(exp, {'enabled': False}, 'plain', 0, 1)]
   for m in map(int, exp.config.bench.M_list):
     variants = {'naive': {'shared_trunk': False}, 'shared': {'shared_trunk': True}}
     if exp.config.bench.other_draw_map:
       variants[f'shared_{other}'] = {'shared_trunk': True, 'draw_map': other}
-    cases += [program_case(exp, {'M': m, **changes}, f'f2m_{name}', m, 1, mesh)
+    cases += [program_case(exp, {'M': m, **changes}, f'f2m_{name}', m, 1)
               for name, changes in variants.items()]
   return cases
 
@@ -162,13 +157,13 @@ def format_table(records):
   dtype)."""
   lines = [f"{'variant':<17} {'dtype':<9} {'M':>2} {'batch':>5} {'median ms':>10} {'min ms':>9} "
            f"{'img/s':>9} {'compile s':>9} {'peak MiB':>8} x plain"]
+  plain = {r['dtype']: r['step_ms_median'] for r in records if r['variant'] == 'plain'}
   for r in records:
-    plain = next(p for p in records if p['variant'] == 'plain' and p['dtype'] == r['dtype'])
-    ratio = f"{r['step_ms_median'] / plain['step_ms_median']:6.2f}"
-    if not r['variant'].startswith(('plain', 'f2m')):
-      ratio = '     -'
+    m, ratio = r['M'], f"{r['step_ms_median'] / plain[r['dtype']]:6.2f}"
+    if m is None:  # a session's program: no base step to compare with
+      m, ratio = '-', '     -'
     peak = '-' if r['peak_bytes'] is None else f"{r['peak_bytes'] / 2**20:.0f}"
-    lines.append(f"{r['variant']:<17} {r['dtype']:<9} {r['M'] if r['M'] is not None else '-':>2} "
+    lines.append(f"{r['variant']:<17} {r['dtype']:<9} {m!s:>2} "
                  f"{r['batch']:>5} {r['step_ms_median']:>10.1f} {r['step_ms_min']:>9.1f} "
                  f"{r['images_per_s']:>9.0f} {r['compile_s']:>9.1f} {peak:>8} {ratio}")
   return '\n'.join(lines)
@@ -180,19 +175,18 @@ def run(config, workdir, origin=None):
   (`pipeline.run`'s) in their provenance."""
   config = pipeline.resolve(config, (origin or {}).get('changes'), reads_data=False)
   workdir_lib.check_folders(workdir)
-  mesh = sharding.data_mesh()
   print(f'bench on {backend.devices()}, {os.cpu_count()} CPU cores; {backend.used(config)}',
         flush=True)
   records = []
   for dtype in config.bench.dtypes:
     exp = bench_experiment(config, dtype)
-    timed = time_cases(base_cases(exp, mesh) + session_cases(exp), dtype, config.bench.warmup,
+    timed = time_cases(base_cases(exp) + session_cases(exp), dtype, config.bench.warmup,
                        config.bench.iters)
     print(format_table(timed), flush=True)
     records += timed
   path = f'{workdir}/{pipeline.unused(workdir, "bench")}.json'
-  records_json = {'provenance': workdir_lib.provenance(config.to_dict(), origin), 'records': records}
+  provenance = workdir_lib.provenance(config.to_dict(), origin)
   os.makedirs(workdir, exist_ok=True)
-  files.atomic_write(path, json.dumps(records_json, indent=1))
+  files.atomic_write(path, json.dumps({'provenance': provenance, 'records': records}, indent=1))
   print(f'bench records written to {path}', flush=True)
   return records

@@ -6,11 +6,10 @@ import dataclasses
 import json
 import pathlib
 
-import ml_collections
 import numpy as np
 from tqdm import tqdm
 
-from f2m_jax import progress, sharding
+from f2m_jax import progress
 from f2m_jax.data import augment, folder, holdout, sources
 from f2m_jax.run import backend, bench, members, pipeline
 from f2m_jax.run.workdir import flat_items
@@ -44,16 +43,15 @@ def data_at_hand(config):
   run reads it, with one-pixel images; a line instead where a dry run reads no image."""
   if config.data.source == 'synthetic':
     return sources.load_benchmark(config), None, None
-  spec = None
-  if config.data.source in ('folder', 'fake_folder'):
-    spec = sources.folder_spec(config, writes=False)  # None: the run generates the folder first
-  if spec is None:
+  spec = config.data.source in ('folder', 'fake_folder') and sources.folder_spec(
+      config, writes=False)  # None: the run generates the folder first
+  if not spec:
     return (f'data: {config.data.dataset} from data.source={config.data.source!r}: a dry run reads '
             f'no image of it (the run reads it, or downloads or generates it into '
             f'{sources.cache_dir(config)}, first)'), None, None
   p = folder.read_protocol(spec)
-  one_pixel = {s: np.zeros((len(t.files), 1, 1, 3), np.uint8) for s, t in (('train', p.train),
-                                                                           ('test', p.test))}
+  one_pixel = {s: np.zeros((len(getattr(p, s).files), 1, 1, 3), np.uint8)
+               for s in ('train', 'test')}
   b = dataclasses.replace(folder.benchmark(spec, p, one_pixel), image_size=1)
   if config.data.protocol == 'validation':
     b = holdout.validation_benchmark(b)
@@ -73,14 +71,15 @@ def data_lines(config, b, p):
   per_class = lambda labels: np.bincount(labels, minlength=seen)
   train, pool = per_class(b.train.labels[b.base_train]), per_class(b.train.labels[b.shot_pool])
   test = per_class(b.test.labels)[:seen]
-  ways = '/'.join(map(str, sorted({len(c) for c in b.session_classes[1:]})))
+  ways = {len(c) for c in b.session_classes[1:]}
   origin = f', from {p.test.where}' if p else ''
   if config.data.protocol == 'validation':
     origin = ", held out of the base classes' training images"
   lines = [
       f'data: {b.name}, {f"{p.found} classes found in {p.train.where}, " if p else ""}{seen} '
       f'classes used (protocol {config.data.protocol}): session 1 of {base} classes, '
-      f'then {b.num_sessions - 1} sessions of {ways} classes x {config.data.shots} shots, '
+      f'then {b.num_sessions - 1} sessions of {"/".join(map(str, sorted(ways)))} classes x '
+      f'{config.data.shots} shots, '
       f'{config.runs} runs',
       f'  training images per class (min / median / max): base classes {spread(train[:base])}; '
       f'later classes {spread(pool[base:seen]) if seen > base else "-"} (their shots are drawn '
@@ -114,17 +113,18 @@ def files_line(paths, image_size, sample=24):
     sizes = f'{w[0]}x{h[0]}'
   return (f'{sizes} pixels, colour mode {"/".join(sorted(set(modes)))} in the {len(heads)} files '
           f'sampled (one in {len(paths) // len(picked):,} of {len(paths):,}; every file is decoded '
-          f'as RGB, a grey one into all three channels); the network sees {image_size}x{image_size} '
-          '(data.image_size)')
+          'as RGB, a grey one into all three channels); the network sees '
+          f'{image_size}x{image_size} (data.image_size)')
 
 
 def cache_lines(config, plan):
   """Where the cache folder is, what it holds, what this run decodes into it and how to clear it."""
   cache = pathlib.Path(sources.cache_dir(config))
-  held = [tqdm.format_sizeof(sum(f.stat().st_size for f in (cache / d).rglob('*') if f.is_file()),
-                             'B') for d in ('', 'arrays', 'jax_compilation_cache')]
-  lines = [f'cache: {cache} holds {held[0]} (decoded images {held[1]}, compiled programs '
-           f'{held[2]})']
+  held = [sum(f.stat().st_size for f in (cache / d).rglob('*') if f.is_file())
+          for d in ('', 'arrays', 'jax_compilation_cache')]
+  lines = [f'cache: {cache} holds {tqdm.format_sizeof(held[0], "B")} (decoded images '
+           f'{tqdm.format_sizeof(held[1], "B")}, compiled programs '
+           f'{tqdm.format_sizeof(held[2], "B")})']
   for split, (paths, args) in (plan or {}).items():
     target, crop = folder.cached_file(paths, *args), args[-1]
     lines.append(f'  {split}: {len(paths):,} images of {crop}x{crop} '
@@ -145,13 +145,13 @@ def step_line(config, b, num_members, checkpoint):
   if checkpoint:
     pipeline.source_config(checkpoint, config)
     return f'base training: none, the base model is read from --checkpoint {checkpoint}'
-  c = ml_collections.ConfigDict(config.to_dict())
+  c = config.copy_and_resolve_references()
   c.base.steps_per_call = 1
   if 'folder' in c.data and not isinstance(b, str):
     c.data.folder.update(num_base=b.num_base_classes, way=len(b.session_classes[-1]),
                          num_sessions=b.num_sessions)
   exp = bench.bench_experiment(c, c.model.dtype)
-  case = bench.program_case(exp, {}, 'base step', c.noise.M, num_members, sharding.data_mesh())
+  case = bench.program_case(exp, {}, 'base step', c.noise.M, num_members)
   r = bench.time_cases([case], c.model.dtype, 1, 2)[0]
   step, steps = r['step_ms_median'] / 1e3, config.base.steps
   of = f' of the {num_members} members' if num_members > 1 else ''
