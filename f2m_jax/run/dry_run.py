@@ -11,8 +11,7 @@ from tqdm import tqdm
 
 from f2m_jax import progress
 from f2m_jax.data import augment, folder, holdout, sources
-from f2m_jax.run import backend, bench, members, pipeline
-from f2m_jax.run.workdir import flat_items
+from f2m_jax.run import backend, bench, members, pipeline, workdir
 
 
 def describe(config, origin, checkpoint=None):
@@ -24,11 +23,12 @@ def describe(config, origin, checkpoint=None):
     members.validate(config)
     sweep = members.member_configs(config)
   resolved = pipeline.resolve(sweep[0], (origin or {}).get('changes'))
-  before, after = flat_items(sweep[0].to_dict()), flat_items(resolved.to_dict())
+  effective = resolved.to_dict()
+  before, after = workdir.flat_items(sweep[0].to_dict()), workdir.flat_items(effective)
   set_here = [f'  {k}: {before[k]!r} -> {after[k]!r}' for k in sorted(after)
               if before.get(k) != after[k]]
   sections = [f' "{k}": {json.dumps(v, sort_keys=True)}'
-              for k, v in sorted(resolved.to_dict().items())]
+              for k, v in sorted(effective.items())]
   b, p, plan = data_at_hand(resolved)
   return '\n'.join([
       '{', ',\n'.join(sections), '}',
@@ -88,10 +88,8 @@ def data_lines(config, b, p):
       f'all{origin}',
       f'  training augmentation: {augment.AUGMENTS[b.augment]} ({b.augment})']
   if p:
-    names = p.order[:4]
-    if len(p.order) > 4:
-      names = [*names, '...', p.order[-1]]
-    lines.insert(1, f'  classes in label order: {", ".join(names)}')
+    names = ', '.join(p.order[:4]) + (f', ..., {p.order[-1]}' if len(p.order) > 4 else '')
+    lines.insert(1, f'  classes in label order: {names}')
     files = files_line(p.train.paths() + p.test.paths(), config.data.image_size)
     lines.insert(-1, f'  image files: {files}')
   return lines
