@@ -110,9 +110,8 @@ def program_case(exp, changes, variant, m, num_members):
       jax.random.split(jax.random.key(0), num_members),
       np.full(num_members, exp.config.noise.bound, np.float32)), mesh)
   rows = sharding.shard_member_rows(mesh, np.broadcast_to(rows, (n, num_members, batch)))
-  args = (state, *data, rows, np.int32(n), keys, bounds)
-  program = train_loop.base_program(exp, exp.model, loss, mesh)
-  return Case(variant, m, num_members * batch, program, args, n, carry=True)
+  return Case(variant, m, num_members * batch, train_loop.base_program(exp, exp.model, loss, mesh),
+              (state, *data, rows, np.int32(n), keys, bounds), n, carry=True)
 
 
 def base_cases(exp):
