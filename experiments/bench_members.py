@@ -19,13 +19,12 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), '..'))
 from f2m_jax.run import bench  # noqa: E402
 from f2m_jax.run import cli  # noqa: E402
 from f2m_jax.run import pipeline  # noqa: E402
-from f2m_jax import sharding  # noqa: E402
 
 
-def member_cases(config, sizes, mesh) -> list:
+def member_cases(config, sizes) -> list:
   """bench.Case of the config's base program for S members, for every S of `sizes` and S = 1, ascending."""
   exp = bench.bench_experiment(config, config.model.dtype)
-  return [bench.program_case(exp, exp.loss, f'members_{s}_{config.members.map}', s, s, mesh)
+  return [bench.program_case(exp, {}, f'members_{s}_{config.members.map}', s, s)
           for s in sorted(set((1,) + tuple(sizes)))]
 
 
@@ -55,7 +54,7 @@ def main(argv=None) -> list:
   config = cli.load_config(args.config)
   config.members.map, config.model.dtype, config.noise.M = args.map, args.dtype, args.M
   config = pipeline.resolve(config, reads_data=False)
-  records = bench.time_cases(member_cases(config, args.sizes, sharding.data_mesh()), args.dtype, args.warmup,
+  records = bench.time_cases(member_cases(config, args.sizes), args.dtype, args.warmup,
                              args.iters)
   print(format_members(records), flush=True)
   os.makedirs(args.out, exist_ok=True)

@@ -29,7 +29,6 @@ import jax  # noqa: E402
 
 from f2m_jax.run import cli  # noqa: E402
 from f2m_jax.run import pipeline  # noqa: E402
-from f2m_jax import sharding  # noqa: E402
 from f2m_jax.run import bench as bench_lib  # noqa: E402
 
 
@@ -82,7 +81,7 @@ def main(argv=None) -> dict:
   config.base.update(steps_per_call=n, log_every=n, checkpoint_every=n)
   config = pipeline.resolve(config, reads_data=False)
   exp = bench_lib.bench_experiment(config, config.model.dtype)
-  case = bench_lib.program_case(exp, exp.loss, 'f2m', config.noise.M, 1, sharding.data_mesh())
+  case = bench_lib.program_case(exp, {}, 'f2m', config.noise.M, 1)
   batch, call = case.batch, case.args
   t0 = time.perf_counter()
   out = jax.block_until_ready(case.fn(*call))

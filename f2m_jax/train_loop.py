@@ -99,6 +99,13 @@ def call_spans(start, steps, per_call):
   return [(first, end - first) for first, end in zip([start] + ends[:-1], ends)]
 
 
+def base_program(exp, model, loss, mesh):
+  """The base program of `exp`'s `model` under `loss` over `mesh`, as its base training runs it
+  (`--mode bench` and the memory check compile it too)."""
+  return base_lib.train_program(model, loss, exp.optimizer_settings(),
+                                base_lib.Inputs.of(exp.bench), exp.config.members.map, mesh)
+
+
 def train_steps(exp, model, loss, members, states, start, phase, title, select=None, hook=None):
   """Steps `start`..base.steps of S >= 1 members in lockstep from `states` (leading member axis);
   returns the final states. `select(step, state)` runs every base.select_every steps; metrics go to
@@ -109,8 +116,7 @@ def train_steps(exp, model, loss, members, states, start, phase, title, select=N
     return states
   mesh = sharding.data_mesh()  # data parallel over all devices; the batch is the global batch
   per_call = steps_per_call(cfg, select is not None)
-  program = base_lib.train_program(model, loss, exp.optimizer_settings(), base_lib.Inputs.of(bench),
-                                   exp.config.members.map, mesh)
+  program = base_program(exp, model, loss, mesh)
   data, keys, bounds, states = sharding.replicate(
       ((bench.train.images, bench.train.labels), jnp.stack([m.key for m in members]),
        np.asarray([m.bound for m in members], np.float32), states), mesh)

@@ -183,11 +183,14 @@ def test_validation_protocol_run_never_reads_a_test_image(tmp_path, monkeypatch)
 
 def test_bench_keeps_the_command_lines_values_and_records_them(tmp_path, smoke_config):
   """--config.method=baseline --config.noise.enabled=True benches the Baseline with noise, as every
-  other mode runs it (the Baseline's presets turned the noise off), and bench.json records the origin."""
+  other mode runs it (the Baseline's presets turned the noise off), and bench.json records the origin;
+  a second bench writes bench_<timestamp>.json beside it."""
   smoke_config.method, smoke_config.noise.enabled = 'baseline', True
   smoke_config.bench.update(dtypes=())  # nothing timed: the config and the record only
   origin = {'config': 'configs/cifar100.py:smoke', 'changes': {'method': 'baseline', 'noise.enabled': True}}
-  assert cli.main(smoke_config, str(tmp_path / 'b'), 'bench', origin=origin) == 0
+  for _ in range(2):
+    assert cli.main(smoke_config, str(tmp_path / 'b'), 'bench', origin=origin) == 0
+  assert [p.name[:6] for p in sorted((tmp_path / 'b').iterdir())] == ['bench.', 'bench_']
   with open(tmp_path / 'b' / 'bench.json') as f:
     provenance = json.load(f)['provenance']
   assert provenance['config']['noise']['enabled'] is True and provenance['config']['base']['sampler'] == 'shuffle'

@@ -67,16 +67,20 @@ def test_the_status_line_of_a_long_call_is_kept_up_to_date(monkeypatch):
 
 def test_the_bench_says_what_it_compiles_and_times(capsys):
   """bench.time_cases (--mode bench, the dry run's step): each compile and each round on a status line
-  (stderr), with its time; a record a case (a function not jitted: compiled by its first call)."""
+  (stderr), with its time; a record a case (a function not jitted: compiled by its first call); the
+  table divides each base step's time by the plain step's."""
   from f2m_jax.run import bench  # pylint: disable=g-import-not-at-top
   ones, step = jax.numpy.ones(8), jax.jit(lambda state, x: (state + x, state.sum()))
-  cases = [bench.Case('train', 2, 8, step, (ones, ones), 4, True),
+  cases = [bench.Case('plain', 0, 8, step, (ones, ones), 4, True),
            bench.Case('eval', None, 8, lambda x: x * 2, (ones,))]
   records = bench.time_cases(cases, 'float32', 1, 2)
   assert [(r['variant'], r['steps_per_call'], r['peak_bytes'] is None) for r in records] == [
-      ('train', 4, False), ('eval', 1, True)]
+      ('plain', 4, False), ('eval', 1, True)]
+  f2m = dict(records[0], variant='f2m', M=2, step_ms_median=3 * records[0]['step_ms_median'])
+  table = bench.format_table(records + [f2m]).splitlines()
+  assert [row.split()[-1] for row in table] == ['plain', '1.00', '-', '3.00']
   assert [line.rsplit(' (', 1)[0] for line in capsys.readouterr().err.splitlines()][1:5] == [
-      'bench: compiling train', 'bench: compiling eval',
+      'bench: compiling plain', 'bench: compiling eval',
       'bench: round 1 of 3 (the first 1 a warm-up), every case once',
       'bench: round 2 of 3 (the first 1 a warm-up), every case once']
 

@@ -111,14 +111,6 @@ def test_indivisible_global_batch_is_refused(out):
   assert 'not divisible by the 4 devices' in out['indivisible_error']
 
 
-def test_bench_output_never_overwrites(tmp_path):
-  from f2m_jax.run import bench
-  assert bench.output_path(str(tmp_path)) == str(tmp_path / 'bench.json')
-  (tmp_path / 'bench.json').write_text('[]')
-  other = bench.output_path(str(tmp_path))
-  assert other != str(tmp_path / 'bench.json') and os.path.basename(other).startswith('bench_')
-
-
 def test_distributed_is_initialized_only_when_asked(monkeypatch):
   """Initialized with bounded waits, then the collectives connect (f2m_jax/sharding.py)."""
   calls = []

@@ -1,28 +1,20 @@
 """--dry-run: what a run would do, checked as the run checks it, with nothing written: the effective
 config, the data (every path and the session layout read, a sample of image headers, no image
 decoded), the decoded-image cache, and the base training's time from a step timed here."""
-from __future__ import annotations
-
 import contextlib
 import dataclasses
 import json
 import pathlib
 
-import ml_collections
 import numpy as np
 from tqdm import tqdm
 
 from f2m_jax import progress
-from f2m_jax import sharding
 from f2m_jax.data import augment, folder, holdout, sources
-from f2m_jax.run import backend
-from f2m_jax.run import bench
-from f2m_jax.run import members
-from f2m_jax.run import pipeline
-from f2m_jax.run.workdir import flat_items
+from f2m_jax.run import backend, bench, members, pipeline, workdir
 
 
-def describe(config, origin, checkpoint=None) -> str:
+def describe(config, origin, checkpoint=None):
   """The dry run's text: the effective config (a line a section), what the presets and each 'auto'
   set, the data, the cache and the base training's time (none with `checkpoint`, the base model's
   workdir); a sweep's as its first member's, its steps timed for all its members."""
@@ -31,11 +23,12 @@ def describe(config, origin, checkpoint=None) -> str:
     members.validate(config)
     sweep = members.member_configs(config)
   resolved = pipeline.resolve(sweep[0], (origin or {}).get('changes'))
-  before, after = flat_items(sweep[0].to_dict()), flat_items(resolved.to_dict())
+  effective = resolved.to_dict()
+  before, after = workdir.flat_items(sweep[0].to_dict()), workdir.flat_items(effective)
   set_here = [f'  {k}: {before[k]!r} -> {after[k]!r}' for k in sorted(after)
               if before.get(k) != after[k]]
-  sections = resolved.to_dict()
-  sections = [f' "{k}": {json.dumps(sections[k], sort_keys=True)}' for k in sorted(sections)]
+  sections = [f' "{k}": {json.dumps(v, sort_keys=True)}'
+              for k, v in sorted(effective.items())]
   b, p, plan = data_at_hand(resolved)
   return '\n'.join([
       '{', ',\n'.join(sections), '}',
@@ -45,52 +38,53 @@ def describe(config, origin, checkpoint=None) -> str:
       step_line(resolved, b, len(sweep), checkpoint), 'dry run: nothing was written'])
 
 
-def data_at_hand(config) -> tuple:
+def data_at_hand(config):
   """(the config's Benchmark, its folder.Protocol, the cache plan): a folder source's read as the
   run reads it, with one-pixel images; a line instead where a dry run reads no image."""
   if config.data.source == 'synthetic':
     return sources.load_benchmark(config), None, None
-  spec = None
-  if config.data.source in ('folder', 'fake_folder'):
-    spec = sources.folder_spec(config, writes=False)  # None: the run generates the folder first
-  if spec is None:
+  spec = config.data.source in ('folder', 'fake_folder') and sources.folder_spec(
+      config, writes=False)  # None: the run generates the folder first
+  if not spec:
     return (f'data: {config.data.dataset} from data.source={config.data.source!r}: a dry run reads '
             f'no image of it (the run reads it, or downloads or generates it into '
             f'{sources.cache_dir(config)}, first)'), None, None
   p = folder.read_protocol(spec)
-  placeholder = {s: np.zeros((len(getattr(p, s).files), 1, 1, 3), np.uint8)
-                 for s in ('train', 'test')}
-  b = dataclasses.replace(folder.benchmark(spec, p, placeholder), image_size=1)
+  one_pixel = {s: np.zeros((len(getattr(p, s).files), 1, 1, 3), np.uint8)
+               for s in ('train', 'test')}
+  b = dataclasses.replace(folder.benchmark(spec, p, one_pixel), image_size=1)
   if config.data.protocol == 'validation':
     b = holdout.validation_benchmark(b)
   return b, p, folder.cache_plan(spec, p, sources.cache_dir(config))
 
 
-def spread(counts) -> str:
+def spread(counts):
   return f'{int(np.min(counts))} / {int(np.median(counts))} / {int(np.max(counts))}'
 
 
-def data_lines(config, b, p) -> list:
+def data_lines(config, b, p):
   """Classes found and used, the session layout, images per class and where the test images come
   from; a folder source's class names and image files; the augmentation."""
   if isinstance(b, str):
     return [b]
-  seen = b.num_seen_classes(b.num_sessions)
-  train = np.bincount(b.train.labels[b.base_train], minlength=seen)[:b.num_base_classes]
-  pool = np.bincount(b.train.labels[b.shot_pool], minlength=seen)[b.num_base_classes:seen]
-  test = np.bincount(b.test.labels, minlength=seen)[:seen]
-  ways = '/'.join(map(str, sorted({len(c) for c in b.session_classes[1:]})))
+  seen, base = b.num_seen_classes(b.num_sessions), b.num_base_classes
+  per_class = lambda labels: np.bincount(labels, minlength=seen)
+  train, pool = per_class(b.train.labels[b.base_train]), per_class(b.train.labels[b.shot_pool])
+  test = per_class(b.test.labels)[:seen]
+  ways = {len(c) for c in b.session_classes[1:]}
   origin = f', from {p.test.where}' if p else ''
   if config.data.protocol == 'validation':
     origin = ", held out of the base classes' training images"
   lines = [
       f'data: {b.name}, {f"{p.found} classes found in {p.train.where}, " if p else ""}{seen} '
-      f'classes used (protocol {config.data.protocol}): session 1 of {b.num_base_classes} classes, '
-      f'then {b.num_sessions - 1} sessions of {ways} classes x {config.data.shots} shots, '
+      f'classes used (protocol {config.data.protocol}): session 1 of {base} classes, '
+      f'then {b.num_sessions - 1} sessions of {"/".join(map(str, sorted(ways)))} classes x '
+      f'{config.data.shots} shots, '
       f'{config.runs} runs',
-      f'  training images per class (min / median / max): base classes {spread(train)}; later '
-      f'classes {spread(pool) if pool.size else "-"} (their shots are drawn from these)',
-      f'  test images per class (min / median / max): {spread(test)}, {int(test.sum()):,} in '
+      f'  training images per class (min / median / max): base classes {spread(train[:base])}; '
+      f'later classes {spread(pool[base:seen]) if seen > base else "-"} (their shots are drawn '
+      'from these)',
+      f'  test images per class (min / median / max): {spread(test)}, {test.sum():,} in '
       f'all{origin}',
       f'  training augmentation: {augment.AUGMENTS[b.augment]} ({b.augment})']
   if p:
@@ -101,35 +95,36 @@ def data_lines(config, b, p) -> list:
   return lines
 
 
-def files_line(paths: list, image_size: int, sample: int = 24) -> str:
+def files_line(paths, image_size, sample=24):
   """The sizes and colour modes of `sample` files spread evenly over `paths`, read from their
   headers, and the size the network sees."""
   from PIL import Image  # pylint: disable=g-import-not-at-top
-  picked, heads = np.unique(np.linspace(0, len(paths) - 1, min(sample, len(paths))).astype(int)), []
-  for i in picked:
+  picked, heads = np.linspace(0, len(paths) - 1, min(sample, len(paths))).astype(int), []
+  for i in picked:  # distinct: spaced by 1 or more
     with contextlib.suppress(OSError), Image.open(paths[i]) as img:  # the run names a bad one
       heads.append((*img.size, img.mode))
   if not heads:
     return f'none of the {len(picked)} files read is an image'
-  (w0, h0), (w1, h1) = np.min([h[:2] for h in heads], 0), np.max([h[:2] for h in heads], 0)
-  sizes = f'{w0}x{h0}' if (w0, h0) == (w1, h1) else f'widths {w0} to {w1}, heights {h0} to {h1}'
-  modes = '/'.join(sorted({h[2] for h in heads}))
-  return (f'{sizes} pixels, colour mode {modes} in the {len(heads)} files sampled (one in '
-          f'{len(paths) // len(picked):,} of {len(paths):,}; every file is decoded as RGB, a grey '
-          f'one into all three channels); the network sees {image_size}x{image_size} '
-          '(data.image_size)')
+  w, h, modes = zip(*heads)
+  sizes = f'widths {min(w)} to {max(w)}, heights {min(h)} to {max(h)}'
+  if len(set(zip(w, h))) == 1:
+    sizes = f'{w[0]}x{h[0]}'
+  return (f'{sizes} pixels, colour mode {"/".join(sorted(set(modes)))} in the {len(heads)} files '
+          f'sampled (one in {len(paths) // len(picked):,} of {len(paths):,}; every file is decoded '
+          'as RGB, a grey one into all three channels); the network sees '
+          f'{image_size}x{image_size} (data.image_size)')
 
 
-def cache_lines(config, plan) -> list:
+def cache_lines(config, plan):
   """Where the cache folder is, what it holds, what this run decodes into it and how to clear it."""
   cache = pathlib.Path(sources.cache_dir(config))
   held = [sum(f.stat().st_size for f in (cache / d).rglob('*') if f.is_file())
           for d in ('', 'arrays', 'jax_compilation_cache')]
-  held = [tqdm.format_sizeof(n, 'B') for n in held]
-  lines = [f'cache: {cache} holds {held[0]} (decoded images {held[1]}, compiled programs '
-           f'{held[2]})']
-  for split, (paths, (folder_path, name, resize, crop)) in (plan or {}).items():
-    target = folder.cached_file(paths, folder_path, name, resize, crop)
+  lines = [f'cache: {cache} holds {tqdm.format_sizeof(held[0], "B")} (decoded images '
+           f'{tqdm.format_sizeof(held[1], "B")}, compiled programs '
+           f'{tqdm.format_sizeof(held[2], "B")})']
+  for split, (paths, args) in (plan or {}).items():
+    target, crop = folder.cached_file(paths, *args), args[-1]
     lines.append(f'  {split}: {len(paths):,} images of {crop}x{crop} '
                  f'({tqdm.format_sizeof(len(paths) * crop * crop * 3, "B")}), '
                  f'{"cached already" if target.is_file() else "decoded once on the first run"}: '
@@ -141,21 +136,20 @@ def cache_lines(config, plan) -> list:
   return lines
 
 
-def step_line(config, b, num_members: int, checkpoint) -> str:
+def step_line(config, b, num_members, checkpoint):
   """The base training's time: none with `checkpoint` (checked as the run checks it), else one step
   (of the `num_members` of a sweep) compiled and timed here on random images of the config's shapes
   (a folder's layout as read), times base.steps, plus the compile."""
   if checkpoint:
     pipeline.source_config(checkpoint, config)
     return f'base training: none, the base model is read from --checkpoint {checkpoint}'
-  c = ml_collections.ConfigDict(config.to_dict())
+  c = config.copy_and_resolve_references()
   c.base.steps_per_call = 1
   if 'folder' in c.data and not isinstance(b, str):
     c.data.folder.update(num_base=b.num_base_classes, way=len(b.session_classes[-1]),
                          num_sessions=b.num_sessions)
   exp = bench.bench_experiment(c, c.model.dtype)
-  case = bench.program_case(exp, exp.loss, 'base step', c.noise.M, num_members,
-                            sharding.data_mesh())
+  case = bench.program_case(exp, {}, 'base step', c.noise.M, num_members)
   r = bench.time_cases([case], c.model.dtype, 1, 2)[0]
   step, steps = r['step_ms_median'] / 1e3, config.base.steps
   of = f' of the {num_members} members' if num_members > 1 else ''

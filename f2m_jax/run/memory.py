@@ -11,8 +11,6 @@ compiled once the data is read as the run compiles them, so that jax.jit's cache
 (`programs`); on a CPU, times PROGRAMS (the host's copies and the sessions' programs around them).
 The constants are measured in experiments/results/README.md, "Peak memory against the estimate".
 """
-from __future__ import annotations
-
 import contextlib
 import functools
 import sys
@@ -22,68 +20,77 @@ import jax
 import numpy as np
 from ml_collections.config_flags import config_path
 
-from f2m_jax import base as base_lib
 from f2m_jax import evaluator, progress, sharding, train_loop
 from f2m_jax.run import backend
 
-RUNTIME, GENERATION, PROGRAMS = 2 ** 30, 30, 1.3
+GIB = 2 ** 30
+RUNTIME, GENERATION, PROGRAMS = GIB, 30, 1.3
 
 
-def generated(c) -> tuple:
+def generated(c):
   """(bytes of the decoded images, {field: bytes} of rendering them) of generated data, before it is
   rendered; (0, {}) for other data."""
   s = c.data.synthetic
   if c.data.source != 'synthetic':
     return 0, {}
   pixels = (s.num_base + s.way * (s.num_sessions - 1)) * 3 * s.image_size ** 2
-  larger = max(['train_per_class', 'test_per_class'], key=lambda k: s[k])
-  rendering = GENERATION * pixels * s[larger]
-  return pixels * (s.train_per_class + s.test_per_class), {f'data.synthetic.{larger}': rendering}
+  larger = max(['train_per_class', 'test_per_class'], key=s.get)
+  return pixels * (s.train_per_class + s.test_per_class), {
+      f'data.synthetic.{larger}': GENERATION * pixels * s[larger]}
 
 
-def programs(exp, members: int = 0) -> tuple:
+def programs(exp, members=0):
   """`generated`'s once the data is read: the decoded images, and the evaluation and (`members` > 0)
-  the base step of that many members, compiled, each under the field of its largest part (the
-  network, the cached trunk features, the rest); (0, {}) where config.memory_check is False."""
+  the base step of that many members, compiled as the run compiles them (its arguments placed as it
+  places them), each under the field of its largest part (the network, the cached trunk features,
+  the rest); (0, {}) where config.memory_check is False."""
   c, bench, mesh = exp.config, exp.bench, sharding.data_mesh()
   if not c.memory_check:
     return 0, {}
-  state, rep = exp.state_shapes(), sharding.replicated(mesh)
+  state = exp.state_shapes()
   variables = {'params': state.params, 'batch_stats': state.batch_stats}
   images = jax.ShapeDtypeStruct((c.eval.batch_size, *bench.test.images.shape[1:]), np.uint8)
   block, cached = evaluator.Evaluator.trunk_block(exp, exp.trainable_paths(state.params)), 0
   if block:  # the test set's trunk features, which the sessions keep on the devices
-    trunk = jax.eval_shape(evaluator.embedder(exp, last=block).program, variables, images)
-    cached = len(bench.test.images) * trunk.size // c.eval.batch_size * trunk.dtype.itemsize
+    cached = nbytes(jax.eval_shape(evaluator.embedder(exp, last=block).program, variables,
+                                   bench.test.images))
   evaluation = evaluator.embedder(exp).program.lower(variables, images)
   lowered = [('eval.batch_size', variables, cached, evaluation)]
   if members:
+    rep = sharding.replicated(mesh)
     like = lambda a, *lead: jax.ShapeDtypeStruct((*lead, *np.shape(a)), a.dtype, sharding=rep)
     states, keys, bounds = jax.tree_util.tree_map(lambda a: like(a, members),
                                                   (state, jax.eval_shape(exp.key), np.float32(0)))
     per_call = train_loop.steps_per_call(c.base, c.base.select_on_test)
     rows = jax.ShapeDtypeStruct((per_call, members, len(exp.batch_indices(0))), np.int32,
                                 sharding=sharding.member_rows_sharded(mesh))
-    program = base_lib.train_program(exp.model, exp.loss, exp.optimizer_settings(),
-                                     base_lib.Inputs.of(bench), c.members.map, mesh)
     data = like(bench.train.images), like(bench.train.labels)
-    step = program.lower(states, *data, rows, np.int32(0), keys, bounds)
+    step = train_loop.base_program(exp, exp.model, exp.loss, mesh).lower(
+        states, *data, rows, np.int32(0), keys, bounds)
     lowered.append((batch_field(c), states, 0, step))
   phases = {}
   with contextlib.closing(progress.status("memory check: compiling the run's programs (a minute or "
                                           "more on a CPU, seconds where JAX's cache holds them)")):
     for field, network, held, program in lowered:
-      m = program.compile().memory_analysis()
-      size = held + (m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes
-                     - m.alias_size_in_bytes)
-      network = sum(a.size * a.dtype.itemsize for a in jax.tree_util.tree_leaves(network))
+      size, network = held + peak(program.compile().memory_analysis()), nbytes(network)
       shares = {field: size - held - network, 'model.width': network, 'eval.cache_trunk': held}
       field = max(shares, key=shares.get)
       phases[field] = max(size, phases.get(field, 0))
   return bench.train.images.nbytes + bench.test.images.nbytes, phases
 
 
-def check(config, images: int, phases: dict, compiled: bool = False) -> None:
+def peak(m):
+  """A compiled program's device memory from XLA's analysis `m`: its arguments, outputs and
+  temporaries, less the donated buffers."""
+  return (m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes
+          - m.alias_size_in_bytes)
+
+
+def nbytes(tree):
+  return sum(a.size * a.dtype.itemsize for a in jax.tree_util.tree_leaves(tree))
+
+
+def check(config, images, phases, compiled=False):
   """A ValueError naming the field of the largest of `phases` where the runtime, `images` and it
   cannot fit in this machine's memory (`compiled` programs on a GPU: it alone in a device's), a
   warning where they may not fit in what is free now; nothing where config.memory_check is False or
@@ -92,22 +99,23 @@ def check(config, images: int, phases: dict, compiled: bool = False) -> None:
     return
   total, free, device = backend.available_memory()
   field = max(phases, key=phases.get)
-  size = phases[field]
+  size, where = phases[field], 'this machine'
   if compiled and device is not None:  # a GPU: the programs against each device's memory
     need, total, free, where = size, device, device, 'each device'
   else:  # the runtime, the images and the programs with the host's copies around them
     size *= PROGRAMS if compiled else 1
-    need, where = RUNTIME + images + size, 'this machine'
+    need = RUNTIME + images + size
   said = f'{field}={config_path.get_value(field, config)!r}'
-  sizes = f'the run needs about {_gib(need)} ({_gib(size)} for {field}; f2m_jax/run/memory.py)'
+  sizes = (f'the run needs about {need / GIB:.2f} GiB ({size / GIB:.2f} GiB for {field}; '
+           'f2m_jax/run/memory.py)')
   if need > total:
-    raise ValueError(f'{said} is invalid: {sizes}, more than the {_gib(total)} {where} has '
+    raise ValueError(f'{said} is invalid: {sizes}, more than the {total / GIB:.2f} GiB {where} has '
                      '(--config.memory_check=False skips this check)')
   if need > free:
-    _warn(f'warning: {said} may not fit in memory: {sizes}, {_gib(free)} free now')
+    _warn(f'warning: {said} may not fit in memory: {sizes}, {free / GIB:.2f} GiB free now')
 
 
-def advice(config, error: BaseException) -> str:
+def advice(config, error):
   """What an allocation failure says (cli.py): the field of the phase it came from, to lower."""
   frames = [f.name for f in traceback.extract_tb(error.__traceback__)]
   field = batch_field(config)
@@ -118,15 +126,11 @@ def advice(config, error: BaseException) -> str:
   return f'lower {field}={config_path.get_value(field, config)!r} (f2m_jax/run/memory.py)'
 
 
-def batch_field(c) -> str:
+def batch_field(c):
   return 'base.ways' if c.base.sampler == 'balanced' else 'base.batch_size'
 
 
-def _gib(size: float) -> str:
-  return f'{size / 2 ** 30:.2f} GiB'
-
-
 @functools.lru_cache(maxsize=None)
-def _warn(line: str) -> None:
+def _warn(line):
   """Each warning once per process (a sweep checks each member and the sweep)."""
   print(line, file=sys.stderr, flush=True)
