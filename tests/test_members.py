@@ -275,7 +275,7 @@ def test_the_member_table_times_members_against_single_steps():
   spec = importlib.util.spec_from_file_location('bench_members', REPO / 'experiments' / 'bench_members.py')
   table_lib = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(table_lib)
-  cases = table_lib.member_cases(pipeline.resolve(tiny()), (2,), sharding.data_mesh())
+  cases = table_lib.member_cases(pipeline.resolve(tiny()), (2,))
   assert [(c.variant, c.m, c.batch) for c in cases] == [('members_1_unroll', 1, 80), ('members_2_unroll', 2, 160)]
   for c in cases:
     state, metrics = jax.eval_shape(c.fn, *c.args)
