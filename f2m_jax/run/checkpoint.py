@@ -244,7 +244,9 @@ class Checkpoints:
 
   @functools.cached_property
   def writer(self):
-    return workdir_lib.writer()  # who saves and computes now
+    """Who saves and computes now: workdir.git_state, the backend and the device kind."""
+    return {**workdir_lib.git_state(), 'backend': jax.default_backend(),
+            'device': jax.devices()[0].device_kind}
 
   def read(self):
     """The ledger: {'config': the run's (None: an earlier version's ledger, its entries alone),
@@ -273,8 +275,8 @@ class Checkpoints:
     `kind` (its digest `sha`, who writes it, its identity), and without those of checkpoints deleted
     (every save in flight is complete)."""
     os.makedirs(self.root, exist_ok=True)
-    entries = self.read()['checkpoints']
-    kept = {k: v for k, v in entries.items() if os.path.isdir(f'{self.root}/{k}')}
+    kept = {k: v for k, v in self.read()['checkpoints'].items()
+            if os.path.isdir(f'{self.root}/{k}')}
     kept[rel] = {'sha256': sha, 'by': self.writer, 'config': self.config, 'as': rel,
                  'from': self.lineage(kind)}
     files.atomic_write(self.ledger, json.dumps({'config': self.config, 'checkpoints': kept}))
@@ -308,9 +310,9 @@ class Checkpoints:
     diff = workdir_lib.differing(was, now)
     if diff:
       absent = workdir_lib.ABSENT
-      what = '; '.join(f'{k}={was.get(k, absent)!r} there, {now.get(k, absent)!r} here'
-                       for k in diff[:3])
-      raise CheckpointFault(f'{path} was saved by another run: {what}; {self.advice(folder)}')
+      what = (f'{k}={was.get(k, absent)!r} there, {now.get(k, absent)!r} here' for k in diff[:3])
+      raise CheckpointFault(f'{path} was saved by another run: {"; ".join(what)}; '
+                            f'{self.advice(folder)}')
     return entry
 
   def run(self, run):

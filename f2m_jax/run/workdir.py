@@ -245,11 +245,6 @@ def git_state():
   return {'commit': commit and commit[1], 'dirty': re.search('^[^#]', out, re.M) is not None}
 
 
-def writer():
-  """Who writes or computes now: `git_state`, the backend and the device kind."""
-  return {**git_state(), 'backend': jax.default_backend(), 'device': jax.devices()[0].device_kind}
-
-
 def provenance(config, origin=None, **more):
   """Where a result came from: the effective config, `git_state`, the versions, the hardware;
   `origin` (the command line, cli.py) and `more` where given."""
@@ -325,7 +320,7 @@ class MetricsLog:
     with files.naming(self._tb.path):
       for name, value in record.items():
         number = isinstance(value, (int, float)) and not isinstance(value, bool)
-        if number and name not in ('time', 'phase', 'step', 'run', 'session'):
+        if number and name not in ('time', 'step', 'run', 'session'):
           self._tb.write(_event(summary=scalar(f'{prefix}/{name}', value), step=step,
                                 wall_time=record['time']))
       self._tb.flush()
@@ -364,8 +359,8 @@ def write_results(workdir, name, rows, results=None):
   atomically."""
   if results is not None:
     files.atomic_write(f'{workdir}/{name}.json', json.dumps(results, indent=2))
-  text = io.StringIO(newline='')
-  table = csv.DictWriter(text, list(rows[0]))
+  text = io.StringIO()
+  table = csv.DictWriter(text, rows[0])
   table.writeheader()
   table.writerows(rows)
   files.atomic_write(f'{workdir}/{name}.csv', text.getvalue())
