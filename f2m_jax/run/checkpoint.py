@@ -209,9 +209,6 @@ class Folder:
       if remove:
         shutil.rmtree(folder.path, ignore_errors=True)
 
-  def remove(self):
-    self.close(remove=True)
-
 
 class Checkpoints:
   """Everything a run saves: `base` (the last 3 kept), `model`, `best_base`, `run(r)`,

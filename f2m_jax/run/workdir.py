@@ -70,7 +70,7 @@ def saved_items(saved, defaults):
 def config_differences(saved, current, defaults=None):
   """`differing` fields of `saved` (a field it lacks: its `defaults` value) and `current`."""
   b = flat_items(current)
-  fill = default_items(b) if defaults is None else defaults
+  fill = defaults or default_items(b)
   return differing(saved_items(saved, {k: v for k, v in fill.items() if k in b}), b)
 
 
@@ -297,7 +297,7 @@ class MetricsLog:
     self._start = {'time': round(time.time(), 3), 'phase': 'start', 'mode': mode, **fields}
 
   def write(self, **record):
-    if not self._writes or ('step' in record and _step_key(record) in self._logged):
+    if not self._writes or _step_key(record) in self._logged:  # a stepless line's key is in none
       return
     record = {'time': round(time.time(), 3), **record}
     lines, self._start = [r for r in (self._start, record) if r], None
