@@ -338,14 +338,13 @@ class Checkpoints:
 
   def advice(self, folder):
     """What works where a checkpoint cannot be used: deleting it and what was computed from it."""
+    also = ''
     if folder.name == 'model' and self.any_sessions():
       also = f' and {self.root}/run_*'
     elif folder.kind == 'run':
       also = f' and the later sessions in {folder.path}'
     elif folder.name.endswith('_best'):
       also = f' and {folder.path.removesuffix("_best")}'
-    else:
-      also = ''
     return (f'delete it{also}, then run without --mode eval (a finished run\'s results.json moved '
             'away): the run computes them again from the checkpoints before them')
 
