@@ -241,9 +241,7 @@ class Checkpoints:
 
   @functools.cached_property
   def writer(self):
-    """Who saves and computes now: workdir.git_state, the backend and the device kind."""
-    return {**workdir_lib.git_state(), 'backend': jax.default_backend(),
-            'device': jax.devices()[0].device_kind}
+    return workdir_lib.writer()  # who saves and computes now
 
   def read(self):
     """The ledger: {'config': the run's (None: an earlier version's ledger, its entries alone),

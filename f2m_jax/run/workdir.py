@@ -245,6 +245,11 @@ def git_state():
   return {'commit': commit and commit[1], 'dirty': re.search('^[^#]', out, re.M) is not None}
 
 
+def writer():
+  """Who writes or computes now: `git_state`, the backend and the device kind."""
+  return {**git_state(), 'backend': jax.default_backend(), 'device': jax.devices()[0].device_kind}
+
+
 def provenance(config, origin=None, **more):
   """Where a result came from: the effective config, `git_state`, the versions, the hardware;
   `origin` (the command line, cli.py) and `more` where given."""
