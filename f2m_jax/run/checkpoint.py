@@ -155,7 +155,7 @@ class Folder:
   def latest_step(self):
     return max(self.steps(), default=None)
 
-  def save(self, step, item, then=None):
+  def save(self, step, item, then=lambda: None):
     """Saves `item` as `step` once every earlier save is complete, its ledger entry written first;
     `then()` once it is complete (in the background where this folder writes so). A CheckpointFault
     where it fails."""
@@ -331,8 +331,7 @@ class Checkpoints:
         folder.manager().wait_until_finished()
       except Exception as e:  # pylint: disable=broad-except  (orbax raises many types)
         raise _write_fault(folder, step, e) from e
-      if then is not None:
-        then()
+      then()
 
   def advice(self, folder):
     """What works where a checkpoint cannot be used: deleting it and what was computed from it."""
