@@ -64,7 +64,8 @@ class JointRunner(common.Runner):
                                 f'joint run {run} session {session}', (run, session), select)
     finally:
       training.close()
-    training.remove()  # the session checkpoint keeps the network; its train states are not needed
+    # the session checkpoint keeps the network; its train states are not needed
+    training.close(remove=True)
     return variables, {'images': int(len(pool))}
 
   def accuracies(self, state, session):

@@ -54,9 +54,10 @@ def record(config):
 def moved(before, config):
   """One line naming each choice of `config` that differs from `before` (the last invocation's
   `record`)."""
-  was, now = before.get('choices', {}), jax.default_backend()
+  was = before.get('choices', {})
   changed = [f'{k}: {was[k]!r} when this workdir was last run ({before.get("backend")}), '
-             f'{v!r} now ({now})' for k, v in used(config).items() if was.get(k, v) != v]
+             f'{v!r} now ({jax.default_backend()})' for k, v in used(config).items()
+             if was.get(k, v) != v]
   return '; '.join(changed) or None
 
 

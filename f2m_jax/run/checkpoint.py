@@ -155,7 +155,7 @@ class Folder:
   def latest_step(self):
     return max(self.steps(), default=None)
 
-  def save(self, step, item, then=None):
+  def save(self, step, item, then=lambda: None):
     """Saves `item` as `step` once every earlier save is complete, its ledger entry written first;
     `then()` once it is complete (in the background where this folder writes so). A CheckpointFault
     where it fails."""
@@ -208,9 +208,6 @@ class Folder:
         folder._manager.close()  # pylint: disable=protected-access
       if remove:
         shutil.rmtree(folder.path, ignore_errors=True)
-
-  def remove(self):
-    self.close(remove=True)
 
 
 class Checkpoints:
@@ -273,8 +270,8 @@ class Checkpoints:
     `kind` (its digest `sha`, who writes it, its identity), and without those of checkpoints deleted
     (every save in flight is complete)."""
     os.makedirs(self.root, exist_ok=True)
-    entries = self.read()['checkpoints']
-    kept = {k: v for k, v in entries.items() if os.path.isdir(f'{self.root}/{k}')}
+    kept = {k: v for k, v in self.read()['checkpoints'].items()
+            if os.path.isdir(f'{self.root}/{k}')}
     kept[rel] = {'sha256': sha, 'by': self.writer, 'config': self.config, 'as': rel,
                  'from': self.lineage(kind)}
     files.atomic_write(self.ledger, json.dumps({'config': self.config, 'checkpoints': kept}))
@@ -308,9 +305,9 @@ class Checkpoints:
     diff = workdir_lib.differing(was, now)
     if diff:
       absent = workdir_lib.ABSENT
-      what = '; '.join(f'{k}={was.get(k, absent)!r} there, {now.get(k, absent)!r} here'
-                       for k in diff[:3])
-      raise CheckpointFault(f'{path} was saved by another run: {what}; {self.advice(folder)}')
+      what = (f'{k}={was.get(k, absent)!r} there, {now.get(k, absent)!r} here' for k in diff[:3])
+      raise CheckpointFault(f'{path} was saved by another run: {"; ".join(what)}; '
+                            f'{self.advice(folder)}')
     return entry
 
   def run(self, run):
@@ -334,19 +331,17 @@ class Checkpoints:
         folder.manager().wait_until_finished()
       except Exception as e:  # pylint: disable=broad-except  (orbax raises many types)
         raise _write_fault(folder, step, e) from e
-      if then is not None:
-        then()
+      then()
 
   def advice(self, folder):
     """What works where a checkpoint cannot be used: deleting it and what was computed from it."""
+    also = ''
     if folder.name == 'model' and self.any_sessions():
       also = f' and {self.root}/run_*'
     elif folder.kind == 'run':
       also = f' and the later sessions in {folder.path}'
     elif folder.name.endswith('_best'):
       also = f' and {folder.path.removesuffix("_best")}'
-    else:
-      also = ''
     return (f'delete it{also}, then run without --mode eval (a finished run\'s results.json moved '
             'away): the run computes them again from the checkpoints before them')
 

@@ -72,8 +72,8 @@ def load_results(path):
 
 def members(file):
   """The results of the members beside a sweep's summary.json."""
-  found = sorted(pathlib.Path(file).parent.glob('member_*/results.json'))
-  return [load_results(str(f)) for f in found]
+  return [load_results(str(f)) for f in
+          sorted(pathlib.Path(file).parent.glob('member_*/results.json'))]
 
 
 def values(r):
@@ -292,8 +292,9 @@ def verdict(r, seeds, a, b):
     return f"(no interval): every seed's difference is {r['mean']:+.2f} (the same runs twice?)"
   low, high = r['ci']
   side = f'resolved, {b} {"above" if low > 0 else "below"} {a}'
-  return (f'[{low:.2f}, {high:.2f}] (95% CI), p = {r["p"]:.2g}: '
-          + ('not resolved' if low <= 0 <= high else side))
+  if low <= 0 <= high:
+    side = 'not resolved'
+  return f'[{low:.2f}, {high:.2f}] (95% CI), p = {r["p"]:.2g}: {side}'
 
 
 def plot(rows, out):
@@ -418,8 +419,8 @@ def main(argv=None):
   args = parser.parse_args(argv)
   try:
     rows = build_rows(args.paths, args.labels and [s.strip() for s in args.labels.split(',')])
-    labels = [r['label'] for r in rows]
-    paired = args.paired and format_paired(pair(args.paths), *labels, args.primary)
+    paired = args.paired and format_paired(pair(args.paths), *[r['label'] for r in rows],
+                                           args.primary)
     md = format_report(rows, args.reference, args.base_novel == 'all', paired)
     written = args.out and write_report(rows, args.out, md, args.reference)
   except ValueError as e:

@@ -48,9 +48,8 @@ class Stop:
     if self.received:
       self.deadline = time.monotonic() + 10 * GRACE_S
       self.late = f'the run did not end {10 * GRACE_S:g} s after its boundary'
-      where = ', '.join(f'{k} {v}' for k, v in info.items())
-      raise self.error(f'interrupted ({self.received[0]}) after '
-                       f'{"base " if kind == "base_step" else ""}{where}')
+      raise self.error(f'interrupted ({self.received[0]}) after {"base " * (kind == "base_step")}'
+                       f'{", ".join(f"{k} {v}" for k, v in info.items())}')
 
   def exit(self, code):
     """`code`, or where a signal came, the end of the process with it (`end`: no computation still

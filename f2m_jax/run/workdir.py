@@ -70,7 +70,7 @@ def saved_items(saved, defaults):
 def config_differences(saved, current, defaults=None):
   """`differing` fields of `saved` (a field it lacks: its `defaults` value) and `current`."""
   b = flat_items(current)
-  fill = default_items(b) if defaults is None else defaults
+  fill = defaults or default_items(b)
   return differing(saved_items(saved, {k: v for k, v in fill.items() if k in b}), b)
 
 
@@ -302,7 +302,7 @@ class MetricsLog:
     self._start = {'time': round(time.time(), 3), 'phase': 'start', 'mode': mode, **fields}
 
   def write(self, **record):
-    if not self._writes or ('step' in record and _step_key(record) in self._logged):
+    if not self._writes or _step_key(record) in self._logged:  # a stepless line's key is in none
       return
     record = {'time': round(time.time(), 3), **record}
     lines, self._start = [r for r in (self._start, record) if r], None
@@ -325,7 +325,7 @@ class MetricsLog:
     with files.naming(self._tb.path):
       for name, value in record.items():
         number = isinstance(value, (int, float)) and not isinstance(value, bool)
-        if number and name not in ('time', 'phase', 'step', 'run', 'session'):
+        if number and name not in ('time', 'step', 'run', 'session'):
           self._tb.write(_event(summary=scalar(f'{prefix}/{name}', value), step=step,
                                 wall_time=record['time']))
       self._tb.flush()
@@ -364,8 +364,8 @@ def write_results(workdir, name, rows, results=None):
   atomically."""
   if results is not None:
     files.atomic_write(f'{workdir}/{name}.json', json.dumps(results, indent=2))
-  text = io.StringIO(newline='')
-  table = csv.DictWriter(text, list(rows[0]))
+  text = io.StringIO()
+  table = csv.DictWriter(text, rows[0])
   table.writeheader()
   table.writerows(rows)
   files.atomic_write(f'{workdir}/{name}.csv', text.getvalue())
