@@ -3,7 +3,6 @@ on generated data of the config's shapes, and writes W/bench.json (never over on
 W/bench_<timestamp>.json)."""
 import collections
 import dataclasses
-import json
 import os
 import sys
 import time
@@ -12,7 +11,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from f2m_jax import evaluator, files, incremental, progress, sharding, train_loop, trees
+from f2m_jax import evaluator, incremental, progress, sharding, train_loop, trees
 from f2m_jax.data import synthetic
 from f2m_jax.experiment import Experiment
 from f2m_jax.methods import ncm
@@ -183,9 +182,7 @@ def run(config, workdir, origin=None):
                        config.bench.iters)
     print(format_table(timed), flush=True)
     records += timed
-  path = f'{workdir}/{pipeline.unused(workdir, "bench")}.json'
   provenance = workdir_lib.provenance(config.to_dict(), origin)
-  os.makedirs(workdir, exist_ok=True)
-  files.atomic_write(path, json.dumps({'provenance': provenance, 'records': records}, indent=1))
+  path = pipeline.write_new(workdir, 'bench', {'provenance': provenance, 'records': records})
   print(f'bench records written to {path}', flush=True)
   return records

@@ -116,7 +116,7 @@ def parse_flags(argv, flag_values=flags.FLAGS):
     flags.DEFINE_string(name, None, '', flag_values=given)
   with contextlib.suppress(flags.Error):  # (a --workdir without a value: the parse below says so)
     given(argv, known_only=True)
-  recorded = os.path.join(given.workdir or '', 'config.json')
+  recorded = f'{given.workdir}/config.json'
   if given.config is None and given.workdir and os.path.isfile(recorded):
     argv = [argv[0], f'--config={recorded}', *argv[1:]]
   try:

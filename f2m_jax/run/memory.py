@@ -54,8 +54,8 @@ def programs(exp, members=0):
   if block:  # the test set's trunk features, which the sessions keep on the devices
     cached = nbytes(jax.eval_shape(evaluator.embedder(exp, last=block).program, variables,
                                    bench.test.images))
-  evaluation = evaluator.embedder(exp).program.lower(variables, images)
-  lowered = [('eval.batch_size', variables, cached, evaluation)]
+  lowered = [('eval.batch_size', variables, cached,
+              evaluator.embedder(exp).program.lower(variables, images))]
   if members:
     rep = sharding.replicated(mesh)
     like = lambda a, *lead: jax.ShapeDtypeStruct((*lead, *np.shape(a)), a.dtype, sharding=rep)
@@ -65,9 +65,8 @@ def programs(exp, members=0):
     rows = jax.ShapeDtypeStruct((per_call, members, len(exp.batch_indices(0))), np.int32,
                                 sharding=sharding.member_rows_sharded(mesh))
     data = like(bench.train.images), like(bench.train.labels)
-    step = train_loop.base_program(exp, exp.model, exp.loss, mesh).lower(
-        states, *data, rows, np.int32(0), keys, bounds)
-    lowered.append((batch_field(c), states, 0, step))
+    lowered.append((batch_field(c), states, 0, train_loop.base_program(
+        exp, exp.model, exp.loss, mesh).lower(states, *data, rows, np.int32(0), keys, bounds)))
   phases = {}
   with contextlib.closing(progress.status("memory check: compiling the run's programs (a minute or "
                                           "more on a CPU, seconds where JAX's cache holds them)")):
