@@ -18,10 +18,7 @@ def describe(config, origin, checkpoint=None):
   """The dry run's text: the effective config (a line a section), what the presets and each 'auto'
   set, the data, the cache and the base training's time (none with `checkpoint`, the base model's
   workdir); a sweep's as its first member's, its steps timed for all its members."""
-  sweep = [config]
-  if members.enabled(config):
-    members.validate(config)
-    sweep = members.member_configs(config)
+  sweep = members.member_configs(config)
   resolved = pipeline.resolve(sweep[0], (origin or {}).get('changes'))
   effective = resolved.to_dict()
   before, after = workdir.flat_items(sweep[0].to_dict()), workdir.flat_items(effective)

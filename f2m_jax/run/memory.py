@@ -129,7 +129,7 @@ def batch_field(c):
   return 'base.ways' if c.base.sampler == 'balanced' else 'base.batch_size'
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _warn(line):
   """Each warning once per process (a sweep checks each member and the sweep)."""
   print(line, file=sys.stderr, flush=True)
