@@ -86,8 +86,8 @@ def data_lines(config, b, p):
   if p:
     names = ', '.join(p.order[:4]) + (f', ..., {p.order[-1]}' if len(p.order) > 4 else '')
     lines.insert(1, f'  classes in label order: {names}')
-    files = files_line(p.train.paths() + p.test.paths(), config.data.image_size)
-    lines.insert(-1, f'  image files: {files}')
+    lines.insert(-1, '  image files: '
+                 + files_line(p.train.paths() + p.test.paths(), config.data.image_size))
   return lines
 
 

@@ -97,7 +97,7 @@ def summarize(m, configs, results):
   return summary
 
 
-def write_summary(root, summary, mode, writes=True):
+def write_summary(root, summary, mode, writes):
   """root/summary.json; returns a line saying what was written. In eval mode a reproduced summary
   is left alone, another is written beside it otherwise (with `writes` False: the JSON follows the
   line)."""

@@ -61,12 +61,13 @@ def programs(exp, members=0):
     like = lambda a, *lead: jax.ShapeDtypeStruct((*lead, *np.shape(a)), a.dtype, sharding=rep)
     states, keys, bounds = jax.tree_util.tree_map(lambda a: like(a, members),
                                                   (state, jax.eval_shape(exp.key), np.float32(0)))
-    per_call = train_loop.steps_per_call(c.base, c.base.select_on_test)
-    rows = jax.ShapeDtypeStruct((per_call, members, len(exp.batch_indices(0))), np.int32,
-                                sharding=sharding.member_rows_sharded(mesh))
-    data = like(bench.train.images), like(bench.train.labels)
-    lowered.append((batch_field(c), states, 0, train_loop.base_program(
-        exp, exp.model, exp.loss, mesh).lower(states, *data, rows, np.int32(0), keys, bounds)))
+    rows = jax.ShapeDtypeStruct(
+        (train_loop.steps_per_call(c.base, c.base.select_on_test), members,
+         len(exp.batch_indices(0))), np.int32, sharding=sharding.member_rows_sharded(mesh))
+    step = train_loop.base_program(exp, exp.model, exp.loss, mesh)
+    lowered.append((batch_field(c), states, 0, step.lower(
+        states, like(bench.train.images), like(bench.train.labels), rows, np.int32(0), keys,
+        bounds)))
   phases = {}
   with contextlib.closing(progress.status("memory check: compiling the run's programs (a minute or "
                                           "more on a CPU, seconds where JAX's cache holds them)")):

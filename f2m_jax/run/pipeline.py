@@ -148,7 +148,7 @@ def source(checkpoint, exp):
   return out
 
 
-def compute(exp, record, workdir, mode, base_source, hook, origin, writes=True):
+def compute(exp, record, workdir, mode, base_source, hook, origin, writes):
   """`run`'s work once the checks passed: session 1 and every run's sessions through the method,
   then the results with their provenance (not yet written). `record`: the effective config; `writes`
   False: a read-only workdir's eval."""
