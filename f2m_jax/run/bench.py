@@ -183,7 +183,7 @@ def run(config, workdir, origin=None):
                        config.bench.iters)
     print(format_table(timed), flush=True)
     records += timed
-  provenance = workdir_lib.provenance(config.to_dict(), origin)
-  path = pipeline.write_new(workdir, 'bench', {'provenance': provenance, 'records': records})
+  path = pipeline.write_new(workdir, 'bench', {
+      'provenance': workdir_lib.provenance(config.to_dict(), origin), 'records': records})
   print(f'bench records written to {path}', flush=True)
   return records

@@ -82,8 +82,8 @@ def enable_compilation_cache(config):
   """Where config.compilation_cache asks for it, JAX's persistent compilation cache in <cache
   folder>/jax_compilation_cache, for every program (one already set is kept)."""
   if not jax.config.jax_compilation_cache_dir and config.get('compilation_cache'):
-    folder = os.path.join(sources.cache_dir(config), 'jax_compilation_cache')
-    jax.config.update('jax_compilation_cache_dir', folder)
+    jax.config.update('jax_compilation_cache_dir',
+                      os.path.join(sources.cache_dir(config), 'jax_compilation_cache'))
     if 'JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS' not in os.environ:
       jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.0)
 

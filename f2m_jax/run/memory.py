@@ -57,8 +57,8 @@ def programs(exp, members=0):
   lowered = [('eval.batch_size', variables, cached,
               evaluator.embedder(exp).program.lower(variables, images))]
   if members:
-    rep = sharding.replicated(mesh)
-    like = lambda a, *lead: jax.ShapeDtypeStruct((*lead, *np.shape(a)), a.dtype, sharding=rep)
+    like = lambda a, *lead: jax.ShapeDtypeStruct((*lead, *np.shape(a)), a.dtype,
+                                                 sharding=sharding.replicated(mesh))
     states, keys, bounds = jax.tree_util.tree_map(lambda a: like(a, members),
                                                   (state, jax.eval_shape(exp.key), np.float32(0)))
     rows = jax.ShapeDtypeStruct(

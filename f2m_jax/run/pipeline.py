@@ -135,9 +135,9 @@ def source(checkpoint, exp):
     ckpts.restore_model(common.model_template(exp))
     if saved:
       there, here = workdir_lib.flat_items(saved), workdir_lib.flat_items(ours)
-      fields = workdir_lib.config_differences(saved, ours)
       out.update(method=saved['method'],
-                 differences={k: [there.get(k), here.get(k)] for k in fields},
+                 differences={k: [there.get(k), here.get(k)]
+                              for k in workdir_lib.config_differences(saved, ours)},
                  selection=selection_info(ml_collections.ConfigDict(saved), ckpts))  # its own steps
   results = f'{checkpoint}/results.json'
   if os.path.exists(results):
@@ -161,9 +161,9 @@ def compute(exp, record, workdir, mode, base_source, hook, origin, writes):
                           'this workdir is meant to hold one; restore it, pass --checkpoint '
                           'WORKDIR, or use a new --workdir')
   # the start line, and the choices made otherwise than last time
-  lines = [start_line(config, bench, workdir, mode, ckpts, base_source, origin),
-           backend.moved((log.invocations or [{}])[-1], config)]
-  print('\n'.join(filter(None, lines)))
+  print('\n'.join(filter(None, [
+      start_line(config, bench, workdir, mode, ckpts, base_source, origin),
+      backend.moved((log.invocations or [{}])[-1], config)])))
   times = [round(i['end'] - i['time'], 1) for i in log.invocations
            if mode == 'train' == i.get('mode')]  # the earlier invocations', then this one's
   log.start(mode, **backend.record(config))
