@@ -157,8 +157,7 @@ def test_only_the_modes_that_write_keep_compiled_programs(monkeypatch, mode, cac
 def test_no_config_and_a_workdir_without_a_run_is_one_line(tmp_path, monkeypatch, capsys):
   """Run.py's flags and main (in this process): before, a traceback (IndexError)."""
   assert run_py(['run.py', '--workdir', str(tmp_path), '--mode', 'eval'], monkeypatch) == 2
-  assert capsys.readouterr() == ('', f'error: --config is required: a config file such as configs/cifar100.py:'
-                                 f"smoke, or a workdir's config.json ({tmp_path} holds no config.json to read instead)\n")
+  assert capsys.readouterr() == ('', f'error: {cli.usage_problem(["run.py"], None, str(tmp_path), False)}\n')
 
 
 @pytest.mark.parametrize('argv,config,workdir,dry_run,problem', [

@@ -3,7 +3,6 @@ on generated data of the config's shapes, and writes W/bench.json (never over on
 W/bench_<timestamp>.json)."""
 import collections
 import dataclasses
-import json
 import os
 import sys
 import time
@@ -12,7 +11,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from f2m_jax import evaluator, files, incremental, progress, sharding, train_loop, trees
+from f2m_jax import evaluator, incremental, progress, sharding, train_loop, trees
 from f2m_jax.data import synthetic
 from f2m_jax.experiment import Experiment
 from f2m_jax.methods import ncm
@@ -96,7 +95,7 @@ def record(c, fn, compile_s, times, dtype):
   return {k: round(v, 4) if isinstance(v, float) else v for k, v in rec.items()}
 
 
-def program_case(exp, changes, variant, m, num_members):
+def program_case(exp, changes, variant, m, num_members=1):
   """The base program of `num_members` runs of `exp` with `changes` to its loss at the config's
   steps a call, each step on the global base batch (bench.batch, else what the sampler draws) of the
   base classes in order (class-contiguous, all there)."""
@@ -119,12 +118,12 @@ def base_cases(exp):
   network and through the suffix after a shared trunk (and the other noise.draw_map, with
   bench.other_draw_map)."""
   other = next(d for d in backend.CHOICES['noise.draw_map'] if d != exp.loss.draw_map)
-  cases = [program_case(exp, {'enabled': False}, 'plain', 0, 1)]
+  cases = [program_case(exp, {'enabled': False}, 'plain', 0)]
   for m in map(int, exp.config.bench.M_list):
     variants = {'naive': {'shared_trunk': False}, 'shared': {'shared_trunk': True}}
     if exp.config.bench.other_draw_map:
       variants[f'shared_{other}'] = {'shared_trunk': True, 'draw_map': other}
-    cases += [program_case(exp, {'M': m, **changes}, f'f2m_{name}', m, 1)
+    cases += [program_case(exp, {'M': m, **changes}, f'f2m_{name}', m)
               for name, changes in variants.items()]
   return cases
 
@@ -139,12 +138,13 @@ def session_cases(exp):
   settings = dataclasses.replace(ncm.session_settings(exp, paths), steps=1)
   shots, seen = ncm.finetune_sizes(exp)
   labels = np.arange(shots, dtype=np.int32) // exp.config.data.shots + bench.num_base_classes
-  stored = np.ones((seen, exp.embedding_dim()), np.float32)  # the seen classes' prototypes
   variables = {'params': state.params, 'batch_stats': state.batch_stats}
   test = bench.test.images[:exp.config.eval.batch_size]
   trunk = evaluator.embedder(exp, last=exp.split)(variables, test, keep_on_device=True)
   args = (state.params, state.batch_stats, trees.split(state.params, paths)[0],
-          bench.train.images[labels], labels, stored, np.int32(seen), jax.random.key(0))
+          bench.train.images[labels], labels,
+          np.ones((seen, exp.embedding_dim()), np.float32),  # the seen classes' prototypes
+          np.int32(seen), jax.random.key(0))
   return [Case('incremental_step', None, len(labels), incremental.make_finetune(settings), args),
           Case('ncm_eval', None, len(test), evaluator.embedder(exp), (variables, test)),
           Case('ncm_eval_suffix', None, len(test), evaluator.embedder(exp, first=exp.split),
@@ -183,9 +183,7 @@ def run(config, workdir, origin=None):
                        config.bench.iters)
     print(format_table(timed), flush=True)
     records += timed
-  path = f'{workdir}/{pipeline.unused(workdir, "bench")}.json'
-  provenance = workdir_lib.provenance(config.to_dict(), origin)
-  os.makedirs(workdir, exist_ok=True)
-  files.atomic_write(path, json.dumps({'provenance': provenance, 'records': records}, indent=1))
+  path = pipeline.write_new(workdir, 'bench', {
+      'provenance': workdir_lib.provenance(config.to_dict(), origin), 'records': records})
   print(f'bench records written to {path}', flush=True)
   return records

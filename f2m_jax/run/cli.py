@@ -80,14 +80,12 @@ def dispatch(config, workdir, mode, checkpoint, origin, hook):
 
 def enable_compilation_cache(config):
   """Where config.compilation_cache asks for it, JAX's persistent compilation cache in <cache
-  folder>/jax_compilation_cache, for every program; returns the folder in use (one already set is
-  kept), or None."""
+  folder>/jax_compilation_cache, for every program (one already set is kept)."""
   if not jax.config.jax_compilation_cache_dir and config.get('compilation_cache'):
-    folder = os.path.join(sources.cache_dir(config), 'jax_compilation_cache')
-    jax.config.update('jax_compilation_cache_dir', folder)
+    jax.config.update('jax_compilation_cache_dir',
+                      os.path.join(sources.cache_dir(config), 'jax_compilation_cache'))
     if 'JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS' not in os.environ:
       jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.0)
-  return jax.config.jax_compilation_cache_dir or None
 
 
 def define_flags(flag_values=flags.FLAGS):
@@ -116,7 +114,7 @@ def parse_flags(argv, flag_values=flags.FLAGS):
     flags.DEFINE_string(name, None, '', flag_values=given)
   with contextlib.suppress(flags.Error):  # (a --workdir without a value: the parse below says so)
     given(argv, known_only=True)
-  recorded = os.path.join(given.workdir or '', 'config.json')
+  recorded = f'{given.workdir}/config.json'
   if given.config is None and given.workdir and os.path.isfile(recorded):
     argv = [argv[0], f'--config={recorded}', *argv[1:]]
   try:

@@ -18,20 +18,16 @@ def describe(config, origin, checkpoint=None):
   """The dry run's text: the effective config (a line a section), what the presets and each 'auto'
   set, the data, the cache and the base training's time (none with `checkpoint`, the base model's
   workdir); a sweep's as its first member's, its steps timed for all its members."""
-  sweep = [config]
-  if members.enabled(config):
-    members.validate(config)
-    sweep = members.member_configs(config)
+  sweep = members.member_configs(config)
   resolved = pipeline.resolve(sweep[0], (origin or {}).get('changes'))
   effective = resolved.to_dict()
   before, after = workdir.flat_items(sweep[0].to_dict()), workdir.flat_items(effective)
   set_here = [f'  {k}: {before[k]!r} -> {after[k]!r}' for k in sorted(after)
               if before.get(k) != after[k]]
-  sections = [f' "{k}": {json.dumps(v, sort_keys=True)}'
-              for k, v in sorted(effective.items())]
   b, p, plan = data_at_hand(resolved)
   return '\n'.join([
-      '{', ',\n'.join(sections), '}',
+      '{', ',\n'.join(f' "{k}": {json.dumps(v, sort_keys=True)}'
+                      for k, v in sorted(effective.items())), '}',
       f"set when the run starts (method {resolved.method}'s presets, 'auto' on "
       f'{backend.devices()}):',
       *(set_here or ['  nothing']), *data_lines(resolved, b, p), *cache_lines(resolved, plan),
@@ -90,8 +86,8 @@ def data_lines(config, b, p):
   if p:
     names = ', '.join(p.order[:4]) + (f', ..., {p.order[-1]}' if len(p.order) > 4 else '')
     lines.insert(1, f'  classes in label order: {names}')
-    files = files_line(p.train.paths() + p.test.paths(), config.data.image_size)
-    lines.insert(-1, f'  image files: {files}')
+    lines.insert(-1, '  image files: '
+                 + files_line(p.train.paths() + p.test.paths(), config.data.image_size))
   return lines
 
 
@@ -149,11 +145,11 @@ def step_line(config, b, num_members, checkpoint):
     c.data.folder.update(num_base=b.num_base_classes, way=len(b.session_classes[-1]),
                          num_sessions=b.num_sessions)
   exp = bench.bench_experiment(c, c.model.dtype)
-  case = bench.program_case(exp, {}, 'base step', c.noise.M, num_members)
-  r = bench.time_cases([case], c.model.dtype, 1, 2)[0]
+  r = bench.time_cases([bench.program_case(exp, {}, 'base step', c.noise.M, num_members)],
+                       c.model.dtype, 1, 2)[0]
   step, steps = r['step_ms_median'] / 1e3, config.base.steps
-  of = f' of the {num_members} members' if num_members > 1 else ''
-  total = progress.elapsed(r['compile_s'] + step * steps)
-  return (f'base training: about {total} on this machine at its present load: a compile of '
-          f'{r["compile_s"]:.0f} s, then base.steps={steps:,} of {step:.3g} s (a step{of} timed '
-          'here, the median of 2 after 1)')
+  return (f'base training: about {progress.elapsed(r["compile_s"] + step * steps)} on this '
+          f'machine at its present load: a compile of {r["compile_s"]:.0f} s, then '
+          f'base.steps={steps:,} of {step:.3g} s (a step'
+          f'{f" of the {num_members} members" * (num_members > 1)} timed here, the median of 2 '
+          'after 1)')

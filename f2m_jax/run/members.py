@@ -33,7 +33,11 @@ def validate(config):
 
 
 def member_configs(config):
-  """The config of each member: the sweep's, with its seed or field value and no members."""
+  """The config of each member: the sweep's (validated), with its seed or field value and no
+  members; [config] where it is no sweep."""
+  if not enabled(config):
+    return [config]
+  validate(config)
   m, out = config.members, []
   for value in m.seeds or m.field_values:
     c = ml_collections.ConfigDict(config.to_dict())
@@ -56,7 +60,6 @@ def run(config, root, mode='train', checkpoint=None, hook=None, origin=None):
   written."""
   if checkpoint:
     raise ValueError('--checkpoint takes one base model; a member sweep trains its own')
-  validate(config)
   changes = (origin or {}).get('changes')
   sweep = pipeline.effective(config, changes)
   records = member_configs(sweep)  # 'auto' kept
@@ -94,7 +97,7 @@ def summarize(m, configs, results):
   return summary
 
 
-def write_summary(root, summary, mode, writes=True):
+def write_summary(root, summary, mode, writes):
   """root/summary.json; returns a line saying what was written. In eval mode a reproduced summary
   is left alone, another is written beside it otherwise (with `writes` False: the JSON follows the
   line)."""

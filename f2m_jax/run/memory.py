@@ -54,20 +54,20 @@ def programs(exp, members=0):
   if block:  # the test set's trunk features, which the sessions keep on the devices
     cached = nbytes(jax.eval_shape(evaluator.embedder(exp, last=block).program, variables,
                                    bench.test.images))
-  evaluation = evaluator.embedder(exp).program.lower(variables, images)
-  lowered = [('eval.batch_size', variables, cached, evaluation)]
+  lowered = [('eval.batch_size', variables, cached,
+              evaluator.embedder(exp).program.lower(variables, images))]
   if members:
-    rep = sharding.replicated(mesh)
-    like = lambda a, *lead: jax.ShapeDtypeStruct((*lead, *np.shape(a)), a.dtype, sharding=rep)
+    like = lambda a, *lead: jax.ShapeDtypeStruct((*lead, *np.shape(a)), a.dtype,
+                                                 sharding=sharding.replicated(mesh))
     states, keys, bounds = jax.tree_util.tree_map(lambda a: like(a, members),
                                                   (state, jax.eval_shape(exp.key), np.float32(0)))
-    per_call = train_loop.steps_per_call(c.base, c.base.select_on_test)
-    rows = jax.ShapeDtypeStruct((per_call, members, len(exp.batch_indices(0))), np.int32,
-                                sharding=sharding.member_rows_sharded(mesh))
-    data = like(bench.train.images), like(bench.train.labels)
-    step = train_loop.base_program(exp, exp.model, exp.loss, mesh).lower(
-        states, *data, rows, np.int32(0), keys, bounds)
-    lowered.append((batch_field(c), states, 0, step))
+    rows = jax.ShapeDtypeStruct(
+        (train_loop.steps_per_call(c.base, c.base.select_on_test), members,
+         len(exp.batch_indices(0))), np.int32, sharding=sharding.member_rows_sharded(mesh))
+    step = train_loop.base_program(exp, exp.model, exp.loss, mesh)
+    lowered.append((batch_field(c), states, 0, step.lower(
+        states, like(bench.train.images), like(bench.train.labels), rows, np.int32(0), keys,
+        bounds)))
   phases = {}
   with contextlib.closing(progress.status("memory check: compiling the run's programs (a minute or "
                                           "more on a CPU, seconds where JAX's cache holds them)")):
@@ -130,7 +130,7 @@ def batch_field(c):
   return 'base.ways' if c.base.sampler == 'balanced' else 'base.batch_size'
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _warn(line):
   """Each warning once per process (a sweep checks each member and the sweep)."""
   print(line, file=sys.stderr, flush=True)

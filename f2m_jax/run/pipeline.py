@@ -54,10 +54,9 @@ def checked(config, workdir, checkpoint, origin):
   """(the effective config as a dict, `resolve`'s) once the workdir's config.json (with
   --checkpoint), then every value, are checked. `origin`: as `run`'s."""
   changes = (origin or {}).get('changes')
-  record = effective(config, changes)
-  saved = record.to_dict()
-  workdir_lib.check_record(workdir, saved, checkpoint and {'path': os.path.abspath(checkpoint)})
-  return saved, resolve(record, changes)
+  record = effective(config, changes).to_dict()
+  workdir_lib.check_record(workdir, record, checkpoint and {'path': os.path.abspath(checkpoint)})
+  return record, resolve(config, changes)
 
 
 def run(config, workdir, mode='train', checkpoint=None, hook=None, origin=None):
@@ -74,8 +73,8 @@ def run(config, workdir, mode='train', checkpoint=None, hook=None, origin=None):
   exp = check(config, sources.load_benchmark(config), int(trains))
   base_source = checkpoint and source(checkpoint, exp)
   writes = workdir_lib.writes_into(workdir, mode)  # a read-only finished run is evaluated too
-  lock = workdir_lib.prepare(workdir, record, base_source=base_source, writes=writes)
-  with contextlib.closing(lock):
+  with contextlib.closing(workdir_lib.prepare(workdir, record, base_source=base_source,
+                                              writes=writes)):
     if mode == 'train' and saved:  # finished: nothing rewritten but a lost results.csv
       lost = not os.path.exists(f'{workdir}/results.csv')
       if lost:
@@ -136,9 +135,9 @@ def source(checkpoint, exp):
     ckpts.restore_model(common.model_template(exp))
     if saved:
       there, here = workdir_lib.flat_items(saved), workdir_lib.flat_items(ours)
-      fields = workdir_lib.config_differences(saved, ours)
       out.update(method=saved['method'],
-                 differences={k: [there.get(k), here.get(k)] for k in fields},
+                 differences={k: [there.get(k), here.get(k)]
+                              for k in workdir_lib.config_differences(saved, ours)},
                  selection=selection_info(ml_collections.ConfigDict(saved), ckpts))  # its own steps
   results = f'{checkpoint}/results.json'
   if os.path.exists(results):
@@ -149,7 +148,7 @@ def source(checkpoint, exp):
   return out
 
 
-def compute(exp, record, workdir, mode, base_source, hook, origin, writes=True):
+def compute(exp, record, workdir, mode, base_source, hook, origin, writes):
   """`run`'s work once the checks passed: session 1 and every run's sessions through the method,
   then the results with their provenance (not yet written). `record`: the effective config; `writes`
   False: a read-only workdir's eval."""
@@ -162,9 +161,9 @@ def compute(exp, record, workdir, mode, base_source, hook, origin, writes=True):
                           'this workdir is meant to hold one; restore it, pass --checkpoint '
                           'WORKDIR, or use a new --workdir')
   # the start line, and the choices made otherwise than last time
-  lines = [start_line(config, bench, workdir, mode, ckpts, base_source, origin),
-           backend.moved((log.invocations or [{}])[-1], config)]
-  print('\n'.join(filter(None, lines)))
+  print('\n'.join(filter(None, [
+      start_line(config, bench, workdir, mode, ckpts, base_source, origin),
+      backend.moved((log.invocations or [{}])[-1], config)])))
   times = [round(i['end'] - i['time'], 1) for i in log.invocations
            if mode == 'train' == i.get('mode')]  # the earlier invocations', then this one's
   log.start(mode, **backend.record(config))
@@ -215,32 +214,41 @@ def start_line(config, bench, workdir, mode, ckpts, base_source, origin):
   else:  # a resumed one says so when it starts (train_loop)
     base = f'base training {base_budget(config)}'
   done = sum(len(ckpts.sessions_done(r)) for r in range(config.runs)) if ckpts.any_sessions() else 0
-  restored = f' ({done} restored)' * bool(done)
   return (f'f2m-jax {mode}: {_what(config, origin)} on {backend.devices()}; workdir {workdir}; '
-          f'{base}; then {config.runs} runs x {bench.num_sessions - 1} sessions{restored}')
+          f'{base}; then {config.runs} runs x {bench.num_sessions - 1} sessions'
+          f'{f" ({done} restored)" * bool(done)}')
 
 
 def base_budget(config):
   """'S steps of B (sampler), lr L[, M=.., b=..]': the base training `config` asks for."""
   b, noise = config.base, config.noise
   batch = b.ways * b.shots if b.sampler == 'balanced' else b.batch_size
-  noisy = f', M={noise.M}, b={noise.bound:g}' * noise.enabled
-  return f'{b.steps} steps of {batch} ({b.sampler}), lr {b.lr:g}{noisy}'
+  return (f'{b.steps} steps of {batch} ({b.sampler}), lr {b.lr:g}'
+          f'{f", M={noise.M}, b={noise.bound:g}" * noise.enabled}')
 
 def _what(config, origin):
   """The --config argument and its changes, and the method (and a sweep's member: its seed)."""
   if not (origin or {}).get('config'):
     return f'method={config.method}'
   changes = ', '.join(f'{k}={v!r}' for k, v in (origin.get('changes') or {}).items())
-  member = ''
-  if 'sweep_member' in origin:
-    member = f', sweep member {origin["sweep_member"]}, seed {config.seed}'
-  return f'{origin["config"]}{f" with {changes}" * bool(changes)} (method {config.method}{member})'
+  member = f', sweep member {origin.get("sweep_member")}, seed {config.seed}'
+  return (f'{origin["config"]}{f" with {changes}" * bool(changes)} (method {config.method}'
+          f'{member * ("sweep_member" in origin)})')
+
 
 def unused(workdir, name):
   """`name`, or where <workdir>/<name>.json exists, `name` with the time appended: a new file's
   name."""
   return name + time.strftime('_%Y%m%d-%H%M%S') * os.path.exists(f'{workdir}/{name}.json')
+
+
+def write_new(workdir, name, doc):
+  """Writes `doc` into <workdir>/<name>.json, or where that exists into a new file (`unused`);
+  returns its path."""
+  os.makedirs(workdir, exist_ok=True)
+  path = f'{workdir}/{unused(workdir, name)}.json'
+  files.atomic_write(path, json.dumps(doc, indent=1))
+  return path
 
 
 def differing(path, doc):
@@ -259,19 +267,19 @@ def write_outputs(workdir, results, mode, writes=True):
   if mode == 'eval' and os.path.exists(path):
     differ = differing(path, results)
     if not differ:
-      but = ' but its lines in metrics.jsonl' * writes
       return (f'evaluation reproduced {path} exactly (every run and session computed again from '
-              f'its checkpoint); results.json unchanged, nothing written{but}')
+              'its checkpoint); results.json unchanged, nothing written'
+              f'{" but its lines in metrics.jsonl" * writes}')
     line = f'evaluation differs from {path} in {", ".join(differ)}'
     name = unused(workdir, 'results_eval')
   if not writes:
-    shown = json.dumps(results, indent=1)
-    return f'{line}; {workdir} is read-only, so the results follow as JSON:\n{shown}'
+    return (f'{line}; {workdir} is read-only, so the results follow as JSON:\n'
+            f'{json.dumps(results, indent=1)}')
   workdir_lib.write_results(workdir, name, evaluation.results_rows(results), results)
   if mode != 'eval':
     return f'results written to {path} and results.csv'
-  beside = ' beside it (results.json unchanged)' * (name != 'results')
-  return f'{line}; wrote {name}.json and {name}.csv{beside}'
+  return (f'{line}; wrote {name}.json and {name}.csv'
+          f'{" beside it (results.json unchanged)" * (name != "results")}')
 
 
 def run_flatness(config, workdir, checkpoint=None, origin=None):
@@ -304,8 +312,6 @@ def run_flatness(config, workdir, checkpoint=None, origin=None):
     out[name] = {**flatness.flatness_stats(clean, losses), 'num_images': len(idx)}
     print(f'flatness on {name} ({len(idx)} images, {f.num_draws} draws): L*={clean:.4f} '
           f'I={out[name]["I"]:.3e} sigma^2={out[name]["sigma2"]:.3e}')
-  os.makedirs(workdir, exist_ok=True)
-  path = f'{workdir}/{unused(workdir, "flatness")}.json'
-  files.atomic_write(path, json.dumps(out, indent=2))
+  path = write_new(workdir, 'flatness', out)
   print(f'wrote {path}')
   return out
