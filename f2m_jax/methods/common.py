@@ -100,13 +100,13 @@ class Runner:
 
   def __init__(self, exp, first, network):
     self.exp, self.network, self.embed = exp, network, embedder(exp, network=network)
-    self.first = {**network_of(first), 'prototypes': np.asarray(first['prototypes'])}
+    self.first = {**first, 'prototypes': np.asarray(first['prototypes'])}
 
   def first_accuracies(self):
     return self.accuracies(self.first, 1)
 
   def start(self):
-    return dict(self.first)
+    return self.first
 
   def accuracies(self, state, session):
     """NCM accuracies: the seen classes' test images embedded anew under the state's network."""
@@ -119,7 +119,7 @@ class Runner:
             'prototypes': zero_prototypes(self.exp, session)}
 
   def item(self, state):
-    return dict(state)
+    return state
 
   def restore(self, saved):
     return {k: saved[k] for k in self.keys}

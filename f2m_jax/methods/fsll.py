@@ -22,7 +22,7 @@ def validate_fsll(config):
 def selected_paths(params, threshold):
   """The tensors FSLL fine-tunes: outside the classifier, largest |value| at most `threshold`."""
   return tuple(p for p, v in trees.flatten(params).items()
-               if p[0] != 'fc' and float(np.max(np.abs(np.asarray(v)))) <= threshold)
+               if p[0] != 'fc' and float(np.max(np.abs(v))) <= threshold)
 
 
 def pairwise_euclidean(x):

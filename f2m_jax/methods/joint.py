@@ -1,5 +1,7 @@
 """Joint training and cRT, the paper's approximate upper bound (docs/method.md, 'The compared
 methods'). Unlike the authors' (one fixed draw), every run trains on its own draw of the shots."""
+import functools
+
 import jax
 import ml_collections
 import numpy as np
@@ -8,7 +10,7 @@ from f2m_jax import objectives, optim, train_loop, trees
 from f2m_jax.data import protocol as protocol_lib
 from f2m_jax.evaluator import embedder, seen_accuracies
 from f2m_jax.files import CheckpointError
-from f2m_jax.methods import Method, common
+from f2m_jax.methods import Method, common, icarl
 
 
 def validate_crt(config):
@@ -39,17 +41,15 @@ class JointRunner(common.Runner):
   keys = ('params', 'batch_stats')
 
   def __init__(self, exp, first, ckpts, source=None, log=None):
-    self.exp, self.ckpts, self.log, self._logits = exp, ckpts, log, {}
+    self.exp, self.ckpts, self.source, self.log = exp, ckpts, source, log
     self.first = common.network_of(first)
 
   def network(self, session):
     return self.exp.network(self.exp.bench.num_seen_classes(session))
 
+  @functools.cache  # one compiled program per session
   def logits_fn(self, session):
-    seen = self.exp.bench.num_seen_classes(session)
-    if seen not in self._logits:
-      self._logits[seen] = embedder(self.exp, network=self.network(session), logits=True)
-    return self._logits[seen]
+    return embedder(self.exp, network=self.network(session), logits=True)
 
   def update(self, state, run, session, exemplars):
     exp, network, select = self.exp, self.network(session), None
@@ -65,7 +65,7 @@ class JointRunner(common.Runner):
     finally:
       training.close()
     training.remove()  # the session checkpoint keeps the network; its train states are not needed
-    return variables, {'images': int(len(pool))}
+    return variables, {'images': len(pool)}
 
   def accuracies(self, state, session):
     """The linear classifier's accuracies on the test images of every class seen up to `session`."""
@@ -84,9 +84,8 @@ class JointRunner(common.Runner):
 def _reinit_classifier(params, key):
   """The classifier re-initialised as the original: N(0, 0.001) weights, zero bias (where the head
   has one; another head's other parameters kept)."""
-  fc = {k: np.zeros_like(v) if k == 'bias' else v for k, v in params['fc'].items()}
-  fc['kernel'] = 1e-3 * jax.random.normal(key, fc['kernel'].shape, fc['kernel'].dtype)
-  return {**params, 'fc': fc}
+  draw = lambda k, shape, dtype: 1e-3 * jax.random.normal(k, shape, dtype)
+  return icarl.new_columns(key, params, 0, params['fc']['kernel'].shape[-1], draw)
 
 
 def retrain_classifier(exp, network, variables, pool, key, stream):
@@ -131,10 +130,6 @@ class CRTRunner(JointRunner):
   """Per session: the joint run's network for that session (`source`: its workdir), classifier
   retrained."""
 
-  def __init__(self, exp, first, ckpts, source, log=None):
-    super().__init__(exp, first, ckpts, source, log)
-    self.source = source
-
   def update(self, state, run, session, exemplars):
     exp = self.exp
     if session not in self.source.sessions_done(run):
@@ -148,7 +143,7 @@ class CRTRunner(JointRunner):
     pool = np.concatenate([exp.bench.base_train, exemplars])
     variables = retrain_classifier(exp, self.network(session), self.restore(saved), pool,
                                    exp.key(5, run, session), (run, session))
-    return variables, {'images': int(len(pool))}
+    return variables, {'images': len(pool)}
 
 
 JOINT = Method('joint', common.BASELINE_PRESETS,  # plain CE with shuffled batches in every session

@@ -80,7 +80,7 @@ def frozen_columns(updates, num_old, num_seen):
   columns stay as they were, and so do the unseen ones."""
   kernel = updates['fc']['kernel']
   columns = jnp.arange(kernel.shape[-1])
-  kernel = jnp.where((columns >= num_old) & (columns < num_seen), kernel, jnp.zeros_like(kernel))
+  kernel = jnp.where((columns >= num_old) & (columns < num_seen), kernel, 0.0)
   return {**updates, 'fc': {**updates['fc'], 'kernel': kernel}}
 
 
