@@ -94,9 +94,8 @@ def sgd_step(loss_fn, tx, bench, color_jitter=0.0, edit_updates=None):
 
 class Runner:
   """The runner's defaults for a run whose state is {'params', 'batch_stats', 'prototypes'} (and the
-  other `keys`) of a whole network (`network`) that changes every session, classified by the nearest
+  others) of a whole network (`network`) that changes every session, classified by the nearest
   mean. A subclass defines `update`."""
-  keys = ('params', 'batch_stats', 'prototypes')
 
   def __init__(self, exp, first, network):
     self.exp, self.network, self.embed = exp, network, embedder(exp, network=network)
@@ -122,7 +121,7 @@ class Runner:
     return state
 
   def restore(self, saved):
-    return {k: saved[k] for k in self.keys}
+    return {k: v for k, v in saved.items() if k not in ('exemplars', 'accuracy')}  # the sessions'
 
   def norms(self, state):
     return evaluation.prototype_norms(state['prototypes'], self.exp.bench.num_base_classes)

@@ -89,7 +89,6 @@ class ICaRLRunner(common.Runner):
   (exemplar indices of the classes learned before, in class order) and 'prototypes' (one per seen
   class)."""
   section = 'icarl'
-  keys = ('params', 'batch_stats', 'memory', 'prototypes')
   draw = staticmethod(fan_out_init)  # the new classifier columns' (`new_columns`)
   edit_updates = None  # `common.sgd_step`'s (Rebalance freezes columns)
 

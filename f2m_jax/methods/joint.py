@@ -38,7 +38,6 @@ def train_network(exp, network, pool, key, training, log, desc, stream, select=N
 
 class JointRunner(common.Runner):
   """State of a run: the variables of the session's network (a classifier over all seen classes)."""
-  keys = ('params', 'batch_stats')
 
   def __init__(self, exp, first, ckpts, source=None, log=None):
     self.exp, self.ckpts, self.source, self.log = exp, ckpts, source, log
@@ -93,8 +92,8 @@ def retrain_classifier(exp, network, variables, pool, key, stream):
   trained with class-aware batches on `pool` under the crt.* schedule."""
   c, bench, labels = exp.config.crt, exp.bench, exp.bench.train.labels
   params = _reinit_classifier(variables['params'], key)
-  per_epoch = max(int(np.max(np.bincount(labels[pool]))) * len(np.unique(labels[pool]))
-                  // c.batch_size, 1)
+  counts = np.bincount(labels[pool])  # an epoch: the largest class's size x the classes
+  per_epoch = max(int(counts.max()) * np.count_nonzero(counts) // c.batch_size, 1)
   tx = optim.sgd(c.lr, c.momentum, c.weight_decay, [int(m) * per_epoch for m in c.milestones],
                  c.lr_gamma)
   fc, frozen = params['fc'], {k: v for k, v in params.items() if k != 'fc'}
@@ -123,7 +122,7 @@ def crt_first_session(exp, ckpts, log, source=None, hook=None):
   if source is None:  # the pipeline calls the runner after this
     raise ValueError('method=crt retrains the classifier of a joint model: pass --checkpoint '
                      'JOINT_WORKDIR (a workdir of method=joint)')
-  return common.base_model(exp, ckpts, log, source=source)
+  return common.base_model(exp, ckpts, log, source)
 
 
 class CRTRunner(JointRunner):
@@ -136,7 +135,7 @@ class CRTRunner(JointRunner):
       raise CheckpointError(f'the joint workdir ({self.source.root}) has no run {run} session '
                             f'{session}: train it first (or give this run fewer runs or sessions)')
     saved = self.source.run(run).restore({**self.template(session), 'exemplars': exemplars,
-                                          'accuracy': np.zeros((4,), np.float64)}, session)
+                                          'accuracy': np.zeros(4)}, session)
     if not np.array_equal(saved['exemplars'], exemplars):
       raise CheckpointError(f'run {run} session {session}: the joint workdir trained on other '
                             'shots (another seed, protocol or data)')
