@@ -105,8 +105,7 @@ class FSLLRunner(common.Runner):
                                                 batch)
     for epoch in range(self.cfg.epochs):
       order = protocol_lib.task_epoch(labels, exemplars, self.shots, exp.config.seed, epoch, stream)
-      for pos in range(per_epoch):
-        idx = order[pos * batch:(pos + 1) * batch]
+      for idx in order[:per_epoch * batch].reshape(per_epoch, batch):
         trainable, opt_state, loss, batch_stats = self.step(
             trainable, opt_state, exp.bench.train.images[idx], labels[idx],
             jax.random.fold_in(key, len(losses)), on_device, batch_stats, former, base)
