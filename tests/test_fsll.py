@@ -79,7 +79,7 @@ def test_drift_has_a_gradient_only_when_asked(with_gradient):
   former = {('a',): jnp.zeros(3), ('b',): jnp.zeros(2)}
   trainable = {('a',): jnp.array([1.0, -2.0, 0.5]), ('b',): jnp.array([0.25, 0.0])}
   loss, grads = jax.value_and_grad(lambda t: fsll.session_loss(emb, labels, base, t, former, 2, 5, cfg))(trainable)
-  rest = fsll.triplet_no_hard_mining(emb, labels, 5) + fsll.prototype_loss(emb, base, 2, 5)
+  rest = fsll.triplet_no_hard_mining(emb, labels, 5, 0.0) + fsll.prototype_loss(emb, base, 2, 5, 1.0)
   np.testing.assert_allclose(loss, rest + 5.0 * (3.5 + 0.25) / 2, rtol=1e-5)  # the value counts either way
   want = 5.0 / 2 * np.sign(np.asarray(trainable[('a',)])) if with_gradient else np.zeros(3)
   np.testing.assert_allclose(grads[('a',)], want, atol=1e-6)

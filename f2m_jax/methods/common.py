@@ -94,19 +94,18 @@ def sgd_step(loss_fn, tx, bench, color_jitter=0.0, edit_updates=None):
 
 class Runner:
   """The runner's defaults for a run whose state is {'params', 'batch_stats', 'prototypes'} (and the
-  other `keys`) of a whole network (`network`) that changes every session, classified by the nearest
+  others) of a whole network (`network`) that changes every session, classified by the nearest
   mean. A subclass defines `update`."""
-  keys = ('params', 'batch_stats', 'prototypes')
 
   def __init__(self, exp, first, network):
     self.exp, self.network, self.embed = exp, network, embedder(exp, network=network)
-    self.first = {**network_of(first), 'prototypes': np.asarray(first['prototypes'])}
+    self.first = {**first, 'prototypes': np.asarray(first['prototypes'])}
 
   def first_accuracies(self):
     return self.accuracies(self.first, 1)
 
   def start(self):
-    return dict(self.first)
+    return self.first
 
   def accuracies(self, state, session):
     """NCM accuracies: the seen classes' test images embedded anew under the state's network."""
@@ -119,10 +118,10 @@ class Runner:
             'prototypes': zero_prototypes(self.exp, session)}
 
   def item(self, state):
-    return dict(state)
+    return state
 
   def restore(self, saved):
-    return {k: saved[k] for k in self.keys}
+    return {k: v for k, v in saved.items() if k not in ('exemplars', 'accuracy')}  # the sessions'
 
   def norms(self, state):
     return evaluation.prototype_norms(state['prototypes'], self.exp.bench.num_base_classes)

@@ -22,7 +22,7 @@ def validate_fsll(config):
 def selected_paths(params, threshold):
   """The tensors FSLL fine-tunes: outside the classifier, largest |value| at most `threshold`."""
   return tuple(p for p, v in trees.flatten(params).items()
-               if p[0] != 'fc' and float(np.max(np.abs(np.asarray(v)))) <= threshold)
+               if p[0] != 'fc' and float(np.max(np.abs(v))) <= threshold)
 
 
 def pairwise_euclidean(x):
@@ -31,7 +31,7 @@ def pairwise_euclidean(x):
   return jnp.sqrt(jnp.maximum(sq[:, None] + sq[None, :] - 2.0 * x @ x.T, 1e-12))
 
 
-def triplet_no_hard_mining(emb, labels, num_instances, margin=0.0):
+def triplet_no_hard_mining(emb, labels, num_instances, margin):
   """Their TripletLossNoHardMining: for each anchor, the 2nd..num_instances-th images of its class
   and the 2nd..num_instances-th of the other classes, in batch order, paired position by position;
   the margin ranking loss mean(max(0, d(anchor, positive) - d(anchor, negative) + margin))."""
@@ -46,7 +46,7 @@ def triplet_no_hard_mining(emb, labels, num_instances, margin=0.0):
   return jnp.mean(jnp.maximum(nth(same) - nth(~same) + margin, 0.0))
 
 
-def prototype_loss(emb, base_prototypes, ways, shots, omega=1.0):
+def prototype_loss(emb, base_prototypes, ways, shots, omega):
   """Their IncrementalPTFixPNLoss (use_cosine): cross-entropy of -omega x cosine distance to [the
   `ways` blocks' means, the base prototypes], each image's own block its class."""
   means = emb.reshape(ways, shots, -1).mean(axis=1)
@@ -105,8 +105,7 @@ class FSLLRunner(common.Runner):
                                                 batch)
     for epoch in range(self.cfg.epochs):
       order = protocol_lib.task_epoch(labels, exemplars, self.shots, exp.config.seed, epoch, stream)
-      for pos in range(per_epoch):
-        idx = order[pos * batch:(pos + 1) * batch]
+      for idx in order[:per_epoch * batch].reshape(per_epoch, batch):
         trainable, opt_state, loss, batch_stats = self.step(
             trainable, opt_state, exp.bench.train.images[idx], labels[idx],
             jax.random.fold_in(key, len(losses)), on_device, batch_stats, former, base)

@@ -89,7 +89,6 @@ class ICaRLRunner(common.Runner):
   (exemplar indices of the classes learned before, in class order) and 'prototypes' (one per seen
   class)."""
   section = 'icarl'
-  keys = ('params', 'batch_stats', 'memory', 'prototypes')
   draw = staticmethod(fan_out_init)  # the new classifier columns' (`new_columns`)
   edit_updates = None  # `common.sgd_step`'s (Rebalance freezes columns)
 
@@ -100,9 +99,8 @@ class ICaRLRunner(common.Runner):
     self.cfg = cfg = exp.config[self.section]
     self.tx = optim.sgd_at_rate(cfg.momentum, cfg.weight_decay)  # the rate: set before each step
     self.step = common.sgd_step(self.loss, self.tx, bench, cfg.color_jitter, self.edit_updates)
-    base_labels = bench.train.labels[bench.base_train]
-    self.base_memory_size = sum(min(int(np.sum(base_labels == c)), cfg.memory)
-                                for c in bench.session_classes[0])
+    self.base_memory_size = int(np.minimum(np.bincount(bench.train.labels[bench.base_train]),
+                                           cfg.memory).sum())  # min(images, memory) per class
     self.base_memory = None  # herding's base memory: the same for every run, chosen once
     if cfg.exemplars == 'herding':
       self.base_memory = self.select(common.network_of(self.first), bench.base_train,
@@ -162,7 +160,7 @@ class ICaRLRunner(common.Runner):
     memory = np.concatenate([memory, self.select(variables, shots, classes, protos[num_old:], run,
                                                  session)])
     return {**variables, 'memory': memory, 'prototypes': protos}, {'losses': losses,
-                                                                   'images': int(len(pool))}
+                                                                   'images': len(pool)}
 
   def template(self, session):
     novel = self.exp.bench.num_seen_classes(session) - self.exp.bench.num_base_classes

@@ -1,5 +1,7 @@
 """Joint training and cRT, the paper's approximate upper bound (docs/method.md, 'The compared
 methods'). Unlike the authors' (one fixed draw), every run trains on its own draw of the shots."""
+import functools
+
 import jax
 import ml_collections
 import numpy as np
@@ -8,7 +10,7 @@ from f2m_jax import objectives, optim, train_loop, trees
 from f2m_jax.data import protocol as protocol_lib
 from f2m_jax.evaluator import embedder, seen_accuracies
 from f2m_jax.files import CheckpointError
-from f2m_jax.methods import Method, common
+from f2m_jax.methods import Method, common, icarl
 
 
 def validate_crt(config):
@@ -36,20 +38,16 @@ def train_network(exp, network, pool, key, training, log, desc, stream, select=N
 
 class JointRunner(common.Runner):
   """State of a run: the variables of the session's network (a classifier over all seen classes)."""
-  keys = ('params', 'batch_stats')
 
   def __init__(self, exp, first, ckpts, source=None, log=None):
-    self.exp, self.ckpts, self.log, self._logits = exp, ckpts, log, {}
+    self.exp, self.ckpts, self.source, self.log = exp, ckpts, source, log
     self.first = common.network_of(first)
+    # one compiled program per session, kept as long as this runner
+    self.logits_fn = functools.cache(
+        lambda session: embedder(exp, network=self.network(session), logits=True))
 
   def network(self, session):
     return self.exp.network(self.exp.bench.num_seen_classes(session))
-
-  def logits_fn(self, session):
-    seen = self.exp.bench.num_seen_classes(session)
-    if seen not in self._logits:
-      self._logits[seen] = embedder(self.exp, network=self.network(session), logits=True)
-    return self._logits[seen]
 
   def update(self, state, run, session, exemplars):
     exp, network, select = self.exp, self.network(session), None
@@ -66,7 +64,7 @@ class JointRunner(common.Runner):
       training.close()
     # the session checkpoint keeps the network; its train states are not needed
     training.close(remove=True)
-    return variables, {'images': int(len(pool))}
+    return variables, {'images': len(pool)}
 
   def accuracies(self, state, session):
     """The linear classifier's accuracies on the test images of every class seen up to `session`."""
@@ -85,9 +83,8 @@ class JointRunner(common.Runner):
 def _reinit_classifier(params, key):
   """The classifier re-initialised as the original: N(0, 0.001) weights, zero bias (where the head
   has one; another head's other parameters kept)."""
-  fc = {k: np.zeros_like(v) if k == 'bias' else v for k, v in params['fc'].items()}
-  fc['kernel'] = 1e-3 * jax.random.normal(key, fc['kernel'].shape, fc['kernel'].dtype)
-  return {**params, 'fc': fc}
+  draw = lambda k, shape, dtype: 1e-3 * jax.random.normal(k, shape, dtype)
+  return icarl.new_columns(key, params, 0, params['fc']['kernel'].shape[-1], draw)
 
 
 def retrain_classifier(exp, network, variables, pool, key, stream):
@@ -95,8 +92,8 @@ def retrain_classifier(exp, network, variables, pool, key, stream):
   trained with class-aware batches on `pool` under the crt.* schedule."""
   c, bench, labels = exp.config.crt, exp.bench, exp.bench.train.labels
   params = _reinit_classifier(variables['params'], key)
-  per_epoch = max(int(np.max(np.bincount(labels[pool]))) * len(np.unique(labels[pool]))
-                  // c.batch_size, 1)
+  counts = np.bincount(labels[pool])  # an epoch: the largest class's size x the classes
+  per_epoch = max(int(counts.max()) * np.count_nonzero(counts) // c.batch_size, 1)
   tx = optim.sgd(c.lr, c.momentum, c.weight_decay, [int(m) * per_epoch for m in c.milestones],
                  c.lr_gamma)
   fc, frozen = params['fc'], {k: v for k, v in params.items() if k != 'fc'}
@@ -125,16 +122,12 @@ def crt_first_session(exp, ckpts, log, source=None, hook=None):
   if source is None:  # the pipeline calls the runner after this
     raise ValueError('method=crt retrains the classifier of a joint model: pass --checkpoint '
                      'JOINT_WORKDIR (a workdir of method=joint)')
-  return common.base_model(exp, ckpts, log, source=source)
+  return common.base_model(exp, ckpts, log, source)
 
 
 class CRTRunner(JointRunner):
   """Per session: the joint run's network for that session (`source`: its workdir), classifier
   retrained."""
-
-  def __init__(self, exp, first, ckpts, source, log=None):
-    super().__init__(exp, first, ckpts, source, log)
-    self.source = source
 
   def update(self, state, run, session, exemplars):
     exp = self.exp
@@ -142,14 +135,14 @@ class CRTRunner(JointRunner):
       raise CheckpointError(f'the joint workdir ({self.source.root}) has no run {run} session '
                             f'{session}: train it first (or give this run fewer runs or sessions)')
     saved = self.source.run(run).restore({**self.template(session), 'exemplars': exemplars,
-                                          'accuracy': np.zeros((4,), np.float64)}, session)
+                                          'accuracy': np.zeros(4)}, session)
     if not np.array_equal(saved['exemplars'], exemplars):
       raise CheckpointError(f'run {run} session {session}: the joint workdir trained on other '
                             'shots (another seed, protocol or data)')
     pool = np.concatenate([exp.bench.base_train, exemplars])
     variables = retrain_classifier(exp, self.network(session), self.restore(saved), pool,
                                    exp.key(5, run, session), (run, session))
-    return variables, {'images': int(len(pool))}
+    return variables, {'images': len(pool)}
 
 
 JOINT = Method('joint', common.BASELINE_PRESETS,  # plain CE with shuffled batches in every session

@@ -32,7 +32,7 @@ class NCMRunner:
 
   def __init__(self, exp, first, *_):  # (ckpts, source, log): not read
     self.exp, self.base_vars, self.base_protos = exp, common.network_of(first), first['prototypes']
-    self.params, self.batch_stats = first['params'], first['batch_stats']
+    self.params = first['params']
     self.paths = exp.trainable_paths(self.params)
     trainable = jax.device_get(trees.split(self.params, self.paths)[0])  # host arrays
     self.anchor, self.trainable_template = jax.device_put(trainable), trees.unflatten(trainable)
@@ -58,8 +58,8 @@ class NCMRunner:
       stored = padding.pad_rows(np.array(self.base_protos), bench.num_seen_classes(session))
       inputs = incremental.pad_session(bench.train.images[exemplars], bench.train.labels[exemplars],
                                        stored, *finetune_sizes(exp))
-      run_params, losses = self.finetune(run_params, self.batch_stats, self.anchor, *inputs,
-                                         exp.key(2, run, session))
+      run_params, losses = self.finetune(run_params, self.base_vars['batch_stats'], self.anchor,
+                                         *inputs, exp.key(2, run, session))
       run_params = jax.device_get(run_params)
     novel = common.novel_prototypes(exp, self.embed, {**self.base_vars, 'params': run_params},
                                     exemplars, session)

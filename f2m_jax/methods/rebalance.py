@@ -40,10 +40,9 @@ def adaptive_weight(lambda_base, num_old, num_novel):
 def less_forget(former_features, features, weight):
   """weight * PyTorch's CosineEmbeddingLoss with target 1: the mean over the batch of
   1 - cos(f_prev, f), with its 1e-12 added to each squared norm."""
+  squared = lambda v: jnp.sum(v ** 2, axis=-1) + 1e-12
   dot = jnp.sum(former_features * features, axis=-1)
-  norms = ((jnp.sum(former_features ** 2, axis=-1) + 1e-12)
-           * (jnp.sum(features ** 2, axis=-1) + 1e-12))
-  return weight * jnp.mean(1.0 - dot / jnp.sqrt(norms))
+  return weight * jnp.mean(1.0 - dot / jnp.sqrt(squared(former_features) * squared(features)))
 
 
 def inter_class_separation(cos, labels, num_old, num_seen, k, margin,
@@ -80,7 +79,7 @@ def frozen_columns(updates, num_old, num_seen):
   columns stay as they were, and so do the unseen ones."""
   kernel = updates['fc']['kernel']
   columns = jnp.arange(kernel.shape[-1])
-  kernel = jnp.where((columns >= num_old) & (columns < num_seen), kernel, jnp.zeros_like(kernel))
+  kernel = jnp.where((columns >= num_old) & (columns < num_seen), kernel, 0.0)
   return {**updates, 'fc': {**updates['fc'], 'kernel': kernel}}
 
 
