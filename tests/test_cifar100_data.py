@@ -33,7 +33,7 @@ def train_labels():
 
 @pytest.fixture(scope='module')
 def trainsplit():
-  return cifar100.load_cifar100_trainsplit(NPZ, CIFAR_LISTS)
+  return cifar100.load_cifar100_trainsplit(cifar100.load_train_npz(NPZ), CIFAR_LISTS)
 
 
 @needs_npz

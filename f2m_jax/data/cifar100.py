@@ -87,8 +87,8 @@ def read_archive(archive):
   sources' arrays."""
   try:
     with tarfile.open(archive) as tar:
-      files = {m.name.split('/')[-1]: tar.extractfile(m).read() for m in tar
-               if m.name.split('/')[-1] in ARCHIVE_FILES and m.isfile()}
+      files = {os.path.basename(m.name): tar.extractfile(m).read() for m in tar
+               if os.path.basename(m.name) in ARCHIVE_FILES and m.isfile()}
   except (tarfile.TarError, OSError) as e:
     raise DataError(f'could not read {archive} as a .tar.gz archive: {e}') from e
   missing = [n for n in ARCHIVE_FILES if n not in files]
@@ -150,7 +150,7 @@ def tfds_split(split, data_dir=''):
                     f'{e}); prepare it again (pip install tensorflow; tfds build cifar100 '
                     '--file_format=array_record) or move it away to use the official '
                     'archive') from e
-  order = np.argsort(numbers, kind='stable')
+  order = np.argsort(numbers)
   if not np.array_equal(numbers[order], np.arange(len(numbers))):
     raise DataError(f'the record ids of TFDS cifar100 {split} do not number its images 0..N-1 '
                     'exactly once')
@@ -216,11 +216,10 @@ def trainsplit_test_indices(labels, shots, per_class=TEST_PER_CLASS):
   return np.concatenate(list(picked.values()))
 
 
-def load_cifar100_trainsplit(npz_path, index_dir):
-  """The `trainsplit` protocol: test = the last 100 non-shot training images of each class,
-  base_train = session_1.txt minus those, shot_pool = the other novel-class training images
-  (docs/data.md)."""
-  train = load_train_npz(npz_path)
+def load_cifar100_trainsplit(train, index_dir):
+  """The `trainsplit` protocol on the official training set `train` (`load_train_npz`): test = the
+  last 100 non-shot training images of each class, base_train = session_1.txt minus those,
+  shot_pool = the other novel-class training images (docs/data.md)."""
   base_list, topic_shots = read_topic_lists(index_dir, len(train))
   test_idx = trainsplit_test_indices(train.labels, np.concatenate(topic_shots))
   is_test = np.isin(np.arange(len(train)), test_idx)
