@@ -24,7 +24,7 @@ def _open(url, offset):
   return response, offset if response.status == 206 else 0
 
 
-def fetch(url, dest, sha256, size, what, help_text=''):
+def fetch(url, dest, sha256, size, what, help_text):
   """Downloads `url` to `dest` (skipped when `dest` exists) and checks `size` and `sha256`; a
   DataError naming the URL and what to do (a partial file is kept to resume; a checksum
   mismatch deletes it)."""

@@ -94,9 +94,8 @@ def scan_folder(folder, split, depth=0):
   sorted path order; its class the path of its folder relative to `folder` (depth k > 0: of the
   first k folders)."""
   files = sorted(p.relative_to(folder) for p in folder.rglob('*')
-                 if p.suffix.lower() in IMAGE_SUFFIXES)
-  files = [f for f in files if len(f.parts) > 1 and not any(p.startswith('.') for p in f.parts)
-           and (folder / f).is_file()]
+                 if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
+  files = [f for f in files if len(f.parts) > 1 and not any(p.startswith('.') for p in f.parts)]
   if not files:
     raise DataError(f'{folder} holds no images in class subfolders: expected {folder}/<class '
                     f'name>/<image> (suffixes {", ".join(IMAGE_SUFFIXES)})')

@@ -33,8 +33,8 @@ HOW_TO_GET = {
 
 def mini_csv(root, index_dir, name):
   """`<index_dir>/<name>.csv` if present, else `<root>/split/<name>.csv`."""
-  places = (pathlib.Path(index_dir), root / 'split')
-  found = [p / f'{name}.csv' for p in places if (p / f'{name}.csv').is_file()]
+  found = [f for f in (pathlib.Path(index_dir, f'{name}.csv'), root / 'split' / f'{name}.csv')
+           if f.is_file()]
   if not found:
     raise DataError(f'miniImageNet split file {name}.csv not found in {index_dir} or '
                     f'{root / "split"}.\n{HOW_TO_GET["mini_imagenet"]}')
