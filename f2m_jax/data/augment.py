@@ -58,7 +58,7 @@ def _rrc_flip_one(key, image, size, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3)):
   scale_yx = jnp.stack([size / ch, size / cw])
   translate = -jnp.stack([y0, x0]) * scale_yx
   out = jax.image.scale_and_translate(image, (size, size, image.shape[2]), (0, 1), scale_yx,
-                                      translate, method='linear', antialias=True)
+                                      translate, method='linear')
   return _flip(k5, out)
 
 

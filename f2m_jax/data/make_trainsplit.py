@@ -63,7 +63,7 @@ def main(argv=None):
                  help='the data folder to write cifar100_train.npz into')
   p.add_argument('--archive', help=f'a local {cifar100.ARCHIVE_NAME} (default: downloaded into '
                                    'the cache folder)')
-  p.add_argument('--cache_dir', default='',
+  p.add_argument('--cache_dir',
                  help='the cache folder (default: $F2M_CACHE_DIR, else ~/.cache/f2m_jax)')
   p.add_argument('--no-verify', dest='verify', action='store_false',
                  help="build from an archive whose size or sha256 is not the official one's")
