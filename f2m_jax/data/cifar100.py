@@ -195,10 +195,9 @@ def load_official(index_dir, cache_dir, tfds_data_dir=''):
 
 # ---------------------------------------------------------------- trainsplit source
 
-def load_train_npz(npz_path):
+def load_train_npz(path):
   """The official training set from `cifar100_train.npz` (x_train uint8, y_train fine labels)."""
-  path = pathlib.Path(npz_path)
-  if not path.is_file():
+  if not os.path.isfile(path):
     raise DataError(f'{path} not found.\n{TRAINSPLIT_HOW_TO_GET}')
   with np.load(path) as f:
     if 'x_train' not in f or 'y_train' not in f:

@@ -78,8 +78,6 @@ def class_aware_epoch(labels, pool, per_class, seed, epoch, stream=()):
   while len(out) < length:
     for c in rng.permutation(len(members)):
       out.extend(itertools.islice(cycles[c], per_class))
-      if len(out) >= length:
-        break
   return np.asarray(out[:length], np.int64)
 
 
