@@ -24,9 +24,9 @@ def _open(url, offset):
 
 
 def fetch(url, dest, sha256, size, what, help_text):
-  """Downloads `url` to `dest` (a pathlib.Path; skipped when `dest` exists) and checks `size` and `sha256`; a
-  DataError naming the URL and what to do (a partial file is kept to resume; a checksum
-  mismatch deletes it)."""
+  """Downloads `url` to `dest` (a pathlib.Path; skipped when it exists) and checks `size` and
+  `sha256`; a DataError naming the URL and what to do (a partial file is kept to resume; a
+  checksum mismatch deletes it)."""
   from tqdm.auto import tqdm  # pylint: disable=g-import-not-at-top
   if dest.is_file():
     return dest
