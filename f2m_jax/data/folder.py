@@ -1,7 +1,6 @@
 """Any image dataset as an incremental few-shot benchmark (`data.source='folder'`; docs/data.md,
 'Your own images'): `read_protocol` checks the lists, classes and sessions without reading an image;
 `load` decodes each image once."""
-import collections
 import concurrent.futures
 import contextlib
 import csv
@@ -269,10 +268,11 @@ def find_listed(line, index, train, names, where):
 def map_lists(spec, train, order):
   """Indices into `train` of the images each session_<t>.txt names (num_sessions 0: as many as there
   are)."""
-  trailing = [('/'.join(f.split('/')[k:]), i) for i, f in enumerate(train.files)
-              for k in range(f.count('/') + 1)]
-  shared = collections.Counter(part for part, _ in trailing)
-  index = {part: i if shared[part] == 1 else -1 for part, i in trailing}  # -1: several paths end so
+  index = {}  # every trailing part of a training image's path: its index, -1 where several end so
+  for i, f in enumerate(train.files):
+    for k in range(f.count('/') + 1):
+      part = '/'.join(f.split('/')[k:])
+      index[part] = -1 if part in index else i
   count = spec.num_sessions or len(list(pathlib.Path(spec.lists).glob('session_*.txt')))
   where = lambda t: os.path.join(spec.lists, f'session_{t}.txt')
   return [np.asarray([find_listed(line, index, train, set(order), where(t))
