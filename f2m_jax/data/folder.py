@@ -358,11 +358,10 @@ def decode_file(path, resize, crop):
 
 
 def cached_file(paths, cache_folder, name, resize, crop, desc='', how_to_get=''):
-  """`<cache_folder>/<name>-<key>.npy`, its key a sha256 over the cache version, the transform and
-  every (absolute path, size, modification time); a DataError naming the missing files (the first
-  10)."""
-  transform = {'resize': int(resize), 'crop': int(crop)}
-  key = {'version': CACHE_VERSION, 'transform': transform}
+  """`<cache_folder>/<name>-<key>.npy` (a pathlib.Path; resize and crop ints), its key a sha256
+  over the cache version, the transform and every (absolute path, size, modification time); a
+  DataError naming the missing files (the first 10)."""
+  key = {'version': CACHE_VERSION, 'transform': {'resize': resize, 'crop': crop}}
   h = hashlib.sha256(json.dumps(key, sort_keys=True).encode())
   missing = []
   for p in paths:  # one stat a file
@@ -375,7 +374,7 @@ def cached_file(paths, cache_folder, name, resize, crop, desc='', how_to_get='')
   if missing:
     head = f'{desc or name}: {len(missing)} of {len(paths)} image files are missing:'
     raise DataError('\n  '.join([head, *missing[:10]]) + (f'\n{how_to_get}' if how_to_get else ''))
-  return pathlib.Path(cache_folder) / f'{name}-{h.hexdigest()[:20]}.npy'
+  return cache_folder / f'{name}-{h.hexdigest()[:20]}.npy'
 
 
 def decode_cached(paths, cache_folder, name, resize, crop, desc='', how_to_get='', decode=None):
