@@ -22,7 +22,7 @@ BASE_URL = f'https://raw.githubusercontent.com/{CEC_REPO}/{CEC_COMMIT}/data/inde
 SHA256 = json.loads(pathlib.Path(__file__).with_name('index_lists_sha256.json').read_text())
 
 
-def cache_folder(given=None):
+def cache_folder(given):
   """Where downloads and converted files go (never into the data folder): `given`, else
   $F2M_CACHE_DIR, else ~/.cache/f2m_jax."""
   return given or os.environ.get('F2M_CACHE_DIR') or os.path.expanduser('~/.cache/f2m_jax')

@@ -29,7 +29,7 @@ def content_sha256(arrays):
           for k, dtype in (('x_train', np.uint8), ('y_train', '<i2'))}
 
 
-def build(archive, out_dir, verify=True):
+def build(archive, out_dir, verify):
   """Writes <out_dir>/cifar100_train.npz from `archive` (checked against the pinned size and
   sha256 where `verify`); returns {'path', 'sha256', 'content', 'as_measured'}. Refuses an
   existing file."""
@@ -75,7 +75,7 @@ def main(argv=None):
     return 2
   try:
     archive = args.archive or cifar100.fetch_archive(index_lists.cache_folder(args.cache_dir))
-    done = build(archive, args.out, verify=args.verify)
+    done = build(archive, args.out, args.verify)
   except DataError as e:
     print(f'error: {e}', file=sys.stderr)
     return 2
