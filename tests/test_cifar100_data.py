@@ -33,7 +33,7 @@ def train_labels():
 
 @pytest.fixture(scope='module')
 def trainsplit():
-  return cifar100.load_cifar100_trainsplit(NPZ, CIFAR_LISTS)
+  return cifar100.load_cifar100_trainsplit(cifar100.load_train_npz(NPZ), CIFAR_LISTS)
 
 
 @needs_npz
@@ -166,10 +166,7 @@ def test_sha256_table_matches_reference_copy():
 
 
 @needs_lists
-def test_index_list_found_in_data_dir(monkeypatch, tmp_path):
-  monkeypatch.setenv('F2M_DATA_DIR', str(DATA_DIR))
-  assert index_lists.index_list_dir('cifar100', None, tmp_path / 'cache') == CIFAR_LISTS
-  monkeypatch.delenv('F2M_DATA_DIR')
+def test_index_list_found_in_data_dir(tmp_path):
   assert index_lists.index_list_dir('cifar100', str(DATA_DIR), tmp_path / 'cache') == CIFAR_LISTS
   assert not (tmp_path / 'cache').exists()
   lists = index_lists.session_lists(CIFAR_LISTS, 9)

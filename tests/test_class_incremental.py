@@ -45,7 +45,7 @@ def test_split_of_the_tfds_shaped_benchmark():
 
 @pytest.mark.skipif(not (DATA_DIR / 'cifar100_train.npz').is_file(), reason=f'no {DATA_DIR}/cifar100_train.npz')
 def test_split_of_the_trainsplit_benchmark():
-  bench = cifar100.load_cifar100_trainsplit(DATA_DIR / 'cifar100_train.npz', DATA_DIR / 'index_list' / 'cifar100')
+  bench = cifar100.load_cifar100_trainsplit(cifar100.load_train_npz(DATA_DIR / 'cifar100_train.npz'), DATA_DIR / 'index_list' / 'cifar100')
   _check(cifar100.class_split(bench, 'incremental50'), per_class=400, test_per_class=100)
 
 

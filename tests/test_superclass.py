@@ -82,7 +82,7 @@ def test_split_of_the_tfds_shaped_benchmark(split):
 @pytest.mark.skipif(not (DATA_DIR / 'cifar100_train.npz').is_file(), reason=f'no {DATA_DIR}/cifar100_train.npz')
 @pytest.mark.parametrize('split', ['superclass1', 'superclass2'])
 def test_split_of_the_trainsplit_benchmark(split):
-  bench = cifar100.load_cifar100_trainsplit(DATA_DIR / 'cifar100_train.npz', DATA_DIR / 'index_list' / 'cifar100')
+  bench = cifar100.load_cifar100_trainsplit(cifar100.load_train_npz(DATA_DIR / 'cifar100_train.npz'), DATA_DIR / 'index_list' / 'cifar100')
   new = cifar100.class_split(bench, split)
   _check(new, split, per_class=400, test_per_class=100)
   # no held-out test image is ever a training image, for base or novel classes

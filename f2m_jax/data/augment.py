@@ -34,7 +34,7 @@ def _flip(key, image):
   return jnp.where(jax.random.bernoulli(key), image[:, ::-1], image)
 
 
-def _crop_flip_one(key, image, pad):
+def _crop_flip_one(key, image, pad=4):
   """RandomCrop(size, padding=pad) with zero padding, then a horizontal flip with p = 0.5."""
   k1, k2, k3 = jax.random.split(key, 3)
   padded = jnp.pad(image, ((pad, pad), (pad, pad), (0, 0)))
@@ -58,7 +58,7 @@ def _rrc_flip_one(key, image, size, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3)):
   scale_yx = jnp.stack([size / ch, size / cw])
   translate = -jnp.stack([y0, x0]) * scale_yx
   out = jax.image.scale_and_translate(image, (size, size, image.shape[2]), (0, 1), scale_yx,
-                                      translate, method='linear', antialias=True)
+                                      translate, method='linear')
   return _flip(k5, out)
 
 
@@ -66,7 +66,7 @@ def augment(key, images, kind, size):
   """Augments a float batch [N, H, W, C] with per-image keys derived from `key`; `kind` one of
   AUGMENTS."""
   keys = jax.random.split(key, images.shape[0])
-  one = {'crop_flip': lambda k, x: _crop_flip_one(k, x, 4),
+  one = {'crop_flip': _crop_flip_one,
          'rrc_flip': lambda k, x: _rrc_flip_one(k, x, size), 'none': None}[kind]
   return images if one is None else jax.vmap(one)(keys, images)
 

@@ -46,8 +46,9 @@ TRAINSPLIT_HOW_TO_GET = (f'How to obtain it: {NPZ_NAME} is the official training
 def read_topic_lists(index_dir, num_images):
   """(base_train, topic_shots): session_1.txt and the session_2..9.txt lists as int64 arrays,
   every index one of the `num_images` training images."""
+  lists = session_lists(index_dir, NUM_SESSIONS)  # a DataError (a ValueError) of its own
   try:
-    arrays = [np.asarray(lines, np.int64) for lines in session_lists(index_dir, NUM_SESSIONS)]
+    arrays = [np.asarray(lines, np.int64) for lines in lists]
   except ValueError as e:
     raise DataError(f'{index_dir}: CIFAR-100 index lists must hold one integer per line '
                     f'({e})') from e
@@ -87,8 +88,8 @@ def read_archive(archive):
   sources' arrays."""
   try:
     with tarfile.open(archive) as tar:
-      files = {m.name.split('/')[-1]: tar.extractfile(m).read() for m in tar
-               if m.name.split('/')[-1] in ARCHIVE_FILES and m.isfile()}
+      files = {os.path.basename(m.name): tar.extractfile(m).read() for m in tar
+               if os.path.basename(m.name) in ARCHIVE_FILES and m.isfile()}
   except (tarfile.TarError, OSError) as e:
     raise DataError(f'could not read {archive} as a .tar.gz archive: {e}') from e
   missing = [n for n in ARCHIVE_FILES if n not in files]
@@ -115,25 +116,25 @@ def archive_path(cache_dir):
   return pathlib.Path(cache_dir) / 'downloads' / ARCHIVE_NAME
 
 
-def images_at_hand(cache_dir, tfds_data_dir=''):
+def images_at_hand(cache_dir, tfds_data_dir):
   """Whether the 'tfds' source needs no download: a prepared TFDS cifar100, or the official
   archive in the cache."""
   return tfds_prepared(tfds_data_dir) or archive_path(cache_dir).is_file()
 
 
-def tfds_folder(data_dir=''):
+def tfds_folder(data_dir):
   """TFDS's data folder: `data_dir` (data.tfds_data_dir), else $TFDS_DATA_DIR, else
   ~/tensorflow_datasets."""
   folder = data_dir or os.environ.get('TFDS_DATA_DIR') or '~/tensorflow_datasets'
   return pathlib.Path(folder).expanduser()
 
 
-def tfds_prepared(data_dir=''):
+def tfds_prepared(data_dir):
   """Whether a TFDS cifar100 is prepared there (cifar100/<version>/dataset_info.json)."""
   return any(tfds_folder(data_dir).glob('cifar100/*/dataset_info.json'))
 
 
-def tfds_split(split, data_dir=''):
+def tfds_split(split, data_dir):
   """One split of the prepared TFDS cifar100, read with `tfds.data_source` (random access: no
   TensorFlow, never a download) and put back into the official file order by its record ids
   ('train_00012': 12)."""
@@ -150,7 +151,7 @@ def tfds_split(split, data_dir=''):
                     f'{e}); prepare it again (pip install tensorflow; tfds build cifar100 '
                     '--file_format=array_record) or move it away to use the official '
                     'archive') from e
-  order = np.argsort(numbers, kind='stable')
+  order = np.argsort(numbers)
   if not np.array_equal(numbers[order], np.arange(len(numbers))):
     raise DataError(f'the record ids of TFDS cifar100 {split} do not number its images 0..N-1 '
                     'exactly once')
@@ -183,7 +184,7 @@ def load_official(index_dir, cache_dir, tfds_data_dir=''):
       print(f'CIFAR-100: no TFDS cifar100 prepared in {tfds_folder(tfds_data_dir)}, nor the '
             f'official archive in the cache ({archive}); downloading the archive once '
             f'({ARCHIVE_SIZE / 1e6:.0f} MB, {ARCHIVE_URL})',
-            file=sys.stderr, flush=True)
+            file=sys.stderr)
     arrays = read_archive(fetch_archive(cache_dir, f'Alternative: {TRAINSPLIT_ALTERNATIVE}.'))
     train, test = (Split(arrays[f'x_{s}'], arrays[f'y_{s}'].astype(np.int32))
                    for s in ('train', 'test'))
@@ -194,10 +195,9 @@ def load_official(index_dir, cache_dir, tfds_data_dir=''):
 
 # ---------------------------------------------------------------- trainsplit source
 
-def load_train_npz(npz_path):
+def load_train_npz(path):
   """The official training set from `cifar100_train.npz` (x_train uint8, y_train fine labels)."""
-  path = pathlib.Path(npz_path)
-  if not path.is_file():
+  if not os.path.isfile(path):
     raise DataError(f'{path} not found.\n{TRAINSPLIT_HOW_TO_GET}')
   with np.load(path) as f:
     if 'x_train' not in f or 'y_train' not in f:
@@ -216,11 +216,10 @@ def trainsplit_test_indices(labels, shots, per_class=TEST_PER_CLASS):
   return np.concatenate(list(picked.values()))
 
 
-def load_cifar100_trainsplit(npz_path, index_dir):
-  """The `trainsplit` protocol: test = the last 100 non-shot training images of each class,
-  base_train = session_1.txt minus those, shot_pool = the other novel-class training images
-  (docs/data.md)."""
-  train = load_train_npz(npz_path)
+def load_cifar100_trainsplit(train, index_dir):
+  """The `trainsplit` protocol on the official training set `train` (`load_train_npz`): test = the
+  last 100 non-shot training images of each class, base_train = session_1.txt minus those,
+  shot_pool = the other novel-class training images (docs/data.md)."""
   base_list, topic_shots = read_topic_lists(index_dir, len(train))
   test_idx = trainsplit_test_indices(train.labels, np.concatenate(topic_shots))
   is_test = np.isin(np.arange(len(train)), test_idx)

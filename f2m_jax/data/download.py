@@ -2,7 +2,6 @@
 call) and renamed to `dest` only once size and checksum match."""
 import http.client
 import os
-import pathlib
 import shutil
 import urllib.parse
 import urllib.request
@@ -24,12 +23,11 @@ def _open(url, offset):
   return response, offset if response.status == 206 else 0
 
 
-def fetch(url, dest, sha256, size, what, help_text=''):
-  """Downloads `url` to `dest` (skipped when `dest` exists) and checks `size` and `sha256`; a
-  DataError naming the URL and what to do (a partial file is kept to resume; a checksum
-  mismatch deletes it)."""
+def fetch(url, dest, sha256, size, what, help_text):
+  """Downloads `url` to `dest` (a pathlib.Path; skipped when it exists) and checks `size` and
+  `sha256`; a DataError naming the URL and what to do (a partial file is kept to resume; a
+  checksum mismatch deletes it)."""
   from tqdm.auto import tqdm  # pylint: disable=g-import-not-at-top
-  dest = pathlib.Path(dest)
   if dest.is_file():
     return dest
   dest.parent.mkdir(parents=True, exist_ok=True)

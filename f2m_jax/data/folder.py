@@ -1,9 +1,6 @@
 """Any image dataset as an incremental few-shot benchmark (`data.source='folder'`; docs/data.md,
 'Your own images'): `read_protocol` checks the lists, classes and sessions without reading an image;
 `load` decodes each image once."""
-from __future__ import annotations
-
-import collections
 import concurrent.futures
 import contextlib
 import csv
@@ -13,7 +10,7 @@ import json
 import os
 import pathlib
 import sys
-from typing import Callable, Optional, Sequence, Union
+from typing import Optional, Union
 
 import numpy as np
 
@@ -66,12 +63,12 @@ class Table:
   splits: tuple
   where: str
 
-  def select(self, keep: Sequence[bool]) -> 'Table':
+  def select(self, keep):
     pick = lambda values: tuple(v for v, k in zip(values, keep) if k)
     return dataclasses.replace(self, files=pick(self.files), names=pick(self.names),
                                splits=pick(self.splits))
 
-  def paths(self) -> list:
+  def paths(self):
     return [self.root / f for f in self.files]
 
 
@@ -91,14 +88,13 @@ class Protocol:
   found: int
 
 
-def scan_folder(folder: pathlib.Path, split: str, depth: int = 0) -> Table:
+def scan_folder(folder, split, depth=0):
   """Every image in a subfolder of `folder` (at any depth, hidden files and folders skipped), in
   sorted path order; its class the path of its folder relative to `folder` (depth k > 0: of the
   first k folders)."""
   files = sorted(p.relative_to(folder) for p in folder.rglob('*')
-                 if p.suffix.lower() in IMAGE_SUFFIXES)
-  files = [f for f in files if len(f.parts) > 1 and not any(p.startswith('.') for p in f.parts)
-           and (folder / f).is_file()]
+                 if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
+  files = [f for f in files if len(f.parts) > 1 and not any(p.startswith('.') for p in f.parts)]
   if not files:
     raise DataError(f'{folder} holds no images in class subfolders: expected {folder}/<class '
                     f'name>/<image> (suffixes {", ".join(IMAGE_SUFFIXES)})')
@@ -107,7 +103,7 @@ def scan_folder(folder: pathlib.Path, split: str, depth: int = 0) -> Table:
                str(folder))
 
 
-def read_csv(path: pathlib.Path, root: pathlib.Path, split: str) -> Table:
+def read_csv(path, root, split):
   """The rows of a CSV with a header naming path (or filename), label and optionally split (else
   `split`)."""
   with open(path, newline='', encoding='utf-8') as f:
@@ -125,7 +121,7 @@ def read_csv(path: pathlib.Path, root: pathlib.Path, split: str) -> Table:
   return Table(root, files, names, splits, str(path))
 
 
-def csv_columns(path: pathlib.Path, rows: list) -> list:
+def csv_columns(path, rows):
   """The column numbers of path (or filename), label and split (where there is one) in a CSV's
   header row."""
   header = [c.lower() for c in rows[0]] if rows else []
@@ -138,7 +134,7 @@ def csv_columns(path: pathlib.Path, rows: list) -> list:
   return columns
 
 
-def read_images(spec: Spec, name: str) -> Table:
+def read_images(spec, name):
   """The Table of `spec.<name>` ('train' or 'test'): a folder of class subfolders, or a CSV (paths
   relative to `spec.root`, else to the CSV's folder)."""
   given = getattr(spec, name)
@@ -156,7 +152,7 @@ def read_images(spec: Spec, name: str) -> Table:
                   'subfolder of images per class, or a CSV of path,label[,split]')
 
 
-def read_tables(spec: Spec) -> tuple:
+def read_tables(spec):
   """(train Table, test Table): `spec.train`'s images; the test images its split=test rows,
   `spec.test`'s or `spec.test_per_class` of each class: its first or a random choice (one
   permutation of all rows, seeded)."""
@@ -175,21 +171,20 @@ def read_tables(spec: Spec) -> tuple:
                       f'images; data.folder.test_per_class={spec.test_per_class} must leave every '
                       'class training images: lower it')
     rank = np.arange(len(label))
+    how = f'split_by {spec.split_by}'
     if spec.split_by == 'random':
       rank = np.random.default_rng(spec.split_seed).permutation(len(label))
+      how += f', split_seed {spec.split_seed}'
     is_test = np.zeros(len(label), bool)
     for c in range(len(classes)):  # the class's test_per_class rows of the lowest rank
       rows = np.flatnonzero(label == c)
       is_test[rows[np.argsort(rank[rows])[:spec.test_per_class]]] = True
-    how = f'split_by {spec.split_by}'
-    if spec.split_by == 'random':
-      how += f', split_seed {spec.split_seed}'
     where = f'{given.where} (data.folder.test_per_class={spec.test_per_class} of each class, {how})'
   train, test = given.select(~is_test), dataclasses.replace(given.select(is_test), where=where)
   return train, read_images(spec, 'test') if spec.test else test
 
 
-def class_order(spec: Spec, train: Table) -> tuple:
+def class_order(spec, train):
   """The class names in label order: `spec.classes` (names, or a file listing them), else sorted."""
   if isinstance(spec.classes, tuple):
     return spec.classes
@@ -209,7 +204,7 @@ def class_order(spec: Spec, train: Table) -> tuple:
   return tuple(names)
 
 
-def depth_hint(names) -> str:
+def depth_hint(names):
   """Where every class name ends in the same folder (Tiny-ImageNet's train/<class>/images/), the
   message's ending naming the class_depth that takes the folders above it as the classes; else
   ''."""
@@ -222,7 +217,7 @@ def depth_hint(names) -> str:
           'classes')
 
 
-def labelled(table: Table, order: tuple, strict: bool) -> tuple:
+def labelled(table, order, strict):
   """(the table's rows of classes in `order`, their labels); `strict`: a class not in it is an
   error."""
   index = {n: i for i, n in enumerate(order)}
@@ -237,7 +232,7 @@ def labelled(table: Table, order: tuple, strict: bool) -> tuple:
   return kept, np.asarray([index[n] for n in kept.names], np.int32)
 
 
-def session_layout(spec: Spec, order: tuple, found: int, where: str) -> tuple:
+def session_layout(spec, order, found, where):
   """The class ids of each session, checked against the classes used (`order`, of the `found` in
   `where`)."""
   later = spec.way * (spec.num_sessions - 1)
@@ -255,7 +250,7 @@ def session_layout(spec: Spec, order: tuple, found: int, where: str) -> tuple:
   return sessions_from_counts(base, spec.way, spec.num_sessions)
 
 
-def find_listed(line: str, index: dict, train: Table, names: set, where: str) -> int:
+def find_listed(line, index, train, names, where):
   """The training image a list line names (its longest trailing part that names one)."""
   parts = line.replace('\\', '/').split('/')
   for k in range(len(parts)):
@@ -270,13 +265,14 @@ def find_listed(line: str, index: dict, train: Table, names: set, where: str) ->
   raise DataError(f'{where} names {line}, which is not a training image of {train.where}')
 
 
-def map_lists(spec: Spec, train: Table, order: tuple) -> list:
+def map_lists(spec, train, order):
   """Indices into `train` of the images each session_<t>.txt names (num_sessions 0: as many as there
   are)."""
-  trailing = [('/'.join(f.split('/')[k:]), i) for i, f in enumerate(train.files)
-              for k in range(f.count('/') + 1)]
-  shared = collections.Counter(part for part, _ in trailing)
-  index = {part: i if shared[part] == 1 else -1 for part, i in trailing}  # -1: several paths end so
+  index = {}  # every trailing part of a training image's path: its index, -1 where several end so
+  for i, f in enumerate(train.files):
+    for k in range(f.count('/') + 1):
+      part = '/'.join(f.split('/')[k:])
+      index[part] = -1 if part in index else i
   count = spec.num_sessions or len(list(pathlib.Path(spec.lists).glob('session_*.txt')))
   where = lambda t: os.path.join(spec.lists, f'session_{t}.txt')
   return [np.asarray([find_listed(line, index, train, set(order), where(t))
@@ -284,8 +280,7 @@ def map_lists(spec: Spec, train: Table, order: tuple) -> list:
           for t, lines in enumerate(session_lists(spec.lists, max(1, count)), start=1)]
 
 
-def check_lists(spec: Spec, indices: list, labels: np.ndarray, order: tuple,
-                classes: tuple) -> tuple:
+def check_lists(spec, indices, labels, order, classes):
   """(base_train, topic_shots): the lists, each checked against its session of the layout."""
   for t, idx in enumerate(indices, start=1):
     where = os.path.join(spec.lists, f'session_{t}.txt')
@@ -303,7 +298,7 @@ def check_lists(spec: Spec, indices: list, labels: np.ndarray, order: tuple,
   return indices[0], tuple(indices[1:])
 
 
-def read_protocol(spec: Spec) -> Protocol:
+def read_protocol(spec):
   """The `Protocol` of `spec` from its tables (`read_tables` where None), every check made; no image
   is read."""
   train, test = spec.tables or read_tables(spec)
@@ -344,7 +339,7 @@ def read_protocol(spec: Spec) -> Protocol:
                   found)
 
 
-def decode_file(path, resize: int, crop: int) -> np.ndarray:
+def decode_file(path, resize, crop):
   """RGB uint8 [crop, crop, 3]: the image file through torchvision's Resize(resize) (the shorter
   side to `resize`, the longer int(resize x long / short), PIL's bilinear filter) and
   CenterCrop(crop)."""
@@ -358,17 +353,15 @@ def decode_file(path, resize: int, crop: int) -> np.ndarray:
     w, h = img.size
     if w < crop or h < crop:
       raise ValueError(f'image {w}x{h} is smaller than the crop {crop}')
-    top, left = int(round((h - crop) / 2.0)), int(round((w - crop) / 2.0))
+    top, left = round((h - crop) / 2), round((w - crop) / 2)
     return np.asarray(img.crop((left, top, left + crop, top + crop)), np.uint8)
 
 
-def cached_file(paths: Sequence, cache_folder, name: str, resize: int, crop: int, desc: str = '',
-                how_to_get: str = '') -> pathlib.Path:
-  """`<cache_folder>/<name>-<key>.npy`, its key a sha256 over the cache version, the transform and
-  every (absolute path, size, modification time); a DataError naming the missing files (the first
-  10)."""
-  transform = {'resize': int(resize), 'crop': int(crop)}
-  key = {'version': CACHE_VERSION, 'transform': transform}
+def cached_file(paths, cache_folder, name, resize, crop, desc='', how_to_get=''):
+  """`<cache_folder>/<name>-<key>.npy` (a pathlib.Path; resize and crop ints), its key a sha256
+  over the cache version, the transform and every (absolute path, size, modification time); a
+  DataError naming the missing files (the first 10)."""
+  key = {'version': CACHE_VERSION, 'transform': {'resize': resize, 'crop': crop}}
   h = hashlib.sha256(json.dumps(key, sort_keys=True).encode())
   missing = []
   for p in paths:  # one stat a file
@@ -377,15 +370,14 @@ def cached_file(paths: Sequence, cache_folder, name: str, resize: int, crop: int
     except OSError:
       missing.append(str(p))
       continue
-    h.update(f'\n{os.path.abspath(p)}\t{int(s.st_size)}\t{int(s.st_mtime_ns)}'.encode())
+    h.update(f'\n{os.path.abspath(p)}\t{s.st_size}\t{s.st_mtime_ns}'.encode())
   if missing:
     head = f'{desc or name}: {len(missing)} of {len(paths)} image files are missing:'
     raise DataError('\n  '.join([head, *missing[:10]]) + (f'\n{how_to_get}' if how_to_get else ''))
-  return pathlib.Path(cache_folder) / f'{name}-{h.hexdigest()[:20]}.npy'
+  return cache_folder / f'{name}-{h.hexdigest()[:20]}.npy'
 
 
-def decode_cached(paths: Sequence, cache_folder, name: str, resize: int, crop: int, desc: str = '',
-                  how_to_get: str = '', decode: Optional[Callable] = None) -> np.ndarray:
+def decode_cached(paths, cache_folder, name, resize, crop, desc='', how_to_get='', decode=None):
   """uint8 [N, crop, crop, 3]: the images at `paths` through `decode` (`decode_file`), memory-mapped
   from `cached_file`, decoded once into it where it is absent or incomplete."""
   shape = (len(paths), crop, crop, 3)
@@ -403,7 +395,7 @@ def decode_cached(paths: Sequence, cache_folder, name: str, resize: int, crop: i
 
     def work(i):
       try:
-        out[i] = (decode or decode_file)(paths[i], resize, crop)
+        return (decode or decode_file)(paths[i], resize, crop)
       except Exception as e:  # PIL raises many types for a broken file
         raise DataError(f'could not read {paths[i]} as an image ({type(e).__name__}: {e}); every '
                         'listed file must be an image PIL reads (JPEG, PNG, ...): replace or '
@@ -412,14 +404,14 @@ def decode_cached(paths: Sequence, cache_folder, name: str, resize: int, crop: i
     with concurrent.futures.ThreadPoolExecutor(min(16, os.cpu_count() or 1)) as pool, \
         progress.bar(len(paths), f'decoding {desc or name} (once, cached in {target.parent})',
                      file=sys.stderr, unit='img') as bar:
-      for _ in pool.map(work, range(len(paths))):
+      for i, image in enumerate(pool.map(work, range(len(paths)))):
+        out[i] = image
         bar.update(1)
-    out.flush()
-    del out
+    del out  # flushes it
   return np.load(target, mmap_mode='r')
 
 
-def cache_plan(spec: Spec, p: Protocol, cache_dir) -> dict:
+def cache_plan(spec, p, cache_dir):
   """{split: (its image paths, `decode_cached`'s arguments: cache folder, name, resize, crop)}."""
   folder = pathlib.Path(cache_dir) / 'arrays' / spec.name
   size = round(spec.image_size * spec.resize)
@@ -428,7 +420,7 @@ def cache_plan(spec: Spec, p: Protocol, cache_dir) -> dict:
           for split, table in (('train', p.train), ('test', p.test))}
 
 
-def load(spec: Spec, cache_dir, decode: Optional[Callable] = None) -> Benchmark:
+def load(spec, cache_dir, decode=None):
   """The `Benchmark` of `spec`, images cached in `<cache_dir>/arrays/<name>/`; `decode` replaces
   `decode_file`."""
   p = read_protocol(spec)
@@ -438,7 +430,7 @@ def load(spec: Spec, cache_dir, decode: Optional[Callable] = None) -> Benchmark:
   return benchmark(spec, p, images)
 
 
-def benchmark(spec: Spec, p: Protocol, images: dict) -> Benchmark:
+def benchmark(spec, p, images):
   """The `Benchmark` of `p` with `images` ({'train', 'test'}: uint8 arrays)."""
   return Benchmark(
       name=spec.name, train=Split(images['train'], p.train_labels),

@@ -22,17 +22,16 @@ BASE_URL = f'https://raw.githubusercontent.com/{CEC_REPO}/{CEC_COMMIT}/data/inde
 SHA256 = json.loads(pathlib.Path(__file__).with_name('index_lists_sha256.json').read_text())
 
 
-def cache_folder(given=None):
+def cache_folder(given):
   """Where downloads and converted files go (never into the data folder): `given`, else
   $F2M_CACHE_DIR, else ~/.cache/f2m_jax."""
   return given or os.environ.get('F2M_CACHE_DIR') or os.path.expanduser('~/.cache/f2m_jax')
 
 
-def index_list_dir(dataset, data_dir=None, cache_dir=None, download=True):
-  """The folder holding `session_*.txt` for `dataset`: `<data_dir or
-  $F2M_DATA_DIR>/index_list/<dataset>`, else `<cache folder>/index_list/<dataset>`, its
-  missing files downloaded (`download`; else None)."""
-  data_dir = data_dir or os.environ.get(DATA_DIR_ENV)
+def index_list_dir(dataset, data_dir, cache_dir=None, download=True):
+  """The folder holding `session_*.txt` for `dataset`: `<data_dir>/index_list/<dataset>` (data_dir
+  '' or None: none), else `<cache folder>/index_list/<dataset>`, its missing files downloaded
+  (`download`; else None)."""
   if data_dir and (pathlib.Path(data_dir) / 'index_list' / dataset / 'session_1.txt').is_file():
     return pathlib.Path(data_dir) / 'index_list' / dataset
   cached = pathlib.Path(cache_folder(cache_dir)) / 'index_list' / dataset

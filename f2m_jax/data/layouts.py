@@ -33,8 +33,8 @@ HOW_TO_GET = {
 
 def mini_csv(root, index_dir, name):
   """`<index_dir>/<name>.csv` if present, else `<root>/split/<name>.csv`."""
-  places = (pathlib.Path(index_dir), root / 'split')
-  found = [p / f'{name}.csv' for p in places if (p / f'{name}.csv').is_file()]
+  found = [f for f in (pathlib.Path(index_dir, f'{name}.csv'), root / 'split' / f'{name}.csv')
+           if f.is_file()]
   if not found:
     raise DataError(f'miniImageNet split file {name}.csv not found in {index_dir} or '
                     f'{root / "split"}.\n{HOW_TO_GET["mini_imagenet"]}')
@@ -54,7 +54,7 @@ def _read_pairs(path):
 
 
 def cub_tables(root):
-  """(train Table, test Table, class order) of CUB's official files (module docstring)."""
+  """((train Table, test Table), class order) of CUB's official files (module docstring)."""
   images, split, labels, classes = (_read_pairs(root / n) for n in CUB_FILES)
   ids = sorted(images)
   if split.keys() != images.keys() or labels.keys() != images.keys():
@@ -68,7 +68,8 @@ def cub_tables(root):
   is_train = np.asarray([split[i] == '1' for i in ids])
   table = folder.Table(root / 'images', tuple(images[i] for i in ids), names,
                        tuple('train' if t else 'test' for t in is_train), str(root / 'images.txt'))
-  return table.select(is_train), table.select(~is_train), tuple(classes[c] for c in sorted(classes))
+  order = tuple(classes[c] for c in sorted(classes))
+  return (table.select(is_train), table.select(~is_train)), order
 
 
 def spec(dataset, data_dir, index_dir=None, cache_dir=None, image_size=0, **fields):
@@ -91,5 +92,5 @@ def spec(dataset, data_dir, index_dir=None, cache_dir=None, image_size=0, **fiel
   if dataset == 'mini_imagenet':
     return folder.Spec(train=mini_csv(root, index_dir, 'train'),
                        test=mini_csv(root, index_dir, 'test'), root=str(root / 'images'), **common)
-  train, test, order = cub_tables(root)
-  return folder.Spec(classes=order, tables=(train, test), **common)
+  tables, order = cub_tables(root)
+  return folder.Spec(classes=order, tables=tables, **common)

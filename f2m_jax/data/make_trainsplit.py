@@ -29,7 +29,7 @@ def content_sha256(arrays):
           for k, dtype in (('x_train', np.uint8), ('y_train', '<i2'))}
 
 
-def build(archive, out_dir, verify=True):
+def build(archive, out_dir, verify):
   """Writes <out_dir>/cifar100_train.npz from `archive` (checked against the pinned size and
   sha256 where `verify`); returns {'path', 'sha256', 'content', 'as_measured'}. Refuses an
   existing file."""
@@ -63,7 +63,7 @@ def main(argv=None):
                  help='the data folder to write cifar100_train.npz into')
   p.add_argument('--archive', help=f'a local {cifar100.ARCHIVE_NAME} (default: downloaded into '
                                    'the cache folder)')
-  p.add_argument('--cache_dir', default='',
+  p.add_argument('--cache_dir',
                  help='the cache folder (default: $F2M_CACHE_DIR, else ~/.cache/f2m_jax)')
   p.add_argument('--no-verify', dest='verify', action='store_false',
                  help="build from an archive whose size or sha256 is not the official one's")
@@ -75,7 +75,7 @@ def main(argv=None):
     return 2
   try:
     archive = args.archive or cifar100.fetch_archive(index_lists.cache_folder(args.cache_dir))
-    done = build(archive, args.out, verify=args.verify)
+    done = build(archive, args.out, args.verify)
   except DataError as e:
     print(f'error: {e}', file=sys.stderr)
     return 2

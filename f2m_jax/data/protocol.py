@@ -26,7 +26,7 @@ def session_shots(benchmark, protocol, run, session, shots, seed):
     if benchmark.topic_shots is None:
       raise ValueError(f"data.protocol='topic' is invalid: it needs the TOPIC lists, which dataset "
                        f"{benchmark.name!r} lacks; use 'draws'")
-    indices = np.asarray(benchmark.topic_shots[session - 2])
+    indices = benchmark.topic_shots[session - 2]
   elif protocol in ('draws', 'validation'):  # the validation protocol draws its shots as 'draws'
     rng = np.random.default_rng([seed, run, session])
     pool_labels = benchmark.train.labels[benchmark.shot_pool]
@@ -78,8 +78,6 @@ def class_aware_epoch(labels, pool, per_class, seed, epoch, stream=()):
   while len(out) < length:
     for c in rng.permutation(len(members)):
       out.extend(itertools.islice(cycles[c], per_class))
-      if len(out) >= length:
-        break
   return np.asarray(out[:length], np.int64)
 
 

@@ -53,12 +53,10 @@ def _load(config):
                      f'(sources: {SOURCES}; the folder source reads any dataset through '
                      'configs/folder.py)')
   if source == 'trainsplit':  # cifar100_train.npz in the data folder validation demands
-    npz = os.path.join(data_dir(config), cifar100.NPZ_NAME)
-    if not os.path.isfile(npz):
-      # raises the DataError saying what to put there, before the lists are looked for
-      cifar100.load_train_npz(npz)
+    # read first: where it is missing, the DataError says what to put there, not the lists'
+    train = cifar100.load_train_npz(os.path.join(data_dir(config), cifar100.NPZ_NAME))
     index_dir = index_lists.index_list_dir('cifar100', data_dir(config), cache)
-    bench = cifar100.load_cifar100_trainsplit(npz, index_dir)
+    bench = cifar100.load_cifar100_trainsplit(train, index_dir)
   else:  # from TFDS or the official archive
     try:
       index_dir = index_lists.index_list_dir('cifar100', data_dir(config), cache)

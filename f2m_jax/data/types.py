@@ -68,7 +68,7 @@ def sessions_from_counts(num_base, way, num_sessions):
 
 def check_session_indices(benchmark, indices, session, shots):
   """Raises if `indices` are not exactly `shots` training images of each class of `session`."""
-  labels = benchmark.train.labels[np.asarray(indices)].tolist()
+  labels = benchmark.train.labels[indices].tolist()
   want = benchmark.session_classes[session - 1]
   for c in want:
     if labels.count(c) != shots:
