@@ -4,7 +4,6 @@ fold_in(fold_in(fold_in(seed, 2), run), session) a session's fine-tuning; other 
 streams 3 and up."""
 import dataclasses
 import functools
-from typing import Callable, Optional
 
 import jax
 import jax.numpy as jnp
@@ -25,12 +24,9 @@ class TrainingError(RuntimeError):
 
 
 class Interrupted(Exception):
-  """The user asked the run to stop (SIGINT, SIGTERM); raised at a step or session boundary."""
-
-
-# A run's progress hook: hook(kind, **info), called after every base step ('base_step', step=n) and
-# every saved session ('session', run=r, session=t); tests use it to interrupt a run.
-Hook = Optional[Callable[..., None]]
+  """The user asked the run to stop (SIGINT, SIGTERM); raised at a step or session boundary by the
+  run's hook(kind, **info), called after every base step ('base_step', step=n) and every saved
+  session ('session', run=r, session=t)."""
 
 
 @dataclasses.dataclass
@@ -45,7 +41,7 @@ class Experiment:
   _epoch: tuple = dataclasses.field(default=(None, None), repr=False)  # (epoch, its indices)
 
   @classmethod
-  def create(cls, config, bench: Benchmark):
+  def create(cls, config, bench):
     m = config.model
     dtype = jnp.bfloat16 if m.dtype == 'bfloat16' else jnp.float32
     model = build_model(m.arch, bench.num_base_classes, m.width or None, dtype, head=m.head,
