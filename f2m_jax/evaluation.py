@@ -54,11 +54,6 @@ def ncm_predict_padded(embeddings, protos, num_classes, normalize):
   return objectives.ncm_predict(embeddings, p, num_classes)
 
 
-def eval_shapes(bench):
-  """(test images, classes) of the whole benchmark: the sizes its NCM evaluations are padded to."""
-  return len(bench.test.labels), bench.num_seen_classes(bench.num_sessions)
-
-
 def ncm_accuracies(embeddings, labels, protos, num_base, normalize, pad_to=None, session_ends=()):
   """`accuracies_from_predictions` of NCM over all seen classes; `pad_to` = (rows, classes) pads so
   that every session runs one compiled program."""

@@ -23,9 +23,10 @@ def seen_accuracies(exp, session, values, prototypes=None):
   labels, ends = bench.test.labels[idx], evaluation.session_ends(bench, session)
   if prototypes is None:
     return evaluation.accuracies_from_predictions(values(idx), labels, bench.num_base_classes, ends)
+  # padded to the whole benchmark's test images and classes: one program for every session
+  pad_to = len(bench.test.labels), bench.num_seen_classes(bench.num_sessions)
   return evaluation.ncm_accuracies(values(idx), labels, prototypes, bench.num_base_classes,
-                                   exp.config.eval.normalize_prototypes,
-                                   pad_to=evaluation.eval_shapes(bench), session_ends=ends)
+                                   exp.config.eval.normalize_prototypes, pad_to, ends)
 
 
 class Evaluator:
