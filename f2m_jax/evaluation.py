@@ -12,7 +12,7 @@ from f2m_jax.padding import pad_rows
 from f2m_jax.stats import build_results, results_rows, summarize  # noqa: F401 (pipeline's)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def make_embed(model, mean, std, batch_size=500, first=0, last=None, logits=False):
   """embed(variables, inputs) -> numpy in the model's accumulation dtype, BN in eval mode, in
   batches padded to one size so one (cached) compiled program serves every call. first=0: uint8
@@ -57,8 +57,7 @@ def ncm_predict_padded(embeddings, protos, num_classes, normalize):
 def ncm_accuracies(embeddings, labels, protos, num_base, normalize, pad_to=None, session_ends=()):
   """`accuracies_from_predictions` of NCM over all seen classes; `pad_to` = (rows, classes) pads so
   that every session runs one compiled program."""
-  dtype = jnp.promote_types(
-      jnp.promote_types(np.asarray(embeddings).dtype, np.asarray(protos).dtype), jnp.float32)
+  dtype = np.result_type(np.asarray(embeddings).dtype, np.asarray(protos).dtype, np.float32)
   embeddings, protos = np.asarray(embeddings, dtype), np.asarray(protos, dtype)
   rows, classes = pad_to or (len(embeddings), len(protos))
   pred = ncm_predict_padded(pad_rows(embeddings, rows), pad_rows(protos, classes),

@@ -128,7 +128,7 @@ class Experiment:
     return self.init_program(network)(key, params, batch_stats)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _init_program(network, image_size, sgd_settings):
   """`Experiment.init_program`, one per (network, image size, optimizer), so that a sweep's runs
   compile it once."""

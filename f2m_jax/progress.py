@@ -35,12 +35,12 @@ class _Lines:
       self.file.write(text + '\n')
 
 
-def bar(total, desc, file=None, mininterval=2.0, cls=tqdm, **kw):
-  """A tqdm bar (`cls`) on `file` (default stdout), drawn in place or as lines (module
-  docstring)."""
+def bar(total, desc, file=None, cls=tqdm, **kw):
+  """A tqdm bar (`cls`) on `file` (default stdout), drawn in place (at most every 2 s) or as lines
+  (module docstring)."""
   file = file or sys.stdout
   if file.isatty():
-    return cls(total=total, desc=desc, file=file, mininterval=mininterval, **kw)
+    return cls(total=total, desc=desc, file=file, mininterval=2.0, **kw)
   return cls(total=total, desc=desc, file=_Lines(file), mininterval=LOG_EVERY_S,
              maxinterval=LOG_EVERY_S, ascii=True, **kw)
 

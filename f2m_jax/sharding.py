@@ -65,8 +65,7 @@ def maybe_initialize_distributed(requested=False):
 
 def data_mesh(devices=None):
   """A 1-D mesh named 'data' over `devices` (default: every device of every process)."""
-  devices = jax.devices() if devices is None else list(devices)
-  return Mesh(np.asarray(devices), (AXIS,))
+  return Mesh(np.asarray(devices or jax.devices()), (AXIS,))
 
 
 def per_device_batch(global_batch, mesh):
