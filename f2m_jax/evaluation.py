@@ -9,7 +9,6 @@ import numpy as np
 from f2m_jax import objectives
 from f2m_jax.data import augment as augment_lib
 from f2m_jax.padding import pad_rows
-from f2m_jax.stats import build_results, results_rows, summarize  # noqa: F401 (pipeline's)
 
 
 @functools.cache
