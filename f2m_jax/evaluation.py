@@ -83,7 +83,7 @@ def accuracies_from_predictions(pred, labels, num_base, session_ends=()):
   out = {'acc': 100.0 * correct.mean(), 'acc_base': acc_base, 'acc_novel': acc_novel, 'hm': hm}
   if session_ends:
     groups = [(labels >= lo) & (labels < hi)
-              for lo, hi in zip((0,) + tuple(session_ends[:-1]), session_ends)]
+              for lo, hi in zip((0, *session_ends[:-1]), session_ends)]
     out['acc_sessions'] = [100.0 * float(correct[g].mean()) if g.any() else None for g in groups]
   return out
 

@@ -43,8 +43,8 @@ class Experiment:
   @classmethod
   def create(cls, config, bench):
     m = config.model
-    dtype = jnp.bfloat16 if m.dtype == 'bfloat16' else jnp.float32
-    model = build_model(m.arch, bench.num_base_classes, m.width or None, dtype, head=m.head,
+    dtype = getattr(jnp, m.dtype)  # 'float32' or 'bfloat16'
+    model = build_model(m.arch, bench.num_base_classes, m.width, dtype, head=m.head,
                         conv_backward=m.conv_backward)
     paths = tuple(noise_set_paths(model, config.noise.num_layers))
     return cls(config, bench, model, paths, split_block(model, paths), base_lib.loss_view(config))
@@ -61,9 +61,6 @@ class Experiment:
     b = self.config.base
     return (b.lr, b.momentum, b.weight_decay, tuple(b.milestones), b.lr_gamma,
             b.classifier_lr if b.classifier_lr > 0 else None)
-
-  def optimizer(self):
-    return optim.sgd(*self.optimizer_settings())
 
   def trainable_paths(self, params):
     if self.config.incremental.trainable == 'noise_set':
