@@ -131,9 +131,9 @@ def map_draws(noisy_pass, eps, draw_map):
   draws of `eps`: `jax.vmap` over the draw axis ('vmap'), or the M passes written out ('unroll')."""
   num_draws = len(next(iter(eps.values())))
   if draw_map == 'unroll':
-    outputs, updates = zip(*[noisy_pass(trees.index(eps, j)) for j in range(num_draws)])
-    return trees.stack(outputs), list(updates)
-  outputs, stacked = jax.vmap(noisy_pass)(eps)
+    outputs, stacked = trees.stack([noisy_pass(trees.index(eps, j)) for j in range(num_draws)])
+  else:
+    outputs, stacked = jax.vmap(noisy_pass)(eps)
   return outputs, [trees.index(stacked, j) for j in range(num_draws)]
 
 

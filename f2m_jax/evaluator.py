@@ -10,8 +10,8 @@ def embedder(exp, first=0, last=None, network=None, logits=False):
   defaults), the trunk's features before block `last`, the suffix's embedding from the features
   entering `first`, or (`logits`) the classifier's logits."""
   mean, std = (exp.bench.mean, exp.bench.std) if first == 0 else (None, None)
-  return evaluation.make_embed(network or exp.model, mean, std, exp.config.eval.batch_size,
-                               first=first, last=last, logits=logits)
+  return evaluation.make_embed(network or exp.model, mean, std, exp.config.eval.batch_size, first,
+                               last, logits)
 
 
 def seen_accuracies(exp, session, values, prototypes=None):

@@ -45,7 +45,7 @@ def chosen_variables(state, select, title, steps):
   best = select.store.restore(select.template)
   print(f'{title}: step {best_step} of {steps}, chosen on {select.read} '
         f'({float(best["test_acc"]):.2f}%; base.select_on_test reads the test set)', flush=True)
-  return {'params': best['params'], 'batch_stats': best['batch_stats']}
+  return {k: best[k] for k in ('params', 'batch_stats')}
 
 
 def train_base_sessions(exps, ckpts, logs, title, select=None, hook=None):
