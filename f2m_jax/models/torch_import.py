@@ -72,9 +72,11 @@ def convert_state_dict(state_dict, params_template, batch_stats_template):
       value = None if raw is None else _to_flax(path, raw)
       if value is not None and value.shape == np.shape(leaf):
         flat[path] = jnp.asarray(value)
-      elif value is None and path[0] != 'fc':
+      elif path[0] == 'fc':  # a classifier of another size (or none): ours stays
+        continue
+      elif value is None:
         wrong['missing'].append(name)
-      elif path[0] != 'fc':  # a classifier of another size: ours stays
+      else:
         wrong['of another shape'].append(f'{name}: {tuple(np.shape(raw))} in the file, '
                                          f'{np.shape(leaf)} expected here (as {"/".join(path)})')
     result[collection] = trees.unflatten(flat)
