@@ -108,15 +108,14 @@ def loss_terms(out, loss):
   noise.prototype_fixing), plus noise.clean_ce_weight CE_clean. A weight of 0 leaves its term out of
   the program (a Python branch on the frozen view); a term of the clean pass goes after the
   branches."""
-  if 'ce' in out:
-    pf = (loss.pf_weight if loss.prototype_fixing else 0.0) * out['pf']
-    terms = {'ce': jnp.mean(out['ce']), 'pf': jnp.mean(pf)}
-    if loss.std_weight and len(out['ce']) > 1:  # the authors' code; the paper has no such term
-      terms['std'] = loss.std_weight * objectives.unbiased_std(out['ce'] + pf)
-    if loss.clean_ce_weight:  # at 0 the clean pass needs no backward
-      terms['clean_ce'] = loss.clean_ce_weight * out['ce_clean']
-  else:  # no noisy passes
-    terms = {'ce': out['ce_clean']}
+  if 'ce' not in out:  # no noisy passes
+    return {'ce': out['ce_clean']}
+  pf = (loss.pf_weight if loss.prototype_fixing else 0.0) * out['pf']
+  terms = {'ce': jnp.mean(out['ce']), 'pf': jnp.mean(pf)}
+  if loss.std_weight and len(out['ce']) > 1:  # the authors' code; the paper has no such term
+    terms['std'] = loss.std_weight * objectives.unbiased_std(out['ce'] + pf)
+  if loss.clean_ce_weight:  # at 0 the clean pass needs no backward
+    terms['clean_ce'] = loss.clean_ce_weight * out['ce_clean']
   return terms
 
 
@@ -132,9 +131,9 @@ def map_draws(noisy_pass, eps, draw_map):
   draws of `eps`: `jax.vmap` over the draw axis ('vmap'), or the M passes written out ('unroll')."""
   num_draws = len(next(iter(eps.values())))
   if draw_map == 'unroll':
-    outputs, updates = zip(*[noisy_pass(trees.index(eps, j)) for j in range(num_draws)])
-    return trees.stack(outputs), list(updates)
-  outputs, stacked = jax.vmap(noisy_pass)(eps)
+    outputs, stacked = trees.stack([noisy_pass(trees.index(eps, j)) for j in range(num_draws)])
+  else:
+    outputs, stacked = jax.vmap(noisy_pass)(eps)
   return outputs, [trees.index(stacked, j) for j in range(num_draws)]
 
 

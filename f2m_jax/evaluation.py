@@ -1,9 +1,6 @@
 """Embeddings, prototypes, NCM accuracies and the prototype norms (the results' statistics:
 f2m_jax/stats.py)."""
-from __future__ import annotations
-
 import functools
-from typing import Callable, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -11,15 +8,11 @@ import numpy as np
 
 from f2m_jax import objectives
 from f2m_jax.data import augment as augment_lib
-from f2m_jax.data.types import Benchmark
-from f2m_jax.models import ResNet
 from f2m_jax.padding import pad_rows
-from f2m_jax.stats import build_results, results_rows, summarize  # noqa: F401 (pipeline's)
 
 
-@functools.lru_cache(maxsize=None)
-def make_embed(model: ResNet, mean, std, batch_size: int = 500, first: int = 0,
-               last: Optional[int] = None, logits: bool = False) -> Callable:
+@functools.cache
+def make_embed(model, mean, std, batch_size=500, first=0, last=None, logits=False):
   """embed(variables, inputs) -> numpy in the model's accumulation dtype, BN in eval mode, in
   batches padded to one size so one (cached) compiled program serves every call. first=0: uint8
   images; else the activations entering block `first`. `last`: the activation before block
@@ -31,7 +24,7 @@ def make_embed(model: ResNet, mean, std, batch_size: int = 500, first: int = 0,
     out = model.apply(variables, x, train=False, first=first, last=last)
     return out if last is not None else out[1 if logits else 0]
 
-  def embed(variables, inputs, keep_on_device: bool = False):
+  def embed(variables, inputs, keep_on_device=False):
     """The outputs for host or device `inputs` as one numpy array, or one device array
     (`keep_on_device`)."""
     xp = jnp if keep_on_device else np
@@ -43,7 +36,7 @@ def make_embed(model: ResNet, mean, std, batch_size: int = 500, first: int = 0,
   return embed
 
 
-def prototypes(embeddings: np.ndarray, labels: np.ndarray, classes: Sequence[int]) -> np.ndarray:
+def prototypes(embeddings, labels, classes):
   """Eq. 1 for the given classes: [len(classes), D] means of their embeddings."""
   missing = next((c for c in classes if not (labels == c).any()), None)
   if missing is not None:
@@ -53,25 +46,17 @@ def prototypes(embeddings: np.ndarray, labels: np.ndarray, classes: Sequence[int
 
 
 @functools.partial(jax.jit, static_argnames='normalize')
-def ncm_predict_padded(embeddings, protos, num_classes, normalize: bool):
+def ncm_predict_padded(embeddings, protos, num_classes, normalize):
   """NCM predictions (PN first when `normalize`) over the first `num_classes` rows of `protos` (the
   rest padding)."""
   p = objectives.normalize_prototypes(protos) if normalize else protos
   return objectives.ncm_predict(embeddings, p, num_classes)
 
 
-def eval_shapes(bench: Benchmark) -> tuple:
-  """(test images, classes) of the whole benchmark: the sizes its NCM evaluations are padded to."""
-  return len(bench.test.labels), bench.num_seen_classes(bench.num_sessions)
-
-
-def ncm_accuracies(embeddings: np.ndarray, labels: np.ndarray, protos: np.ndarray, num_base: int,
-                   normalize: bool, pad_to: Optional[tuple] = None,
-                   session_ends: Sequence[int] = ()) -> dict:
+def ncm_accuracies(embeddings, labels, protos, num_base, normalize, pad_to=None, session_ends=()):
   """`accuracies_from_predictions` of NCM over all seen classes; `pad_to` = (rows, classes) pads so
   that every session runs one compiled program."""
-  dtype = jnp.promote_types(
-      jnp.promote_types(np.asarray(embeddings).dtype, np.asarray(protos).dtype), jnp.float32)
+  dtype = np.result_type(np.asarray(embeddings).dtype, np.asarray(protos).dtype, np.float32)
   embeddings, protos = np.asarray(embeddings, dtype), np.asarray(protos, dtype)
   rows, classes = pad_to or (len(embeddings), len(protos))
   pred = ncm_predict_padded(pad_rows(embeddings, rows), pad_rows(protos, classes),
@@ -80,14 +65,13 @@ def ncm_accuracies(embeddings: np.ndarray, labels: np.ndarray, protos: np.ndarra
                                      session_ends)
 
 
-def session_ends(bench: Benchmark, session: int) -> tuple:
+def session_ends(bench, session):
   """The classes seen after each session up to `session`: class ids are in session order, so session
   i's classes are those from session_ends[i - 1] (0 for i = 0) to session_ends[i]."""
   return tuple(bench.num_seen_classes(t) for t in range(1, session + 1))
 
 
-def accuracies_from_predictions(pred, labels: np.ndarray, num_base: int,
-                                session_ends: Sequence[int] = ()) -> dict:
+def accuracies_from_predictions(pred, labels, num_base, session_ends=()):
   """acc, acc_base, acc_novel (None without novel images) and hm, in percent; with `session_ends`,
   acc_sessions: the accuracy on each session's classes (None for a session without test images)."""
   correct = np.asarray(pred) == labels
@@ -99,12 +83,12 @@ def accuracies_from_predictions(pred, labels: np.ndarray, num_base: int,
   out = {'acc': 100.0 * correct.mean(), 'acc_base': acc_base, 'acc_novel': acc_novel, 'hm': hm}
   if session_ends:
     groups = [(labels >= lo) & (labels < hi)
-              for lo, hi in zip((0,) + tuple(session_ends[:-1]), session_ends)]
+              for lo, hi in zip((0, *session_ends[:-1]), session_ends)]
     out['acc_sessions'] = [100.0 * float(correct[g].mean()) if g.any() else None for g in groups]
   return out
 
 
-def prototype_norms(prototypes: np.ndarray, num_base: int) -> dict:
+def prototype_norms(prototypes, num_base):
   """The paper's norm table for one run: mean and (population) std of the L2 norms of the base
   prototypes (the first `num_base` rows) and of the novel ones (the rest; None without any)."""
   norms = np.linalg.norm(np.asarray(prototypes, np.float64), axis=-1)

@@ -10,8 +10,8 @@ def embedder(exp, first=0, last=None, network=None, logits=False):
   defaults), the trunk's features before block `last`, the suffix's embedding from the features
   entering `first`, or (`logits`) the classifier's logits."""
   mean, std = (exp.bench.mean, exp.bench.std) if first == 0 else (None, None)
-  return evaluation.make_embed(network or exp.model, mean, std, exp.config.eval.batch_size,
-                               first=first, last=last, logits=logits)
+  return evaluation.make_embed(network or exp.model, mean, std, exp.config.eval.batch_size, first,
+                               last, logits)
 
 
 def seen_accuracies(exp, session, values, prototypes=None):
@@ -23,9 +23,10 @@ def seen_accuracies(exp, session, values, prototypes=None):
   labels, ends = bench.test.labels[idx], evaluation.session_ends(bench, session)
   if prototypes is None:
     return evaluation.accuracies_from_predictions(values(idx), labels, bench.num_base_classes, ends)
+  # padded to the whole benchmark's test images and classes: one program for every session
+  pad_to = len(bench.test.labels), bench.num_seen_classes(bench.num_sessions)
   return evaluation.ncm_accuracies(values(idx), labels, prototypes, bench.num_base_classes,
-                                   exp.config.eval.normalize_prototypes,
-                                   pad_to=evaluation.eval_shapes(bench), session_ends=ends)
+                                   exp.config.eval.normalize_prototypes, pad_to, ends)
 
 
 class Evaluator:

@@ -4,7 +4,6 @@ fold_in(fold_in(fold_in(seed, 2), run), session) a session's fine-tuning; other 
 streams 3 and up."""
 import dataclasses
 import functools
-from typing import Callable, Optional
 
 import jax
 import jax.numpy as jnp
@@ -25,12 +24,9 @@ class TrainingError(RuntimeError):
 
 
 class Interrupted(Exception):
-  """The user asked the run to stop (SIGINT, SIGTERM); raised at a step or session boundary."""
-
-
-# A run's progress hook: hook(kind, **info), called after every base step ('base_step', step=n) and
-# every saved session ('session', run=r, session=t); tests use it to interrupt a run.
-Hook = Optional[Callable[..., None]]
+  """The user asked the run to stop (SIGINT, SIGTERM); raised at a step or session boundary by the
+  run's hook(kind, **info), called after every base step ('base_step', step=n) and every saved
+  session ('session', run=r, session=t)."""
 
 
 @dataclasses.dataclass
@@ -45,10 +41,10 @@ class Experiment:
   _epoch: tuple = dataclasses.field(default=(None, None), repr=False)  # (epoch, its indices)
 
   @classmethod
-  def create(cls, config, bench: Benchmark):
+  def create(cls, config, bench):
     m = config.model
-    dtype = jnp.bfloat16 if m.dtype == 'bfloat16' else jnp.float32
-    model = build_model(m.arch, bench.num_base_classes, m.width or None, dtype, head=m.head,
+    dtype = getattr(jnp, m.dtype)  # 'float32' or 'bfloat16'
+    model = build_model(m.arch, bench.num_base_classes, m.width, dtype, head=m.head,
                         conv_backward=m.conv_backward)
     paths = tuple(noise_set_paths(model, config.noise.num_layers))
     return cls(config, bench, model, paths, split_block(model, paths), base_lib.loss_view(config))
@@ -65,9 +61,6 @@ class Experiment:
     b = self.config.base
     return (b.lr, b.momentum, b.weight_decay, tuple(b.milestones), b.lr_gamma,
             b.classifier_lr if b.classifier_lr > 0 else None)
-
-  def optimizer(self):
-    return optim.sgd(*self.optimizer_settings())
 
   def trainable_paths(self, params):
     if self.config.incremental.trainable == 'noise_set':
@@ -132,7 +125,7 @@ class Experiment:
     return self.init_program(network)(key, params, batch_stats)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _init_program(network, image_size, sgd_settings):
   """`Experiment.init_program`, one per (network, image size, optimizer), so that a sweep's runs
   compile it once."""

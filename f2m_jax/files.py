@@ -146,4 +146,4 @@ def describe_os_error(e):
   if e.filename and e.errno == errno.EISDIR:
     return f'{e.filename} is a folder where a file should be; {MOVE}'
   line = in_the_way(e.filename) if e.filename and e.errno in (errno.ENOTDIR, errno.EEXIST) else None
-  return line or f'{e.strerror or e}' + (f': {e.filename}' if e.filename else '')
+  return line or f'{e.strerror or e}' + f': {e.filename}' * bool(e.filename)

@@ -21,7 +21,7 @@ RELABEL = {'discrete_beta': (0, 4, 2, 3, 4), 'grid': (0, 1, 2, 3, 4)}  # each fi
 FIFTHS = (0.2, 0.4, 0.6, 0.8)  # the upper ends of the first four fifths of [0, 1]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def fifth_cdfs():
   """P(u <= 0.2), P(u <= 0.4), P(u <= 0.6), P(u <= 0.8) for u ~ Beta(alpha, beta), for every pair
   (alpha, beta) of BETA_SHAPES: float32 [7, 7, 4]."""

@@ -59,8 +59,7 @@ unbiased_std.defvjp(_unbiased_std_fwd, _unbiased_std_bwd)
 
 def pairwise_distance(x, prototypes, distance):
   """[N, D] x [C, D] -> [N, C] distances: 'squared_euclidean' (the original) or 'euclidean'."""
-  sq = (jnp.sum(x * x, -1, keepdims=True) - 2.0 * x @ prototypes.T
-        + jnp.sum(prototypes ** 2, -1)[None])
+  sq = jnp.sum(x * x, -1, keepdims=True) - 2.0 * x @ prototypes.T + jnp.sum(prototypes ** 2, -1)
   sq = jnp.maximum(sq, 0.0)
   return jnp.sqrt(sq + 1e-12) if distance == 'euclidean' else sq
 

@@ -2,8 +2,6 @@
 in one long call (an XLA compile, saying how long it took here last time; a first call), and the end
 of every line drawn before a message. On a terminal a line is redrawn in place; elsewhere (a log
 file, a pipe) each update is a line of its own, at most every LOG_EVERY_S seconds."""
-from __future__ import annotations
-
 import contextlib
 import hashlib
 import json
@@ -31,23 +29,23 @@ class _Lines:
   def __init__(self, file):
     self.file, self.flush = file, file.flush
 
-  def write(self, text: str) -> None:
+  def write(self, text):
     text = text.replace('\r', '').rstrip()
     if text:
       self.file.write(text + '\n')
 
 
-def bar(total, desc: str, file=None, mininterval: float = 2.0, cls=tqdm, **kw) -> tqdm:
-  """A tqdm bar (`cls`) on `file` (default stdout), drawn in place or as lines (module
-  docstring)."""
+def bar(total, desc, file=None, cls=tqdm, **kw):
+  """A tqdm bar (`cls`) on `file` (default stdout), drawn in place (at most every 2 s) or as lines
+  (module docstring)."""
   file = file or sys.stdout
   if file.isatty():
-    return cls(total=total, desc=desc, file=file, mininterval=mininterval, **kw)
+    return cls(total=total, desc=desc, file=file, mininterval=2.0, **kw)
   return cls(total=total, desc=desc, file=_Lines(file), mininterval=LOG_EVERY_S,
              maxinterval=LOG_EVERY_S, ascii=True, **kw)
 
 
-def elapsed(seconds: float) -> str:
+def elapsed(seconds):
   """'45 s', '12 min 03 s', '2 h 05 min'."""
   s = int(seconds)
   if s < 60:
@@ -60,17 +58,17 @@ def elapsed(seconds: float) -> str:
 class Status(tqdm):
   """`status`'s line: a tqdm of no total that draws its text and its time, redrawn by `tick`."""
 
-  def tick(self, every: float) -> None:
+  def tick(self, every):
     while not self.disable:
       time.sleep(every)
       self.refresh()
 
-  def set(self, text: str) -> None:
+  def set(self, text):
     """A new text, its time counted from now."""
     self.set_description_str(text, refresh=False)
     self.reset()
 
-  def compile(self, lowered, folder: str):
+  def compile(self, lowered, folder):
     """`lowered`, compiled, the line saying how long the same program (its text, the devices, XLA's
     flags) took here last time: <folder>/compile_times.json, which keeps this time (where it can be
     written)."""
@@ -91,12 +89,12 @@ class Status(tqdm):
       files.atomic_write(path, json.dumps(times, indent=0))
     return program
 
-  def close(self) -> None:
+  def close(self):
     super().close()
     absl_set_min_log_level(int(os.environ.get('TF_CPP_MIN_LOG_LEVEL', '1')))
 
 
-def status(text: str, file=None) -> Status:
+def status(text, file=None):
   """One line saying what the main thread waits for and for how long, redrawn by a thread (every
   second on a terminal); `set` changes the text, `close` ends the line. While it is open XLA's C++
   log shows fatal errors only: its slow-compile alarm ('Very slow compile?' after 2 min) reads as a
@@ -108,7 +106,7 @@ def status(text: str, file=None) -> Status:
   return line
 
 
-def end_lines() -> None:
+def end_lines():
   """Closes every open bar and status line (each draws its last state and ends its line), so that
   what is printed next starts on a line of its own and no bar is drawn again after it."""
   for b in list(tqdm._instances):  # pylint: disable=protected-access

@@ -49,9 +49,8 @@ def run_sessions(exp, runner, ckpts, log, train=True, hook=None):
 
 def _as_array(acc):
   """A session's accuracies as its checkpoint holds them: stats.KEYS, then acc_sessions; NaN for
-  None."""
-  values = [acc[k] for k in stats.KEYS] + list(acc['acc_sessions'])
-  return np.asarray([np.nan if v is None else v for v in values], np.float64)
+  None (numpy's float conversion of None)."""
+  return np.asarray([acc[k] for k in stats.KEYS] + list(acc['acc_sessions']), np.float64)
 
 
 def train_session(method, runner, ckpts, log, state, run, session, exemplars):

@@ -4,7 +4,6 @@ import inspect
 import os
 import sys
 from concurrent import futures
-from typing import Optional, Sequence
 
 import jax
 import numpy as np
@@ -15,7 +14,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 AXIS = 'data'
 
 
-def maybe_initialize_distributed(requested: bool = False) -> bool:
+def maybe_initialize_distributed(requested=False):
   """Calls `jax.distributed.initialize()` when JAX_COORDINATOR_ADDRESS is set or `requested`
   (config `distributed=True`), then connects the collectives; returns whether it did. Before any
   computation. The join runs in a helper thread while this one waits F2M_DISTRIBUTED_TIMEOUT_S
@@ -64,13 +63,12 @@ def maybe_initialize_distributed(requested: bool = False) -> bool:
   return True
 
 
-def data_mesh(devices: Optional[Sequence[jax.Device]] = None) -> Mesh:
+def data_mesh(devices=None):
   """A 1-D mesh named 'data' over `devices` (default: every device of every process)."""
-  devices = jax.devices() if devices is None else list(devices)
-  return Mesh(np.asarray(devices), (AXIS,))
+  return Mesh(np.asarray(devices or jax.devices()), (AXIS,))
 
 
-def per_device_batch(global_batch: int, mesh: Mesh) -> int:
+def per_device_batch(global_batch, mesh):
   """The per-device batch; a ValueError when the global batch does not split evenly."""
   if global_batch % mesh.size:
     raise ValueError(f'the global batch {global_batch} is not divisible by the {mesh.size} devices '
@@ -79,16 +77,16 @@ def per_device_batch(global_batch: int, mesh: Mesh) -> int:
   return global_batch // mesh.size
 
 
-def replicated(mesh: Mesh) -> NamedSharding:
+def replicated(mesh):
   return NamedSharding(mesh, P())
 
 
-def member_rows_sharded(mesh: Mesh) -> NamedSharding:
+def member_rows_sharded(mesh):
   """[N, S, B] per-step batch indices of S members: B split over 'data'."""
   return NamedSharding(mesh, P(None, None, AXIS))
 
 
-def _put(x, sharding: NamedSharding) -> jax.Array:
+def _put(x, sharding):
   """A global array from a host value that every process holds in full."""
   if isinstance(x, jax.Array) and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
     data = _put(jax.random.key_data(x), sharding)
@@ -97,12 +95,12 @@ def _put(x, sharding: NamedSharding) -> jax.Array:
   return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
 
 
-def replicate(tree, mesh: Mesh):
+def replicate(tree, mesh):
   """Every leaf of `tree` (a train state, a PRNG key) replicated on all devices of the mesh."""
   return jax.tree_util.tree_map(lambda x: _put(x, replicated(mesh)), tree)
 
 
-def shard_member_rows(mesh: Mesh, indices: np.ndarray) -> jax.Array:
+def shard_member_rows(mesh, indices):
   """[N, S, B] batch indices of S members split along B over the mesh."""
   per_device_batch(indices.shape[2], mesh)
   return _put(indices, member_rows_sharded(mesh))

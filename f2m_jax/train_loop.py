@@ -45,7 +45,7 @@ def chosen_variables(state, select, title, steps):
   best = select.store.restore(select.template)
   print(f'{title}: step {best_step} of {steps}, chosen on {select.read} '
         f'({float(best["test_acc"]):.2f}%; base.select_on_test reads the test set)', flush=True)
-  return {'params': best['params'], 'batch_stats': best['batch_stats']}
+  return {k: best[k] for k in ('params', 'batch_stats')}
 
 
 def train_base_sessions(exps, ckpts, logs, title, select=None, hook=None):
@@ -88,7 +88,7 @@ def calls_text(cfg, selecting):
   per_call = steps_per_call(cfg, selecting)
   if per_call == cfg.steps_per_call:
     return f'{per_call} a call'
-  intervals = 'log_every, checkpoint_every' + (', select_every' if selecting else '')
+  intervals = 'log_every, checkpoint_every' + ', select_every' * selecting
   return f'{per_call} a call: base.steps_per_call={cfg.steps_per_call} cut to divide {intervals}'
 
 
@@ -229,8 +229,9 @@ def diverged(loss, step, who, phase, saved, lr, classifier_lr=-1.0):
   kept = 'no checkpoint was saved yet'
   if saved:
     kept = f'the last good checkpoint (step {saved}) is kept'
-  lower = f'--config.base.lr={lr / 10:g}' + (f' --config.base.classifier_lr={classifier_lr / 10:g}'
-                                             if classifier_lr > 0 else '')
+  lower = f'--config.base.lr={lr / 10:g}'
+  if classifier_lr > 0:
+    lower += f' --config.base.classifier_lr={classifier_lr / 10:g}'
   return (f'{who} diverged at {phase} step {step}: {what}; {kept}. The learning rate is too '
           f'large for this batch and network: try a tenth of it, {lower}, in a new --workdir (the '
           'lr is part of its config)')

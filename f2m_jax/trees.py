@@ -44,6 +44,5 @@ def index(tree, i):
 def non_finite(tree):
   """The paths (jax.tree_util.keystr) of the floating leaves of `tree` that hold a NaN or an
   infinity: the one test of what a training step, a session or a restored checkpoint produced."""
-  leaves = [(path, np.asarray(x)) for path, x in jax.tree_util.tree_leaves_with_path(tree)]
-  return [jax.tree_util.keystr(path) for path, x in leaves
-          if jnp.issubdtype(x.dtype, jnp.inexact) and not np.isfinite(x).all()]
+  return [jax.tree_util.keystr(path) for path, x in jax.tree_util.tree_leaves_with_path(tree)
+          if jnp.issubdtype(np.asarray(x).dtype, jnp.inexact) and not np.isfinite(x).all()]

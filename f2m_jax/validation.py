@@ -2,7 +2,6 @@
 section with `need`)."""
 import os
 
-import ml_collections
 from flax import traverse_util
 
 from f2m_jax import base as base_lib
@@ -13,7 +12,6 @@ from f2m_jax.data import cifar100
 from f2m_jax.data import folder as folder_lib
 from f2m_jax.data import protocol as protocol_lib
 from f2m_jax.data import sources
-from f2m_jax.experiment import Experiment
 from f2m_jax.models import ARCHS, HEADS
 
 # Every field with a set of allowed values, and every number with its least value (one more rule
@@ -62,7 +60,7 @@ def need(ok, field, value, allowed):
     raise ValueError(f'{field}={value!r} is invalid: {allowed}')
 
 
-def validate(c: ml_collections.ConfigDict):
+def validate(c):
   """Raises ValueError naming the field, its value and what is allowed: every field of
   configs/common.py (a method's own section: also its `Method.validate`)."""
   fields = traverse_util.flatten_dict(c.to_dict(), sep='.')
@@ -108,7 +106,7 @@ def validate(c: ml_collections.ConfigDict):
     validate_folder(d)
 
 
-def need_term_weight(c: ml_collections.ConfigDict, name: str):
+def need_term_weight(c, name):
   """The weight noise.<name> of a term of the noisy passes' loss (`base.loss_terms`): >= 0, and 0
   where noise is off, whose loss is the clean pass's CE alone (the term would be silently left
   out)."""
@@ -119,7 +117,7 @@ def need_term_weight(c: ml_collections.ConfigDict, name: str):
        'must be 0, or set --config.noise.enabled=True')
 
 
-def validate_folder(d: ml_collections.ConfigDict):
+def validate_folder(d):
   """The folder source's fields (f2m_jax/data/folder.py; the files themselves are checked when
   read)."""
   f = d.folder
@@ -132,7 +130,7 @@ def validate_folder(d: ml_collections.ConfigDict):
        f'>= 0, and 0 where data.folder.test is set (is {f.test!r}): the test images come one way')
 
 
-def check_data_folder(c: ml_collections.ConfigDict):
+def check_data_folder(c):
   """Raises ValueError where the config's source reads a data folder that is unset or missing."""
   folder, help_text = sources.data_dir(c), sources.how_to_get(c)
   tail = f'.\n{help_text}' if help_text else ''
@@ -147,7 +145,7 @@ def check_data_folder(c: ml_collections.ConfigDict):
        "of a torchvision ResNet-18 .pth file (docs/data.md), or '' for a random init")
 
 
-def check_benchmark(exp: Experiment):
+def check_benchmark(exp):
   """The limits the data sets, checked before anything is written: the base session's first batch
   and the first run's shots of every session, drawn as the run draws them. Raises ValueError naming
   the value."""

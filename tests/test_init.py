@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from conftest import tiny_protocol
-from f2m_jax import experiment as experiment_lib
+from f2m_jax import experiment as experiment_lib, optim
 from f2m_jax.data import sources
 from f2m_jax.models import build_model, resnet
 
@@ -44,7 +44,7 @@ def test_experiment_init_state_is_one_program_shared_by_a_sweep(monkeypatch):
   stock = _stock_init(monkeypatch, exp.model, exp.key(1), exp.bench.image_size)
   chex.assert_trees_all_equal({'params': state.params, 'batch_stats': state.batch_stats}, stock)
   assert int(state.step) == 0
-  chex.assert_trees_all_equal(state.opt_state, exp.optimizer().init(stock['params']))
+  chex.assert_trees_all_equal(state.opt_state, optim.sgd(*exp.optimizer_settings()).init(stock['params']))
   # Another seed (a sweep's next member) reuses the compiled program, with its own weights.
   config.seed += 1
   other = experiment_lib.Experiment.create(config, exp.bench)

@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from f2m_jax import base, evaluation, objectives
+from f2m_jax import base, evaluation, objectives, stats
 
 
 def naive_prototype_fixing(clean, noisy, labels, num_classes):
@@ -155,13 +155,13 @@ def test_breakdown_pd_avg_ci():
   # image 0 (class 0) -> class 1 wrong; image 1 (class 1) -> class 0 wrong; image 2 right
   assert acc['acc'] == pytest.approx(100 / 3)
   assert acc['acc_base'] == pytest.approx(50.0) and acc['acc_novel'] == 0.0 and acc['hm'] == 0.0
-  s = evaluation.summarize([50.0, 60.0])
+  s = stats.summarize([50.0, 60.0])
   assert s['mean'] == 55.0 and s['ci95'] == pytest.approx(1.96 * 5.0 / np.sqrt(2))
   per_run = [[{'acc': 70.0, 'acc_base': 70.0, 'acc_novel': None, 'hm': None},
               {'acc': 50.0, 'acc_base': 55.0, 'acc_novel': 30.0, 'hm': 2 * 55 * 30 / 85}],
              [{'acc': 70.0, 'acc_base': 70.0, 'acc_novel': None, 'hm': None},
               {'acc': 40.0, 'acc_base': 45.0, 'acc_novel': 20.0, 'hm': 2 * 45 * 20 / 65}]]
-  r = evaluation.build_results('d', 'f2m', 'draws', [60, 65], per_run)
+  r = stats.build_results('d', 'f2m', 'draws', [60, 65], per_run)
   assert r['pd']['mean'] == pytest.approx(25.0) and r['pd']['ci95'] == pytest.approx(1.96 * 5 / np.sqrt(2))
   assert r['avg']['mean'] == pytest.approx(57.5)
   assert r['sessions'][0]['acc_novel'] is None and r['sessions'][1]['acc_novel']['mean'] == 25.0
@@ -180,8 +180,8 @@ def test_the_accuracy_matrix_is_the_accuracy_on_each_sessions_classes():
   plain = lambda base, s2: {'acc': base, 'acc_base': base, 'acc_novel': None if s2 is None else s2, 'hm': None}
   per_run = [[{**plain(80.0, None), 'acc_sessions': [80.0]}, {**plain(70.0, 40.0), 'acc_sessions': [70.0, 40.0]}],
              [{**plain(60.0, None), 'acc_sessions': [60.0]}, {**plain(50.0, 20.0), 'acc_sessions': [50.0, 20.0]}]]
-  with_matrix = evaluation.build_results('d', 'f2m', 'draws', [2, 3], per_run)
-  without = evaluation.build_results('d', 'f2m', 'draws', [2, 3],
+  with_matrix = stats.build_results('d', 'f2m', 'draws', [2, 3], per_run)
+  without = stats.build_results('d', 'f2m', 'draws', [2, 3],
                                      [[{k: v for k, v in s.items() if k != 'acc_sessions'} for s in r] for r in per_run])
   matrix = with_matrix.pop('accuracy_matrix')
   assert with_matrix == without

@@ -3,7 +3,7 @@ novel prototypes after the last session, summarised over runs, in results.json a
 import numpy as np
 import pytest
 
-from f2m_jax import evaluation
+from f2m_jax import evaluation, stats
 from f2m_jax.run import report
 
 
@@ -20,7 +20,7 @@ def test_norms_in_results_and_report(tmp_path):
   per_run = [[acc, dict(acc, acc_novel=40.0, hm=44.0)]] * 2
   norms = [{'base_mean': 3.0, 'base_std': 1.0, 'novel_mean': 2.0, 'novel_std': 0.5},
            {'base_mean': 5.0, 'base_std': 1.0, 'novel_mean': 4.0, 'novel_std': 0.5}]
-  results = evaluation.build_results('cifar100', 'f2m', 'draws', [60, 65], per_run, norms)
+  results = stats.build_results('cifar100', 'f2m', 'draws', [60, 65], per_run, norms)
   assert results['prototype_norms']['base_mean']['mean'] == 4.0
   assert results['prototype_norms']['novel_std'] == {'mean': 0.5, 'ci95': 0.0, 'runs': [0.5, 0.5]}
   row = {**results, 'label': 'F2M', 'source': 'x'}

@@ -43,7 +43,7 @@ from f2m_jax import base as base_lib
 from f2m_jax import evaluation
 from f2m_jax import incremental
 from f2m_jax import noise as noise_lib
-from f2m_jax import objectives
+from f2m_jax import objectives, optim
 from f2m_jax import trees
 from f2m_jax.data import augment, protocol
 from f2m_jax.data import cifar100 as cifar100_data
@@ -239,9 +239,9 @@ def test_one_base_step_float64(fx64, x64, backward, draw_map):
 @pytest.mark.parametrize('backward', BACKWARDS)
 def test_three_base_steps_across_the_milestone_float64(fx64, x64, backward):
   """Steps 1 and 2 at lr 0.1, step 3 at 0.1 x 0.01 (the milestone), with the optimizer built from the
-  config (Experiment.optimizer) as a run builds it."""
+  config (Experiment.optimizer_settings) as a run builds it."""
   exp = experiment(fx64, backward)
-  tx = exp.optimizer()
+  tx = optim.sgd(*exp.optimizer_settings())
   params = tree(fx64, 'base/init/params')
   state = base_lib.TrainState(jnp.zeros((), jnp.int32), params, tree(fx64, 'base/init/batch_stats'), tx.init(params))
   step = jax.jit(lambda s, x, y, e: base_lib.train_step(s, x, y, e, exp.model, exp.loss, tx))

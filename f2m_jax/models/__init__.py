@@ -2,3 +2,6 @@
 from f2m_jax.models.resnet import (ARCHS, HEADS, ResNet, build_model, cosine_scores,
                                    noise_set_paths, resnet18, resnet20, split_block,
                                    uniform_columns)
+
+__all__ = ['ARCHS', 'HEADS', 'ResNet', 'build_model', 'cosine_scores', 'noise_set_paths',
+           'resnet18', 'resnet20', 'split_block', 'uniform_columns']

@@ -4,7 +4,7 @@ range of blocks (the trunk/suffix split). Parameter names follow torchvision (`c
 
 """
 import functools
-from typing import Any, Sequence
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -151,23 +151,24 @@ conv2d.defvjp(_conv2d_fwd, _conv2d_bwd)
 
 class Conv(nn.Module):
   """A bias-free convolution (NHWC, HWIO 'kernel', as flax's nn.Conv); with a 'noise' collection,
-  conv(x, kernel + eps) differentiated at the clean kernel (`conv2d`)."""
+  conv(x, kernel + eps) differentiated at the clean kernel (`conv2d`). kernel_size, strides and
+  padding are tuples."""
   features: int
-  kernel_size: Sequence[int]
-  strides: Sequence[int] = (1, 1)
-  padding: Any = ((1, 1), (1, 1))
+  kernel_size: tuple
+  strides: tuple = (1, 1)
+  padding: tuple = ((1, 1), (1, 1))
   dtype: Any = jnp.float32
   backward: str = 'xla'
 
   @nn.compact
   def __call__(self, x):
-    shape = tuple(self.kernel_size) + (x.shape[-1], self.features)
+    shape = (*self.kernel_size, x.shape[-1], self.features)
     kernel = self.param('kernel', conv_init, shape, jnp.float32)
-    strides, padding = tuple(self.strides), tuple(tuple(p) for p in self.padding)
+    args = self.strides, self.padding, self.dtype  # tuples: hashable, as conv2d's static arguments
     if self.has_variable('noise', 'kernel') or self.backward == 'cpu':
       eps = self.get_variable('noise', 'kernel', jnp.zeros_like(kernel))
-      return conv2d(x, kernel, eps, strides, padding, self.dtype, self.backward)
-    return _conv(x, kernel, strides, padding, self.dtype)
+      return conv2d(x, kernel, eps, *args, self.backward)
+    return _conv(x, kernel, *args)
 
 
 class BatchNorm(nn.Module):
@@ -230,8 +231,8 @@ class ResNet(nn.Module):
   """A ResNet returning (embedding, logits), or an intermediate activation for a partial range.
   stem: 'cifar' or 'imagenet'; head: 'linear', 'linear_no_bias' (iCaRL's) or 'cosine' (LUCIR's);
   conv_backward: 'xla' or 'cpu' (`Conv`)."""
-  stage_sizes: Sequence[int]
-  widths: Sequence[int]
+  stage_sizes: tuple
+  widths: tuple
   stem: str
   num_classes: int
   dtype: Any = jnp.float32

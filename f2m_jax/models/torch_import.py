@@ -48,12 +48,13 @@ def _to_flax(path, value):
 
 
 def clean_state_dict(state_dict):
-  """Unwraps {'state_dict': ...} / {'model': ...} checkpoints and strips a DataParallel
-  'module.'."""
+  """Unwraps {'state_dict': ...} / {'model': ...} checkpoints, strips a DataParallel 'module.' and
+  drops BN's num_batches_tracked."""
   for key in ('state_dict', 'model'):
     if key in state_dict and isinstance(state_dict[key], Mapping):
       state_dict = state_dict[key]
-  return {(k[len('module.'):] if k.startswith('module.') else k): v for k, v in state_dict.items()}
+  return {k.removeprefix('module.'): v for k, v in state_dict.items()
+          if not k.endswith('num_batches_tracked')}
 
 
 def convert_state_dict(state_dict, params_template, batch_stats_template):
@@ -61,7 +62,6 @@ def convert_state_dict(state_dict, params_template, batch_stats_template):
   names), except `fc` when its shape differs; a WeightsError for a missing, unknown or
   mis-shaped key."""
   sd = clean_state_dict(state_dict)
-  sd = {k: v for k, v in sd.items() if not k.endswith('num_batches_tracked')}
   wrong = {'missing': [], 'of another shape': []}
   result = {}
   for collection, template in (('params', params_template), ('batch_stats', batch_stats_template)):
@@ -72,9 +72,11 @@ def convert_state_dict(state_dict, params_template, batch_stats_template):
       value = None if raw is None else _to_flax(path, raw)
       if value is not None and value.shape == np.shape(leaf):
         flat[path] = jnp.asarray(value)
-      elif value is None and path[0] != 'fc':
+      elif path[0] == 'fc':  # a classifier of another size (or none): ours stays
+        continue
+      elif value is None:
         wrong['missing'].append(name)
-      elif path[0] != 'fc':  # a classifier of another size: ours stays
+      else:
         wrong['of another shape'].append(f'{name}: {tuple(np.shape(raw))} in the file, '
                                          f'{np.shape(leaf)} expected here (as {"/".join(path)})')
     result[collection] = trees.unflatten(flat)

@@ -9,7 +9,7 @@ import time
 import ml_collections
 import numpy as np
 
-from f2m_jax import evaluation, files, flatness, registry, validation
+from f2m_jax import evaluation, files, flatness, registry, stats, validation
 from f2m_jax.data import protocol as protocol_lib
 from f2m_jax.data import sources
 from f2m_jax.experiment import Experiment
@@ -78,7 +78,7 @@ def run(config, workdir, mode='train', checkpoint=None, hook=None, origin=None):
     if mode == 'train' and saved:  # finished: nothing rewritten but a lost results.csv
       lost = not os.path.exists(f'{workdir}/results.csv')
       if lost:
-        workdir_lib.write_results(workdir, 'results', evaluation.results_rows(saved))
+        workdir_lib.write_results(workdir, 'results', stats.results_rows(saved))
       written = saved.get('provenance', {}).get('time', 'earlier')
       print(f'{workdir} is already complete ({path}, written {written}): nothing was recomputed or '
             f'rewritten{"; results.csv was missing and was written again from it" * lost}; '
@@ -193,9 +193,9 @@ def results_document(exp, per_run, norms, base_info, differences):
   config, bench, data = exp.config, exp.bench, exp.config.data
   draws = protocol_lib.shot_draws(bench, data.protocol, data.shots, config.seed, config.runs)
   seen = evaluation.session_ends(bench, bench.num_sessions)
-  results = evaluation.build_results(bench.name, config.method, data.protocol, seen, per_run,
-                                     None if None in norms else norms,  # dicts, or None
-                                     same_shots=draws['same'])
+  results = stats.build_results(bench.name, config.method, data.protocol, seen, per_run,
+                                None if None in norms else norms,  # dicts, or None
+                                same_shots=draws['same'])
   results['base_model'] = base_info
   if differences:
     results['checkpoint_differences'] = differences
@@ -275,7 +275,7 @@ def write_outputs(workdir, results, mode, writes=True):
   if not writes:
     return (f'{line}; {workdir} is read-only, so the results follow as JSON:\n'
             f'{json.dumps(results, indent=1)}')
-  workdir_lib.write_results(workdir, name, evaluation.results_rows(results), results)
+  workdir_lib.write_results(workdir, name, stats.results_rows(results), results)
   if mode != 'eval':
     return f'results written to {path} and results.csv'
   return (f'{line}; wrote {name}.json and {name}.csv'
