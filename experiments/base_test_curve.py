@@ -24,9 +24,10 @@ import ml_collections  # noqa: E402
 import numpy as np  # noqa: E402
 import orbax.checkpoint as ocp  # noqa: E402
 
-from f2m_jax import evaluation, pipeline  # noqa: E402
+from f2m_jax import evaluation  # noqa: E402
 from f2m_jax import experiment as experiment_lib  # noqa: E402
 from f2m_jax.data import protocol, sources  # noqa: E402
+from f2m_jax.run import pipeline  # noqa: E402
 from f2m_jax.run import workdir as workdir_lib  # noqa: E402
 
 
