@@ -211,3 +211,11 @@ def test_a_dry_run_times_a_step_of_a_sweeps_members(capsys):
   assert line.startswith('base training: about ') and 'then base.steps=100 of ' in line, line
   assert line.endswith(' s (a step of the 2 members timed here, the median of 2 after 1)')
   assert 'bench: compiling base step' in err and 'bench: round 3 of 3' in err
+
+
+def test_every_experiments_script_imports_the_package_as_it_is():
+  """experiments/*.py load (base_test_curve.py imported pipeline from f2m_jax after it moved to run/)."""
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  for path in sorted((REPO / 'experiments').glob('*.py')):
+    spec = importlib.util.spec_from_file_location(f'experiments_{path.stem}', path)
+    spec.loader.exec_module(importlib.util.module_from_spec(spec))
