@@ -261,6 +261,8 @@ CASES = {
         lr=0.05)), 2, '{w}/config.json differs from the config its checkpoints were saved with, which '
         '{w}/checkpoints/digests.json keeps (incremental.lr: saved 0.01, now 0.05): restore it, or start a new '
         'run from it with --config {w}/config.json --workdir NEW'),
+    'a finished run with config.json edited': (lambda w: edit_json(f'{w}/config.json', lambda c: c.update(
+        method='baseline')), 2, "(method: saved 'f2m', now 'baseline'): restore it, or start a new run from"),
 }
 
 
@@ -272,7 +274,7 @@ def test_a_changed_or_another_runs_checkpoint_or_an_edited_config_is_refused(ref
   of another run was put in with its ledger entry (the identity is checked before the arrays are read) or
   without one, or config.json was edited: one line naming it, nothing written (6f2b875: rc 0 but digests)."""
   change, code, said = CASES[case]
-  workdir = copy_of(reference, tmp_path, unfinished=True)
+  workdir = copy_of(reference, tmp_path, unfinished='finished' not in case)
   if case.startswith('base'):
     for name in ('model', 'run_0', 'run_1'):
       shutil.rmtree(os.path.join(workdir, 'checkpoints', name))

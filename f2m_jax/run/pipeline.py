@@ -76,6 +76,7 @@ def run(config, workdir, mode='train', checkpoint=None, hook=None, origin=None):
   with contextlib.closing(workdir_lib.prepare(workdir, record, base_source=base_source,
                                               writes=writes)):
     if mode == 'train' and saved:  # finished: nothing rewritten but a lost results.csv
+      Checkpoints(workdir, read_only=True).close()  # refuses a config.json edited since
       lost = not os.path.exists(f'{workdir}/results.csv')
       if lost:
         workdir_lib.write_results(workdir, 'results', stats.results_rows(saved))
