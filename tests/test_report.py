@@ -303,7 +303,7 @@ def test_the_accuracy_matrix_is_reported_and_plotted(tmp_path, capsys):
   assert text[10] == ['9'] + [''] * 8 + ['82.00'] and len(text) == 11
   plain = write_workdir(tmp_path, 'baseline', make_results('baseline', BASE_ACCS, [0.1] * 9))  # an earlier version's
   assert report.main([write_workdir(tmp_path, 'f2m', results), plain, '--out', str(tmp_path / 'out')]) == 0
-  assert f'baseline baseline:\n\n{report.NO_MATRIX}' in capsys.readouterr().out
+  assert f'baseline:\n\n{report.NO_MATRIX}' in capsys.readouterr().out
   assert (tmp_path / 'out' / 'accuracy_matrix.png').read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
   assert 'accuracy_matrix.png' not in report.write_report(report.build_rows([plain]), str(tmp_path / 'none'))
   hard = with_matrix(make_results('f2m', [15.0, 12.0, 9.0], [0.1] * 3), top=15.0, step=6.5)  # 15 down to 2

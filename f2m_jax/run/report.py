@@ -83,9 +83,9 @@ def values(r):
 
 def build_rows(paths, labels=None):
   """A row per path (per value of a field's sweep): its results with `label` (`labels`', the
-  results' own or '<method> <folder>'), `source` (their file) and `flatness` (the rows of its
-  flatness.json, then of later `--mode flatness` runs' flatness_<time>.json). The tables read
-  rows; a results dict with a `label` is one."""
+  results' own or '<method> <folder>', the folder left out where it is the method's name), `source`
+  (their file) and `flatness` (the rows of its flatness.json, then of later `--mode flatness`
+  runs' flatness_<time>.json). The tables read rows; a results dict with a `label` is one."""
   if labels is not None and len(labels) != len(paths):
     raise ValueError(f'got {len(labels)} labels for {len(paths)} results: {list(labels)}')
   rows = []
@@ -94,7 +94,8 @@ def build_rows(paths, labels=None):
     flatness = [read_json(str(f), flatness_row, 'flatness file of --mode flatness')
                 for f in sorted(pathlib.Path(path).glob('flatness*.json'))]
     for suffix, r in values(load_results(path)):
-      name = label or r.get('label') or f'{r["method"]} {pathlib.Path(file).parent.name}'
+      folder = pathlib.Path(file).parent.name
+      name = label or r.get('label') or ' '.join(dict.fromkeys([r['method'], folder]))
       rows.append({**r, 'label': f'{name} {suffix}'.rstrip(), 'source': file, 'flatness': flatness})
   return rows
 
