@@ -265,6 +265,8 @@ def test_a_field_sweep_gives_each_member_its_value():
   configs = members.member_configs(tiny(field='noise.bound', field_values=(0.001, 0.01)))
   assert [c.noise.bound for c in configs] == [0.001, 0.01]
   assert all(c.seed == 0 and not members.enabled(c) for c in configs)
+  with pytest.raises(ValueError, match=r'^members.field_values=\(0.01, 0.01\) is invalid: values must be'):
+    members.member_configs(tiny(field='noise.bound', field_values=(0.01, 0.01)))
 
 
 def test_the_member_table_times_members_against_single_steps():

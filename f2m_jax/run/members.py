@@ -27,7 +27,8 @@ def validate(config):
        'a sweep varies the seed or members.field (members.field_values): one of them, not both')
   need(m.field in FIELDS or not m.field_values, 'members.field', m.field,
        f'allowed with members.field_values: {FIELDS}')
-  need(len(set(values)) == len(values), 'members', values, 'values must be distinct')
+  name = 'members.seeds' if m.seeds else 'members.field_values'
+  need(len(set(values)) == len(values), name, values, 'values must be distinct')
   need(not config.base.select_on_test, 'base.select_on_test', config.base.select_on_test,
        'not with members (each member would keep its own best step)')
 
