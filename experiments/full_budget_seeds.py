@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import pathlib
 import signal
 import statistics
@@ -167,6 +168,13 @@ def main(argv=None) -> int:
     parser.error(f'--deadline-s {args.deadline_s:g}: allowed are 0 (no deadline) or seconds > 0')
   plan, expected = (TINY, TINY_EXPECTED_S) if args.tiny else (FULL, EXPECTED_S)
   out = pathlib.Path(args.out).resolve()
+  if out.exists() and not out.is_dir():
+    parser.error(f'--out {args.out}: a file stands there; give a folder (the same one resumes)')
+  # the full plan's data, checked before the bench spends the first minute of a device call
+  npz = pathlib.Path(os.environ.get('F2M_DATA_DIR', ''), 'cifar100_train.npz')
+  if not args.tiny and not npz.is_file():
+    parser.error(f'{npz} is missing: set F2M_DATA_DIR to the folder that holds cifar100_train.npz '
+                 '(python -m f2m_jax.data.make_trainsplit --out DIR builds it)')
   out.mkdir(parents=True, exist_ok=True)
   parts = Parts(out, args.deadline_s)
   done = {'bench': out / 'bench' / 'bench.json', 'f2m': out / 'f2m' / 'summary.json',
