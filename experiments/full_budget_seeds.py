@@ -13,9 +13,9 @@ Parts, in this order, each skipped where its output is complete (a rerun of the 
   report    `python -m f2m_jax.run.report OUT/baseline OUT/f2m --paired`: F2M - Baseline paired
             over the seeds, its verdict at the declared endpoint, session 9 (the report's default:
             the last session), in OUT/report.txt and OUT/report/
-f2m and baseline read $F2M_DATA_DIR/cifar100_train.npz; the bench reads no data, so a call can run it
-while the data is still arriving (experiments/device_data.py brings it in parts): where the file is
-missing, the script stops before the part that reads it, with a line saying so (exit code 2).
+f2m and baseline read $F2M_DATA_DIR/cifar100_train.npz; the bench reads no data, so a call can
+run it while the data is still arriving (experiments/device_data.py brings it in parts): where the
+file is missing, the script stops before the part that reads it, with a line saying so (exit 2).
 OUT/times.json: each part's wall seconds and exit code in each call, each sweep's base steps/s
 (the members' lockstep steps) and its members' session phases. OUT/<part>.log: each part's output.
 
