@@ -314,4 +314,6 @@ def test_eval_of_a_sweep_leaves_its_summary_alone(sweep, capsys, monkeypatch):
   assert run_py(['run.py', '--workdir', root, '--mode', 'eval'], monkeypatch) == 0  # the sweep's config.json alone
   assert 'it is unchanged' in capsys.readouterr().out
   assert open(os.path.join(root, 'summary.json')).read() == before
+  assert run_py(['run.py', '--workdir', root, '--mode', 'flatness'], monkeypatch) == 2  # one base model a call
+  assert f'pass --workdir {root}/member_0 (to member_1)' in capsys.readouterr().err
   assert sorted(os.listdir(root)) == ['config.json', 'lock', 'member_0', 'member_1', 'summary.json']

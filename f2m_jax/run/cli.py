@@ -72,6 +72,10 @@ def dispatch(config, workdir, mode, checkpoint, origin, hook):
   elif mode == 'bench':
     bench.run(config, workdir, origin)
   elif mode == 'flatness':
+    if members.enabled(config):  # a call measures one base model
+      n = len(config.members.seeds or config.members.field_values)
+      raise ValueError(f'--mode flatness measures one base model, and {workdir} holds a sweep of '
+                       f'{n}: pass --workdir {workdir}/member_0 (to member_{n - 1}), one a call')
     pipeline.run_flatness(config, workdir, checkpoint, origin)
   else:  # train, eval: a sweep of members, or a run
     run = members.run if members.enabled(config) else pipeline.run
