@@ -54,6 +54,9 @@ def test_checkpoint_of_a_missing_folder_leaves_no_workdir(tmp_path):
   workdir = tmp_path / 'w'
   with pytest.raises(CheckpointError, match=str(tmp_path / 'no-such-run')):
     pipeline.run(tiny_config(), str(workdir), checkpoint=str(tmp_path / 'no-such-run'))
+  (tmp_path / 'sweep' / 'member_0').mkdir(parents=True)
+  with pytest.raises(CheckpointError, match=f'a sweep: pass a member, e.g. --checkpoint {tmp_path}/sweep/member_0$'):
+    pipeline.run(tiny_config(), str(workdir), checkpoint=str(tmp_path / 'sweep'))
   assert not workdir.exists()
 
 

@@ -111,9 +111,11 @@ def source_config(checkpoint, config):
   (None without config.json); a CheckpointError where W holds no base model, or one of another
   network."""
   if not has_base_model(checkpoint):
+    sweep = f'; it holds a sweep: pass a member, e.g. --checkpoint {checkpoint}/member_0'
     raise CheckpointError(f'--checkpoint {checkpoint} holds no base model '
                           f'({checkpoint}/checkpoints/model is missing): pass a workdir that holds '
-                          'a trained one, or drop --checkpoint to train one here')
+                          'a trained one, or drop --checkpoint to train one here'
+                          + sweep * os.path.isdir(f'{checkpoint}/member_0'))
   path = f'{checkpoint}/config.json'
   saved = workdir_lib.recorded_config(path) if os.path.exists(path) else None
   diff = [f'model.{k}={saved["model"][k]!r} there, {config.model[k]!r} here'
