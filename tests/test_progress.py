@@ -46,7 +46,7 @@ def test_the_status_line_of_a_long_call_is_kept_up_to_date(monkeypatch):
 
   monkeypatch.setattr(tqdm.std, 'time', lambda: clock[0])
   monkeypatch.setattr(progress, 'time', types.SimpleNamespace(sleep=sleep))
-  terminal = Terminal()
+  terminal, others = Terminal(), set(threading.enumerate())  # earlier tests' lines end at their next tick
   status = progress.status('base session: compiling the step', file=terminal)
   for _ in range(2):  # two seconds: two redraws
     assert waiting.get(timeout=60) == 1.0
@@ -56,7 +56,7 @@ def test_the_status_line_of_a_long_call_is_kept_up_to_date(monkeypatch):
   progress.end_lines()  # as an error does: the line ends, the updates stop
   text = terminal.getvalue()
   wake.put(5.0)
-  for thread in [t for t in threading.enumerate() if t.name == 'f2m-status']:
+  for thread in set(threading.enumerate()) - others:  # this line's
     thread.join(60)
   assert terminal.getvalue() == text and text.endswith('\n')
   assert [d.rstrip() for d in text.rstrip('\n').split('\r')[1:]] == [
