@@ -91,11 +91,12 @@ def build_rows(paths, labels=None):
   rows = []
   for path, label in zip(paths, labels or [None] * len(paths)):
     file = results_path(path)
+    folder = pathlib.Path(file).parent.name
     flatness = [read_json(str(f), flatness_row, 'flatness file of --mode flatness')
                 for f in sorted(pathlib.Path(path).glob('flatness*.json'))]
     for suffix, r in values(load_results(path)):
-      folder = pathlib.Path(file).parent.name
-      name = label or r.get('label') or ' '.join(dict.fromkeys([r['method'], folder]))
+      default = r['method'] if folder == r['method'] else f'{r["method"]} {folder}'
+      name = label or r.get('label') or default
       rows.append({**r, 'label': f'{name} {suffix}'.rstrip(), 'source': file, 'flatness': flatness})
   return rows
 
