@@ -64,8 +64,9 @@ def load_results(path):
   file = results_path(path)
   r = read_json(file, check_results, 'results.json (or summary.json) of a run')
   if file.endswith('summary.json') and 'values' not in r:
-    found = 'interval' not in r and members(file)
-    r = {**r, **(stats.seed_summary(found) if found else {'interval': r.get('interval', OLD)})}
+    if 'interval' not in r:
+      found = members(file)
+      r.update(stats.seed_summary(found) if found else {'interval': OLD})
     r.setdefault('seeds', r.pop('runs', None))  # an earlier version's count of the seeds
   return r
 
@@ -146,7 +147,7 @@ def setting(r):
   return f'{r["dataset"]}, {r["protocol"]}, {len(r["sessions"])} sessions'  # what a gap needs
 
 
-def resolve_reference(rows, reference=None):
+def resolve_reference(rows, reference):
   """Index of the reference row: a label, else an index (negative from the end); None: the first."""
   labels = [r['label'] for r in rows]
   try:
@@ -171,12 +172,10 @@ def columns(rows, reference):
   where it has none) and its gap (None: another setting)."""
   ref = rows[resolve_reference(rows, reference)]
   names = [f's{n + 1}' for n in range(max(len(r['sessions']) for r in rows))] + [*stats.ENDS]
-  out = []
   for r in rows:
     found = {**{f's{s["session"]}': s['acc'] for s in r['sessions']}, **r}
     gap = r['sessions'][-1]['acc']['mean'] - ref['sessions'][-1]['acc']['mean']
-    out.append((r, {n: found.get(n) for n in names}, gap if setting(r) == setting(ref) else None))
-  return out
+    yield r, {n: found.get(n) for n in names}, gap if setting(r) == setting(ref) else None
 
 
 def main_table(rows, reference=0):
