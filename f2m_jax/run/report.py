@@ -106,7 +106,7 @@ def flatness_row(f):
   """A flatness file's row: b, I and sigma^2 on the training and test images, draws and images."""
   return ([f'{float(f["bound"]):g}']
           + [f'{float(f[s][k]):.4g}' for k in ('I', 'sigma2') for s in ('train', 'test')]
-          + [int(f['train']['num_draws']),
+          + [f'{int(f["train"]["num_draws"])}',
              f'{int(f["train"]["num_images"])} / {int(f["test"]["num_images"])}'])
 
 
@@ -157,9 +157,9 @@ def resolve_reference(rows, reference):
                      f'{len(rows)} rows') from None
 
 
-def notes(rows, reference):
-  """A line per refused gap (another setting) and per row of too few seeds."""
-  ref = rows[reference]
+def notes(rows, ref):
+  """A line per refused gap (another setting than the reference row `ref`'s) and per row of too few
+  seeds."""
   return ([f'no gap for "{r["label"]}" ({setting(r)}): the reference "{ref["label"]}" is '
            f'{setting(ref)}, and only runs of the same dataset, protocol and session count are '
            'subtracted' for r in rows if setting(r) != setting(ref)]
@@ -377,7 +377,7 @@ def format_report(rows, reference=0, all_sessions=False, paired=''):
   sections = [
       ("Accuracy per session (%, mean ± 95% CI over runs; each row's interval in Sources)",
        f'{format_table(rows, ref)}\n\n{PD_AVG}; {GAP} "{rows[ref]["label"]}".'
-       + ''.join(f'\n- {n}' for n in notes(rows, ref))),
+       + ''.join(f'\n- {n}' for n in notes(rows, rows[ref]))),
       (f'Base vs novel accuracy ({"every" if all_sessions else "last"} session)',
        table('Method Session Classes Acc Base Novel HM'.split(), session_rows(rows, all_sessions))),
       ('Accuracy matrix (%, mean over runs)', f'{MATRIX}.\n\n' + '\n'.join(
