@@ -104,7 +104,7 @@ def recorded_config(path):
   """A workdir's config.json (`path`) read as a resume reads it; a WorkdirError where this code
   cannot."""
   saved = files.read_json(path)
-  fill = default_items(saved_items(saved, {}))
+  fill = default_items(flat_items(saved))
   items = saved_items(saved, fill)  # of CONFIG_FORMAT: with the defaults (and LACKED) it lacks
   # data.x: a dataset's own
   config = {**fill, **{k: v for k, v in items.items() if k in fill or k.startswith('data.')}}
@@ -284,7 +284,8 @@ class MetricsLog:
       if r.get('phase') == 'start':
         self.invocations.append({**r, 'end': r.get('time')})
       elif self.invocations:
-        self.invocations[-1]['end'] = r.get('time', self.invocations[-1]['end'])
+        last = self.invocations[-1]
+        last['end'] = r.get('time', last['end'])
 
   def records(self):
     """The log's lines as dicts, but for a line that is none (cut short by a kill, or not UTF-8);
@@ -326,8 +327,8 @@ class MetricsLog:
       for name, value in record.items():
         number = isinstance(value, (int, float)) and not isinstance(value, bool)
         if number and name not in ('time', 'step', 'run', 'session'):
-          self._tb.write(_event(summary=scalar(f'{prefix}/{name}', value), step=step,
-                                wall_time=record['time']))
+          self._event(summary=scalar(f'{prefix}/{name}', value), step=step,
+                      wall_time=record['time'])
       self._tb.flush()
 
   def open(self):
@@ -339,19 +340,18 @@ class MetricsLog:
       with files.naming(path):
         os.makedirs(self._tb_dir, exist_ok=True)
         self._tb = RecordWriter(path)
-        self._tb.write(_event(wall_time=time.time(), file_version='brain.Event:2'))
+        self._event(wall_time=time.time(), file_version='brain.Event:2')
+
+  def _event(self, **fields):
+    """Writes a TensorBoard event of `fields`."""
+    from tensorboardX.proto.event_pb2 import Event  # pylint: disable=g-import-not-at-top
+    self._tb.write(Event(**fields).SerializeToString())
 
   def close(self):
     if self._tb is not None:
       tb, self._tb = self._tb, None
       with files.naming(tb.path):
         tb.close()
-
-
-def _event(**fields):
-  """A TensorBoard event of `fields`, serialized."""
-  from tensorboardX.proto.event_pb2 import Event  # pylint: disable=g-import-not-at-top
-  return Event(**fields).SerializeToString()
 
 
 def _step_key(record):
