@@ -27,10 +27,6 @@ from f2m_jax.run import workdir as workdir_lib
 
 # what base models of earlier versions also hold (an accuracy), read and dropped
 RECORD = 'ncm_accuracy'
-# a folder's kind: the kind of the checkpoint it is computed from
-PARENT = {'model': 'base', 'run': 'model'}
-# a session's accuracies: stats.KEYS, and acc_sessions since identities: any length
-ACCURACY = "['accuracy']"
 
 
 def digest(tree):
@@ -60,7 +56,7 @@ def _cause(e, limit=None):
   """What went wrong, as one line: the OS's reason and file where an OSError is in the chain, else
   the exception's text without tensorstore's spec (at most `limit` characters)."""
   seen = e
-  while seen is not None:
+  while seen:
     if isinstance(seen, OSError) and seen.strerror:
       return f'{seen.strerror} ({seen.filename})' if seen.filename else seen.strerror
     seen = seen.__cause__ or seen.__context__
@@ -103,7 +99,7 @@ def finish_writes():
 def _host_copy(tree):
   """Owned host copies: a CPU array's buffer, which np.asarray can share, is donated to the next
   train step."""
-  return jax.tree.map(lambda x: np.array(x, copy=True), tree)
+  return jax.tree.map(np.array, tree)  # np.array copies
 
 
 def has_base_model(workdir):
@@ -118,39 +114,39 @@ class Folder:
 
   def __init__(self, owner, name, what, keep=None, background=False, best=None):
     self.owner, self.name, self.what, self.path = owner, name, what, f'{owner.root}/{name}'
-    self.kind, self.keep, self.best, self._manager = name.split('_')[0], keep, best, None
+    self.kind, self.keep, self.best = name.split('_')[0], keep, best
     # In the background on one process only: with several, orbax's per-save barriers of concurrent
     # managers (a member sweep saves S workdirs at once) could meet in another order on each
     # process.
     self.background = background and not owner.read_only and jax.process_count() == 1
 
+  @functools.cached_property
   def manager(self):
-    if self._manager is None:
-      blocked = files.in_the_way(self.path, 'checkpoint folder')  # a file here, or above
-      if blocked:
-        raise CheckpointFault(blocked)
-      ro = self.owner.read_only
-      options = ocp.CheckpointManagerOptions(max_to_keep=None if ro else self.keep, create=not ro,
-                                             read_only=ro,
-                                             enable_async_checkpointing=self.background,
-                                             # a folder that cannot be made fails in save() itself:
-                                             # made in the background, orbax's writer threads wait
-                                             # 300 s for it at exit
-                                             async_options=ocp.AsyncOptions(
-                                                 create_directories_asynchronously=False))
-      try:
-        self._manager = ocp.CheckpointManager(  # its handler: item_metadata gives the tree
-            os.path.abspath(self.path), options=options,
-            item_handlers=ocp.StandardCheckpointHandler())
-      except RuntimeError as e:  # its barrier of the processes timed out
-        raise CheckpointFault(f'cannot open the checkpoint folder {self.path}: {_cause(e)}') from e
-      if self.background:
-        _BACKGROUND.add(self._manager)
-    return self._manager
+    """Its orbax CheckpointManager, opened at the first use."""
+    blocked = files.in_the_way(self.path, 'checkpoint folder')  # a file here, or above
+    if blocked:
+      raise CheckpointFault(blocked)
+    ro = self.owner.read_only
+    options = ocp.CheckpointManagerOptions(max_to_keep=None if ro else self.keep, create=not ro,
+                                           read_only=ro, enable_async_checkpointing=self.background,
+                                           # a folder that cannot be made fails in save() itself:
+                                           # made in the background, orbax's writer threads wait
+                                           # 300 s for it at exit
+                                           async_options=ocp.AsyncOptions(
+                                               create_directories_asynchronously=False))
+    try:
+      manager = ocp.CheckpointManager(  # its handler: item_metadata gives the tree
+          os.path.abspath(self.path), options=options,
+          item_handlers=ocp.StandardCheckpointHandler())
+    except RuntimeError as e:  # its barrier of the processes timed out
+      raise CheckpointFault(f'cannot open the checkpoint folder {self.path}: {_cause(e)}') from e
+    if self.background:
+      _BACKGROUND.add(manager)
+    return manager
 
   def steps(self):
     self.owner.settle()
-    return sorted(self.manager().all_steps())
+    return sorted(self.manager.all_steps())
 
   def latest_step(self):
     return max(self.steps(), default=None)
@@ -164,7 +160,7 @@ class Folder:
     try:
       with _SAVING:
         self.owner.record(self.kind, f'{self.name}/{step}', digest(item))
-        self.manager().save(step, args=ocp.args.StandardSave(item), force=True)
+        self.manager.save(step, args=ocp.args.StandardSave(item), force=True)
     except Exception as e:  # pylint: disable=broad-except  (orbax raises many types)
       raise _write_fault(self, step, e) from e
     self.owner.in_flight.append((self, step, then))
@@ -181,19 +177,20 @@ class Folder:
     owner.settle()
     entry = owner.entry(self, rel)
     try:
-      out = self.manager().restore(step, args=ocp.args.StandardRestore(_host_copy(template)))
+      out = self.manager.restore(step, args=ocp.args.StandardRestore(_host_copy(template)))
     except Exception as e:  # orbax raises many types for truncated or corrupt files
       raise CheckpointFault(f'cannot restore {this} ({_cause(e, 300)}): it is missing, truncated '
                             f'or corrupt; {owner.advice(self)}') from e
     other = [f'{jax.tree_util.keystr(k)} {np.shape(o)} there, {np.shape(t)} here' for (k, o), t in
              zip(jax.tree.leaves_with_path(out), jax.tree.leaves(template))
-             if np.shape(o) != np.shape(t) and jax.tree_util.keystr(k) != ACCURACY]
+             # a session's accuracies: stats.KEYS, and acc_sessions since identities: any length
+             if np.shape(o) != np.shape(t) and jax.tree_util.keystr(k) != "['accuracy']"]
     if other:  # orbax restores the saved shapes whatever the template's
       raise CheckpointError(f'{this} holds arrays of other shapes than this config needs '
                             f'({"; ".join(other[:3])}): it was written for another network or '
                             'data (another number of classes?)')
     sha = digest(out)
-    if entry is not None and sha != entry['sha256']:
+    if entry and sha != entry['sha256']:
       raise CheckpointFault(f'{this} is not the one saved there: the digest of its arrays differs '
                             f'from the one {owner.ledger} recorded (its files changed, or it was '
                             f'copied from another run); {owner.advice(self)}')
@@ -203,9 +200,9 @@ class Folder:
   def close(self, remove=False):
     """Releases its managers (and its `best`'s); `remove`: and deletes their folders."""
     for folder in filter(None, (self, self.best)):
-      # not opened; or a failed save, which `settle` reports once
+      # not opened (not in its vars); or a failed save, which `settle` reports once
       with contextlib.suppress(Exception):
-        folder._manager.close()  # pylint: disable=protected-access
+        vars(folder)['manager'].close()
       if remove:
         shutil.rmtree(folder.path, ignore_errors=True)
 
@@ -247,10 +244,10 @@ class Checkpoints:
     """The ledger: {'config': the run's (None: an earlier version's ledger, its entries alone),
     'checkpoints'}; a CheckpointFault naming it where it is not one a run writes."""
     doc = files.read_json(self.ledger, CheckpointFault) if os.path.exists(self.ledger) else {}
-    if isinstance(doc, dict) and 'checkpoints' not in doc:
+    if not isinstance(doc, dict) or 'checkpoints' not in doc:  # not a dict: refused below
       doc = {'config': None, 'checkpoints': doc}
     # one a run writes: a config and entries, each a digest and an identity (or none)
-    entries = isinstance(doc, dict) and doc['checkpoints']
+    entries = doc['checkpoints']
     if not (isinstance(entries, dict) and isinstance(doc.get('config') or {}, dict) and all(
         isinstance(e, dict) and isinstance(e.get('sha256'), str)
         and isinstance(e.get('config', {}), dict) for e in entries.values())):
@@ -262,7 +259,7 @@ class Checkpoints:
   def lineage(self, kind):
     """[place, digest] of the checkpoint one of `kind` is computed from, saved or restored by this
     run."""
-    parent = PARENT.get(kind)
+    parent = {'model': 'base', 'run': 'model'}.get(kind)  # the kind it is computed from
     return (self.source if parent == 'model' and self.source else self).made.get(parent)
 
   def record(self, kind, rel, sha):
@@ -281,10 +278,10 @@ class Checkpoints:
     """The ledger's entry of checkpoint `rel` (under checkpoints/), once its identity (the run's
     config, its place, the checkpoint it was computed from) is checked against this run's: a
     CheckpointFault where it differs, or where it has none in a workdir whose config.json says the
-    ledger keeps every one; an earlier version's: a line."""
+    ledger keeps every one; an earlier version's (or none, {}): a line."""
     path, entries = f'{self.root}/{rel}', self.read()['checkpoints']
-    entry = entries.get(rel)
-    if entry is None or 'as' not in entry:
+    entry = entries.get(rel, {})
+    if 'as' not in entry:
       if self.keeps_ledger:
         gone = '' if os.path.exists(self.ledger) else ' (which is missing)'
         raise CheckpointFault(f'{path} has no entry in {self.ledger}{gone}: it was not saved by '
@@ -296,16 +293,16 @@ class Checkpoints:
               f"{self.ledger}) was saved by an earlier version, so it cannot be checked as this "
               "run's", flush=True)
       return entry
-    was = {**entry['config'], 'saved as': entry['as'], 'computed from': entry.get('from')}
-    parent = was['computed from']
+    parent = entry.get('from')
+    was = {**entry['config'], 'saved as': entry['as'], 'computed from': parent}
     # a base state still here (a session's base model: this run's below)
     if parent and parent[0] in entries:
       parent = [parent[0], entries[parent[0]]['sha256'][:16]]
     now = {**self.config, 'saved as': rel, 'computed from': self.lineage(folder.kind) or parent}
     diff = workdir_lib.differing(was, now)
     if diff:
-      absent = workdir_lib.ABSENT
-      what = (f'{k}={was.get(k, absent)!r} there, {now.get(k, absent)!r} here' for k in diff[:3])
+      what = (f'{k}={was.get(k, workdir_lib.ABSENT)!r} there, '
+              f'{now.get(k, workdir_lib.ABSENT)!r} here' for k in diff[:3])
       raise CheckpointFault(f'{path} was saved by another run: {"; ".join(what)}; '
                             f'{self.advice(folder)}')
     return entry
@@ -328,7 +325,7 @@ class Checkpoints:
     while self.in_flight:
       folder, step, then = self.in_flight.pop(0)
       try:
-        folder.manager().wait_until_finished()
+        folder.manager.wait_until_finished()
       except Exception as e:  # pylint: disable=broad-except  (orbax raises many types)
         raise _write_fault(folder, step, e) from e
       then()
@@ -363,7 +360,7 @@ class Checkpoints:
     if not self.has_model():
       raise CheckpointError(f'no base model checkpoint in {self.model.path}')
     with contextlib.suppress(Exception):  # unreadable: the restore names it
-      if RECORD in self.model.manager().item_metadata(0):
+      if RECORD in self.model.manager.item_metadata(0):
         template = {**template, RECORD: np.zeros((), np.float64)}
     model = self.model.restore(template, 0)
     model.pop(RECORD, None)
