@@ -127,17 +127,15 @@ class Folder:
     if blocked:
       raise CheckpointFault(blocked)
     ro = self.owner.read_only
-    options = ocp.CheckpointManagerOptions(max_to_keep=None if ro else self.keep, create=not ro,
-                                           read_only=ro, enable_async_checkpointing=self.background,
-                                           # a folder that cannot be made fails in save() itself:
-                                           # made in the background, orbax's writer threads wait
-                                           # 300 s for it at exit
-                                           async_options=ocp.AsyncOptions(
-                                               create_directories_asynchronously=False))
     try:
       manager = ocp.CheckpointManager(  # its handler: item_metadata gives the tree
-          os.path.abspath(self.path), options=options,
-          item_handlers=ocp.StandardCheckpointHandler())
+          os.path.abspath(self.path), item_handlers=ocp.StandardCheckpointHandler(),
+          options=ocp.CheckpointManagerOptions(
+              max_to_keep=None if ro else self.keep, create=not ro, read_only=ro,
+              enable_async_checkpointing=self.background,
+              # a folder that cannot be made fails in save() itself: made in the background,
+              # orbax's writer threads wait 300 s for it at exit
+              async_options=ocp.AsyncOptions(create_directories_asynchronously=False)))
     except RuntimeError as e:  # its barrier of the processes timed out
       raise CheckpointFault(f'cannot open the checkpoint folder {self.path}: {_cause(e)}') from e
     if self.background:
@@ -155,17 +153,18 @@ class Folder:
     """Saves `item` as `step` once every earlier save is complete, its ledger entry written first;
     `then()` once it is complete (in the background where this folder writes so). A CheckpointFault
     where it fails."""
-    self.owner.settle()
+    owner = self.owner
+    owner.settle()
     item = _host_copy(item)
     try:
       with _SAVING:
-        self.owner.record(self.kind, f'{self.name}/{step}', digest(item))
+        owner.record(self.kind, f'{self.name}/{step}', digest(item))
         self.manager.save(step, args=ocp.args.StandardSave(item), force=True)
     except Exception as e:  # pylint: disable=broad-except  (orbax raises many types)
       raise _write_fault(self, step, e) from e
-    self.owner.in_flight.append((self, step, then))
+    owner.in_flight.append((self, step, then))
     if not self.background:  # written already: its `then` runs now
-      self.owner.settle()
+      owner.settle()
 
   def restore(self, template, step=None):
     """Step `step` (None: the latest) in the shapes of `template`: a CheckpointFault naming it and
@@ -199,12 +198,13 @@ class Folder:
 
   def close(self, remove=False):
     """Releases its managers (and its `best`'s); `remove`: and deletes their folders."""
-    for folder in filter(None, (self, self.best)):
-      # not opened (not in its vars); or a failed save, which `settle` reports once
-      with contextlib.suppress(Exception):
-        vars(folder)['manager'].close()
-      if remove:
-        shutil.rmtree(folder.path, ignore_errors=True)
+    # not opened (not in its vars); or a failed save, which `settle` reports once
+    with contextlib.suppress(Exception):
+      vars(self)['manager'].close()
+    if remove:
+      shutil.rmtree(self.path, ignore_errors=True)
+    if self.best:
+      self.best.close(remove)
 
 
 class Checkpoints:
