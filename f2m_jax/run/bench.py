@@ -61,8 +61,7 @@ def time_cases(cases, dtype, warmup, iters):
   """Compiles each case (timed apart), then `warmup` and `iters` timed rounds, each calling every
   case once, so that load falls on all alike; a status line on stderr names the case, the round and
   its time so far. Returns one record per case."""
-  line, programs, rounds = progress.status('bench', file=sys.stderr), [], warmup + iters
-  args, times = [c.args for c in cases], [[] for _ in cases]
+  line, rounds, programs = progress.status('bench', file=sys.stderr), warmup + iters, []
   with line:
     for c in cases:
       line.set(f'bench: compiling {c.variant}')
@@ -71,17 +70,19 @@ def time_cases(cases, dtype, warmup, iters):
         fn = fn.lower(*c.args).compile()
       else:  # not jitted: compiled by its first call
         jax.block_until_ready(fn(*c.args))
-      programs.append((fn, line.format_dict['elapsed']))
+      # the program, its compile time, its arguments (a carry replaces the first), its times
+      programs.append((fn, line.format_dict['elapsed'], list(c.args), []))
     for r in range(rounds):
       line.set(f'bench: round {r + 1} of {rounds} (the first {warmup} a warm-up), every case once')
-      for i, c in enumerate(cases):
+      for c, (fn, _, args, times) in zip(cases, programs):
         line.set_description_str(f'bench: round {r + 1} of {rounds}: {c.variant}', refresh=False)
         t0 = time.perf_counter()
-        out = jax.block_until_ready(programs[i][0](*args[i]))
-        times[i].append((time.perf_counter() - t0) / c.steps)
+        out = jax.block_until_ready(fn(*args))
+        times.append((time.perf_counter() - t0) / c.steps)
         if c.carry:
-          args[i] = (out[0], *args[i][1:])
-  return [record(c, *p, t[warmup:], dtype) for c, p, t in zip(cases, programs, times)]
+          args[0] = out[0]
+  return [record(c, fn, compile_s, times[warmup:], dtype)
+          for c, (fn, compile_s, _, times) in zip(cases, programs)]
 
 
 def record(c, fn, compile_s, times, dtype):
@@ -118,14 +119,12 @@ def base_cases(exp):
   network and through the suffix after a shared trunk (and the other noise.draw_map, with
   bench.other_draw_map)."""
   other = next(d for d in backend.CHOICES['noise.draw_map'] if d != exp.loss.draw_map)
-  cases = [program_case(exp, {'enabled': False}, 'plain', 0)]
-  for m in map(int, exp.config.bench.M_list):
-    variants = {'naive': {'shared_trunk': False}, 'shared': {'shared_trunk': True}}
-    if exp.config.bench.other_draw_map:
-      variants[f'shared_{other}'] = {'shared_trunk': True, 'draw_map': other}
-    cases += [program_case(exp, {'M': m, **changes}, f'f2m_{name}', m)
-              for name, changes in variants.items()]
-  return cases
+  variants = {'naive': {'shared_trunk': False}, 'shared': {'shared_trunk': True}}
+  if exp.config.bench.other_draw_map:
+    variants[f'shared_{other}'] = {'shared_trunk': True, 'draw_map': other}
+  return [program_case(exp, {'enabled': False}, 'plain', 0)] + [
+      program_case(exp, {'M': m, **changes}, f'f2m_{name}', m)
+      for m in map(int, exp.config.bench.M_list) for name, changes in variants.items()]
 
 
 def session_cases(exp):
@@ -145,7 +144,7 @@ def session_cases(exp):
           bench.train.images[labels], labels,
           np.ones((seen, exp.embedding_dim()), np.float32),  # the seen classes' prototypes
           np.int32(seen), jax.random.key(0))
-  return [Case('incremental_step', None, len(labels), incremental.make_finetune(settings), args),
+  return [Case('incremental_step', None, shots, incremental.make_finetune(settings), args),
           Case('ncm_eval', None, len(test), evaluator.embedder(exp), (variables, test)),
           Case('ncm_eval_suffix', None, len(test), evaluator.embedder(exp, first=exp.split),
                (variables, trunk))]
