@@ -36,15 +36,13 @@ def describe(config, origin, checkpoint=None):
 
 def data_at_hand(config):
   """(the config's Benchmark, its folder.Protocol, the cache plan): a folder source's read as the
-  run reads it, with one-pixel images; a line instead where a dry run reads no image."""
+  run reads it, with one-pixel images; (None, None, {}) where a dry run reads no image."""
   if config.data.source == 'synthetic':
-    return sources.load_benchmark(config), None, None
+    return sources.load_benchmark(config), None, {}
   spec = config.data.source in ('folder', 'fake_folder') and sources.folder_spec(
       config, writes=False)  # None: the run generates the folder first
   if not spec:
-    return (f'data: {config.data.dataset} from data.source={config.data.source!r}: a dry run reads '
-            f'no image of it (the run reads it, or downloads or generates it into '
-            f'{sources.cache_dir(config)}, first)'), None, None
+    return None, None, {}
   p = folder.read_protocol(spec)
   one_pixel = {s: np.zeros((len(getattr(p, s).files), 1, 1, 3), np.uint8)
                for s in ('train', 'test')}
@@ -60,13 +58,15 @@ def spread(counts):
 
 def data_lines(config, b, p):
   """Classes found and used, the session layout, images per class and where the test images come
-  from; a folder source's class names and image files; the augmentation."""
-  if isinstance(b, str):
-    return [b]
+  from; a folder source's class names and image files; the augmentation. Without `b`, a line
+  saying that a dry run reads no image."""
+  if b is None:
+    return [f'data: {config.data.dataset} from data.source={config.data.source!r}: a dry run reads '
+            f'no image of it (the run reads it, or downloads or generates it into '
+            f'{sources.cache_dir(config)}, first)']
   seen, base = b.num_seen_classes(b.num_sessions), b.num_base_classes
-  per_class = lambda labels: np.bincount(labels, minlength=seen)
-  train, pool = per_class(b.train.labels[b.base_train]), per_class(b.train.labels[b.shot_pool])
-  test = per_class(b.test.labels)[:seen]
+  train, pool, test = (np.bincount(labels, minlength=seen)[:seen] for labels in (  # per class
+      b.train.labels[b.base_train], b.train.labels[b.shot_pool], b.test.labels))
   ways = {len(c) for c in b.session_classes[1:]}
   origin = f', from {p.test.where}' if p else ''
   if config.data.protocol == 'validation':
@@ -86,28 +86,27 @@ def data_lines(config, b, p):
   if p:
     names = ', '.join(p.order[:4]) + (f', ..., {p.order[-1]}' if len(p.order) > 4 else '')
     lines.insert(1, f'  classes in label order: {names}')
-    lines.insert(-1, '  image files: '
-                 + files_line(p.train.paths() + p.test.paths(), config.data.image_size))
+    lines.insert(-1, files_line(p.train.paths() + p.test.paths(), config.data.image_size))
   return lines
 
 
-def files_line(paths, image_size, sample=24):
-  """The sizes and colour modes of `sample` files spread evenly over `paths`, read from their
-  headers, and the size the network sees."""
+def files_line(paths, image_size):
+  """The line of the image files: the sizes and colour modes of 24 files spread evenly over `paths`,
+  read from their headers, and the size the network sees."""
   from PIL import Image  # pylint: disable=g-import-not-at-top
-  picked, heads = np.linspace(0, len(paths) - 1, min(sample, len(paths))).astype(int), []
+  picked, heads = np.linspace(0, len(paths) - 1, min(24, len(paths))).astype(int), []
   for i in picked:  # distinct: spaced by 1 or more
     with contextlib.suppress(OSError), Image.open(paths[i]) as img:  # the run names a bad one
       heads.append((*img.size, img.mode))
   if not heads:
-    return f'none of the {len(picked)} files read is an image'
+    return f'  image files: none of the {len(picked)} files read is an image'
   w, h, modes = zip(*heads)
   sizes = f'widths {min(w)} to {max(w)}, heights {min(h)} to {max(h)}'
   if len(set(zip(w, h))) == 1:
     sizes = f'{w[0]}x{h[0]}'
-  return (f'{sizes} pixels, colour mode {"/".join(sorted(set(modes)))} in the {len(heads)} files '
-          f'sampled (one in {len(paths) // len(picked):,} of {len(paths):,}; every file is decoded '
-          'as RGB, a grey one into all three channels); the network sees '
+  return (f'  image files: {sizes} pixels, colour mode {"/".join(sorted(set(modes)))} in the '
+          f'{len(heads)} files sampled (one in {len(paths) // len(picked):,} of {len(paths):,}; '
+          'every file is decoded as RGB, a grey one into all three channels); the network sees '
           f'{image_size}x{image_size} (data.image_size)')
 
 
@@ -119,7 +118,7 @@ def cache_lines(config, plan):
   lines = [f'cache: {cache} holds {tqdm.format_sizeof(held[0], "B")} (decoded images '
            f'{tqdm.format_sizeof(held[1], "B")}, compiled programs '
            f'{tqdm.format_sizeof(held[2], "B")})']
-  for split, (paths, args) in (plan or {}).items():
+  for split, (paths, args) in plan.items():
     target, crop = folder.cached_file(paths, *args), args[-1]
     lines.append(f'  {split}: {len(paths):,} images of {crop}x{crop} '
                  f'({tqdm.format_sizeof(len(paths) * crop * crop * 3, "B")}), '
@@ -141,7 +140,7 @@ def step_line(config, b, num_members, checkpoint):
     return f'base training: none, the base model is read from --checkpoint {checkpoint}'
   c = config.copy_and_resolve_references()
   c.base.steps_per_call = 1
-  if 'folder' in c.data and not isinstance(b, str):
+  if 'folder' in c.data and b is not None:
     c.data.folder.update(num_base=b.num_base_classes, way=len(b.session_classes[-1]),
                          num_sessions=b.num_sessions)
   exp = bench.bench_experiment(c, c.model.dtype)
