@@ -17,7 +17,6 @@ from ml_collections import config_flags
 from f2m_jax import files, registry, sharding
 from f2m_jax.data import sources
 from f2m_jax.experiment import Interrupted, TrainingError
-from f2m_jax.files import CheckpointError, CheckpointFault, WorkdirError, describe_os_error
 from f2m_jax.run import bench, dry_run, members, memory, pipeline, report, stopping
 from f2m_jax.run import workdir as workdir_lib
 from f2m_jax.run.checkpoint import quiet_orbax
@@ -49,14 +48,14 @@ def run_mode(config, workdir, mode, checkpoint, origin, hook):
       enable_compilation_cache(config)
     dispatch(config, workdir, mode, checkpoint, origin, hook)
     return 0
-  except (ValueError, FileNotFoundError, CheckpointError, WorkdirError) as e:  # CheckpointFault: 3
-    return message(f'error: {e}', 3 if isinstance(e, CheckpointFault) else 2)
+  except (ValueError, FileNotFoundError, files.CheckpointError, files.WorkdirError) as e:
+    return message(f'error: {e}', 3 if isinstance(e, files.CheckpointFault) else 2)
   except TrainingError as e:
     return message(f'training stopped: {e}', 3)
   except (Interrupted, KeyboardInterrupt) as e:
     return message(f'{e or "interrupted"}; {stopping.RESUME}', stopping.EXIT_CODE)
   except OSError as e:  # the file system refused a write or read that the checks could not foresee
-    return message(f'error: {describe_os_error(e)}', 3)
+    return message(f'error: {files.describe_os_error(e)}', 3)
   except (MemoryError, jax.errors.JaxRuntimeError) as e:  # an allocation failed: the field to lower
     if not isinstance(e, MemoryError) and 'RESOURCE_EXHAUSTED' not in str(e):
       raise
@@ -94,20 +93,21 @@ def enable_compilation_cache(config):
 
 def define_flags(flag_values=flags.FLAGS):
   """run.py's flags, in `flag_values` (absl's FlagValues)."""
-  fv = {'flag_values': flag_values}
   config_flags.DEFINE_config_file('config', None, 'A config file (configs/cifar100.py:smoke) or a '
-                                  "workdir's config.json; default: --workdir's config.json.", **fv)
+                                  "workdir's config.json; default: --workdir's config.json.",
+                                  flag_values=flag_values)
   flag_values['config'].parser = ConfigFile(flag_values['config'].parser)
   flags.DEFINE_string('workdir', None, 'Folder for config.json, metrics, checkpoints, results.',
-                      **fv)
+                      flag_values=flag_values)
   flags.DEFINE_enum('mode', 'train', ['train', 'eval', 'bench', 'flatness'],
                     'train: train and evaluate (resumes); eval: restore checkpoints and recompute '
-                    'results; bench: time steps; flatness: flatness of a base checkpoint.', **fv)
+                    'results; bench: time steps; flatness: flatness of a base checkpoint.',
+                    flag_values=flag_values)
   flags.DEFINE_string('checkpoint', None, 'A workdir whose base model to use instead of training '
-                      'one.', **fv)
+                      'one.', flag_values=flag_values)
   flags.DEFINE_bool('dry-run', False, "Print the effective config (presets, overrides, what each "
                     "'auto' becomes here), the data, the cache and the base training's time here "
-                    '(a step compiled and timed); write nothing.', **fv)
+                    '(a step compiled and timed); write nothing.', flag_values=flag_values)
 
 
 def parse_flags(argv, flag_values=flags.FLAGS):
@@ -130,20 +130,21 @@ def parse_flags(argv, flag_values=flags.FLAGS):
 def main_flags(argv, flag_values=flags.FLAGS):
   """run.py's main, from its parsed flags: a saved config's values and --checkpoint hold unless
   changed."""
-  f, config_flag = flag_values.flag_values_dict(), flag_values['config']
-  problem = usage_problem(argv, f['config'], f['workdir'], f['dry-run'])
+  # pylint: disable-next=redefined-outer-name
+  config, workdir, dry_run = flag_values.config, flag_values.workdir, flag_values['dry-run'].value
+  problem = usage_problem(argv, config, workdir, dry_run)
   if problem:
     return message(f'error: {problem}', 2)
-  spec = config_flags.get_config_filename(config_flag)
-  changes = config_flags.get_override_values(config_flag)
-  config, checkpoint = f['config'], f['checkpoint']
+  spec = config_flags.get_config_filename(flag_values['config'])
+  changes = config_flags.get_override_values(flag_values['config'])
+  checkpoint = flag_values.checkpoint
   if spec.endswith('.json'):  # where it departs from its method's presets: its command line set it
     items = workdir_lib.flat_items(config.to_dict())
     presets = getattr(registry.METHODS.get(config.method), 'presets', {})
     changes = {**{k: items[k] for k, v in presets.items() if items.get(k) != v}, **changes}
     checkpoint = checkpoint or (files.read_json(spec).get(workdir_lib.SOURCE_KEY) or {}).get('path')
-  return main(config, f['workdir'], f['mode'], checkpoint, {'config': spec, 'changes': changes},
-              f['dry-run'])
+  return main(config, workdir, flag_values.mode, checkpoint, {'config': spec, 'changes': changes},
+              dry_run)
 
 
 def usage_problem(argv, config, workdir, dry_run):
@@ -152,9 +153,9 @@ def usage_problem(argv, config, workdir, dry_run):
               "workdir's config.json")
   if len(argv) > 1:
     return f'unexpected arguments: {argv[1:]}'
-  if config is None and workdir:
-    return f'{required} ({workdir} holds no config.json to read instead)'
   if config is None:
+    if workdir:
+      return f'{required} ({workdir} holds no config.json to read instead)'
     return f"{required}; without it, --workdir of a run is read with that run's config.json"
   if not (workdir or dry_run):
     return '--workdir is required (except with --dry-run)'
@@ -207,7 +208,7 @@ def refuse_unknown_fields(config, argv):
       fields = list(getattr(node, 'keys', list)())  # a section's fields; a value has none
       if part not in fields:
         raise LookupError(f'unknown config field config.{name}: {where} has no field {part!r}'
-                          + suggest(part, fields, f'{where}.'))
+                          f'{suggest(part, fields, f"{where}.")}')
       node, where = node[part], f'{where}.{part}'
 
 
