@@ -20,7 +20,11 @@ def enabled(config):
   return bool(config.members.seeds or config.members.field_values)
 
 
-def validate(config):
+def member_configs(config):
+  """The config of each member: the sweep's (validated), with its seed or field value and no
+  members; [config] where it is no sweep."""
+  if not enabled(config):
+    return [config]
   m = config.members
   values = m.seeds or m.field_values
   need(bool(m.seeds) != bool(m.field_values), 'members.seeds', m.seeds,
@@ -31,16 +35,8 @@ def validate(config):
   need(len(set(values)) == len(values), name, values, 'values must be distinct')
   need(not config.base.select_on_test, 'base.select_on_test', config.base.select_on_test,
        'not with members (each member would keep its own best step)')
-
-
-def member_configs(config):
-  """The config of each member: the sweep's (validated), with its seed or field value and no
-  members; [config] where it is no sweep."""
-  if not enabled(config):
-    return [config]
-  validate(config)
-  m, out = config.members, []
-  for value in m.seeds or m.field_values:
+  out = []
+  for value in values:
     c = ml_collections.ConfigDict(config.to_dict())
     c.members.update(seeds=(), field_values=(), field='')
     c.update_from_flattened_dict({'seed' if m.seeds else m.field: value})
