@@ -66,8 +66,7 @@ def run(config, root, mode='train', checkpoint=None, hook=None, origin=None):
   trains = len(configs) if mode == 'train' else 0  # the sweep's base step: the first member's
   exps = [pipeline.check(c, bench, 0 if i else trains)  # what the data, networks, memory allow
           for i, c in enumerate(configs)]
-  pipeline.evaluable(root, mode, 'sweep')
-  writes = workdir.writes_into(root, mode)  # a read-only finished run is evaluated too
+  writes = pipeline.writes_into(root, mode, 'sweep')  # a read-only finished one is evaluated too
   dirs = [f'{root}/member_{i}' for i in range(len(configs))]
   with contextlib.closing(workdir.prepare(root, sweep.to_dict(), writes=writes)):
     if mode == 'train':

@@ -65,14 +65,13 @@ def run(config, workdir, mode='train', checkpoint=None, hook=None, origin=None):
   not trained again. `origin` ({'config', 'changes'}, cli.py) decides which presets apply and goes
   into the provenance."""
   record, config = checked(config, workdir, checkpoint, origin)
-  evaluable(workdir, mode)
+  writes = writes_into(workdir, mode)  # a read-only finished run is evaluated too
   path = f'{workdir}/results.json'
   # one that is not JSON named before any work
   saved = files.read_json(path) if os.path.exists(path) else None
   trains = mode == 'train' and not checkpoint and not has_base_model(workdir)
   exp = check(config, sources.load_benchmark(config), int(trains))
   base_source = checkpoint and source(checkpoint, exp)
-  writes = workdir_lib.writes_into(workdir, mode)  # a read-only finished run is evaluated too
   with contextlib.closing(workdir_lib.prepare(workdir, record, base_source=base_source,
                                               writes=writes)):
     if mode == 'train' and saved:  # finished: nothing rewritten but a lost results.csv
@@ -90,11 +89,13 @@ def run(config, workdir, mode='train', checkpoint=None, hook=None, origin=None):
     return results
 
 
-def evaluable(workdir, mode, what='run'):
-  """A CheckpointError where --mode eval finds no `what` (no config.json) in `workdir`."""
+def writes_into(workdir, mode, what='run'):
+  """Whether `mode` writes into `workdir` (workdir.writes_into), once checked: a CheckpointError
+  where --mode eval finds no `what` (no config.json) in it."""
   if mode == 'eval' and not os.path.exists(f'{workdir}/config.json'):
     raise CheckpointError(f'nothing to evaluate: {workdir} holds no {what} (no config.json); train '
                           'it first (without --mode eval)')
+  return workdir_lib.writes_into(workdir, mode)
 
 
 def check(config, bench, members=0):
