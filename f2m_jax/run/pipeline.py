@@ -10,13 +10,11 @@ import ml_collections
 import numpy as np
 
 from f2m_jax import evaluation, files, flatness, registry, stats, validation
-from f2m_jax.data import protocol as protocol_lib
-from f2m_jax.data import sources
+from f2m_jax.data import protocol as protocol_lib, sources
 from f2m_jax.experiment import Experiment
 from f2m_jax.files import CheckpointError
 from f2m_jax.methods import common
-from f2m_jax.run import backend, memory
-from f2m_jax.run import workdir as workdir_lib
+from f2m_jax.run import backend, memory, workdir as workdir_lib
 from f2m_jax.run.checkpoint import Checkpoints, has_base_model
 from f2m_jax.sessions import run_sessions
 from f2m_jax.train_loop import selection_info
