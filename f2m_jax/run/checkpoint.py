@@ -27,6 +27,8 @@ from f2m_jax.run import workdir as workdir_lib
 
 # what base models of earlier versions also hold (an accuracy), read and dropped
 RECORD = 'ncm_accuracy'
+# a session's accuracies: stats.KEYS, and acc_sessions since identities: any length
+ACCURACY = "['accuracy']"
 
 
 def digest(tree):
@@ -182,8 +184,7 @@ class Folder:
                             f'or corrupt; {owner.advice(self)}') from e
     other = [f'{jax.tree_util.keystr(k)} {np.shape(o)} there, {np.shape(t)} here' for (k, o), t in
              zip(jax.tree.leaves_with_path(out), jax.tree.leaves(template))
-             # a session's accuracies: stats.KEYS, and acc_sessions since identities: any length
-             if np.shape(o) != np.shape(t) and jax.tree_util.keystr(k) != "['accuracy']"]
+             if np.shape(o) != np.shape(t) and jax.tree_util.keystr(k) != ACCURACY]
     if other:  # orbax restores the saved shapes whatever the template's
       raise CheckpointError(f'{this} holds arrays of other shapes than this config needs '
                             f'({"; ".join(other[:3])}): it was written for another network or '
@@ -279,19 +280,19 @@ class Checkpoints:
     config, its place, the checkpoint it was computed from) is checked against this run's: a
     CheckpointFault where it differs, or where it has none in a workdir whose config.json says the
     ledger keeps every one; an earlier version's (or none, {}): a line."""
-    entries = self.read()['checkpoints']
+    path, entries = f'{self.root}/{rel}', self.read()['checkpoints']
     entry = entries.get(rel, {})
     if 'as' not in entry:
       if self.keeps_ledger:
-        raise CheckpointFault(
-            f'{self.root}/{rel} has no entry in {self.ledger}'
-            f'{"" if os.path.exists(self.ledger) else " (which is missing)"}: it was not saved by '
-            f'this run (copied in?), or its entry was removed; {self.advice(folder)}')
+        gone = '' if os.path.exists(self.ledger) else ' (which is missing)'
+        raise CheckpointFault(f'{path} has no entry in {self.ledger}{gone}: it was not saved by '
+                              'this run (copied in?), or its entry was removed; '
+                              f'{self.advice(folder)}')
       if not self.unchecked:
         self.unchecked = True
-        print(f'note: {self.root}/{rel} (and any other checkpoint in {self.root} without an '
-              f"identity in {self.ledger}) was saved by an earlier version, so it cannot be "
-              "checked as this run's", flush=True)
+        print(f'note: {path} (and any other checkpoint in {self.root} without an identity in '
+              f"{self.ledger}) was saved by an earlier version, so it cannot be checked as this "
+              "run's", flush=True)
       return entry
     parent = entry.get('from')
     was = {**entry['config'], 'saved as': entry['as'], 'computed from': parent}
@@ -303,7 +304,7 @@ class Checkpoints:
     if diff:
       what = (f'{k}={was.get(k, workdir_lib.ABSENT)!r} there, '
               f'{now.get(k, workdir_lib.ABSENT)!r} here' for k in diff[:3])
-      raise CheckpointFault(f'{self.root}/{rel} was saved by another run: {"; ".join(what)}; '
+      raise CheckpointFault(f'{path} was saved by another run: {"; ".join(what)}; '
                             f'{self.advice(folder)}')
     return entry
 

@@ -208,7 +208,7 @@ def refuse_unknown_fields(config, argv):
       fields = list(getattr(node, 'keys', list)())  # a section's fields; a value has none
       if part not in fields:
         raise LookupError(f'unknown config field config.{name}: {where} has no field {part!r}'
-                          f'{suggest(part, fields, f"{where}.")}')
+                          + suggest(part, fields, f'{where}.'))
       node, where = node[part], f'{where}.{part}'
 
 

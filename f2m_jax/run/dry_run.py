@@ -65,8 +65,9 @@ def data_lines(config, b, p):
             f'no image of it (the run reads it, or downloads or generates it into '
             f'{sources.cache_dir(config)}, first)']
   seen, base = b.num_seen_classes(b.num_sessions), b.num_base_classes
-  train, pool, test = (np.bincount(labels, minlength=seen)[:seen] for labels in (  # per class
-      b.train.labels[b.base_train], b.train.labels[b.shot_pool], b.test.labels))
+  per_class = lambda labels: np.bincount(labels, minlength=seen)
+  train, pool = per_class(b.train.labels[b.base_train]), per_class(b.train.labels[b.shot_pool])
+  test = per_class(b.test.labels)[:seen]
   ways = {len(c) for c in b.session_classes[1:]}
   origin = f', from {p.test.where}' if p else ''
   if config.data.protocol == 'validation':

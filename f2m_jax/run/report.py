@@ -106,7 +106,7 @@ def flatness_row(f):
   """A flatness file's row: b, I and sigma^2 on the training and test images, draws and images."""
   return ([f'{float(f["bound"]):g}']
           + [f'{float(f[s][k]):.4g}' for k in ('I', 'sigma2') for s in ('train', 'test')]
-          + [f'{int(f["train"]["num_draws"])}',
+          + [int(f['train']['num_draws']),
              f'{int(f["train"]["num_images"])} / {int(f["test"]["num_images"])}'])
 
 
